@@ -1,0 +1,199 @@
+"""The ``plugrl`` command line.
+
+Errors a user can fix (:class:`plugrl.errors.PlugrlError`) print as one line, without a
+traceback, and exit 1. Nothing heavy (torch, transformers, ray) is imported until a command
+needs it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import sys
+from importlib import metadata
+from typing import Any
+
+import click
+
+from plugrl import __version__
+from plugrl.errors import PlugrlError
+
+
+class _Group(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except PlugrlError as exc:
+            raise click.ClickException(str(exc)) from None
+
+
+def _setup_logging(verbose: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    root = logging.getLogger("plugrl")
+    root.handlers[:] = [handler]
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    root.propagate = False
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="plugrl")
+@click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
+def cli(verbose: bool) -> None:
+    """plugrl: RL post-training for LLMs (PPO, GRPO, DAPO) where every part is a plugin.
+
+    \b
+    Start with:
+      plugrl plugins              what is installed
+      plugrl run RECIPE.yaml      run a recipe (add key=value overrides)
+      plugrl explain actor        what the keys of a section mean
+    """
+    _setup_logging(verbose)
+
+
+@cli.command(context_settings={"ignore_unknown_options": False})
+@click.argument("recipe", type=click.Path(dir_okay=False, path_type=str))
+@click.argument("overrides", nargs=-1)
+@click.option(
+    "--print-config",
+    is_flag=True,
+    help="Print the resolved recipe as YAML and exit without running.",
+)
+def run(recipe: str, overrides: tuple[str, ...], print_config: bool) -> None:
+    """Run RECIPE (a YAML file), with KEY=VALUE overrides (actor.optim.lr=1e-6)."""
+    from plugrl.recipe import load_recipe
+
+    resolved = load_recipe(recipe, overrides)
+    if print_config:
+        click.echo(resolved.to_yaml(), nl=False)
+        return
+    from plugrl.run import run_recipe
+
+    run_recipe(resolved)
+
+
+@cli.command()
+@click.option(
+    "--all",
+    "show_all",
+    is_flag=True,
+    help="Also hooks, unavailable parts, and plugins that failed or are disabled.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def plugins(show_all: bool, as_json: bool) -> None:
+    """List installed plugins and the parts they register."""
+    from plugrl.plugins import get_plugin_manager
+
+    manager = get_plugin_manager()
+    rows = manager.describe(include_all=show_all or as_json)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    for row in rows:
+        if row["status"] != "loaded":
+            reason = row.get("error") or "disabled by PLUGRL_DISABLED_PLUGINS"
+            click.echo(f"{row['name']}  [{row['status']}]  {reason}")
+            continue
+        dist = row["distribution"] or "in-process"
+        version = f" {row['version']}" if row.get("version") else ""
+        click.echo(f"{row['name']}  ({dist}{version})")
+        for kind, entries in row["registers"].items():
+            names = []
+            for entry in entries:
+                label = entry["name"]
+                if not entry["available"]:
+                    label += f" [unavailable: {entry['unavailable_reason']}]"
+                names.append(label)
+            click.echo(f"    {kind}: {', '.join(names)}")
+        if show_all:
+            click.echo(f"    hooks: {', '.join(row['hooks']) or '-'}")
+    if not show_all and manager.failures:
+        click.echo(
+            f"{len(manager.failures)} plugin(s) failed to load; see plugrl plugins --all", err=True
+        )
+
+
+@cli.command()
+@click.argument("key")
+def explain(key: str) -> None:
+    """What a recipe KEY (or section) means: type, default, choices, verl name."""
+    from plugrl.recipe import explain as explain_key
+
+    info = explain_key(key)
+    click.echo(info.key)
+    if info.help:
+        click.echo(f"  {info.help}")
+    if info.is_section:
+        click.echo(f"  keys: {', '.join(info.children)}")
+    else:
+        click.echo(f"  type:    {info.type}")
+        click.echo(f"  default: {json.dumps(info.default)}")
+        if info.choices is not None:
+            listed = ", ".join("null" if c is None else str(c) for c in info.choices)
+            click.echo(f"  choices: {listed}")
+    if info.verl:
+        click.echo(f"  verl:    {info.verl}")
+    if info.owner != "core":
+        click.echo(f"  from:    {info.owner}")
+
+
+DOCTOR_LIBRARIES = [
+    ("torch", "torch"),
+    ("transformers", "transformers"),
+    ("ray", "ray"),
+    ("vllm", "vllm"),
+    ("sglang", "sglang"),
+    ("torch-npu", "torch_npu"),
+    ("megatron-core", "megatron.core"),
+    ("mindspeed", "mindspeed"),
+]
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+@cli.command()
+def doctor() -> None:
+    """Python, torch and device libraries here, and which parts can run here and why not."""
+    from plugrl.plugins import get_plugin_manager
+
+    click.echo(f"python        {platform.python_version()} ({sys.executable})")
+    click.echo(f"plugrl        {__version__}")
+    for dist, _module in DOCTOR_LIBRARIES:
+        click.echo(f"{dist:<13} {_dist_version(dist) or 'not installed'}")
+    try:
+        import torch
+
+        gpus = f"yes, {torch.cuda.device_count()} device(s)" if torch.cuda.is_available() else "no"
+        click.echo(f"cuda          {gpus} (torch built for cuda {torch.version.cuda or '-'})")
+    except Exception as exc:  # a broken torch is exactly what doctor should report
+        click.echo(f"torch import  failed: {type(exc).__name__}: {exc}")
+    manager = get_plugin_manager()
+    click.echo("")
+    click.echo("parts:")
+    for kind, registry in manager.registries().items():
+        for entry in registry:
+            status = "ok"
+            if not entry.available:
+                status = f"unavailable: {entry.unavailable_reason}"
+            elif kind == "devices":
+                try:
+                    status = "ok" if entry.load().is_available() else "no hardware detected"
+                except PlugrlError as exc:
+                    status = str(exc)
+            click.echo(f"  {registry.human_name:<20} {entry.name:<28} {status}")
+    for failure in manager.failures:
+        click.echo(f"  broken plugin: {failure.message()}")
+
+
+def main() -> None:
+    cli(prog_name="plugrl")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Data: the ``Batch`` container, parquet datasets in verl's schema, prompt rendering."""

@@ -1,0 +1,213 @@
+"""Every hook a plugrl plugin can implement. This module is the reference documentation.
+
+A plugin is a module (or any object) with functions marked ``@plugrl.hookimpl`` whose names are
+the hook names below, found through the ``plugrl`` entry-point group. A function may take a
+subset of a hook's arguments, by name.
+
+Two kinds of hook:
+
+* **Registration hooks** (``register_*``) are called once per process, in the driver and in each
+  worker, with a ``register`` callable. They must be cheap: register a class or function, or the
+  ``"module:attribute"`` path to one, never an instance, so that only the part a recipe chooses
+  imports its heavy libraries. See :class:`plugrl.registry.Registry.register` for the options
+  ``register`` accepts (``config``, ``requires``, ``install``, ``description``, ``aliases``).
+  A name registered twice in one kind is an error that names both plugins.
+* **Lifecycle hooks** run at fixed points of a run. Each docstring says in which process.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+from plugrl import PROJECT_NAME
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from pathlib import Path
+
+    from plugrl.recipe import Recipe
+    from plugrl.registry import RegisterFn
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+
+
+# --------------------------------------------------------------------------------------------
+# Registration hooks
+# --------------------------------------------------------------------------------------------
+
+
+@hookspec
+def register_devices(register: RegisterFn) -> None:
+    """Register device kinds (``cpu``, ``cuda``, ``npu``).
+
+    Process: driver and every worker.
+    Target: a subclass of :class:`plugrl.parts.device.Device`.
+    Chosen by: ``device.name`` in a recipe (``auto`` asks :func:`detect_device`).
+
+    Example::
+
+        @plugrl.hookimpl
+        def register_devices(register):
+            register("xpu", "my_pkg.xpu:XpuDevice", requires=["intel_extension_for_pytorch"],
+                     install="pip install intel-extension-for-pytorch")
+    """
+
+
+@hookspec
+def register_training_backends(register: RegisterFn) -> None:
+    """Register training backends (``fsdp2``, ``megatron``).
+
+    Process: driver and every worker.
+    Target: a subclass of :class:`plugrl.parts.backend.TrainingBackend`.
+    Config: a subclass of :class:`plugrl.parts.backend.ActorConfig`; the whole ``actor``
+    section of a recipe is read into it.
+    Chosen by: ``actor.backend``.
+    """
+
+
+@hookspec
+def register_rollout_engines(register: RegisterFn) -> None:
+    """Register rollout (generation) engines (``hf``, ``vllm``, ``sglang``).
+
+    Process: driver and every worker.
+    Target: a subclass of :class:`plugrl.parts.rollout.RolloutEngine`.
+    Config: a subclass of :class:`plugrl.parts.rollout.RolloutConfig`; the whole ``rollout``
+    section of a recipe is read into it.
+    Chosen by: ``rollout.engine``.
+    """
+
+
+@hookspec
+def register_advantage_estimators(register: RegisterFn) -> None:
+    """Register advantage estimators (``gae``, ``grpo``, ``rloo``, ...).
+
+    Process: driver and every worker.
+    Target: a subclass of :class:`plugrl.parts.algorithm.AdvantageEstimator`.
+    Config (optional): an attrs class read from ``algorithm.adv_estimator_args``.
+    Chosen by: ``algorithm.adv_estimator``.
+    """
+
+
+@hookspec
+def register_policy_losses(register: RegisterFn) -> None:
+    """Register policy losses (``vanilla``, ``gspo``, ``clip_cov``, ...).
+
+    Process: driver and every worker.
+    Target: a subclass of :class:`plugrl.parts.algorithm.PolicyLoss`.
+    Config (optional): an attrs class read from ``actor.policy_loss_args``.
+    Chosen by: ``actor.policy_loss``.
+    """
+
+
+@hookspec
+def register_kl_penalties(register: RegisterFn) -> None:
+    """Register KL divergence estimators (``kl``, ``abs``, ``mse``, ``low_var_kl``, ...).
+
+    Process: driver and every worker.
+    Target: a function ``(log_prob, ref_log_prob) -> Tensor`` of per-token penalties, same
+    shape as its inputs.
+    Chosen by: ``actor.kl_loss_type`` (KL as a loss) and ``algorithm.kl_penalty`` (KL in reward).
+    """
+
+
+@hookspec
+def register_reward_managers(register: RegisterFn) -> None:
+    """Register reward managers (``naive``, ``dapo``, ``batch``, ``parallel``).
+
+    Process: driver (and the reward workers of a distributed manager).
+    Target: a subclass of :class:`plugrl.parts.reward.RewardManager`.
+    Config: a subclass of :class:`plugrl.parts.reward.RewardConfig`; the whole ``reward``
+    section of a recipe is read into it.
+    Chosen by: ``reward.manager``.
+    """
+
+
+@hookspec
+def register_reward_functions(register: RegisterFn) -> None:
+    """Register scoring functions by data source.
+
+    Process: driver and reward workers.
+    Target: a function with verl's signature
+    ``compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float | dict``;
+    a dict carries ``score`` plus extra fields that become metrics.
+    Name: the ``data_source`` value of the rows it scores. A name may be a glob pattern
+    (``aime*``); an exact name wins over a pattern.
+    """
+
+
+@hookspec
+def register_schedulers(register: RegisterFn) -> None:
+    """Register schedulers, the loop that drives a run (``sync``, ``fully_async``).
+
+    Process: driver.
+    Target: a subclass of :class:`plugrl.parts.scheduler.Scheduler`.
+    Config: a subclass of :class:`plugrl.parts.scheduler.SchedulerConfig`; the whole
+    ``scheduler`` section of a recipe is read into it.
+    Chosen by: ``scheduler.name``.
+    """
+
+
+@hookspec
+def register_loggers(register: RegisterFn) -> None:
+    """Register metric loggers (``console``, ``jsonl``, ``tensorboard``, ``wandb``, ...).
+
+    Process: driver.
+    Target: a subclass of :class:`plugrl.parts.logger.MetricLogger`.
+    Chosen by: the list ``trainer.logger``.
+    """
+
+
+# --------------------------------------------------------------------------------------------
+# Lifecycle hooks
+# --------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def detect_device() -> str | None:
+    """Return the name of the device to use when a recipe says ``device.name: auto``.
+
+    Process: driver (once, before parts are built).
+    Return ``None`` when your device is not present; the first non-``None`` answer wins.
+    Mark specific devices ``@hookimpl(tryfirst=True)``; the ``cpu`` plugin answers last
+    (``trylast``) as the fallback.
+    """
+
+
+@hookspec
+def prepare_backend(device: str, backend: str, recipe: Recipe) -> None:
+    """Patch or configure a framework before the chosen training backend imports it.
+
+    Process: every worker that hosts a backend rank, and the driver for ``cluster: local``;
+    called once per process, before the backend class is instantiated.
+    ``device`` and ``backend`` are the resolved names (``npu``, ``megatron``). This is where
+    MindSpeed patches Megatron for ``npu`` + ``megatron``: patching must happen before any
+    ``megatron`` import, which is why it cannot live in the backend's constructor.
+    """
+
+
+@hookspec
+def on_run_start(recipe: Recipe, run_dir: Path) -> None:
+    """Observe the start of a run, after parts are built and before the first step.
+
+    Process: driver.
+    """
+
+
+@hookspec
+def on_step_end(step: int, metrics: Mapping[str, Any]) -> None:
+    """Observe a finished training step with its metrics (verl's metric names).
+
+    Process: driver. ``step`` counts from 1. ``metrics`` is read-only.
+    """
+
+
+@hookspec
+def on_run_end(status: str, metrics: Mapping[str, Any]) -> None:
+    """Observe the end of a run.
+
+    Process: driver. ``status`` is ``"completed"``, ``"failed"`` or ``"interrupted"``;
+    ``metrics`` are the last step's (empty if no step finished). Called also when the run
+    fails, so observers can flush and close.
+    """

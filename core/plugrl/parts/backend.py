@@ -1,0 +1,362 @@
+"""Training backends: hold the model shards of one rank and turn batches into updates."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+import attrs
+
+from plugrl.config import fraction, non_negative, option, positive, section
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    import torch
+
+    from plugrl.data.batch import Batch
+    from plugrl.parts.algorithm import ActorObjective
+    from plugrl.parts.device import Device
+    from plugrl.recipe import Recipe
+
+Role = Literal["actor", "ref", "critic"]
+
+
+@attrs.define(kw_only=True)
+class OptimConfig:
+    """``actor.optim`` / ``critic.optim``: AdamW and its learning-rate schedule."""
+
+    lr: float = option(
+        1e-6, "Peak learning rate.", verl="actor_rollout_ref.actor.optim.lr", validator=positive
+    )
+    weight_decay: float = option(
+        0.01,
+        "AdamW weight decay.",
+        verl="actor_rollout_ref.actor.optim.weight_decay",
+        validator=non_negative,
+    )
+    betas: list[float] = option(
+        factory=lambda: [0.9, 0.999],
+        help="AdamW betas.",
+        verl="actor_rollout_ref.actor.optim.betas",
+    )
+    lr_warmup_steps: int = option(
+        -1,
+        "Linear warm-up steps; -1 uses lr_warmup_steps_ratio.",
+        verl="actor_rollout_ref.actor.optim.lr_warmup_steps",
+    )
+    lr_warmup_steps_ratio: float = option(
+        0.0,
+        "Warm-up as a fraction of the total training steps.",
+        verl="actor_rollout_ref.actor.optim.lr_warmup_steps_ratio",
+        validator=fraction,
+    )
+    lr_scheduler_type: str = option(
+        "constant",
+        "Schedule after warm-up.",
+        choices=["constant", "cosine"],
+        verl="actor_rollout_ref.actor.optim.lr_scheduler_type",
+    )
+    min_lr_ratio: float = option(
+        0.0,
+        "Cosine schedule floor as a fraction of lr.",
+        verl="actor_rollout_ref.actor.optim.min_lr_ratio",
+        validator=fraction,
+    )
+
+
+@attrs.define(kw_only=True)
+class ActorConfig:
+    """The ``actor`` section. The chosen backend's config class extends this one, so its own
+    keys (``actor.fsdp_size``, ``actor.tensor_model_parallel_size``...) sit beside these."""
+
+    backend: str = option(
+        "fsdp2",
+        "Training backend.",
+        verl="actor_rollout_ref.actor.strategy",
+        registry="training_backends",
+    )
+    ppo_mini_batch_size: int = option(
+        256,
+        "Prompts per optimizer step (each brings rollout.n responses).",
+        verl="actor_rollout_ref.actor.ppo_mini_batch_size",
+        validator=positive,
+    )
+    ppo_micro_batch_size_per_gpu: int | None = option(
+        None,
+        "Sequences per forward/backward on one rank (gradient accumulation); unset: "
+        "the whole mini-batch share of the rank.",
+        verl="actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+        validator=positive,
+    )
+    use_dynamic_bsz: bool = option(
+        False,
+        "Pack micro-batches by token budget (ppo_max_token_len_per_gpu) instead of count.",
+        verl="actor_rollout_ref.actor.use_dynamic_bsz",
+    )
+    ppo_max_token_len_per_gpu: int = option(
+        16384,
+        "Token budget of one micro-batch when use_dynamic_bsz is on.",
+        verl="actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+        validator=positive,
+    )
+    log_prob_micro_batch_size_per_gpu: int | None = option(
+        None,
+        "Sequences per forward when computing old/ref log-probs; unset: as for training.",
+        verl="actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+        validator=positive,
+    )
+    ppo_epochs: int = option(
+        1,
+        "Passes over each batch of rollouts.",
+        verl="actor_rollout_ref.actor.ppo_epochs",
+        validator=positive,
+    )
+    shuffle: bool = option(
+        False, "Shuffle samples between mini-batches.", verl="actor_rollout_ref.actor.shuffle"
+    )
+    policy_loss: str = option(
+        "vanilla",
+        "Policy loss.",
+        verl="actor_rollout_ref.actor.policy_loss.loss_mode",
+        registry="policy_losses",
+    )
+    policy_loss_args: dict[str, Any] = option(
+        factory=dict,
+        help="Options of the chosen policy loss (its own config class).",
+        verl="actor_rollout_ref.actor.policy_loss",
+    )
+    clip_ratio: float = option(
+        0.2,
+        "PPO clip range when clip_ratio_low/high are unset.",
+        verl="actor_rollout_ref.actor.clip_ratio",
+        validator=non_negative,
+    )
+    clip_ratio_low: float | None = option(
+        None,
+        "Lower clip range (ratio >= 1 - low); unset: clip_ratio.",
+        verl="actor_rollout_ref.actor.clip_ratio_low",
+        validator=non_negative,
+    )
+    clip_ratio_high: float | None = option(
+        None,
+        "Upper clip range (ratio <= 1 + high); DAPO's clip-higher uses 0.28.",
+        verl="actor_rollout_ref.actor.clip_ratio_high",
+        validator=non_negative,
+    )
+    clip_ratio_c: float = option(
+        3.0,
+        "Dual-clip bound for negative advantages (must be > 1).",
+        verl="actor_rollout_ref.actor.clip_ratio_c",
+    )
+    loss_agg_mode: str = option(
+        "token-mean",
+        "How per-token losses become one number, over the global mini-batch.",
+        verl="actor_rollout_ref.actor.loss_agg_mode",
+        choices=[
+            "token-mean",
+            "token-sum",
+            "seq-mean-token-sum",
+            "seq-mean-token-mean",
+            "seq-mean-token-sum-norm",
+        ],
+    )
+    use_kl_loss: bool = option(
+        False,
+        "Add a KL(actor || reference) term to the loss (GRPO).",
+        verl="actor_rollout_ref.actor.use_kl_loss",
+    )
+    kl_loss_coef: float = option(
+        0.001,
+        "Coefficient of the KL loss.",
+        verl="actor_rollout_ref.actor.kl_loss_coef",
+        validator=non_negative,
+    )
+    kl_loss_type: str = option(
+        "low_var_kl",
+        "KL estimator of the KL loss; a '+' suffix (k3+) uses a straight-through gradient.",
+        verl="actor_rollout_ref.actor.kl_loss_type",
+        registry="kl_penalties",
+    )
+    entropy_coeff: float = option(
+        0.0, "Entropy bonus coefficient.", verl="actor_rollout_ref.actor.entropy_coeff"
+    )
+    grad_clip: float = option(
+        1.0,
+        "Gradient-norm clip; 0 disables.",
+        verl="actor_rollout_ref.actor.grad_clip",
+        validator=non_negative,
+    )
+    optim: OptimConfig = section(OptimConfig, "Optimizer.", verl="actor_rollout_ref.actor.optim")
+
+    @property
+    def effective_clip_low(self) -> float:
+        return self.clip_ratio if self.clip_ratio_low is None else self.clip_ratio_low
+
+    @property
+    def effective_clip_high(self) -> float:
+        return self.clip_ratio if self.clip_ratio_high is None else self.clip_ratio_high
+
+
+@attrs.define(kw_only=True)
+class CriticConfig:
+    """The ``critic`` section: a value model, used by estimators that need values (gae)."""
+
+    enable: bool | None = option(
+        None,
+        "Train a critic; unset: on exactly when the advantage estimator needs values.",
+        verl="critic.enable",
+    )
+    model_path: str | None = option(
+        None, "Initial weights; unset: model.path.", verl="critic.model.path"
+    )
+    ppo_micro_batch_size_per_gpu: int | None = option(
+        None,
+        "Sequences per forward/backward on one rank.",
+        verl="critic.ppo_micro_batch_size_per_gpu",
+        validator=positive,
+    )
+    ppo_epochs: int | None = option(
+        None,
+        "Passes per batch; unset: actor.ppo_epochs.",
+        verl="critic.ppo_epochs",
+        validator=positive,
+    )
+    cliprange_value: float = option(
+        0.5,
+        "Value clip range of the value loss.",
+        verl="critic.cliprange_value",
+        validator=non_negative,
+    )
+    grad_clip: float = option(
+        1.0, "Gradient-norm clip; 0 disables.", verl="critic.grad_clip", validator=non_negative
+    )
+    optim: OptimConfig = option(
+        factory=lambda: OptimConfig(lr=1e-5), help="Optimizer.", verl="critic.optim"
+    )
+
+
+@attrs.frozen
+class DistInfo:
+    """Where a backend rank sits. ``rank``/``world_size`` span the ranks of one role."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+
+@attrs.frozen
+class LossScale:
+    """What a micro-batch needs to know to contribute its exact share of the global loss.
+
+    ``num_tokens`` and ``num_seqs`` count the valid response tokens and sequences of the whole
+    mini-batch across every micro-batch and data-parallel rank; ``dp_size`` is the number of
+    data-parallel ranks whose gradients are averaged. An objective returns
+    ``dp_size * (its micro-batch part of the global sum) / normaliser`` so that summing over
+    micro-batches and averaging over ranks gives the global mean, however the batch was split.
+    """
+
+    num_tokens: int
+    num_seqs: int
+    dp_size: int = 1
+    max_response_length: int | None = None
+
+
+class TrainingBackend(ABC):
+    """One rank of a training framework (FSDP2, Megatron) for one role.
+
+    Built in each worker process after the process group is initialised; the cluster layer
+    splits batches across data-parallel ranks and gathers results, so every method here sees
+    only this rank's share. Tensors in and out are on CPU; the backend moves them.
+
+    Batch columns it reads (verl names): ``input_ids``, ``attention_mask``, ``position_ids``
+    [B, P+R]; ``responses``, ``response_mask`` [B, R]; for updates also ``old_log_probs``,
+    ``advantages``, optionally ``ref_log_prob``, ``rollout_log_probs``, ``returns``, ``values``.
+    """
+
+    role: Role
+    supports_colocated_rollout: ClassVar[bool] = False
+    """True when :meth:`rollout_model` can hand the live model to an in-process engine."""
+
+    def __init__(
+        self,
+        recipe: Recipe,
+        *,
+        role: Role,
+        device: Device,
+        dist: DistInfo,
+    ) -> None:
+        self.recipe = recipe
+        self.role = role
+        self.device = device
+        self.dist = dist
+
+    @property
+    def dp_rank(self) -> int:
+        """This rank's data-parallel index (differs from ``dist.rank`` under TP/PP)."""
+        return self.dist.rank
+
+    @property
+    def dp_size(self) -> int:
+        return self.dist.world_size
+
+    @abstractmethod
+    def setup(self, total_training_steps: int) -> None:
+        """Build the model (and, for actor/critic, optimizer and LR schedule)."""
+
+    @abstractmethod
+    def compute_log_prob(
+        self, batch: Batch, *, calculate_entropy: bool = False
+    ) -> dict[str, torch.Tensor]:
+        """Per-token log-probs of ``responses`` under the current weights, no gradient.
+
+        Returns ``{"log_probs": [B, R]}`` plus ``{"entropys": [B, R]}`` when asked.
+        """
+
+    def compute_values(self, batch: Batch) -> torch.Tensor:
+        """Per-token values [B, R] (critic role only)."""
+        raise NotImplementedError(f"{type(self).__name__} has no critic")
+
+    @abstractmethod
+    def update_policy(self, batch: Batch, objective: ActorObjective) -> dict[str, float]:
+        """Run ``ppo_epochs`` over ``batch`` in mini-batches of ``ppo_mini_batch_size`` (x n),
+        each split into micro-batches; backward ``objective``'s loss; clip; step.
+
+        Returns metrics averaged over steps (``actor/pg_loss``, ``actor/grad_norm``,
+        ``actor/lr``, ...).
+        """
+
+    def update_critic(self, batch: Batch) -> dict[str, float]:
+        """Value-function update (critic role only); returns ``critic/*`` metrics."""
+        raise NotImplementedError(f"{type(self).__name__} has no critic")
+
+    @abstractmethod
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full (unsharded) weights in Hugging Face names, for a rollout engine.
+
+        Collective: every rank must call it; only rank 0's iterator yields tensors.
+        """
+
+    def rollout_model(self) -> Any:
+        """The live model for a colocated in-process rollout engine (no copy), or ``None``."""
+        return None
+
+    @abstractmethod
+    def save_checkpoint(self, path: Path) -> None:
+        """Write this rank's model, optimizer, LR schedule and RNG state under ``path``."""
+
+    @abstractmethod
+    def load_checkpoint(self, path: Path) -> None:
+        """Restore what :meth:`save_checkpoint` wrote; a missing or corrupt file raises
+        :class:`plugrl.errors.CheckpointError` naming it."""
+
+    @abstractmethod
+    def export_hf(self, path: Path) -> None:
+        """Write a Hugging Face folder (config, safetensors, tokenizer) that vLLM can serve.
+
+        Collective; rank 0 writes.
+        """
+
+    def close(self) -> None:
+        """Release the model and its memory."""

@@ -1,0 +1,83 @@
+"""Devices: where tensors live and how ranks talk to each other."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import attrs
+
+from plugrl.config import option
+
+if TYPE_CHECKING:
+    import torch
+
+
+@attrs.define(kw_only=True)
+class DeviceConfig:
+    """The ``device`` section. ``device: cuda`` is short for ``device: {name: cuda}``."""
+
+    name: str = option(
+        "auto",
+        "Device kind. 'auto' takes the first one a plugin detects (cuda, npu, ...), else cpu.",
+        verl="trainer.device",
+        registry="devices",
+    )
+
+
+class Device(ABC):
+    """A kind of accelerator (or the CPU). One instance per process.
+
+    Subclasses set the class attributes and implement the abstract methods; the defaults of
+    the others suit a device that torch drives through ``torch.<name>``.
+    """
+
+    name: ClassVar[str]
+    """Registered name, also the torch device type (``"cuda"``, ``"npu"``, ``"cpu"``)."""
+    dist_backend: ClassVar[str]
+    """torch.distributed backend for collectives between ranks (``gloo``, ``nccl``, ``hccl``)."""
+    ray_resource: ClassVar[str | None] = None
+    """Ray resource that places one rank (``"GPU"``, ``"NPU"``); ``None`` places by CPU."""
+    visible_devices_env: ClassVar[str | None] = None
+    """Environment variable that restricts the devices a process sees (``CUDA_VISIBLE_DEVICES``)."""
+
+    def __init__(self, config: DeviceConfig | None = None) -> None:
+        self.config = config or DeviceConfig(name=self.name)
+
+    @classmethod
+    @abstractmethod
+    def is_available(cls) -> bool:
+        """Whether this device can be used in this process (library present, hardware seen)."""
+
+    @abstractmethod
+    def device_count(self) -> int:
+        """Devices visible to this process (the number of CPU ranks for ``cpu``)."""
+
+    @abstractmethod
+    def torch_device(self, local_rank: int = 0) -> torch.device:
+        """The torch device for the given local rank."""
+
+    def set_device(self, local_rank: int) -> None:
+        """Bind this process to one device (before creating tensors)."""
+
+    @abstractmethod
+    def manual_seed(self, seed: int) -> None:
+        """Seed torch's and the device's random generators."""
+
+    def rng_state(self) -> dict[str, Any]:
+        """Random generator states to checkpoint (torch's CPU state is saved by the caller)."""
+        return {}
+
+    def set_rng_state(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`rng_state` returned."""
+
+    def synchronize(self) -> None:
+        """Wait for queued device work (for honest timings)."""
+
+    def empty_cache(self) -> None:
+        """Release cached device memory back to the driver."""
+
+    def memory_metrics(self) -> dict[str, float]:
+        """Memory figures under verl's names: ``perf/max_memory_allocated_gb``,
+        ``perf/max_memory_reserved_gb``, ``perf/cpu_memory_used_gb``."""
+        return {}

@@ -1,0 +1,103 @@
+"""Rewards: scoring functions chosen by data source, and managers that score batches."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from plugrl.config import option, positive, section
+
+if TYPE_CHECKING:
+    import torch
+
+    from plugrl.data.batch import Batch
+    from plugrl.recipe import Recipe
+
+ScoreFn = Callable[..., "float | dict[str, Any]"]
+"""verl's signature: ``compute_score(data_source, solution_str, ground_truth, extra_info=None)``
+returning a float, or a dict with ``score`` and extra fields that become metrics."""
+
+
+@attrs.define(kw_only=True)
+class CustomFunctionConfig:
+    """``reward.custom_function``: a scoring function from a Python file."""
+
+    path: str | None = option(
+        None, "Python file that defines the function.", verl="custom_reward_function.path"
+    )
+    name: str = option(
+        "compute_score", "Function name in that file.", verl="custom_reward_function.name"
+    )
+    kwargs: dict[str, Any] = option(
+        factory=dict,
+        help="Extra keyword arguments for each call.",
+        verl="custom_reward_function.reward_kwargs",
+    )
+
+
+@attrs.define(kw_only=True)
+class RewardConfig:
+    """The ``reward`` section. The chosen manager's config class extends this one."""
+
+    manager: str = option(
+        "naive", "Reward manager.", verl="reward_model.reward_manager", registry="reward_managers"
+    )
+    custom_function: CustomFunctionConfig = section(
+        CustomFunctionConfig,
+        "Scoring function from a file; overrides the data-source lookup.",
+        verl="custom_reward_function",
+    )
+    timeout_s: float = option(
+        30.0,
+        "Seconds one sample may take to score before it counts as a failure.",
+        validator=positive,
+    )
+    on_error: str = option(
+        "raise",
+        "A scorer that raises: stop the run with the sample named "
+        "('raise'), or score it 0 and count it in reward/errors "
+        "('score_zero').",
+        choices=["raise", "score_zero"],
+    )
+
+
+@attrs.define(kw_only=True)
+class RewardOutput:
+    """What a manager returns for a batch of B responses."""
+
+    token_level_scores: torch.Tensor
+    """[B, R]: each response's score on its last valid token (zeros elsewhere), plus any
+    token-level shaping the manager adds."""
+    extra: dict[str, list[Any]] = attrs.field(factory=dict)
+    """verl's ``reward_extra_info``: per-response columns (``acc``, ``pred``, ...)."""
+    metrics: dict[str, float] = attrs.field(factory=dict)
+
+
+class RewardManager(ABC):
+    """Scores a batch of responses. Lives in the driver (or its own workers)."""
+
+    def __init__(
+        self, recipe: Recipe, *, tokenizer: Any, resolve: Callable[[str], ScoreFn]
+    ) -> None:
+        """``resolve(data_source)`` returns the scoring function for a data source (the custom
+        function when one is configured); it raises a one-line error for unknown ones."""
+        self.recipe = recipe
+        self.config: RewardConfig = recipe.reward
+        self.tokenizer = tokenizer
+        self.resolve = resolve
+
+    def check_data_sources(self, data_sources: Iterable[str]) -> None:
+        """Fail at start-up, before any generation, if a data source has no scorer."""
+        for data_source in sorted(set(data_sources)):
+            self.resolve(data_source)
+
+    @abstractmethod
+    def __call__(self, batch: Batch) -> RewardOutput:
+        """Score every response. Reads ``responses``, ``response_mask`` and the non-tensor
+        columns ``data_source``, ``ground_truth``, ``extra_info``."""
+
+    def close(self) -> None:
+        """Stop worker pools."""

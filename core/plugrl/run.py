@@ -1,0 +1,108 @@
+"""Composing a run: resolve the recipe's parts, hand them to the scheduler, observe it."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from plugrl.errors import PluginError, RecipeError
+from plugrl.parts.logger import MetricLogger
+from plugrl.parts.scheduler import Scheduler
+from plugrl.plugins import PluginManager, get_plugin_manager
+from plugrl.recipe import Recipe
+
+logger = logging.getLogger("plugrl.run")
+
+
+def resolve_device_name(recipe: Recipe, plugins: PluginManager) -> str:
+    """The device a run uses: ``device.name``, or for ``auto`` the first one a plugin detects."""
+    name = recipe.device.name
+    if name != "auto":
+        return name
+    detected = plugins.hook.detect_device()
+    if detected is None:
+        raise PluginError(
+            "device.name is 'auto' but no plugin detected a device (is the cpu "
+            "plugin disabled?); set device.name"
+        )
+    return detected
+
+
+@attrs.define
+class RunContext:
+    """What a scheduler gets: the recipe, the run folder, the plugins, and the observers.
+
+    Parts are built through :meth:`part` / :meth:`registry` so the scheduler decides where
+    (which process, which Ray actor) each one lives.
+    """
+
+    recipe: Recipe
+    run_dir: Path
+    plugins: PluginManager
+    device_name: str
+    loggers: list[MetricLogger] = attrs.field(factory=list)
+    last_metrics: dict[str, Any] = attrs.field(factory=dict)
+
+    def part(self, kind: str, name: str) -> Any:
+        """The class or function registered as ``name`` of ``kind`` (imported now)."""
+        return self.plugins.registry(kind).load(name)
+
+    def step_end(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Report a finished step to every logger and ``on_step_end`` observer."""
+        self.last_metrics = dict(metrics)
+        for metric_logger in self.loggers:
+            metric_logger.log(metrics, step)
+        self.plugins.hook.on_step_end(step=step, metrics=dict(metrics))
+
+
+def build_loggers(recipe: Recipe, run_dir: Path, plugins: PluginManager) -> list[MetricLogger]:
+    loggers = []
+    for name in recipe.trainer.logger:
+        cls = plugins.registry("loggers").load(name)
+        loggers.append(cls(recipe, run_dir))
+    return loggers
+
+
+def run_recipe(recipe: Recipe, plugins: PluginManager | None = None) -> dict[str, Any]:
+    """Run a validated recipe to the end; returns the last step's metrics."""
+    plugins = plugins or get_plugin_manager()
+    device_name = resolve_device_name(recipe, plugins)
+    device_entry = plugins.registry("devices").get(device_name)
+    device_entry.check_available()
+    if not device_entry.load().is_available():
+        raise RecipeError(
+            f"device {device_name!r} is not available on this machine "
+            "(no hardware or driver); use device.name=cpu or auto",
+            key="device.name",
+        )
+    run_dir = recipe.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "recipe.yaml").write_text(recipe.to_yaml(), encoding="utf-8")
+    scheduler_cls = plugins.registry("schedulers").load(recipe.scheduler.name)
+    context = RunContext(recipe, run_dir, plugins, device_name)
+    status = "failed"
+    try:
+        context.loggers = build_loggers(recipe, run_dir, plugins)
+        scheduler: Scheduler = scheduler_cls(context)
+        plugins.hook.on_run_start(recipe=recipe, run_dir=run_dir)
+        metrics = scheduler.run()
+        status = "completed"
+        return metrics
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
+    finally:
+        try:
+            plugins.hook.on_run_end(status=status, metrics=dict(context.last_metrics))
+        finally:
+            for metric_logger in context.loggers:
+                try:
+                    metric_logger.close()
+                except Exception as exc:  # a logger failing to flush must not hide the cause
+                    logger.warning(
+                        "logger %s failed to close: %s", type(metric_logger).__name__, exc
+                    )

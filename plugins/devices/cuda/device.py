@@ -1,0 +1,56 @@
+"""NVIDIA GPUs as a device."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+
+from plugrl.parts.device import Device
+
+_GIB = 1024**3
+
+
+class CudaDevice(Device):
+    """One GPU per rank; collectives use nccl; Ray places ranks by the ``GPU`` resource."""
+
+    name: ClassVar[str] = "cuda"
+    dist_backend: ClassVar[str] = "nccl"
+    ray_resource: ClassVar[str | None] = "GPU"
+    visible_devices_env: ClassVar[str | None] = "CUDA_VISIBLE_DEVICES"
+
+    @classmethod
+    def is_available(cls) -> bool:
+        return torch.cuda.is_available() and torch.cuda.device_count() > 0
+
+    def device_count(self) -> int:
+        return torch.cuda.device_count()
+
+    def torch_device(self, local_rank: int = 0) -> torch.device:
+        return torch.device("cuda", local_rank % max(torch.cuda.device_count(), 1))
+
+    def set_device(self, local_rank: int) -> None:
+        torch.cuda.set_device(self.torch_device(local_rank))
+
+    def manual_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+        torch.cuda.manual_seed_all(seed)
+
+    def rng_state(self) -> dict[str, Any]:
+        return {"cuda": torch.cuda.get_rng_state_all()}
+
+    def set_rng_state(self, state: dict[str, Any]) -> None:
+        if "cuda" in state:
+            torch.cuda.set_rng_state_all(state["cuda"])
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize()
+
+    def empty_cache(self) -> None:
+        torch.cuda.empty_cache()
+
+    def memory_metrics(self) -> dict[str, float]:
+        return {
+            "perf/max_memory_allocated_gb": torch.cuda.max_memory_allocated() / _GIB,
+            "perf/max_memory_reserved_gb": torch.cuda.max_memory_reserved() / _GIB,
+        }
