@@ -139,7 +139,6 @@ class PluginManager:
                 logger.warning(
                     "PLUGRL_LOAD_PLUGINS names %r, but no installed plugin has that name", name
                 )
-        self.check_pending()
 
     def register(
         self, plugin: object, name: str | None = None, *, source: PluginSource | None = None
@@ -162,6 +161,7 @@ class PluginManager:
             return None
         self.sources[source.name] = source
         self._registries.clear()
+        self._check_unknown_hooks(registered, plugin, source)
         return registered
 
     def unregister(self, name: str) -> None:
@@ -169,26 +169,20 @@ class PluginManager:
         self.sources.pop(name, None)
         self._registries.clear()
 
-    def check_pending(self) -> None:
-        """Report hook implementations whose name is not a plugrl hook (a typo, or a hook of a
-        newer plugrl)."""
-        known = {name for name in dir(self.pm.hook) if not name.startswith("_")}
-        for plugin_name, plugin in list(self.pm.list_name_plugin()):
-            if plugin is None:
-                continue
-            unknown = sorted(
-                caller.name
-                for caller in self.pm.get_hookcallers(plugin) or []
-                if not caller.has_spec()
-            )
-            if not unknown:
-                continue
-            source = self.sources.get(plugin_name, PluginSource(plugin_name))
-            error = PluginError(
-                f"implements {', '.join(unknown)}, which plugrl {_plugrl_version()} does not "
-                f"define (hooks: {', '.join(sorted(known))})"
-            )
-            self._fail(source, str(error), error, unregister=False)
+    def _check_unknown_hooks(self, name: str, plugin: object, source: PluginSource) -> None:
+        """Report hook implementations whose name is not a plugrl hook (pluggy's
+        ``check_pending``): a typo, or a hook of a newer plugrl."""
+        unknown = sorted(
+            caller.name for caller in self.pm.get_hookcallers(plugin) or [] if not caller.has_spec()
+        )
+        if not unknown:
+            return
+        known = sorted(name for name in dir(self.pm.hook) if not name.startswith("_"))
+        error = (
+            f"implements {', '.join(unknown)}, which plugrl {_plugrl_version()} does not "
+            f"define (hooks: {', '.join(h for h in known if h not in unknown)})"
+        )
+        self._fail(source, error, PluginError(error), unregister=False)
 
     def _fail(
         self, source: PluginSource, error: str, exc: BaseException, *, unregister: bool = True

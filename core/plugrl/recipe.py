@@ -223,7 +223,13 @@ class Recipe:
     cluster: ClusterConfig = section(ClusterConfig, "One process or Ray.")
 
     def to_dict(self) -> dict[str, Any]:
-        return converter().unstructure(self)
+        # each section by its runtime class: a plugin's config class adds keys to the base
+        return {
+            field.name: converter().unstructure(
+                getattr(self, field.name), unstructure_as=type(getattr(self, field.name))
+            )
+            for field in attrs.fields(type(self))
+        }
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
@@ -671,7 +677,8 @@ def _config_classes(section_name: str, plugins: PluginManager) -> list[tuple[typ
             cls = entry.load_config()
         except PluginError:
             continue
-        if cls is not None and cls is not spec.base and all(cls is not c for c, _ in classes):
+        extends_base = isinstance(cls, type) and issubclass(cls, spec.base)
+        if extends_base and cls is not spec.base and all(cls is not c for c, _ in classes):
             classes.append((cls, f"{entry.name} ({entry.plugin})"))
     return classes
 

@@ -1,0 +1,141 @@
+"""A pytest plugin for testing plugrl plugins (loaded automatically once plugrl is installed).
+
+Fixtures:
+
+* ``plugrl_plugin_manager``: a fresh plugin manager with the installed plugins loaded, set as
+  the process's manager for the duration of the test (so ``load_recipe`` and the CLI's
+  in-process functions see it), then the previous one is restored.
+* ``plugrl_make_plugin_manager``: a factory for the same, taking ``environ`` (to test
+  ``PLUGRL_*`` controls) and ``entry_points`` (None: installed ones plus fakes).
+* ``plugrl_register_plugin``: ``register(obj, name=None)`` puts a plugin object (module, class
+  or instance with ``@plugrl.hookimpl`` functions) into the current manager; it is
+  unregistered after the test.
+* ``plugrl_fake_entry_point``: ``fake(name, target, dist="fake-dist", version="0.0.1")`` makes an
+  entry point visible to managers created afterwards, as if a distribution declared it;
+  ``target`` is an object or a ``"module"``/``"module:attr"`` path, imported on load (a path to
+  a module that does not exist simulates a broken plugin).
+
+Example::
+
+    def test_my_reward_is_used(plugrl_register_plugin):
+        plugrl_register_plugin(my_plugin_module)
+        recipe = load_recipe("recipe.yaml")
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import attrs
+import pytest
+
+from plugrl import plugins as plugins_module
+from plugrl.plugins import PluginManager, set_plugin_manager
+
+
+@attrs.frozen
+class FakeDistribution:
+    name: str
+    version: str
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        return {"Name": self.name, "Version": self.version}
+
+
+@attrs.frozen
+class FakeEntryPoint:
+    """Quacks like :class:`importlib.metadata.EntryPoint` for the plugin manager."""
+
+    name: str
+    target: Any
+    dist: FakeDistribution
+    group: str = "plugrl"
+
+    @property
+    def value(self) -> str:
+        if isinstance(self.target, str):
+            return self.target
+        return f"{getattr(self.target, '__module__', '?')}:{getattr(self.target, '__name__', '?')}"
+
+    def load(self) -> Any:
+        if not isinstance(self.target, str):
+            return self.target
+        module_name, _, attr = self.target.partition(":")
+        obj: Any = importlib.import_module(module_name)
+        for part in filter(None, attr.split(".")):
+            obj = getattr(obj, part)
+        return obj
+
+
+def make_fake_entry_point(
+    name: str, target: Any, dist: str = "fake-dist", version: str = "0.0.1"
+) -> FakeEntryPoint:
+    return FakeEntryPoint(name, target, FakeDistribution(dist, version))
+
+
+@pytest.fixture
+def plugrl_fake_entry_point(monkeypatch: pytest.MonkeyPatch) -> Callable[..., FakeEntryPoint]:
+    fakes: list[FakeEntryPoint] = []
+    installed = plugins_module.iter_entry_points
+
+    def all_entry_points() -> list[Any]:
+        return [*installed(), *fakes]
+
+    monkeypatch.setattr(plugins_module, "iter_entry_points", all_entry_points)
+
+    def fake(
+        name: str, target: Any, dist: str = "fake-dist", version: str = "0.0.1"
+    ) -> FakeEntryPoint:
+        entry_point = make_fake_entry_point(name, target, dist, version)
+        fakes.append(entry_point)
+        return entry_point
+
+    return fake
+
+
+@pytest.fixture
+def plugrl_make_plugin_manager() -> Iterator[Callable[..., PluginManager]]:
+    previous = set_plugin_manager(None)
+
+    def make(
+        environ: Mapping[str, str] | None = None, entry_points: list[Any] | None = None
+    ) -> PluginManager:
+        manager = PluginManager(environ=environ)
+        manager.load_entry_points(entry_points)
+        set_plugin_manager(manager)
+        return manager
+
+    try:
+        yield make
+    finally:
+        set_plugin_manager(previous)
+
+
+@pytest.fixture
+def plugrl_plugin_manager(
+    plugrl_make_plugin_manager: Callable[..., PluginManager],
+) -> PluginManager:
+    return plugrl_make_plugin_manager()
+
+
+@pytest.fixture
+def plugrl_register_plugin(
+    plugrl_plugin_manager: PluginManager,
+) -> Iterator[Callable[..., str | None]]:
+    registered: list[str] = []
+
+    def register(plugin: object, name: str | None = None) -> str | None:
+        registered_name = plugrl_plugin_manager.register(plugin, name)
+        if registered_name is not None:
+            registered.append(registered_name)
+        return registered_name
+
+    try:
+        yield register
+    finally:
+        for name in registered:
+            if plugrl_plugin_manager.pm.has_plugin(name):
+                plugrl_plugin_manager.unregister(name)

@@ -1,0 +1,124 @@
+import json
+
+import pytest
+from fake_parts import BASE_RECIPE
+
+import plugrl
+from plugrl.errors import PluginError, RecipeError
+from plugrl.recipe import build_recipe
+from plugrl.run import prepare_worker, resolve_device_name, run_recipe
+
+
+class Observer:
+    def __init__(self):
+        self.calls = []
+
+    @plugrl.hookimpl
+    def on_run_start(self, recipe, run_dir):
+        self.calls.append(("start", recipe.scheduler.steps, run_dir.name))
+
+    @plugrl.hookimpl
+    def on_step_end(self, step, metrics):
+        self.calls.append(("step", step, metrics["critic/score/mean"]))
+
+    @plugrl.hookimpl
+    def on_run_end(self, status, metrics):
+        self.calls.append(("end", status, dict(metrics)))
+
+
+def recipe_in(tmp_path, **trainer):
+    return build_recipe(
+        {**BASE_RECIPE, "trainer": {"default_local_dir": str(tmp_path / "run"), **trainer}}
+    )
+
+
+def test_run_hands_parts_to_the_scheduler_and_reports_to_observers(
+    tmp_path, fake_parts_manager, plugrl_register_plugin
+):
+    observer = Observer()
+    plugrl_register_plugin(observer, "observer")
+    metrics = run_recipe(recipe_in(tmp_path))
+    assert metrics["critic/score/mean"] == 0.2
+    assert observer.calls == [
+        ("start", 2, "run"),
+        ("step", 1, 0.1),
+        ("step", 2, 0.2),
+        ("end", "completed", {"critic/score/mean": 0.2, "timing_s/step": 0.0}),
+    ]
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2]
+    # the resolved recipe is saved and can be read back
+    assert "fakescheduler" in (tmp_path / "run" / "recipe.yaml").read_text()
+
+
+def test_a_failing_scheduler_still_ends_the_run(
+    tmp_path, fake_parts_manager, plugrl_register_plugin, monkeypatch
+):
+    import fake_parts
+
+    def explode(self):
+        self.context.step_end(1, {"critic/score/mean": 0.5})
+        raise RuntimeError("scheduler broke")
+
+    monkeypatch.setattr(fake_parts.CountingScheduler, "run", explode)
+    observer = Observer()
+    plugrl_register_plugin(observer, "observer")
+    with pytest.raises(RuntimeError, match="scheduler broke"):
+        run_recipe(recipe_in(tmp_path))
+    assert observer.calls[-1] == ("end", "failed", {"critic/score/mean": 0.5})
+
+
+def test_detect_device_asks_plugins_first_and_cpu_last(fake_parts_manager, plugrl_register_plugin):
+    recipe = build_recipe({**BASE_RECIPE, "device": "auto"})
+    expected = (
+        "cuda" if fake_parts_manager.registry("devices").load("cuda").is_available() else "cpu"
+    )
+    assert resolve_device_name(recipe, fake_parts_manager) == expected
+
+    class Accelerator:
+        @plugrl.hookimpl(tryfirst=True)
+        def detect_device(self):
+            return "xpu"
+
+    plugrl_register_plugin(Accelerator(), "xpu-detector")
+    assert resolve_device_name(recipe, fake_parts_manager) == "xpu"
+
+
+def test_no_device_detected(plugrl_make_plugin_manager, plugrl_register_plugin):
+    import fake_parts
+
+    manager = plugrl_make_plugin_manager(environ={"PLUGRL_DISABLED_PLUGINS": "cpu,cuda"})
+    manager.register(fake_parts, "fake-parts")
+    recipe = build_recipe({**BASE_RECIPE, "device": "auto"}, manager)
+    with pytest.raises(PluginError, match=r"device.name is 'auto' but no plugin detected a device"):
+        resolve_device_name(recipe, manager)
+
+
+def test_unavailable_device_is_a_recipe_error(tmp_path, fake_parts_manager):
+    if fake_parts_manager.registry("devices").load("cuda").is_available():
+        pytest.skip("this machine has a GPU")
+    recipe = build_recipe(
+        {**BASE_RECIPE, "device": "cuda", "trainer": {"default_local_dir": str(tmp_path)}}
+    )
+    with pytest.raises(
+        RecipeError,
+        match=r"device.name: device 'cuda' is not available on this "
+        r"machine \(no hardware or driver\); use device.name=cpu or auto",
+    ):
+        run_recipe(recipe)
+
+
+def test_prepare_backend_runs_before_the_backend_with_resolved_names(
+    fake_parts_manager, plugrl_register_plugin
+):
+    seen = []
+
+    class Patcher:
+        @plugrl.hookimpl
+        def prepare_backend(self, device, backend, recipe):
+            seen.append((device, backend, recipe.actor.ppo_epochs))
+
+    plugrl_register_plugin(Patcher(), "patcher")
+    recipe = build_recipe({**BASE_RECIPE, "actor": {**BASE_RECIPE["actor"], "ppo_epochs": 2}})
+    prepare_worker(recipe, "cpu")
+    assert seen == [("cpu", "fakebackend", 2)]

@@ -1,0 +1,161 @@
+"""The example third-party plugins, installed with pip, are found and used by name.
+
+The packages are installed into a temporary folder (``pip install --target``) put on the path,
+as a user's ``pip install`` would put them in site-packages.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from plugrl.data.batch import Batch
+from plugrl.plugins import PluginManager, set_plugin_manager
+from plugrl.recipe import build_recipe, part_args
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples" / "plugins"
+
+
+def pip_install(target: Path, *packages: Path) -> None:
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--target",
+            str(target),
+            *map(str, packages),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    target = tmp_path_factory.mktemp("site")
+    pip_install(target, EXAMPLES / "plugrl-countdown", EXAMPLES / "plugrl-median-baseline")
+    return target
+
+
+@pytest.fixture
+def manager(installed, monkeypatch):
+    monkeypatch.syspath_prepend(str(installed))
+    manager = PluginManager(environ={})
+    manager.load_entry_points()
+    previous = set_plugin_manager(manager)
+    yield manager
+    set_plugin_manager(previous)
+
+
+def test_cli_lists_the_installed_examples(installed):
+    env = {**os.environ, "PYTHONPATH": str(installed)}
+    result = subprocess.run(
+        [sys.executable, "-m", "plugrl.cli", "plugins", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    rows = {row["name"]: row for row in json.loads(result.stdout)}
+    assert rows["countdown"]["distribution"] == "plugrl-countdown"
+    assert rows["countdown"]["registers"]["reward_functions"][0]["name"] == "countdown"
+    assert rows["median_baseline"]["version"] == "0.1.0"
+    assert rows["median_baseline"]["registers"]["advantage_estimators"][0]["name"] == (
+        "median_baseline"
+    )
+
+
+def test_countdown_scores_by_data_source(manager):
+    score = manager.registry("reward_functions").match("countdown").load()
+    truth = {"target": 24, "numbers": [3, 5, 8, 2]}
+    assert score("countdown", "so <answer>(5 - 3 + 2) * 8 / 8 * 6</answer>", truth)["acc"] == 0
+    assert score("countdown", "<answer>(5 - 2) * 8 * 3</answer>", truth)["score"] == 0.1
+    assert (
+        score(
+            "countdown", "first <answer>1</answer> then <answer>(5 - 3 + 8) * 2 + 4</answer>", truth
+        )["score"]
+        == 0.1
+    )
+    assert score("countdown", "<answer>(8 - 5 + 3) * 2 * 2</answer>", truth)["score"] == 0.1
+    assert score("countdown", "<answer>(8 - 5) * (2 + 3) + 9</answer>", truth)["score"] == 0.1
+    assert score("countdown", "<answer>3 * 8 * (5 - 2) / 3</answer>", truth)["score"] == 0.1
+    correct = score(
+        "countdown",
+        "think... <answer>(5 - 3) * 8 + 8</answer>",
+        {"target": 24, "numbers": [5, 3, 8, 8]},
+    )
+    assert correct == {"score": 1.0, "acc": 1.0, "pred": "(5 - 3) * 8 + 8"}
+    assert score("countdown", "no tag here", truth)["score"] == 0.0
+    # model output is parsed, never run
+    hostile = score("countdown", "<answer>__import__('os').system('true')</answer>", truth)
+    assert hostile["score"] == 0.1 and hostile["acc"] == 0.0
+
+
+def test_median_baseline_is_usable_from_a_recipe(manager):
+    import fake_parts
+
+    manager.register(fake_parts, "fake-parts")
+    recipe = build_recipe(
+        {
+            **fake_parts.BASE_RECIPE,
+            "algorithm": {
+                "adv_estimator": "median_baseline",
+                "kl_penalty": "fakekl",
+                "adv_estimator_args": {"scale_by_mad": True},
+            },
+        }
+    )
+    args = part_args(recipe, "algorithm", "adv_estimator_args")
+    estimator_cls = manager.registry("advantage_estimators").load("median_baseline")
+    estimator = estimator_cls(recipe.algorithm, args)
+    rewards = torch.zeros(5, 3)
+    rewards[:, 1] = torch.tensor([1.0, 0.0, 4.0, 2.0, 2.0])
+    mask = torch.tensor([[1, 1, 0]] * 5)
+    batch = Batch(
+        tensors={"token_level_rewards": rewards, "response_mask": mask},
+        columns={"uid": ["a", "a", "a", "b", "b"]},
+    )
+    advantages, returns = estimator.compute(batch)
+    # group a: scores 1, 0, 4 -> median 1, |dev| 0, 1, 3 -> MAD 1; group b: all 2 -> 0
+    expected = torch.tensor([0.0, -1.0, 3.0, 0.0, 0.0]) / (1 + 1e-6)
+    assert torch.allclose(advantages[:, 0], expected)
+    assert torch.equal(advantages[:, 2], torch.zeros(5))  # masked token
+    assert torch.equal(advantages, returns)
+
+
+def test_a_plugin_written_from_the_docs_works(tmp_path, monkeypatch):
+    """Build the package that docs/plugins.md describes, from its code blocks alone."""
+    doc = (ROOT / "docs" / "plugins.md").read_text()
+    blocks = dict(re.findall(r"`([^`\n]+)`:\n\n```\w+\n(.*?)```", doc, re.DOTALL))
+    package = tmp_path / "plugrl-my-task"
+    for name in (
+        "pyproject.toml",
+        "src/plugrl_my_task/__init__.py",
+        "src/plugrl_my_task/scoring.py",
+    ):
+        path = package / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(blocks[name])
+    site = tmp_path / "site"
+    pip_install(site, package)
+    monkeypatch.syspath_prepend(str(site))
+    manager = PluginManager(environ={})
+    manager.load_entry_points()
+    row = next(r for r in manager.describe() if r["name"] == "my_task")
+    assert row["distribution"] == "plugrl-my-task"
+    score = manager.registry("reward_functions").match("my_task").load()
+    assert score("my_task", "so the answer is 4", "4") == 1.0
