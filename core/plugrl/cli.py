@@ -138,6 +138,18 @@ def explain(key: str) -> None:
         click.echo(f"  from:    {info.owner}")
 
 
+@cli.command()
+@click.argument("run_dir", type=click.Path(file_okay=False, path_type=str))
+@click.option(
+    "-o", "--out", type=click.Path(dir_okay=False), help="PNG path; default RUN_DIR/progress.png."
+)
+def plot(run_dir: str, out: str | None) -> None:
+    """Draw reward and validation accuracy per step of a run folder as a PNG."""
+    from plugrl.plot import plot_run
+
+    click.echo(str(plot_run(run_dir, out)))
+
+
 DOCTOR_LIBRARIES = [
     ("torch", "torch"),
     ("transformers", "transformers"),

@@ -1,0 +1,202 @@
+"""Run checkpoints: ``<run_dir>/global_step_N/`` plus ``latest_checkpointed_iteration.txt``.
+
+A checkpoint is written into a hidden temporary folder and renamed into place only once it is
+complete, with a manifest of every file and its size written last; the ``latest`` file is
+replaced atomically after that. A run killed at any moment therefore leaves either the previous
+checkpoint or the new one, never a half-written folder that looks complete. Verification
+against the manifest catches files removed or cut short afterwards.
+
+Layout of one checkpoint (the backend writes its own files under ``actor/``, ``critic/``...)::
+
+    global_step_N/
+      actor/...                 model, optimizer, LR schedule, RNG of every rank
+      trainer_state.pt          step, dataloader position, RNG, controllers
+      plugrl_checkpoint.json    manifest, written last
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from plugrl.errors import CheckpointError
+
+LATEST_FILE = "latest_checkpointed_iteration.txt"
+MANIFEST_FILE = "plugrl_checkpoint.json"
+TRAINER_STATE_FILE = "trainer_state.pt"
+_STEP_DIR = re.compile(r"^global_step_(\d+)$")
+
+
+def step_dir_name(step: int) -> str:
+    return f"global_step_{step}"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w", encoding="utf-8") as file:
+        file.write(text)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class CheckpointManager:
+    """Saves, finds, verifies and prunes the checkpoints of one run folder."""
+
+    def __init__(self, root: str | Path, max_to_keep: int | None = None) -> None:
+        self.root = Path(root)
+        self.max_to_keep = max_to_keep
+
+    # ---------------------------------------------------------------------------- saving
+
+    def save(self, step: int, write: Callable[[Path], None], trainer_state: dict[str, Any]) -> Path:
+        """Write checkpoint ``step``: ``write(folder)`` stores the parts' files, then the
+        trainer state and the manifest; the folder appears under its final name only when
+        complete. Returns the final path."""
+        import torch
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        final = self.root / step_dir_name(step)
+        tmp = self.root / f".{step_dir_name(step)}.tmp"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        write(tmp)
+        torch.save({"step": step, **trainer_state}, tmp / TRAINER_STATE_FILE)
+        files = {
+            str(path.relative_to(tmp)): path.stat().st_size
+            for path in sorted(tmp.rglob("*"))
+            if path.is_file()
+        }
+        _write_atomic(tmp / MANIFEST_FILE, json.dumps({"step": step, "files": files}, indent=1))
+        if final.exists():  # the same step saved again after a resume
+            old = self.root / f".{step_dir_name(step)}.old"
+            if old.exists():
+                shutil.rmtree(old)
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, final)
+        _fsync_dir(self.root)
+        _write_atomic(self.root / LATEST_FILE, f"{step}\n")
+        self.prune()
+        return final
+
+    def steps(self) -> list[int]:
+        """Steps of the complete-looking checkpoint folders, ascending."""
+        if not self.root.is_dir():
+            return []
+        found = []
+        for path in self.root.iterdir():
+            match = _STEP_DIR.match(path.name)
+            if match and path.is_dir() and (path / MANIFEST_FILE).exists():
+                found.append(int(match.group(1)))
+        return sorted(found)
+
+    def prune(self) -> None:
+        """Delete the oldest checkpoints beyond ``max_to_keep`` and leftovers of killed saves."""
+        for leftover in self.root.glob(".global_step_*.tmp"):
+            if leftover.is_dir():
+                shutil.rmtree(leftover, ignore_errors=True)
+        if not self.max_to_keep:
+            return
+        for step in self.steps()[: -self.max_to_keep]:
+            shutil.rmtree(self.root / step_dir_name(step), ignore_errors=True)
+
+    # ---------------------------------------------------------------------------- resuming
+
+    def latest(self) -> Path | None:
+        """The checkpoint ``latest_checkpointed_iteration.txt`` names (verified), or ``None``."""
+        latest_file = self.root / LATEST_FILE
+        if not latest_file.exists():
+            return None
+        text = latest_file.read_text(encoding="utf-8").strip()
+        if not text.isdigit():
+            raise CheckpointError(
+                f"{latest_file} should hold a step number, holds {text[:40]!r}; delete it to "
+                "start fresh, or set trainer.resume_mode to a global_step_N folder"
+            )
+        path = self.root / step_dir_name(int(text))
+        self.verify(path)
+        return path
+
+    def resolve(self, resume_mode: str) -> Path | None:
+        """The checkpoint to resume from for ``trainer.resume_mode`` (``auto``, ``disable`` or a
+        path), verified; ``None`` to start fresh."""
+        if resume_mode == "disable":
+            return None
+        if resume_mode == "auto":
+            return self.latest()
+        path = Path(resume_mode)
+        if not path.is_dir():
+            raise CheckpointError(
+                f"trainer.resume_mode: checkpoint folder {str(path)!r} does not exist; give a "
+                "global_step_N folder, 'auto' or 'disable'"
+            )
+        self.verify(path)
+        return path
+
+    def verify(self, path: Path) -> dict[str, Any]:
+        """Check a checkpoint folder against its manifest; returns the manifest."""
+        manifest_path = path / MANIFEST_FILE
+        fix = (
+            "delete that folder to resume from an earlier checkpoint, or set "
+            "trainer.resume_mode=disable to start fresh"
+        )
+        if not path.is_dir():
+            raise CheckpointError(f"checkpoint {path} does not exist; {fix}")
+        try:
+            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+            files = manifest["files"]
+        except FileNotFoundError:
+            raise CheckpointError(
+                f"checkpoint {path} is incomplete (no {MANIFEST_FILE}); {fix}"
+            ) from None
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise CheckpointError(
+                f"checkpoint {path} has a corrupt {MANIFEST_FILE}; {fix}"
+            ) from None
+        for name, size in files.items():
+            file = path / name
+            if not file.is_file():
+                raise CheckpointError(f"checkpoint {path} is corrupt: {name} is missing; {fix}")
+            actual = file.stat().st_size
+            if actual != size:
+                raise CheckpointError(
+                    f"checkpoint {path} is corrupt: {name} has {actual} bytes, the manifest "
+                    f"says {size}; {fix}"
+                )
+        return manifest
+
+    def load_trainer_state(self, path: Path) -> dict[str, Any]:
+        """The trainer state saved with a checkpoint (step, dataloader, RNG, controllers)."""
+        import torch
+
+        try:
+            # our own file, holding RNG states (numpy arrays) that weights_only rejects
+            return torch.load(path / TRAINER_STATE_FILE, weights_only=False)
+        except Exception as exc:
+            raise CheckpointError(
+                f"checkpoint {path}: cannot read {TRAINER_STATE_FILE} "
+                f"({type(exc).__name__}: {exc}); delete that folder to resume from an earlier "
+                "checkpoint, or set trainer.resume_mode=disable"
+            ) from None

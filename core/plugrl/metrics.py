@@ -1,0 +1,112 @@
+"""Step metrics under verl's names, so dashboards and habits carry over.
+
+* ``critic/{score,rewards,advantages,returns,values}/{mean,max,min}``
+* ``response_length/{mean,max,min,clip_ratio}``, ``prompt_length/{mean,max,min,clip_ratio}``
+* ``timing_s/<phase>`` from :class:`StepTimer`
+* ``perf/{total_num_tokens,time_per_step,throughput}``
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from plugrl.data.batch import Batch
+
+
+def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
+    if values.numel() == 0:
+        return {}
+    values = values.float()
+    return {
+        f"{prefix}/mean": values.mean().item(),
+        f"{prefix}/max": values.max().item(),
+        f"{prefix}/min": values.min().item(),
+    }
+
+
+def compute_data_metrics(
+    batch: Batch, max_response_length: int, max_prompt_length: int | None = None
+) -> dict[str, float]:
+    """Metrics of a trained batch: scores and rewards per sequence, advantages, returns and
+    values per valid token, response and prompt lengths."""
+    mask = batch["response_mask"].bool()
+    metrics: dict[str, float] = {}
+    for column, prefix in (
+        ("token_level_scores", "critic/score"),
+        ("token_level_rewards", "critic/rewards"),
+    ):
+        if column in batch:
+            metrics.update(_stats(prefix, batch[column].sum(dim=-1)))
+    for column, prefix in (
+        ("advantages", "critic/advantages"),
+        ("returns", "critic/returns"),
+        ("values", "critic/values"),
+    ):
+        if column in batch:
+            metrics.update(_stats(prefix, batch[column][mask]))
+    if "values" in batch and "returns" in batch:
+        returns, values = batch["returns"][mask].float(), batch["values"][mask].float()
+        var_returns = returns.var(unbiased=False)
+        if var_returns > 0:
+            explained = 1 - (returns - values).var(unbiased=False) / var_returns
+            metrics["critic/vf_explained_var"] = explained.item()
+    lengths = mask.sum(dim=-1)
+    metrics.update(_stats("response_length", lengths))
+    metrics["response_length/clip_ratio"] = (lengths >= max_response_length).float().mean().item()
+    if "prompt_attention_mask" in batch:
+        prompt_lengths = batch["prompt_attention_mask"].sum(dim=-1)
+        metrics.update(_stats("prompt_length", prompt_lengths))
+        if max_prompt_length:
+            metrics["prompt_length/clip_ratio"] = (
+                (prompt_lengths >= max_prompt_length).float().mean().item()
+            )
+    return metrics
+
+
+def compute_throughput_metrics(
+    num_tokens: int, step_seconds: float, num_ranks: int
+) -> dict[str, float]:
+    """``perf/throughput`` is tokens (prompt + response) per second per rank, as in verl."""
+    return {
+        "perf/total_num_tokens": float(num_tokens),
+        "perf/time_per_step": step_seconds,
+        "perf/throughput": num_tokens / max(step_seconds, 1e-9) / max(num_ranks, 1),
+    }
+
+
+class StepTimer:
+    """Accumulates wall time per phase: ``with timer("gen"): ...`` -> ``timing_s/gen``."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] += time.perf_counter() - start
+
+    def metrics(self) -> dict[str, float]:
+        return {f"timing_s/{phase}": seconds for phase, seconds in self.seconds.items()}
+
+
+def mean_metrics(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """Average each key over the records that have it (micro-batches, ranks, epochs)."""
+    sums: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    for record in records:
+        for key, value in record.items():
+            if hasattr(value, "item"):
+                value = value.item()
+            sums[key] += float(value)
+            counts[key] += 1
+    return {key: sums[key] / counts[key] for key in sums}

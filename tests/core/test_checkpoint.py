@@ -1,0 +1,121 @@
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from plugrl.checkpoint import LATEST_FILE, MANIFEST_FILE, CheckpointManager
+from plugrl.errors import CheckpointError
+
+
+def writer(value):
+    def write(folder):
+        (folder / "actor").mkdir()
+        torch.save({"w": torch.full((3,), float(value))}, folder / "actor" / "model.pt")
+
+    return write
+
+
+def save(manager, step):
+    return manager.save(
+        step,
+        writer(step),
+        {"dataloader": {"epoch": 0, "position": step}, "numpy_rng": np.random.default_rng(step)},
+    )
+
+
+def test_save_layout_latest_and_trainer_state(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    path = save(manager, 2)
+    assert path == tmp_path / "global_step_2"
+    assert (tmp_path / LATEST_FILE).read_text() == "2\n"
+    manifest = json.loads((path / MANIFEST_FILE).read_text())
+    assert set(manifest["files"]) == {"actor/model.pt", "trainer_state.pt"}
+    assert manager.resolve("auto") == path
+    state = manager.load_trainer_state(path)
+    assert state["step"] == 2 and state["dataloader"]["position"] == 2
+    assert manager.resolve("disable") is None
+    assert manager.resolve(str(path)) == path
+
+
+def test_no_checkpoint_yet_starts_fresh(tmp_path):
+    assert CheckpointManager(tmp_path / "new").resolve("auto") is None
+
+
+def test_a_save_killed_midway_leaves_the_previous_checkpoint(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    save(manager, 1)
+
+    def dies(folder):
+        (folder / "actor").mkdir()
+        (folder / "actor" / "model.pt").write_bytes(b"half")
+        raise KeyboardInterrupt  # kill during the write
+
+    with pytest.raises(KeyboardInterrupt):
+        manager.save(2, dies, {})
+    assert manager.resolve("auto") == tmp_path / "global_step_1"
+    assert manager.steps() == [1]
+    save(manager, 2)  # the next save clears the leftover
+    assert not list(tmp_path.glob(".global_step_*"))
+
+
+def test_saving_the_same_step_again_replaces_it(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    save(manager, 3)
+    manager.save(3, writer(30), {})
+    assert torch.load(tmp_path / "global_step_3" / "actor" / "model.pt")["w"][0] == 30
+
+
+def test_max_to_keep_prunes_the_oldest(tmp_path):
+    manager = CheckpointManager(tmp_path, max_to_keep=2)
+    for step in (1, 2, 3, 4):
+        save(manager, step)
+    assert manager.steps() == [3, 4]
+
+
+def test_corrupt_checkpoints_are_named_with_the_fix(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    path = save(manager, 5)
+    model = path / "actor" / "model.pt"
+    model.write_bytes(model.read_bytes()[:10])
+    with pytest.raises(
+        CheckpointError,
+        match=r"global_step_5 is corrupt: actor/model.pt has 10 "
+        r"bytes, the manifest says \d+; delete that folder to resume from an "
+        r"earlier checkpoint, or set trainer.resume_mode=disable",
+    ):
+        manager.resolve("auto")
+    os.remove(model)
+    with pytest.raises(CheckpointError, match=r"actor/model.pt is missing"):
+        manager.resolve("auto")
+    (path / MANIFEST_FILE).write_text("{not json")
+    with pytest.raises(CheckpointError, match=r"has a corrupt plugrl_checkpoint.json"):
+        manager.resolve(str(path))
+    os.remove(path / MANIFEST_FILE)
+    with pytest.raises(CheckpointError, match=r"is incomplete \(no plugrl_checkpoint.json\)"):
+        manager.resolve(str(path))
+
+
+def test_bad_latest_file_and_resume_path(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    (tmp_path / LATEST_FILE).write_text("garbage")
+    with pytest.raises(CheckpointError, match="should hold a step number, holds 'garbage'"):
+        manager.resolve("auto")
+    (tmp_path / LATEST_FILE).write_text("9")
+    with pytest.raises(CheckpointError, match="global_step_9 does not exist"):
+        manager.resolve("auto")
+    with pytest.raises(
+        CheckpointError,
+        match=r"trainer.resume_mode: checkpoint folder "
+        r"'.*nowhere' does not exist",
+    ):
+        manager.resolve(str(tmp_path / "nowhere"))
+
+
+def test_unreadable_trainer_state(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    path = save(manager, 1)
+    (path / "trainer_state.pt").write_bytes(b"not a torch file")
+    with pytest.raises(CheckpointError, match=r"cannot read trainer_state.pt"):
+        manager.load_trainer_state(path)
