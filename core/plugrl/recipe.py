@@ -97,6 +97,13 @@ class DataConfig:
     train_batch_size: int = option(
         1024, "Prompts per training step.", verl="data.train_batch_size", validator=positive
     )
+    gen_batch_size: int | None = option(
+        None,
+        "Prompts per generation round when DAPO dynamic sampling (algorithm.filter_groups) "
+        "may need several rounds per step; unset: train_batch_size.",
+        verl="data.gen_batch_size",
+        validator=positive,
+    )
     val_batch_size: int | None = option(
         None,
         "Prompts per validation batch; unset: all.",
