@@ -17,7 +17,7 @@ divergence", 2020), with ``d = log_prob - ref_log_prob``:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
@@ -26,8 +26,12 @@ import torch
 from plugrl.data.batch import Batch
 from plugrl.errors import RecipeError
 from plugrl.parts.algorithm import KLControlConfig
+from plugrl.plugins import PluginManager, get_plugin_manager
 
 from .aggregation import masked_mean
+
+if TYPE_CHECKING:
+    from plugrl.recipe import Recipe
 
 LOG_RATIO_CLAMP = 20.0
 K3_CLAMP = 10.0
@@ -168,3 +172,35 @@ def apply_kl_in_reward(
     current_kl = float(masked_mean(kl, mask, dim=-1).mean()) if rows else 0.0
     controller.update(current_kl=current_kl, n_steps=rows)
     return {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
+
+
+class KLInReward:
+    """``algorithm.use_kl_in_reward``: the chosen estimator and controller, kept across steps.
+
+    ``kl_in_reward(batch)`` sets ``token_level_rewards`` and returns the metrics; its
+    ``state_dict`` (the adaptive coefficient) belongs in a checkpoint.
+    """
+
+    def __init__(
+        self,
+        penalty: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        controller: KLController,
+    ) -> None:
+        self.penalty = penalty
+        self.controller = controller
+
+    @classmethod
+    def from_recipe(cls, recipe: Recipe, plugins: PluginManager | None = None) -> KLInReward:
+        plugins = plugins or get_plugin_manager()
+        algorithm = recipe.algorithm
+        penalty = plugins.registry("kl_penalties").load(algorithm.kl_penalty)
+        return cls(penalty, make_kl_controller(algorithm.kl_ctrl))
+
+    def __call__(self, batch: Batch) -> dict[str, float]:
+        return apply_kl_in_reward(batch, self.controller, self.penalty)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.controller.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.controller.load_state_dict(state)

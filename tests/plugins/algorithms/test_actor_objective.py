@@ -1,4 +1,5 @@
 import math
+import multiprocessing
 import pickle
 
 import pytest
@@ -197,3 +198,18 @@ def test_metrics_are_shares_of_the_mini_batch(recipe_from, plugins):
     ]
     for name, value in whole.items():
         assert parts[0][name] + parts[1][name] == pytest.approx(value), name
+
+
+def _loss_in_a_fresh_process(payload: bytes) -> float:
+    objective = pickle.loads(payload)
+    return run(objective)[0]
+
+
+def test_objective_resolves_its_parts_in_a_fresh_process(recipe_from, plugins):
+    # a spawned process has only the installed entry points, like a Ray worker
+    recipe = recipe_from("actor.use_kl_loss=true", "actor.kl_loss_type=k3+", "actor.clip_ratio=0.3")
+    objective = PolicyObjective.from_recipe(recipe, plugins)
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(1) as pool:
+        remote = pool.apply(_loss_in_a_fresh_process, (pickle.dumps(objective),))
+    assert remote == pytest.approx(run(objective)[0])

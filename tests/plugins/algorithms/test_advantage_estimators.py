@@ -268,3 +268,16 @@ def test_unhashable_uid_is_a_data_error():
     batch = outcome_batch([1.0, 0.0], [1, 1], [["a"], ["a"]])
     with pytest.raises(DataError, match=r"uid of row 0 is \['a'\], which cannot identify a group"):
         E.GRPO(AlgorithmConfig()).compute(batch)
+
+
+def test_build_estimator_from_the_recipe(recipe_from, plugins):
+    recipe = recipe_from(
+        "algorithm.adv_estimator=gae",
+        "algorithm.adv_estimator_args.whiten=false",
+        "algorithm.gamma=0.9",
+        "algorithm.lam=0.5",
+    )
+    estimator = E.build_estimator(recipe, plugins)
+    assert isinstance(estimator, E.GAE) and estimator.args == GAEArgs(whiten=False)
+    advantages, _ = estimator.compute(Batch(GAE_BATCH))
+    assert_close(advantages, GAE_ADVANTAGES)

@@ -145,3 +145,22 @@ def test_kl_in_reward_names_missing_columns():
     batch.pop("ref_log_prob")
     with pytest.raises(KeyError, match=r"KL in reward \(algorithm.use_kl_in_reward\) needs"):
         K.apply_kl_in_reward(batch, K.FixedKLController(0.1), K.kl_k1)
+
+
+def test_kl_in_reward_from_the_recipe_keeps_its_controller(recipe_from, plugins):
+    recipe = recipe_from(
+        "algorithm.use_kl_in_reward=true",
+        "algorithm.kl_penalty=abs",
+        "algorithm.kl_ctrl.type=adaptive",
+        "algorithm.kl_ctrl.kl_coef=0.1",
+        "algorithm.kl_ctrl.target_kl=0.2",
+        "algorithm.kl_ctrl.horizon=100",
+    )
+    kl_in_reward = K.KLInReward.from_recipe(recipe, plugins)
+    first = kl_in_reward(kl_batch())
+    second = kl_in_reward(kl_batch())
+    assert first["actor/reward_kl_penalty_coeff"] == 0.1
+    assert second["actor/reward_kl_penalty_coeff"] == pytest.approx(0.1 * 1.004)
+    resumed = K.KLInReward.from_recipe(recipe, plugins)
+    resumed.load_state_dict(kl_in_reward.state_dict())
+    assert resumed.controller.value == pytest.approx(0.1 * 1.004**2)
