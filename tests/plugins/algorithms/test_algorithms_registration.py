@@ -1,6 +1,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -93,3 +94,10 @@ def test_plugrl_explain_lists_the_registered_choices(installed, key, names):
     assert result.exit_code == 0, result.output
     choices = next(line for line in result.output.splitlines() if "choices:" in line)
     assert set(choices.split(":", 1)[1].replace(" ", "").split(",")) == names
+
+
+def test_every_name_is_documented():
+    doc = (Path(__file__).parents[3] / "docs" / "algorithms.md").read_text(encoding="utf-8")
+    names = EXPECTED_ESTIMATORS | EXPECTED_LOSSES | EXPECTED_KL | EXPECTED_KL_ALIASES
+    undocumented = sorted(name for name in names if f"`{name}`" not in doc)
+    assert not undocumented
