@@ -143,7 +143,8 @@ class PolicyObjective:
         # a policy loss reports token means over this micro-batch; weigh them into shares
         share = aggregate.token_share(mask)
         metrics = {
-            name: value if name == PG_LOSS else value * share for name, value in pg_metrics.items()
+            name: float(value) if name == PG_LOSS else float(value) * share
+            for name, value in pg_metrics.items()
         }
         metrics[PG_LOSS] = float(loss.detach())
         if weights is not None:

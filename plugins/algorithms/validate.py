@@ -82,6 +82,17 @@ def _check_estimator(recipe: Recipe, plugins: PluginManager) -> None:
             f"{recipe.rollout.n}; set rollout.n >= {min_group}",
             key="rollout.n",
         )
+    if "uid" in requires and recipe.rollout.n == 1:
+        logger.warning(
+            "advantage estimator %r compares responses to the same prompt but rollout.n is 1: "
+            "every group has one response and no baseline",
+            name,
+        )
+    if recipe.algorithm.filter_groups.enable and recipe.rollout.n == 1:
+        logger.warning(
+            "algorithm.filter_groups keeps every group of one response, and rollout.n is 1: "
+            "dynamic sampling will drop nothing"
+        )
 
 
 def _check_policy_loss(recipe: Recipe, plugins: PluginManager) -> None:

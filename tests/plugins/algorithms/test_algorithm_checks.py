@@ -81,3 +81,16 @@ def test_unknown_names_fail_when_the_recipe_is_read(recipe_from):
         recipe_from("algorithm.adv_estimator=grpoo")
     with pytest.raises(RecipeError, match=r"did you mean 'low_var_kl'"):
         recipe_from("actor.kl_loss_type=low_var_k")
+
+
+def test_group_estimators_with_one_response_per_prompt_warn(recipe_from, plugins, caplog):
+    with caplog.at_level(logging.WARNING, logger="plugrl.algorithms"):
+        check_algorithm(recipe_from("rollout.n=1"), plugins)
+        check_algorithm(recipe_from("rollout.n=4", "algorithm.adv_estimator=rloo"), plugins)
+    assert caplog.text.count("compares responses to the same prompt but rollout.n is 1") == 1
+
+
+def test_dynamic_sampling_with_one_response_per_prompt_warns(recipe_from, plugins, caplog):
+    with caplog.at_level(logging.WARNING, logger="plugrl.algorithms"):
+        check_algorithm(recipe_from("rollout.n=1", "algorithm.filter_groups.enable=true"), plugins)
+    assert "dynamic sampling will drop nothing" in caplog.text
