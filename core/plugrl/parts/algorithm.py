@@ -166,7 +166,8 @@ class PolicyLoss(ABC):
         importance_weights: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """Return the aggregated loss and its metrics (``actor/pg_loss``,
-        ``actor/pg_clipfrac``, ``actor/pg_clipfrac_lower``, ``actor/ppo_kl``).
+        ``actor/pg_clipfrac``, ``actor/pg_clipfrac_lower``, ``actor/ppo_kl``): ``pg_loss`` is
+        the returned loss, the others are means over this micro-batch's valid tokens.
 
         ``importance_weights`` [b, R], when given, multiply the per-token loss (correction of
         stale samples; already truncated, no gradient).
@@ -177,7 +178,9 @@ class ActorObjective(Protocol):
     """The whole actor loss of a micro-batch: policy loss, KL loss and entropy bonus.
 
     A backend calls it once per micro-batch with the log-probs (and entropy) it computed with
-    gradient; it must be picklable, since it travels to the workers.
+    gradient; it must be picklable, since it travels to the workers. The loss and every metric
+    it returns are this micro-batch's share: summed over the micro-batches of a mini-batch and
+    averaged over data-parallel ranks they give the mini-batch's value.
     """
 
     needs_entropy: bool

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
@@ -28,6 +28,11 @@ class SchedulerConfig:
 
 class Scheduler(ABC):
     """Owns the training loop. Built in the driver with everything the recipe chose."""
+
+    provides: ClassVar[frozenset[str] | None] = None
+    """Optional batch columns this scheduler produces when an advantage estimator ``requires``
+    them (``reward_baselines`` for ReMax, ``values`` with a critic), checked at start-up;
+    ``None`` leaves them unchecked."""
 
     def __init__(self, context: RunContext) -> None:
         self.context = context

@@ -1,0 +1,116 @@
+"""Start-up checks of the algorithm choices that a recipe's types alone cannot catch.
+
+The run composition calls :func:`check_algorithm` once before anything is built, so that a
+combination that would fail mid-run (GAE without a critic, ReMax with a scheduler that does
+not compute baselines) stops the run at once with the key to change.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from plugrl.errors import RecipeError
+from plugrl.plugins import PluginManager, get_plugin_manager
+
+if TYPE_CHECKING:
+    from plugrl.recipe import Recipe
+
+logger = logging.getLogger("plugrl.algorithms")
+
+ESTIMATOR_KEY = "algorithm.adv_estimator"
+
+ALWAYS_PRESENT = frozenset(
+    {
+        "prompts",
+        "responses",
+        "input_ids",
+        "attention_mask",
+        "position_ids",
+        "response_mask",
+        "uid",
+        "token_level_scores",
+        "token_level_rewards",
+        "old_log_probs",
+    }
+)
+"""Columns every run's batch has by the time advantages are computed."""
+
+
+def check_algorithm(recipe: Recipe, plugins: PluginManager | None = None) -> None:
+    """Raise a :class:`RecipeError` naming the key to change when the chosen estimator, loss
+    and KL settings cannot work together with the rest of the recipe."""
+    plugins = plugins or get_plugin_manager()
+    _check_estimator(recipe, plugins)
+    _check_policy_loss(recipe, plugins)
+    _check_kl(recipe)
+
+
+def _check_estimator(recipe: Recipe, plugins: PluginManager) -> None:
+    name = recipe.algorithm.adv_estimator
+    estimator = plugins.registry("advantage_estimators").load(name)
+    requires = set(getattr(estimator, "requires", ()))
+    critic = recipe.critic.enable
+    if "values" in requires and critic is False:
+        raise RecipeError(
+            f"{name!r} needs values from a critic but critic.enable is false; set "
+            "critic.enable=true (or leave it unset) or choose an estimator without a critic "
+            "such as grpo",
+            key=ESTIMATOR_KEY,
+        )
+    if "values" not in requires and critic:
+        logger.warning(
+            "critic.enable is true but advantage estimator %r does not use values; "
+            "the critic is trained for nothing",
+            name,
+        )
+    scheduler_name = recipe.scheduler.name
+    scheduler = plugins.registry("schedulers").load(scheduler_name)
+    provides = getattr(scheduler, "provides", None)
+    if provides is not None:
+        missing = sorted(requires - ALWAYS_PRESENT - set(provides))
+        if missing:
+            raise RecipeError(
+                f"{name!r} needs batch column {', '.join(missing)}, which scheduler "
+                f"{scheduler_name!r} does not produce; choose another estimator or scheduler",
+                key=ESTIMATOR_KEY,
+            )
+    min_group = int(getattr(estimator, "min_group_size", 1))
+    if recipe.rollout.n < min_group:
+        raise RecipeError(
+            f"{name!r} compares at least {min_group} responses per prompt, got "
+            f"{recipe.rollout.n}; set rollout.n >= {min_group}",
+            key="rollout.n",
+        )
+    if "uid" in requires and recipe.rollout.n == 1:
+        logger.warning(
+            "advantage estimator %r compares responses to the same prompt but rollout.n is 1: "
+            "every group has one response and no baseline",
+            name,
+        )
+    if recipe.algorithm.filter_groups.enable and recipe.rollout.n == 1:
+        logger.warning(
+            "algorithm.filter_groups keeps every group of one response, and rollout.n is 1: "
+            "dynamic sampling will drop nothing"
+        )
+
+
+def _check_policy_loss(recipe: Recipe, plugins: PluginManager) -> None:
+    actor = recipe.actor
+    loss = plugins.registry("policy_losses").load(actor.policy_loss)
+    if getattr(loss, "uses_dual_clip", False) and not actor.clip_ratio_c > 1:
+        raise RecipeError(
+            f"the dual-clip bound must be greater than 1, got {actor.clip_ratio_c}",
+            key="actor.clip_ratio_c",
+        )
+
+
+def _check_kl(recipe: Recipe) -> None:
+    algorithm = recipe.algorithm
+    control = algorithm.kl_ctrl
+    if algorithm.use_kl_in_reward and control.type == "adaptive" and not control.target_kl > 0:
+        raise RecipeError(
+            f"the adaptive KL controller needs a target_kl > 0 (got {control.target_kl}); "
+            "set it or use algorithm.kl_ctrl.type=fixed",
+            key="algorithm.kl_ctrl.target_kl",
+        )
