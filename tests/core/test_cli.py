@@ -42,7 +42,7 @@ def fake_parts_env(tmp_path):
     """PYTHONPATH under which the test's fake parts are an installed plugin."""
     site = tmp_path / "site"
     write_distribution(site, "plugrl-fake-parts", "1.0", {"fake_parts": "fake_parts"})
-    return {"PYTHONPATH": os.pathsep.join([str(site), str(Path(__file__).parent)])}
+    return {"PYTHONPATH": os.pathsep.join([str(site), str(Path(__file__).parents[1])])}
 
 
 def test_help_imports_nothing_heavy():

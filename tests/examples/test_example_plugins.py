@@ -159,3 +159,50 @@ def test_a_plugin_written_from_the_docs_works(tmp_path, monkeypatch):
     assert row["distribution"] == "plugrl-my-task"
     score = manager.registry("reward_functions").match("my_task").load()
     assert score("my_task", "so the answer is 4", "4") == 1.0
+
+
+def test_median_baseline_values_reach_the_policy_loss(manager):
+    """A recipe chooses the third-party estimator; its advantages drive the built-in loss."""
+    import fake_parts
+
+    from plugrl_plugins.algorithms.aggregation import loss_scale_from_mask
+    from plugrl_plugins.algorithms.estimators import build_estimator
+    from plugrl_plugins.algorithms.objective import PolicyObjective
+
+    manager.register(fake_parts, "fake-parts")
+    recipe = build_recipe(
+        {
+            **fake_parts.BASE_RECIPE,
+            "actor": {
+                "backend": "fakebackend",
+                "policy_loss": "vanilla",
+                "loss_agg_mode": "token-mean",
+            },
+            "algorithm": {"adv_estimator": "median_baseline"},
+        }
+    )
+    rewards = torch.zeros(4, 2)
+    rewards[:, 1] = torch.tensor([3.0, 1.0, 0.0, 5.0])
+    mask = torch.tensor([[1, 1]] * 4)
+    batch = Batch(
+        tensors={"token_level_rewards": rewards, "response_mask": mask},
+        columns={"uid": ["a", "a", "b", "b"]},
+    )
+    advantages, _ = build_estimator(recipe).compute(batch)
+    # medians: group a (3, 1) -> 2, group b (0, 5) -> 2.5
+    assert advantages[:, 0].tolist() == [1.0, -1.0, -2.5, 2.5]
+    log_prob = torch.zeros(4, 2, requires_grad=True)
+    micro = Batch(
+        tensors={
+            "old_log_probs": torch.zeros(4, 2),
+            "advantages": advantages,
+            "response_mask": mask,
+        }
+    )
+    loss, metrics = PolicyObjective.from_recipe(recipe)(
+        micro, log_prob, None, loss_scale_from_mask(mask)
+    )
+    loss.backward()
+    # ratio 1 everywhere: loss = -token-mean(A) = 0, gradient = -A / num_tokens
+    assert torch.allclose(log_prob.grad, -advantages / 8)
+    assert metrics["actor/pg_loss"] == pytest.approx(0.0)
