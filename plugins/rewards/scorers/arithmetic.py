@@ -11,6 +11,7 @@ Parsing, exactly:
    numbers are rejected.
 
 Score 1.0 when the integer equals the ground truth, else 0.0 (also when no answer parses).
+``pred`` is the parsed integer written plainly (``"1234"``), or ``None``.
 """
 
 from __future__ import annotations
@@ -36,4 +37,9 @@ def compute_score(
         raise ValueError(f"ground truth {ground_truth!r} is not an integer")
     pred = parse_answer(solution_str)
     correct = pred is not None and pred == truth
-    return {"score": 1.0 if correct else 0.0, "acc": correct, "pred": pred}
+    # pred as text, like the other scorers: a number here would be averaged into a metric
+    return {
+        "score": 1.0 if correct else 0.0,
+        "acc": correct,
+        "pred": None if pred is None else str(pred),
+    }

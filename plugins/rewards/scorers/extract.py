@@ -24,13 +24,13 @@ def last_boxed(text: str) -> str | None:
         return None
     command = next(c for c in BOX_COMMANDS if text.startswith(c, start))
     rest = text[start + len(command) :]
-    if rest.startswith(" "):
+    if not rest.lstrip().startswith("{"):
+        if not rest.startswith(" "):
+            return None  # "\boxedx" is another command
         # "\boxed 5": the argument is the next space-free token
-        token = rest.lstrip().split(maxsplit=1)
+        token = rest.split(maxsplit=1)
         return token[0].rstrip("$.") if token else None
     rest = rest.lstrip()
-    if not rest.startswith("{"):
-        return None
     depth = 0
     for position, char in enumerate(rest):
         if char == "{":
