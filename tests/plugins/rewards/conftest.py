@@ -17,7 +17,7 @@ from plugrl.recipe import build_recipe
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import stub_parts  # noqa: E402
+import stub_parts
 
 PAD = 0
 EOS = 1  # a special token: decoding must skip it
@@ -32,8 +32,7 @@ class CharTokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         special = {PAD: "<pad>", EOS: "<eos>"}
         return "".join(
-            ("" if skip_special_tokens else special[i]) if i in special else chr(i - 2)
-            for i in ids
+            ("" if skip_special_tokens else special[i]) if i in special else chr(i - 2) for i in ids
         )
 
 
