@@ -6,7 +6,7 @@ import time
 
 import pytest
 import torch
-from conftest import EOS, make_batch
+from rewards_testlib import EOS, make_batch
 
 from plugrl.data.batch import Batch
 from plugrl.errors import DataError, RecipeError
