@@ -100,3 +100,16 @@ def test_manager_keys_are_explained(plugins, key, verl):
     assert info.help
     assert info.verl == verl
     assert info.owner.endswith("(rewards)")
+
+
+def test_no_scorer_evaluates_text():
+    """Model output is parsed, never run: no eval/exec/compile anywhere in the plugin."""
+    root = Path(__file__).resolve().parents[3] / "plugins" / "rewards"
+    pattern = re.compile(r"(?<![\w.])(eval|exec|compile)\s*\(")
+    offenders = [
+        f"{path.name}:{number}"
+        for path in sorted(root.rglob("*.py"))
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert offenders == []
