@@ -220,7 +220,10 @@ def _extra_columns(results: list[SampleResult]) -> dict[str, list[Any]]:
     keys: list[str] = []
     for result in results:
         keys += [k for k in result.extras if k not in keys]
-    return {key: [r.extras.get(key) for r in results] for key in keys}
+    columns = {key: [r.extras.get(key) for r in results] for key in keys}
+    if "score" in columns:  # samples whose scorer returned a bare number have a score too
+        columns["score"] = [r.score if r.status == "ok" else None for r in results]
+    return columns
 
 
 def _is_number(value: Any) -> bool:

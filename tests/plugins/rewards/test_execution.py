@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -139,3 +141,45 @@ def test_a_function_the_worker_cannot_import(pool, tmp_path):
         "a scoring worker process could not load the reward functions: RecipeError: "
         "reward.custom_function.path: reward function file"
     )
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (a dead orphan may wait for a reaper that never comes)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+DRIVER = """
+import sys, threading, time
+from plugrl_plugins.rewards.execution import Call, ProcessPool
+from plugrl_plugins.rewards.functions import FileFunction, Scorer
+
+scorer = Scorer.wrap(FileFunction(sys.argv[1], "compute_score"), "behaviours")
+pool = ProcessPool(1)
+sample = {"data_source": "d", "solution_str": "hang", "ground_truth": "a", "extra_info": None}
+threading.Thread(target=pool.run, args=([[Call(scorer, sample, 600.0)]],), daemon=True).start()
+time.sleep(1.0)
+print(pool.pids()[0], flush=True)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux's")
+def test_workers_die_with_a_driver_that_dies(scorer_file, tmp_path):
+    path = scorer_file(BEHAVIOURS)
+    (tmp_path / "driver.py").write_text(DRIVER)
+    # the driver exits abruptly (no close, no atexit) while its worker is stuck in a sample
+    driver = subprocess.Popen(
+        [sys.executable, str(tmp_path / "driver.py"), str(path)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    worker = int(driver.stdout.readline())
+    driver.wait(30)
+    driver.stdout.close()
+    deadline = time.monotonic() + 5
+    while running(worker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not running(worker)
