@@ -78,7 +78,11 @@ class Outcome:
 
 
 def _die_with_parent() -> None:
-    """Linux: have the kernel SIGKILL this process when its parent exits."""
+    """Linux: have the kernel SIGKILL this process when its parent exits.
+
+    Strictly, when the parent *thread* that started it exits: a pool used from a thread that
+    ends loses its workers, and the next batch finds them dead and starts new ones.
+    """
     if not sys.platform.startswith("linux"):
         return
     try:

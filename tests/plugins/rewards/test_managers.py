@@ -390,3 +390,18 @@ def test_with_a_real_byte_level_bpe_tokenizer(build):
     output = manager(batch)
     assert output.token_level_scores[0, len(rows[0]) - 1] == 1.0
     assert output.token_level_scores.sum(-1).tolist() == [1.0, 0.0]
+
+
+def test_an_async_function_in_the_worker_with_a_timeout(build, tokenizer, scorer_file):
+    path = scorer_file(
+        "import asyncio\n\n"
+        "async def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    if solution_str == 'slow':\n"
+        "        await asyncio.sleep(3600)\n"
+        "    await asyncio.sleep(0.01)\n"
+        "    return float(solution_str == ground_truth)\n"
+    )
+    manager = build(custom(path, timeout_s=0.5))
+    output = manager(make_batch(tokenizer, ["a", "slow", "b"], "x", ["a", "a", "b"]))
+    assert output.token_level_scores.sum(-1).tolist() == [1.0, 0.0, 1.0]
+    assert output.metrics["reward/timeouts"] == 1.0
