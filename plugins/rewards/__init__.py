@@ -1,0 +1,106 @@
+"""Built-in rewards: reward managers (``naive``, ``dapo``, ``batch``, ``parallel``) and scoring
+functions by data source. Everything is registered by path, so nothing here imports torch or
+a scorer's libraries until a run chooses it.
+
+For the code that composes a run: :func:`build_reward_manager` (and :func:`make_resolver`,
+which it uses).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import plugrl
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from plugrl.parts.reward import RewardManager
+    from plugrl.plugins import PluginManager
+    from plugrl.recipe import Recipe
+    from plugrl_plugins.rewards.functions import Scorer
+
+_SCORERS = "plugrl_plugins.rewards.scorers"
+_MANAGERS = "plugrl_plugins.rewards.managers"
+
+# data source (or glob pattern) -> (scoring function, description)
+REWARD_FUNCTIONS: dict[str, tuple[str, str]] = {
+    "openai/gsm8k": (f"{_SCORERS}.gsm8k:compute_score", "GSM8K: the number after ####"),
+    "math_dapo": (f"{_SCORERS}.math_dapo:compute_score", "DAPO maths: 'Answer: X', +1/-1"),
+    "math": (f"{_SCORERS}.math_dapo:compute_score", "DAPO maths: 'Answer: X', +1/-1"),
+    "aime*": (f"{_SCORERS}.math_dapo:compute_score", "AIME, DAPO style: 'Answer: X', +1/-1"),
+    "lighteval/MATH": (f"{_SCORERS}.math_boxed:compute_score", "MATH: boxed answer"),
+    "DigitalLearningGmbH/MATH-lighteval": (
+        f"{_SCORERS}.math_boxed:compute_score",
+        "MATH: boxed answer",
+    ),
+    "HuggingFaceH4/MATH-500": (f"{_SCORERS}.math_boxed:compute_score", "MATH-500: boxed answer"),
+    "multiple_choice": (
+        f"{_SCORERS}.multiple_choice:compute_score",
+        "Multiple choice: boxed letter",
+    ),
+    "cais/mmlu": (f"{_SCORERS}.multiple_choice:compute_score", "MMLU: boxed letter"),
+    "TIGER-Lab/MMLU-Pro": (f"{_SCORERS}.multiple_choice:compute_score", "MMLU-Pro: boxed letter"),
+    "Idavidrein/gpqa": (f"{_SCORERS}.multiple_choice:compute_score", "GPQA: boxed letter"),
+    "plugrl/arithmetic": (
+        f"{_SCORERS}.arithmetic:compute_score",
+        "Quickstart arithmetic: last 'Answer: <integer>' line",
+    ),
+}
+
+
+@plugrl.hookimpl
+def register_reward_functions(register):
+    for data_source, (target, description) in REWARD_FUNCTIONS.items():
+        register(data_source, target, description=description)
+
+
+@plugrl.hookimpl
+def register_reward_managers(register):
+    register(
+        "naive",
+        f"{_MANAGERS}:NaiveRewardManager",
+        description="One call per sample; the score on the last response token",
+    )
+    register(
+        "dapo",
+        f"{_MANAGERS}:DAPORewardManager",
+        config=f"{_MANAGERS}:DAPORewardConfig",
+        description="naive plus DAPO's overlong buffer penalty",
+    )
+    register(
+        "batch",
+        f"{_MANAGERS}:BatchRewardManager",
+        config=f"{_MANAGERS}:BatchRewardConfig",
+        description="One call per scoring function for the whole batch",
+    )
+    register(
+        "parallel",
+        f"{_MANAGERS}:ParallelRewardManager",
+        config=f"{_MANAGERS}:ParallelRewardConfig",
+        description="Per-sample scoring in a pool of processes or Ray actors",
+    )
+
+
+def make_resolver(recipe: Recipe, plugins: PluginManager | None = None) -> Callable[[str], Scorer]:
+    """``resolve(data_source)``: the recipe's custom function when one is configured, else the
+    registered function matching the data source (one-line error for unknown ones)."""
+    from plugrl_plugins.rewards.functions import make_resolver as make
+
+    return make(recipe, plugins)
+
+
+def build_reward_manager(
+    recipe: Recipe, tokenizer: Any, plugins: PluginManager | None = None
+) -> RewardManager:
+    """The reward manager ``reward.manager`` names, built with :func:`make_resolver`.
+
+    Call :meth:`~plugrl.parts.reward.RewardManager.check_data_sources` with the data's
+    ``data_source`` values before generating, and ``close()`` at the end of the run.
+    """
+    if plugins is None:
+        from plugrl.plugins import get_plugin_manager
+
+        plugins = get_plugin_manager()
+    manager_class = plugins.registry("reward_managers").load(recipe.reward.manager)
+    return manager_class(recipe, tokenizer=tokenizer, resolve=make_resolver(recipe, plugins))

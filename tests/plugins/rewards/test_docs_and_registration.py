@@ -1,0 +1,115 @@
+"""docs/rewards.md stays true (its example runs), and the plugin registers lightly."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from plugrl.recipe import explain
+from plugrl_plugins.rewards.scorers import arithmetic
+
+DOC = Path(__file__).resolve().parents[3] / "docs" / "rewards.md"
+
+
+def code_blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", DOC.read_text(encoding="utf-8"), re.DOTALL)
+
+
+def test_the_json_to_parquet_example_runs_and_its_rows_score(tmp_path):
+    jsonl = next(block for block in code_blocks("json") if '"question"' in block)
+    script = next(block for block in code_blocks("python") if "pq.write_table" in block)
+    (tmp_path / "problems.jsonl").write_text(jsonl, encoding="utf-8")
+    (tmp_path / "convert.py").write_text(script, encoding="utf-8")
+    run = subprocess.run(
+        [sys.executable, "convert.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "wrote 3 rows to train.parquet"
+    rows = pq.read_table(tmp_path / "train.parquet").to_pylist()
+    assert [row["data_source"] for row in rows] == ["plugrl/arithmetic"] * 3
+    assert rows[2]["prompt"][0]["role"] == "user"
+    assert rows[2]["extra_info"] == {"split": "train", "index": 2}
+    truth = rows[2]["reward_model"]["ground_truth"]
+    assert truth == "1234"
+    response = "1200 + 34 = 1,234.\nAnswer: 1,234"
+    assert arithmetic.compute_score(rows[2]["data_source"], response, truth)["score"] == 1.0
+
+
+def test_the_batch_form_example_is_a_batch_function(make_recipe, tmp_path):
+    from plugrl_plugins.rewards import make_resolver
+
+    block = next(b for b in code_blocks("python") if "solution_strs" in b)
+    path = tmp_path / "batch_reward.py"
+    path.write_text(re.sub(r"(?m)^  ", "", block), encoding="utf-8")
+    recipe = make_recipe({"manager": "batch", "custom_function": {"path": str(path)}})
+    scorer = make_resolver(recipe)("x")
+    assert scorer.batch
+    results = scorer.score_batch(
+        data_sources=["x", "x"],
+        solution_strs=["... so 42", "... so 41"],
+        ground_truths=["42", "42"],
+        extra_infos=[None, None],
+    )
+    assert [score for score, _ in results] == [1.0, 0.0]
+
+
+def test_the_flexible_gsm8k_file_from_the_docs(make_recipe, tmp_path):
+    from plugrl_plugins.rewards import make_resolver
+
+    block = next(b for b in code_blocks("python") if "compute_score_flexible" in b)
+    path = tmp_path / "flexible.py"
+    path.write_text(block, encoding="utf-8")
+    scorer = make_resolver(make_recipe({"custom_function": {"path": str(path)}}))("openai/gsm8k")
+    assert scorer("openai/gsm8k", "so she has 72 clips", "72")["score"] == 1.0
+
+
+def test_registering_the_plugin_imports_neither_torch_nor_scorers():
+    code = (
+        "import sys, plugrl_plugins.rewards as r; "
+        "assert 'torch' not in sys.modules; "
+        "assert 'plugrl_plugins.rewards.scorers.math_boxed' not in sys.modules; "
+        "assert 'math_verify' not in sys.modules; print(len(r.REWARD_FUNCTIONS))"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "12"
+
+
+def test_every_registered_target_imports(plugins):
+    for kind in ("reward_functions", "reward_managers"):
+        for entry in plugins.registry(kind):
+            assert callable(entry.load()), entry.name
+            assert entry.plugin == "rewards"
+
+
+@pytest.mark.parametrize(
+    ("key", "verl"),
+    [
+        ("reward.overlong_buffer.len", "reward_model.overlong_buffer.len"),
+        ("reward.batch_timeout_s", None),
+        ("reward.num_workers", None),
+    ],
+)
+def test_manager_keys_are_explained(plugins, key, verl):
+    info = explain(key, plugins)
+    assert info.help
+    assert info.verl == verl
+    assert info.owner.endswith("(rewards)")
+
+
+def test_no_scorer_evaluates_text():
+    """Model output is parsed, never run: no eval/exec/compile anywhere in the plugin."""
+    root = Path(__file__).resolve().parents[3] / "plugins" / "rewards"
+    pattern = re.compile(r"(?<![\w.])(eval|exec|compile)\s*\(")
+    offenders = [
+        f"{path.name}:{number}"
+        for path in sorted(root.rglob("*.py"))
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert offenders == []
