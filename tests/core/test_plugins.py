@@ -92,7 +92,8 @@ def test_load_plugins_is_an_allow_list(plugrl_fake_entry_point, plugrl_make_plug
                 "PLUGRL_LOAD_PLUGINS": "plugrl-two,nothere",
             }
         )
-    assert manager.registry("reward_functions").names() == ["two"]
+    names = manager.registry("reward_functions").names()
+    assert "two" in names and "one" not in names
     assert "PLUGRL_LOAD_PLUGINS names 'nothere', but no installed plugin has that name" in (
         caplog.text
     )
