@@ -30,6 +30,7 @@ from plugrl_plugins.backends.fsdp2.config import FSDP2ActorConfig
 from plugrl_plugins.backends.fsdp2.export import write_hf_folder
 from plugrl_plugins.backends.fsdp2.model import (
     device_mesh,
+    enable_checkpointing,
     load_model,
     model_path,
     shard_model,
@@ -109,9 +110,7 @@ class FSDP2Backend(TrainingBackend):
         if self.role == "ref":
             model.requires_grad_(False)
         elif self.recipe.model.enable_gradient_checkpointing:
-            model.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": False}
-            )
+            enable_checkpointing(model)
         forward_args = inspect.signature(model.forward).parameters
         self._keep_logits_arg = self.role != "critic" and "logits_to_keep" in forward_args
         mesh = device_mesh(self.device, self.dist.world_size, self.config.fsdp_size)
@@ -353,7 +352,7 @@ class FSDP2Backend(TrainingBackend):
             clipped_more = (clipped_error > unclipped_error).to(mask.dtype)
             metrics = {
                 "critic/vf_clipfrac": float((clipped_more * mask).sum() / tokens),
-                "critic/vpred_mean": float((predicted * mask).sum() / tokens),
+                "critic/vpred_mean": float((predicted.detach() * mask).sum() / tokens),
             }
             return loss, metrics
 

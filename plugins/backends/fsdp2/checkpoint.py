@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
@@ -192,16 +193,25 @@ def load(
         )
     try:
         dcp.load(state, checkpoint_id=path)
-    except Exception as exc:
+    except (Exception, CheckpointException) as exc:
         raise CheckpointError(
-            f"checkpoint {str(path)!r} could not be read into this model "
-            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); is it "
+            f"checkpoint {str(path)!r} could not be read into this model ({_cause(exc)}); is it "
             f"from a different model? {RESUME_FIX}"
         ) from exc
     set_model_state_dict(model, state["model"])
     if optimizer is not None:
         set_optimizer_state_dict(model, optimizer, state["optimizer"])
     return extra_state
+
+
+def _cause(exc: BaseException) -> str:
+    """One line naming what went wrong; torch.distributed.checkpoint wraps each rank's error
+    with its traceback."""
+    if isinstance(exc, CheckpointException) and exc.failures:
+        failure = next(iter(exc.failures.values()))
+        exc = failure[0] if isinstance(failure, tuple) else failure
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
 def _saved_keys(path: Path) -> set[str]:

@@ -79,6 +79,15 @@ def load_model(recipe: Recipe, role: Role, dtype: torch.dtype) -> torch.nn.Modul
     return model_class.from_pretrained(path, config=config, dtype=dtype, trust_remote_code=trust)
 
 
+def enable_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute each layer's activations in backward (non-reentrant, which FSDP2 needs)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers 5 renamed it
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
 def device_mesh(device: Device, world_size: int, fsdp_size: int) -> DeviceMesh:
     """1-D mesh over all ranks, or 2-D ``(replicate, shard)`` for hybrid sharding."""
     if fsdp_size in (-1, world_size):

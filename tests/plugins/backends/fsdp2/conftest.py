@@ -1,0 +1,14 @@
+import os
+
+import pytest
+
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    from fsdp2_testing import save_tiny_qwen2
+
+    return save_tiny_qwen2(tmp_path_factory.mktemp("tiny-qwen2"))
