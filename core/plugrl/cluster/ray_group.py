@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import types
 from collections.abc import Sequence
@@ -154,26 +155,39 @@ class RayWorkerGroup(WorkerGroup):
         """Results in order; the first failure is raised as soon as it happens (the other
         ranks may be stuck waiting for the failed one), a plugrl error as itself."""
         ray = self.ray
-        from ray.exceptions import RayActorError, RayTaskError
-
         position = {ref: i for i, ref in enumerate(refs)}
         results: list[Any] = [None] * len(refs)
         pending = list(refs)
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
-            for ref in ready:
-                try:
-                    results[position[ref]] = ray.get(ref)
-                except RayTaskError as exc:
-                    cause = getattr(exc, "cause", None)
-                    if isinstance(cause, PlugrlError):
-                        raise cause from None
-                    raise
-                except RayActorError as exc:
-                    raise RuntimeError(
-                        f"a {self.role} rank's Ray actor died ({exc}); see the worker log"
-                    ) from exc
+            try:
+                results[position[ready[0]]] = ray.get(ready[0])
+            except Exception as exc:
+                self._collect_failures(pending)
+                raise self._driver_error(exc) from None
         return results
+
+    def _collect_failures(self, pending: list[Any]) -> None:
+        """Fetch what the other ranks already returned: usually the same error, which Ray would
+        otherwise report again as unhandled."""
+        if not pending:
+            return
+        done, _ = self.ray.wait(pending, num_returns=len(pending), timeout=1.0)
+        for ref in done:
+            with contextlib.suppress(Exception):
+                self.ray.get(ref)
+
+    def _driver_error(self, exc: Exception) -> BaseException:
+        from ray.exceptions import RayActorError, RayTaskError
+
+        if isinstance(exc, RayTaskError):
+            cause = getattr(exc, "cause", None)
+            if isinstance(cause, PlugrlError):
+                return cause
+            return exc
+        if isinstance(exc, RayActorError):
+            return RuntimeError(f"a {self.role} rank's Ray actor died ({exc}); see the worker log")
+        return exc
 
     def _put_all(self, shards: list[Any]) -> list[Any]:
         return [self.ray.put(shard) for shard in shards]
