@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -428,13 +429,18 @@ class FSDP2Backend(TrainingBackend):
         non-finite norm skips the step, as one bad batch must not ruin the weights."""
         model, optimizer = self.model, self.optimizer
         assert model is not None and optimizer is not None
-        params = [p for p in model.parameters() if p.grad is not None]
-        max_norm = grad_clip if grad_clip > 0 else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads)
         if isinstance(norm, DTensor):
-            norm = norm.full_tensor()
+            # each rank holds a partial sum; offloaded gradients sit on the CPU, but the
+            # reduction has to run where the collective backend works
+            norm = norm.to(self.torch_device).full_tensor()
         grad_norm = float(norm)
-        if torch.isfinite(torch.tensor(grad_norm)):
+        if math.isfinite(grad_norm):
+            coefficient = grad_clip / (grad_norm + 1e-6)
+            if grad_clip > 0 and coefficient < 1.0:
+                for grad in grads:
+                    grad.mul_(coefficient)
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return grad_norm

@@ -73,3 +73,18 @@ def test_the_critic_has_no_log_probs_and_the_actor_no_values(tiny_model, critic)
     actor = make_backend(make_recipe(tiny_model))
     with pytest.raises(RuntimeError, match="compute_values\\(\\) is for the critic role"):
         actor.compute_values(make_batch(2))
+
+
+def test_an_exported_critic_loads_as_a_token_classifier(critic, tmp_path):
+    critic.export_hf(tmp_path / "critic")
+    loaded = transformers.AutoModelForTokenClassification.from_pretrained(tmp_path / "critic")
+    batch = make_batch(4)
+    with torch.no_grad():
+        scores = loaded.eval()(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            position_ids=batch["position_ids"],
+        ).logits[:, -7:-1, 0]
+    torch.testing.assert_close(
+        critic.compute_values(batch), scores * batch["response_mask"], atol=1e-5, rtol=0
+    )

@@ -12,7 +12,7 @@ from fsdp2_testing import (
     max_weight_difference,
 )
 
-from plugrl.cluster import LocalWorkerGroup, make_worker_group
+from plugrl.cluster import LocalWorkerGroup, RayWorkerGroup
 from plugrl.errors import CheckpointError
 
 pytestmark = pytest.mark.slow
@@ -38,7 +38,8 @@ def two_ranks(ray_session, tiny_model):
     recipe = make_recipe(
         tiny_model, cluster="ray", use_dynamic_bsz=True, ppo_max_token_len_per_gpu=40
     )
-    group = make_worker_group(recipe, "actor", device_name="cpu", world_size=2)
+    # half a CPU per rank leaves room for the hybrid-sharding group below
+    group = RayWorkerGroup(recipe, "actor", world_size=2, device_name="cpu", num_cpus_per_rank=0.5)
     group.setup(10)
     yield group
     group.close()
@@ -86,3 +87,27 @@ def test_a_worker_error_reaches_the_driver_as_itself(two_ranks, tmp_path):
     assert str(info.value).startswith(f"checkpoint folder {str(tmp_path / 'nowhere')!r} does not")
     # the group is still usable afterwards
     assert len(two_ranks.compute_log_prob(make_batch(3))["log_probs"]) == 3
+
+
+def test_hybrid_sharding_replicates_and_matches_one_rank(ray_session, two_ranks, tiny_model):
+    batch = make_batch(8, seed=4)
+    # fsdp_size 1: each of the two ranks holds the whole model; gradients are averaged
+    hybrid = RayWorkerGroup(
+        make_recipe(tiny_model, cluster="ray", fsdp_size=1),
+        "actor",
+        world_size=2,
+        device_name="cpu",
+        num_cpus_per_rank=0.5,
+    )
+    try:
+        hybrid.setup(10)
+        local = make_backend(make_recipe(tiny_model))
+        hybrid_metrics = hybrid.update_policy(batch, TokenMeanReinforce())
+        local_metrics = local.update_policy(batch, TokenMeanReinforce())
+        assert hybrid_metrics["actor/grad_norm"] == pytest.approx(
+            local_metrics["actor/grad_norm"], rel=1e-5
+        )
+        weights = dict(hybrid.named_weights())
+        assert max_weight_difference(weights, full_weights(local)) < 2e-5
+    finally:
+        hybrid.close()
