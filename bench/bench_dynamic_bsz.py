@@ -16,6 +16,7 @@ micro-batch can hold, so token-budget batching is never allowed more memory than
 size needs in its worst case.
 
     python bench/bench_dynamic_bsz.py [--rows 64] [--micro 8] [--repeats 3] [--device cpu]
+                                      [--threads N]
 """
 
 from __future__ import annotations
@@ -171,7 +172,10 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=None, help="token budget per micro-batch")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     budget = args.budget or args.micro * (args.max_prompt + args.max_response)
     batch = make_batch(args.rows, args.max_prompt, args.max_response)
     real_tokens = int(batch["attention_mask"].sum())

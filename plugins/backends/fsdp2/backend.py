@@ -23,7 +23,7 @@ from plugrl.parts.backend import LossScale, OptimConfig, TrainingBackend
 from plugrl_plugins.backends.fsdp2 import checkpoint
 from plugrl_plugins.backends.fsdp2.batching import (
     fixed_micro_batches,
-    padding_trim,
+    left_align,
     token_budget_micro_batches,
     valid_lengths,
 )
@@ -75,8 +75,8 @@ class FSDP2Backend(TrainingBackend):
     """A Hugging Face model for one role (``actor``, ``ref``, ``critic``), sharded over the
     role's ranks with FSDP2.
 
-    Micro-batches run padded; the columns that are padding in every row of a micro-batch are
-    cut first, so rows of similar length (``use_dynamic_bsz`` sorts them so) cost little.
+    Micro-batches run padded, each row moved to the left edge so that a micro-batch costs its
+    row count times its longest row (``use_dynamic_bsz`` groups rows of similar length).
     Losses: the objective's return value is backpropagated as is, so it must be this
     micro-batch's share of the global mini-batch loss (see :class:`LossScale`). Metrics the
     objective returns are averaged over micro-batches, optimizer steps and ranks, so they should
@@ -220,18 +220,22 @@ class FSDP2Backend(TrainingBackend):
         float32, with ``R'`` the response columns some row of the micro-batch uses."""
         model = self.model
         assert model is not None
-        response_width = micro_batch["responses"].shape[-1]
-        trim = padding_trim(micro_batch["attention_mask"], response_width)
+        layout = left_align(micro_batch["attention_mask"], micro_batch["responses"].shape[-1])
+        position_ids = micro_batch["position_ids"]
+        position_columns = layout.columns
+        if position_ids.dim() == 3:  # one row of positions per rotary section (mrope)
+            position_columns = position_columns[:, None, :].expand(-1, position_ids.shape[1], -1)
         inputs: dict[str, Any] = {
-            "input_ids": micro_batch["input_ids"][:, trim.start : trim.end],
-            "attention_mask": micro_batch["attention_mask"][:, trim.start : trim.end],
-            "position_ids": micro_batch["position_ids"][..., trim.start : trim.end],
+            "input_ids": micro_batch["input_ids"].gather(1, layout.columns),
+            "attention_mask": layout.attention_mask,
+            "position_ids": position_ids.gather(-1, position_columns),
             "use_cache": False,
         }
         if self._keep_logits_arg:
-            inputs["logits_to_keep"] = trim.response_len + 1
-        outputs = model(**inputs).logits
-        return outputs[:, -(trim.response_len + 1) : -1].float(), trim.response_len
+            inputs["logits_to_keep"] = layout.keep
+        outputs = model(**inputs).logits[:, -layout.keep :]
+        index = layout.response_index[..., None].expand(-1, -1, outputs.shape[-1])
+        return outputs.gather(1, index).float(), layout.response_len
 
     def _log_probs(
         self, micro_batch: Batch, *, temperature: float, with_entropy: bool

@@ -1,7 +1,7 @@
 """Cutting a rank's rows into micro-batches, and cutting the padding out of a micro-batch.
 
-The backend runs padded micro-batches, so what a micro-batch costs (time and activation memory)
-is its row count times its longest row once the columns that are padding in every row are cut.
+The backend runs padded micro-batches with every row moved to the left edge, so what a
+micro-batch costs (time and activation memory) is its row count times its longest row.
 Token-budget batching sorts rows by length so that rows of similar length share a micro-batch,
 which keeps that padded cost close to the real token count.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import attrs
+import numpy as np
 import torch
 
 from plugrl.errors import RecipeError
@@ -37,6 +38,44 @@ def _consecutive_groups(sorted_lengths: Sequence[int], cap: int) -> list[range]:
     return groups
 
 
+def _cheapest_consecutive_groups(
+    sorted_lengths: Sequence[int], count: int, max_tokens: int
+) -> list[range] | None:
+    """The split of length-sorted rows into exactly ``count`` consecutive groups, each within
+    ``max_tokens``, that computes the fewest padded tokens (dynamic programming over group
+    ends); ``None`` when there are too many rows to afford the quadratic table."""
+    rows = len(sorted_lengths)
+    if rows > _MAX_ROWS_FOR_EXACT_SPLIT:
+        return None
+    lengths = np.asarray(sorted_lengths, dtype=np.float64)
+    ends = np.arange(1, rows + 1)[:, None]
+    starts = np.arange(rows)[None, :]
+    # cost[e - 1, s]: rows s..e-1 in one micro-batch, padded to row s (the longest)
+    cost = (ends - starts) * lengths[None, :]
+    cost[(starts >= ends) | (cost > max_tokens)] = np.inf
+    best = np.full(rows + 1, np.inf)
+    best[0] = 0.0
+    choices = []
+    for _ in range(count):
+        candidates = best[None, :-1] + cost
+        choice = candidates.argmin(axis=1)
+        best = np.concatenate([[np.inf], candidates[np.arange(rows), choice]])
+        choices.append(choice)
+    if not np.isfinite(best[rows]):
+        return None
+    groups = []
+    end = rows
+    for choice in reversed(choices):
+        start = int(choice[end - 1])
+        groups.append(range(start, end))
+        end = start
+    return groups[::-1]
+
+
+# Beyond this many rows on one rank the exact split's table (rows^2 floats) gets too big.
+_MAX_ROWS_FOR_EXACT_SPLIT = 2048
+
+
 def token_budget_micro_batches(
     lengths: Sequence[int],
     max_tokens: int,
@@ -46,10 +85,10 @@ def token_budget_micro_batches(
 ) -> list[list[int]]:
     """Row indices of micro-batches whose padded cost stays within ``max_tokens``.
 
-    Rows are sorted longest first and cut into consecutive groups; among the groupings with the
-    fewest micro-batches (at least ``min_micro_batches``, which ranks use to agree on a count),
-    the one whose most expensive micro-batch is cheapest is chosen, so micro-batches come out
-    balanced. A row longer than the budget is a :class:`RecipeError` naming ``key``.
+    Rows are sorted longest first and cut into consecutive groups: as few as the budget allows
+    (at least ``min_micro_batches``, which ranks use to agree on a count), and among those
+    splits the one that computes the fewest padded tokens. A row longer than the budget is a
+    :class:`RecipeError` naming ``key``.
     """
     num_rows = len(lengths)
     if num_rows == 0:
@@ -66,8 +105,18 @@ def token_budget_micro_batches(
             key=key,
         )
     count = max(len(_consecutive_groups(sorted_lengths, max_tokens)), min_micro_batches)
-    # the smallest cap that still needs no more than `count` groups
-    low, high = longest, max_tokens
+    groups = _cheapest_consecutive_groups(sorted_lengths, count, max_tokens)
+    if groups is None:
+        groups = _balanced_consecutive_groups(sorted_lengths, count, max_tokens)
+    return [[order[i] for i in group] for group in groups]
+
+
+def _balanced_consecutive_groups(
+    sorted_lengths: Sequence[int], count: int, max_tokens: int
+) -> list[range]:
+    """``count`` consecutive groups whose costliest is as cheap as possible (for rank shares
+    too large for the exact split)."""
+    low, high = sorted_lengths[0], max_tokens
     while low < high:
         middle = (low + high) // 2
         if len(_consecutive_groups(sorted_lengths, middle)) <= count:
@@ -82,38 +131,63 @@ def token_budget_micro_batches(
         where = groups.index(costliest)
         half = len(costliest) // 2
         groups[where : where + 1] = [costliest[:half], costliest[half:]]
-    return [[order[i] for i in group] for group in groups]
+    return [range(g[0], g[-1] + 1) for g in groups]
 
 
 @attrs.frozen
-class Trim:
-    """The columns of a micro-batch worth computing.
+class Alignment:
+    """How to lay a micro-batch out without shared padding, and where its response logits are.
 
-    ``start:end`` of the full ``[P + R]`` sequence axis; the first ``response_len`` response
-    positions lie inside it, the rest are padding in every row.
+    Each row is shifted left so that its first attended token lands in column 0: a row then
+    costs its own length, not the micro-batch's longest prompt plus its longest response.
+
+    * ``columns`` [b, W]: for each new column, the original column it takes.
+    * ``attention_mask`` [b, W]: the mask in the new layout (right padding only).
+    * ``keep``: how many trailing positions' outputs are needed (``logits_to_keep``).
+    * ``response_index`` [b, R']: for each response token, the index among those trailing
+      positions of the output that predicts it; ``R'`` is the longest response in use.
     """
 
-    start: int
-    end: int
-    response_len: int
+    columns: torch.Tensor
+    attention_mask: torch.Tensor
+    keep: int
+    response_index: torch.Tensor
+
+    @property
+    def response_len(self) -> int:
+        return int(self.response_index.shape[-1])
 
 
-def padding_trim(attention_mask: torch.Tensor, response_width: int) -> Trim:
-    """Where to cut ``[b, P + R]`` tensors so that only columns some row attends to remain.
+def left_align(attention_mask: torch.Tensor, response_width: int) -> Alignment:
+    """The :class:`Alignment` of ``[b, P + R]`` rows whose responses start at column ``P``.
 
-    Keeps at least the last prompt position (its logits predict the first response token) and
-    one response position, so the shapes downstream are never empty.
+    Keeps, in every row, the last prompt position (its output predicts the first response
+    token) and at least one response position, so no shape is ever empty.
     """
-    total = attention_mask.shape[-1]
+    total = attention_mask.shape[1]
     prompt_width = total - response_width
-    used = attention_mask.bool().any(dim=0).nonzero()
-    if len(used) == 0:
-        first, last = prompt_width - 1, prompt_width
-    else:
-        first, last = int(used[0]), int(used[-1])
-    start = max(min(first, prompt_width - 1), 0)
-    end = min(max(last + 1, prompt_width + 1), total)
-    return Trim(start=start, end=end, response_len=end - prompt_width)
+    device = attention_mask.device
+    attended = attention_mask.bool()
+    has_tokens = attended.any(dim=1)
+    first = torch.where(has_tokens, attended.int().argmax(dim=1), prompt_width - 1)
+    first = first.clamp(max=prompt_width - 1)
+    last = torch.where(
+        has_tokens, total - 1 - attended.flip(1).int().argmax(dim=1), prompt_width
+    ).clamp(min=prompt_width)
+    width = int((last - first + 1).max())
+    offsets = torch.arange(width, device=device)
+    columns = first[:, None] + offsets[None, :]
+    inside = columns <= last[:, None]
+    columns = columns.clamp(max=total - 1)
+    aligned_mask = attention_mask.gather(1, columns) * inside
+    # new column of each row's first response token
+    starts = prompt_width - first
+    earliest = int(starts.min())
+    keep = width - earliest + 1
+    response_len = int((last - prompt_width + 1).max())
+    steps = torch.arange(response_len, device=device)
+    response_index = ((starts - earliest)[:, None] + steps[None, :]).clamp(max=keep - 1)
+    return Alignment(columns, aligned_mask, keep, response_index)
 
 
 def valid_lengths(attention_mask: torch.Tensor) -> list[int]:

@@ -4,7 +4,7 @@ import torch
 from plugrl.errors import RecipeError
 from plugrl_plugins.backends.fsdp2.batching import (
     fixed_micro_batches,
-    padding_trim,
+    left_align,
     token_budget_micro_batches,
 )
 
@@ -44,10 +44,12 @@ def test_token_budget_honours_an_agreed_minimum_count():
     assert sorted(i for g in groups for i in g) == list(range(6))
 
 
-def test_token_budget_balances_the_micro_batches():
-    lengths = [4] * 10
-    groups = token_budget_micro_batches(lengths, 28)  # 7 rows fit, 2 micro-batches needed
-    assert sorted(len(g) for g in groups) == [5, 5]
+def test_token_budget_picks_the_split_with_the_fewest_padded_tokens():
+    lengths = [10, 6, 6, 6, 1, 1, 1, 1, 1]
+    groups = token_budget_micro_batches(lengths, 24)
+    # filling each micro-batch greedily gives [10, 6] [6, 6, 1, 1] [1, 1, 1]: 47 tokens;
+    # three micro-batches can do with 10 + 18 + 5
+    assert groups == [[0], [1, 2, 3], [4, 5, 6, 7, 8]]
 
 
 def test_a_row_longer_than_the_budget_names_the_key():
@@ -59,18 +61,40 @@ def test_a_row_longer_than_the_budget_names_the_key():
     )
 
 
-def test_padding_trim_cuts_columns_no_row_uses():
+def test_left_align_moves_each_row_to_the_left_edge():
     mask = torch.tensor(
         [
             [0, 0, 0, 1, 1, 1, 0, 0],
             [0, 0, 1, 1, 1, 0, 0, 0],
         ]
     )
-    trim = padding_trim(mask, response_width=4)  # prompt columns 0..3, responses 4..7
-    assert (trim.start, trim.end, trim.response_len) == (2, 6, 2)
+    layout = left_align(mask, response_width=4)  # prompt columns 0..3, responses 4..7
+    assert layout.columns.tolist() == [[3, 4, 5], [2, 3, 4]]
+    assert layout.attention_mask.tolist() == [[1, 1, 1], [1, 1, 1]]
+    # outputs of the last 3 positions are kept; row 0's response tokens are predicted by its
+    # positions 0 and 1, row 1's first one by its position 1 (its second does not exist)
+    assert layout.keep == 3
+    assert layout.response_index.tolist() == [[0, 1], [1, 2]]
+    assert layout.response_len == 2
 
 
-def test_padding_trim_keeps_the_position_that_predicts_the_first_response_token():
+def test_left_align_pads_shorter_rows_on_the_right():
+    mask = torch.tensor(
+        [
+            [1, 1, 1, 1, 1, 0],
+            [0, 0, 1, 1, 0, 0],
+        ]
+    )
+    layout = left_align(mask, response_width=3)
+    assert layout.columns.tolist() == [[0, 1, 2, 3, 4], [2, 3, 4, 5, 5]]
+    assert layout.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]]
+    assert layout.keep == 5  # from row 1's last prompt position (new column 0) on
+    assert layout.response_index.tolist() == [[2, 3], [0, 1]]
+
+
+def test_left_align_keeps_the_position_that_predicts_the_first_response_token():
     mask = torch.tensor([[1, 1, 0, 0, 0, 0]])  # prompt right-padded, empty response
-    trim = padding_trim(mask, response_width=3)
-    assert trim.start == 0 and trim.end == 4 and trim.response_len == 1
+    layout = left_align(mask, response_width=3)
+    assert layout.columns.tolist() == [[0, 1, 2, 3]]
+    assert layout.attention_mask.tolist() == [[1, 1, 0, 0]]
+    assert layout.keep == 2 and layout.response_len == 1
