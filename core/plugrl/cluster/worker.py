@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from plugrl.cluster.distributed import ensure_process_group, free_port, init_process_group
+from plugrl.errors import PluginError
 from plugrl.parts.backend import DistInfo
 from plugrl.plugins import PluginManager, get_plugin_manager
 
@@ -67,7 +68,15 @@ def worker_plugin_manager(plugin_modules: Iterable[str] = ()) -> PluginManager:
     for module_name in plugin_modules:
         if plugins.pm.has_plugin(module_name):
             continue
-        plugins.register(importlib.import_module(module_name), name=module_name)
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise PluginError(
+                f"plugin module {module_name!r}, registered in the driver, cannot be imported "
+                f"in a worker ({type(exc).__name__}: {exc}); install it as a package or put "
+                "its folder on PYTHONPATH"
+            ) from exc
+        plugins.register(module, name=module_name)
     return plugins
 
 

@@ -7,7 +7,7 @@ from cluster_fake_backend import SumRowIds
 
 from plugrl.cluster import LocalWorkerGroup, make_worker_group, worker
 from plugrl.data.batch import Batch
-from plugrl.errors import CheckpointError, RecipeError
+from plugrl.errors import CheckpointError, PluginError, RecipeError
 from plugrl.parts.backend import ActorConfig
 from plugrl.plugins import PluginManager
 from plugrl.recipe import ClusterConfig, Recipe
@@ -67,4 +67,14 @@ def test_local_mode_has_one_rank(plugins):
         make_worker_group(recipe(), "actor", device_name="cpu", world_size=2, plugins=plugins)
     assert str(info.value) == (
         "cluster.mode: 'local' runs one rank in this process, not 2; use cluster.mode=ray for more"
+    )
+
+
+def test_a_driver_plugin_a_worker_cannot_import_is_named():
+    with pytest.raises(PluginError) as info:
+        worker.worker_plugin_manager(["no_such_plugin_module"])
+    assert str(info.value) == (
+        "plugin module 'no_such_plugin_module', registered in the driver, cannot be imported in "
+        "a worker (ModuleNotFoundError: No module named 'no_such_plugin_module'); install it as "
+        "a package or put its folder on PYTHONPATH"
     )
