@@ -1,0 +1,83 @@
+"""Hosting the ranks of a training backend: in this process, or as Ray actors.
+
+* :class:`WorkerGroup`: the ranks of one role, driven like one backend (batches split by
+  data-parallel rank, outputs gathered, metrics averaged).
+* :class:`LocalWorkerGroup`: one rank in the driver process (``cluster: local``).
+* :class:`RayWorkerGroup`: N Ray actors placed by the device's Ray resource (``cluster: ray``).
+* :func:`make_worker_group`: the one a recipe asks for.
+
+Ray is imported only when a Ray group is made.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from plugrl.cluster.base import (
+    WorkerGroup,
+    average_metrics,
+    concat_outputs,
+    split_for_dp,
+    unpad,
+)
+from plugrl.cluster.local import LocalWorkerGroup
+from plugrl.cluster.worker import BackendWorker, build_backend, prepare_backend_once
+
+if TYPE_CHECKING:
+    from plugrl.parts.backend import Role
+    from plugrl.plugins import PluginManager
+    from plugrl.recipe import Recipe
+
+
+def make_worker_group(
+    recipe: Recipe,
+    role: Role,
+    *,
+    device_name: str,
+    world_size: int | None = None,
+    plugins: PluginManager | None = None,
+) -> WorkerGroup:
+    """The worker group ``cluster.mode`` asks for. A Ray group has ``world_size`` ranks
+    (default ``trainer.nnodes x trainer.n_gpus_per_node``); a local one has one."""
+    if recipe.cluster.mode == "ray":
+        from plugrl.cluster.ray_group import RayWorkerGroup
+
+        ranks = world_size or recipe.trainer.nnodes * recipe.trainer.n_gpus_per_node
+        return RayWorkerGroup(
+            recipe, role, world_size=ranks, device_name=device_name, plugins=plugins
+        )
+    if world_size not in (None, 1):
+        from plugrl.errors import RecipeError
+
+        raise RecipeError(
+            f"'local' runs one rank in this process, not {world_size}; use cluster.mode=ray "
+            "for more",
+            key="cluster.mode",
+        )
+    return LocalWorkerGroup(recipe, role, device_name=device_name, plugins=plugins)
+
+
+def __getattr__(name: str):
+    # RayWorkerGroup and ensure_ray without importing Ray for local runs
+    if name in ("RayWorkerGroup", "ensure_ray", "in_process_plugin_modules"):
+        from plugrl.cluster import ray_group
+
+        return getattr(ray_group, name)
+    raise AttributeError(f"module 'plugrl.cluster' has no attribute {name!r}")
+
+
+__all__ = [
+    "BackendWorker",
+    "LocalWorkerGroup",
+    "RayWorkerGroup",
+    "WorkerGroup",
+    "average_metrics",
+    "build_backend",
+    "concat_outputs",
+    "ensure_ray",
+    "in_process_plugin_modules",
+    "make_worker_group",
+    "prepare_backend_once",
+    "split_for_dp",
+    "unpad",
+]

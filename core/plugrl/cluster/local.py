@@ -1,0 +1,51 @@
+"""One rank in the driver process: the worker is an ordinary object, calls are calls."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from plugrl.cluster.base import WorkerGroup
+from plugrl.cluster.worker import BackendWorker
+from plugrl.parts.backend import DistInfo
+from plugrl.plugins import PluginManager, get_plugin_manager
+
+if TYPE_CHECKING:
+    from plugrl.parts.backend import Role, TrainingBackend
+    from plugrl.recipe import Recipe
+
+
+class LocalWorkerGroup(WorkerGroup):
+    """A single rank of ``role`` living in this process (``cluster: local``).
+
+    Its process group is a single-rank one, so the backend runs the same collective code as on
+    many ranks; the live model can be shared with an in-process rollout engine.
+    """
+
+    def __init__(
+        self,
+        recipe: Recipe,
+        role: Role,
+        *,
+        device_name: str,
+        plugins: PluginManager | None = None,
+    ) -> None:
+        self.recipe = recipe
+        self.role = role
+        self.world_size = 1
+        self.worker = BackendWorker(recipe, role, device_name, DistInfo())
+        dp_rank, _ = self.worker.start(plugins=plugins or get_plugin_manager())
+        self.dp_ranks = [dp_rank]
+
+    @property
+    def backend(self) -> TrainingBackend:
+        """The backend object itself."""
+        assert self.worker.backend is not None
+        return self.worker.backend
+
+    def _call_ranks(self, method: str, per_rank_args: Sequence[tuple], **kwargs: Any) -> list:
+        (args,) = per_rank_args
+        return [self.worker.call(method, *args, **kwargs)]
+
+    def rollout_model(self) -> Any:
+        return self.backend.rollout_model()

@@ -1,0 +1,219 @@
+"""Checkpoints of one role: sharded model and optimizer state through torch.distributed.checkpoint
+(so a run can resume on a different number of ranks), plus one small file per rank with the
+learning-rate schedule and random-generator states.
+
+Layout of a checkpoint folder::
+
+    .metadata, __<rank>_0.distcp    model and optimizer shards (torch.distributed.checkpoint)
+    extra_state_rank_<rank>.pt       LR schedule, RNG states, update counter of that rank
+    fsdp2.json                       role and rank count, for error messages
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from plugrl.errors import CheckpointError
+from plugrl_plugins.backends.fsdp2.optim import initialize_optimizer_state
+
+FORMAT_VERSION = 1
+MANIFEST = "fsdp2.json"
+RESUME_FIX = (
+    "resume from an earlier global_step_N folder or start fresh with trainer.resume_mode=disable"
+)
+
+
+def extra_state_file(path: Path, rank: int) -> Path:
+    return path / f"extra_state_rank_{rank}.pt"
+
+
+def rng_state(device_state: dict[str, Any]) -> dict[str, Any]:
+    """Every random generator a training step draws from, in a form ``torch.load`` reads with
+    ``weights_only=True``."""
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "device": device_state,
+        "python": random.getstate(),
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "position": int(position),
+            "has_gauss": int(has_gauss),
+            "cached": float(cached),
+        },
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> dict[str, Any]:
+    """Restore what :func:`rng_state` captured; returns the device part for the device."""
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    numpy_state = state["numpy"]
+    np.random.set_state(
+        (
+            numpy_state["kind"],
+            numpy_state["keys"].numpy().astype(np.uint32),
+            numpy_state["position"],
+            numpy_state["has_gauss"],
+            numpy_state["cached"],
+        )
+    )
+    return state["device"]
+
+
+def _sharded_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
+) -> dict[str, Any]:
+    state: dict[str, Any] = {"model": get_model_state_dict(model)}
+    if optimizer is not None:
+        state["optimizer"] = get_optimizer_state_dict(model, optimizer)
+    return state
+
+
+def save(
+    path: Path,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    extra_state: dict[str, Any],
+    role: str,
+    rank: int,
+    world_size: int,
+) -> None:
+    """Write this rank's part of the checkpoint (collective: every rank of the role calls it)."""
+    path.mkdir(parents=True, exist_ok=True)
+    dcp.save(_sharded_state(model, optimizer), checkpoint_id=path)
+    torch.save(extra_state, extra_state_file(path, rank))
+    if rank == 0:
+        manifest = {"format": FORMAT_VERSION, "role": role, "world_size": world_size}
+        (path / MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
+    dist.barrier()
+
+
+def _check_files(path: Path, rank: int) -> None:
+    """Raise a :class:`CheckpointError` naming the first file that is missing or shorter than
+    the checkpoint's own index says, before any rank starts reading."""
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint folder {str(path)!r} does not exist; {RESUME_FIX}")
+    metadata_file = path / ".metadata"
+    if not metadata_file.is_file():
+        raise CheckpointError(
+            f"checkpoint file {str(metadata_file)!r} is missing, so {str(path)!r} is incomplete "
+            f"(the run probably stopped while saving); {RESUME_FIX}"
+        )
+    try:
+        metadata = dcp.FileSystemReader(path).read_metadata()
+    except Exception as exc:
+        raise CheckpointError(
+            f"checkpoint file {str(metadata_file)!r} is corrupt ({type(exc).__name__}); "
+            f"{RESUME_FIX}"
+        ) from exc
+    needed: dict[str, int] = {}
+    for info in (metadata.storage_data or {}).values():
+        end = info.offset + info.length
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), end)
+    for relative, size in sorted(needed.items()):
+        file = path / relative
+        if not file.is_file():
+            raise CheckpointError(f"checkpoint file {str(file)!r} is missing; {RESUME_FIX}")
+        if file.stat().st_size < size:
+            raise CheckpointError(
+                f"checkpoint file {str(file)!r} is truncated ({file.stat().st_size} of {size} "
+                f"bytes); {RESUME_FIX}"
+            )
+    extra = extra_state_file(path, rank)
+    if not extra.is_file():
+        written_by = ""
+        manifest = path / MANIFEST
+        if manifest.is_file():
+            try:
+                ranks = json.loads(manifest.read_text(encoding="utf-8"))["world_size"]
+                written_by = f" (it was written by {ranks} ranks; resume with as many)"
+            except (ValueError, KeyError):
+                pass
+        raise CheckpointError(
+            f"checkpoint file {str(extra)!r} is missing{written_by}; {RESUME_FIX}"
+        )
+
+
+def load(
+    path: Path,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    rank: int,
+) -> dict[str, Any]:
+    """Read a checkpoint written by :func:`save` into ``model`` and ``optimizer`` (collective);
+    returns this rank's extra state."""
+    problem: CheckpointError | None = None
+    try:
+        _check_files(path, rank)
+    except CheckpointError as exc:
+        problem = exc
+    # every rank must learn of a problem any rank found, or the healthy ones would wait in the
+    # collective read below for ranks that gave up
+    failed = torch.tensor([1 if problem else 0])
+    dist.all_reduce(failed, op=dist.ReduceOp.MAX)
+    if problem is not None:
+        raise problem
+    if failed.item():
+        raise CheckpointError(f"another rank could not read checkpoint {str(path)!r}; see its log")
+    extra_file = extra_state_file(path, rank)
+    try:
+        extra_state = torch.load(extra_file, weights_only=True)
+    except Exception as exc:
+        raise CheckpointError(
+            f"checkpoint file {str(extra_file)!r} is corrupt ({type(exc).__name__}: {exc}); "
+            f"{RESUME_FIX}"
+        ) from exc
+    if optimizer is not None:
+        initialize_optimizer_state(optimizer)
+    state = _sharded_state(model, optimizer)
+    if optimizer is not None and "optimizer" not in _saved_keys(path):
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} holds no optimizer state (it was saved by a frozen "
+            f"reference model); {RESUME_FIX}"
+        )
+    try:
+        dcp.load(state, checkpoint_id=path)
+    except (Exception, CheckpointException) as exc:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} could not be read into this model ({_cause(exc)}); is it "
+            f"from a different model? {RESUME_FIX}"
+        ) from exc
+    set_model_state_dict(model, state["model"])
+    if optimizer is not None:
+        set_optimizer_state_dict(model, optimizer, state["optimizer"])
+    return extra_state
+
+
+def _cause(exc: BaseException) -> str:
+    """One line naming what went wrong; torch.distributed.checkpoint wraps each rank's error
+    with its traceback."""
+    if isinstance(exc, CheckpointException) and exc.failures:
+        failure = next(iter(exc.failures.values()))
+        exc = failure[0] if isinstance(failure, tuple) else failure
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def _saved_keys(path: Path) -> set[str]:
+    metadata = dcp.FileSystemReader(path).read_metadata()
+    return {key.split(".", 1)[0] for key in metadata.state_dict_metadata}

@@ -1,0 +1,53 @@
+"""The ``actor`` section when ``actor.backend`` is ``fsdp2``: the common keys plus sharding."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from plugrl.config import ConfigValueError, option
+from plugrl.parts.backend import ActorConfig
+
+
+def _all_or_positive(instance: Any, attribute: attrs.Attribute, value: int) -> None:
+    if value != -1 and value <= 0:
+        raise ConfigValueError(attribute.name, f"must be -1 (all ranks) or > 0, got {value!r}")
+
+
+@attrs.define(kw_only=True)
+class FSDP2ActorConfig(ActorConfig):
+    """FSDP2 settings. They apply to every model the backend builds (actor, ref, critic)."""
+
+    fsdp_size: int = option(
+        -1,
+        "Ranks one copy of the weights is sharded over; -1 shards over all ranks of the role. "
+        "A smaller divisor of the rank count replicates the shards (hybrid sharding, HSDP).",
+        verl="actor_rollout_ref.actor.fsdp_config.fsdp_size",
+        validator=_all_or_positive,
+    )
+    param_offload: bool = option(
+        False,
+        "Keep parameters, gradients and optimizer state in CPU memory and move each layer to "
+        "the device only while it runs (the optimizer step runs on the CPU). No effect on cpu.",
+        verl="actor_rollout_ref.actor.fsdp_config.param_offload",
+    )
+    reshard_after_forward: bool = option(
+        True,
+        "Free the gathered layer weights after forward and gather them again for backward "
+        "(less memory, more communication).",
+        verl="actor_rollout_ref.actor.fsdp_config.reshard_after_forward",
+    )
+    mixed_precision: bool = option(
+        True,
+        "When model.dtype is bfloat16 or float16, keep trainable weights and optimizer state in "
+        "float32 and compute in model.dtype; false trains the weights in model.dtype itself. "
+        "The frozen reference model is always held in model.dtype.",
+        verl="actor_rollout_ref.actor.fsdp_config.mixed_precision",
+    )
+    reduce_dtype: str = option(
+        "float32",
+        "dtype gradients are averaged across ranks in.",
+        choices=["float32", "bfloat16", "float16"],
+        verl="actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype",
+    )

@@ -1,0 +1,80 @@
+import os
+
+import cluster_fake_backend
+import pytest
+import torch
+from cluster_fake_backend import SumRowIds
+
+from plugrl.cluster import LocalWorkerGroup, make_worker_group, worker
+from plugrl.data.batch import Batch
+from plugrl.errors import CheckpointError, PluginError, RecipeError
+from plugrl.parts.backend import ActorConfig
+from plugrl.plugins import PluginManager
+from plugrl.recipe import ClusterConfig, Recipe
+
+
+@pytest.fixture
+def plugins(monkeypatch):
+    manager = PluginManager()
+    manager.load_entry_points()
+    manager.register(cluster_fake_backend, name="cluster_fake_backend")
+    monkeypatch.setattr(worker, "_prepared", set())
+    monkeypatch.setattr(cluster_fake_backend, "PREPARED", [])
+    return manager
+
+
+def recipe(backend: str = "fake_dp", **cluster) -> Recipe:
+    return Recipe(
+        actor=ActorConfig(backend=backend, ppo_mini_batch_size=2), cluster=ClusterConfig(**cluster)
+    )
+
+
+def test_local_group_prepares_once_then_builds_one_rank_in_this_process(plugins):
+    group = make_worker_group(recipe(), "actor", device_name="cpu", plugins=plugins)
+    assert isinstance(group, LocalWorkerGroup)
+    group.setup(5)
+    (report,) = group.execute_all("report")
+    assert report["pid"] == os.getpid()
+    assert report["world_size"] == 1 and report["rank_sum"] == 1
+    assert report["prepared_before_init"] == [("cpu", "fake_dp")]
+    assert report["total_training_steps"] == 5
+    # the hook runs once per process, not once per group
+    LocalWorkerGroup(recipe(), "critic", device_name="cpu", plugins=plugins)
+    assert cluster_fake_backend.PREPARED == [("cpu", "fake_dp")]
+
+
+def test_local_group_forwards_calls_and_results(plugins, tmp_path):
+    group = LocalWorkerGroup(recipe(), "actor", device_name="cpu", plugins=plugins)
+    batch = Batch({"row_id": torch.arange(4)})
+    out = group.compute_log_prob(batch, calculate_entropy=True)
+    assert out["log_probs"].squeeze(-1).tolist() == [0, 1, 2, 3]
+    assert "entropys" in out
+    assert group.compute_values(batch).squeeze(-1).tolist() == [0, 10, 20, 30]
+    metrics = group.update_policy(batch, SumRowIds())
+    assert metrics == {"fake/rows": 4, "fake/rank": 0, "fake/first_row": 0, "fake/objective": 6}
+    assert group.update_critic(batch) == {"fake/critic_rows": 4}
+    assert [(n, t.tolist()) for n, t in group.named_weights()] == [("weight", [1.0])]
+    group.save_checkpoint(tmp_path)
+    group.load_checkpoint(tmp_path)
+    with pytest.raises(CheckpointError, match="rank0' is missing"):
+        group.load_checkpoint(tmp_path / "absent")
+    assert group.rollout_model() is None  # the fake backend has none to share
+    group.close()
+
+
+def test_local_mode_has_one_rank(plugins):
+    with pytest.raises(RecipeError) as info:
+        make_worker_group(recipe(), "actor", device_name="cpu", world_size=2, plugins=plugins)
+    assert str(info.value) == (
+        "cluster.mode: 'local' runs one rank in this process, not 2; use cluster.mode=ray for more"
+    )
+
+
+def test_a_driver_plugin_a_worker_cannot_import_is_named():
+    with pytest.raises(PluginError) as info:
+        worker.worker_plugin_manager(["no_such_plugin_module"])
+    assert str(info.value) == (
+        "plugin module 'no_such_plugin_module', registered in the driver, cannot be imported in "
+        "a worker (ModuleNotFoundError: No module named 'no_such_plugin_module'); install it as "
+        "a package or put its folder on PYTHONPATH"
+    )

@@ -1,0 +1,143 @@
+"""Ray worker groups with a backend that reports what reached each rank."""
+
+import os
+from pathlib import Path
+
+import cluster_fake_backend
+import pytest
+import torch
+from cluster_fake_backend import SumRowIds
+
+from plugrl.cluster import RayWorkerGroup, in_process_plugin_modules, make_worker_group
+from plugrl.data.batch import Batch
+from plugrl.errors import CheckpointError, RecipeError
+from plugrl.parts.backend import ActorConfig
+from plugrl.plugins import PluginManager
+from plugrl.recipe import ClusterConfig, Recipe
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    import ray
+
+    # workers import the in-process plugin module by name, so they need this folder
+    previous = os.environ.get("PYTHONPATH")
+    here = str(Path(__file__).parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, previous]))
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+    if previous is None:
+        os.environ.pop("PYTHONPATH")
+    else:
+        os.environ["PYTHONPATH"] = previous
+
+
+@pytest.fixture(scope="module")
+def plugins():
+    manager = PluginManager()
+    manager.load_entry_points()
+    manager.register(cluster_fake_backend, name="cluster_fake_backend")
+    return manager
+
+
+def recipe(backend: str = "fake_dp") -> Recipe:
+    return Recipe(
+        actor=ActorConfig(backend=backend, ppo_mini_batch_size=4),
+        cluster=ClusterConfig(mode="ray", num_cpus=2),
+    )
+
+
+@pytest.fixture(scope="module")
+def group(ray_session, plugins):
+    workers = make_worker_group(recipe(), "actor", device_name="cpu", plugins=plugins)
+    assert isinstance(workers, RayWorkerGroup) and workers.world_size == 1  # trainer default
+    workers.close()
+    # half a CPU per rank, so that a second group fits beside this one
+    workers = RayWorkerGroup(
+        recipe(), "actor", world_size=2, device_name="cpu", plugins=plugins, num_cpus_per_rank=0.5
+    )
+    workers.setup(3)
+    yield workers
+    workers.close()
+
+
+def test_in_process_plugins_are_forwarded_by_module_name(plugins):
+    assert in_process_plugin_modules(plugins) == ["cluster_fake_backend"]
+
+
+def test_each_rank_is_an_actor_in_one_process_group(group):
+    reports = group.execute_all("report")
+    assert [r["rank"] for r in reports] == [0, 1]
+    assert len({r["pid"] for r in reports} | {os.getpid()}) == 3
+    assert all(r["world_size"] == 2 and r["rank_sum"] == 3 for r in reports)
+    # prepare_backend ran in each worker before the backend was built
+    assert all(r["prepared_before_init"] == [("cpu", "fake_dp")] for r in reports)
+    assert all(r["total_training_steps"] == 3 for r in reports)
+
+
+def test_batches_are_split_by_rank_and_gathered_in_order(group):
+    batch = Batch({"row_id": torch.arange(5)})
+    out = group.compute_log_prob(batch)
+    assert out["log_probs"].squeeze(-1).tolist() == [0, 1, 2, 3, 4]
+    assert out["rank"].squeeze(-1).tolist() == [0, 0, 0, 1, 1]  # padded to 6, then cut
+    assert group.compute_values(batch).squeeze(-1).tolist() == [0, 10, 20, 30, 40]
+
+
+def test_updates_deal_mini_batches_and_average_metrics(group):
+    batch = Batch({"row_id": torch.arange(8)})
+    metrics = group.update_policy(batch, SumRowIds())
+    # mini-batches of 4: rank 0 gets rows 0,1,4,5 and rank 1 rows 2,3,6,7
+    assert metrics == {
+        "fake/rows": 4.0,
+        "fake/rank": 0.5,
+        "fake/first_row": 1.0,
+        "fake/objective": (10 + 18) / 2,
+    }
+    assert group.update_critic(batch) == {"fake/critic_rows": 4.0}
+    with pytest.raises(ValueError, match="a batch of 7 rows cannot be split evenly over 2"):
+        group.update_policy(Batch({"row_id": torch.arange(7)}), SumRowIds())
+
+
+def test_weights_come_from_rank_zero_and_errors_keep_their_type(group, tmp_path):
+    steps = group.named_weights()[0][1].item()
+    assert steps >= 0 and len(group.named_weights()) == 1
+    group.save_checkpoint(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0", "rank1"]
+    group.export_hf(tmp_path / "hf")
+    assert (tmp_path / "hf" / "weights.txt").is_file()
+    with pytest.raises(CheckpointError, match="is missing; start fresh"):
+        group.load_checkpoint(tmp_path / "absent")
+    assert group.rollout_model() is None
+
+
+def test_ranks_sharing_a_data_parallel_index_get_the_same_rows(ray_session, plugins):
+    workers = RayWorkerGroup(
+        recipe("fake_tp"),
+        "actor",
+        world_size=2,
+        device_name="cpu",
+        plugins=plugins,
+        num_cpus_per_rank=0.5,
+        placement_timeout_s=60,
+    )
+    try:
+        assert workers.dp_ranks == [0, 0] and workers.dp_size == 1
+        out = workers.compute_log_prob(Batch({"row_id": torch.arange(3)}))
+        assert out["log_probs"].squeeze(-1).tolist() == [0, 1, 2]
+        assert out["rank"].squeeze(-1).tolist() == [0, 0, 0]  # rank 0's copy
+        metrics = workers.update_policy(Batch({"row_id": torch.arange(4)}), SumRowIds())
+        assert metrics["fake/rows"] == 4.0 and metrics["fake/rank"] == 0.5
+    finally:
+        workers.close()
+
+
+def test_a_group_larger_than_the_cluster_is_refused_at_once(ray_session, plugins):
+    with pytest.raises(RecipeError) as info:
+        RayWorkerGroup(recipe(), "actor", world_size=3, device_name="cpu", plugins=plugins)
+    assert str(info.value) == (
+        "trainer.n_gpus_per_node: 3 actor ranks need 3 CPU but the Ray cluster has 2; use fewer "
+        "ranks or a bigger cluster (cluster.num_cpus for a local Ray)"
+    )

@@ -1,0 +1,144 @@
+"""Tiny models, batches and a real objective for the fsdp2 backend tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from plugrl.data.batch import Batch
+from plugrl.parts.backend import CriticConfig, DistInfo, LossScale, OptimConfig
+from plugrl.recipe import ClusterConfig, ModelConfig, Recipe, TrainerConfig
+from plugrl_plugins.backends.fsdp2.backend import FSDP2Backend
+from plugrl_plugins.backends.fsdp2.config import FSDP2ActorConfig
+from plugrl_plugins.devices.cpu.device import CpuDevice
+
+VOCAB = 256
+
+
+def save_tiny_qwen2(folder: Path, seed: int = 0) -> Path:
+    import transformers
+
+    config = transformers.Qwen2Config(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        vocab_size=VOCAB,
+    )
+    torch.manual_seed(seed)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    return folder
+
+
+def make_recipe(
+    model_dir: Path,
+    *,
+    dtype: str = "float32",
+    lr: float = 1e-3,
+    critic_lr: float = 1e-3,
+    optim: dict[str, Any] | None = None,
+    critic: dict[str, Any] | None = None,
+    gradient_checkpointing: bool = False,
+    cluster: str = "local",
+    **actor: Any,
+) -> Recipe:
+    actor.setdefault("ppo_mini_batch_size", 8)
+    return Recipe(
+        model=ModelConfig(
+            path=str(model_dir), dtype=dtype, enable_gradient_checkpointing=gradient_checkpointing
+        ),
+        actor=FSDP2ActorConfig(optim=OptimConfig(lr=lr, **(optim or {})), **actor),
+        critic=CriticConfig(optim=OptimConfig(lr=critic_lr), **(critic or {})),
+        trainer=TrainerConfig(seed=7),
+        cluster=ClusterConfig(mode=cluster, num_cpus=2),
+    )
+
+
+def make_backend(recipe: Recipe, role: str = "actor", total_steps: int = 10) -> FSDP2Backend:
+    backend = FSDP2Backend(recipe, role=role, device=CpuDevice(), dist=DistInfo())
+    backend.setup(total_steps)
+    return backend
+
+
+def make_batch(rows: int, prompt: int = 8, response: int = 6, seed: int = 0) -> Batch:
+    """Left-padded prompts and right-padded responses of random lengths, with verl columns."""
+    generator = torch.Generator().manual_seed(seed)
+    prompt_lens = torch.randint(2, prompt + 1, (rows,), generator=generator)
+    response_lens = torch.randint(1, response + 1, (rows,), generator=generator)
+    ids = torch.zeros(rows, prompt + response, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i in range(rows):
+        p, r = int(prompt_lens[i]), int(response_lens[i])
+        ids[i, prompt - p : prompt] = torch.randint(1, VOCAB, (p,), generator=generator)
+        ids[i, prompt : prompt + r] = torch.randint(1, VOCAB, (r,), generator=generator)
+        mask[i, prompt - p : prompt + r] = 1
+    response_mask = mask[:, prompt:].clone()
+    return Batch(
+        {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+            "responses": ids[:, prompt:].clone(),
+            "response_mask": response_mask,
+            "advantages": torch.randn(rows, response, generator=generator) * response_mask,
+            "old_log_probs": torch.zeros(rows, response),
+            "returns": torch.randn(rows, response, generator=generator) * response_mask,
+            "values": torch.zeros(rows, response),
+        }
+    )
+
+
+def plain_log_probs(model_dir: Path, batch: Batch, temperature: float = 1.0) -> tuple:
+    """Log-probs and entropy of ``responses`` from the unsharded Hugging Face model."""
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    response = batch["responses"].shape[1]
+    with torch.no_grad():
+        logits = model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            position_ids=batch["position_ids"],
+        ).logits
+    logits = logits[:, -response - 1 : -1].float() / temperature
+    log_softmax = torch.log_softmax(logits, dim=-1)
+    log_probs = log_softmax.gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1)
+    entropy = -(log_softmax.exp() * log_softmax).sum(-1)
+    mask = batch["attention_mask"][:, -response:]
+    return log_probs * mask, entropy * mask
+
+
+class TokenMeanReinforce:
+    """Token-level REINFORCE, ``-A * log_prob`` averaged over every valid token of the global
+    mini-batch, whatever the micro-batch split (the LossScale contract)."""
+
+    needs_entropy = False
+    needs_ref = False
+
+    def __call__(
+        self, micro_batch: Batch, log_prob: torch.Tensor, entropy: Any, scale: LossScale
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        mask = micro_batch["response_mask"].to(log_prob.dtype)
+        per_token = -micro_batch["advantages"] * log_prob * mask
+        loss = per_token.sum() * scale.dp_size / scale.num_tokens
+        micro_mean = per_token.detach().sum() / mask.sum().clamp(min=1)
+        return loss, {"actor/pg_loss": float(micro_mean)}
+
+
+def objective_value(backend: FSDP2Backend, batch: Batch) -> float:
+    """The REINFORCE loss of ``batch`` under the backend's current weights."""
+    log_probs = backend.compute_log_prob(batch)["log_probs"]
+    mask = batch["response_mask"]
+    return float((-batch["advantages"] * log_probs * mask).sum() / mask.sum())
+
+
+def full_weights(backend: Any) -> dict[str, torch.Tensor]:
+    return {name: tensor.float().clone() for name, tensor in backend.named_weights()}
+
+
+def max_weight_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[name] - b[name]).abs().max()) for name in a)

@@ -1,0 +1,153 @@
+"""Checkpoints: what save writes, load restores exactly, and what a broken one says."""
+
+import pytest
+from fsdp2_testing import (
+    TokenMeanReinforce,
+    full_weights,
+    make_backend,
+    make_batch,
+    make_recipe,
+    max_weight_difference,
+)
+
+from plugrl.errors import CheckpointError
+
+FIX = "resume from an earlier global_step_N folder or start fresh with trainer.resume_mode=disable"
+
+
+def _recipe(tiny_model):
+    # shuffling and warm-up make the next step depend on the restored RNG and LR schedule
+    return make_recipe(
+        tiny_model, shuffle=True, ppo_mini_batch_size=4, optim={"lr_warmup_steps": 3}
+    )
+
+
+@pytest.fixture(scope="module")
+def saved(tiny_model, tmp_path_factory):
+    """A checkpoint after one update, and what the next update gives without a restart."""
+    path = tmp_path_factory.mktemp("ckpt") / "actor"
+    backend = make_backend(_recipe(tiny_model))
+    backend.update_policy(make_batch(8, seed=1), TokenMeanReinforce())
+    backend.save_checkpoint(path)
+    metrics = backend.update_policy(make_batch(8, seed=2), TokenMeanReinforce())
+    return path, full_weights(backend), metrics
+
+
+def test_save_writes_shards_and_per_rank_state(saved):
+    path, _, _ = saved
+    names = {p.name for p in path.iterdir()}
+    assert {".metadata", "__0_0.distcp", "extra_state_rank_0.pt", "fsdp2.json"} <= names
+
+
+def test_load_then_step_equals_the_uninterrupted_step(tiny_model, saved):
+    path, expected_weights, expected_metrics = saved
+    resumed = make_backend(_recipe(tiny_model))
+    resumed.load_checkpoint(path)
+    assert resumed.update_steps == 1
+    metrics = resumed.update_policy(make_batch(8, seed=2), TokenMeanReinforce())
+    assert metrics == expected_metrics
+    assert max_weight_difference(full_weights(resumed), expected_weights) == 0.0
+
+
+def test_the_reference_model_saves_and_loads_weights_only(tiny_model, tmp_path):
+    ref = make_backend(make_recipe(tiny_model), role="ref")
+    ref.save_checkpoint(tmp_path / "ref")
+    other = make_backend(make_recipe(tiny_model), role="ref")
+    other.load_checkpoint(tmp_path / "ref")
+    actor = make_backend(make_recipe(tiny_model))
+    with pytest.raises(CheckpointError) as info:
+        actor.load_checkpoint(tmp_path / "ref")
+    assert str(info.value) == (
+        f"checkpoint {str(tmp_path / 'ref')!r} holds no optimizer state (it was saved by a "
+        f"frozen reference model); {FIX}"
+    )
+
+
+def _copy(saved, tmp_path):
+    import shutil
+
+    path = tmp_path / "actor"
+    shutil.copytree(saved[0], path)
+    return path
+
+
+def _load_error(tiny_model, path) -> str:
+    backend = make_backend(_recipe(tiny_model))
+    with pytest.raises(CheckpointError) as info:
+        backend.load_checkpoint(path)
+    return str(info.value)
+
+
+def test_missing_folder(tiny_model, tmp_path):
+    path = tmp_path / "global_step_9" / "actor"
+    assert _load_error(tiny_model, path) == f"checkpoint folder {str(path)!r} does not exist; {FIX}"
+
+
+def test_missing_metadata(tiny_model, saved, tmp_path):
+    path = _copy(saved, tmp_path)
+    (path / ".metadata").unlink()
+    assert _load_error(tiny_model, path) == (
+        f"checkpoint file {str(path / '.metadata')!r} is missing, so {str(path)!r} is incomplete "
+        f"(the run probably stopped while saving); {FIX}"
+    )
+
+
+def test_corrupt_metadata(tiny_model, saved, tmp_path):
+    path = _copy(saved, tmp_path)
+    (path / ".metadata").write_bytes(b"not a pickle")
+    message = _load_error(tiny_model, path)
+    assert message.startswith(f"checkpoint file {str(path / '.metadata')!r} is corrupt (")
+    assert message.endswith(FIX)
+
+
+def test_truncated_shard(tiny_model, saved, tmp_path):
+    path = _copy(saved, tmp_path)
+    shard = path / "__0_0.distcp"
+    size = shard.stat().st_size
+    shard.write_bytes(shard.read_bytes()[: size // 2])
+    assert _load_error(tiny_model, path) == (
+        f"checkpoint file {str(shard)!r} is truncated ({size // 2} of {size} bytes); {FIX}"
+    )
+
+
+def test_missing_rank_state_says_how_many_ranks_wrote_it(tiny_model, saved, tmp_path):
+    path = _copy(saved, tmp_path)
+    extra = path / "extra_state_rank_0.pt"
+    extra.unlink()
+    assert _load_error(tiny_model, path) == (
+        f"checkpoint file {str(extra)!r} is missing (it was written by 1 ranks; resume with as "
+        f"many); {FIX}"
+    )
+
+
+def test_corrupt_rank_state(tiny_model, saved, tmp_path):
+    path = _copy(saved, tmp_path)
+    extra = path / "extra_state_rank_0.pt"
+    extra.write_bytes(b"garbage")
+    message = _load_error(tiny_model, path)
+    assert message.startswith(f"checkpoint file {str(extra)!r} is corrupt (")
+    assert message.endswith(FIX)
+
+
+def test_a_checkpoint_of_another_model_is_refused(tiny_model, saved, tmp_path):
+    from fsdp2_testing import save_tiny_qwen2
+
+    other_model = save_tiny_qwen2(tmp_path / "other")
+    import json
+
+    config = json.loads((other_model / "config.json").read_text())
+    config["intermediate_size"] = 96
+    (other_model / "config.json").write_text(json.dumps(config))
+    import transformers
+
+    transformers.AutoModelForCausalLM.from_config(
+        transformers.AutoConfig.from_pretrained(other_model)
+    ).save_pretrained(other_model)
+    backend = make_backend(_recipe(other_model))
+    with pytest.raises(CheckpointError) as info:
+        backend.load_checkpoint(saved[0])
+    assert str(info.value) == (
+        f"checkpoint {str(saved[0])!r} could not be read into this model (ValueError: Size "
+        "mismatch between saved torch.Size([128, 64]) and current: torch.Size([96, 64]) for "
+        f"model.model.layers.0.mlp.gate_proj.weight); is it from a different model? {FIX}"
+    )

@@ -1,0 +1,113 @@
+"""Two fsdp2 ranks as Ray actors (gloo, CPU) against one rank in this process."""
+
+import pytest
+import torch
+import transformers
+from fsdp2_testing import (
+    TokenMeanReinforce,
+    full_weights,
+    make_backend,
+    make_batch,
+    make_recipe,
+    max_weight_difference,
+)
+
+from plugrl.cluster import LocalWorkerGroup, RayWorkerGroup
+from plugrl.errors import CheckpointError
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    import fsdp2_testing
+    import ray
+
+    # the test objective lives in a test module the workers cannot import: send it by value
+    ray.cloudpickle.register_pickle_by_value(fsdp2_testing)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+    ray.cloudpickle.unregister_pickle_by_value(fsdp2_testing)
+
+
+@pytest.fixture(scope="module")
+def two_ranks(ray_session, tiny_model):
+    # ranks agree on a micro-batch count under dynamic batching; the local rank uses a fixed
+    # size: the LossScale makes both the same update
+    recipe = make_recipe(
+        tiny_model, cluster="ray", use_dynamic_bsz=True, ppo_max_token_len_per_gpu=40
+    )
+    # half a CPU per rank leaves room for the hybrid-sharding group below
+    group = RayWorkerGroup(recipe, "actor", world_size=2, device_name="cpu", num_cpus_per_rank=0.5)
+    group.setup(10)
+    yield group
+    group.close()
+
+
+def test_two_ray_ranks_match_one_local_rank(two_ranks, tiny_model, tmp_path):
+    batch = make_batch(16, seed=3)
+    local = LocalWorkerGroup(
+        make_recipe(tiny_model, ppo_micro_batch_size_per_gpu=3), "actor", device_name="cpu"
+    )
+    local.setup(10)
+    assert two_ranks.dp_ranks == [0, 1]
+
+    ray_log_probs = two_ranks.compute_log_prob(batch, calculate_entropy=True)
+    local_log_probs = local.compute_log_prob(batch, calculate_entropy=True)
+    for key in ("log_probs", "entropys"):
+        torch.testing.assert_close(ray_log_probs[key], local_log_probs[key], atol=1e-5, rtol=0)
+
+    batch["old_log_probs"] = local_log_probs["log_probs"]
+    ray_metrics = two_ranks.update_policy(batch, TokenMeanReinforce())
+    local_metrics = local.update_policy(batch, TokenMeanReinforce())
+    for key in ("actor/loss", "actor/grad_norm", "actor/lr"):
+        assert ray_metrics[key] == pytest.approx(local_metrics[key], rel=1e-5), key
+    ray_weights = dict(two_ranks.named_weights())
+    local_weights = dict(local.named_weights())
+    # two Adam steps of about lr (1e-3) each; only the summation order differs
+    assert max_weight_difference(ray_weights, local_weights) < 5e-5
+
+    # a checkpoint of two ranks resumes on one (torch.distributed.checkpoint reshards)
+    two_ranks.save_checkpoint(tmp_path / "actor")
+    resumed = make_backend(make_recipe(tiny_model))
+    resumed.load_checkpoint(tmp_path / "actor")
+    assert max_weight_difference(full_weights(resumed), ray_weights) == 0.0
+
+    # an export by two ranks is the whole model
+    two_ranks.export_hf(tmp_path / "hf")
+    exported = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    for name, tensor in exported.state_dict().items():
+        torch.testing.assert_close(tensor, ray_weights[name])
+
+
+def test_a_worker_error_reaches_the_driver_as_itself(two_ranks, tmp_path):
+    with pytest.raises(CheckpointError) as info:
+        two_ranks.load_checkpoint(tmp_path / "nowhere")
+    assert str(info.value).startswith(f"checkpoint folder {str(tmp_path / 'nowhere')!r} does not")
+    # the group is still usable afterwards
+    assert len(two_ranks.compute_log_prob(make_batch(3))["log_probs"]) == 3
+
+
+def test_hybrid_sharding_replicates_and_matches_one_rank(ray_session, two_ranks, tiny_model):
+    batch = make_batch(8, seed=4)
+    # fsdp_size 1: each of the two ranks holds the whole model; gradients are averaged
+    hybrid = RayWorkerGroup(
+        make_recipe(tiny_model, cluster="ray", fsdp_size=1),
+        "actor",
+        world_size=2,
+        device_name="cpu",
+        num_cpus_per_rank=0.5,
+    )
+    try:
+        hybrid.setup(10)
+        local = make_backend(make_recipe(tiny_model))
+        hybrid_metrics = hybrid.update_policy(batch, TokenMeanReinforce())
+        local_metrics = local.update_policy(batch, TokenMeanReinforce())
+        assert hybrid_metrics["actor/grad_norm"] == pytest.approx(
+            local_metrics["actor/grad_norm"], rel=1e-5
+        )
+        weights = dict(hybrid.named_weights())
+        assert max_weight_difference(weights, full_weights(local)) < 2e-5
+    finally:
+        hybrid.close()
