@@ -95,6 +95,8 @@ class PluginManager:
         self.failures: list[LoadFailure] = []
         self.blocked: list[str] = []
         self._registries: dict[str, Registry] = {}
+        self.prepared_backends: set[tuple[str, str]] = set()
+        """(device, backend) pairs whose ``prepare_backend`` hook already ran here."""
         self.strict = _env_flag(self.environ, "PLUGRL_STRICT_PLUGINS")
 
     # ---------------------------------------------------------------------------- loading

@@ -32,13 +32,6 @@ def resolve_device_name(recipe: Recipe, plugins: PluginManager) -> str:
     return detected
 
 
-def prepare_worker(recipe: Recipe, device_name: str, plugins: PluginManager | None = None) -> None:
-    """Call ``prepare_backend`` in this process: every process that hosts a backend rank calls
-    this once, before it builds the backend (and so before the framework is imported)."""
-    plugins = plugins or get_plugin_manager()
-    plugins.hook.prepare_backend(device=device_name, backend=recipe.actor.backend, recipe=recipe)
-
-
 @attrs.define
 class RunContext:
     """What a scheduler gets: the recipe, the run folder, the plugins, and the observers.

@@ -4,9 +4,10 @@ import pytest
 from fake_parts import BASE_RECIPE
 
 import plugrl
+from plugrl.cluster import prepare_backend_once
 from plugrl.errors import PluginError, RecipeError
 from plugrl.recipe import build_recipe
-from plugrl.run import prepare_worker, resolve_device_name, run_recipe
+from plugrl.run import resolve_device_name, run_recipe
 
 
 class Observer:
@@ -120,5 +121,6 @@ def test_prepare_backend_runs_before_the_backend_with_resolved_names(
 
     plugrl_register_plugin(Patcher(), "patcher")
     recipe = build_recipe({**BASE_RECIPE, "actor": {**BASE_RECIPE["actor"], "ppo_epochs": 2}})
-    prepare_worker(recipe, "cpu")
-    assert seen == [("cpu", "fakebackend", 2)]
+    prepare_backend_once(fake_parts_manager, "cpu", recipe.actor.backend, recipe)
+    prepare_backend_once(fake_parts_manager, "cpu", recipe.actor.backend, recipe)
+    assert seen == [("cpu", "fakebackend", 2)]  # once per process

@@ -25,8 +25,6 @@ if TYPE_CHECKING:
     from plugrl.parts.device import Device
     from plugrl.recipe import Recipe
 
-_prepared: set[tuple[str, str]] = set()
-
 
 def prepare_backend_once(
     plugins: PluginManager, device_name: str, backend_name: str, recipe: Recipe
@@ -34,10 +32,10 @@ def prepare_backend_once(
     """Call the ``prepare_backend`` hook the first time this process builds ``backend_name``
     on ``device_name``, before the backend's module is imported."""
     key = (device_name, backend_name)
-    if key in _prepared:
+    if key in plugins.prepared_backends:
         return
     plugins.hook.prepare_backend(device=device_name, backend=backend_name, recipe=recipe)
-    _prepared.add(key)
+    plugins.prepared_backends.add(key)
 
 
 def build_device(plugins: PluginManager, device_name: str, recipe: Recipe) -> Device:

@@ -18,7 +18,6 @@ def plugins(monkeypatch):
     manager = PluginManager()
     manager.load_entry_points()
     manager.register(cluster_fake_backend, name="cluster_fake_backend")
-    monkeypatch.setattr(worker, "_prepared", set())
     monkeypatch.setattr(cluster_fake_backend, "PREPARED", [])
     return manager
 

@@ -1,8 +1,11 @@
 import os
+from pathlib import Path
 
 import pytest
+from support import importable_here
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+importable_here(Path(__file__).parent)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
