@@ -10,6 +10,7 @@ and transformers load only when something is built.
 from __future__ import annotations
 
 from plugrl.quickstart.build import (
+    DEFAULT_DIR,
     QUICKSTART_VERSION,
     QuickstartPaths,
     QuickstartSettings,
@@ -20,6 +21,7 @@ from plugrl.quickstart.build import (
 )
 
 __all__ = [
+    "DEFAULT_DIR",
     "QUICKSTART_VERSION",
     "QuickstartPaths",
     "QuickstartSettings",

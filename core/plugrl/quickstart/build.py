@@ -22,6 +22,8 @@ logger = logging.getLogger("plugrl.quickstart")
 # rebuilt.
 QUICKSTART_VERSION = "1"
 MANIFEST = "quickstart.json"
+# Where the quickstart keeps its model and data unless told otherwise (beside the run folders).
+DEFAULT_DIR = Path("runs") / "quickstart-assets"
 
 
 @attrs.frozen
