@@ -9,7 +9,7 @@ and including the stop token; ``generate``'s padding after it is not counted) an
 Cases: 64 prompts x 1 sample, and 8 prompts x 8 samples (GRPO-like groups; ``generate`` gets
 ``num_return_sequences``).
 
-    python bench/bench_hf_rollout.py [--prompts 64] [--max-tokens 32] [--repeats 5]
+    python bench/bench_hf_rollout.py [--prompts 64] [--max-tokens 32] [--repeats 5] [--threads N]
 """
 
 from __future__ import annotations
@@ -80,7 +80,10 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -27,7 +27,7 @@ from plugrl.errors import DataError
 
 if TYPE_CHECKING:
     from plugrl.data.batch import Batch
-    from plugrl.recipe import DataConfig
+    from plugrl.recipe import DataConfig, ModelConfig
 
 logger = logging.getLogger("plugrl.data")
 
@@ -426,3 +426,30 @@ class PromptLoader:
             )
         self.epoch = int(state["epoch"])
         self.position = int(state["position"])
+
+
+def load_tokenizer(model: ModelConfig) -> Any:
+    """The tokenizer of ``model.tokenizer_path`` (unset: ``model.path``), from a local folder."""
+    from transformers import AutoTokenizer
+
+    from plugrl.errors import RecipeError
+
+    key = "model.tokenizer_path" if model.tokenizer_path else "model.path"
+    path = model.tokenizer_path or model.path
+    if not path:
+        raise RecipeError(
+            "no tokenizer to load; set model.path to a Hugging Face model folder", key
+        )
+    if not Path(path).is_dir():
+        raise RecipeError(f"{path} is not a folder; set a local Hugging Face model folder", key)
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=model.trust_remote_code)
+
+
+def build_loaders(config: DataConfig, tokenizer: Any) -> tuple[PromptLoader, PromptLoader | None]:
+    """The training loader of ``data.train_files`` and the validation loader of
+    ``data.val_files`` (``None`` without validation files), checked at once."""
+    pad = pad_token_id_of(tokenizer)
+    train = PromptLoader.for_training(PromptDataset.train(config, tokenizer), config, pad)
+    val_dataset = PromptDataset.validation(config, tokenizer)
+    val = PromptLoader.for_validation(val_dataset, config, pad) if val_dataset else None
+    return train, val

@@ -213,6 +213,16 @@ class HFRolloutEngine(RolloutEngine):
                 )
             self.weight_version = version
 
+    # ------------------------------------------------------------------------- checkpointing
+
+    def rng_state(self) -> torch.Tensor:
+        """The state of the generator unseeded calls draw from (for a checkpoint)."""
+        return self._generator.get_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        """Restore :meth:`rng_state`, so a resumed run samples what the original would have."""
+        self._generator.set_state(state)
+
     # ----------------------------------------------------------------------------- lifecycle
 
     def sleep(self) -> None:

@@ -423,3 +423,41 @@ def test_pad_token_falls_back_to_eos():
     assert pad_token_id_of(NoPad()) == 7
     with pytest.raises(DataError, match=re.escape("neither a pad nor an eos token")):
         pad_token_id_of(Neither())
+
+
+def test_build_loaders_reads_train_and_val_files(tokenizer, write_parquet):
+    from plugrl.data.dataset import build_loaders
+
+    data = config(
+        train_files=[str(write_parquet(rows(6)))],
+        val_files=[str(write_parquet(rows(3)))],
+        train_batch_size=2,
+    )
+    train, val = build_loaders(data, tokenizer)
+    assert len(train) == 3 and train.drop_last and train.shuffle
+    assert val is not None and [len(b) for b in val] == [3]
+    train_only, no_val = build_loaders(config(train_files=data.train_files), tokenizer)
+    assert no_val is None and len(train_only.dataset) == 6
+
+
+def test_load_tokenizer_from_model_or_tokenizer_path(tokenizer, tmp_path):
+    from plugrl.data.dataset import load_tokenizer
+    from plugrl.errors import RecipeError
+    from plugrl.recipe import ModelConfig
+
+    folder = tmp_path / "tok"
+    tokenizer.save_pretrained(folder)
+    loaded = load_tokenizer(
+        ModelConfig(path=str(tmp_path / "elsewhere"), tokenizer_path=str(folder))
+    )
+    assert loaded("What is 1 + 2?")["input_ids"] == tokenizer("What is 1 + 2?")["input_ids"]
+    with pytest.raises(RecipeError) as info:
+        load_tokenizer(ModelConfig())
+    assert str(info.value) == (
+        "model.path: no tokenizer to load; set model.path to a Hugging Face model folder"
+    )
+    with pytest.raises(RecipeError) as info:
+        load_tokenizer(ModelConfig(path=str(tmp_path / "missing")))
+    assert str(info.value) == (
+        f"model.path: {tmp_path / 'missing'} is not a folder; set a local Hugging Face model folder"
+    )

@@ -443,3 +443,15 @@ def test_bind_model_shares_the_live_module(tiny_model_dir, tokenizer, model):
         engine.update_weights(model.named_parameters(), version=6)
     engine.bind_model(model, version=6)
     assert engine.weight_version == 6
+
+
+def test_rng_state_lets_a_resumed_engine_sample_the_same(tiny_model_dir, tokenizer):
+    prompts = chat_prompts(tokenizer)
+    params = SamplingParams(n=2, temperature=1.0, max_tokens=6)
+    original = make_engine(tiny_model_dir, tokenizer)
+    original.generate(prompts, params)
+    state = original.rng_state()
+    expected = [c.token_ids for c in original.generate(prompts, params)]
+    resumed = make_engine(tiny_model_dir, tokenizer)
+    resumed.set_rng_state(state)
+    assert [c.token_ids for c in resumed.generate(prompts, params)] == expected
