@@ -170,6 +170,12 @@ class HFRolloutEngine(RolloutEngine):
 
     def bind_model(self, model: Any, version: int) -> None:
         with self._model_lock:
+            device = _device_of(model)
+            if device is not None and device != self.torch_device:
+                # sample where the trainer's model lives (its rank's device)
+                self.torch_device = device
+                self._generator = torch.Generator(device=device)
+                self._generator.manual_seed(self.recipe.trainer.seed)
             self.model = model
             self.owns_model = False
             self.weight_version = version
@@ -240,6 +246,11 @@ class HFRolloutEngine(RolloutEngine):
         with self._model_lock:
             self.model = None
             self.owns_model = False
+
+
+def _device_of(model: Any) -> torch.device | None:
+    parameter = next(iter(model.parameters()), None)
+    return None if parameter is None else parameter.device
 
 
 def _check_params(params: SamplingParams) -> None:
