@@ -1,0 +1,455 @@
+"""Prompt datasets in verl's parquet schema, and the stateful loader that batches them.
+
+A row holds ``data_source`` (which reward function scores it), ``prompt`` (chat messages
+``[{"role", "content"}, ...]``; ``data.prompt_key`` names the column), ``ability``,
+``reward_model`` (a struct with ``ground_truth``) and ``extra_info`` (any struct). Every prompt
+is rendered with the tokenizer's chat template and tokenized when the dataset is built, so bad
+data stops a run at start-up with a :class:`~plugrl.errors.DataError` naming the file, the row
+(counting from 0) and the fix.
+
+:class:`PromptLoader` hands out :class:`~plugrl.data.batch.Batch` objects of
+``data.train_batch_size`` prompts. Its whole state is (epoch, position): the order of an epoch
+is a permutation seeded by ``(data.seed, epoch)``, so a loader restored from
+:meth:`PromptLoader.state_dict` yields exactly the batches the original would have.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import numpy as np
+
+from plugrl.errors import DataError
+
+if TYPE_CHECKING:
+    from plugrl.data.batch import Batch
+    from plugrl.recipe import DataConfig, ModelConfig
+
+logger = logging.getLogger("plugrl.data")
+
+TRUNCATION_MODES = ("error", "left", "right", "middle")
+
+
+@attrs.frozen
+class PromptRecord:
+    """One prompt, tokenized, with what the reward needs."""
+
+    index: int
+    """Position in the dataset (after over-long prompts were filtered)."""
+    prompt_ids: tuple[int, ...]
+    data_source: str
+    ground_truth: Any
+    extra_info: Any
+    ability: Any
+    origin: str
+    """``<file> row <n>``, for messages about this row."""
+
+
+def truncate(ids: Sequence[int], limit: int, mode: str) -> list[int]:
+    """Cut ``ids`` to ``limit`` tokens: ``left`` keeps the end, ``right`` the start,
+    ``middle`` keeps both ends (the start gets the smaller half when ``limit`` is odd)."""
+    ids = list(ids)
+    if len(ids) <= limit:
+        return ids
+    if mode == "left":
+        return ids[len(ids) - limit :]
+    if mode == "right":
+        return ids[:limit]
+    if mode == "middle":
+        head = limit // 2
+        tail = limit - head
+        return ids[:head] + (ids[len(ids) - tail :] if tail else [])
+    raise ValueError(f"truncation mode {mode!r} is not one of {', '.join(TRUNCATION_MODES)}")
+
+
+def _read_table(path: Path, files_key: str) -> Any:
+    import pyarrow.parquet as pq
+
+    if not path.exists():
+        raise DataError(f"{files_key}: {path} does not exist; fix the path in {files_key}")
+    if path.is_dir():
+        raise DataError(f"{files_key}: {path} is a folder; list its parquet files in {files_key}")
+    try:
+        return pq.read_table(path)
+    except Exception as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise DataError(
+            f"{files_key}: cannot read {path} as parquet ({reason}); point {files_key} at "
+            "parquet files in verl's schema"
+        ) from None
+
+
+def _messages(value: Any, origin: str, prompt_key: str) -> list[dict[str, str]]:
+    """The row's chat messages; a bare string is one user message."""
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if isinstance(value, (list, tuple)) and value:
+        messages = []
+        for message in value:
+            if not (
+                isinstance(message, Mapping)
+                and isinstance(message.get("role"), str)
+                and isinstance(message.get("content"), str)
+            ):
+                break
+            messages.append({"role": message["role"], "content": message["content"]})
+        else:
+            return messages
+    shown = repr(value)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    raise DataError(
+        f"{origin}: column {prompt_key!r} must hold chat messages "
+        f'[{{"role": ..., "content": ...}}, ...] or a string, got {shown}; fix the row or '
+        "set data.prompt_key to the column with the messages"
+    )
+
+
+def _ground_truth(value: Any, origin: str) -> Any:
+    if isinstance(value, Mapping) and value.get("ground_truth") is not None:
+        return value["ground_truth"]
+    raise DataError(
+        f"{origin}: no reward_model.ground_truth; every row needs reward_model: "
+        "{ground_truth: ...}, the answer its reward function checks"
+    )
+
+
+def _render(tokenizer: Any, messages: list[dict[str, str]], use_template: bool) -> str:
+    if use_template:
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return "\n".join(message["content"] for message in messages)
+
+
+class PromptDataset:
+    """The rows of one or more parquet files, tokenized and checked against ``data``."""
+
+    def __init__(
+        self,
+        files: Sequence[str | Path],
+        tokenizer: Any,
+        config: DataConfig,
+        *,
+        files_key: str = "data.train_files",
+    ) -> None:
+        self.files = [Path(f) for f in files]
+        self.files_key = files_key
+        self.config = config
+        if not self.files:
+            raise DataError(
+                f"{files_key} is empty; set it to one or more parquet files in verl's schema"
+            )
+        use_template = config.apply_chat_template
+        if use_template and not getattr(tokenizer, "chat_template", None):
+            raise DataError(
+                f"the tokenizer has no chat template to render {files_key}; use a tokenizer "
+                "with one (model.tokenizer_path) or set data.apply_chat_template=false"
+            )
+        limit = config.max_prompt_length
+        records: list[PromptRecord] = []
+        filtered = 0
+        for path in self.files:
+            table = _read_table(path, files_key)
+            columns = table.column_names
+            for required, fix in (
+                (config.prompt_key, "set data.prompt_key to the column with the chat messages"),
+                ("data_source", "add it: it names the reward function that scores each row"),
+                ("reward_model", "add it with a ground_truth field for every row"),
+            ):
+                if required not in columns:
+                    raise DataError(
+                        f"{path} has no column {required!r} (it has {', '.join(columns)}); {fix}"
+                    )
+            prompts = table.column(config.prompt_key).to_pylist()
+            sources = table.column("data_source").to_pylist()
+            rewards = table.column("reward_model").to_pylist()
+            extras = (
+                table.column("extra_info").to_pylist()
+                if "extra_info" in columns
+                else [None] * len(prompts)
+            )
+            abilities = (
+                table.column("ability").to_pylist()
+                if "ability" in columns
+                else [None] * len(prompts)
+            )
+            origins = [f"{path} row {row}" for row in range(len(prompts))]
+            texts = [
+                _render(tokenizer, _messages(p, origin, config.prompt_key), use_template)
+                for p, origin in zip(prompts, origins, strict=True)
+            ]
+            truths = [_ground_truth(r, o) for r, o in zip(rewards, origins, strict=True)]
+            encoded = (
+                tokenizer(texts, add_special_tokens=not use_template)["input_ids"] if texts else []
+            )
+            for row, ids in enumerate(encoded):
+                if len(ids) > limit:
+                    if config.filter_overlong_prompts:
+                        filtered += 1
+                        continue
+                    if config.truncation == "error":
+                        raise DataError(
+                            f"{origins[row]}: prompt is {len(ids)} tokens, over "
+                            f"data.max_prompt_length={limit}; raise data.max_prompt_length, set "
+                            "data.truncation to left, right or middle, or set "
+                            "data.filter_overlong_prompts=true"
+                        )
+                    ids = truncate(ids, limit, config.truncation)
+                source = sources[row]
+                if not isinstance(source, str) or not source:
+                    raise DataError(
+                        f"{origins[row]}: data_source is {source!r}; every row needs the name "
+                        "of its data source (it chooses the reward function)"
+                    )
+                records.append(
+                    PromptRecord(
+                        index=len(records),
+                        prompt_ids=tuple(ids),
+                        data_source=source,
+                        ground_truth=truths[row],
+                        extra_info=extras[row],
+                        ability=abilities[row],
+                        origin=origins[row],
+                    )
+                )
+        if filtered:
+            logger.info(
+                "%s: dropped %d prompts longer than data.max_prompt_length=%d "
+                "(data.filter_overlong_prompts)",
+                files_key,
+                filtered,
+                limit,
+            )
+        if not records:
+            if filtered:
+                raise DataError(
+                    f"{files_key}: all {filtered} prompts are longer than "
+                    f"data.max_prompt_length={limit}; raise it or set "
+                    "data.filter_overlong_prompts=false with a data.truncation mode"
+                )
+            raise DataError(
+                f"{files_key}: {', '.join(map(str, self.files))} hold no rows; point "
+                f"{files_key} at files with prompts"
+            )
+        self.records = records
+        self.num_filtered = filtered
+
+    @classmethod
+    def train(cls, config: DataConfig, tokenizer: Any) -> PromptDataset:
+        """The dataset of ``data.train_files``."""
+        return cls(config.train_files, tokenizer, config, files_key="data.train_files")
+
+    @classmethod
+    def validation(cls, config: DataConfig, tokenizer: Any) -> PromptDataset | None:
+        """The dataset of ``data.val_files``, or ``None`` when there are none."""
+        if not config.val_files:
+            return None
+        return cls(config.val_files, tokenizer, config, files_key="data.val_files")
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, index: int) -> PromptRecord:
+        return self.records[index]
+
+
+def collate(records: Sequence[PromptRecord], uids: Sequence[str], pad_token_id: int) -> Batch:
+    """A prompt batch: ``prompts`` [B, P] left-padded to the longest prompt of the batch with
+    ``pad_token_id``, ``prompt_attention_mask`` [B, P], and the columns ``uid``, ``index``,
+    ``data_source``, ``ground_truth``, ``extra_info``, ``ability``, ``raw_prompt_ids``
+    (unpadded lists of ints)."""
+    import torch
+
+    from plugrl.data.batch import Batch
+
+    width = max(len(r.prompt_ids) for r in records)
+    prompts = torch.full((len(records), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(records), width), dtype=torch.long)
+    for row, record in enumerate(records):
+        length = len(record.prompt_ids)
+        prompts[row, width - length :] = torch.tensor(record.prompt_ids, dtype=torch.long)
+        mask[row, width - length :] = 1
+    return Batch(
+        tensors={"prompts": prompts, "prompt_attention_mask": mask},
+        columns={
+            "uid": list(uids),
+            "index": [r.index for r in records],
+            "data_source": [r.data_source for r in records],
+            "ground_truth": [r.ground_truth for r in records],
+            "extra_info": [r.extra_info for r in records],
+            "ability": [r.ability for r in records],
+            "raw_prompt_ids": [list(r.prompt_ids) for r in records],
+        },
+    )
+
+
+def pad_token_id_of(tokenizer: Any) -> int:
+    """The tokenizer's pad id, else its eos id (many chat tokenizers define no pad token)."""
+    pad = getattr(tokenizer, "pad_token_id", None)
+    if pad is None:
+        pad = getattr(tokenizer, "eos_token_id", None)
+    if pad is None:
+        raise DataError(
+            "the tokenizer has neither a pad nor an eos token; use a tokenizer that defines one"
+        )
+    return int(pad)
+
+
+class PromptLoader:
+    """Batches of a :class:`PromptDataset`, epoch after epoch, resumable.
+
+    * ``shuffle``: each epoch's order is a permutation seeded by ``(seed, epoch)``.
+    * ``drop_last``: an epoch ends when fewer than ``batch_size`` prompts are left (training);
+      otherwise the last batch is smaller (validation).
+    * ``uid`` of a row: ``"{uid_prefix}{epoch}-{index}"``, unique across epochs, the same on
+      a resumed run.
+    """
+
+    def __init__(
+        self,
+        dataset: PromptDataset,
+        batch_size: int,
+        *,
+        pad_token_id: int,
+        shuffle: bool = True,
+        seed: int = 1,
+        drop_last: bool = True,
+        uid_prefix: str = "",
+        batch_size_key: str = "data.train_batch_size",
+    ) -> None:
+        if batch_size <= 0:
+            raise DataError(f"{batch_size_key} must be > 0, got {batch_size}")
+        if drop_last and batch_size > len(dataset):
+            raise DataError(
+                f"{batch_size_key}={batch_size} is more than the {len(dataset)} prompts of "
+                f"{dataset.files_key}; lower {batch_size_key} or add prompts"
+            )
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.pad_token_id = pad_token_id
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.uid_prefix = uid_prefix
+        self.epoch = 0
+        self.position = 0
+        self._order_epoch = -1
+        self._order: np.ndarray = np.arange(0)
+
+    @classmethod
+    def for_training(
+        cls, dataset: PromptDataset, config: DataConfig, pad_token_id: int
+    ) -> PromptLoader:
+        """``data.train_batch_size`` prompts per batch, shuffled by ``data.seed``, full
+        batches only."""
+        return cls(
+            dataset,
+            config.train_batch_size,
+            pad_token_id=pad_token_id,
+            shuffle=config.shuffle,
+            seed=config.seed,
+            drop_last=True,
+        )
+
+    @classmethod
+    def for_validation(
+        cls, dataset: PromptDataset, config: DataConfig, pad_token_id: int
+    ) -> PromptLoader:
+        """In file order, ``data.val_batch_size`` prompts per batch (unset: all at once)."""
+        return cls(
+            dataset,
+            config.val_batch_size or len(dataset),
+            pad_token_id=pad_token_id,
+            shuffle=False,
+            drop_last=False,
+            uid_prefix="val-",
+            batch_size_key="data.val_batch_size",
+        )
+
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        full, rest = divmod(len(self.dataset), self.batch_size)
+        return full + (1 if rest and not self.drop_last else 0)
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        """Dataset indices in the order epoch ``epoch`` visits them."""
+        if epoch != self._order_epoch:
+            size = len(self.dataset)
+            if self.shuffle:
+                self._order = np.random.default_rng([self.seed, epoch]).permutation(size)
+            else:
+                self._order = np.arange(size)
+            self._order_epoch = epoch
+        return self._order
+
+    def _epoch_done(self) -> bool:
+        left = len(self.dataset) - self.position
+        return left <= 0 or (self.drop_last and left < self.batch_size)
+
+    def next_batch(self) -> Batch:
+        """The next batch, moving on to the next epoch when this one is used up."""
+        if self._epoch_done():
+            self.epoch += 1
+            self.position = 0
+        order = self.epoch_order(self.epoch)
+        indices = order[self.position : self.position + self.batch_size]
+        self.position += len(indices)
+        records = [self.dataset[int(i)] for i in indices]
+        uids = [f"{self.uid_prefix}{self.epoch}-{record.index}" for record in records]
+        batch = collate(records, uids, self.pad_token_id)
+        batch.meta["epoch"] = self.epoch
+        return batch
+
+    def __iter__(self) -> Iterator[Batch]:
+        """The batches left in the current epoch (all of them for a fresh epoch). After the
+        loop, the next batch comes from the next epoch."""
+        if self._epoch_done():
+            self.epoch += 1
+            self.position = 0
+        while not self._epoch_done():
+            yield self.next_batch()
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position, "num_prompts": len(self.dataset)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        num_prompts = int(state.get("num_prompts", len(self.dataset)))
+        if num_prompts != len(self.dataset):
+            raise DataError(
+                f"the checkpoint's data loader was over {num_prompts} prompts, "
+                f"{self.dataset.files_key} now has {len(self.dataset)}; resume with the same "
+                "data files (and filtering) or start fresh with trainer.resume_mode=disable"
+            )
+        self.epoch = int(state["epoch"])
+        self.position = int(state["position"])
+
+
+def load_tokenizer(model: ModelConfig) -> Any:
+    """The tokenizer of ``model.tokenizer_path`` (unset: ``model.path``), from a local folder."""
+    from transformers import AutoTokenizer
+
+    from plugrl.errors import RecipeError
+
+    key = "model.tokenizer_path" if model.tokenizer_path else "model.path"
+    path = model.tokenizer_path or model.path
+    if not path:
+        raise RecipeError(
+            "no tokenizer to load; set model.path to a Hugging Face model folder", key
+        )
+    if not Path(path).is_dir():
+        raise RecipeError(f"{path} is not a folder; set a local Hugging Face model folder", key)
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=model.trust_remote_code)
+
+
+def build_loaders(config: DataConfig, tokenizer: Any) -> tuple[PromptLoader, PromptLoader | None]:
+    """The training loader of ``data.train_files`` and the validation loader of
+    ``data.val_files`` (``None`` without validation files), checked at once."""
+    pad = pad_token_id_of(tokenizer)
+    train = PromptLoader.for_training(PromptDataset.train(config, tokenizer), config, pad)
+    val_dataset = PromptDataset.validation(config, tokenizer)
+    val = PromptLoader.for_validation(val_dataset, config, pad) if val_dataset else None
+    return train, val

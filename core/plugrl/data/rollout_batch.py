@@ -1,0 +1,126 @@
+"""Assemble the training batch from a prompt batch and the completions a rollout engine sampled.
+
+Rows follow verl's layout: each prompt row is repeated ``n`` times, interleaved (the n responses
+of prompt 0, then those of prompt 1...), so rows sharing a ``uid`` form a GRPO group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from plugrl.data.batch import Batch
+    from plugrl.parts.rollout import Completion
+
+
+def build_rollout_batch(
+    prompts: Batch,
+    completions: Sequence[Completion],
+    *,
+    n: int,
+    pad_token_id: int,
+    response_width: int | None = None,
+) -> Batch:
+    """The prompt batch's rows repeated ``n`` times with the sampled responses added.
+
+    ``completions`` are those :meth:`RolloutEngine.generate` returned for the batch's
+    ``raw_prompt_ids``: ``len(prompts) * n`` of them, grouped by prompt. Tensors added:
+    ``responses`` [B*n, R] right-padded with ``pad_token_id``, ``response_mask`` [B*n, R],
+    ``input_ids``/``attention_mask``/``position_ids`` [B*n, P+R] (positions count real tokens
+    only, so left padding does not shift them), ``rollout_log_probs`` [B*n, R] (0 on padding).
+    Columns added: ``finish_reason``, ``weight_version``, ``min_weight_version``.
+    ``R`` is ``response_width`` when given (no response may be longer), else the longest
+    response (at least 1, so tensors are never empty).
+    """
+    import torch
+
+    prompts.require("prompts", "prompt_attention_mask", by="build_rollout_batch")
+    num_prompts = len(prompts)
+    if len(completions) != num_prompts * n:
+        raise ValueError(
+            f"expected {num_prompts} prompts x n={n} = {num_prompts * n} completions, "
+            f"got {len(completions)}"
+        )
+    for position, completion in enumerate(completions):
+        if completion.prompt_index != position // n:
+            raise ValueError(
+                f"completion {position} belongs to prompt {completion.prompt_index}, expected "
+                f"{position // n}: completions must be grouped by prompt in prompt order"
+            )
+        if len(completion.log_probs) != len(completion.token_ids):
+            raise ValueError(
+                f"completion {position} has {len(completion.token_ids)} tokens but "
+                f"{len(completion.log_probs)} log-probs"
+            )
+    longest = max((len(c.token_ids) for c in completions), default=0)
+    if response_width is None:
+        response_width = max(1, longest)
+    elif longest > response_width:
+        raise ValueError(
+            f"a response has {longest} tokens, more than the response width {response_width}"
+        )
+
+    rows = len(completions)
+    responses = torch.full((rows, response_width), pad_token_id, dtype=torch.long)
+    response_mask = torch.zeros((rows, response_width), dtype=torch.long)
+    rollout_log_probs = torch.zeros((rows, response_width), dtype=torch.float32)
+    for row, completion in enumerate(completions):
+        length = len(completion.token_ids)
+        if length:
+            responses[row, :length] = torch.tensor(completion.token_ids, dtype=torch.long)
+            response_mask[row, :length] = 1
+            rollout_log_probs[row, :length] = torch.tensor(
+                completion.log_probs, dtype=torch.float32
+            )
+
+    batch = prompts.repeat(n, interleave=True)
+    prompt_ids = batch["prompts"]
+    attention_mask = torch.cat(
+        [batch["prompt_attention_mask"], response_mask.to(prompt_ids.device)], dim=-1
+    )
+    batch["responses"] = responses.to(prompt_ids.device)
+    batch["response_mask"] = response_mask.to(prompt_ids.device)
+    batch["input_ids"] = torch.cat([prompt_ids, batch["responses"]], dim=-1)
+    batch["attention_mask"] = attention_mask
+    batch["position_ids"] = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
+    batch["rollout_log_probs"] = rollout_log_probs.to(prompt_ids.device)
+    batch["finish_reason"] = [c.finish_reason for c in completions]
+    batch["weight_version"] = [c.weight_version for c in completions]
+    batch["min_weight_version"] = [c.min_weight_version for c in completions]
+    return batch
+
+
+def _stats(name: str, lengths: np.ndarray, limit: int | None) -> dict[str, float]:
+    if lengths.size == 0:
+        return {}
+    metrics = {
+        f"{name}/mean": float(lengths.mean()),
+        f"{name}/max": float(lengths.max()),
+        f"{name}/min": float(lengths.min()),
+    }
+    if limit is not None:
+        metrics[f"{name}/clip_ratio"] = float((lengths >= limit).mean())
+    return metrics
+
+
+def length_metrics(
+    batch: Batch,
+    *,
+    max_prompt_length: int | None = None,
+    max_response_length: int | None = None,
+) -> dict[str, Any]:
+    """verl's ``response_length/{mean,max,min,clip_ratio}`` and ``prompt_length/*`` (clip ratio:
+    the fraction at the length limit), plus ``response/aborted_ratio`` when the batch has
+    ``finish_reason``."""
+    batch.require("response_mask", "prompt_attention_mask", by="length_metrics")
+    response_lengths = batch["response_mask"].sum(dim=-1).cpu().numpy()
+    prompt_lengths = batch["prompt_attention_mask"].sum(dim=-1).cpu().numpy()
+    metrics = _stats("response_length", response_lengths, max_response_length)
+    metrics.update(_stats("prompt_length", prompt_lengths, max_prompt_length))
+    if "finish_reason" in batch and len(batch):
+        reasons = batch["finish_reason"]
+        metrics["response/aborted_ratio"] = float(np.mean([r == "aborted" for r in reasons]))
+    return metrics

@@ -1,0 +1,20 @@
+"""Recipe keys of the ``hf`` rollout engine (beside the common ``rollout`` keys)."""
+
+from __future__ import annotations
+
+import attrs
+
+from plugrl.config import option
+from plugrl.parts.rollout import RolloutConfig
+
+
+@attrs.define(kw_only=True)
+class HFRolloutConfig(RolloutConfig):
+    """``rollout`` with ``engine: hf``: sampling with the model's own forward and a KV cache."""
+
+    attn_implementation: str = option(
+        "sdpa",
+        "Attention kernel of the engine's own model (rollout.colocate false); a colocated "
+        "engine uses the trainer's model as it is.",
+        choices=["sdpa", "eager"],
+    )
