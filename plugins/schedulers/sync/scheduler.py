@@ -149,6 +149,8 @@ class SyncScheduler(Scheduler):
                 batch = build_rollout_batch(
                     prompts, completions, n=params.n, pad_token_id=parts.pad_token_id
                 )
+                # log-probs are recomputed at the temperature the tokens were sampled with
+                batch.meta["temperature"] = params.temperature or 1.0
             with timer("reward"):
                 self.score(parts, batch, metrics)
             if sampler is None:
