@@ -179,6 +179,11 @@ class TrainerConfig:
         verl="trainer.logger",
         registry="loggers",
     )
+    export_hf: bool = option(
+        False,
+        "After the last step, write the actor as a Hugging Face folder (<run folder>/hf_model) "
+        "that transformers and vLLM load.",
+    )
     log_val_generations: int = option(
         0,
         "Validation samples printed per validation.",

@@ -1,0 +1,1 @@
+"""Built-in schedulers (the training loop) and the part-building they share."""

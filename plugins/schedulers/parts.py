@@ -1,0 +1,236 @@
+"""What every scheduler builds before its loop: tokenizer, data, reward, algorithm pieces, the
+backend worker groups and the rollout engine, resolved from the recipe and checked up front so
+that a bad recipe or bad data fails before the first generation."""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import numpy as np
+import torch
+
+from plugrl.checkpoint import CheckpointManager
+from plugrl.errors import RecipeError
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from plugrl.cluster import WorkerGroup
+    from plugrl.data.dataset import PromptDataset, PromptLoader
+    from plugrl.parts.algorithm import AdvantageEstimator
+    from plugrl.parts.device import Device
+    from plugrl.parts.reward import RewardManager
+    from plugrl.parts.rollout import RolloutEngine
+    from plugrl.recipe import Recipe
+    from plugrl.run import RunContext
+
+logger = logging.getLogger("plugrl.run")
+
+
+def load_tokenizer(recipe: Recipe) -> Any:
+    from transformers import AutoTokenizer
+
+    path = recipe.model.tokenizer_path or recipe.model.path
+    if not path:
+        raise RecipeError("not set; give the folder of a Hugging Face model", key="model.path")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            path, trust_remote_code=recipe.model.trust_remote_code
+        )
+    except OSError as exc:
+        raise RecipeError(
+            f"cannot load a tokenizer from {path!r}: {str(exc).splitlines()[0]}",
+            key="model.tokenizer_path" if recipe.model.tokenizer_path else "model.path",
+        ) from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def sampling_seed(seed: int, step: int, purpose: int = 0) -> int:
+    """A seed per (run seed, step): a resumed run samples exactly what the uninterrupted one
+    did, without saving the engine's generator."""
+    return (seed * 1_000_003 + step * 7919 + purpose) % (2**63 - 1)
+
+
+def rng_state() -> dict[str, Any]:
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+@attrs.define
+class RunParts:
+    """The built parts of a run, shared by the schedulers."""
+
+    recipe: Recipe
+    device: Device
+    tokenizer: Any
+    pad_token_id: int
+    train_data: PromptDataset
+    val_data: PromptDataset | None
+    train_loader: PromptLoader
+    reward: RewardManager
+    estimator: AdvantageEstimator
+    objective: Any
+    kl_in_reward: Any
+    actor: WorkerGroup
+    ref: WorkerGroup | None
+    critic: WorkerGroup | None
+    engine: RolloutEngine
+    checkpoints: CheckpointManager
+    total_training_steps: int
+    colocated: bool = False
+    weight_version: int = 0
+
+    def sync_weights(self) -> None:
+        """Give the engine the actor's current weights (no copy when colocated)."""
+        if self.colocated:
+            self.engine.bind_model(self.actor.rollout_model(), self.weight_version)
+        else:
+            self.engine.update_weights(self.actor.named_weights(), self.weight_version)
+
+    def groups(self) -> dict[str, WorkerGroup]:
+        named = {"actor": self.actor, "ref": self.ref, "critic": self.critic}
+        return {name: group for name, group in named.items() if group is not None}
+
+    def save_checkpoint(self, step: int, trainer_state: dict[str, Any]) -> Path:
+        def write(folder: Path) -> None:
+            self.actor.save_checkpoint(folder / "actor")
+            if self.critic is not None:
+                self.critic.save_checkpoint(folder / "critic")
+
+        state = {
+            "dataloader": self.train_loader.state_dict(),
+            "weight_version": self.weight_version,
+            "rng": rng_state(),
+            "kl_in_reward": self.kl_in_reward.state_dict() if self.kl_in_reward else None,
+            **trainer_state,
+        }
+        return self.checkpoints.save(step, write, state)
+
+    def resume(self) -> dict[str, Any] | None:
+        """Load the checkpoint ``trainer.resume_mode`` names; returns its trainer state."""
+        path = self.checkpoints.resolve(self.recipe.trainer.resume_mode)
+        if path is None:
+            return None
+        state = self.checkpoints.load_trainer_state(path)
+        self.actor.load_checkpoint(path / "actor")
+        if self.critic is not None:
+            self.critic.load_checkpoint(path / "critic")
+        self.train_loader.load_state_dict(state["dataloader"])
+        self.weight_version = state["weight_version"]
+        if self.kl_in_reward and state.get("kl_in_reward"):
+            self.kl_in_reward.load_state_dict(state["kl_in_reward"])
+        set_rng_state(state["rng"])
+        logger.info("resumed from %s (step %d)", path, state["step"])
+        return state
+
+    def close(self) -> None:
+        for closer in (
+            self.engine.close,
+            self.reward.close,
+            *(group.close for group in self.groups().values()),
+        ):
+            try:
+                closer()
+            except Exception as exc:  # closing must not hide the error that ended the run
+                logger.warning("closing %s failed: %s", closer, exc)
+
+
+def build_parts(context: RunContext) -> RunParts:
+    """Build and check everything a run needs, in the order that fails cheapest first."""
+    from plugrl.cluster import make_worker_group
+    from plugrl.data.dataset import PromptDataset, PromptLoader, pad_token_id_of
+    from plugrl_plugins.algorithms.estimators import build_estimator
+    from plugrl_plugins.algorithms.kl import KLInReward
+    from plugrl_plugins.algorithms.objective import PolicyObjective
+    from plugrl_plugins.algorithms.validate import check_algorithm
+    from plugrl_plugins.rewards import build_reward_manager
+
+    recipe, plugins = context.recipe, context.plugins
+    check_algorithm(recipe, plugins)
+    device = context.part("devices", context.device_name)(recipe.device)
+    device.manual_seed(recipe.trainer.seed)
+    random.seed(recipe.trainer.seed)
+    np.random.seed(recipe.trainer.seed % 2**32)
+
+    tokenizer = load_tokenizer(recipe)
+    pad_token_id = pad_token_id_of(tokenizer)
+    train_data = PromptDataset.train(recipe.data, tokenizer)
+    val_data = PromptDataset.validation(recipe.data, tokenizer)
+    train_loader = PromptLoader.for_training(train_data, recipe.data, pad_token_id)
+    reward = build_reward_manager(recipe, tokenizer, plugins)
+    data_sources = {record.data_source for record in train_data.records}
+    if val_data is not None:
+        data_sources |= {record.data_source for record in val_data.records}
+    reward.check_data_sources(data_sources)
+
+    estimator = build_estimator(recipe, plugins)
+    objective = PolicyObjective.from_recipe(recipe, plugins)
+    algorithm = recipe.algorithm
+    kl_in_reward = KLInReward.from_recipe(recipe, plugins) if algorithm.use_kl_in_reward else None
+    total = recipe.trainer.total_training_steps or len(train_loader) * recipe.trainer.total_epochs
+
+    built: list[Any] = [reward]
+
+    def group(role: str) -> WorkerGroup:
+        made = make_worker_group(recipe, role, device_name=context.device_name, plugins=plugins)
+        built.append(made)
+        made.setup(total)
+        return made
+
+    try:
+        actor = group("actor")
+        needs_ref = recipe.actor.use_kl_loss or algorithm.use_kl_in_reward
+        ref = group("ref") if needs_ref else None
+        needs_values = "values" in estimator.requires
+        critic_on = recipe.critic.enable if recipe.critic.enable is not None else needs_values
+        critic = group("critic") if critic_on else None
+        engine_cls = context.part("rollout_engines", recipe.rollout.engine)
+        engine = engine_cls(recipe, device=device, tokenizer=tokenizer)
+    except BaseException:
+        for part in reversed(built):  # no Ray actor or scoring worker outlives a failed start
+            try:
+                part.close()
+            except Exception as exc:
+                logger.warning("closing %s after a failed start failed: %s", part, exc)
+        raise
+    colocated = recipe.rollout.colocate and actor.rollout_model() is not None
+    if recipe.rollout.colocate and not colocated:
+        logger.info(
+            "rollout.colocate: the actor runs in other processes, so the engine gets "
+            "its weights pushed after each step instead of sharing them"
+        )
+    parts = RunParts(
+        recipe=recipe,
+        device=device,
+        tokenizer=tokenizer,
+        pad_token_id=pad_token_id,
+        train_data=train_data,
+        val_data=val_data,
+        train_loader=train_loader,
+        reward=reward,
+        estimator=estimator,
+        objective=objective,
+        kl_in_reward=kl_in_reward,
+        actor=actor,
+        ref=ref,
+        critic=critic,
+        engine=engine,
+        checkpoints=CheckpointManager(context.run_dir, recipe.trainer.max_ckpt_to_keep),
+        total_training_steps=total,
+        colocated=colocated,
+    )
+    return parts

@@ -1,0 +1,241 @@
+"""The sync scheduler: generate, score, estimate, update, sync weights, one step after another."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections import defaultdict
+from typing import Any, ClassVar
+
+import numpy as np
+
+from plugrl.data.batch import Batch
+from plugrl.data.rollout_batch import build_rollout_batch
+from plugrl.metrics import StepTimer, compute_data_metrics, compute_throughput_metrics
+from plugrl.parts.scheduler import Scheduler
+from plugrl_plugins.schedulers.parts import RunParts, build_parts, sampling_seed
+
+logger = logging.getLogger("plugrl.run")
+
+_VALIDATION_SEED = 1
+
+
+class SyncScheduler(Scheduler):
+    """verl's synchronous PPO/GRPO loop.
+
+    Per step: ``gen`` (sample ``rollout.n`` responses per prompt), ``reward``,
+    ``old_log_prob``, ``ref``, ``values``, ``adv`` (KL in reward, advantages),
+    ``update_critic``, ``update_actor``, ``update_weights``; validation every
+    ``trainer.test_freq`` steps (and before the first with ``val_before_train``, and after the
+    last); a checkpoint every ``trainer.save_freq`` steps and after the last.
+    """
+
+    provides: ClassVar[frozenset[str] | None] = frozenset({"values"})
+
+    def run(self) -> dict[str, Any]:
+        parts = build_parts(self.context)
+        try:
+            return self._train(parts)
+        finally:
+            parts.close()
+
+    # ------------------------------------------------------------------------------ the loop
+
+    def _train(self, parts: RunParts) -> dict[str, Any]:
+        trainer = self.recipe.trainer
+        state = parts.resume()
+        step = state["step"] if state else 0
+        validation_history: list[dict[str, float]] = list(
+            state.get("validation", []) if state else []
+        )
+        parts.sync_weights()
+        if step == 0 and trainer.val_before_train and parts.val_data is not None:
+            before = self.validate(parts, step)
+            validation_history.append(before)
+            self.context.step_end(0, before)
+        metrics: dict[str, Any] = {}
+        progress = _progress(parts.total_training_steps, step)
+        try:
+            while step < parts.total_training_steps:
+                step += 1
+                metrics = self.train_step(parts, step)
+                last = step == parts.total_training_steps
+                if parts.val_data is not None and (
+                    last or (trainer.test_freq > 0 and step % trainer.test_freq == 0)
+                ):
+                    validation = self.validate(parts, step)
+                    validation_history.append(validation)
+                    metrics.update(validation)
+                if last or (trainer.save_freq > 0 and step % trainer.save_freq == 0):
+                    parts.save_checkpoint(step, {"validation": validation_history})
+                self.context.step_end(step, metrics)
+                if progress is not None:
+                    progress.update(1)
+            if trainer.export_hf:
+                export_dir = self.context.run_dir / "hf_model"
+                parts.actor.export_hf(export_dir)
+                logger.info("exported the trained actor to %s", export_dir)
+        finally:
+            if progress is not None:
+                progress.close()
+        _print_validation_summary(validation_history)
+        return metrics
+
+    def train_step(self, parts: RunParts, step: int) -> dict[str, Any]:
+        recipe = self.recipe
+        timer = StepTimer()
+        metrics: dict[str, Any] = {}
+        with timer("step"):
+            batch = self.rollout(parts, step, timer, metrics)
+            with timer("old_log_prob"):
+                computed = parts.actor.compute_log_prob(batch, calculate_entropy=True)
+                batch["old_log_probs"] = computed["log_probs"]
+                if "entropys" in computed:
+                    mask = batch["response_mask"].bool()
+                    metrics["actor/entropy"] = computed["entropys"][mask].mean().item()
+            if parts.ref is not None:
+                with timer("ref"):
+                    batch["ref_log_prob"] = parts.ref.compute_log_prob(batch)["log_probs"]
+            if parts.critic is not None:
+                with timer("values"):
+                    batch["values"] = parts.critic.compute_values(batch)
+            with timer("adv"):
+                if parts.kl_in_reward is not None:
+                    metrics.update(parts.kl_in_reward(batch))
+                else:
+                    batch["token_level_rewards"] = batch["token_level_scores"]
+                batch["advantages"], batch["returns"] = parts.estimator.compute(batch)
+            if parts.critic is not None:
+                with timer("update_critic"):
+                    metrics.update(parts.critic.update_critic(batch))
+            with timer("update_actor"):
+                metrics.update(parts.actor.update_policy(batch, parts.objective))
+            with timer("update_weights"):
+                parts.weight_version += 1
+                parts.sync_weights()
+        metrics.update(
+            compute_data_metrics(
+                batch, recipe.data.max_response_length, recipe.data.max_prompt_length
+            )
+        )
+        metrics.update(timer.metrics())
+        num_tokens = int(batch["attention_mask"].sum().item())
+        metrics.update(
+            compute_throughput_metrics(num_tokens, timer.seconds["step"], parts.actor.world_size)
+        )
+        metrics.update(parts.device.memory_metrics())
+        metrics["training/global_step"] = step
+        metrics["training/epoch"] = parts.train_loader.epoch
+        return metrics
+
+    def rollout(
+        self, parts: RunParts, step: int, timer: StepTimer, metrics: dict[str, Any]
+    ) -> Batch:
+        """Generate and score one training batch; with DAPO dynamic sampling, as many rounds
+        as it takes to collect ``data.train_batch_size`` groups that are not all equal."""
+        recipe = self.recipe
+        sampler = None
+        if recipe.algorithm.filter_groups.enable:
+            from plugrl_plugins.algorithms.dynamic_sampling import DynamicSampler
+
+            sampler = DynamicSampler.from_recipe(recipe)
+        round_index = 0
+        while True:
+            prompts = parts.train_loader.next_batch()
+            params = recipe.rollout.sampling_params(recipe.data.max_response_length)
+            params.seed = sampling_seed(recipe.trainer.seed, step, round_index)
+            with timer("gen"):
+                completions = parts.engine.generate(list(prompts["raw_prompt_ids"]), params)
+                batch = build_rollout_batch(
+                    prompts, completions, n=params.n, pad_token_id=parts.pad_token_id
+                )
+                # log-probs are recomputed at the temperature the tokens were sampled with
+                batch.meta["temperature"] = params.temperature or 1.0
+            with timer("reward"):
+                self.score(parts, batch, metrics)
+            if sampler is None:
+                return batch
+            metrics.update(sampler.add(batch))
+            round_index += 1
+            if sampler.ready:
+                kept, sampler_metrics = sampler.take()
+                metrics.update(sampler_metrics)
+                return kept
+
+    @staticmethod
+    def score(parts: RunParts, batch: Batch, metrics: dict[str, Any]) -> None:
+        output = parts.reward(batch)
+        batch["token_level_scores"] = output.token_level_scores
+        for name, values in output.extra.items():
+            if len(values) == len(batch) and name not in batch:
+                batch[name] = values
+        metrics.update(output.metrics)
+
+    # ------------------------------------------------------------------------------ validation
+
+    def validate(self, parts: RunParts, step: int) -> dict[str, float]:
+        """Score the validation set with ``rollout.val_kwargs`` sampling:
+        ``val-core/<data_source>/acc/mean@N`` (``reward`` when a scorer gives no ``acc``) and
+        ``val-aux/<data_source>/score/mean@N``."""
+        from plugrl.data.dataset import PromptLoader
+
+        recipe = self.recipe
+        loader = PromptLoader.for_validation(parts.val_data, recipe.data, parts.pad_token_id)
+        params = recipe.rollout.sampling_params(recipe.data.max_response_length, validate=True)
+        params.seed = sampling_seed(recipe.trainer.seed, step, _VALIDATION_SEED)
+        values: dict[tuple[str, str], list[float]] = defaultdict(list)
+        samples_left = recipe.trainer.log_val_generations
+        for prompts in loader:
+            completions = parts.engine.generate(list(prompts["raw_prompt_ids"]), params)
+            batch = build_rollout_batch(
+                prompts, completions, n=params.n, pad_token_id=parts.pad_token_id
+            )
+            output = parts.reward(batch)
+            scores = output.token_level_scores.sum(dim=-1).tolist()
+            accuracy = output.extra.get("acc")
+            for row, data_source in enumerate(batch["data_source"]):
+                values[(data_source, "score")].append(scores[row])
+                if accuracy is not None:
+                    values[(data_source, "acc")].append(float(accuracy[row]))
+            if samples_left > 0:
+                samples_left = _log_generations(parts, batch, scores, samples_left)
+        metrics: dict[str, float] = {}
+        for (data_source, name), items in sorted(values.items()):
+            core = name == "acc" or (name == "score" and (data_source, "acc") not in values)
+            label = name if name == "acc" or not core else "reward"
+            group = "val-core" if core else "val-aux"
+            metrics[f"{group}/{data_source}/{label}/mean@{params.n}"] = float(np.mean(items))
+        return metrics
+
+
+def _log_generations(parts: RunParts, batch: Batch, scores: list[float], left: int) -> int:
+    for row in range(min(left, len(batch))):
+        mask = batch["response_mask"][row].bool()
+        prompt = parts.tokenizer.decode(batch["raw_prompt_ids"][row], skip_special_tokens=True)
+        response = parts.tokenizer.decode(
+            batch["responses"][row][mask].tolist(), skip_special_tokens=True
+        )
+        logger.info("[validation] %r -> %r (score %.2f)", prompt[-80:], response[:200], scores[row])
+    return left - min(left, len(batch))
+
+
+def _progress(total: int, done: int) -> Any:
+    if not sys.stderr.isatty():
+        return None  # logs and CI get the per-step summary lines only
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=done, desc="training", unit="step", dynamic_ncols=True)
+
+
+def _print_validation_summary(history: list[dict[str, float]]) -> None:
+    if len(history) < 2:
+        return
+    first, last = history[0], history[-1]
+    for key in sorted(last):
+        if key.startswith("val-core/") and key in first:
+            before, after = first[key], last[key]
+            print(
+                f"{key}: {before:.3f} -> {after:.3f} ({(after - before) * 100:+.1f} points)",
+                file=sys.stderr,
+                flush=True,
+            )
