@@ -13,7 +13,6 @@ import numpy as np
 import torch
 
 from plugrl.checkpoint import CheckpointManager
-from plugrl.errors import RecipeError
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -28,26 +27,6 @@ if TYPE_CHECKING:
     from plugrl.run import RunContext
 
 logger = logging.getLogger("plugrl.run")
-
-
-def load_tokenizer(recipe: Recipe) -> Any:
-    from transformers import AutoTokenizer
-
-    path = recipe.model.tokenizer_path or recipe.model.path
-    if not path:
-        raise RecipeError("not set; give the folder of a Hugging Face model", key="model.path")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(
-            path, trust_remote_code=recipe.model.trust_remote_code
-        )
-    except OSError as exc:
-        raise RecipeError(
-            f"cannot load a tokenizer from {path!r}: {str(exc).splitlines()[0]}",
-            key="model.tokenizer_path" if recipe.model.tokenizer_path else "model.path",
-        ) from None
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
 
 
 def sampling_seed(seed: int, step: int, purpose: int = 0) -> int:
@@ -152,7 +131,12 @@ class RunParts:
 def build_parts(context: RunContext) -> RunParts:
     """Build and check everything a run needs, in the order that fails cheapest first."""
     from plugrl.cluster import make_worker_group
-    from plugrl.data.dataset import PromptDataset, PromptLoader, pad_token_id_of
+    from plugrl.data.dataset import (
+        PromptDataset,
+        PromptLoader,
+        load_tokenizer,
+        pad_token_id_of,
+    )
     from plugrl_plugins.algorithms.estimators import build_estimator
     from plugrl_plugins.algorithms.kl import KLInReward
     from plugrl_plugins.algorithms.objective import PolicyObjective
@@ -166,7 +150,7 @@ def build_parts(context: RunContext) -> RunParts:
     random.seed(recipe.trainer.seed)
     np.random.seed(recipe.trainer.seed % 2**32)
 
-    tokenizer = load_tokenizer(recipe)
+    tokenizer = load_tokenizer(recipe.model)
     pad_token_id = pad_token_id_of(tokenizer)
     train_data = PromptDataset.train(recipe.data, tokenizer)
     val_data = PromptDataset.validation(recipe.data, tokenizer)
