@@ -637,13 +637,42 @@ def part_args(
     return structure(config_cls, dict(getattr(owner, args_key)), f"{section_name}.{args_key}")
 
 
+def shipped_recipes() -> dict[str, Path]:
+    """The recipes installed with plugrl, by name (``quickstart`` -> its YAML file)."""
+    from importlib import resources
+
+    try:
+        folder = resources.files("plugrl_recipes")
+    except ModuleNotFoundError:
+        return {}
+    return {
+        entry.name.removesuffix(".yaml"): Path(str(entry))
+        for entry in folder.iterdir()
+        if entry.name.endswith(".yaml")
+    }
+
+
+def find_recipe(name: str | Path) -> Path:
+    """A recipe file: the path itself, or for a bare name (``quickstart``) the shipped recipe."""
+    path = Path(name)
+    if path.exists() or path.suffix or len(path.parts) > 1:
+        return path
+    shipped = shipped_recipes()
+    if str(name) in shipped:
+        return shipped[str(name)]
+    raise RecipeError(
+        f"recipe {str(name)!r} is neither a file here nor a shipped recipe; shipped: "
+        f"{', '.join(sorted(shipped)) or 'none'}"
+    )
+
+
 def load_recipe(
     path: str | Path | None = None,
     overrides: Sequence[str] = (),
     plugins: PluginManager | None = None,
 ) -> Recipe:
     """Read a recipe file (or none: all defaults), apply overrides, validate."""
-    raw = compose_file(path) if path is not None else {}
+    raw = compose_file(find_recipe(path)) if path is not None else {}
     return build_recipe(apply_overrides(raw, overrides), plugins)
 
 

@@ -67,6 +67,19 @@ def build_loggers(recipe: Recipe, run_dir: Path, plugins: PluginManager) -> list
     return loggers
 
 
+def _plot_if_possible(run_dir: Path) -> None:
+    """The end-of-run PNG of reward and accuracy, when the run logged metrics to jsonl."""
+    from plugrl.errors import PlugrlError
+    from plugrl.plot import plot_run
+
+    if not (run_dir / "metrics.jsonl").exists():
+        return
+    try:
+        logger.info("reward and accuracy per step: %s", plot_run(run_dir))
+    except PlugrlError as exc:
+        logger.info("no plot: %s", exc)
+
+
 def run_recipe(recipe: Recipe, plugins: PluginManager | None = None) -> dict[str, Any]:
     """Run a validated recipe to the end; returns the last step's metrics."""
     plugins = plugins or get_plugin_manager()
@@ -91,6 +104,7 @@ def run_recipe(recipe: Recipe, plugins: PluginManager | None = None) -> dict[str
         plugins.hook.on_run_start(recipe=recipe, run_dir=run_dir)
         metrics = scheduler.run()
         status = "completed"
+        _plot_if_possible(run_dir)
         return metrics
     except KeyboardInterrupt:
         status = "interrupted"
