@@ -116,7 +116,6 @@ class GAE(_Estimator):
 
     name = "gae"
     requires = ("token_level_rewards", "values", "response_mask")
-    config_class = GAEArgs
 
     def compute(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         self._require(batch)

@@ -131,7 +131,6 @@ class ClipCov(_ClippedLoss):
     """
 
     name = "clip_cov"
-    config_class = ClipCovArgs
 
     @property
     def options(self) -> ClipCovArgs:
@@ -190,7 +189,6 @@ class KLCov(PolicyLoss):
     """
 
     name = "kl_cov"
-    config_class = KLCovArgs
 
     @property
     def options(self) -> KLCovArgs:

@@ -129,10 +129,9 @@ class AdvantageEstimator(ABC):
     """Batch columns :meth:`compute` reads. ``values`` makes the run train a critic;
     ``reward_baselines`` makes the scheduler compute greedy baselines (ReMax)."""
 
-    config_class: ClassVar[type | None] = None
-    """Optional attrs class for ``algorithm.adv_estimator_args``."""
-
     def __init__(self, config: AlgorithmConfig, args: Any = None) -> None:
+        """``args``: ``algorithm.adv_estimator_args`` read into the config class the estimator
+        was registered with (``register(..., config=...)``), or ``None`` without one."""
         self.config = config
         self.args = args
 
@@ -147,10 +146,9 @@ class AdvantageEstimator(ABC):
 class PolicyLoss(ABC):
     """A policy-gradient loss over one micro-batch."""
 
-    config_class: ClassVar[type | None] = None
-    """Optional attrs class for ``actor.policy_loss_args``."""
-
     def __init__(self, config: ActorConfig, args: Any = None) -> None:
+        """``args``: ``actor.policy_loss_args`` read into the config class the loss was
+        registered with (``register(..., config=...)``), or ``None`` without one."""
         self.config = config
         self.args = args
 
