@@ -182,8 +182,20 @@ def build_parts(context: RunContext) -> RunParts:
         needs_values = "values" in estimator.requires
         critic_on = recipe.critic.enable if recipe.critic.enable is not None else needs_values
         critic = group("critic") if critic_on else None
+        colocated = recipe.rollout.colocate and actor.rollout_model() is not None
+        engine_recipe = recipe
+        if recipe.rollout.colocate and not colocated:
+            # the engine cannot share a model that lives in other processes: it loads its own
+            # copy and gets the actor's weights pushed after each step
+            logger.info(
+                "rollout.colocate: the actor runs in other processes, so the engine gets "
+                "its weights pushed after each step instead of sharing them"
+            )
+            engine_recipe = attrs.evolve(
+                recipe, rollout=attrs.evolve(recipe.rollout, colocate=False)
+            )
         engine_cls = context.part("rollout_engines", recipe.rollout.engine)
-        engine = engine_cls(recipe, device=device, tokenizer=tokenizer)
+        engine = engine_cls(engine_recipe, device=device, tokenizer=tokenizer)
     except BaseException:
         for part in reversed(built):  # no Ray actor or scoring worker outlives a failed start
             try:
@@ -191,12 +203,6 @@ def build_parts(context: RunContext) -> RunParts:
             except Exception as exc:
                 logger.warning("closing %s after a failed start failed: %s", part, exc)
         raise
-    colocated = recipe.rollout.colocate and actor.rollout_model() is not None
-    if recipe.rollout.colocate and not colocated:
-        logger.info(
-            "rollout.colocate: the actor runs in other processes, so the engine gets "
-            "its weights pushed after each step instead of sharing them"
-        )
     parts = RunParts(
         recipe=recipe,
         device=device,
