@@ -128,6 +128,22 @@ class RunParts:
                 logger.warning("closing %s failed: %s", closer, exc)
 
 
+def check_data_sources(reward: RewardManager, datasets: list[PromptDataset | None]) -> None:
+    """Fail before any generation when a data source has no scorer, naming the first row
+    that uses it (the reward's own message says how to add one)."""
+    from plugrl.errors import DataError
+
+    first_row: dict[str, str] = {}
+    for dataset in datasets:
+        for record in dataset.records if dataset is not None else []:
+            first_row.setdefault(record.data_source, record.origin)
+    for data_source, origin in sorted(first_row.items()):
+        try:
+            reward.check_data_sources([data_source])
+        except DataError as exc:
+            raise DataError(f"{origin}: {exc}") from None
+
+
 def build_parts(context: RunContext) -> RunParts:
     """Build and check everything a run needs, in the order that fails cheapest first."""
     from plugrl.cluster import make_worker_group
@@ -156,10 +172,7 @@ def build_parts(context: RunContext) -> RunParts:
     val_data = PromptDataset.validation(recipe.data, tokenizer)
     train_loader = PromptLoader.for_training(train_data, recipe.data, pad_token_id)
     reward = build_reward_manager(recipe, tokenizer, plugins)
-    data_sources = {record.data_source for record in train_data.records}
-    if val_data is not None:
-        data_sources |= {record.data_source for record in val_data.records}
-    reward.check_data_sources(data_sources)
+    check_data_sources(reward, [train_data, val_data])
 
     estimator = build_estimator(recipe, plugins)
     objective = PolicyObjective.from_recipe(recipe, plugins)
