@@ -128,6 +128,32 @@ class RunParts:
                 logger.warning("closing %s failed: %s", closer, exc)
 
 
+def training_loader(recipe: Recipe, dataset: PromptDataset, pad_token_id: int) -> PromptLoader:
+    """The loader of training prompts: ``data.train_batch_size`` per batch, or with dynamic
+    sampling ``data.gen_batch_size`` per generation round when set."""
+    from plugrl.data.dataset import PromptLoader
+
+    data = recipe.data
+    if data.gen_batch_size is None or data.gen_batch_size == data.train_batch_size:
+        return PromptLoader.for_training(dataset, data, pad_token_id)
+    if not recipe.algorithm.filter_groups.enable:
+        logger.warning(
+            "data.gen_batch_size is used only with algorithm.filter_groups.enable=true; "
+            "each step generates data.train_batch_size=%d prompts",
+            data.train_batch_size,
+        )
+        return PromptLoader.for_training(dataset, data, pad_token_id)
+    return PromptLoader(
+        dataset,
+        data.gen_batch_size,
+        pad_token_id=pad_token_id,
+        shuffle=data.shuffle,
+        seed=data.seed,
+        drop_last=True,
+        batch_size_key="data.gen_batch_size",
+    )
+
+
 def check_data_sources(reward: RewardManager, datasets: list[PromptDataset | None]) -> None:
     """Fail before any generation when a data source has no scorer, naming the first row
     that uses it (the reward's own message says how to add one)."""
@@ -149,7 +175,6 @@ def build_parts(context: RunContext) -> RunParts:
     from plugrl.cluster import make_worker_group
     from plugrl.data.dataset import (
         PromptDataset,
-        PromptLoader,
         load_tokenizer,
         pad_token_id_of,
     )
@@ -170,7 +195,7 @@ def build_parts(context: RunContext) -> RunParts:
     pad_token_id = pad_token_id_of(tokenizer)
     train_data = PromptDataset.train(recipe.data, tokenizer)
     val_data = PromptDataset.validation(recipe.data, tokenizer)
-    train_loader = PromptLoader.for_training(train_data, recipe.data, pad_token_id)
+    train_loader = training_loader(recipe, train_data, pad_token_id)
     reward = build_reward_manager(recipe, tokenizer, plugins)
     check_data_sources(reward, [train_data, val_data])
 
