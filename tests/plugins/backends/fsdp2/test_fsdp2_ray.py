@@ -74,6 +74,19 @@ def test_two_ray_ranks_match_one_local_rank(two_ranks, tiny_model, tmp_path):
     resumed.load_checkpoint(tmp_path / "actor")
     assert max_weight_difference(full_weights(resumed), ray_weights) == 0.0
 
+    # and a checkpoint of one rank resumes on two; the second rank takes the first one's
+    # schedule position
+    local.save_checkpoint(tmp_path / "one-rank")
+    two_ranks.load_checkpoint(tmp_path / "one-rank")
+    assert max_weight_difference(dict(two_ranks.named_weights()), local_weights) == 0.0
+    local_after = local.update_policy(batch, TokenMeanReinforce())
+    ray_after = two_ranks.update_policy(batch, TokenMeanReinforce())
+    assert ray_after["actor/lr"] == local_after["actor/lr"]
+    assert ray_after["actor/loss"] == pytest.approx(local_after["actor/loss"], rel=1e-5)
+    after = dict(two_ranks.named_weights())
+    assert max_weight_difference(after, dict(local.named_weights())) < 5e-5
+    two_ranks.load_checkpoint(tmp_path / "actor")
+
     # an export by two ranks is the whole model
     two_ranks.export_hf(tmp_path / "hf")
     exported = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
