@@ -180,13 +180,15 @@ def load(
     except CheckpointError as exc:
         problem = exc
     # every rank must learn of a problem any rank found, or the healthy ones would wait in the
-    # collective read below for ranks that gave up
-    failed = torch.tensor([1 if problem else 0])
-    dist.all_reduce(failed, op=dist.ReduceOp.MAX)
+    # collective read below for ranks that gave up; all of them raise the first rank's message,
+    # so whichever rank's error reaches the driver first names the file and the fix
+    problems: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(problems, str(problem) if problem else None)
     if problem is not None:
         raise problem
-    if failed.item():
-        raise CheckpointError(f"another rank could not read checkpoint {str(path)!r}; see its log")
+    found = next((message for message in problems if message), None)
+    if found is not None:
+        raise CheckpointError(found)
     extra_file = _extra_state_to_read(path, rank)
     try:
         extra_state = torch.load(extra_file, weights_only=True)
