@@ -72,6 +72,8 @@ class RunParts:
     total_training_steps: int
     colocated: bool = False
     weight_version: int = 0
+    placement: Any = None
+    """The Ray devices the roles share (:class:`plugrl.cluster.RayPlacement`), or ``None``."""
 
     def sync_weights(self) -> None:
         """Give the engine the actor's current weights (no copy when colocated)."""
@@ -121,6 +123,7 @@ class RunParts:
             self.engine.close,
             self.reward.close,
             *(group.close for group in self.groups().values()),
+            *([self.placement.close] if self.placement is not None else []),
         ):
             try:
                 closer()
@@ -172,7 +175,7 @@ def check_data_sources(reward: RewardManager, datasets: list[PromptDataset | Non
 
 def build_parts(context: RunContext) -> RunParts:
     """Build and check everything a run needs, in the order that fails cheapest first."""
-    from plugrl.cluster import make_worker_group
+    from plugrl.cluster import make_placement, make_worker_group
     from plugrl.data.dataset import (
         PromptDataset,
         load_tokenizer,
@@ -205,20 +208,28 @@ def build_parts(context: RunContext) -> RunParts:
     kl_in_reward = KLInReward.from_recipe(recipe, plugins) if algorithm.use_kl_in_reward else None
     total = recipe.trainer.total_training_steps or len(train_loader) * recipe.trainer.total_epochs
 
+    needs_ref = recipe.actor.use_kl_loss or algorithm.use_kl_in_reward
+    needs_values = "values" in estimator.requires
+    critic_on = recipe.critic.enable if recipe.critic.enable is not None else needs_values
+    roles = ["actor", *(["ref"] if needs_ref else []), *(["critic"] if critic_on else [])]
     built: list[Any] = [reward]
+    placement = None
 
     def group(role: str) -> WorkerGroup:
-        made = make_worker_group(recipe, role, device_name=context.device_name, plugins=plugins)
+        made = make_worker_group(
+            recipe, role, device_name=context.device_name, plugins=plugins, placement=placement
+        )
         built.append(made)
         made.setup(total)
         return made
 
     try:
+        # on Ray the roles share the devices: rank i of each role on the i-th device
+        placement = make_placement(recipe, roles, device_name=context.device_name, plugins=plugins)
+        if placement is not None:
+            built.append(placement)
         actor = group("actor")
-        needs_ref = recipe.actor.use_kl_loss or algorithm.use_kl_in_reward
         ref = group("ref") if needs_ref else None
-        needs_values = "values" in estimator.requires
-        critic_on = recipe.critic.enable if recipe.critic.enable is not None else needs_values
         critic = group("critic") if critic_on else None
         colocated = recipe.rollout.colocate and actor.rollout_model() is not None
         engine_recipe = recipe
@@ -260,5 +271,6 @@ def build_parts(context: RunContext) -> RunParts:
         checkpoints=CheckpointManager(context.run_dir, recipe.trainer.max_ckpt_to_keep),
         total_training_steps=total,
         colocated=colocated,
+        placement=placement,
     )
     return parts
