@@ -260,3 +260,23 @@ def test_two_ray_ranks_train_like_one_local_rank(reference_run, tiny_task, tmp_p
     ray_weights = safetensors_weights(tmp_path / "run" / "hf_model")
     for name, tensor in safetensors_weights(reference_run.run_dir / "hf_model").items():
         torch.testing.assert_close(ray_weights[name], tensor, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_an_engine_with_pushed_weights_samples_what_the_shared_model_does(
+    reference_run, tiny_task, tmp_path
+):
+    from click.testing import CliRunner
+
+    from plugrl.cli import cli
+
+    recipe = reference_recipe(tiny_task, tmp_path)
+    result = CliRunner().invoke(
+        cli, ["run", str(recipe), *REFERENCE_OVERRIDES, "rollout.colocate=false"]
+    )
+    assert result.exit_code == 0, f"{result.stderr}{result.exception!r}"
+    records = by_step(read_records(tmp_path / "run"))
+    expected = by_step(read_records(reference_run.run_dir))
+    assert sorted(records) == sorted(expected)
+    for step, record in expected.items():
+        assert_same_metrics(records[step], record, rel=0, abs_=0, where=f"step {step}")
+    assert _validation_lines(result.stderr) == _validation_lines(reference_run.stderr)
