@@ -17,6 +17,7 @@ Layout of one checkpoint (the backend writes its own files under ``actor/``, ``c
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -30,6 +31,8 @@ LATEST_FILE = "latest_checkpointed_iteration.txt"
 MANIFEST_FILE = "plugrl_checkpoint.json"
 TRAINER_STATE_FILE = "trainer_state.pt"
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
+
+logger = logging.getLogger("plugrl.checkpoint")
 
 
 def step_dir_name(step: int) -> str:
@@ -125,7 +128,9 @@ class CheckpointManager:
     # ---------------------------------------------------------------------------- resuming
 
     def latest(self) -> Path | None:
-        """The checkpoint ``latest_checkpointed_iteration.txt`` names (verified), or ``None``."""
+        """The checkpoint ``latest_checkpointed_iteration.txt`` names (verified), or ``None``.
+
+        When that folder was deleted, the newest checkpoint before it."""
         latest_file = self.root / LATEST_FILE
         if not latest_file.exists():
             return None
@@ -135,7 +140,24 @@ class CheckpointManager:
                 f"{latest_file} should hold a step number, holds {text[:40]!r}; delete it to "
                 "start fresh, or set trainer.resume_mode to a global_step_N folder"
             )
-        path = self.root / step_dir_name(int(text))
+        step = int(text)
+        path = self.root / step_dir_name(step)
+        if not path.exists():
+            # what the user is told to do with a corrupt checkpoint: delete it, resume from the
+            # one before
+            earlier = [found for found in self.steps() if found < step]
+            if not earlier:
+                raise CheckpointError(
+                    f"{latest_file} names step {step} but {path.name} does not exist and no "
+                    f"earlier checkpoint is in {self.root}; set trainer.resume_mode=disable to "
+                    "start fresh"
+                )
+            path = self.root / step_dir_name(earlier[-1])
+            logger.warning(
+                "%s does not exist; resuming from %s, the newest checkpoint before it",
+                step_dir_name(step),
+                path.name,
+            )
         self.verify(path)
         return path
 

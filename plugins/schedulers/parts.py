@@ -72,6 +72,8 @@ class RunParts:
     total_training_steps: int
     colocated: bool = False
     weight_version: int = 0
+    placement: Any = None
+    """The Ray devices the roles share (:class:`plugrl.cluster.RayPlacement`), or ``None``."""
 
     def sync_weights(self) -> None:
         """Give the engine the actor's current weights (no copy when colocated)."""
@@ -121,6 +123,7 @@ class RunParts:
             self.engine.close,
             self.reward.close,
             *(group.close for group in self.groups().values()),
+            *([self.placement.close] if self.placement is not None else []),
         ):
             try:
                 closer()
@@ -128,12 +131,53 @@ class RunParts:
                 logger.warning("closing %s failed: %s", closer, exc)
 
 
+def training_loader(recipe: Recipe, dataset: PromptDataset, pad_token_id: int) -> PromptLoader:
+    """The loader of training prompts: ``data.train_batch_size`` per batch, or with dynamic
+    sampling ``data.gen_batch_size`` per generation round when set."""
+    from plugrl.data.dataset import PromptLoader
+
+    data = recipe.data
+    if data.gen_batch_size is None or data.gen_batch_size == data.train_batch_size:
+        return PromptLoader.for_training(dataset, data, pad_token_id)
+    if not recipe.algorithm.filter_groups.enable:
+        logger.warning(
+            "data.gen_batch_size is used only with algorithm.filter_groups.enable=true; "
+            "each step generates data.train_batch_size=%d prompts",
+            data.train_batch_size,
+        )
+        return PromptLoader.for_training(dataset, data, pad_token_id)
+    return PromptLoader(
+        dataset,
+        data.gen_batch_size,
+        pad_token_id=pad_token_id,
+        shuffle=data.shuffle,
+        seed=data.seed,
+        drop_last=True,
+        batch_size_key="data.gen_batch_size",
+    )
+
+
+def check_data_sources(reward: RewardManager, datasets: list[PromptDataset | None]) -> None:
+    """Fail before any generation when a data source has no scorer, naming the first row
+    that uses it (the reward's own message says how to add one)."""
+    from plugrl.errors import DataError
+
+    first_row: dict[str, str] = {}
+    for dataset in datasets:
+        for record in dataset.records if dataset is not None else []:
+            first_row.setdefault(record.data_source, record.origin)
+    for data_source, origin in sorted(first_row.items()):
+        try:
+            reward.check_data_sources([data_source])
+        except DataError as exc:
+            raise DataError(f"{origin}: {exc}") from None
+
+
 def build_parts(context: RunContext) -> RunParts:
     """Build and check everything a run needs, in the order that fails cheapest first."""
-    from plugrl.cluster import make_worker_group
+    from plugrl.cluster import make_placement, make_worker_group
     from plugrl.data.dataset import (
         PromptDataset,
-        PromptLoader,
         load_tokenizer,
         pad_token_id_of,
     )
@@ -154,12 +198,9 @@ def build_parts(context: RunContext) -> RunParts:
     pad_token_id = pad_token_id_of(tokenizer)
     train_data = PromptDataset.train(recipe.data, tokenizer)
     val_data = PromptDataset.validation(recipe.data, tokenizer)
-    train_loader = PromptLoader.for_training(train_data, recipe.data, pad_token_id)
+    train_loader = training_loader(recipe, train_data, pad_token_id)
     reward = build_reward_manager(recipe, tokenizer, plugins)
-    data_sources = {record.data_source for record in train_data.records}
-    if val_data is not None:
-        data_sources |= {record.data_source for record in val_data.records}
-    reward.check_data_sources(data_sources)
+    check_data_sources(reward, [train_data, val_data])
 
     estimator = build_estimator(recipe, plugins)
     objective = PolicyObjective.from_recipe(recipe, plugins)
@@ -167,23 +208,43 @@ def build_parts(context: RunContext) -> RunParts:
     kl_in_reward = KLInReward.from_recipe(recipe, plugins) if algorithm.use_kl_in_reward else None
     total = recipe.trainer.total_training_steps or len(train_loader) * recipe.trainer.total_epochs
 
+    needs_ref = recipe.actor.use_kl_loss or algorithm.use_kl_in_reward
+    needs_values = "values" in estimator.requires
+    critic_on = recipe.critic.enable if recipe.critic.enable is not None else needs_values
+    roles = ["actor", *(["ref"] if needs_ref else []), *(["critic"] if critic_on else [])]
     built: list[Any] = [reward]
+    placement = None
 
     def group(role: str) -> WorkerGroup:
-        made = make_worker_group(recipe, role, device_name=context.device_name, plugins=plugins)
+        made = make_worker_group(
+            recipe, role, device_name=context.device_name, plugins=plugins, placement=placement
+        )
         built.append(made)
         made.setup(total)
         return made
 
     try:
+        # on Ray the roles share the devices: rank i of each role on the i-th device
+        placement = make_placement(recipe, roles, device_name=context.device_name, plugins=plugins)
+        if placement is not None:
+            built.append(placement)
         actor = group("actor")
-        needs_ref = recipe.actor.use_kl_loss or algorithm.use_kl_in_reward
         ref = group("ref") if needs_ref else None
-        needs_values = "values" in estimator.requires
-        critic_on = recipe.critic.enable if recipe.critic.enable is not None else needs_values
         critic = group("critic") if critic_on else None
+        colocated = recipe.rollout.colocate and actor.rollout_model() is not None
+        engine_recipe = recipe
+        if recipe.rollout.colocate and not colocated:
+            # the engine cannot share a model that lives in other processes: it loads its own
+            # copy and gets the actor's weights pushed after each step
+            logger.info(
+                "rollout.colocate: the actor runs in other processes, so the engine gets "
+                "its weights pushed after each step instead of sharing them"
+            )
+            engine_recipe = attrs.evolve(
+                recipe, rollout=attrs.evolve(recipe.rollout, colocate=False)
+            )
         engine_cls = context.part("rollout_engines", recipe.rollout.engine)
-        engine = engine_cls(recipe, device=device, tokenizer=tokenizer)
+        engine = engine_cls(engine_recipe, device=device, tokenizer=tokenizer)
     except BaseException:
         for part in reversed(built):  # no Ray actor or scoring worker outlives a failed start
             try:
@@ -191,12 +252,6 @@ def build_parts(context: RunContext) -> RunParts:
             except Exception as exc:
                 logger.warning("closing %s after a failed start failed: %s", part, exc)
         raise
-    colocated = recipe.rollout.colocate and actor.rollout_model() is not None
-    if recipe.rollout.colocate and not colocated:
-        logger.info(
-            "rollout.colocate: the actor runs in other processes, so the engine gets "
-            "its weights pushed after each step instead of sharing them"
-        )
     parts = RunParts(
         recipe=recipe,
         device=device,
@@ -216,5 +271,6 @@ def build_parts(context: RunContext) -> RunParts:
         checkpoints=CheckpointManager(context.run_dir, recipe.trainer.max_ckpt_to_keep),
         total_training_steps=total,
         colocated=colocated,
+        placement=placement,
     )
     return parts

@@ -1,5 +1,6 @@
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -111,6 +112,26 @@ def test_bad_latest_file_and_resume_path(tmp_path):
         r"'.*nowhere' does not exist",
     ):
         manager.resolve(str(tmp_path / "nowhere"))
+
+
+def test_deleting_a_corrupt_latest_checkpoint_resumes_from_the_one_before(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    for step in (1, 2, 3):
+        save(manager, step)
+    model = tmp_path / "global_step_3" / "actor" / "model.pt"
+    model.write_bytes(b"cut")
+    with pytest.raises(CheckpointError, match="delete that folder to resume from an earlier"):
+        manager.resolve("auto")
+    shutil.rmtree(tmp_path / "global_step_3")
+    assert manager.resolve("auto") == tmp_path / "global_step_2"
+    shutil.rmtree(tmp_path / "global_step_2")
+    shutil.rmtree(tmp_path / "global_step_1")
+    with pytest.raises(
+        CheckpointError,
+        match=r"latest_checkpointed_iteration.txt names step 3 but global_step_3 does not exist "
+        r"and no earlier checkpoint is in .*; set trainer.resume_mode=disable to start fresh",
+    ):
+        manager.resolve("auto")
 
 
 def test_unreadable_trainer_state(tmp_path):

@@ -4,7 +4,8 @@
   data-parallel rank, outputs gathered, metrics averaged).
 * :class:`LocalWorkerGroup`: one rank in the driver process (``cluster: local``).
 * :class:`RayWorkerGroup`: N Ray actors placed by the device's Ray resource (``cluster: ray``).
-* :func:`make_worker_group`: the one a recipe asks for.
+* :class:`RayPlacement`: the devices the roles of a run share on Ray.
+* :func:`make_worker_group`, :func:`make_placement`: the ones a recipe asks for.
 
 Ray is imported only when a Ray group is made.
 """
@@ -24,9 +25,36 @@ from plugrl.cluster.local import LocalWorkerGroup
 from plugrl.cluster.worker import BackendWorker, build_backend, prepare_backend_once
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from plugrl.cluster.ray_group import RayPlacement
     from plugrl.parts.backend import Role
     from plugrl.plugins import PluginManager
     from plugrl.recipe import Recipe
+
+
+def make_placement(
+    recipe: Recipe,
+    roles: Sequence[Role],
+    *,
+    device_name: str,
+    plugins: PluginManager | None = None,
+) -> RayPlacement | None:
+    """For ``cluster: ray``, the devices the ``roles`` of a run share: one bundle per rank
+    (``trainer.nnodes x trainer.n_gpus_per_node``), rank ``i`` of every role on bundle ``i``.
+    ``None`` for ``cluster: local``. Close it after the groups placed on it."""
+    if recipe.cluster.mode != "ray":
+        return None
+    from plugrl.cluster.ray_group import RayPlacement
+    from plugrl.plugins import get_plugin_manager
+
+    device_cls = (plugins or get_plugin_manager()).registry("devices").load(device_name)
+    return RayPlacement(
+        recipe.cluster,
+        world_size=recipe.trainer.nnodes * recipe.trainer.n_gpus_per_node,
+        resource=device_cls.ray_resource,
+        roles=roles,
+    )
 
 
 def make_worker_group(
@@ -36,15 +64,23 @@ def make_worker_group(
     device_name: str,
     world_size: int | None = None,
     plugins: PluginManager | None = None,
+    placement: RayPlacement | None = None,
 ) -> WorkerGroup:
     """The worker group ``cluster.mode`` asks for. A Ray group has ``world_size`` ranks
-    (default ``trainer.nnodes x trainer.n_gpus_per_node``); a local one has one."""
+    (default: the placement's, else ``trainer.nnodes x trainer.n_gpus_per_node``), on
+    ``placement`` when given (see :func:`make_placement`); a local one has one."""
     if recipe.cluster.mode == "ray":
         from plugrl.cluster.ray_group import RayWorkerGroup
 
-        ranks = world_size or recipe.trainer.nnodes * recipe.trainer.n_gpus_per_node
+        default = placement.world_size if placement is not None else None
+        ranks = world_size or default or recipe.trainer.nnodes * recipe.trainer.n_gpus_per_node
         return RayWorkerGroup(
-            recipe, role, world_size=ranks, device_name=device_name, plugins=plugins
+            recipe,
+            role,
+            world_size=ranks,
+            device_name=device_name,
+            plugins=plugins,
+            placement=placement,
         )
     if world_size not in (None, 1):
         from plugrl.errors import RecipeError
@@ -59,7 +95,7 @@ def make_worker_group(
 
 def __getattr__(name: str):
     # RayWorkerGroup and ensure_ray without importing Ray for local runs
-    if name in ("RayWorkerGroup", "ensure_ray", "in_process_plugin_modules"):
+    if name in ("RayPlacement", "RayWorkerGroup", "ensure_ray", "in_process_plugin_modules"):
         from plugrl.cluster import ray_group
 
         return getattr(ray_group, name)
@@ -69,6 +105,7 @@ def __getattr__(name: str):
 __all__ = [
     "BackendWorker",
     "LocalWorkerGroup",
+    "RayPlacement",
     "RayWorkerGroup",
     "WorkerGroup",
     "average_metrics",
@@ -76,6 +113,7 @@ __all__ = [
     "concat_outputs",
     "ensure_ray",
     "in_process_plugin_modules",
+    "make_placement",
     "make_worker_group",
     "prepare_backend_once",
     "split_for_dp",

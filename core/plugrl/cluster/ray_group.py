@@ -49,14 +49,104 @@ def in_process_plugin_modules(plugins: PluginManager) -> list[str]:
     return names
 
 
-class RayWorkerGroup(WorkerGroup):
-    """``world_size`` ranks of ``role``, one Ray actor each, gang-placed in a placement group.
+class RayPlacement:
+    """Where the ranks of a run's roles live on a Ray cluster.
 
-    Each rank takes one unit of the device's Ray resource (``Device.ray_resource``: ``GPU``,
-    ``NPU``...) and ``num_cpus_per_rank`` CPUs; a CPU-only device places by CPUs alone. Rank 0
-    hosts the process group's store; every rank joins it with ``Device.dist_backend``, then
-    builds the backend after the ``prepare_backend`` hook ran in its process. Batches and the
-    objective travel through Ray's object store.
+    A placement group of ``world_size`` bundles, each one device (the device's Ray resource,
+    ``Device.ray_resource``; none on CPU) and ``cpus_per_rank`` CPUs. Rank ``i`` of every role
+    sharing the placement goes to bundle ``i`` and takes an equal share of it: the actor,
+    reference and critic ranks share the devices (as verl colocates them) instead of each role
+    asking for devices of its own, and the ranks of one role are always on different devices.
+    """
+
+    def __init__(
+        self,
+        cluster: ClusterConfig,
+        *,
+        world_size: int,
+        resource: str | None,
+        roles: Sequence[str],
+        cpus_per_rank: float = 1,
+        timeout_s: float = 300,
+    ) -> None:
+        if world_size <= 0:
+            raise ValueError(f"world_size must be > 0, got {world_size}")
+        if not roles:
+            raise ValueError("a placement needs at least one role")
+        self.ray = ray = ensure_ray(cluster)
+        from ray.util.placement_group import placement_group, remove_placement_group
+
+        self.world_size = world_size
+        self.resource = resource
+        self.roles = list(roles)
+        self.cpus_per_rank = cpus_per_rank
+        self.share = 1.0 / len(self.roles)
+        bundle: dict[str, float] = {"CPU": cpus_per_rank}
+        if resource:
+            bundle[resource] = 1
+        label = "/".join(self.roles)
+        self._check_capacity(bundle, label)
+        self.placement_group: Any = placement_group([dict(bundle)] * world_size, strategy="PACK")
+        ready, _ = ray.wait([self.placement_group.ready()], timeout=timeout_s)
+        if not ready:
+            remove_placement_group(self.placement_group)
+            self.placement_group = None
+            raise RecipeError(
+                f"Ray could not place {world_size} {label} ranks of {bundle} within "
+                f"{timeout_s:.0f} s (other work holds the resources?); free them or "
+                "use fewer ranks",
+                key="trainer.n_gpus_per_node",
+            )
+
+    def _check_capacity(self, bundle: dict[str, float], label: str) -> None:
+        total = self.ray.cluster_resources()
+        for name, amount in bundle.items():
+            have = total.get(name, 0)
+            if have < amount * self.world_size:
+                raise RecipeError(
+                    f"{self.world_size} {label} ranks need {amount * self.world_size:g} {name} "
+                    f"but the Ray cluster has {have:g}; use fewer ranks or a bigger cluster "
+                    "(cluster.num_cpus for a local Ray)",
+                    key="trainer.n_gpus_per_node",
+                )
+
+    def actor_options(self, role: str, rank: int) -> dict[str, Any]:
+        """Ray actor options that put ``rank`` of ``role`` on its share of bundle ``rank``."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        if role not in self.roles:
+            raise ValueError(f"this placement is for {', '.join(self.roles)}, not {role}")
+        if self.placement_group is None:
+            raise RuntimeError("this placement was released")
+        options: dict[str, Any] = {
+            "num_cpus": self.cpus_per_rank * self.share,
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                placement_group=self.placement_group, placement_group_bundle_index=rank
+            ),
+        }
+        if self.resource == "GPU":
+            options["num_gpus"] = self.share
+        elif self.resource:
+            options["resources"] = {self.resource: self.share}
+        return options
+
+    def close(self) -> None:
+        """Give the bundles back (after the roles' actors are gone)."""
+        if self.placement_group is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self.placement_group)
+            self.placement_group = None
+
+
+class RayWorkerGroup(WorkerGroup):
+    """``world_size`` ranks of ``role``, one Ray actor each, gang-placed by a
+    :class:`RayPlacement`: a shared one (roles of one run share devices), or one of its own
+    where each rank takes a whole device and ``num_cpus_per_rank`` CPUs.
+
+    Rank 0 hosts the process group's store; every rank joins it with ``Device.dist_backend``,
+    then builds the backend after the ``prepare_backend`` hook ran in its process. Batches and
+    the objective travel through Ray's object store.
     """
 
     def __init__(
@@ -69,6 +159,7 @@ class RayWorkerGroup(WorkerGroup):
         plugins: PluginManager | None = None,
         num_cpus_per_rank: float = 1,
         placement_timeout_s: float = 300,
+        placement: RayPlacement | None = None,
     ) -> None:
         if world_size <= 0:
             raise ValueError(f"world_size must be > 0, got {world_size}")
@@ -76,31 +167,23 @@ class RayWorkerGroup(WorkerGroup):
         self.role = role
         self.world_size = world_size
         self.ray = ray = ensure_ray(recipe.cluster)
-        from ray.util.placement_group import placement_group, remove_placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
         plugins = plugins or get_plugin_manager()
-        device_cls = plugins.registry("devices").load(device_name)
-        resource = device_cls.ray_resource
-        bundle: dict[str, float] = {"CPU": num_cpus_per_rank}
-        if resource:
-            bundle[resource] = 1
-        self._check_capacity(bundle, world_size)
-        self.placement_group = placement_group([dict(bundle)] * world_size, strategy="PACK")
-        ready, _ = ray.wait([self.placement_group.ready()], timeout=placement_timeout_s)
-        if not ready:
-            remove_placement_group(self.placement_group)
-            raise RecipeError(
-                f"Ray could not place {world_size} {role} ranks of {bundle} within "
-                f"{placement_timeout_s:.0f} s (other work holds the resources?); free them or "
-                "use fewer ranks",
-                key="trainer.n_gpus_per_node",
+        self._owns_placement = placement is None
+        if placement is None:
+            resource = plugins.registry("devices").load(device_name).ray_resource
+            placement = RayPlacement(
+                recipe.cluster,
+                world_size=world_size,
+                resource=resource,
+                roles=[role],
+                cpus_per_rank=num_cpus_per_rank,
+                timeout_s=placement_timeout_s,
             )
-        options: dict[str, Any] = {"num_cpus": num_cpus_per_rank}
-        if resource == "GPU":
-            options["num_gpus"] = 1
-        elif resource:
-            options["resources"] = {resource: 1}
+        elif placement.world_size != world_size:
+            raise ValueError(
+                f"a placement of {placement.world_size} bundles cannot host {world_size} ranks"
+            )
+        self.placement = placement
         env = {
             key: value
             for key, value in os.environ.items()
@@ -111,11 +194,7 @@ class RayWorkerGroup(WorkerGroup):
         modules = in_process_plugin_modules(plugins)
         self.workers = [
             remote_worker.options(
-                **options,
-                runtime_env={"env_vars": env},
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=self.placement_group, placement_group_bundle_index=rank
-                ),
+                **placement.actor_options(role, rank), runtime_env={"env_vars": env}
             ).remote(
                 recipe,
                 role,
@@ -130,18 +209,6 @@ class RayWorkerGroup(WorkerGroup):
         except BaseException:
             self._release()
             raise
-
-    def _check_capacity(self, bundle: dict[str, float], world_size: int) -> None:
-        total = self.ray.cluster_resources()
-        for name, amount in bundle.items():
-            have = total.get(name, 0)
-            if have < amount * world_size:
-                raise RecipeError(
-                    f"{world_size} {self.role} ranks need {amount * world_size:g} {name} but "
-                    f"the Ray cluster has {have:g}; use fewer ranks or a bigger cluster "
-                    "(cluster.num_cpus for a local Ray)",
-                    key="trainer.n_gpus_per_node",
-                )
 
     def _start(self) -> None:
         master_ip, port = self._get([self.workers[0].master_address.remote()])[0]
@@ -206,11 +273,8 @@ class RayWorkerGroup(WorkerGroup):
             self._release()
 
     def _release(self) -> None:
-        from ray.util.placement_group import remove_placement_group
-
         for worker in getattr(self, "workers", []):
             self.ray.kill(worker)
         self.workers = []
-        if getattr(self, "placement_group", None) is not None:
-            remove_placement_group(self.placement_group)
-            self.placement_group = None
+        if self._owns_placement:
+            self.placement.close()

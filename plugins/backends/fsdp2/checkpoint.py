@@ -42,6 +42,24 @@ def extra_state_file(path: Path, rank: int) -> Path:
     return path / f"extra_state_rank_{rank}.pt"
 
 
+def _written_by(path: Path) -> int | None:
+    """How many ranks wrote the checkpoint, as its manifest says (``None`` if unreadable)."""
+    try:
+        return int(json.loads((path / MANIFEST).read_text(encoding="utf-8"))["world_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _extra_state_to_read(path: Path, rank: int) -> Path:
+    """The extra-state file ``rank`` resumes from. A rank beyond those that wrote the checkpoint
+    (resuming on more ranks) reads rank 0's: the learning-rate schedule and the update count
+    are the same on every rank, and no other rank's random state would be more right."""
+    writers = _written_by(path)
+    if writers is not None and rank >= writers:
+        return extra_state_file(path, 0)
+    return extra_state_file(path, rank)
+
+
 def rng_state(device_state: dict[str, Any]) -> dict[str, Any]:
     """Every random generator a training step draws from, in a form ``torch.load`` reads with
     ``weights_only=True``."""
@@ -138,16 +156,10 @@ def _check_files(path: Path, rank: int) -> None:
                 f"checkpoint file {str(file)!r} is truncated ({file.stat().st_size} of {size} "
                 f"bytes); {RESUME_FIX}"
             )
-    extra = extra_state_file(path, rank)
+    extra = _extra_state_to_read(path, rank)
     if not extra.is_file():
-        written_by = ""
-        manifest = path / MANIFEST
-        if manifest.is_file():
-            try:
-                ranks = json.loads(manifest.read_text(encoding="utf-8"))["world_size"]
-                written_by = f" (it was written by {ranks} ranks; resume with as many)"
-            except (ValueError, KeyError):
-                pass
+        writers = _written_by(path)
+        written_by = f" (the checkpoint was written by {writers} ranks)" if writers else ""
         raise CheckpointError(
             f"checkpoint file {str(extra)!r} is missing{written_by}; {RESUME_FIX}"
         )
@@ -168,14 +180,16 @@ def load(
     except CheckpointError as exc:
         problem = exc
     # every rank must learn of a problem any rank found, or the healthy ones would wait in the
-    # collective read below for ranks that gave up
-    failed = torch.tensor([1 if problem else 0])
-    dist.all_reduce(failed, op=dist.ReduceOp.MAX)
+    # collective read below for ranks that gave up; all of them raise the first rank's message,
+    # so whichever rank's error reaches the driver first names the file and the fix
+    problems: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(problems, str(problem) if problem else None)
     if problem is not None:
         raise problem
-    if failed.item():
-        raise CheckpointError(f"another rank could not read checkpoint {str(path)!r}; see its log")
-    extra_file = extra_state_file(path, rank)
+    found = next((message for message in problems if message), None)
+    if found is not None:
+        raise CheckpointError(found)
+    extra_file = _extra_state_to_read(path, rank)
     try:
         extra_state = torch.load(extra_file, weights_only=True)
     except Exception as exc:

@@ -51,6 +51,7 @@ class FakeBackend(TrainingBackend):
             "rank_sum": int(ranks),
             "prepared_before_init": self.prepared_before_init,
             "total_training_steps": self.total_training_steps,
+            "ray": _ray_placement(),
         }
 
     def compute_log_prob(self, batch, *, calculate_entropy=False):
@@ -95,6 +96,21 @@ class FakeBackend(TrainingBackend):
         if self.dist.rank == 0:
             path.mkdir(parents=True, exist_ok=True)
             (path / "weights.txt").write_text(str(self.steps))
+
+
+def _ray_placement() -> dict:
+    """The Ray resources this process holds and its placement group, or nothing outside Ray."""
+    try:
+        import ray
+    except ImportError:
+        return {}
+    if not ray.is_initialized():
+        return {}
+    context = ray.get_runtime_context()
+    return {
+        "resources": dict(context.get_assigned_resources()),
+        "placement_group": context.get_placement_group_id(),
+    }
 
 
 class FakeTensorParallelBackend(FakeBackend):

@@ -8,12 +8,17 @@ import pytest
 import torch
 from cluster_fake_backend import SumRowIds
 
-from plugrl.cluster import RayWorkerGroup, in_process_plugin_modules, make_worker_group
+from plugrl.cluster import (
+    RayPlacement,
+    RayWorkerGroup,
+    in_process_plugin_modules,
+    make_worker_group,
+)
 from plugrl.data.batch import Batch
 from plugrl.errors import CheckpointError, RecipeError
 from plugrl.parts.backend import ActorConfig
 from plugrl.plugins import PluginManager
-from plugrl.recipe import ClusterConfig, Recipe
+from plugrl.recipe import ClusterConfig, Recipe, TrainerConfig
 
 pytestmark = pytest.mark.slow
 
@@ -140,4 +145,48 @@ def test_a_group_larger_than_the_cluster_is_refused_at_once(ray_session, plugins
     assert str(info.value) == (
         "trainer.n_gpus_per_node: 3 actor ranks need 3 CPU but the Ray cluster has 2; use fewer "
         "ranks or a bigger cluster (cluster.num_cpus for a local Ray)"
+    )
+
+
+def test_roles_sharing_a_placement_share_its_bundles(ray_session, plugins):
+    two_ranks = Recipe(
+        actor=ActorConfig(backend="fake_dp", ppo_mini_batch_size=4),
+        cluster=ClusterConfig(mode="ray", num_cpus=2),
+        trainer=TrainerConfig(n_gpus_per_node=2),
+    )
+    # half a CPU per bundle fits beside the module's group; actor and ref ranks of their own
+    # would need twice that
+    placement = RayPlacement(
+        two_ranks.cluster, world_size=2, resource=None, roles=["actor", "ref"], cpus_per_rank=0.5
+    )
+    groups = []
+    try:
+        for role in ("actor", "ref"):
+            groups.append(
+                make_worker_group(
+                    two_ranks, role, device_name="cpu", plugins=plugins, placement=placement
+                )
+            )
+        for group in groups:
+            group.setup(1)
+            reports = group.execute_all("report")
+            assert [r["rank_sum"] for r in reports] == [3, 3]  # each role its own process group
+            for report in reports:
+                # a quarter CPU each: half a bundle, which the other role's rank shares
+                assert report["ray"] == {
+                    "resources": {"CPU": 0.25},
+                    "placement_group": placement.placement_group.id.hex(),
+                }
+    finally:
+        for group in groups:
+            group.close()
+        placement.close()
+
+
+def test_a_shared_placement_larger_than_the_cluster_is_refused_at_once(ray_session):
+    with pytest.raises(RecipeError) as info:
+        RayPlacement(ClusterConfig(mode="ray"), world_size=3, resource=None, roles=["actor", "ref"])
+    assert str(info.value) == (
+        "trainer.n_gpus_per_node: 3 actor/ref ranks need 3 CPU but the Ray cluster has 2; use "
+        "fewer ranks or a bigger cluster (cluster.num_cpus for a local Ray)"
     )

@@ -115,8 +115,7 @@ def test_missing_rank_state_says_how_many_ranks_wrote_it(tiny_model, saved, tmp_
     extra = path / "extra_state_rank_0.pt"
     extra.unlink()
     assert _load_error(tiny_model, path) == (
-        f"checkpoint file {str(extra)!r} is missing (it was written by 1 ranks; resume with as "
-        f"many); {FIX}"
+        f"checkpoint file {str(extra)!r} is missing (the checkpoint was written by 1 ranks); {FIX}"
     )
 
 

@@ -14,6 +14,7 @@ from fsdp2_testing import (
 
 from plugrl.cluster import LocalWorkerGroup, RayWorkerGroup
 from plugrl.errors import CheckpointError
+from plugrl_plugins.backends.fsdp2.checkpoint import RESUME_FIX
 
 pytestmark = pytest.mark.slow
 
@@ -74,6 +75,19 @@ def test_two_ray_ranks_match_one_local_rank(two_ranks, tiny_model, tmp_path):
     resumed.load_checkpoint(tmp_path / "actor")
     assert max_weight_difference(full_weights(resumed), ray_weights) == 0.0
 
+    # and a checkpoint of one rank resumes on two; the second rank takes the first one's
+    # schedule position
+    local.save_checkpoint(tmp_path / "one-rank")
+    two_ranks.load_checkpoint(tmp_path / "one-rank")
+    assert max_weight_difference(dict(two_ranks.named_weights()), local_weights) == 0.0
+    local_after = local.update_policy(batch, TokenMeanReinforce())
+    ray_after = two_ranks.update_policy(batch, TokenMeanReinforce())
+    assert ray_after["actor/lr"] == local_after["actor/lr"]
+    assert ray_after["actor/loss"] == pytest.approx(local_after["actor/loss"], rel=1e-5)
+    after = dict(two_ranks.named_weights())
+    assert max_weight_difference(after, dict(local.named_weights())) < 5e-5
+    two_ranks.load_checkpoint(tmp_path / "actor")
+
     # an export by two ranks is the whole model
     two_ranks.export_hf(tmp_path / "hf")
     exported = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
@@ -87,6 +101,31 @@ def test_a_worker_error_reaches_the_driver_as_itself(two_ranks, tmp_path):
     assert str(info.value).startswith(f"checkpoint folder {str(tmp_path / 'nowhere')!r} does not")
     # the group is still usable afterwards
     assert len(two_ranks.compute_log_prob(make_batch(3))["log_probs"]) == 3
+
+
+def test_a_checkpoint_problem_of_one_rank_reaches_the_driver_with_its_message(
+    ray_session, two_ranks, tmp_path
+):
+    ray = ray_session
+    two_ranks.save_checkpoint(tmp_path / "actor")
+    extra = tmp_path / "actor" / "extra_state_rank_1.pt"
+    extra.unlink()
+    expected = (
+        f"checkpoint file {str(extra)!r} is missing (the checkpoint was written by 2 ranks); "
+        f"{RESUME_FIX}"
+    )
+    with pytest.raises(CheckpointError) as info:
+        two_ranks.load_checkpoint(tmp_path / "actor")
+    assert str(info.value) == expected
+    # the driver reports whichever rank fails first: rank 0, which found nothing wrong, must
+    # fail with rank 1's message too
+    refs = [
+        worker.call.remote("load_checkpoint", tmp_path / "actor") for worker in two_ranks.workers
+    ]
+    for ref in refs:
+        with pytest.raises(ray.exceptions.RayTaskError) as info:
+            ray.get(ref)
+        assert str(info.value.cause) == expected
 
 
 def test_hybrid_sharding_replicates_and_matches_one_rank(ray_session, two_ranks, tiny_model):

@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+import pytest
+from support import importable_here
+
+importable_here(Path(__file__).parent)
+
+from e2e_support import (  # noqa: E402
+    REFERENCE_OVERRIDES,
+    TinyTask,
+    build_tiny_task,
+    check_ok,
+    reference_recipe,
+    run_cli,
+)
+
+
+@attrs.frozen
+class FinishedRun:
+    recipe: Path
+    run_dir: Path
+    stderr: str
+
+
+@pytest.fixture(scope="session")
+def tiny_task(tmp_path_factory) -> TinyTask:
+    return build_tiny_task(tmp_path_factory.mktemp("tiny-task"))
+
+
+@pytest.fixture(scope="session")
+def reference_run(tiny_task, tmp_path_factory) -> FinishedRun:
+    """The reference recipe run to its end on ``cluster: local``, by the CLI."""
+    recipe = reference_recipe(tiny_task, tmp_path_factory.mktemp("reference"))
+    result = check_ok(run_cli(recipe, *REFERENCE_OVERRIDES))
+    return FinishedRun(recipe, recipe.parent / "run", result.stderr)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """Runs in this process on one intra-op thread, like the CLI runs (see cli_env): the model
+    is tiny, and other processes share the cores."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def generations(monkeypatch):
+    """The number of prompts of each generation call in this process."""
+    from plugrl_plugins.rollout.hf.engine import HFRolloutEngine
+
+    calls = []
+    generate = HFRolloutEngine.generate
+
+    def recording(self, prompts, params):
+        calls.append(len(prompts))
+        return generate(self, prompts, params)
+
+    monkeypatch.setattr(HFRolloutEngine, "generate", recording)
+    return calls

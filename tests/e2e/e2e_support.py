@@ -1,0 +1,176 @@
+"""Helpers of the end-to-end tests: a tiny model and task, recipes for it, and the CLI run the
+way a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import attrs
+import yaml
+
+HERE = Path(__file__).parent
+SPREAD_REWARD = HERE / "spread_reward.py"
+
+# Metrics that measure the machine rather than the run: they differ between two runs of the
+# same recipe.
+MACHINE_METRICS = ("timing_s/", "perf/")
+
+
+@attrs.frozen
+class TinyTask:
+    """An untrained quickstart model and a few arithmetic prompts, saved in ``root``."""
+
+    root: Path
+    model: Path
+    train_file: Path
+    val_file: Path
+
+
+def build_tiny_task(root: Path, *, num_train: int = 16, num_val: int = 4) -> TinyTask:
+    from plugrl.quickstart import save_untrained_model
+    from plugrl.quickstart.arithmetic import make_splits, write_parquet
+
+    splits = make_splits(
+        0, num_warm_start=0, num_train=num_train, num_val=num_val, carry_fraction=0.5
+    )
+    task = TinyTask(
+        root=root,
+        model=root / "model",
+        train_file=root / "train.parquet",
+        val_file=root / "val.parquet",
+    )
+    save_untrained_model(task.model)
+    write_parquet(splits.train, "train", task.train_file)
+    write_parquet(splits.val, "val", task.val_file)
+    return task
+
+
+def tiny_recipe(task: TinyTask, run_dir: Path, **sections: dict[str, Any]) -> dict[str, Any]:
+    """A GRPO recipe on ``task`` that takes seconds per step on a CPU: 4 prompts x 2 responses
+    of at most 8 tokens, two optimizer steps per training step, float32. ``sections`` are
+    merged into it section by section."""
+    recipe: dict[str, Any] = {
+        "model": {"path": str(task.model), "dtype": "float32"},
+        "data": {
+            "train_files": [str(task.train_file)],
+            "val_files": [str(task.val_file)],
+            "train_batch_size": 4,
+            "max_prompt_length": 32,
+            "max_response_length": 8,
+        },
+        "device": "cpu",
+        "actor": {"ppo_mini_batch_size": 2, "optim": {"lr": 1e-3}},
+        "rollout": {"n": 2},
+        "algorithm": {"adv_estimator": "grpo"},
+        "reward": {"custom_function": {"path": str(SPREAD_REWARD)}},
+        "trainer": {
+            "total_training_steps": 2,
+            "default_local_dir": str(run_dir),
+            "logger": ["jsonl"],
+            "seed": 7,
+        },
+    }
+    for name, values in sections.items():
+        if isinstance(values, dict) and isinstance(recipe.get(name), dict):
+            recipe[name] = {**recipe[name], **values}
+        else:
+            recipe[name] = values
+    return recipe
+
+
+def write_recipe(path: Path, recipe: dict[str, Any]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def cli_command(recipe: Path, *overrides: str) -> list[str]:
+    """``plugrl run RECIPE KEY=VALUE...`` with this interpreter."""
+    return [sys.executable, "-m", "plugrl.cli", "run", str(recipe), *overrides]
+
+
+def cli_env() -> dict[str, str]:
+    # one intra-op thread per process: the model is tiny, and Ray ranks share two cores
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def run_cli(recipe: Path, *overrides: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        cli_command(recipe, *overrides),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=cli_env(),
+        cwd=recipe.parent,
+    )
+
+
+def check_ok(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert result.returncode == 0, f"plugrl run failed:\n{result.stderr[-4000:]}"
+    return result
+
+
+def read_records(run_dir: Path) -> list[dict[str, Any]]:
+    """Every record of a run folder's metrics.jsonl, in file order."""
+    lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def by_step(records: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    steps = [record["step"] for record in records]
+    assert len(steps) == len(set(steps)), f"steps logged more than once: {steps}"
+    return {record["step"]: record for record in records}
+
+
+def run_metrics(record: dict[str, Any]) -> dict[str, Any]:
+    """A record without the machine's timings, throughput and memory."""
+    return {key: value for key, value in record.items() if not key.startswith(MACHINE_METRICS)}
+
+
+def assert_same_metrics(
+    actual: dict[str, Any], expected: dict[str, Any], *, rel: float, abs_: float, where: str
+) -> None:
+    """Same metric names, and values equal within the tolerance."""
+    import pytest
+
+    actual, expected = run_metrics(actual), run_metrics(expected)
+    assert sorted(actual) == sorted(expected), f"{where}: different metrics"
+    different = {
+        key: (actual[key], expected[key])
+        for key in expected
+        if actual[key] != pytest.approx(expected[key], rel=rel, abs=abs_)
+    }
+    assert not different, f"{where}: metrics differ (actual, expected): {different}"
+
+
+# The run several tests look at: GRPO with a KL loss against the reference model, a checkpoint
+# every step, validation with two samples per prompt before the first step and after the last,
+# every validation sample logged, and the trained actor exported as a Hugging Face folder.
+REFERENCE_SECTIONS = {
+    "actor": {
+        "ppo_mini_batch_size": 2,
+        "optim": {"lr": 1e-3},
+        "use_kl_loss": True,
+        "kl_loss_coef": 0.1,
+    },
+    "rollout": {"n": 2, "val_kwargs": {"n": 2, "do_sample": True, "temperature": 1.0}},
+    "trainer": {"log_val_generations": 8},
+}
+REFERENCE_STEPS = 3
+REFERENCE_OVERRIDES = (
+    f"trainer.total_training_steps={REFERENCE_STEPS}",
+    "trainer.save_freq=1",
+    "trainer.export_hf=true",
+)
+
+
+def reference_recipe(task: TinyTask, folder: Path) -> Path:
+    """The reference run's recipe file in ``folder``, writing its run into ``folder/run``."""
+    return write_recipe(
+        folder / "recipe.yaml", tiny_recipe(task, folder / "run", **REFERENCE_SECTIONS)
+    )

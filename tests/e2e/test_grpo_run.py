@@ -1,0 +1,282 @@
+"""A GRPO run of the tiny model through ``plugrl run``, start to end: its metrics, validation,
+checkpoints, export, a kill and resume, and the same run on Ray ranks."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+from e2e_support import (
+    REFERENCE_OVERRIDES,
+    REFERENCE_STEPS,
+    assert_same_metrics,
+    by_step,
+    check_ok,
+    cli_command,
+    cli_env,
+    read_records,
+    reference_recipe,
+    run_cli,
+)
+
+pytestmark = pytest.mark.slow
+
+VAL_CORE = "val-core/plugrl/arithmetic/acc/mean@2"
+VAL_SCORE = "val-aux/plugrl/arithmetic/score/mean@2"
+VALIDATION_LINE = re.compile(r"\[validation\] .* -> .* \(score (-?\d+\.\d+)\)$")
+
+
+def safetensors_weights(folder):
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "model.safetensors"))
+
+
+# ---------------------------------------------------------------------------- one run, read
+
+
+def test_the_run_logs_every_step_once_with_verl_metrics(reference_run):
+    records = by_step(read_records(reference_run.run_dir))
+    assert sorted(records) == list(range(REFERENCE_STEPS + 1))
+    for step in range(1, REFERENCE_STEPS + 1):
+        record = records[step]
+        for name in (
+            "actor/pg_loss",
+            "actor/grad_norm",
+            "actor/entropy",
+            "actor/kl_loss",
+            "actor/lr",
+            "critic/score/mean",
+            "critic/advantages/mean",
+            "response_length/mean",
+            "timing_s/gen",
+            "timing_s/ref",
+            "timing_s/update_actor",
+            "perf/throughput",
+        ):
+            assert name in record, f"step {step} has no {name}"
+        assert record["training/global_step"] == step
+        # the spread reward gives the two responses of a prompt different scores, so every
+        # step has non-zero advantages and gradients
+        assert record["critic/score/max"] > record["critic/score/min"]
+        assert record["actor/grad_norm"] > 0
+    # the actor equals the reference model until its first optimizer step, then moves away
+    assert records[REFERENCE_STEPS]["actor/kl_loss"] > 0
+    assert (reference_run.run_dir / "latest_checkpointed_iteration.txt").read_text() == (
+        f"{REFERENCE_STEPS}\n"
+    )
+    for step in range(1, REFERENCE_STEPS + 1):
+        assert (reference_run.run_dir / f"global_step_{step}" / "plugrl_checkpoint.json").exists()
+
+
+def test_validation_runs_before_training_and_after_the_last_step(reference_run):
+    records = by_step(read_records(reference_run.run_dir))
+    before, last = records[0], records[REFERENCE_STEPS]
+    # the record of step 0 is validation alone
+    assert set(before) == {"step", VAL_CORE, VAL_SCORE}
+    assert VAL_CORE in last and VAL_SCORE in last
+    for step in range(1, REFERENCE_STEPS):
+        assert VAL_CORE not in records[step]  # trainer.test_freq is -1
+    assert 0.0 <= last[VAL_CORE] <= 1.0
+    # mean@2 averages both samples of every validation prompt: the 4 prompts x 2 samples
+    # of the final validation are the last 8 logged generations
+    logged = [
+        float(match.group(1))
+        for line in reference_run.stderr.splitlines()
+        if (match := VALIDATION_LINE.search(line))
+    ]
+    assert len(logged) == 16  # two validations of 8 samples
+    assert sum(logged[:8]) / 8 == pytest.approx(before[VAL_SCORE], abs=0.005)
+    assert sum(logged[8:]) / 8 == pytest.approx(last[VAL_SCORE], abs=0.005)
+    assert f"{VAL_CORE}: 0.000 -> " in reference_run.stderr
+
+
+# ---------------------------------------------------------------------------- the export
+
+
+def test_the_exported_folder_generates_what_the_trained_actor_does(reference_run, tiny_task):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from plugrl.cluster import make_worker_group
+    from plugrl.data.dataset import PromptDataset
+    from plugrl.parts.rollout import SamplingParams
+    from plugrl.recipe import load_recipe
+    from plugrl_plugins.devices.cpu.device import CpuDevice
+    from plugrl_plugins.rollout.hf.engine import HFRolloutEngine
+
+    export = reference_run.run_dir / "hf_model"
+    trained = safetensors_weights(export)
+    initial = safetensors_weights(tiny_task.model)
+    assert trained.keys() == initial.keys()
+    assert any(not torch.equal(trained[name], initial[name]) for name in trained)
+
+    exported_model = AutoModelForCausalLM.from_pretrained(export).eval()
+    tokenizer = AutoTokenizer.from_pretrained(export)
+    recipe = load_recipe(reference_run.recipe, REFERENCE_OVERRIDES)
+    prompts = [
+        list(record.prompt_ids) for record in PromptDataset.validation(recipe.data, tokenizer)
+    ]
+
+    # the actor as the trainer holds it: an FSDP2 rank loaded from the last checkpoint,
+    # generating through the colocated engine
+    actor = make_worker_group(recipe, "actor", device_name="cpu")
+    try:
+        actor.setup(REFERENCE_STEPS)
+        actor.load_checkpoint(reference_run.run_dir / f"global_step_{REFERENCE_STEPS}" / "actor")
+        weights = dict(actor.named_weights())
+        # the file holds a tied lm_head once, as the embedding
+        assert set(weights) - set(trained) <= {"lm_head.weight"}
+        for name, tensor in trained.items():
+            assert weights[name].equal(tensor), name
+        engine = HFRolloutEngine(recipe, device=CpuDevice(recipe.device), tokenizer=tokenizer)
+        engine.bind_model(actor.rollout_model(), REFERENCE_STEPS)
+        greedy = SamplingParams(n=1, temperature=0.0, max_tokens=12)
+        completions = engine.generate(prompts, greedy)
+    finally:
+        actor.close()
+
+    for prompt, completion in zip(prompts, completions, strict=True):
+        with torch.no_grad():
+            output = exported_model.generate(
+                torch.tensor([prompt]),
+                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                do_sample=False,
+                max_new_tokens=12,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+        assert output[0, len(prompt) :].tolist() == completion.token_ids
+
+
+# ---------------------------------------------------------------------------- kill -9, resume
+
+
+def _wait_for_step(process, metrics_file, step, timeout_s=120.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"the run ended (exit {process.returncode}) before step {step}")
+        if metrics_file.exists():
+            for line in metrics_file.read_text(encoding="utf-8").splitlines():
+                if line.startswith(f'{{"step": {step},'):
+                    return
+        time.sleep(0.02)
+    raise AssertionError(f"no step {step} in {metrics_file} after {timeout_s:.0f} s")
+
+
+def _group_gone(pgid, timeout_s=10.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_run_killed_mid_way_resumes_and_logs_what_the_uninterrupted_run_did(
+    reference_run, tiny_task, tmp_path
+):
+    recipe = reference_recipe(tiny_task, tmp_path)
+    run_dir = tmp_path / "run"
+    log = (tmp_path / "first.log").open("w")
+    process = subprocess.Popen(
+        cli_command(recipe, *REFERENCE_OVERRIDES),
+        cwd=tmp_path,
+        env=cli_env(),
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+    )
+    try:
+        _wait_for_step(process, run_dir / "metrics.jsonl", step=1)
+        os.kill(process.pid, signal.SIGKILL)
+        assert process.wait(30) == -signal.SIGKILL
+        # its reward workers die with it
+        assert _group_gone(process.pid), "processes of the killed run are still alive"
+    finally:
+        if process.poll() is None:
+            process.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        log.close()
+    killed_at = by_step(read_records(run_dir))
+    assert max(killed_at) < REFERENCE_STEPS, "the run finished before it was killed"
+
+    rerun = check_ok(run_cli(recipe, *REFERENCE_OVERRIDES))
+    resumed = re.search(r"resumed from \S+global_step_(\d+) \(step (\d+)\)", rerun.stderr)
+    assert resumed, f"the rerun did not resume:\n{rerun.stderr[-2000:]}"
+    assert int(resumed.group(1)) >= 1
+
+    records = by_step(read_records(run_dir))
+    expected = by_step(read_records(reference_run.run_dir))
+    assert sorted(records) == sorted(expected)
+    for step, record in expected.items():
+        # bit for bit: same weights, optimizer state, data position and sampling seeds
+        assert_same_metrics(records[step], record, rel=0, abs_=0, where=f"step {step}")
+    resumed_weights = safetensors_weights(run_dir / "hf_model")
+    for name, tensor in safetensors_weights(reference_run.run_dir / "hf_model").items():
+        assert resumed_weights[name].equal(tensor), name
+
+
+# ---------------------------------------------------------------------------- Ray ranks
+
+
+def _validation_lines(stderr):
+    return [line for line in stderr.splitlines() if VALIDATION_LINE.search(line)]
+
+
+def test_two_ray_ranks_train_like_one_local_rank(reference_run, tiny_task, tmp_path):
+    import torch
+
+    recipe = reference_recipe(tiny_task, tmp_path)
+    # two CPUs for two ranks of the actor and two of the reference model: the roles share them
+    result = check_ok(
+        run_cli(
+            recipe,
+            *REFERENCE_OVERRIDES,
+            "cluster.mode=ray",
+            "trainer.n_gpus_per_node=2",
+            "cluster.num_cpus=2",
+        )
+    )
+    # the engine cannot share a model living in Ray actors: it gets weights pushed each step
+    assert "gets its weights pushed after each step" in result.stderr
+    records = by_step(read_records(tmp_path / "run"))
+    expected = by_step(read_records(reference_run.run_dir))
+    assert sorted(records) == sorted(expected)
+    for step, record in expected.items():
+        # sharded reductions add in another order than one rank does; the scores are hashes
+        # of the sampled text, so equal critic/score/* means the same responses were sampled
+        assert_same_metrics(records[step], record, rel=1e-4, abs_=1e-5, where=f"step {step}")
+    # pushed weights sample exactly what the shared model did
+    assert _validation_lines(result.stderr) == _validation_lines(reference_run.stderr)
+    ray_weights = safetensors_weights(tmp_path / "run" / "hf_model")
+    for name, tensor in safetensors_weights(reference_run.run_dir / "hf_model").items():
+        torch.testing.assert_close(ray_weights[name], tensor, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_an_engine_with_pushed_weights_samples_what_the_shared_model_does(
+    reference_run, tiny_task, tmp_path
+):
+    from click.testing import CliRunner
+
+    from plugrl.cli import cli
+
+    recipe = reference_recipe(tiny_task, tmp_path)
+    result = CliRunner().invoke(
+        cli, ["run", str(recipe), *REFERENCE_OVERRIDES, "rollout.colocate=false"]
+    )
+    assert result.exit_code == 0, f"{result.stderr}{result.exception!r}"
+    records = by_step(read_records(tmp_path / "run"))
+    expected = by_step(read_records(reference_run.run_dir))
+    assert sorted(records) == sorted(expected)
+    for step, record in expected.items():
+        assert_same_metrics(records[step], record, rel=0, abs_=0, where=f"step {step}")
+    assert _validation_lines(result.stderr) == _validation_lines(reference_run.stderr)
