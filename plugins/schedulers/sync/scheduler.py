@@ -12,6 +12,7 @@ import numpy as np
 from plugrl.data.batch import Batch
 from plugrl.data.rollout_batch import build_rollout_batch
 from plugrl.metrics import StepTimer, compute_data_metrics, compute_throughput_metrics
+from plugrl.parts.rollout import SamplingParams
 from plugrl.parts.scheduler import Scheduler
 from plugrl_plugins.schedulers.parts import RunParts, build_parts, sampling_seed
 
@@ -30,7 +31,7 @@ class SyncScheduler(Scheduler):
     last); a checkpoint every ``trainer.save_freq`` steps and after the last.
     """
 
-    provides: ClassVar[frozenset[str] | None] = frozenset({"values"})
+    provides: ClassVar[frozenset[str] | None] = frozenset({"values", "reward_baselines"})
 
     def run(self) -> dict[str, Any]:
         parts = build_parts(self.context)
@@ -45,6 +46,13 @@ class SyncScheduler(Scheduler):
         trainer = self.recipe.trainer
         state = parts.resume()
         step = state["step"] if state else 0
+        if step >= parts.total_training_steps:
+            logger.info(
+                "the run in %s already finished its %d steps; set trainer.resume_mode=disable "
+                "(or another trainer.default_local_dir) to train again",
+                self.context.run_dir,
+                parts.total_training_steps,
+            )
         validation_history: list[dict[str, float]] = list(
             state.get("validation", []) if state else []
         )
@@ -153,6 +161,9 @@ class SyncScheduler(Scheduler):
                 batch.meta["temperature"] = params.temperature or 1.0
             with timer("reward"):
                 self.score(parts, batch, metrics)
+            if "reward_baselines" in parts.estimator.requires:
+                with timer("gen_baseline"):
+                    batch["reward_baselines"] = self.greedy_baselines(parts, prompts, params.n)
             if sampler is None:
                 return batch
             metrics.update(sampler.add(batch))
@@ -161,6 +172,16 @@ class SyncScheduler(Scheduler):
                 kept, sampler_metrics = sampler.take()
                 metrics.update(sampler_metrics)
                 return kept
+
+    def greedy_baselines(self, parts: RunParts, prompts: Batch, n: int) -> Any:
+        """ReMax's baseline: the score of each prompt's greedy response, once per sample."""
+        params = SamplingParams(
+            n=1, temperature=0.0, max_tokens=self.recipe.data.max_response_length
+        )
+        completions = parts.engine.generate(list(prompts["raw_prompt_ids"]), params)
+        greedy = build_rollout_batch(prompts, completions, n=1, pad_token_id=parts.pad_token_id)
+        scores = parts.reward(greedy).token_level_scores.sum(dim=-1)
+        return scores.repeat_interleave(n)
 
     @staticmethod
     def score(parts: RunParts, batch: Batch, metrics: dict[str, Any]) -> None:
