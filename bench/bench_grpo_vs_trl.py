@@ -47,6 +47,7 @@ import argparse
 import contextlib
 import dataclasses
 import importlib.util
+import json
 import multiprocessing
 import os
 import statistics
@@ -87,6 +88,12 @@ class BenchSettings:
     clip_ratio: float = 0.2
     temperature: float = 1.0
     seed: int = 42
+    extra_plugrl_overrides: tuple[str, ...] = ()
+    trl_micro_batch: int | None = None
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.prompts_per_step * self.samples_per_prompt
 
     def plugrl_overrides(self) -> list[str]:
         """The recipe of the plugrl side, as ``plugrl run`` overrides."""
@@ -113,6 +120,7 @@ class BenchSettings:
             f"trainer.total_training_steps={self.total_steps + 1}",
             f"trainer.default_local_dir={Path(self.run_dir) / 'plugrl'}",
             f"trainer.seed={self.seed}",
+            *self.extra_plugrl_overrides,
         ]
 
 
@@ -278,7 +286,8 @@ def trl_worker(conn: Any, settings: BenchSettings) -> None:
 
         def _prepare_inputs(self, generation_batch: Any) -> Any:
             result = self._timed("prepare", super()._prepare_inputs, generation_batch)
-            self.marks["prepared"] = time.perf_counter()
+            # the first call of a step generates; the update starts after it
+            self.marks.setdefault("prepared", time.perf_counter())
             return result
 
         def compute_loss(self, *args: Any, **kwargs: Any) -> Any:
@@ -316,6 +325,7 @@ def trl_worker(conn: Any, settings: BenchSettings) -> None:
             lengths = trainer._metrics["train"]["completions/mean_length"]
             _send_step(conn, state.global_step, phases, float(lengths[-1]))
 
+    micro_batch = settings.trl_micro_batch or settings.samples_per_step
     tokenizer = AutoTokenizer.from_pretrained(settings.model_path)
     model = AutoModelForCausalLM.from_pretrained(settings.model_path, dtype=torch.float32)
     config = GRPOConfig(
@@ -325,8 +335,8 @@ def trl_worker(conn: Any, settings: BenchSettings) -> None:
         fp16=False,
         use_vllm=False,
         activation_checkpointing=False,
-        per_device_train_batch_size=settings.prompts_per_step * settings.samples_per_prompt,
-        gradient_accumulation_steps=1,
+        per_device_train_batch_size=micro_batch,
+        gradient_accumulation_steps=settings.samples_per_step // micro_batch,
         num_generations=settings.samples_per_prompt,
         max_completion_length=settings.max_response_length,
         temperature=settings.temperature,
@@ -454,6 +464,13 @@ def report(plugrl: Side, trl: Side, settings: BenchSettings) -> None:
         f"trl {trl_package.__version__}, torch {torch.__version__}; "
         f"{len(plugrl.walls)} measured steps each"
     )
+    if settings.extra_plugrl_overrides:
+        print(f"plugrl also set: {' '.join(settings.extra_plugrl_overrides)}")
+    if settings.trl_micro_batch:
+        print(
+            f"TRL: micro-batches of {settings.trl_micro_batch} samples "
+            f"(gradient_accumulation_steps={settings.samples_per_step // settings.trl_micro_batch})"
+        )
     rows = [
         ("gen", _phase(plugrl, "gen"), _phase(trl, "gen")),
         ("reward", _phase(plugrl, "reward"), _phase(trl, "reward")),
@@ -495,6 +512,21 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2, help="dropped steps (>= 1: set-up)")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads, both")
     parser.add_argument("--log-dir", default=None, help="worker logs and run folders")
+    parser.add_argument("--json", default=None, help="also write every measured step here")
+    parser.add_argument(
+        "--plugrl-override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra plugrl recipe override (repeatable), e.g. actor.use_dynamic_bsz=true",
+    )
+    parser.add_argument(
+        "--trl-micro-batch",
+        type=int,
+        default=None,
+        help="TRL samples per forward/backward (gradient accumulation up to the whole batch, "
+        "still one optimizer step); default: the whole batch, as plugrl's default",
+    )
     args = parser.parse_args()
     if importlib.util.find_spec("trl") is None:
         raise SystemExit(f"trl is not installed in this environment; set up with: {SETUP_COMMAND}")
@@ -512,7 +544,14 @@ def main() -> None:
         run_dir=str(run_dir.resolve()),
         threads=args.threads,
         total_steps=args.warmup + args.steps,
+        extra_plugrl_overrides=tuple(args.plugrl_override),
+        trl_micro_batch=args.trl_micro_batch,
     )
+    if settings.trl_micro_batch and settings.samples_per_step % settings.trl_micro_batch:
+        raise SystemExit(
+            f"--trl-micro-batch {settings.trl_micro_batch} does not divide the "
+            f"{settings.samples_per_step} samples of a step; choose a divisor"
+        )
     # the workers inherit these; the same for both
     os.environ.update(
         {
@@ -534,6 +573,12 @@ def main() -> None:
             if side.process.is_alive():
                 side.stop()
     report(sides[0], sides[1], settings)
+    if args.json:
+        steps = {
+            side.name: {"wall": side.walls, "phases": side.phases, "lengths": side.lengths}
+            for side in sides
+        }
+        Path(args.json).write_text(json.dumps(steps, indent=1) + "\n", encoding="utf-8")
     print(f"worker logs: {run_dir}")
 
 
