@@ -4,7 +4,10 @@ from pathlib import Path
 
 import attrs
 import pytest
-from support import importable_here
+from support import (
+    importable_here,
+    one_torch_thread,  # noqa: F401 (autouse: one torch thread here)
+)
 
 importable_here(Path(__file__).parent)
 
@@ -36,18 +39,6 @@ def reference_run(tiny_task, tmp_path_factory) -> FinishedRun:
     recipe = reference_recipe(tiny_task, tmp_path_factory.mktemp("reference"))
     result = check_ok(run_cli(recipe, *REFERENCE_OVERRIDES))
     return FinishedRun(recipe, recipe.parent / "run", result.stderr)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Runs in this process on one intra-op thread, like the CLI runs (see cli_env): the model
-    is tiny, and other processes share the cores."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture

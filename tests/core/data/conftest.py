@@ -5,22 +5,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Run these tests on one intra-op thread, then restore the setting.
-
-    The tiny model's operations are small: a second thread gains little, and when other
-    processes keep the cores busy, threads waiting on each other make every operation many
-    times slower.
-    """
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+from support import one_torch_thread  # noqa: F401 (autouse: one torch thread here)
 
 
 @pytest.fixture(scope="session")
