@@ -79,10 +79,10 @@ class FSDP2Backend(TrainingBackend):
     row count times its longest row (``use_dynamic_bsz`` groups rows of similar length).
     Losses: the objective's return value is backpropagated as is, so it must be this
     micro-batch's share of the global mini-batch loss (see :class:`LossScale`). Metrics the
-    objective returns are averaged over micro-batches, optimizer steps and ranks, so they should
-    be micro-batch means; the backend adds ``actor/loss`` (the exact mini-batch loss),
-    ``actor/grad_norm`` and ``actor/lr`` (``critic/vf_loss``, ``critic/grad_norm``,
-    ``critic/lr`` for the critic).
+    objective returns are shares too: summed over the micro-batches of a mini-batch, then
+    averaged over optimizer steps and ranks (the ActorObjective contract). The backend adds
+    ``actor/loss`` (the exact mini-batch loss), ``actor/grad_norm`` and ``actor/lr``
+    (``critic/vf_loss``, ``critic/grad_norm``, ``critic/lr`` for the critic).
     """
 
     supports_colocated_rollout: ClassVar[bool] = True
@@ -351,13 +351,13 @@ class FSDP2Backend(TrainingBackend):
             unclipped_error = (predicted - returns) ** 2
             clipped_error = (clipped - returns) ** 2
             per_token = 0.5 * torch.maximum(unclipped_error, clipped_error)
-            # token mean over the whole mini-batch on every rank, as LossScale describes
-            loss = (per_token * mask).sum() * scale.dp_size / max(scale.num_tokens, 1)
-            tokens = mask.sum().clamp(min=1)
+            # token means over the whole mini-batch on every rank, as LossScale describes
+            share = scale.dp_size / max(scale.num_tokens, 1)
+            loss = (per_token * mask).sum() * share
             clipped_more = (clipped_error > unclipped_error).to(mask.dtype)
             metrics = {
-                "critic/vf_clipfrac": float((clipped_more * mask).sum() / tokens),
-                "critic/vpred_mean": float((predicted.detach() * mask).sum() / tokens),
+                "critic/vf_clipfrac": float((clipped_more * mask).sum()) * share,
+                "critic/vpred_mean": float((predicted.detach() * mask).sum()) * share,
             }
             return loss, metrics
 
@@ -406,18 +406,20 @@ class FSDP2Backend(TrainingBackend):
                     scale = self._loss_scale(mini_batch)
                     plan = self._plan(mini_batch, micro_batch_size)
                     optimizer.zero_grad(set_to_none=True)
-                    micro_metrics = _MetricMeans()
+                    # micro-batch metrics are shares of the mini-batch value, like the loss
+                    mini_metrics: dict[str, float] = defaultdict(float)
                     step_loss = 0.0
                     for rows in plan:
                         micro_batch = mini_batch.select(rows).to(self.torch_device)
                         loss, metrics = micro_loss(micro_batch, scale)
                         loss.backward()
                         step_loss += float(loss.detach())
-                        micro_metrics.add(metrics)
+                        for name, value in metrics.items():
+                            mini_metrics[name] += float(value)
                     grad_norm = self._clip_and_step(grad_clip)
                     step_metrics.add(
                         {
-                            **micro_metrics.means(),
+                            **mini_metrics,
                             loss_name: step_loss,
                             f"{prefix}/grad_norm": grad_norm,
                         }

@@ -124,8 +124,7 @@ class TokenMeanReinforce:
         mask = micro_batch["response_mask"].to(log_prob.dtype)
         per_token = -micro_batch["advantages"] * log_prob * mask
         loss = per_token.sum() * scale.dp_size / scale.num_tokens
-        micro_mean = per_token.detach().sum() / mask.sum().clamp(min=1)
-        return loss, {"actor/pg_loss": float(micro_mean)}
+        return loss, {"actor/pg_loss": float(loss.detach())}
 
 
 def objective_value(backend: FSDP2Backend, batch: Batch) -> float:

@@ -323,3 +323,31 @@ def test_the_backend_is_registered_with_its_config():
     entry = plugins.registry("training_backends").get("fsdp2")
     assert entry.load_config() is FSDP2ActorConfig
     assert entry.load().__name__ == "FSDP2Backend"
+
+
+SPLITS = [
+    {"ppo_micro_batch_size_per_gpu": 3},
+    {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 24},
+]
+
+
+@pytest.mark.parametrize("split", SPLITS, ids=["micro-batches", "dynamic-bsz"])
+def test_objective_metrics_do_not_depend_on_the_micro_batch_split(tiny_model, split):
+    from plugrl_plugins.algorithms.objective import PolicyObjective
+
+    batch = make_batch(8)
+    # old log-probs away from the current ones, so that ratios clip and ppo_kl is not zero
+    generator = torch.Generator().manual_seed(3)
+    current = make_backend(make_recipe(tiny_model)).compute_log_prob(batch)["log_probs"]
+    noise = 0.3 * torch.randn(current.shape, generator=generator)
+    batch["old_log_probs"] = (current + noise) * batch["response_mask"]
+
+    def metrics_of(**actor):
+        recipe = make_recipe(tiny_model, entropy_coeff=0.01, **actor)
+        return make_backend(recipe).update_policy(batch, PolicyObjective.from_recipe(recipe))
+
+    whole, parts = metrics_of(), metrics_of(**split)
+    assert whole["actor/pg_clipfrac"] > 0.05 and abs(whole["actor/ppo_kl"]) > 1e-3
+    assert set(parts) == set(whole)
+    for name, value in whole.items():
+        assert parts[name] == pytest.approx(value, rel=1e-4, abs=1e-7), name

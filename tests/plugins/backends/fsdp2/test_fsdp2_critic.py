@@ -88,3 +88,22 @@ def test_an_exported_critic_loads_as_a_token_classifier(critic, tmp_path):
     torch.testing.assert_close(
         critic.compute_values(batch), scores * batch["response_mask"], atol=1e-5, rtol=0
     )
+
+
+def test_critic_metrics_do_not_depend_on_the_micro_batch_split(tiny_model):
+    batch = make_batch(8)
+    batch["returns"] = batch["returns"] + 2.0 * batch["response_mask"]
+
+    def metrics_of(**critic):
+        backend = make_backend(
+            make_recipe(tiny_model, critic={"cliprange_value": 0.05, **critic}), role="critic"
+        )
+        # old values away from the predictions, so that some are clipped
+        shift = torch.linspace(-0.5, 0.5, batch["returns"].numel()).reshape(8, -1)
+        batch["values"] = (backend.compute_values(batch) + shift) * batch["response_mask"]
+        return backend.update_critic(batch)
+
+    whole, split = metrics_of(), metrics_of(ppo_micro_batch_size_per_gpu=3)
+    assert 0.0 < whole["critic/vf_clipfrac"] < 1.0
+    for name, value in whole.items():
+        assert split[name] == pytest.approx(value, rel=1e-4), name
