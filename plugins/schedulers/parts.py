@@ -71,6 +71,9 @@ class RunParts:
     checkpoints: CheckpointManager
     total_training_steps: int
     colocated: bool = False
+    old_log_probs_from_update: bool = False
+    """The update is exactly on-policy and derives ``old_log_probs`` from its own forward, so
+    the scheduler skips the separate pass (see :func:`update_derives_old_log_probs`)."""
     weight_version: int = 0
     placement: Any = None
     """The Ray devices the roles share (:class:`plugrl.cluster.RayPlacement`), or ``None``."""
@@ -173,6 +176,28 @@ def check_data_sources(reward: RewardManager, datasets: list[PromptDataset | Non
             raise DataError(f"{origin}: {exc}") from None
 
 
+def update_derives_old_log_probs(
+    recipe: Recipe, backend_cls: type, estimator: AdvantageEstimator
+) -> bool:
+    """Whether a synchronous step may leave ``old_log_probs`` to the actor update.
+
+    True when the update is one optimizer step over the whole batch (``ppo_epochs`` 1 and
+    ``ppo_mini_batch_size`` equal to ``data.train_batch_size``): its forward then runs on the
+    weights that sampled the batch, the same ones a separate pass would use. Nothing may read
+    ``old_log_probs`` before the update (KL in the reward, an estimator that requires them),
+    the backend must support it, and ``actor.reuse_on_policy_log_prob`` must allow it.
+    """
+    actor = recipe.actor
+    return bool(
+        actor.reuse_on_policy_log_prob
+        and getattr(backend_cls, "derives_on_policy_old_log_probs", False)
+        and actor.ppo_epochs == 1
+        and actor.ppo_mini_batch_size == recipe.data.train_batch_size
+        and not recipe.algorithm.use_kl_in_reward
+        and "old_log_probs" not in estimator.requires
+    )
+
+
 def build_parts(context: RunContext) -> RunParts:
     """Build and check everything a run needs, in the order that fails cheapest first."""
     from plugrl.cluster import make_placement, make_worker_group
@@ -271,6 +296,9 @@ def build_parts(context: RunContext) -> RunParts:
         checkpoints=CheckpointManager(context.run_dir, recipe.trainer.max_ckpt_to_keep),
         total_training_steps=total,
         colocated=colocated,
+        old_log_probs_from_update=update_derives_old_log_probs(
+            recipe, context.part("training_backends", recipe.actor.backend), estimator
+        ),
         placement=placement,
     )
     return parts

@@ -116,6 +116,12 @@ class ActorConfig:
     shuffle: bool = option(
         False, "Shuffle samples between mini-batches.", verl="actor_rollout_ref.actor.shuffle"
     )
+    reuse_on_policy_log_prob: bool = option(
+        True,
+        "When an update is one optimizer step over the whole batch (ppo_epochs 1, one "
+        "mini-batch) and nothing reads old log-probs before it, take them from the update's "
+        "own forward (detached) and skip the separate old_log_prob pass; false always runs it.",
+    )
     policy_loss: str = option(
         "vanilla",
         "Policy loss.",
@@ -278,6 +284,11 @@ class TrainingBackend(ABC):
     role: Role
     supports_colocated_rollout: ClassVar[bool] = False
     """True when :meth:`rollout_model` can hand the live model to an in-process engine."""
+    derives_on_policy_old_log_probs: ClassVar[bool] = False
+    """True when :meth:`update_policy` accepts a batch without ``old_log_probs`` whose update
+    is a single optimizer step (one epoch, one mini-batch), and then uses the detached
+    log-probs of its own forward as ``old_log_probs``: the weights that forward sees are the
+    ones a separate :meth:`compute_log_prob` pass would have used."""
 
     def __init__(
         self,
@@ -322,6 +333,10 @@ class TrainingBackend(ABC):
     def update_policy(self, batch: Batch, objective: ActorObjective) -> dict[str, float]:
         """Run ``ppo_epochs`` over ``batch`` in mini-batches of ``ppo_mini_batch_size`` (x n),
         each split into micro-batches; backward ``objective``'s loss; clip; step.
+
+        A backend with :attr:`derives_on_policy_old_log_probs` also takes a batch without
+        ``old_log_probs`` when the update is one optimizer step; it then reports
+        ``actor/entropy`` too, which the skipped pass would have given.
 
         Returns metrics averaged over steps (``actor/pg_loss``, ``actor/grad_norm``,
         ``actor/lr``, ...).

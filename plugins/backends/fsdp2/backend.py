@@ -86,6 +86,7 @@ class FSDP2Backend(TrainingBackend):
     """
 
     supports_colocated_rollout: ClassVar[bool] = True
+    derives_on_policy_old_log_probs: ClassVar[bool] = True
 
     def __init__(self, recipe: Recipe, *, role: Role, device: Device, dist: DistInfo) -> None:
         super().__init__(recipe, role=role, device=device, dist=dist)
@@ -238,8 +239,15 @@ class FSDP2Backend(TrainingBackend):
         return outputs.gather(1, index).float(), layout.response_len
 
     def _log_probs(
-        self, micro_batch: Batch, *, temperature: float, with_entropy: bool
+        self,
+        micro_batch: Batch,
+        *,
+        temperature: float,
+        with_entropy: bool,
+        entropy_grad: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Per-token log-probs [b, R] (and entropies); ``entropy_grad=False`` computes the
+        entropy outside the autograd graph, for a metric only."""
         logits, used = self._forward(micro_batch)
         if temperature != 1.0:
             logits = logits / temperature
@@ -253,6 +261,8 @@ class FSDP2Backend(TrainingBackend):
         pad = responses.shape[-1] - used
         entropy = None
         if with_entropy:
+            if not entropy_grad:  # a metric only: keep it out of the autograd graph
+                logits, log_norm = logits.detach(), log_norm.detach()
             entropy = log_norm - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
             entropy = F.pad(entropy * attended, (0, pad))
         return F.pad(log_prob * attended, (0, pad)), entropy
@@ -314,17 +324,28 @@ class FSDP2Backend(TrainingBackend):
 
     def update_policy(self, batch: Batch, objective: ActorObjective) -> dict[str, float]:
         self._require("actor", method="update_policy")
-        needed = [*SEQUENCE_COLUMNS, "response_mask", "old_log_probs", "advantages"]
+        needed = [*SEQUENCE_COLUMNS, "response_mask", "advantages"]
         if getattr(objective, "needs_ref", False):
             needed.append("ref_log_prob")
+        on_policy = "old_log_probs" not in batch
+        if on_policy:
+            self._check_single_step(len(batch))
+        else:
+            needed.append("old_log_probs")
         batch.require(*needed, by="the fsdp2 actor update")
         temperature = self._temperature(batch)
-        with_entropy = bool(getattr(objective, "needs_entropy", False))
+        entropy_in_loss = bool(getattr(objective, "needs_entropy", False))
 
         def micro_loss(micro_batch: Batch, scale: LossScale) -> tuple[torch.Tensor, dict]:
             log_prob, entropy = self._log_probs(
-                micro_batch, temperature=temperature, with_entropy=with_entropy
+                micro_batch,
+                temperature=temperature,
+                # the skipped old_log_prob pass reported actor/entropy; the objective does now
+                with_entropy=entropy_in_loss or on_policy,
+                entropy_grad=entropy_in_loss,
             )
+            if on_policy:
+                micro_batch["old_log_probs"] = log_prob.detach()
             return objective(micro_batch, log_prob, entropy, scale)
 
         return self._train(
@@ -336,6 +357,19 @@ class FSDP2Backend(TrainingBackend):
             micro_batch_size=self.config.ppo_micro_batch_size_per_gpu,
             grad_clip=self.config.grad_clip,
         )
+
+    def _check_single_step(self, num_rows: int) -> None:
+        """Old log-probs may come from the update's own forward only when that forward is the
+        first and only one before the weights change."""
+        epochs = self.config.ppo_epochs
+        if epochs != 1 or self._mini_batch_rows(num_rows) != num_rows:
+            raise RecipeError(
+                f"the batch has no old_log_probs, but this update takes more than one optimizer "
+                f"step (ppo_epochs {epochs}, {num_rows} sequences on this rank in mini-batches "
+                f"of {self._mini_batch_rows(num_rows)}), so they cannot come from its own "
+                "forward; the scheduler must compute them with compute_log_prob first",
+                key="actor.reuse_on_policy_log_prob",
+            )
 
     def update_critic(self, batch: Batch) -> dict[str, float]:
         self._require("critic", method="update_critic")

@@ -29,6 +29,10 @@ class SyncScheduler(Scheduler):
     ``update_critic``, ``update_actor``, ``update_weights``; validation every
     ``trainer.test_freq`` steps (and before the first with ``val_before_train``, and after the
     last); a checkpoint every ``trainer.save_freq`` steps and after the last.
+
+    When the update is one optimizer step over the batch, ``old_log_prob`` is skipped and the
+    actor update takes them from its own forward, which runs on the same weights
+    (:func:`~plugrl_plugins.schedulers.parts.update_derives_old_log_probs`).
     """
 
     provides: ClassVar[frozenset[str] | None] = frozenset({"values", "reward_baselines"})
@@ -95,12 +99,13 @@ class SyncScheduler(Scheduler):
         metrics: dict[str, Any] = {}
         with timer("step"):
             batch = self.rollout(parts, step, timer, metrics)
-            with timer("old_log_prob"):
-                computed = parts.actor.compute_log_prob(batch, calculate_entropy=True)
-                batch["old_log_probs"] = computed["log_probs"]
-                if "entropys" in computed:
-                    mask = batch["response_mask"].bool()
-                    metrics["actor/entropy"] = computed["entropys"][mask].mean().item()
+            if not parts.old_log_probs_from_update:
+                with timer("old_log_prob"):
+                    computed = parts.actor.compute_log_prob(batch, calculate_entropy=True)
+                    batch["old_log_probs"] = computed["log_probs"]
+                    if "entropys" in computed:
+                        mask = batch["response_mask"].bool()
+                        metrics["actor/entropy"] = computed["entropys"][mask].mean().item()
             if parts.ref is not None:
                 with timer("ref"):
                     batch["ref_log_prob"] = parts.ref.compute_log_prob(batch)["log_probs"]

@@ -3,7 +3,7 @@ import logging
 import pytest
 
 from plugrl.recipe import build_recipe
-from plugrl_plugins.schedulers.parts import training_loader
+from plugrl_plugins.schedulers.parts import training_loader, update_derives_old_log_probs
 
 
 class Prompts(list):
@@ -41,3 +41,53 @@ def test_gen_batch_size_without_dynamic_sampling_is_ignored_with_a_warning(caplo
         "data.gen_batch_size is used only with algorithm.filter_groups.enable=true; each step "
         "generates data.train_batch_size=4 prompts"
     ]
+
+
+class Derives:
+    derives_on_policy_old_log_probs = True
+
+
+class Grpo:
+    requires = ("token_level_rewards", "response_mask")
+
+
+class NeedsOldLogProbs:
+    requires = ("token_level_rewards", "response_mask", "old_log_probs")
+
+
+def on_policy_recipe(**sections):
+    base = {
+        "data": {"train_batch_size": 4},
+        "actor": {"ppo_mini_batch_size": 4, "ppo_epochs": 1},
+        "rollout": {"n": 2},
+    }
+    for name, values in sections.items():
+        base[name] = {**base.get(name, {}), **values}
+    return build_recipe(base)
+
+
+def test_an_exactly_on_policy_update_derives_its_old_log_probs():
+    assert update_derives_old_log_probs(on_policy_recipe(), Derives, Grpo())
+
+
+@pytest.mark.parametrize(
+    ("sections", "backend", "estimator"),
+    [
+        ({"actor": {"ppo_epochs": 2}}, Derives, Grpo()),
+        ({"actor": {"ppo_mini_batch_size": 2}}, Derives, Grpo()),
+        ({"actor": {"reuse_on_policy_log_prob": False}}, Derives, Grpo()),
+        ({"algorithm": {"use_kl_in_reward": True}}, Derives, Grpo()),
+        ({}, object, Grpo()),
+        ({}, Derives, NeedsOldLogProbs()),
+    ],
+    ids=[
+        "two-epochs",
+        "two-mini-batches",
+        "switched-off",
+        "kl-in-reward",
+        "backend-cannot",
+        "estimator-reads-them",
+    ],
+)
+def test_otherwise_the_scheduler_computes_old_log_probs(sections, backend, estimator):
+    assert not update_derives_old_log_probs(on_policy_recipe(**sections), backend, estimator)

@@ -95,6 +95,26 @@ def test_two_ray_ranks_match_one_local_rank(two_ranks, tiny_model, tmp_path):
         torch.testing.assert_close(tensor, ray_weights[name])
 
 
+def test_ranks_derive_on_policy_old_log_probs_as_one_rank_does(two_ranks, tiny_model, tmp_path):
+    from plugrl_plugins.algorithms.objective import PolicyObjective
+
+    local = LocalWorkerGroup(
+        make_recipe(tiny_model, ppo_micro_batch_size_per_gpu=3), "actor", device_name="cpu"
+    )
+    local.setup(10)
+    local.save_checkpoint(tmp_path / "start")
+    two_ranks.load_checkpoint(tmp_path / "start")
+    batch = make_batch(8, seed=5)  # one mini-batch: one optimizer step
+    batch.pop("old_log_probs")
+    objective = PolicyObjective.from_recipe(local.recipe)
+    ray_metrics = two_ranks.update_policy(batch, objective)
+    local_metrics = local.update_policy(batch, objective)
+    for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy"):
+        assert ray_metrics[key] == pytest.approx(local_metrics[key], rel=1e-5), key
+    assert ray_metrics["actor/ppo_kl"] == 0.0
+    assert max_weight_difference(dict(two_ranks.named_weights()), full_weights(local)) < 5e-5
+
+
 def test_a_worker_error_reaches_the_driver_as_itself(two_ranks, tmp_path):
     with pytest.raises(CheckpointError) as info:
         two_ranks.load_checkpoint(tmp_path / "nowhere")
