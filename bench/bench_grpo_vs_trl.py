@@ -89,6 +89,10 @@ SETUP_COMMAND = (
     '.venv-bench/bin/pip install -c constraints/cpu.txt -e . "trl==1.16.0"'
 )
 PLUGRL_PHASES = ("gen", "reward", "old_log_prob", "adv", "update_actor", "update_weights")
+# recipes/quickstart.yaml's micro-batching (checked against the recipe at start), and TRL's
+# micro-batch of about as many tokens (64 rows of at most 32 + 48 tokens)
+QUICKSTART_TOKEN_BUDGET = 4096
+TRL_MICRO_BATCH = 64
 STEP_TIMEOUT_S = 900.0
 
 
@@ -115,8 +119,11 @@ class BenchSettings:
     clip_ratio: float = 0.2
     temperature: float = 1.0
     seed: int = 42
+    token_budget: int | None = QUICKSTART_TOKEN_BUDGET
+    """plugrl's tokens per forward/backward (``use_dynamic_bsz``); ``None``: the whole batch."""
+    trl_micro_batch: int | None = TRL_MICRO_BATCH
+    """TRL's samples per forward/backward; ``None``: the whole batch."""
     extra_plugrl_overrides: tuple[str, ...] = ()
-    trl_micro_batch: int | None = None
 
     @property
     def samples_per_step(self) -> int:
@@ -147,6 +154,14 @@ class BenchSettings:
             f"trainer.total_training_steps={self.total_steps + 1}",
             f"trainer.default_local_dir={Path(self.run_dir) / 'plugrl'}",
             f"trainer.seed={self.seed}",
+            *(
+                [
+                    "actor.use_dynamic_bsz=true",
+                    f"actor.ppo_max_token_len_per_gpu={self.token_budget}",
+                ]
+                if self.token_budget
+                else []
+            ),
             *self.extra_plugrl_overrides,
         ]
 
@@ -491,6 +506,10 @@ def report(plugrl: Side, trl: Side, settings: BenchSettings) -> None:
         f"trl {trl_package.__version__}, torch {torch.__version__}; "
         f"{len(plugrl.walls)} measured steps each"
     )
+    if settings.token_budget:
+        print(f"plugrl: token-budget micro-batches of {settings.token_budget} tokens")
+    else:
+        print("plugrl: one forward/backward over the whole batch")
     if settings.extra_plugrl_overrides:
         print(f"plugrl also set: {' '.join(settings.extra_plugrl_overrides)}")
     if settings.trl_micro_batch:
@@ -498,6 +517,8 @@ def report(plugrl: Side, trl: Side, settings: BenchSettings) -> None:
             f"TRL: micro-batches of {settings.trl_micro_batch} samples "
             f"(gradient_accumulation_steps={settings.samples_per_step // settings.trl_micro_batch})"
         )
+    else:
+        print("TRL: one forward/backward over the whole batch")
     rows = [
         ("gen", _phase(plugrl, "gen"), _phase(trl, "gen")),
         ("reward", _phase(plugrl, "reward"), _phase(trl, "reward")),
@@ -554,11 +575,19 @@ def main() -> None:
         help="extra plugrl recipe override (repeatable), e.g. actor.use_dynamic_bsz=true",
     )
     parser.add_argument(
+        "--batching",
+        choices=["budget", "whole"],
+        default="budget",
+        help="budget: plugrl with the quickstart recipe's token-budget micro-batches "
+        f"({QUICKSTART_TOKEN_BUDGET} tokens), TRL with micro-batches of {TRL_MICRO_BATCH} "
+        "samples (about as many tokens); whole: both do one forward/backward over all samples",
+    )
+    parser.add_argument(
         "--trl-micro-batch",
         type=int,
         default=None,
         help="TRL samples per forward/backward (gradient accumulation up to the whole batch, "
-        "still one optimizer step); default: the whole batch, as plugrl's default",
+        "still one optimizer step); default: set by --batching",
     )
     args = parser.parse_args()
     if importlib.util.find_spec("trl") is None:
@@ -567,6 +596,14 @@ def main() -> None:
         raise SystemExit("--steps and --warmup must be at least 1 (the first step is set-up)")
 
     from plugrl.quickstart import DEFAULT_DIR, prepare_quickstart
+    from plugrl.recipe import load_recipe
+
+    shipped = load_recipe("quickstart").actor
+    if not shipped.use_dynamic_bsz or shipped.ppo_max_token_len_per_gpu != QUICKSTART_TOKEN_BUDGET:
+        raise SystemExit(
+            "recipes/quickstart.yaml no longer batches by a token budget of "
+            f"{QUICKSTART_TOKEN_BUDGET}; update QUICKSTART_TOKEN_BUDGET in this bench to match"
+        )
 
     paths = prepare_quickstart(Path(args.quickstart_dir or DEFAULT_DIR))
     run_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="bench-grpo-vs-trl-"))
@@ -577,8 +614,10 @@ def main() -> None:
         run_dir=str(run_dir.resolve()),
         threads=args.threads,
         total_steps=args.warmup + args.steps,
+        token_budget=QUICKSTART_TOKEN_BUDGET if args.batching == "budget" else None,
+        trl_micro_batch=args.trl_micro_batch
+        or (TRL_MICRO_BATCH if args.batching == "budget" else None),
         extra_plugrl_overrides=tuple(args.plugrl_override),
-        trl_micro_batch=args.trl_micro_batch,
     )
     if settings.trl_micro_batch and settings.samples_per_step % settings.trl_micro_batch:
         raise SystemExit(
