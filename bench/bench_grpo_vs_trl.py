@@ -13,12 +13,12 @@ draws them, and the bench checks that TRL's prompt token ids equal plugrl's each
 * TRL runs ``GRPOTrainer.train()`` with its own defaults where they are fair: generation by
   ``model.generate`` with the KV cache, the fused AdamW kernel, ``loss_type="dapo"`` (plugrl's
   ``token-mean``), group-normalised advantages, and no old-log-prob pass (on-policy with one
-  optimizer step per batch, TRL reuses the detached current log-probs, which plugrl computes
-  in a separate forward, as verl does). Set for the comparison: ``use_cpu``, ``bf16=False``,
-  ``activation_checkpointing=False`` (TRL turns gradient checkpointing on by default; plugrl
-  leaves it off), ``beta=0``, ``lr_scheduler_type="constant"``, ``weight_decay=0.01`` (TRL
-  exempts biases and norm weights from it, plugrl does not: same cost), ``top_k=0``,
-  ``shuffle_dataset=False``, ``logging_steps=1``, ``report_to="none"``, ``disable_tqdm=True``.
+  optimizer step per batch, both reuse the detached log-probs of the update's forward). Set for
+  the comparison: ``use_cpu``, ``bf16=False``, ``activation_checkpointing=False`` (TRL turns
+  gradient checkpointing on by default; plugrl leaves it off), ``beta=0``,
+  ``lr_scheduler_type="constant"``, ``weight_decay=0.01`` (TRL exempts biases and norm weights
+  from it, plugrl does not: same cost), ``top_k=0``, ``shuffle_dataset=False``,
+  ``logging_steps=1``, ``report_to="none"``, ``disable_tqdm=True``.
 
 Each framework runs in its own process (spawned, with the same torch thread count). The two
 step in lock-step: the driver lets one take a step while the other waits, alternating which
@@ -36,36 +36,31 @@ Set-up (TRL is a bench-only dependency, never one of plugrl's):
 trl 1.16.0 installs with transformers 5.23.0 and the CPU build of torch 2.13.0 (it brings
 accelerate 1.15 and datasets 5.2).
 
-Measured on the 2-core development machine (AMD EPYC, ``--threads 2``, 8 measured steps after
-2 warm-up steps; other work ran on the machine now and then, so each run was started when it
-was quiet; plugrl and TRL both at 26.5-26.6 mean response tokens):
+Batching (always one optimizer step per batch): ``--batching budget`` (default) runs plugrl
+as recipes/quickstart.yaml ships, with token-budget micro-batches of 4096 tokens, and TRL with
+micro-batches of 64 samples, about as many tokens; ``--batching whole`` gives both one
+forward/backward over all 256 samples.
 
-    defaults (the recipe above)       plugrl s/step   TRL s/step   plugrl/TRL   paired per step
-      run 1                           4.67            4.76         0.98x        0.97x (0.94-1.09)
-      run 2                           4.80            4.57         1.05x        1.08x (0.89-1.14)
-      run 3                           4.65            4.67         1.00x        1.02x (0.96-1.13)
-      run disturbed by other work     4.86            7.70         0.63x        1.07x (0.31-1.34)
-    micro-batched (see below)
-      run 1                           3.03            3.66         0.83x        0.80x (0.78-0.94)
-      run 2                           3.41            4.25         0.80x        0.80x (0.77-0.94)
+Measured on the 2-core development machine (``--threads 2``, 8 measured steps after 2 warm-up
+steps, runs started while the machine was quiet; both at 26.5-26.6 mean response tokens):
 
-    median phases, defaults (s)   gen        reward  old_log_prob  adv   update
-      plugrl                      0.66-0.77  0.01    0.85-0.88     0.00  3.01-3.17
-      TRL                         1.34-1.40  0.002   (skipped)     0.01  3.14-3.36
-                                  (TRL update: loss forward 1.03-1.12, backward 2.09-2.25,
-                                  clip + optimizer 0.005)
+    batching                          plugrl s/step   TRL s/step   plugrl/TRL   paired per step
+      budget, run 1                   2.80            4.28         0.65x        0.66x (0.63-0.76)
+      budget, run 2                   2.98            4.51         0.66x        0.66x (0.64-0.76)
+      budget, run 3                   2.65            4.01         0.66x        0.65x (0.62-0.75)
+      whole, run 1                    3.56            4.37         0.81x        0.84x (0.79-0.96)
+      whole, run 2                    3.55            4.55         0.78x        0.78x (0.69-0.93)
+      whole, run 3                    3.71            4.19         0.89x        0.90x (0.80-1.00)
 
-So with the defaults plugrl's step takes as long as TRL's (0.98-1.05x; the 0.8x target is not
-met). plugrl generates in half TRL's time (its engine drops finished rows from the batch and
-the KV cache; ``model.generate`` keeps all 256 rows running to the longest), which saves about
-0.7 s, and then spends about 0.86 s on the old-log-prob forward that TRL skips when exactly
-on-policy. The update is the same work in both: one padded forward/backward over all 256 rows
-(256 x 62 columns, 24% of them padding), bound by the linear layers' matmuls.
+    median phases, budget (s)     gen        reward  old_log_prob  adv   update
+      plugrl                      0.64-0.80  0.01    (skipped)     0.00  1.99-2.19
+      TRL                         1.23-1.43  0.002   (skipped)     0.01  2.76-3.02
 
-"micro-batched": ``--plugrl-override actor.use_dynamic_bsz=true --plugrl-override
-actor.ppo_max_token_len_per_gpu=4096 --trl-micro-batch 64`` (still one optimizer step per
-batch). Smaller micro-batches are faster on this CPU for both; plugrl's token-budget batches
-also sort rows by length, which cuts most of the padding.
+plugrl generates in half TRL's time (its engine drops finished rows from the batch and the KV
+cache; ``model.generate`` keeps all 256 rows running to the longest). Neither runs an
+old-log-prob pass: the update is exactly on-policy, so both take old log-probs from its own
+forward. In micro-batches plugrl's update is about 0.7x TRL's (length-grouped rows carry little
+padding); over the whole batch the update is the same work on both sides.
 """
 
 from __future__ import annotations
