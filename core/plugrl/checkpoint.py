@@ -1,10 +1,12 @@
 """Run checkpoints: ``<run_dir>/global_step_N/`` plus ``latest_checkpointed_iteration.txt``.
 
 A checkpoint is written into a hidden temporary folder and renamed into place only once it is
-complete, with a manifest of every file and its size written last; the ``latest`` file is
-replaced atomically after that. A run killed at any moment therefore leaves either the previous
-checkpoint or the new one, never a half-written folder that looks complete. Verification
-against the manifest catches files removed or cut short afterwards.
+complete, with a manifest of every file, its size and its CRC32 written last; the ``latest``
+file is replaced atomically after that. A run killed at any moment therefore leaves either the
+previous checkpoint or the new one, never a half-written folder that looks complete.
+Verification against the manifest catches files removed, cut short or changed afterwards (the
+checksums cost one read of the checkpoint per save and per resume; ``checksums=False`` records
+and checks sizes only).
 
 Layout of one checkpoint (the backend writes its own files under ``actor/``, ``critic/``...)::
 
@@ -21,6 +23,7 @@ import logging
 import os
 import re
 import shutil
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -48,6 +51,15 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def file_crc32(path: Path, chunk_size: int = 1 << 23) -> str:
+    """The CRC32 of a file's bytes, as 8 hex digits."""
+    crc = 0
+    with path.open("rb") as file:
+        while chunk := file.read(chunk_size):
+            crc = zlib.crc32(chunk, crc)
+    return f"{crc:08x}"
+
+
 def _fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -64,9 +76,12 @@ def _fsync_dir(path: Path) -> None:
 class CheckpointManager:
     """Saves, finds, verifies and prunes the checkpoints of one run folder."""
 
-    def __init__(self, root: str | Path, max_to_keep: int | None = None) -> None:
+    def __init__(
+        self, root: str | Path, max_to_keep: int | None = None, *, checksums: bool = True
+    ) -> None:
         self.root = Path(root)
         self.max_to_keep = max_to_keep
+        self.checksums = checksums
 
     # ---------------------------------------------------------------------------- saving
 
@@ -84,11 +99,13 @@ class CheckpointManager:
         tmp.mkdir()
         write(tmp)
         torch.save({"step": step, **trainer_state}, tmp / TRAINER_STATE_FILE)
-        files = {
-            str(path.relative_to(tmp)): path.stat().st_size
-            for path in sorted(tmp.rglob("*"))
-            if path.is_file()
-        }
+        files: dict[str, dict[str, Any]] = {}
+        for path in sorted(tmp.rglob("*")):
+            if path.is_file():
+                entry: dict[str, Any] = {"size": path.stat().st_size}
+                if self.checksums:
+                    entry["crc32"] = file_crc32(path)
+                files[str(path.relative_to(tmp))] = entry
         _write_atomic(tmp / MANIFEST_FILE, json.dumps({"step": step, "files": files}, indent=1))
         if final.exists():  # the same step saved again after a resume
             old = self.root / f".{step_dir_name(step)}.old"
@@ -197,7 +214,11 @@ class CheckpointManager:
             raise CheckpointError(
                 f"checkpoint {path} has a corrupt {MANIFEST_FILE}; {fix}"
             ) from None
-        for name, size in files.items():
+        for name, entry in files.items():
+            # manifests of earlier versions held the size alone
+            size, crc = (
+                (entry, None) if isinstance(entry, int) else (entry["size"], entry.get("crc32"))
+            )
             file = path / name
             if not file.is_file():
                 raise CheckpointError(f"checkpoint {path} is corrupt: {name} is missing; {fix}")
@@ -206,6 +227,11 @@ class CheckpointManager:
                 raise CheckpointError(
                     f"checkpoint {path} is corrupt: {name} has {actual} bytes, the manifest "
                     f"says {size}; {fix}"
+                )
+            if self.checksums and crc is not None and file_crc32(file) != crc:
+                raise CheckpointError(
+                    f"checkpoint {path} is corrupt: {name} has changed since it was saved (its "
+                    f"CRC32 differs from the manifest's); {fix}"
                 )
         return manifest
 

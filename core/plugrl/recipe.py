@@ -173,6 +173,12 @@ class TrainerConfig:
         verl="trainer.max_actor_ckpt_to_keep",
         validator=positive,
     )
+    checkpoint_checksums: bool = option(
+        True,
+        "Record a CRC32 of every checkpoint file and check it on resume, so a file corrupted "
+        "in place is refused; costs one read of the checkpoint per save and per resume (turn "
+        "off for checkpoints of hundreds of GB on slow storage).",
+    )
     logger: list[str] = option(
         factory=lambda: ["console", "jsonl"],
         help="Metric loggers.",

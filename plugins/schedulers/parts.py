@@ -293,7 +293,11 @@ def build_parts(context: RunContext) -> RunParts:
         ref=ref,
         critic=critic,
         engine=engine,
-        checkpoints=CheckpointManager(context.run_dir, recipe.trainer.max_ckpt_to_keep),
+        checkpoints=CheckpointManager(
+            context.run_dir,
+            recipe.trainer.max_ckpt_to_keep,
+            checksums=recipe.trainer.checkpoint_checksums,
+        ),
         total_training_steps=total,
         colocated=colocated,
         old_log_probs_from_update=update_derives_old_log_probs(

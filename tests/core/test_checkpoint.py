@@ -140,3 +140,49 @@ def test_unreadable_trainer_state(tmp_path):
     (path / "trainer_state.pt").write_bytes(b"not a torch file")
     with pytest.raises(CheckpointError, match=r"cannot read trainer_state.pt"):
         manager.load_trainer_state(path)
+
+
+def _flip_a_byte(file):
+    data = bytearray(file.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    file.write_bytes(bytes(data))
+
+
+def test_a_file_changed_in_place_is_caught_by_its_checksum(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    path = save(manager, 4)
+    manifest = json.loads((path / MANIFEST_FILE).read_text())
+    assert set(manifest["files"]["actor/model.pt"]) == {"size", "crc32"}
+    _flip_a_byte(path / "actor" / "model.pt")  # same size, different bytes
+    with pytest.raises(
+        CheckpointError,
+        match=r"global_step_4 is corrupt: actor/model.pt has changed since it was saved \(its "
+        r"CRC32 differs from the manifest's\); delete that folder to resume from an earlier",
+    ):
+        manager.resolve("auto")
+    # sizes only, when checksums are off
+    assert CheckpointManager(tmp_path, checksums=False).resolve("auto") == path
+
+
+def test_without_checksums_the_manifest_holds_sizes_and_still_catches_cut_files(tmp_path):
+    manager = CheckpointManager(tmp_path, checksums=False)
+    path = save(manager, 1)
+    entry = json.loads((path / MANIFEST_FILE).read_text())["files"]["actor/model.pt"]
+    assert set(entry) == {"size"}
+    # a checkpoint saved without checksums resumes with them on: nothing to compare
+    assert CheckpointManager(tmp_path).resolve("auto") == path
+    model = path / "actor" / "model.pt"
+    model.write_bytes(model.read_bytes()[:-1])
+    with pytest.raises(CheckpointError, match=r"actor/model\.pt has"):
+        CheckpointManager(tmp_path).resolve("auto")
+
+
+def test_manifests_of_sizes_alone_still_verify(tmp_path):
+    path = save(CheckpointManager(tmp_path), 2)
+    manifest = json.loads((path / MANIFEST_FILE).read_text())
+    manifest["files"] = {name: entry["size"] for name, entry in manifest["files"].items()}
+    (path / MANIFEST_FILE).write_text(json.dumps(manifest))
+    assert CheckpointManager(tmp_path).resolve("auto") == path
+    (path / "trainer_state.pt").write_bytes(b"x")
+    with pytest.raises(CheckpointError, match=r"trainer_state\.pt has 1 bytes"):
+        CheckpointManager(tmp_path).resolve("auto")
