@@ -31,7 +31,9 @@ from plugrl_plugins.backends.fsdp2.config import FSDP2ActorConfig
 from plugrl_plugins.backends.fsdp2.export import write_hf_folder
 from plugrl_plugins.backends.fsdp2.model import (
     device_mesh,
+    empty_model,
     enable_checkpointing,
+    fill_from_rank0,
     load_model,
     model_path,
     shard_model,
@@ -104,9 +106,15 @@ class FSDP2Backend(TrainingBackend):
     def setup(self, total_training_steps: int) -> None:
         ensure_process_group(self.device, self.dist)
         self.device.set_device(self.dist.local_rank)
-        # every rank draws the same new weights (the critic's value head) from the same seed
         self.device.manual_seed(self.recipe.trainer.seed)
-        model = load_model(self.recipe, self.role, self.param_dtype)
+        # with several ranks only rank 0 reads the weights; the others build the structure on
+        # the meta device and receive their shards from it after sharding
+        several = self.dist.world_size > 1
+        source = None
+        if not several or self.dist.rank == 0:
+            source = load_model(self.recipe, self.role, self.param_dtype)
+        model = empty_model(self.recipe, self.role, self.param_dtype) if several else source
+        assert model is not None
         self._hf_class = type(model)
         self._hf_config = model.config
         if self.role == "ref":
@@ -124,6 +132,10 @@ class FSDP2Backend(TrainingBackend):
             param_dtype=self.param_dtype,
             compute_dtype=self.compute_dtype,
         )
+        if several:
+            offload = self.config.param_offload and self.device.name != "cpu"
+            fill_from_rank0(self.model, source, self.torch_device, offload=offload)
+        del source
         self.model.eval()
         if self.role != "ref":
             self.optimizer, self.lr_scheduler = build_optimizer(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -47,10 +47,8 @@ def weight_dtypes(recipe: Recipe, role: Role) -> tuple[torch.dtype, torch.dtype]
     return compute, compute
 
 
-def load_model(recipe: Recipe, role: Role, dtype: torch.dtype) -> torch.nn.Module:
-    """A Hugging Face model for ``role``: a causal LM for actor and ref; for the critic, the
-    same network with a one-output token-classification head (the value head) instead of the
-    LM head, initialised from the seeded RNG so every rank starts from the same head."""
+def _model_config(recipe: Recipe, role: Role) -> tuple[Any, Any, str]:
+    """``(config, model class, folder)`` for a role, with ``model.override_config`` applied."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
     path, key = model_path(recipe, role)
@@ -60,8 +58,7 @@ def load_model(recipe: Recipe, role: Role, dtype: torch.dtype) -> torch.nn.Modul
             "saved with save_pretrained",
             key=key,
         )
-    trust = recipe.model.trust_remote_code
-    config = AutoConfig.from_pretrained(path, trust_remote_code=trust)
+    config = AutoConfig.from_pretrained(path, trust_remote_code=recipe.model.trust_remote_code)
     for name, value in recipe.model.override_config.items():
         if not hasattr(config, name):
             raise RecipeError(
@@ -73,10 +70,67 @@ def load_model(recipe: Recipe, role: Role, dtype: torch.dtype) -> torch.nn.Modul
         config.num_labels = 1
         # a random dropout mask on the value head would make value estimates noisy
         config.classifier_dropout = 0.0
-        model_class = AutoModelForTokenClassification
-    else:
-        model_class = AutoModelForCausalLM
-    return model_class.from_pretrained(path, config=config, dtype=dtype, trust_remote_code=trust)
+        return config, AutoModelForTokenClassification, path
+    return config, AutoModelForCausalLM, path
+
+
+def load_model(recipe: Recipe, role: Role, dtype: torch.dtype) -> torch.nn.Module:
+    """A Hugging Face model for ``role``: a causal LM for actor and ref; for the critic, the
+    same network with a one-output token-classification head (the value head) instead of the
+    LM head, initialised from the seeded RNG."""
+    config, model_class, path = _model_config(recipe, role)
+    return model_class.from_pretrained(
+        path, config=config, dtype=dtype, trust_remote_code=recipe.model.trust_remote_code
+    )
+
+
+def empty_model(recipe: Recipe, role: Role, dtype: torch.dtype) -> torch.nn.Module:
+    """The model :func:`load_model` gives, with its tensors on the meta device: the structure
+    alone, no memory and no file read beyond ``config.json``."""
+    config, model_class, _ = _model_config(recipe, role)
+    with torch.device("meta"):
+        return model_class.from_config(
+            config, dtype=dtype, trust_remote_code=recipe.model.trust_remote_code
+        )
+
+
+@torch.no_grad()
+def fill_from_rank0(
+    model: torch.nn.Module,
+    source: torch.nn.Module | None,
+    device: torch.device,
+    *,
+    offload: bool = False,
+) -> None:
+    """Give a sharded model built on the meta device the weights of ``source``, which only
+    rank 0 holds: each rank allocates its shards on ``device`` and receives them from rank 0,
+    so no other rank ever holds the full weights.
+
+    Buffers left out of state dicts (rotary frequencies) are broadcast from rank 0 too. With
+    ``offload`` (FSDP2's CPU offload policy) the shards then move to the CPU, where that policy
+    keeps them; buffers stay on ``device``.
+    """
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    is_source = dist.get_rank() == 0
+    if is_source and source is None:
+        raise ValueError("rank 0 must pass the loaded model")
+    model.to_empty(device=device)
+    set_model_state_dict(
+        model,
+        source.state_dict() if is_source and source is not None else {},
+        options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
+    )
+    source_buffers = dict(source.named_buffers()) if is_source and source is not None else {}
+    for name, buffer in model.named_buffers():
+        if is_source:
+            buffer.copy_(source_buffers[name])
+        dist.broadcast(buffer, src=0)
+    if offload:
+        model.to("cpu")
+        for buffer in model.buffers():
+            buffer.data = buffer.data.to(device)
 
 
 def enable_checkpointing(model: torch.nn.Module) -> None:

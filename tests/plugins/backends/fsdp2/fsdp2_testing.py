@@ -141,3 +141,33 @@ def full_weights(backend: Any) -> dict[str, torch.Tensor]:
 def max_weight_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     assert a.keys() == b.keys()
     return max(float((a[name] - b[name]).abs().max()) for name in a)
+
+
+def rank_log_probs_worker(rank: int, world_size: int, port: int, model_dir: str, out: str) -> None:
+    """One of ``world_size`` spawned ranks: build the actor (only rank 0 may read the weights;
+    elsewhere loading them fails) and save the log-probs of :func:`make_batch` ``(8)``."""
+    import torch.distributed as dist
+
+    import plugrl_plugins.backends.fsdp2.backend as backend_module
+    from plugrl.cluster.distributed import init_process_group
+
+    torch.set_num_threads(1)
+    if rank != 0:
+
+        def refuse(*args: Any, **kwargs: Any) -> None:
+            raise AssertionError(f"rank {rank} read the full weights")
+
+        backend_module.load_model = refuse
+    init_process_group(CpuDevice(), DistInfo(rank=rank, world_size=world_size), "127.0.0.1", port)
+    try:
+        backend = FSDP2Backend(
+            make_recipe(Path(model_dir)),
+            role="actor",
+            device=CpuDevice(),
+            dist=DistInfo(rank=rank, world_size=world_size),
+        )
+        backend.setup(10)
+        log_probs = backend.compute_log_prob(make_batch(8))["log_probs"]
+        torch.save(log_probs, Path(out) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()

@@ -170,3 +170,26 @@ def test_hybrid_sharding_replicates_and_matches_one_rank(ray_session, two_ranks,
         assert max_weight_difference(weights, full_weights(local)) < 2e-5
     finally:
         hybrid.close()
+
+
+def test_a_critic_on_two_ranks_matches_one_local_critic(ray_session, two_ranks, tiny_model):
+    batch = make_batch(8, seed=6)
+    recipe = make_recipe(tiny_model, cluster="ray", critic={"cliprange_value": 0.05})
+    critics = RayWorkerGroup(
+        recipe, "critic", world_size=2, device_name="cpu", num_cpus_per_rank=0.5
+    )
+    try:
+        critics.setup(10)
+        local = make_backend(make_recipe(tiny_model, critic={"cliprange_value": 0.05}), "critic")
+        # the value head is drawn from the seeded RNG on rank 0 and reaches rank 1 from it
+        values = critics.compute_values(batch)
+        torch.testing.assert_close(values, local.compute_values(batch), atol=1e-5, rtol=0)
+        batch["values"] = values
+        ray_metrics = critics.update_critic(batch)
+        local_metrics = local.update_critic(batch)
+        for key in ("critic/vf_loss", "critic/grad_norm", "critic/vpred_mean"):
+            assert ray_metrics[key] == pytest.approx(local_metrics[key], rel=1e-5), key
+        weights = dict(critics.named_weights())
+        assert max_weight_difference(weights, full_weights(local)) < 2e-5
+    finally:
+        critics.close()

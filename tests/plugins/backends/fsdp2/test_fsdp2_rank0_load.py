@@ -1,0 +1,23 @@
+"""With several ranks only rank 0 reads the weights; the others get their shards from it."""
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from fsdp2_testing import make_batch, plain_log_probs, rank_log_probs_worker
+
+from plugrl.cluster.distributed import free_port
+
+pytestmark = pytest.mark.slow
+
+
+def test_only_rank0_reads_the_weights_and_every_rank_computes_with_them(tiny_model, tmp_path):
+    mp.spawn(
+        rank_log_probs_worker,
+        args=(2, free_port(), str(tiny_model), str(tmp_path)),
+        nprocs=2,
+        join=True,
+    )
+    expected, _ = plain_log_probs(tiny_model, make_batch(8))
+    for rank in (0, 1):
+        log_probs = torch.load(tmp_path / f"rank{rank}.pt")
+        torch.testing.assert_close(log_probs, expected, atol=1e-5, rtol=0)
