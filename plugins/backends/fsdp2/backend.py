@@ -59,6 +59,27 @@ def _fsdp2_config(config: Any) -> FSDP2ActorConfig:
     return FSDP2ActorConfig(**values)
 
 
+# tokens per slice when the entropy is only a metric: the probabilities of a slice are a
+# transient copy of its logits, which at a 150k vocabulary is about 600 MB per 1024 tokens
+_ENTROPY_SLICE_TOKENS = 1024
+
+
+@torch.no_grad()
+def _entropy_for_metrics(logits: torch.Tensor, log_norm: torch.Tensor) -> torch.Tensor:
+    """Per-token entropy ``[...]`` of ``logits [..., V]``, without gradient, a slice of tokens
+    at a time: it runs while the update's activations are held, at the step's peak memory."""
+    flat_logits = logits.reshape(-1, logits.shape[-1])
+    flat_norm = log_norm.reshape(-1)
+    entropy = torch.empty_like(flat_norm)
+    for start in range(0, flat_logits.shape[0], _ENTROPY_SLICE_TOKENS):
+        piece = flat_logits[start : start + _ENTROPY_SLICE_TOKENS]
+        expected = (torch.softmax(piece, dim=-1) * piece).sum(dim=-1)
+        entropy[start : start + _ENTROPY_SLICE_TOKENS] = (
+            flat_norm[start : start + _ENTROPY_SLICE_TOKENS] - expected
+        )
+    return entropy.reshape(log_norm.shape)
+
+
 class _MetricMeans:
     """Means of metric values reported several times (per micro-batch, per step)."""
 
@@ -273,9 +294,10 @@ class FSDP2Backend(TrainingBackend):
         pad = responses.shape[-1] - used
         entropy = None
         if with_entropy:
-            if not entropy_grad:  # a metric only: keep it out of the autograd graph
-                logits, log_norm = logits.detach(), log_norm.detach()
-            entropy = log_norm - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
+            if entropy_grad:
+                entropy = log_norm - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
+            else:
+                entropy = _entropy_for_metrics(logits.detach(), log_norm.detach())
             entropy = F.pad(entropy * attended, (0, pad))
         return F.pad(log_prob * attended, (0, pad)), entropy
 
