@@ -172,3 +172,21 @@ def test_doctor_reports_versions_and_parts():
         line.split()[:2] == ["device", "cpu"] and line.endswith("ok")
         for line in result.stdout.splitlines()
     )
+
+
+def test_the_cli_lets_idle_torch_threads_sleep_unless_told_otherwise():
+    code = (
+        "import os; from plugrl.cli import cli; cli(['plugins'], standalone_mode=False); "
+        "print('policy', os.environ.get('OMP_WAIT_POLICY'))"
+    )
+    env = {key: value for key, value in os.environ.items() if key != "OMP_WAIT_POLICY"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.stdout.splitlines()[-1] == "policy PASSIVE"
+    env["OMP_WAIT_POLICY"] = "ACTIVE"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.stdout.splitlines()[-1] == "policy ACTIVE"
+    # once torch is loaded the setting would do nothing, so it is left alone
+    late = "import torch; " + code
+    env.pop("OMP_WAIT_POLICY")
+    out = subprocess.run([sys.executable, "-c", late], capture_output=True, text=True, env=env)
+    assert out.stdout.splitlines()[-1] == "policy None"
