@@ -114,14 +114,17 @@ def smoke_recipe(task: dict[str, Path], device: str, run_dir: Path) -> dict[str,
 
 def run_plugrl(recipe_file: Path, *overrides: str, timeout: float = 900) -> str:
     """``plugrl run`` in a fresh process; its stderr, or a failure with the end of it."""
-    result = subprocess.run(
-        [sys.executable, "-m", "plugrl.cli", "run", str(recipe_file), *overrides],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        cwd=recipe_file.parent,
-    )
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "plugrl.cli", "run", str(recipe_file), *overrides],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            cwd=recipe_file.parent,
+        )
+    except subprocess.TimeoutExpired:
+        raise SmokeFailure(f"plugrl run {recipe_file.name} took over {timeout:.0f} s") from None
     if result.returncode != 0:
         raise SmokeFailure(f"plugrl run exited {result.returncode}: {result.stderr[-2000:]}")
     return result.stderr
@@ -156,6 +159,7 @@ def check_steps(run_dir: Path, steps: range, memory_metric: str | None) -> None:
 class Smoke:
     def __init__(self, device: str, ranks: int, workdir: Path) -> None:
         self.device, self.ranks, self.workdir = device, ranks, workdir
+        self.task: dict[str, Path] = {}
         self.failures = 0
 
     def check(self, name: str, body: Callable[[], str]) -> None:
