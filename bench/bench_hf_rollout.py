@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from plugrl.data.batch import left_pad
 from plugrl.data.dataset import PromptDataset, pad_token_id_of
 from plugrl.parts.rollout import SamplingParams
 from plugrl.quickstart import DEFAULT_DIR, prepare_quickstart
@@ -35,12 +36,7 @@ def generate_tokens(
     model: Any, prompts: list[list[int]], n: int, max_tokens: int, pad: int, stop: list[int]
 ) -> int:
     """One ``model.generate`` call; returns the response tokens up to each row's stop token."""
-    width = max(len(p) for p in prompts)
-    input_ids = torch.full((len(prompts), width), pad)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
-        mask[row, width - len(prompt) :] = 1
+    input_ids, mask = left_pad(prompts, pad)
     with torch.no_grad():
         output = model.generate(
             input_ids=input_ids,
@@ -55,7 +51,7 @@ def generate_tokens(
             pad_token_id=pad,
         )
     total = 0
-    for row in output[:, width:].tolist():
+    for row in output[:, input_ids.shape[1] :].tolist():
         ends = [i for i, token in enumerate(row) if token in stop]
         total += ends[0] + 1 if ends else len(row)
     return total

@@ -20,6 +20,22 @@ import numpy as np
 import torch
 
 
+def left_pad(
+    sequences: Sequence[Sequence[int]], pad_token_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-id lists as ``(ids, attention_mask)`` [B, longest], each row's tokens at the
+    right end (left padding with ``pad_token_id``, mask 0 there), as prompts are fed to a
+    causal LM. An empty list gives a row of padding."""
+    width = max((len(sequence) for sequence in sequences), default=0)
+    ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, sequence in enumerate(sequences):
+        if len(sequence):
+            ids[row, width - len(sequence) :] = torch.as_tensor(list(sequence), dtype=torch.long)
+            mask[row, width - len(sequence) :] = 1
+    return ids, mask
+
+
 def _as_column(values: Any, name: str) -> np.ndarray:
     if isinstance(values, np.ndarray) and values.dtype == object and values.ndim == 1:
         return values

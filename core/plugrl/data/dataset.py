@@ -262,17 +262,9 @@ def collate(records: Sequence[PromptRecord], uids: Sequence[str], pad_token_id: 
     ``pad_token_id``, ``prompt_attention_mask`` [B, P], and the columns ``uid``, ``index``,
     ``data_source``, ``ground_truth``, ``extra_info``, ``ability``, ``raw_prompt_ids``
     (unpadded lists of ints)."""
-    import torch
+    from plugrl.data.batch import Batch, left_pad
 
-    from plugrl.data.batch import Batch
-
-    width = max(len(r.prompt_ids) for r in records)
-    prompts = torch.full((len(records), width), pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(records), width), dtype=torch.long)
-    for row, record in enumerate(records):
-        length = len(record.prompt_ids)
-        prompts[row, width - length :] = torch.tensor(record.prompt_ids, dtype=torch.long)
-        mask[row, width - length :] = 1
+    prompts, mask = left_pad([r.prompt_ids for r in records], pad_token_id)
     return Batch(
         tensors={"prompts": prompts, "prompt_attention_mask": mask},
         columns={

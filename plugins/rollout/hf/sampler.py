@@ -23,6 +23,8 @@ import attrs
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
+from plugrl.data.batch import left_pad
+
 
 @attrs.define
 class SampledSequence:
@@ -109,19 +111,6 @@ def _trim_leading_padding(attention_mask: torch.Tensor, cache: Any) -> torch.Ten
     return attention_mask[:, lead:]
 
 
-def _left_pad(
-    prompts: Sequence[Sequence[int]], pad_token_id: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(p) for p in prompts)
-    input_ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        if prompt:
-            input_ids[row, width - len(prompt) :] = torch.as_tensor(list(prompt), dtype=torch.long)
-            attention_mask[row, width - len(prompt) :] = 1
-    return input_ids, attention_mask
-
-
 def _sample_wave(
     model: Any,
     prompts: Sequence[Sequence[int]],
@@ -144,7 +133,7 @@ def _sample_wave(
         reason = "length" if max_tokens <= 0 else "aborted"
         return [SampledSequence([], [], reason) for _ in range(rows)]
 
-    input_ids, attention_mask = _left_pad(prompts, pad_token_id)
+    input_ids, attention_mask = left_pad(prompts, pad_token_id)
     positions = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
     input_ids, attention_mask, positions = (
         t.to(device) for t in (input_ids, attention_mask, positions)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from plugrl.data.batch import Batch
+from plugrl.data.batch import Batch, left_pad
 
 
 def make(rows=4):
@@ -91,3 +91,11 @@ def test_pickles_for_the_object_store():
 def test_columns_of_lists_stay_one_object_per_row():
     batch = Batch(columns={"raw_prompt_ids": [[1, 2], [3]]})
     assert batch["raw_prompt_ids"].shape == (2,) and batch["raw_prompt_ids"][0] == [1, 2]
+
+
+def test_left_pad_puts_tokens_at_the_right_end_and_masks_the_padding():
+    ids, mask = left_pad([[5, 6, 7], [8], []], pad_token_id=0)
+    assert ids.tolist() == [[5, 6, 7], [0, 0, 8], [0, 0, 0]]
+    assert mask.tolist() == [[1, 1, 1], [0, 0, 1], [0, 0, 0]]
+    assert ids.dtype == mask.dtype == torch.long
+    assert left_pad([], pad_token_id=0)[0].shape == (0, 0)

@@ -5,6 +5,7 @@ import threading
 import pytest
 import torch
 
+from plugrl.data.batch import left_pad
 from plugrl.errors import PluginError, RecipeError
 from plugrl.parts.rollout import SamplingParams
 from plugrl.recipe import ModelConfig, Recipe, TrainerConfig
@@ -39,12 +40,7 @@ def chat_prompts(tokenizer, questions=QUESTIONS) -> list[list[int]]:
 
 def hf_generate(model, prompts, *, max_new_tokens, eos_token_id, pad_token_id) -> list[list[int]]:
     """Greedy ``model.generate`` on left-padded prompts; new tokens only, padding kept."""
-    width = max(len(p) for p in prompts)
-    input_ids = torch.full((len(prompts), width), pad_token_id)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
-        mask[row, width - len(prompt) :] = 1
+    input_ids, mask = left_pad(prompts, pad_token_id)
     with torch.no_grad():
         output = model.generate(
             input_ids=input_ids,
@@ -54,7 +50,7 @@ def hf_generate(model, prompts, *, max_new_tokens, eos_token_id, pad_token_id) -
             eos_token_id=eos_token_id,
             pad_token_id=pad_token_id,
         )
-    return output[:, width:].tolist()
+    return output[:, input_ids.shape[1] :].tolist()
 
 
 def teacher_forced_log_probs(model, prompt, response, temperature=1.0, top_k=0):
