@@ -149,15 +149,7 @@ def training_loader(recipe: Recipe, dataset: PromptDataset, pad_token_id: int) -
             data.train_batch_size,
         )
         return PromptLoader.for_training(dataset, data, pad_token_id)
-    return PromptLoader(
-        dataset,
-        data.gen_batch_size,
-        pad_token_id=pad_token_id,
-        shuffle=data.shuffle,
-        seed=data.seed,
-        drop_last=True,
-        batch_size_key="data.gen_batch_size",
-    )
+    return PromptLoader.for_training(dataset, data, pad_token_id, per_generation_round=True)
 
 
 def check_data_sources(reward: RewardManager, datasets: list[PromptDataset | None]) -> None:

@@ -334,17 +334,25 @@ class PromptLoader:
 
     @classmethod
     def for_training(
-        cls, dataset: PromptDataset, config: DataConfig, pad_token_id: int
+        cls,
+        dataset: PromptDataset,
+        config: DataConfig,
+        pad_token_id: int,
+        *,
+        per_generation_round: bool = False,
     ) -> PromptLoader:
-        """``data.train_batch_size`` prompts per batch, shuffled by ``data.seed``, full
+        """``data.train_batch_size`` prompts per batch (``data.gen_batch_size`` with
+        ``per_generation_round``, for dynamic sampling), shuffled by ``data.seed``, full
         batches only."""
+        key = "gen_batch_size" if per_generation_round else "train_batch_size"
         return cls(
             dataset,
-            config.train_batch_size,
+            getattr(config, key),
             pad_token_id=pad_token_id,
             shuffle=config.shuffle,
             seed=config.seed,
             drop_last=True,
+            batch_size_key=f"data.{key}",
         )
 
     @classmethod
