@@ -9,12 +9,12 @@ from support import (
     one_torch_thread,  # noqa: F401 (autouse: one torch thread here)
 )
 
+from plugrl.quickstart.untrained import UntrainedTask, build_untrained_task
+
 importable_here(Path(__file__).parent)
 
 from e2e_support import (  # noqa: E402
     REFERENCE_OVERRIDES,
-    TinyTask,
-    build_tiny_task,
     check_ok,
     reference_recipe,
     run_cli,
@@ -29,8 +29,8 @@ class FinishedRun:
 
 
 @pytest.fixture(scope="session")
-def tiny_task(tmp_path_factory) -> TinyTask:
-    return build_tiny_task(tmp_path_factory.mktemp("tiny-task"))
+def tiny_task(tmp_path_factory) -> UntrainedTask:
+    return build_untrained_task(tmp_path_factory.mktemp("tiny-task"))
 
 
 @pytest.fixture(scope="session")

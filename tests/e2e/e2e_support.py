@@ -10,47 +10,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import attrs
 import yaml
 
-HERE = Path(__file__).parent
-SPREAD_REWARD = HERE / "spread_reward.py"
+from plugrl.quickstart.untrained import UntrainedTask
 
 # Metrics that measure the machine rather than the run: they differ between two runs of the
 # same recipe.
 MACHINE_METRICS = ("timing_s/", "perf/")
 
 
-@attrs.frozen
-class TinyTask:
-    """An untrained quickstart model and a few arithmetic prompts, saved in ``root``."""
-
-    root: Path
-    model: Path
-    train_file: Path
-    val_file: Path
-
-
-def build_tiny_task(root: Path, *, num_train: int = 16, num_val: int = 4) -> TinyTask:
-    from plugrl.quickstart import save_untrained_model
-    from plugrl.quickstart.arithmetic import make_splits, write_parquet
-
-    splits = make_splits(
-        0, num_warm_start=0, num_train=num_train, num_val=num_val, carry_fraction=0.5
-    )
-    task = TinyTask(
-        root=root,
-        model=root / "model",
-        train_file=root / "train.parquet",
-        val_file=root / "val.parquet",
-    )
-    save_untrained_model(task.model)
-    write_parquet(splits.train, "train", task.train_file)
-    write_parquet(splits.val, "val", task.val_file)
-    return task
-
-
-def tiny_recipe(task: TinyTask, run_dir: Path, **sections: dict[str, Any]) -> dict[str, Any]:
+def tiny_recipe(task: UntrainedTask, run_dir: Path, **sections: dict[str, Any]) -> dict[str, Any]:
     """A GRPO recipe on ``task`` that takes seconds per step on a CPU: 4 prompts x 2 responses
     of at most 8 tokens, two optimizer steps per training step, float32. ``sections`` are
     merged into it section by section."""
@@ -67,7 +36,7 @@ def tiny_recipe(task: TinyTask, run_dir: Path, **sections: dict[str, Any]) -> di
         "actor": {"ppo_mini_batch_size": 2, "optim": {"lr": 1e-3}},
         "rollout": {"n": 2},
         "algorithm": {"adv_estimator": "grpo"},
-        "reward": {"custom_function": {"path": str(SPREAD_REWARD)}},
+        "reward": {"custom_function": {"path": str(task.reward_file)}},
         "trainer": {
             "total_training_steps": 2,
             "default_local_dir": str(run_dir),
@@ -169,7 +138,7 @@ REFERENCE_OVERRIDES = (
 )
 
 
-def reference_recipe(task: TinyTask, folder: Path) -> Path:
+def reference_recipe(task: UntrainedTask, folder: Path) -> Path:
     """The reference run's recipe file in ``folder``, writing its run into ``folder/run``."""
     return write_recipe(
         folder / "recipe.yaml", tiny_recipe(task, folder / "run", **REFERENCE_SECTIONS)

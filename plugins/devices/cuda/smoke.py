@@ -3,7 +3,8 @@
     python -m plugrl_plugins.devices.cuda.smoke [--device cuda] [--ranks N] [--workdir DIR]
 
 It builds the quickstart's untrained tiny model and a few arithmetic prompts in ``--workdir``
-(nothing is downloaded), then runs ``plugrl run`` in fresh processes and checks each result:
+(nothing is downloaded; the reward scores each response by a hash of its text), then runs
+``plugrl run`` in fresh processes and checks each result:
 
 1. the device plugin finds the device;
 2. three GRPO steps on one rank with a KL loss (actor and reference roles), mixed precision
@@ -34,6 +35,8 @@ from typing import Any
 
 import yaml
 
+from plugrl.quickstart.untrained import UntrainedTask, build_untrained_task
+
 CHECKED_METRICS = ("actor/pg_loss", "actor/grad_norm", "actor/kl_loss", "critic/score/mean")
 MEMORY_METRICS = {
     "cuda": "perf/max_memory_allocated_gb",
@@ -46,47 +49,13 @@ class SmokeFailure(Exception):
     """A check did not hold; the message says what was seen."""
 
 
-# An untrained model never answers right, so the task's own scorer would give every response 0
-# and nothing would train: this one scores each response by a hash of its text.
-SPREAD_REWARD = """\
-import hashlib
-
-
-def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-    digest = hashlib.sha256(solution_str.encode("utf-8")).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64
-"""
-
-
-def build_task(root: Path) -> dict[str, Path]:
-    """The quickstart's untrained model, a few arithmetic prompts in verl's schema, and a
-    reward that spreads scores within each group."""
-    from plugrl.quickstart import save_untrained_model
-    from plugrl.quickstart.arithmetic import make_splits, write_parquet
-
-    splits = make_splits(0, num_warm_start=0, num_train=16, num_val=4, carry_fraction=0.5)
-    paths = {
-        "model": root / "model",
-        "train": root / "train.parquet",
-        "val": root / "val.parquet",
-        "reward": root / "spread_reward.py",
-    }
-    root.mkdir(parents=True, exist_ok=True)
-    paths["reward"].write_text(SPREAD_REWARD, encoding="utf-8")
-    if not (paths["model"] / "config.json").exists():
-        save_untrained_model(paths["model"])
-    write_parquet(splits.train, "train", paths["train"])
-    write_parquet(splits.val, "val", paths["val"])
-    return paths
-
-
-def smoke_recipe(task: dict[str, Path], device: str, run_dir: Path) -> dict[str, Any]:
+def smoke_recipe(task: UntrainedTask, device: str, run_dir: Path) -> dict[str, Any]:
     """GRPO with a KL loss on the tiny model: 4 prompts x 2 responses of at most 16 tokens."""
     return {
-        "model": {"path": str(task["model"]), "dtype": "float32"},
+        "model": {"path": str(task.model), "dtype": "float32"},
         "data": {
-            "train_files": [str(task["train"])],
-            "val_files": [str(task["val"])],
+            "train_files": [str(task.train_file)],
+            "val_files": [str(task.val_file)],
             "train_batch_size": 4,
             "max_prompt_length": 32,
             "max_response_length": 16,
@@ -100,7 +69,7 @@ def smoke_recipe(task: dict[str, Path], device: str, run_dir: Path) -> dict[str,
         },
         "rollout": {"n": 2},
         "algorithm": {"adv_estimator": "grpo"},
-        "reward": {"manager": "naive", "custom_function": {"path": str(task["reward"])}},
+        "reward": {"manager": "naive", "custom_function": {"path": str(task.reward_file)}},
         "trainer": {
             "total_training_steps": 3,
             "save_freq": 1,
@@ -159,7 +128,7 @@ def check_steps(run_dir: Path, steps: range, memory_metric: str | None) -> None:
 class Smoke:
     def __init__(self, device: str, ranks: int, workdir: Path) -> None:
         self.device, self.ranks, self.workdir = device, ranks, workdir
-        self.task: dict[str, Path] = {}
+        self.task: UntrainedTask | None = None
         self.failures = 0
 
     def check(self, name: str, body: Callable[[], str]) -> None:
@@ -173,6 +142,7 @@ class Smoke:
 
     def write(self, name: str, **changes: Any) -> tuple[Path, Path]:
         run_dir = self.workdir / name
+        assert self.task is not None, "write recipes after the task is built"
         recipe = smoke_recipe(self.task, self.device, run_dir)
         for section, values in changes.items():
             merge = isinstance(values, dict) and isinstance(recipe.get(section), dict)
@@ -185,7 +155,7 @@ class Smoke:
         self.check("device", self.device_is_there)
         if self.failures:
             return 1
-        self.task = build_task(self.workdir / "task")
+        self.task = build_untrained_task(self.workdir / "task")
         accelerator = self.device != "cpu"
         # bfloat16 compute with float32 master weights is how accelerator runs train
         dtype = {"dtype": "bfloat16"} if accelerator else {}
