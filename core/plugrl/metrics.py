@@ -8,11 +8,15 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from plugrl.errors import PlugrlError
 
 if TYPE_CHECKING:
     import torch
@@ -110,3 +114,25 @@ def mean_metrics(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
             sums[key] += float(value)
             counts[key] += 1
     return {key: sums[key] / counts[key] for key in sums}
+
+
+METRICS_FILE = "metrics.jsonl"
+"""The file in a run folder where the ``jsonl`` logger appends one JSON object per step."""
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The records of a run folder's ``metrics.jsonl``, in file order; a line cut short by a
+    killed run is skipped."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.exists():
+        raise PlugrlError(
+            f"{path} not found: is {run_dir} a plugrl run folder (it has "
+            f"{METRICS_FILE} when the run uses the jsonl logger)?"
+        )
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records

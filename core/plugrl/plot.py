@@ -5,27 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from plugrl.errors import PlugrlError
+from plugrl.metrics import METRICS_FILE, read_metrics
 
 PLOT_FILE = "progress.png"
 REWARD_KEY = "critic/score/mean"
-
-
-def _read_records(run_dir: Path) -> list[dict]:
-    import json
-
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        raise PlugrlError(
-            f"{path} not found: is {run_dir} a plugrl run folder (it has "
-            "metrics.jsonl when the run uses the jsonl logger)?"
-        )
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line cut by a killed run
-    return records
 
 
 def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
@@ -36,7 +19,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     import matplotlib.pyplot as plt
 
     run_dir = Path(run_dir)
-    records = _read_records(run_dir)
+    records = read_metrics(run_dir)
     reward = [
         (r["step"], r[REWARD_KEY]) for r in records if isinstance(r.get(REWARD_KEY), (int, float))
     ]
@@ -49,7 +32,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
                 )
     if not reward and not accuracy:
         raise PlugrlError(
-            f"{run_dir / 'metrics.jsonl'} has no {REWARD_KEY} or val-core accuracy to plot yet"
+            f"{run_dir / METRICS_FILE} has no {REWARD_KEY} or val-core accuracy to plot yet"
         )
     fig, (ax_reward, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
     if reward:

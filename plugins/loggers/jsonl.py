@@ -8,9 +8,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from plugrl.metrics import METRICS_FILE
 from plugrl.parts.logger import MetricLogger
-
-METRICS_FILE = "metrics.jsonl"
 
 
 def _plain(value: Any) -> Any:
@@ -55,15 +54,3 @@ class JsonlLogger(MetricLogger):
         if self._file is not None:
             self._file.close()
             self._file = None
-
-
-def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    """The records of a run folder's metrics file, in order."""
-    path = Path(run_dir) / METRICS_FILE
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records

@@ -1,7 +1,8 @@
 import json
 
+from plugrl.metrics import read_metrics
 from plugrl_plugins.loggers.console import summary_line
-from plugrl_plugins.loggers.jsonl import JsonlLogger, read_metrics
+from plugrl_plugins.loggers.jsonl import JsonlLogger
 
 
 def test_summary_line_shows_what_people_watch():
