@@ -23,7 +23,6 @@ with ``--device cpu`` so the script itself stays correct where no accelerator is
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import subprocess
@@ -35,6 +34,7 @@ from typing import Any
 
 import yaml
 
+from plugrl.metrics import read_metrics
 from plugrl.quickstart.untrained import UntrainedTask, build_untrained_task
 
 CHECKED_METRICS = ("actor/pg_loss", "actor/grad_norm", "actor/kl_loss", "critic/score/mean")
@@ -100,10 +100,9 @@ def run_plugrl(recipe_file: Path, *overrides: str, timeout: float = 900) -> str:
 
 
 def records(run_dir: Path) -> dict[int, dict[str, Any]]:
-    lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    """The run's metrics by step; a step logged twice is a failure."""
     found: dict[int, dict[str, Any]] = {}
-    for line in filter(None, (line.strip() for line in lines)):
-        record = json.loads(line)
+    for record in read_metrics(run_dir):
         if record["step"] in found:
             raise SmokeFailure(f"step {record['step']} was logged twice in {run_dir}")
         found[record["step"]] = record
