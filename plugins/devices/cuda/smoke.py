@@ -118,7 +118,8 @@ def check_steps(run_dir: Path, steps: range, memory_metric: str | None) -> None:
             raise SmokeFailure(f"step {step}: no gradient (actor/grad_norm is 0)")
         for name in CHECKED_METRICS:
             value = logged[step].get(name)
-            if value is None or not math.isfinite(value):
+            # the jsonl logger writes NaN and infinity as strings
+            if not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise SmokeFailure(f"step {step}: {name} is {value!r}")
         if memory_metric and not logged[step].get(memory_metric, 0) > 0:
             raise SmokeFailure(f"step {step}: no {memory_metric}")
