@@ -395,12 +395,12 @@ class FSDP2Backend(TrainingBackend):
     def _check_single_step(self, num_rows: int) -> None:
         """Old log-probs may come from the update's own forward only when that forward is the
         first and only one before the weights change."""
-        epochs = self.config.ppo_epochs
-        if epochs != 1 or self._mini_batch_rows(num_rows) != num_rows:
+        epochs, mini_rows = self.config.ppo_epochs, self._mini_batch_rows(num_rows)
+        if epochs != 1 or mini_rows != num_rows:
             raise RecipeError(
                 f"the batch has no old_log_probs, but this update takes more than one optimizer "
                 f"step (ppo_epochs {epochs}, {num_rows} sequences on this rank in mini-batches "
-                f"of {self._mini_batch_rows(num_rows)}), so they cannot come from its own "
+                f"of {mini_rows}), so they cannot come from its own "
                 "forward; the scheduler must compute them with compute_log_prob first",
                 key="actor.reuse_on_policy_log_prob",
             )

@@ -113,18 +113,19 @@ def fill_from_rank0(
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    is_source = dist.get_rank() == 0
-    if is_source and source is None:
+    if dist.get_rank() != 0:
+        source = None  # whatever another rank holds, rank 0's weights are the ones sent
+    elif source is None:
         raise ValueError("rank 0 must pass the loaded model")
     model.to_empty(device=device)
     set_model_state_dict(
         model,
-        source.state_dict() if is_source and source is not None else {},
+        source.state_dict() if source is not None else {},
         options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
     )
-    source_buffers = dict(source.named_buffers()) if is_source and source is not None else {}
+    source_buffers = dict(source.named_buffers()) if source is not None else {}
     for name, buffer in model.named_buffers():
-        if is_source:
+        if source is not None:
             buffer.copy_(source_buffers[name])
         dist.broadcast(buffer, src=0)
     if offload:

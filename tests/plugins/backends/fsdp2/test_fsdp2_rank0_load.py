@@ -21,3 +21,14 @@ def test_only_rank0_reads_the_weights_and_every_rank_computes_with_them(tiny_mod
     for rank in (0, 1):
         log_probs = torch.load(tmp_path / f"rank{rank}.pt")
         torch.testing.assert_close(log_probs, expected, atol=1e-5, rtol=0)
+
+
+def test_rank0_without_the_loaded_model_is_refused():
+    from plugrl.cluster.distributed import ensure_process_group
+    from plugrl.parts.backend import DistInfo
+    from plugrl_plugins.backends.fsdp2.model import fill_from_rank0
+    from plugrl_plugins.devices.cpu.device import CpuDevice
+
+    ensure_process_group(CpuDevice(), DistInfo())  # this process is rank 0 of one
+    with pytest.raises(ValueError, match=r"^rank 0 must pass the loaded model$"):
+        fill_from_rank0(torch.nn.Linear(2, 2, device="meta"), None, torch.device("cpu"))
