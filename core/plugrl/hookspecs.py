@@ -80,6 +80,19 @@ def register_rollout_engines(register: RegisterFn) -> None:
 
 
 @hookspec
+def register_weight_transports(register: RegisterFn) -> None:
+    """Register weight transports: how a training backend's weights reach engine workers
+    (``local``, ``object_store``, ``collective``).
+
+    Process: driver and every worker.
+    Target: a subclass of :class:`plugrl.parts.transport.WeightTransport`.
+    Chosen by: ``rollout.weight_transport`` (``auto`` picks a built-in one). An engine plugin
+    whose engine has a faster route of its own (CUDA IPC handles, a NCCL group set up by the
+    engine) registers it here.
+    """
+
+
+@hookspec
 def register_advantage_estimators(register: RegisterFn) -> None:
     """Register advantage estimators (``gae``, ``grpo``, ``rloo``, ...).
 
@@ -176,14 +189,33 @@ def detect_device() -> str | None:
 
 
 @hookspec
-def prepare_backend(device: str, backend: str, recipe: Recipe) -> None:
+def prepare_backend(device: str, backend: str, recipe: Recipe) -> list[str] | None:
     """Patch or configure a framework before the chosen training backend imports it.
 
     Process: every worker that hosts a backend rank, and the driver for ``cluster: local``;
-    called once per process, before the backend class is instantiated.
+    called once per process, before the backend's module is imported.
     ``device`` and ``backend`` are the resolved names (``npu``, ``megatron``). This is where
     MindSpeed patches Megatron for ``npu`` + ``megatron``: patching must happen before any
     ``megatron`` import, which is why it cannot live in the backend's constructor.
+
+    Return what you patched, one short line each (``["mindspeed.megatron_adaptor",
+    "repatch(use_flash_attn=True)"]``), or ``None``: every line is logged with your plugin's
+    name, so a patch that silently stopped applying shows in the log. The core refuses, with
+    one line, to prepare a backend whose framework modules (``register(...,
+    framework_modules=[...])``) were already imported in the process: a patch applied after
+    the import would not take.
+    """
+
+
+@hookspec
+def prepare_rollout(device: str, engine: str, recipe: Recipe) -> list[str] | None:
+    """Patch or configure an inference framework before the chosen rollout engine imports it.
+
+    Process: every process that hosts an engine (engine workers on Ray, the driver for
+    ``cluster: local``); called once per process, before the engine's module is imported.
+    The rollout twin of :func:`prepare_backend`, with the same return value and the same
+    refusal when the engine's framework modules were imported first (vllm-ascend and
+    vLLM platform plugins patch here).
     """
 
 

@@ -279,6 +279,8 @@ SHORTHAND: dict[str, str] = {
     **{name: spec.selector for name, spec in PLUGIN_SECTIONS.items()},
     "cluster": "mode",
 }
+# Options that name a registered part or say "auto" (chosen at start-up).
+AUTO_KEYS = frozenset({"device.name", "rollout.weight_transport"})
 # Options whose value is a part's args: (section, key) -> (kind, the key naming the part).
 PART_ARGS: dict[tuple[str, str], tuple[str, str]] = {
     ("algorithm", "adv_estimator_args"): ("advantage_estimators", "adv_estimator"),
@@ -607,7 +609,7 @@ def validate_names(recipe: Recipe, plugins: PluginManager) -> None:
     """Check every option that names a registered part, and the args of chosen parts."""
     for key, field, value in iter_options(recipe):
         kind = field.metadata.get("registry")
-        if not kind or (key == "device.name" and value == "auto"):
+        if not kind or (key in AUTO_KEYS and value == "auto"):
             continue
         registry = plugins.registry(kind)
         for name in value if isinstance(value, list) else [value]:

@@ -27,6 +27,7 @@ class RegisterFn(Protocol):
         install: str | None = None,
         description: str | None = None,
         aliases: Iterable[str] = (),
+        framework_modules: Iterable[str] = (),
     ) -> None: ...
 
 
@@ -35,6 +36,11 @@ KINDS: dict[str, tuple[str, str, str]] = {
     "devices": ("register_devices", "device", "device.name"),
     "training_backends": ("register_training_backends", "training backend", "actor.backend"),
     "rollout_engines": ("register_rollout_engines", "rollout engine", "rollout.engine"),
+    "weight_transports": (
+        "register_weight_transports",
+        "weight transport",
+        "rollout.weight_transport",
+    ),
     "advantage_estimators": (
         "register_advantage_estimators",
         "advantage estimator",
@@ -93,6 +99,7 @@ class Entry:
     install: str | None = None
     description: str | None = None
     aliases: tuple[str, ...] = ()
+    framework_modules: tuple[str, ...] = ()
     _loaded: Any = attrs.field(default=None, repr=False, alias="_loaded")
     _loaded_config: Any = attrs.field(default=None, repr=False, alias="_loaded_config")
 
@@ -205,6 +212,7 @@ class Registry:
         install: str | None = None,
         description: str | None = None,
         aliases: Iterable[str] = (),
+        framework_modules: Iterable[str] = (),
     ) -> Entry:
         """Add ``name``. ``plugin`` is filled in by the plugin manager.
 
@@ -214,6 +222,9 @@ class Registry:
           unavailable instead of failing at import.
         * ``install``: the command that installs what ``requires`` names.
         * ``aliases``: other names that choose the same part (``k3`` for ``low_var_kl``).
+        * ``framework_modules``: top-level modules of the framework a backend or engine wraps
+          (``["megatron"]``, ``["vllm"]``); preparing the part in a process that already
+          imported one of them is an error (see the ``prepare_backend`` hook).
         """
         if not isinstance(name, str) or not name:
             raise PluginError(f"plugin {plugin!r} registered a {self.human_name} with no name")
@@ -237,6 +248,7 @@ class Registry:
             install=install,
             description=description,
             aliases=aliases,
+            framework_modules=tuple(framework_modules),
         )
         self._entries[name] = entry
         for alias in aliases:

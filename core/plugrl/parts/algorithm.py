@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     import torch
 
     from plugrl.data.batch import Batch
-    from plugrl.parts.backend import ActorConfig, LossScale
+    from plugrl.parts.context import PartContext
 
 Aggregate = Callable[["torch.Tensor", "torch.Tensor"], "torch.Tensor"]
 """``aggregate(values [b, R], mask [b, R]) -> scalar``: reduces per-token values the way
@@ -23,6 +23,106 @@ Aggregate = Callable[["torch.Tensor", "torch.Tensor"], "torch.Tensor"]
 
 KLPenalty = Callable[["torch.Tensor", "torch.Tensor"], "torch.Tensor"]
 """``kl(log_prob, ref_log_prob) -> per-token penalty`` of the same shape."""
+
+
+@attrs.frozen
+class LossScale:
+    """What a micro-batch needs to know to contribute its exact share of the global loss.
+
+    ``num_tokens`` and ``num_seqs`` count the valid response tokens and sequences of the whole
+    mini-batch across every micro-batch and data-parallel rank; ``dp_size`` is the number of
+    data-parallel ranks whose gradients are averaged. An objective returns
+    ``dp_size * (its micro-batch part of the global sum) / normaliser`` so that summing over
+    micro-batches and averaging over ranks gives the global mean, however the batch was split.
+    """
+
+    num_tokens: int
+    num_seqs: int
+    dp_size: int = 1
+    max_response_length: int | None = None
+
+
+@attrs.define(kw_only=True)
+class PolicyLossConfig:
+    """The keys of the actor's loss: the policy loss and its clip ranges, how per-token losses
+    are aggregated, the KL loss and the entropy bonus. They sit in the ``actor`` section
+    (:class:`~plugrl.parts.backend.ActorConfig` extends this class), and a policy loss is built
+    with them."""
+
+    policy_loss: str = option(
+        "vanilla",
+        "Policy loss.",
+        verl="actor_rollout_ref.actor.policy_loss.loss_mode",
+        registry="policy_losses",
+    )
+    policy_loss_args: dict[str, Any] = option(
+        factory=dict,
+        help="Options of the chosen policy loss (its own config class).",
+        verl="actor_rollout_ref.actor.policy_loss",
+    )
+    clip_ratio: float = option(
+        0.2,
+        "PPO clip range when clip_ratio_low/high are unset.",
+        verl="actor_rollout_ref.actor.clip_ratio",
+        validator=non_negative,
+    )
+    clip_ratio_low: float | None = option(
+        None,
+        "Lower clip range (ratio >= 1 - low); unset: clip_ratio.",
+        verl="actor_rollout_ref.actor.clip_ratio_low",
+        validator=non_negative,
+    )
+    clip_ratio_high: float | None = option(
+        None,
+        "Upper clip range (ratio <= 1 + high); DAPO's clip-higher uses 0.28.",
+        verl="actor_rollout_ref.actor.clip_ratio_high",
+        validator=non_negative,
+    )
+    clip_ratio_c: float = option(
+        3.0,
+        "Dual-clip bound for negative advantages (must be > 1).",
+        verl="actor_rollout_ref.actor.clip_ratio_c",
+    )
+    loss_agg_mode: str = option(
+        "token-mean",
+        "How per-token losses become one number, over the global mini-batch.",
+        verl="actor_rollout_ref.actor.loss_agg_mode",
+        choices=[
+            "token-mean",
+            "token-sum",
+            "seq-mean-token-sum",
+            "seq-mean-token-mean",
+            "seq-mean-token-sum-norm",
+        ],
+    )
+    use_kl_loss: bool = option(
+        False,
+        "Add a KL(actor || reference) term to the loss (GRPO).",
+        verl="actor_rollout_ref.actor.use_kl_loss",
+    )
+    kl_loss_coef: float = option(
+        0.001,
+        "Coefficient of the KL loss.",
+        verl="actor_rollout_ref.actor.kl_loss_coef",
+        validator=non_negative,
+    )
+    kl_loss_type: str = option(
+        "low_var_kl",
+        "KL estimator of the KL loss; a '+' suffix (k3+) uses a straight-through gradient.",
+        verl="actor_rollout_ref.actor.kl_loss_type",
+        registry="kl_penalties",
+    )
+    entropy_coeff: float = option(
+        0.0, "Entropy bonus coefficient.", verl="actor_rollout_ref.actor.entropy_coeff"
+    )
+
+    @property
+    def effective_clip_low(self) -> float:
+        return self.clip_ratio if self.clip_ratio_low is None else self.clip_ratio_low
+
+    @property
+    def effective_clip_high(self) -> float:
+        return self.clip_ratio if self.clip_ratio_high is None else self.clip_ratio_high
 
 
 @attrs.define(kw_only=True)
@@ -129,11 +229,13 @@ class AdvantageEstimator(ABC):
     """Batch columns :meth:`compute` reads. ``values`` makes the run train a critic;
     ``reward_baselines`` makes the scheduler compute greedy baselines (ReMax)."""
 
-    def __init__(self, config: AlgorithmConfig, args: Any = None) -> None:
-        """``args``: ``algorithm.adv_estimator_args`` read into the config class the estimator
-        was registered with (``register(..., config=...)``), or ``None`` without one."""
+    def __init__(self, config: AlgorithmConfig, context: PartContext) -> None:
+        """``config``: the ``algorithm`` section. ``context.options`` (also :attr:`args`):
+        ``algorithm.adv_estimator_args`` read into the config class the estimator was
+        registered with (``register(..., config=...)``), or ``None`` without one."""
         self.config = config
-        self.args = args
+        self.context = context
+        self.args = context.options
 
     @abstractmethod
     def compute(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -146,11 +248,13 @@ class AdvantageEstimator(ABC):
 class PolicyLoss(ABC):
     """A policy-gradient loss over one micro-batch."""
 
-    def __init__(self, config: ActorConfig, args: Any = None) -> None:
-        """``args``: ``actor.policy_loss_args`` read into the config class the loss was
+    def __init__(self, config: PolicyLossConfig, context: PartContext) -> None:
+        """``config``: the loss keys of the ``actor`` section. ``context.options`` (also
+        :attr:`args`): ``actor.policy_loss_args`` read into the config class the loss was
         registered with (``register(..., config=...)``), or ``None`` without one."""
         self.config = config
-        self.args = args
+        self.context = context
+        self.args = context.options
 
     @abstractmethod
     def __call__(

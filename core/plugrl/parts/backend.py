@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
 from plugrl.config import fraction, non_negative, option, positive, section
+from plugrl.parts.algorithm import LossScale, PolicyLossConfig
+from plugrl.parts.context import DistInfo, PartContext, Role
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -17,10 +19,8 @@ if TYPE_CHECKING:
 
     from plugrl.data.batch import Batch
     from plugrl.parts.algorithm import ActorObjective
-    from plugrl.parts.device import Device
-    from plugrl.recipe import Recipe
+    from plugrl.parts.rollout import WeightMeta
 
-Role = Literal["actor", "ref", "critic"]
 
 
 @attrs.define(kw_only=True)
@@ -67,9 +67,11 @@ class OptimConfig:
 
 
 @attrs.define(kw_only=True)
-class ActorConfig:
+class ActorConfig(PolicyLossConfig):
     """The ``actor`` section. The chosen backend's config class extends this one, so its own
-    keys (``actor.fsdp_size``, ``actor.tensor_model_parallel_size``...) sit beside these."""
+    keys (``actor.fsdp_size``, ``actor.tensor_model_parallel_size``...) sit beside these; the
+    keys of the actor's loss (``actor.clip_ratio_high``, ``actor.loss_agg_mode``...) come from
+    :class:`~plugrl.parts.algorithm.PolicyLossConfig`."""
 
     backend: str = option(
         "fsdp2",
@@ -122,72 +124,6 @@ class ActorConfig:
         "mini-batch) and nothing reads old log-probs before it, take them from the update's "
         "own forward (detached) and skip the separate old_log_prob pass; false always runs it.",
     )
-    policy_loss: str = option(
-        "vanilla",
-        "Policy loss.",
-        verl="actor_rollout_ref.actor.policy_loss.loss_mode",
-        registry="policy_losses",
-    )
-    policy_loss_args: dict[str, Any] = option(
-        factory=dict,
-        help="Options of the chosen policy loss (its own config class).",
-        verl="actor_rollout_ref.actor.policy_loss",
-    )
-    clip_ratio: float = option(
-        0.2,
-        "PPO clip range when clip_ratio_low/high are unset.",
-        verl="actor_rollout_ref.actor.clip_ratio",
-        validator=non_negative,
-    )
-    clip_ratio_low: float | None = option(
-        None,
-        "Lower clip range (ratio >= 1 - low); unset: clip_ratio.",
-        verl="actor_rollout_ref.actor.clip_ratio_low",
-        validator=non_negative,
-    )
-    clip_ratio_high: float | None = option(
-        None,
-        "Upper clip range (ratio <= 1 + high); DAPO's clip-higher uses 0.28.",
-        verl="actor_rollout_ref.actor.clip_ratio_high",
-        validator=non_negative,
-    )
-    clip_ratio_c: float = option(
-        3.0,
-        "Dual-clip bound for negative advantages (must be > 1).",
-        verl="actor_rollout_ref.actor.clip_ratio_c",
-    )
-    loss_agg_mode: str = option(
-        "token-mean",
-        "How per-token losses become one number, over the global mini-batch.",
-        verl="actor_rollout_ref.actor.loss_agg_mode",
-        choices=[
-            "token-mean",
-            "token-sum",
-            "seq-mean-token-sum",
-            "seq-mean-token-mean",
-            "seq-mean-token-sum-norm",
-        ],
-    )
-    use_kl_loss: bool = option(
-        False,
-        "Add a KL(actor || reference) term to the loss (GRPO).",
-        verl="actor_rollout_ref.actor.use_kl_loss",
-    )
-    kl_loss_coef: float = option(
-        0.001,
-        "Coefficient of the KL loss.",
-        verl="actor_rollout_ref.actor.kl_loss_coef",
-        validator=non_negative,
-    )
-    kl_loss_type: str = option(
-        "low_var_kl",
-        "KL estimator of the KL loss; a '+' suffix (k3+) uses a straight-through gradient.",
-        verl="actor_rollout_ref.actor.kl_loss_type",
-        registry="kl_penalties",
-    )
-    entropy_coeff: float = option(
-        0.0, "Entropy bonus coefficient.", verl="actor_rollout_ref.actor.entropy_coeff"
-    )
     grad_clip: float = option(
         1.0,
         "Gradient-norm clip; 0 disables.",
@@ -196,13 +132,9 @@ class ActorConfig:
     )
     optim: OptimConfig = section(OptimConfig, "Optimizer.", verl="actor_rollout_ref.actor.optim")
 
-    @property
-    def effective_clip_low(self) -> float:
-        return self.clip_ratio if self.clip_ratio_low is None else self.clip_ratio_low
-
-    @property
-    def effective_clip_high(self) -> float:
-        return self.clip_ratio if self.clip_ratio_high is None else self.clip_ratio_high
+    def mini_batch_rows(self, n: int) -> int:
+        """Sequences per optimizer step over all ranks: ``ppo_mini_batch_size x rollout.n``."""
+        return self.ppo_mini_batch_size * n
 
 
 @attrs.define(kw_only=True)
@@ -243,32 +175,6 @@ class CriticConfig:
     )
 
 
-@attrs.frozen
-class DistInfo:
-    """Where a backend rank sits. ``rank``/``world_size`` span the ranks of one role."""
-
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-
-
-@attrs.frozen
-class LossScale:
-    """What a micro-batch needs to know to contribute its exact share of the global loss.
-
-    ``num_tokens`` and ``num_seqs`` count the valid response tokens and sequences of the whole
-    mini-batch across every micro-batch and data-parallel rank; ``dp_size`` is the number of
-    data-parallel ranks whose gradients are averaged. An objective returns
-    ``dp_size * (its micro-batch part of the global sum) / normaliser`` so that summing over
-    micro-batches and averaging over ranks gives the global mean, however the batch was split.
-    """
-
-    num_tokens: int
-    num_seqs: int
-    dp_size: int = 1
-    max_response_length: int | None = None
-
-
 class TrainingBackend(ABC):
     """One rank of a training framework (FSDP2, Megatron) for one role.
 
@@ -276,12 +182,16 @@ class TrainingBackend(ABC):
     splits batches across data-parallel ranks and gathers results, so every method here sees
     only this rank's share. Tensors in and out are on CPU; the backend moves them.
 
+    Built as ``Backend(config, context)``: ``config`` is the ``actor`` section read into the
+    backend's config class (it holds the settings of every role the backend builds);
+    ``context.role``, ``context.device`` and ``context.dist`` say which rank of which model
+    this is, ``context.recipe`` the whole run (``model``, ``critic``, ``data``).
+
     Batch columns it reads (verl names): ``input_ids``, ``attention_mask``, ``position_ids``
     [B, P+R]; ``responses``, ``response_mask`` [B, R]; for updates also ``old_log_probs``,
     ``advantages``, optionally ``ref_log_prob``, ``rollout_log_probs``, ``returns``, ``values``.
     """
 
-    role: Role
     supports_colocated_rollout: ClassVar[bool] = False
     """True when :meth:`rollout_model` can hand the live model to an in-process engine."""
     derives_on_policy_old_log_probs: ClassVar[bool] = False
@@ -290,18 +200,15 @@ class TrainingBackend(ABC):
     log-probs of its own forward as ``old_log_probs``: the weights that forward sees are the
     ones a separate :meth:`compute_log_prob` pass would have used."""
 
-    def __init__(
-        self,
-        recipe: Recipe,
-        *,
-        role: Role,
-        device: Device,
-        dist: DistInfo,
-    ) -> None:
-        self.recipe = recipe
-        self.role = role
-        self.device = device
-        self.dist = dist
+    def __init__(self, config: ActorConfig, context: PartContext) -> None:
+        if context.role is None or context.device is None:
+            raise ValueError("a training backend is built with context.role and context.device")
+        self.config = config
+        self.context = context
+        self.recipe = context.recipe
+        self.role: Role = context.role
+        self.device = context.device
+        self.dist: DistInfo = context.dist
 
     @property
     def dp_rank(self) -> int:
@@ -311,6 +218,13 @@ class TrainingBackend(ABC):
     @property
     def dp_size(self) -> int:
         return self.dist.world_size
+
+    @property
+    def is_output_rank(self) -> bool:
+        """Whether this rank's results are its data-parallel shard's: with tensor or pipeline
+        parallelism only one rank of each data-parallel group holds the outputs (the first
+        tensor-parallel rank of the last pipeline stage); the worker group collects from it."""
+        return True
 
     @abstractmethod
     def setup(self, total_training_steps: int) -> None:
@@ -348,10 +262,34 @@ class TrainingBackend(ABC):
 
     @abstractmethod
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Full (unsharded) weights in Hugging Face names, for a rollout engine.
+        """Full (unsharded) weights in Hugging Face names, one at a time, in the dtype engines
+        receive them in.
 
-        Collective: every rank must call it; only rank 0's iterator yields tensors.
+        Collective: every rank must run the iterator to its end; only the ranks that hold
+        weights to send (rank 0 for FSDP) yield tensors.
         """
+
+    def weight_metadata(self) -> list[WeightMeta]:
+        """Name, full shape and dtype of every weight :meth:`named_weights` yields, in that
+        order, without gathering anything (engines check a whole update against it before the
+        first tensor arrives). Same answer on every rank."""
+        raise NotImplementedError(f"{type(self).__name__} does not describe its weights")
+
+    def weight_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """:meth:`named_weights` in buckets of at most ``bucket_bytes`` (a larger weight
+        travels alone). Collective, like :meth:`named_weights`; ranks that yield no weights
+        yield no buckets."""
+        bucket: list[tuple[str, torch.Tensor]] = []
+        size = 0
+        for name, tensor in self.named_weights():
+            nbytes = tensor.numel() * tensor.element_size()
+            if bucket and size + nbytes > bucket_bytes:
+                yield bucket
+                bucket, size = [], 0
+            bucket.append((name, tensor))
+            size += nbytes
+        if bucket:
+            yield bucket
 
     def rollout_model(self) -> Any:
         """The live model for a colocated in-process rollout engine (no copy), or ``None``."""

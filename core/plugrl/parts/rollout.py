@@ -1,22 +1,295 @@
-"""Rollout engines: sample responses (token ids + their log-probs) for prompts."""
+"""Rollout engines: sample responses (token ids + their log-probs) for prompts.
+
+The interface is written against what vLLM's ``AsyncLLM``, SGLang's ``Engine`` and the ``hf``
+engine can all do:
+
+* **requests**: :meth:`RolloutEngine.generate_request` samples ``params.n`` responses for one
+  prompt and returns when they end; many requests may be in flight at once. The batch form
+  :meth:`RolloutEngine.generate` is built on it.
+* **control**: :meth:`~RolloutEngine.abort` requests, :meth:`~RolloutEngine.pause` (keeping or
+  ending the requests in flight) and :meth:`~RolloutEngine.resume`,
+  :meth:`~RolloutEngine.sleep` / :meth:`~RolloutEngine.wake_up` around training when the
+  engine shares devices with the trainer.
+* **weights**: an update in three phases, :meth:`~RolloutEngine.begin_weight_update`,
+  :meth:`~RolloutEngine.load_weights` (named tensors, one bucket at a time) and
+  :meth:`~RolloutEngine.finish_weight_update`, which records the new weight version. Every
+  token says which version produced it (:attr:`Completion.token_versions`).
+* **capabilities**: an engine declares what it can do (:class:`Capability`); a scheduler
+  asks for what it needs with :func:`check_capabilities` and a run that cannot work stops at
+  start-up with one line.
+
+Request and control methods are coroutines: an engine lives on one asyncio event loop (a Ray
+actor's, or the loop thread of :class:`plugrl.cluster.LocalEngineGroup`). Schedulers drive
+engines through an engine group (:mod:`plugrl.cluster.engines`), never directly.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import enum
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import attrs
 
 from plugrl.config import fraction, non_negative, option, positive, section
+from plugrl.errors import RecipeError
 
 if TYPE_CHECKING:
     import torch
 
-    from plugrl.parts.device import Device
-    from plugrl.recipe import Recipe
+    from plugrl.parts.context import PartContext
 
 FinishReason = Literal["stop", "length", "aborted"]
+PauseMode = Literal["keep", "abort"]
+
+
+# --------------------------------------------------------------------------------------------
+# Sampling
+# --------------------------------------------------------------------------------------------
+
+
+@attrs.define(kw_only=True)
+class SamplingParams:
+    """How to sample one request. ``temperature == 0`` means greedy; ``top_k`` of -1 or 0
+    disables top-k. ``seed`` makes a request sample the same tokens every time, whatever else
+    the engine runs beside it."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 256
+    stop: list[str] = attrs.field(factory=list)
+    stop_token_ids: list[int] = attrs.field(factory=list)
+    seed: int | None = None
+
+    def check(self) -> None:
+        """Raise a ``ValueError`` naming every bad field."""
+        problems = []
+        if self.n < 1:
+            problems.append(f"n must be >= 1, got {self.n}")
+        if self.temperature < 0:
+            problems.append(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            problems.append(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < -1:
+            problems.append(f"top_k must be -1 (off), 0 (off) or > 0, got {self.top_k}")
+        if self.max_tokens < 0:
+            problems.append(f"max_tokens must be >= 0, got {self.max_tokens}")
+        if problems:
+            raise ValueError("bad sampling parameters: " + "; ".join(problems))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def derive_seed(seed: int, *indices: int) -> int:
+    """A seed for one part of a seeded whole (a request of a batch, a sample of a request),
+    so that each part samples the same whatever else runs beside it."""
+    for index in indices:
+        seed = (seed * 1_000_003 + 7919 * (index + 1)) % (2**63 - 1)
+    return seed
+
+
+# --------------------------------------------------------------------------------------------
+# Requests and their results
+# --------------------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class GenerationRequest:
+    """``params.n`` responses to one prompt. ``request_id`` is unique among the requests in
+    flight on an engine; :meth:`RolloutEngine.abort` names requests by it."""
+
+    request_id: str
+    prompt_ids: tuple[int, ...] = attrs.field(converter=tuple)
+    params: SamplingParams
+
+
+@attrs.define(kw_only=True)
+class Completion:
+    """One sampled response.
+
+    ``log_probs[i]`` is the log-probability of ``token_ids[i]`` under the distribution it was
+    sampled from (temperature-scaled, after top-k/top-p). ``token_versions[i]`` is the weight
+    version that produced ``token_ids[i]``; they differ within a response when a weight update
+    happened while it was in flight and the engine continued it (partial rollout).
+    ``weight_version`` is the engine's version when the response ended (the version of an
+    empty response).
+    """
+
+    token_ids: list[int]
+    log_probs: list[float]
+    finish_reason: FinishReason
+    token_versions: list[int] = attrs.field(factory=list)
+    weight_version: int = 0
+    request_id: str = ""
+    sample_index: int = 0
+    """Which of the request's ``n`` samples this is."""
+    prompt_index: int = 0
+    """The prompt's position in a batch call (:meth:`RolloutEngine.generate`)."""
+
+    def __attrs_post_init__(self) -> None:
+        if not self.token_versions and self.token_ids:
+            self.token_versions = [self.weight_version] * len(self.token_ids)
+
+    @property
+    def min_weight_version(self) -> int:
+        """The oldest version that produced any token (``weight_version`` when empty)."""
+        return min(self.token_versions, default=self.weight_version)
+
+    @property
+    def max_weight_version(self) -> int:
+        return max(self.token_versions, default=self.weight_version)
+
+
+def continuation_request(
+    request: GenerationRequest, partial: Completion, request_id: str | None = None
+) -> GenerationRequest:
+    """The request that continues ``partial`` (an aborted sample of ``request``): the prompt
+    followed by the tokens so far, one sample, the tokens left. For engines that can abort but
+    not keep requests across a weight update (see :data:`Capability.PAUSE_KEEP`)."""
+    params = attrs.evolve(
+        request.params,
+        n=1,
+        max_tokens=max(request.params.max_tokens - len(partial.token_ids), 0),
+        seed=(
+            None
+            if request.params.seed is None
+            else derive_seed(request.params.seed, partial.sample_index, len(partial.token_ids))
+        ),
+    )
+    return GenerationRequest(
+        request_id=request_id or f"{request.request_id}/{partial.sample_index}+",
+        prompt_ids=(*request.prompt_ids, *partial.token_ids),
+        params=params,
+    )
+
+
+def join_completions(partial: Completion, continuation: Completion) -> Completion:
+    """``partial`` followed by what :func:`continuation_request` generated."""
+    return attrs.evolve(
+        partial,
+        token_ids=[*partial.token_ids, *continuation.token_ids],
+        log_probs=[*partial.log_probs, *continuation.log_probs],
+        token_versions=[*partial.token_versions, *continuation.token_versions],
+        finish_reason=continuation.finish_reason,
+        weight_version=continuation.weight_version,
+    )
+
+
+def batch_requests(
+    prompts: Sequence[Sequence[int]], params: SamplingParams, id_prefix: str = "batch"
+) -> list[GenerationRequest]:
+    """One request per prompt, each with its own seed derived from ``params.seed``, so a
+    batch samples the same however its requests are spread over engines."""
+    return [
+        GenerationRequest(
+            request_id=f"{id_prefix}-{index}",
+            prompt_ids=prompt,
+            params=(
+                params
+                if params.seed is None
+                else attrs.evolve(params, seed=derive_seed(params.seed, index))
+            ),
+        )
+        for index, prompt in enumerate(prompts)
+    ]
+
+
+def in_prompt_order(outputs: Sequence[Sequence[Completion]]) -> list[Completion]:
+    """The completions of :func:`batch_requests`' requests, grouped by prompt in prompt order,
+    each with its ``prompt_index`` set."""
+    flat = []
+    for prompt_index, completions in enumerate(outputs):
+        for completion in sorted(completions, key=lambda c: c.sample_index):
+            completion.prompt_index = prompt_index
+            flat.append(completion)
+    return flat
+
+
+# --------------------------------------------------------------------------------------------
+# Weights
+# --------------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class WeightMeta:
+    """A weight as the trainer will send it: Hugging Face name, full (unsharded) shape, and
+    dtype name (``"bfloat16"``, ``"float32"``)."""
+
+    name: str
+    shape: tuple[int, ...] = attrs.field(converter=tuple)
+    dtype: str
+
+    @property
+    def nbytes(self) -> int:
+        import torch
+
+        count = 1
+        for size in self.shape:
+            count *= size
+        return count * getattr(torch, self.dtype).itemsize
+
+
+# --------------------------------------------------------------------------------------------
+# Capabilities
+# --------------------------------------------------------------------------------------------
+
+
+class Capability(str, enum.Enum):
+    """What an engine can do beyond sampling a request (which every engine does)."""
+
+    STREAM = "stream"
+    """Many requests in flight at once, each returned when it ends (continuous batching)."""
+    ABORT = "abort"
+    """:meth:`RolloutEngine.abort` and ``pause(mode="abort")`` end requests in flight with
+    the tokens they have."""
+    PAUSE_KEEP = "pause_keep"
+    """``pause(mode="keep")`` holds requests in flight, a weight update may run, and after
+    :meth:`RolloutEngine.resume` they continue with the new weights, keeping their tokens."""
+    WEIGHT_UPDATE = "weight_update"
+    """New weights arrive in buckets while the engine runs (the three update phases)."""
+    SLEEP = "sleep"
+    """:meth:`RolloutEngine.sleep` frees device memory for training; ``wake_up`` takes it
+    back."""
+    SHARE_MODEL = "share_model"
+    """:meth:`RolloutEngine.bind_model`: generate with the trainer's live model in the same
+    process, no copy and no weight transfer."""
+
+
+CAPABILITY_TEXT: Mapping[Capability, str] = {
+    Capability.STREAM: "keep many requests in flight",
+    Capability.ABORT: "abort requests in flight",
+    Capability.PAUSE_KEEP: "pause requests in flight and continue them after a weight update",
+    Capability.WEIGHT_UPDATE: "receive new weights while running",
+    Capability.SLEEP: "free its device memory between rollouts",
+    Capability.SHARE_MODEL: "generate with the trainer's model in the same process",
+}
+
+
+def check_capabilities(
+    engine_name: str, engine_cls: type, needs: Mapping[Capability, str]
+) -> None:
+    """Raise a one-line :class:`RecipeError` when the engine lacks a capability that ``needs``
+    maps to the reason (``{Capability.PAUSE_KEEP: "scheduler.partial_rollout=true"}``)."""
+    has = frozenset(getattr(engine_cls, "capabilities", frozenset()))
+    for capability, reason in needs.items():
+        if capability not in has:
+            raise RecipeError(
+                f"rollout engine {engine_name!r} cannot {CAPABILITY_TEXT[capability]}, which "
+                f"{reason} needs; choose an engine that can (plugrl plugins lists them) or "
+                "change that setting",
+                key="rollout.engine",
+            )
+
+
+# --------------------------------------------------------------------------------------------
+# The recipe section
+# --------------------------------------------------------------------------------------------
 
 
 @attrs.define(kw_only=True)
@@ -80,13 +353,28 @@ class RolloutConfig:
     stop: list[str] = option(factory=list, help="Strings that end a response.")
     colocate: bool = option(
         True,
-        "Run in the trainer's process and share its weights (no copy, no sync); false "
-        "runs a separate engine that receives weights with a version number.",
+        "Engines share the trainer's devices (verl's hybrid engine): in one process an "
+        "engine that can generates with the trainer's live model; on Ray engine workers sit "
+        "on the trainer's devices and sleep during training. False gives the engines devices "
+        "of their own (rollout.nnodes x rollout.n_gpus_per_node).",
         verl="actor_rollout_ref.hybrid_engine",
+    )
+    nnodes: int = option(
+        1,
+        "Nodes of the engines' own devices when rollout.colocate is false.",
+        verl="rollout.nnodes",
+        validator=positive,
+    )
+    n_gpus_per_node: int = option(
+        1,
+        "Devices per node of the engines (CPU processes on cpu) when rollout.colocate is "
+        "false; each engine takes tensor_model_parallel_size of them.",
+        verl="rollout.n_gpus_per_node",
+        validator=positive,
     )
     tensor_model_parallel_size: int = option(
         1,
-        "Tensor parallel size of the engine.",
+        "Devices one engine spans (tensor parallel).",
         verl="actor_rollout_ref.rollout.tensor_model_parallel_size",
         validator=positive,
     )
@@ -102,6 +390,33 @@ class RolloutConfig:
         verl="actor_rollout_ref.rollout.max_num_seqs",
         validator=positive,
     )
+    free_cache_engine: bool = option(
+        True,
+        "When engines share devices with training, put them to sleep (weights and cache "
+        "freed) during training and wake them for the next rollout; no effect for engines "
+        "that cannot sleep or on cpu.",
+        verl="actor_rollout_ref.rollout.free_cache_engine",
+    )
+    weight_transport: str = option(
+        "auto",
+        "How new weights reach engine workers: auto (in-process when the engine lives with "
+        "the trainer, else the device's collective when it has one, else Ray's object "
+        "store), or a registered transport.",
+        registry="weight_transports",
+    )
+    update_weights_bucket_megabytes: int = option(
+        512,
+        "Weights travel to the engines in buckets of at most this many MiB (one weight larger "
+        "than that travels alone).",
+        verl="actor_rollout_ref.rollout.update_weights_bucket_megabytes",
+        validator=positive,
+    )
+    max_engine_restarts: int = option(
+        3,
+        "Engine workers that die are restarted and their requests resubmitted, at most this "
+        "many times in a run.",
+        validator=non_negative,
+    )
     val_kwargs: ValKwargs = section(
         ValKwargs, "Sampling for validation.", verl="actor_rollout_ref.rollout.val_kwargs"
     )
@@ -110,104 +425,142 @@ class RolloutConfig:
         """The sampling parameters of training (or validation) generation."""
         if validate:
             v = self.val_kwargs
-            return SamplingParams(
-                n=v.n,
-                temperature=v.temperature if v.do_sample else 0.0,
-                top_p=v.top_p,
-                top_k=v.top_k,
-                max_tokens=max_tokens,
-                stop=list(self.stop),
+            n, do_sample, temperature, top_p, top_k = (
+                v.n,
+                v.do_sample,
+                v.temperature,
+                v.top_p,
+                v.top_k,
+            )
+        else:
+            n, do_sample, temperature, top_p, top_k = (
+                self.n,
+                self.do_sample,
+                self.temperature,
+                self.top_p,
+                self.top_k,
             )
         return SamplingParams(
-            n=self.n,
-            temperature=self.temperature if self.do_sample else 0.0,
-            top_p=self.top_p,
-            top_k=self.top_k,
+            n=n,
+            temperature=temperature if do_sample else 0.0,
+            top_p=top_p,
+            top_k=top_k,
             max_tokens=max_tokens,
             stop=list(self.stop),
         )
 
-
-@attrs.define(kw_only=True)
-class SamplingParams:
-    """How to sample. ``temperature == 0`` means greedy."""
-
-    n: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    max_tokens: int = 256
-    stop: list[str] = attrs.field(factory=list)
-    stop_token_ids: list[int] = attrs.field(factory=list)
-    seed: int | None = None
+    def greedy_params(self, max_tokens: int) -> SamplingParams:
+        """One greedy response per prompt (ReMax's baseline)."""
+        return SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens, stop=list(self.stop))
 
 
-@attrs.define(kw_only=True)
-class Completion:
-    """One sampled response.
+# --------------------------------------------------------------------------------------------
+# The engine
+# --------------------------------------------------------------------------------------------
 
-    ``log_probs[i]`` is the log-probability of ``token_ids[i]`` under the sampling
-    distribution of the weights that produced it. ``weight_version`` is the version of the
-    weights when the response finished; ``min_weight_version`` the oldest version that
-    produced any of its tokens (they differ after a partial rollout was continued).
-    """
 
-    prompt_index: int
-    token_ids: list[int]
-    log_probs: list[float]
-    finish_reason: FinishReason
-    weight_version: int = 0
-    min_weight_version: int = 0
+def run_blocking(coroutine: Any) -> Any:
+    """Run a coroutine to its end from synchronous code (a script, a test). Inside a running
+    event loop, await the coroutine instead."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    coroutine.close()
+    raise RuntimeError("an event loop is running in this thread: await the async method instead")
 
 
 class RolloutEngine(ABC):
-    """Generates responses. One instance per engine process (or per colocated rank)."""
+    """Generates responses. One instance per engine worker (a Ray actor, or the engine loop
+    thread of a local run), driven through an engine group.
 
-    supports_interrupt: ClassVar[bool] = False
-    """True when :meth:`interrupt` cuts in-flight generation short (needed by partial rollout)."""
+    Built as ``Engine(config, context)``: ``config`` is the ``rollout`` section read into the
+    engine's config class; ``context.device`` is the worker's device, ``context.tokenizer``
+    the run's tokenizer, ``context.recipe`` the whole run (``model.path``, ``trainer.seed``).
+    """
 
-    def __init__(self, recipe: Recipe, *, device: Device, tokenizer: Any) -> None:
-        self.recipe = recipe
-        self.config: RolloutConfig = recipe.rollout
-        self.device = device
-        self.tokenizer = tokenizer
+    capabilities: ClassVar[frozenset[Capability]] = frozenset()
+    """What this engine can do beyond sampling (see :class:`Capability`)."""
+
+    def __init__(self, config: RolloutConfig, context: PartContext) -> None:
+        self.config = config
+        self.context = context
         self.weight_version = 0
+        """The version of the weights new tokens are sampled with."""
+
+    # ------------------------------------------------------------------------------ requests
 
     @abstractmethod
+    async def generate_request(self, request: GenerationRequest) -> list[Completion]:
+        """Sample ``request.params.n`` responses to ``request.prompt_ids``; return them (with
+        ``request_id`` and ``sample_index`` set) when all have ended.
+
+        Aborted requests return what they have, with ``finish_reason="aborted"``.
+        """
+
+    async def generate_batch(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+    ) -> list[Completion]:
+        """``params.n`` responses per prompt, grouped by prompt in prompt order: one request
+        per prompt (:func:`batch_requests`), all in flight at once."""
+        params.check()
+        requests = batch_requests(prompts, params)
+        outputs = await asyncio.gather(*(self.generate_request(r) for r in requests))
+        return in_prompt_order(outputs)
+
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams
     ) -> list[Completion]:
-        """Sample ``params.n`` responses for each prompt (token ids, no padding).
+        """Blocking :meth:`generate_batch`, for scripts and tests (no event loop running)."""
+        return run_blocking(self.generate_batch(prompts, params))
 
-        Returns ``len(prompts) * params.n`` completions, grouped by prompt in prompt order.
-        To continue a partial rollout, pass ``prompt + tokens so far`` with a smaller
-        ``max_tokens``.
+    async def abort(self, request_ids: Sequence[str]) -> None:
+        """End the named requests now; they return what they have (``"aborted"``). Unknown
+        or finished ids are ignored."""
+        raise NotImplementedError(f"{type(self).__name__} cannot abort requests")
+
+    async def pause(self, mode: PauseMode = "keep") -> None:
+        """Stop generating until :meth:`resume`; requests sent meanwhile wait.
+
+        ``"keep"`` holds requests in flight where they are (a weight update may run, and they
+        continue with the new weights); ``"abort"`` ends them with what they have.
         """
+        raise NotImplementedError(f"{type(self).__name__} cannot pause")
 
-    @abstractmethod
-    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Load new weights (Hugging Face names) and set :attr:`weight_version` to ``version``.
+    async def resume(self) -> None:
+        """Continue after :meth:`pause`."""
+        raise NotImplementedError(f"{type(self).__name__} cannot pause")
 
-        Completions started after this call use the new weights.
-        """
+    # ------------------------------------------------------------------------------- weights
+
+    async def begin_weight_update(self, version: int, weights: Sequence[WeightMeta]) -> None:
+        """Start receiving ``weights`` (all of them, in any order, over one or more
+        :meth:`load_weights` calls). Generation is paused by the caller, or waits."""
+        raise NotImplementedError(f"{type(self).__name__} cannot receive weights")
+
+    async def load_weights(self, bucket: Sequence[tuple[str, torch.Tensor]]) -> None:
+        """Load one bucket of named full tensors (Hugging Face names)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot receive weights")
+
+    async def finish_weight_update(self) -> None:
+        """Check every announced weight arrived and make the new version current: tokens
+        sampled from now on carry it."""
+        raise NotImplementedError(f"{type(self).__name__} cannot receive weights")
 
     def bind_model(self, model: Any, version: int) -> None:
-        """Colocated mode: generate with the trainer's live ``model`` (no copy).
-
-        Engines that cannot share a model raise ``NotImplementedError``.
-        """
+        """Generate with the trainer's live ``model`` of this process (no copy), as
+        ``version``. Engines with :data:`Capability.SHARE_MODEL` implement it."""
         raise NotImplementedError(f"{type(self).__name__} cannot share the trainer's model")
 
-    def interrupt(self) -> None:
-        """Ask in-flight :meth:`generate` calls to return now with what they have
-        (``finish_reason="aborted"``). Safe to call from another thread."""
-        raise NotImplementedError(f"{type(self).__name__} cannot interrupt generation")
+    # ------------------------------------------------------------------------------ lifecycle
 
-    def sleep(self) -> None:
-        """Free device memory between rollouts (colocated with training)."""
+    async def sleep(self, level: int = 1) -> None:
+        """Free device memory for training: level 1 keeps the weights in host memory and
+        drops the cache, level 2 drops both (new weights must be loaded before waking)."""
 
-    def wake_up(self) -> None:
-        """Take back the memory :meth:`sleep` freed."""
+    async def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Take back what :meth:`sleep` freed (``tags``: ``"weights"``, ``"kv_cache"``;
+        ``None`` is both)."""
 
     def close(self) -> None:
         """Stop the engine and release its resources."""
