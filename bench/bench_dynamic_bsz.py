@@ -30,7 +30,9 @@ from typing import Any
 import torch
 
 from plugrl.data.batch import Batch
-from plugrl.parts.backend import DistInfo, LossScale, OptimConfig
+from plugrl.parts.algorithm import LossScale
+from plugrl.parts.backend import OptimConfig
+from plugrl.parts.context import DistInfo, PartContext
 from plugrl.recipe import ModelConfig, Recipe
 from plugrl_plugins.backends.fsdp2.backend import FSDP2Backend
 from plugrl_plugins.backends.fsdp2.config import FSDP2ActorConfig
@@ -141,7 +143,8 @@ def build(model_dir: Path, device_name: str, rows: int, **actor: Any) -> FSDP2Ba
         model=ModelConfig(path=str(model_dir), dtype="float32"),
         actor=FSDP2ActorConfig(ppo_mini_batch_size=rows, optim=OptimConfig(lr=1e-5), **actor),
     )
-    backend = FSDP2Backend(recipe, role="actor", device=device, dist=DistInfo())
+    context = PartContext(recipe=recipe, role="actor", device=device, dist=DistInfo())
+    backend = FSDP2Backend(recipe.actor, context)
     backend.setup(100)
     return backend
 

@@ -95,8 +95,9 @@ class PluginManager:
         self.failures: list[LoadFailure] = []
         self.blocked: list[str] = []
         self._registries: dict[str, Registry] = {}
-        self.prepared_backends: set[tuple[str, str]] = set()
-        """(device, backend) pairs whose ``prepare_backend`` hook already ran here."""
+        self.prepared: dict[tuple[str, str, str], list[str]] = {}
+        """(kind, device, part) whose ``prepare_backend`` / ``prepare_rollout`` hook already
+        ran in this process, with what the plugins said they patched."""
         self.strict = _env_flag(self.environ, "PLUGRL_STRICT_PLUGINS")
 
     # ---------------------------------------------------------------------------- loading

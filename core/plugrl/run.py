@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from plugrl.errors import PluginError, RecipeError
+from plugrl.parts.context import PartContext
 from plugrl.parts.logger import MetricLogger
 from plugrl.parts.scheduler import Scheduler
 from plugrl.plugins import PluginManager, get_plugin_manager
 from plugrl.recipe import Recipe
+
+if TYPE_CHECKING:
+    from plugrl.compose.run_parts import RunParts
 
 logger = logging.getLogger("plugrl.run")
 
@@ -36,8 +41,9 @@ def resolve_device_name(recipe: Recipe, plugins: PluginManager) -> str:
 class RunContext:
     """What a scheduler gets: the recipe, the run folder, the plugins, and the observers.
 
-    Parts are built through :meth:`part` / :meth:`registry` so the scheduler decides where
-    (which process, which Ray actor) each one lives.
+    :meth:`build_parts` composes the run the recipe describes (data, reward, algorithm pieces,
+    trainer worker groups, engine group, weight transport; :mod:`plugrl.compose`); a scheduler
+    that places parts its own way builds them with :func:`plugrl.compose.build_part`.
     """
 
     recipe: Recipe
@@ -51,6 +57,18 @@ class RunContext:
         """The class or function registered as ``name`` of ``kind`` (imported now)."""
         return self.plugins.registry(kind).load(name)
 
+    def part_context(self, **fields: Any) -> PartContext:
+        """A :class:`PartContext` of this run (recipe, plugins, run folder) plus ``fields``."""
+        return PartContext(recipe=self.recipe, plugins=self.plugins, run_dir=self.run_dir, **fields)
+
+    def build_parts(self, engine_needs: Mapping[str, str] | None = None) -> RunParts:
+        """Everything the recipe chose, built and checked (see
+        :func:`plugrl.compose.build_run_parts`); ``engine_needs`` are the engine capabilities
+        the scheduler needs, with the reasons. Close the result at the end of the run."""
+        from plugrl.compose.run_parts import build_run_parts
+
+        return build_run_parts(self, dict(engine_needs or {}))
+
     def step_end(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Report a finished step to every logger and ``on_step_end`` observer."""
         self.last_metrics = dict(metrics)
@@ -60,11 +78,22 @@ class RunContext:
 
 
 def build_loggers(recipe: Recipe, run_dir: Path, plugins: PluginManager) -> list[MetricLogger]:
-    loggers = []
-    for name in recipe.trainer.logger:
-        cls = plugins.registry("loggers").load(name)
-        loggers.append(cls(recipe, run_dir))
-    return loggers
+    from plugrl.compose.build import build_part
+
+    context = PartContext(recipe=recipe, plugins=plugins, run_dir=run_dir)
+    return [build_part("loggers", name, recipe.trainer, context) for name in recipe.trainer.logger]
+
+
+def apply_device_env(device_cls: Any, recipe: Recipe) -> None:
+    """For a run in one process, the environment the device wants for its trainer and engine
+    (:meth:`Device.worker_env <plugrl.parts.device.Device.worker_env>`), unless set already."""
+    if recipe.cluster.mode == "ray":
+        return  # the workers get it through Ray
+    for kind in ("trainer", "rollout"):
+        for key, value in device_cls.worker_env(kind).items():
+            if key not in os.environ:
+                os.environ[key] = value
+                logger.info("%s=%s (for the %s device)", key, value, device_cls.name)
 
 
 def _plot_if_possible(run_dir: Path) -> None:
@@ -92,15 +121,19 @@ def run_recipe(recipe: Recipe, plugins: PluginManager | None = None) -> dict[str
             "(no hardware or driver); use device.name=cpu or auto",
             key="device.name",
         )
+    apply_device_env(device_entry.load(), recipe)
     run_dir = recipe.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "recipe.yaml").write_text(recipe.to_yaml(), encoding="utf-8")
-    scheduler_cls = plugins.registry("schedulers").load(recipe.scheduler.name)
     context = RunContext(recipe, run_dir, plugins, device_name)
     status = "failed"
     try:
+        from plugrl.compose.build import build_part
+
         context.loggers = build_loggers(recipe, run_dir, plugins)
-        scheduler: Scheduler = scheduler_cls(context)
+        scheduler: Scheduler = build_part(
+            "schedulers", recipe.scheduler.name, recipe.scheduler, context
+        )
         plugins.hook.on_run_start(recipe=recipe, run_dir=run_dir)
         metrics = scheduler.run()
         status = "completed"

@@ -15,6 +15,11 @@ Fixtures:
   ``target`` is an object or a ``"module"``/``"module:attr"`` path, imported on load (a path to
   a module that does not exist simulates a broken plugin).
 
+Helpers:
+
+* :func:`part_context`: a :class:`~plugrl.parts.context.PartContext` for building a part in a
+  unit test, ``MyLoss(config, part_context(options=MyArgs()))``.
+
 Example::
 
     def test_my_reward_is_used(plugrl_register_plugin):
@@ -33,6 +38,16 @@ import pytest
 
 from plugrl import plugins as plugins_module
 from plugrl.plugins import PluginManager, set_plugin_manager
+
+
+def part_context(recipe: Any = None, **fields: Any) -> Any:
+    """A :class:`~plugrl.parts.context.PartContext` around ``recipe`` (a default
+    :class:`~plugrl.recipe.Recipe` when ``None``) with ``fields`` set (``options``, ``device``,
+    ``tokenizer``, ...), for constructing a part directly in a test."""
+    from plugrl.parts.context import PartContext
+    from plugrl.recipe import Recipe
+
+    return PartContext(recipe=recipe if recipe is not None else Recipe(), **fields)
 
 
 @attrs.frozen

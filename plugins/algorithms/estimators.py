@@ -8,36 +8,21 @@ responses by the prompt's ``uid`` (non-tensor column). Formulas: docs/algorithms
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 
 from plugrl.data.batch import Batch
 from plugrl.errors import DataError
+from plugrl.functional import masked_whiten
 from plugrl.parts.algorithm import AdvantageEstimator
-from plugrl.plugins import PluginManager, get_plugin_manager
-from plugrl.recipe import part_args
 
-from .aggregation import masked_whiten
 from .options import GAEArgs
-
-if TYPE_CHECKING:
-    from plugrl.recipe import Recipe
 
 GROUP_EPSILON = 1e-6
 """Added to a group's std before dividing by it (an all-equal group has std 0)."""
 
 OUTCOME_COLUMNS = ("token_level_rewards", "response_mask", "uid")
-
-
-def build_estimator(recipe: Recipe, plugins: PluginManager | None = None) -> AdvantageEstimator:
-    """The estimator ``algorithm.adv_estimator`` names (built-in or from any plugin), with its
-    ``algorithm.adv_estimator_args``."""
-    plugins = plugins or get_plugin_manager()
-    estimator_cls = plugins.registry("advantage_estimators").load(recipe.algorithm.adv_estimator)
-    return estimator_cls(
-        recipe.algorithm, part_args(recipe, "algorithm", "adv_estimator_args", plugins)
-    )
 
 
 # --------------------------------------------------------------------------------------------

@@ -14,9 +14,9 @@ from typing import ClassVar
 
 import torch
 
+from plugrl.functional import masked_mean
 from plugrl.parts.algorithm import Aggregate, PolicyLoss
 
-from .aggregation import masked_mean
 from .options import ClipCovArgs, KLCovArgs
 
 LOG_RATIO_CLAMP = 20.0

@@ -6,10 +6,14 @@ import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from plugrl.metrics import METRICS_FILE
 from plugrl.parts.logger import MetricLogger
+
+if TYPE_CHECKING:
+    from plugrl.parts.context import PartContext
+    from plugrl.recipe import TrainerConfig
 
 
 def _plain(value: Any) -> Any:
@@ -24,9 +28,9 @@ class JsonlLogger(MetricLogger):
     """Appends ``{"step": N, ...metrics}`` lines; a resumed run appends to the same file
     after dropping the lines of steps it is about to redo."""
 
-    def __init__(self, recipe: Any, run_dir: Path) -> None:
-        super().__init__(recipe, run_dir)
-        self.path = Path(run_dir) / METRICS_FILE
+    def __init__(self, config: TrainerConfig, context: PartContext) -> None:
+        super().__init__(config, context)
+        self.path = Path(self.run_dir) / METRICS_FILE
         self._file = None
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:

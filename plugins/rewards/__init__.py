@@ -1,24 +1,11 @@
 """Built-in rewards: reward managers (``naive``, ``dapo``, ``batch``, ``parallel``) and scoring
 functions by data source. Everything is registered by path, so nothing here imports torch or
 a scorer's libraries until a run chooses it.
-
-For the code that composes a run: :func:`build_reward_manager` (and :func:`make_resolver`,
-which it uses).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 import plugrl
-
-if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from plugrl.parts.reward import RewardManager
-    from plugrl.plugins import PluginManager
-    from plugrl.recipe import Recipe
-    from plugrl_plugins.rewards.functions import Scorer
 
 _SCORERS = "plugrl_plugins.rewards.scorers"
 _MANAGERS = "plugrl_plugins.rewards.managers"
@@ -80,27 +67,3 @@ def register_reward_managers(register):
         config=f"{_MANAGERS}:ParallelRewardConfig",
         description="Per-sample scoring in a pool of processes or Ray actors",
     )
-
-
-def make_resolver(recipe: Recipe, plugins: PluginManager | None = None) -> Callable[[str], Scorer]:
-    """``resolve(data_source)``: the recipe's custom function when one is configured, else the
-    registered function matching the data source (one-line error for unknown ones)."""
-    from plugrl_plugins.rewards.functions import make_resolver as make
-
-    return make(recipe, plugins)
-
-
-def build_reward_manager(
-    recipe: Recipe, tokenizer: Any, plugins: PluginManager | None = None
-) -> RewardManager:
-    """The reward manager ``reward.manager`` names, built with :func:`make_resolver`.
-
-    Call :meth:`~plugrl.parts.reward.RewardManager.check_data_sources` with the data's
-    ``data_source`` values before generating, and ``close()`` at the end of the run.
-    """
-    if plugins is None:
-        from plugrl.plugins import get_plugin_manager
-
-        plugins = get_plugin_manager()
-    manager_class = plugins.registry("reward_managers").load(recipe.reward.manager)
-    return manager_class(recipe, tokenizer=tokenizer, resolve=make_resolver(recipe, plugins))

@@ -22,19 +22,22 @@ import logging
 import math
 import os
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from numbers import Real
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
 
+from plugrl.compose.scoring import Scorer, ScoringError
 from plugrl.config import non_negative, option, positive, section
 from plugrl.data.batch import Batch
 from plugrl.errors import PluginError, RecipeError
-from plugrl.parts.reward import RewardConfig, RewardManager, RewardOutput, ScoreFn
+from plugrl.parts.reward import RewardConfig, RewardManager, RewardOutput
 from plugrl_plugins.rewards.execution import Call, Outcome, ProcessPool
-from plugrl_plugins.rewards.functions import Scorer, ScoringError
+
+if TYPE_CHECKING:
+    from plugrl.parts.context import PartContext
 
 logger = logging.getLogger("plugrl.rewards")
 
@@ -62,8 +65,8 @@ class ScoringRewardManager(RewardManager):
     name = "naive"
     accepts_batch_functions = False
 
-    def __init__(self, recipe: Any, *, tokenizer: Any, resolve: Callable[[str], ScoreFn]) -> None:
-        super().__init__(recipe, tokenizer=tokenizer, resolve=resolve)
+    def __init__(self, config: RewardConfig, context: PartContext) -> None:
+        super().__init__(config, context)
         self._pool: Any = None
 
     # ------------------------------------------------------------------ start-up checks
@@ -342,16 +345,15 @@ class DAPORewardManager(ScoringRewardManager):
 
     name = "dapo"
 
-    def __init__(self, recipe: Any, *, tokenizer: Any, resolve: Callable[[str], ScoreFn]) -> None:
-        super().__init__(recipe, tokenizer=tokenizer, resolve=resolve)
-        config = recipe.reward
+    def __init__(self, config: RewardConfig, context: PartContext) -> None:
+        super().__init__(config, context)
         if not isinstance(config, DAPORewardConfig):
             raise PluginError(
                 f"the dapo manager got a {type(config).__name__} reward section; build the "
                 "recipe with plugrl.recipe.build_recipe so it is read into DAPORewardConfig"
             )
         buffer = config.overlong_buffer
-        self.max_resp_len = config.max_resp_len or recipe.data.max_response_length
+        self.max_resp_len = config.max_resp_len or self.recipe.data.max_response_length
         if buffer.enable:
             if buffer.len <= 0:
                 raise RecipeError(

@@ -17,6 +17,7 @@ import torch
 from plugrl.data.batch import Batch
 from plugrl.plugins import PluginManager, set_plugin_manager
 from plugrl.recipe import build_recipe, part_args
+from plugrl.testing import part_context
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "plugins"
@@ -121,7 +122,7 @@ def test_median_baseline_is_usable_from_a_recipe(manager):
     )
     args = part_args(recipe, "algorithm", "adv_estimator_args")
     estimator_cls = manager.registry("advantage_estimators").load("median_baseline")
-    estimator = estimator_cls(recipe.algorithm, args)
+    estimator = estimator_cls(recipe.algorithm, part_context(recipe, options=args))
     rewards = torch.zeros(5, 3)
     rewards[:, 1] = torch.tensor([1.0, 0.0, 4.0, 2.0, 2.0])
     mask = torch.tensor([[1, 1, 0]] * 5)
@@ -165,9 +166,9 @@ def test_median_baseline_values_reach_the_policy_loss(manager):
     """A recipe chooses the third-party estimator; its advantages drive the built-in loss."""
     import fake_parts
 
-    from plugrl_plugins.algorithms.aggregation import loss_scale_from_mask
-    from plugrl_plugins.algorithms.estimators import build_estimator
-    from plugrl_plugins.algorithms.objective import PolicyObjective
+    from plugrl.compose import build_estimator
+    from plugrl.compose.objective import PolicyObjective
+    from plugrl.functional import loss_scale_from_mask
 
     manager.register(fake_parts, "fake-parts")
     recipe = build_recipe(

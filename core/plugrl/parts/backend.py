@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import attrs
 
 from plugrl.config import fraction, non_negative, option, positive, section
-from plugrl.parts.algorithm import LossScale, PolicyLossConfig
+from plugrl.parts.algorithm import PolicyLossConfig
 from plugrl.parts.context import DistInfo, PartContext, Role
 
 if TYPE_CHECKING:
@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     from plugrl.data.batch import Batch
     from plugrl.parts.algorithm import ActorObjective
     from plugrl.parts.rollout import WeightMeta
-
 
 
 @attrs.define(kw_only=True)

@@ -53,6 +53,9 @@ class PartContext:
     """Which model a backend rank holds (backends)."""
     dist: DistInfo = DistInfo()
     """The rank of a backend among its role's ranks (backends)."""
+    model_from_trainer: bool = False
+    """An engine that will generate with the trainer's live model (``bind_model``) in this
+    process, so it must not load weights of its own (engines)."""
     run_dir: Path | None = None
     """The run folder (loggers, schedulers)."""
     options: Any = None

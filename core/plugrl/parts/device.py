@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import attrs
 
@@ -11,6 +11,10 @@ from plugrl.config import option
 
 if TYPE_CHECKING:
     import torch
+
+    from plugrl.parts.context import PartContext
+
+WorkerKind = Literal["trainer", "rollout"]
 
 
 @attrs.define(kw_only=True)
@@ -29,7 +33,9 @@ class Device(ABC):
     """A kind of accelerator (or the CPU). One instance per process.
 
     Subclasses set the class attributes and implement the abstract methods; the defaults of
-    the others suit a device that torch drives through ``torch.<name>``.
+    the others suit a device that torch drives through ``torch.<name>``. Built as
+    ``Device(config, context)`` (``context`` may be ``None``: devices are built first, in every
+    process).
     """
 
     name: ClassVar[str]
@@ -41,8 +47,17 @@ class Device(ABC):
     visible_devices_env: ClassVar[str | None] = None
     """Environment variable that restricts the devices a process sees (``CUDA_VISIBLE_DEVICES``)."""
 
-    def __init__(self, config: DeviceConfig | None = None) -> None:
+    def __init__(self, config: DeviceConfig | None = None, context: PartContext | None = None):
         self.config = config or DeviceConfig(name=self.name)
+        self.context = context
+
+    @classmethod
+    def worker_env(cls, kind: WorkerKind) -> dict[str, str]:
+        """Environment variables a worker process of this device needs before torch starts:
+        allocator and collective settings, for a ``"trainer"`` rank or a ``"rollout"``
+        engine. Workers get them unless the user's environment sets the same variable; which
+        devices a worker sees is set by Ray from the device's resource."""
+        return {}
 
     @classmethod
     @abstractmethod

@@ -9,15 +9,24 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from plugrl.recipe import Recipe
+    from plugrl.parts.context import PartContext
+    from plugrl.recipe import TrainerConfig
 
 
 class MetricLogger(ABC):
-    """Receives every step's metrics in the driver."""
+    """Receives every step's metrics in the driver.
 
-    def __init__(self, recipe: Recipe, run_dir: Path) -> None:
-        self.recipe = recipe
-        self.run_dir = run_dir
+    Built as ``Logger(config, context)``: ``config`` is the ``trainer`` section
+    (``project_name``, ``experiment_name``), ``context.run_dir`` the run folder.
+    """
+
+    def __init__(self, config: TrainerConfig, context: PartContext) -> None:
+        if context.run_dir is None:
+            raise ValueError("a metric logger is built with context.run_dir")
+        self.config = config
+        self.context = context
+        self.recipe = context.recipe
+        self.run_dir: Path = context.run_dir
 
     @abstractmethod
     def log(self, metrics: Mapping[str, Any], step: int) -> None:

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     import torch
 
     from plugrl.data.batch import Batch
-    from plugrl.recipe import Recipe
+    from plugrl.parts.context import PartContext
 
 ScoreFn = Callable[..., "float | dict[str, Any]"]
 """verl's signature: ``compute_score(data_source, solution_str, ground_truth, extra_info=None)``
@@ -77,17 +77,23 @@ class RewardOutput:
 
 
 class RewardManager(ABC):
-    """Scores a batch of responses. Lives in the driver (or its own workers)."""
+    """Scores a batch of responses. Lives in the driver (or its own workers).
 
-    def __init__(
-        self, recipe: Recipe, *, tokenizer: Any, resolve: Callable[[str], ScoreFn]
-    ) -> None:
-        """``resolve(data_source)`` returns the scoring function for a data source (the custom
-        function when one is configured); it raises a one-line error for unknown ones."""
-        self.recipe = recipe
-        self.config: RewardConfig = recipe.reward
-        self.tokenizer = tokenizer
-        self.resolve = resolve
+    Built as ``Manager(config, context)``: ``config`` is the ``reward`` section read into the
+    manager's config class, ``context.tokenizer`` decodes responses, ``context.recipe`` is the
+    whole run (``data.max_response_length``).
+    """
+
+    def __init__(self, config: RewardConfig, context: PartContext) -> None:
+        from plugrl.compose.scoring import make_resolver
+
+        self.config = config
+        self.context = context
+        self.recipe = context.recipe
+        self.tokenizer = context.tokenizer
+        self.resolve: Callable[[str], ScoreFn] = make_resolver(context.recipe, context.plugins)
+        """``resolve(data_source)``: the scoring function for a data source (the custom
+        function when one is configured); a one-line error for unknown ones."""
 
     def check_data_sources(self, data_sources: Iterable[str]) -> None:
         """Fail at start-up, before any generation, if a data source has no scorer."""

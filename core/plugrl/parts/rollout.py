@@ -271,9 +271,7 @@ CAPABILITY_TEXT: Mapping[Capability, str] = {
 }
 
 
-def check_capabilities(
-    engine_name: str, engine_cls: type, needs: Mapping[Capability, str]
-) -> None:
+def check_capabilities(engine_name: str, engine_cls: type, needs: Mapping[Capability, str]) -> None:
     """Raise a one-line :class:`RecipeError` when the engine lacks a capability that ``needs``
     maps to the reason (``{Capability.PAUSE_KEEP: "scheduler.partial_rollout=true"}``)."""
     has = frozenset(getattr(engine_cls, "capabilities", frozenset()))

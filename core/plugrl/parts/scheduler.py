@@ -27,17 +27,29 @@ class SchedulerConfig:
 
 
 class Scheduler(ABC):
-    """Owns the training loop. Built in the driver with everything the recipe chose."""
+    """Owns the training loop. Built in the driver as ``Scheduler(config, context)``: ``config``
+    is the ``scheduler`` section read into the scheduler's config class, ``context`` the
+    :class:`~plugrl.run.RunContext`, whose :meth:`~plugrl.run.RunContext.build_parts` composes
+    everything else the recipe chose (:mod:`plugrl.compose`)."""
 
     provides: ClassVar[frozenset[str] | None] = None
     """Optional batch columns this scheduler produces when an advantage estimator ``requires``
     them (``reward_baselines`` for ReMax, ``values`` with a critic), checked at start-up;
     ``None`` leaves them unchecked."""
 
-    def __init__(self, context: RunContext) -> None:
+    engine_needs: ClassVar[dict[str, str]] = {}
+    """Engine capabilities (:class:`~plugrl.parts.rollout.Capability` values) this scheduler
+    needs, each with the reason shown when the chosen engine lacks it; checked at start-up.
+    Override :meth:`needed_capabilities` when they depend on the recipe."""
+
+    def __init__(self, config: SchedulerConfig, context: RunContext) -> None:
+        self.config = config
         self.context = context
         self.recipe = context.recipe
-        self.config: SchedulerConfig = context.recipe.scheduler
+
+    def needed_capabilities(self) -> dict[str, str]:
+        """The engine capabilities this run of the scheduler needs, with reasons."""
+        return dict(self.engine_needs)
 
     @abstractmethod
     def run(self) -> dict[str, Any]:

@@ -16,10 +16,13 @@ import torch.nn.functional as F
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from plugrl import rng
 from plugrl.cluster.distributed import ensure_process_group
 from plugrl.data.batch import Batch
 from plugrl.errors import RecipeError
-from plugrl.parts.backend import LossScale, OptimConfig, TrainingBackend
+from plugrl.parts.algorithm import LossScale
+from plugrl.parts.backend import OptimConfig, TrainingBackend
+from plugrl.parts.rollout import WeightMeta
 from plugrl_plugins.backends.fsdp2 import checkpoint
 from plugrl_plugins.backends.fsdp2.batching import (
     fixed_micro_batches,
@@ -43,9 +46,8 @@ from plugrl_plugins.backends.fsdp2.optim import build_optimizer
 
 if TYPE_CHECKING:
     from plugrl.parts.algorithm import ActorObjective
-    from plugrl.parts.backend import DistInfo, Role
-    from plugrl.parts.device import Device
-    from plugrl.recipe import Recipe
+    from plugrl.parts.backend import ActorConfig
+    from plugrl.parts.context import PartContext
 
 SEQUENCE_COLUMNS = ("input_ids", "attention_mask", "position_ids", "responses")
 MicroLoss = Callable[[Batch, LossScale], tuple[torch.Tensor, dict[str, float]]]
@@ -111,16 +113,16 @@ class FSDP2Backend(TrainingBackend):
     supports_colocated_rollout: ClassVar[bool] = True
     derives_on_policy_old_log_probs: ClassVar[bool] = True
 
-    def __init__(self, recipe: Recipe, *, role: Role, device: Device, dist: DistInfo) -> None:
-        super().__init__(recipe, role=role, device=device, dist=dist)
-        self.config = _fsdp2_config(recipe.actor)
+    def __init__(self, config: ActorConfig, context: PartContext) -> None:
+        super().__init__(config, context)
+        self.config: FSDP2ActorConfig = _fsdp2_config(config)
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         self.update_steps = 0
         """Completed update calls: the position in the learning-rate schedule."""
-        self.torch_device = device.torch_device(dist.local_rank)
-        self.param_dtype, self.compute_dtype = weight_dtypes(recipe, role)
+        self.torch_device = self.device.torch_device(self.dist.local_rank)
+        self.param_dtype, self.compute_dtype = weight_dtypes(self.recipe, self.role)
 
     # ------------------------------------------------------------------------------ set-up
 
@@ -202,7 +204,7 @@ class FSDP2Backend(TrainingBackend):
         return plan
 
     def _mini_batch_rows(self, num_rows: int) -> int:
-        per_step = self.config.ppo_mini_batch_size * self.recipe.rollout.n
+        per_step = self.config.mini_batch_rows(self.recipe.rollout.n)
         ranks = self.dp_size
         if per_step % ranks:
             raise RecipeError(
@@ -534,6 +536,15 @@ class FSDP2Backend(TrainingBackend):
             if self.dist.rank == 0:
                 yield name, full.detach().to("cpu", self.compute_dtype)
 
+    def weight_metadata(self) -> list[WeightMeta]:
+        """What :meth:`named_weights` yields, from the shards' global shapes (no gathering)."""
+        self._require("actor", "ref", "critic", method="weight_metadata")
+        dtype = str(self.compute_dtype).removeprefix("torch.")
+        return [
+            WeightMeta(name, tuple(tensor.shape), dtype)
+            for name, tensor in self._reshard().state_dict().items()
+        ]
+
     def rollout_model(self) -> Any:
         """The live module when it is whole on this rank (one rank, actor role), else None.
 
@@ -577,7 +588,7 @@ class FSDP2Backend(TrainingBackend):
         model = self._reshard()
         extra_state = {
             "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler else None,
-            "rng": checkpoint.rng_state(self.device.rng_state()),
+            "rng": rng.capture(self.device),
             "update_steps": self.update_steps,
         }
         checkpoint.save(
@@ -598,7 +609,7 @@ class FSDP2Backend(TrainingBackend):
         )
         if self.lr_scheduler is not None and extra_state.get("lr_scheduler") is not None:
             self.lr_scheduler.load_state_dict(extra_state["lr_scheduler"])
-        self.device.set_rng_state(checkpoint.set_rng_state(extra_state["rng"]))
+        rng.restore(extra_state["rng"], self.device)
         self.update_steps = int(extra_state["update_steps"])
 
     def close(self) -> None:

@@ -12,11 +12,9 @@ Layout of a checkpoint folder::
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -58,42 +56,6 @@ def _extra_state_to_read(path: Path, rank: int) -> Path:
     if writers is not None and rank >= writers:
         return extra_state_file(path, 0)
     return extra_state_file(path, rank)
-
-
-def rng_state(device_state: dict[str, Any]) -> dict[str, Any]:
-    """Every random generator a training step draws from, in a form ``torch.load`` reads with
-    ``weights_only=True``."""
-    kind, keys, position, has_gauss, cached = np.random.get_state()
-    return {
-        "torch": torch.get_rng_state(),
-        "device": device_state,
-        "python": random.getstate(),
-        "numpy": {
-            "kind": kind,
-            "keys": torch.from_numpy(keys.astype(np.int64)),
-            "position": int(position),
-            "has_gauss": int(has_gauss),
-            "cached": float(cached),
-        },
-    }
-
-
-def set_rng_state(state: dict[str, Any]) -> dict[str, Any]:
-    """Restore what :func:`rng_state` captured; returns the device part for the device."""
-    torch.set_rng_state(state["torch"])
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    numpy_state = state["numpy"]
-    np.random.set_state(
-        (
-            numpy_state["kind"],
-            numpy_state["keys"].numpy().astype(np.uint32),
-            numpy_state["position"],
-            numpy_state["has_gauss"],
-            numpy_state["cached"],
-        )
-    )
-    return state["device"]
 
 
 def _sharded_state(

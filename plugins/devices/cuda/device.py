@@ -26,6 +26,16 @@ class CudaDevice(Device):
     def device_count(self) -> int:
         return torch.cuda.device_count()
 
+    @classmethod
+    def worker_env(cls, kind: str) -> dict[str, str]:
+        if kind == "trainer":
+            # segments that grow instead of fragmenting: micro-batches of varying length
+            # allocate very different sizes step after step
+            return {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+        # engines keep the default allocator: vLLM's sleep mode refuses expandable segments;
+        # NCCL's cuMem buffers would survive an engine's sleep and hold memory training needs
+        return {"NCCL_CUMEM_ENABLE": "0"}
+
     def torch_device(self, local_rank: int = 0) -> torch.device:
         return torch.device("cuda", local_rank % max(torch.cuda.device_count(), 1))
 

@@ -9,12 +9,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from plugrl.compose import DynamicSampler, RunParts, sampling_seed
 from plugrl.data.batch import Batch
 from plugrl.data.rollout_batch import build_rollout_batch
 from plugrl.metrics import StepTimer, compute_data_metrics, compute_throughput_metrics
-from plugrl.parts.rollout import SamplingParams
 from plugrl.parts.scheduler import Scheduler
-from plugrl_plugins.schedulers.parts import RunParts, build_parts, sampling_seed
 
 logger = logging.getLogger("plugrl.run")
 
@@ -32,13 +31,14 @@ class SyncScheduler(Scheduler):
 
     When the update is one optimizer step over the batch, ``old_log_prob`` is skipped and the
     actor update takes them from its own forward, which runs on the same weights
-    (:func:`~plugrl_plugins.schedulers.parts.update_derives_old_log_probs`).
+    (:func:`plugrl.compose.update_derives_old_log_probs`). It asks nothing of the engine beyond
+    sampling; engines that do not share the trainer's model receive weights after every step.
     """
 
     provides: ClassVar[frozenset[str] | None] = frozenset({"values", "reward_baselines"})
 
     def run(self) -> dict[str, Any]:
-        parts = build_parts(self.context)
+        parts = self.context.build_parts(self.needed_capabilities())
         try:
             return self._train(parts)
         finally:
@@ -125,7 +125,7 @@ class SyncScheduler(Scheduler):
                 metrics.update(parts.actor.update_policy(batch, parts.objective))
             with timer("update_weights"):
                 parts.weight_version += 1
-                parts.sync_weights()
+                metrics.update(parts.sync_weights())
         metrics.update(
             compute_data_metrics(
                 batch, recipe.data.max_response_length, recipe.data.max_prompt_length
@@ -147,18 +147,16 @@ class SyncScheduler(Scheduler):
         """Generate and score one training batch; with DAPO dynamic sampling, as many rounds
         as it takes to collect ``data.train_batch_size`` groups that are not all equal."""
         recipe = self.recipe
-        sampler = None
-        if recipe.algorithm.filter_groups.enable:
-            from plugrl_plugins.algorithms.dynamic_sampling import DynamicSampler
-
-            sampler = DynamicSampler.from_recipe(recipe)
+        sampler = (
+            DynamicSampler.from_recipe(recipe) if recipe.algorithm.filter_groups.enable else None
+        )
         round_index = 0
         while True:
             prompts = parts.train_loader.next_batch()
             params = recipe.rollout.sampling_params(recipe.data.max_response_length)
             params.seed = sampling_seed(recipe.trainer.seed, step, round_index)
             with timer("gen"):
-                completions = parts.engine.generate(list(prompts["raw_prompt_ids"]), params)
+                completions = parts.engines.generate(list(prompts["raw_prompt_ids"]), params)
                 batch = build_rollout_batch(
                     prompts, completions, n=params.n, pad_token_id=parts.pad_token_id
                 )
@@ -170,20 +168,20 @@ class SyncScheduler(Scheduler):
                 with timer("gen_baseline"):
                     batch["reward_baselines"] = self.greedy_baselines(parts, prompts, params.n)
             if sampler is None:
+                parts.before_training()
                 return batch
             metrics.update(sampler.add(batch))
             round_index += 1
             if sampler.ready:
                 kept, sampler_metrics = sampler.take()
                 metrics.update(sampler_metrics)
+                parts.before_training()
                 return kept
 
     def greedy_baselines(self, parts: RunParts, prompts: Batch, n: int) -> Any:
         """ReMax's baseline: the score of each prompt's greedy response, once per sample."""
-        params = SamplingParams(
-            n=1, temperature=0.0, max_tokens=self.recipe.data.max_response_length
-        )
-        completions = parts.engine.generate(list(prompts["raw_prompt_ids"]), params)
+        params = self.recipe.rollout.greedy_params(self.recipe.data.max_response_length)
+        completions = parts.engines.generate(list(prompts["raw_prompt_ids"]), params)
         greedy = build_rollout_batch(prompts, completions, n=1, pad_token_id=parts.pad_token_id)
         scores = parts.reward(greedy).token_level_scores.sum(dim=-1)
         return scores.repeat_interleave(n)
@@ -212,7 +210,7 @@ class SyncScheduler(Scheduler):
         values: dict[tuple[str, str], list[float]] = defaultdict(list)
         samples_left = recipe.trainer.log_val_generations
         for prompts in loader:
-            completions = parts.engine.generate(list(prompts["raw_prompt_ids"]), params)
+            completions = parts.engines.generate(list(prompts["raw_prompt_ids"]), params)
             batch = build_rollout_batch(
                 prompts, completions, n=params.n, pad_token_id=parts.pad_token_id
             )

@@ -3,15 +3,21 @@ import math
 import pytest
 import torch
 
+from plugrl.compose import build_estimator
 from plugrl.data.batch import Batch
 from plugrl.errors import DataError
 from plugrl.parts.algorithm import AlgorithmConfig
 from plugrl.recipe import part_args
+from plugrl.testing import part_context
 from plugrl_plugins.algorithms import estimators as E
 from plugrl_plugins.algorithms.options import GAEArgs
 
 EPS = 1e-6
 R = 3
+
+
+def build(cls, config, options=None):
+    return cls(config, part_context(options=options))
 
 
 def assert_close(actual: torch.Tensor, expected) -> None:
@@ -53,7 +59,7 @@ UIDS = ["a", "a", "a", "a", "b", "b", "c"]
 
 def test_grpo_normalises_by_the_unbiased_group_std():
     batch = outcome_batch(SCORES, LENGTHS, UIDS)
-    advantages, returns = E.GRPO(AlgorithmConfig()).compute(batch)
+    advantages, returns = build(E.GRPO, AlgorithmConfig()).compute(batch)
     # a: mean 0.75, unbiased std sqrt(0.75 / 3) = 0.5; b: std 0; c: mean 0, std 1
     a = [(s - 0.75) / (0.5 + EPS) for s in (1.0, 0.0, 1.0, 1.0)]
     expected = [a[0], 0.0, a[2], a[3], 0.0, 0.0, 3.0 / (1 + EPS)]
@@ -64,7 +70,7 @@ def test_grpo_normalises_by_the_unbiased_group_std():
 def test_dr_grpo_does_not_divide_by_std():
     batch = outcome_batch(SCORES, LENGTHS, UIDS)
     config = AlgorithmConfig(norm_adv_by_std_in_grpo=False)
-    advantages, _ = E.GRPO(config).compute(batch)
+    advantages, _ = build(E.GRPO, config).compute(batch)
     assert per_row(advantages, batch) == pytest.approx([0.25, 0.0, 0.25, 0.25, 0.0, 0.0, 3.0])
 
 
@@ -73,21 +79,21 @@ def test_grpo_groups_by_uid_not_by_position():
     batch = outcome_batch(
         [SCORES[i] for i in shuffled], [LENGTHS[i] for i in shuffled], [UIDS[i] for i in shuffled]
     )
-    advantages, _ = E.GRPO(AlgorithmConfig(norm_adv_by_std_in_grpo=False)).compute(batch)
+    advantages, _ = build(E.GRPO, AlgorithmConfig(norm_adv_by_std_in_grpo=False)).compute(batch)
     expected = [0.25, 0.0, 0.25, 0.25, 0.0, 0.0, 3.0]
     assert per_row(advantages, batch) == pytest.approx([expected[i] for i in shuffled])
 
 
 def test_rloo_subtracts_the_mean_of_the_others():
     batch = outcome_batch(SCORES, LENGTHS, UIDS)
-    advantages, _ = E.RLOO(AlgorithmConfig()).compute(batch)
+    advantages, _ = build(E.RLOO, AlgorithmConfig()).compute(batch)
     # a: 1 - (0 + 1 + 1)/3 = 1/3, the empty one 0 - 1; b: 0; a group of one keeps its score
     assert per_row(advantages, batch) == pytest.approx([1 / 3, 0.0, 1 / 3, 1 / 3, 0, 0, 3.0])
 
 
 def test_opo_uses_a_length_weighted_baseline():
     batch = outcome_batch([1.0, 0.0, 3.0, 5.0], [2, 1, 3, 1], ["a", "a", "a", "c"])
-    advantages, _ = E.OPO(AlgorithmConfig()).compute(batch)
+    advantages, _ = build(E.OPO, AlgorithmConfig()).compute(batch)
     baseline = (2 * 1 + 1 * 0 + 3 * 3) / 6
     expected = [1 - baseline, 0 - baseline, 3 - baseline, 5.0]
     assert per_row(advantages, batch) == pytest.approx(expected)
@@ -95,13 +101,13 @@ def test_opo_uses_a_length_weighted_baseline():
 
 def test_opo_group_of_only_empty_responses_is_finite():
     batch = outcome_batch([1.0, 2.0], [0, 0], ["a", "a"])
-    advantages, _ = E.OPO(AlgorithmConfig()).compute(batch)
+    advantages, _ = build(E.OPO, AlgorithmConfig()).compute(batch)
     assert torch.all(advantages == 0)
 
 
 def test_gpg_scales_by_batch_over_nonzero_scores():
     batch = outcome_batch(SCORES, LENGTHS, UIDS)
-    advantages, _ = E.GPG(AlgorithmConfig()).compute(batch)
+    advantages, _ = build(E.GPG, AlgorithmConfig()).compute(batch)
     alpha = 7 / 6  # 7 responses, 6 non-zero scores
     expected = [alpha * x for x in (0.25, 0.0, 0.25, 0.25, 0.0, 0.0, 3.0)]
     assert per_row(advantages, batch) == pytest.approx(expected)
@@ -109,24 +115,24 @@ def test_gpg_scales_by_batch_over_nonzero_scores():
 
 def test_grpo_passk_rewards_only_the_best_by_its_margin():
     batch = outcome_batch([1.0, 0.0, 3.0, 2.0, 2.0, 2.0], [1, 2, 3, 1, 2, 1], list("aaaabb"))
-    advantages, _ = E.GRPOPassK(AlgorithmConfig()).compute(batch)
+    advantages, _ = build(E.GRPOPassK, AlgorithmConfig()).compute(batch)
     # a: best 3, second 2; mean 1.5, unbiased variance (0.25 + 2.25 + 2.25 + 0.25) / 3
     std = math.sqrt(5 / 3)
     assert per_row(advantages, batch) == pytest.approx([0, 0, 1 / (std + EPS), 0, 0, 0])
     config = AlgorithmConfig(norm_adv_by_std_in_grpo=False)
-    advantages, _ = E.GRPOPassK(config).compute(batch)
+    advantages, _ = build(E.GRPOPassK, config).compute(batch)
     assert per_row(advantages, batch) == pytest.approx([0, 0, 1.0, 0, 0, 0])
 
 
 def test_grpo_passk_needs_two_responses_per_group():
     batch = outcome_batch([1.0, 0.0, 1.0], [1, 1, 1], ["a", "a", "b"])
     with pytest.raises(DataError, match="grpo_passk needs at least 2 responses per prompt"):
-        E.GRPOPassK(AlgorithmConfig()).compute(batch)
+        build(E.GRPOPassK, AlgorithmConfig()).compute(batch)
 
 
 def test_reinforce_plus_plus_baseline_whitens_centred_scores_over_tokens():
     batch = outcome_batch([1.0, 0.0, 3.0], [1, 2, 1], ["a", "a", "b"])
-    advantages, _ = E.ReinforcePlusPlusBaseline(AlgorithmConfig()).compute(batch)
+    advantages, _ = build(E.ReinforcePlusPlusBaseline, AlgorithmConfig()).compute(batch)
     # centred: 0.5 (1 token), -0.5 (2 tokens), 3 (single group: mean 0)
     tokens = [0.5, -0.5, -0.5, 3.0]
     mean = sum(tokens) / 4
@@ -139,7 +145,7 @@ def test_reinforce_plus_plus_discounts_and_whitens():
     rewards = torch.tensor([[1.0, 0.0, 2.0], [0.0, 4.0, 7.0]])
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
     batch = Batch({"token_level_rewards": rewards, "response_mask": mask})
-    advantages, returns = E.ReinforcePlusPlus(AlgorithmConfig(gamma=0.5)).compute(batch)
+    advantages, returns = build(E.ReinforcePlusPlus, AlgorithmConfig(gamma=0.5)).compute(batch)
     # row 0: 2, 0 + 0.5*2 = 1, 1 + 0.5*1 = 1.5; row 1 (padding ignored): 4, 0 + 0.5*4 = 2
     assert_close(returns, [[1.5, 1.0, 2.0], [2.0, 4.0, 0.0]])
     tokens = [1.5, 1.0, 2.0, 2.0, 4.0]
@@ -158,7 +164,7 @@ def test_reinforce_plus_plus_carries_returns_over_masked_tokens():
             "response_mask": torch.tensor([[1, 0, 1]]),
         }
     )
-    _, returns = E.ReinforcePlusPlus(AlgorithmConfig(gamma=0.5)).compute(batch)
+    _, returns = build(E.ReinforcePlusPlus, AlgorithmConfig(gamma=0.5)).compute(batch)
     assert returns.tolist() == [[2.0, 0.0, 2.0]]
 
 
@@ -170,7 +176,7 @@ def test_remax_subtracts_the_greedy_baseline():
             "reward_baselines": torch.tensor([0.5, 1.0]),
         }
     )
-    advantages, returns = E.ReMax(AlgorithmConfig()).compute(batch)
+    advantages, returns = build(E.ReMax, AlgorithmConfig()).compute(batch)
     assert returns.tolist() == [[1.0, 1.0, 1.0], [2.0, 2.0, 0.0]]
     assert advantages.tolist() == [[0.5, 0.5, 0.5], [1.0, 1.0, 0.0]]
 
@@ -189,14 +195,14 @@ GAE_RETURNS = [[0.423, 0.54, 1.0], [1.35, 2.0, 0.0]]
 
 def test_gae_without_whitening():
     config = AlgorithmConfig(gamma=0.9, lam=0.5)
-    advantages, returns = E.GAE(config, GAEArgs(whiten=False)).compute(Batch(GAE_BATCH))
+    advantages, returns = build(E.GAE, config, GAEArgs(whiten=False)).compute(Batch(GAE_BATCH))
     assert_close(advantages, GAE_ADVANTAGES)
     assert_close(returns, GAE_RETURNS)
 
 
 def test_gae_whitens_by_default():
     config = AlgorithmConfig(gamma=0.9, lam=0.5)
-    advantages, returns = E.GAE(config).compute(Batch(GAE_BATCH))
+    advantages, returns = build(E.GAE, config).compute(Batch(GAE_BATCH))
     tokens = [-0.077, 0.14, 0.8, 0.35, 1.0]
     mean = sum(tokens) / 5
     std = math.sqrt(sum((t - mean) ** 2 for t in tokens) / 4 + 1e-8)
@@ -214,7 +220,7 @@ def test_gae_reads_its_options_from_the_recipe(recipe_from, plugins):
 def test_gae_without_values_names_the_missing_column():
     batch = Batch({k: v for k, v in GAE_BATCH.items() if k != "values"})
     with pytest.raises(KeyError, match="advantage estimator 'gae' needs batch columns values"):
-        E.GAE(AlgorithmConfig()).compute(batch)
+        build(E.GAE, AlgorithmConfig()).compute(batch)
 
 
 OUTCOME_ESTIMATORS = [
@@ -230,7 +236,7 @@ OUTCOME_ESTIMATORS = [
 @pytest.mark.parametrize("estimator", OUTCOME_ESTIMATORS, ids=lambda cls: cls.name)
 def test_all_equal_groups_get_zero_advantage(estimator):
     batch = outcome_batch([2.0, 2.0, 2.0, 0.0, 0.0], [1, 2, 3, 2, 1], list("aaabb"))
-    advantages, _ = estimator(AlgorithmConfig()).compute(batch)
+    advantages, _ = build(estimator, AlgorithmConfig()).compute(batch)
     assert torch.all(advantages == 0)
 
 
@@ -246,7 +252,7 @@ def test_empty_responses_get_zero_advantage_and_nothing_is_nan(estimator):
         values=torch.tensor([[0.1, 0.2, 0.3]] * 4),
         reward_baselines=torch.tensor([0.5, 0.5, 0.5, 0.5]),
     )
-    advantages, returns = estimator(AlgorithmConfig()).compute(batch)
+    advantages, returns = build(estimator, AlgorithmConfig()).compute(batch)
     assert torch.isfinite(advantages).all() and torch.isfinite(returns).all()
     assert torch.all(advantages[1:3] == 0) and torch.all(returns[1:3] == 0)
 
@@ -260,14 +266,14 @@ def test_a_batch_of_only_empty_responses(estimator):
         values=torch.zeros(2, R),
         reward_baselines=torch.zeros(2),
     )
-    advantages, returns = estimator(AlgorithmConfig()).compute(batch)
+    advantages, returns = build(estimator, AlgorithmConfig()).compute(batch)
     assert torch.all(advantages == 0) and torch.all(returns == 0)
 
 
 def test_unhashable_uid_is_a_data_error():
     batch = outcome_batch([1.0, 0.0], [1, 1], [["a"], ["a"]])
     with pytest.raises(DataError, match=r"uid of row 0 is \['a'\], which cannot identify a group"):
-        E.GRPO(AlgorithmConfig()).compute(batch)
+        build(E.GRPO, AlgorithmConfig()).compute(batch)
 
 
 def test_build_estimator_from_the_recipe(recipe_from, plugins):
@@ -277,7 +283,7 @@ def test_build_estimator_from_the_recipe(recipe_from, plugins):
         "algorithm.gamma=0.9",
         "algorithm.lam=0.5",
     )
-    estimator = E.build_estimator(recipe, plugins)
+    estimator = build_estimator(recipe, plugins)
     assert isinstance(estimator, E.GAE) and estimator.args == GAEArgs(whiten=False)
     advantages, _ = estimator.compute(Batch(GAE_BATCH))
     assert_close(advantages, GAE_ADVANTAGES)

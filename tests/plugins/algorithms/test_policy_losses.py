@@ -3,14 +3,19 @@ import math
 import pytest
 import torch
 
+from plugrl.functional import LossAggregator
 from plugrl.parts.backend import ActorConfig
+from plugrl.testing import part_context
 from plugrl_plugins.algorithms import losses as L
-from plugrl_plugins.algorithms.aggregation import LossAggregator
 from plugrl_plugins.algorithms.options import ClipCovArgs, KLCovArgs
 
 CONFIG = ActorConfig(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0)
 TOKEN_MEAN = LossAggregator("token-mean")
 METRIC_KEYS = {"actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl"}
+
+
+def build(cls, config, options=None):
+    return cls(config, part_context(options=options))
 
 
 def call(loss, old, new, advantages, mask, aggregate=TOKEN_MEAN, weights=None):
@@ -49,7 +54,9 @@ VANILLA_MASK = [1, 1, 1, 1, 1, 0]
 
 def test_vanilla_ppo_clip_and_dual_clip():
     old, new = logs(VANILLA_RATIOS)
-    value, gradient, metrics = call(L.VanillaPPO(CONFIG), old, new, VANILLA_ADV, VANILLA_MASK)
+    value, gradient, metrics = call(
+        build(L.VanillaPPO, CONFIG), old, new, VANILLA_ADV, VANILLA_MASK
+    )
     assert value == pytest.approx((-1.28 - 0.5 + 0.8 + 3.0 - 2.0) / 5)
     # only unclipped tokens carry a gradient: -A * r / 5
     assert gradient == pytest.approx([0.0, -0.5 / 5, 0.0, 0.0, -2.0 / 5, 0.0])
@@ -62,7 +69,7 @@ def test_vanilla_ppo_clip_and_dual_clip():
 def test_vanilla_uses_clip_ratio_when_low_and_high_are_unset():
     config = ActorConfig(clip_ratio=0.1)
     old, new = logs([1.5, 0.5])
-    value, _, _ = call(L.VanillaPPO(config), old, new, [1.0, -1.0], [1, 1])
+    value, _, _ = call(build(L.VanillaPPO, config), old, new, [1.0, -1.0], [1, 1])
     assert value == pytest.approx((-1.1 + 0.9) / 2)
 
 
@@ -70,7 +77,7 @@ def test_vanilla_multiplies_by_importance_weights():
     old, new = logs(VANILLA_RATIOS)
     weights = [2.0, 1.0, 1.0, 1.0, 0.5, 0.0]
     value, gradient, _ = call(
-        L.VanillaPPO(CONFIG), old, new, VANILLA_ADV, VANILLA_MASK, weights=weights
+        build(L.VanillaPPO, CONFIG), old, new, VANILLA_ADV, VANILLA_MASK, weights=weights
     )
     assert value == pytest.approx((-2.56 - 0.5 + 0.8 + 3.0 - 1.0) / 5)
     assert gradient == pytest.approx([0.0, -0.1, 0.0, 0.0, -0.2, 0.0])
@@ -78,7 +85,7 @@ def test_vanilla_multiplies_by_importance_weights():
 
 def test_vanilla_log_ratio_is_clamped():
     # log ratio 30 is clamped to 20 before exp
-    value, _, metrics = call(L.VanillaPPO(CONFIG), [-31.0], [-1.0], [-1.0], [1])
+    value, _, metrics = call(build(L.VanillaPPO, CONFIG), [-31.0], [-1.0], [-1.0], [1])
     assert value == pytest.approx(3.0)
     assert metrics["actor/ppo_kl"] == pytest.approx(-20.0)
 
@@ -89,7 +96,7 @@ def test_gspo_clips_the_sequence_ratio():
     old = [[-1.0, -1.0], [-1.0, -1.0]]
     new = [[-1.0 + math.log(1.2)] * 2, [-1.0 + math.log(2.0), -1.0]]
     log_prob = torch.tensor(new, dtype=torch.float64, requires_grad=True)
-    value, metrics = L.GSPO(CONFIG)(
+    value, metrics = build(L.GSPO, CONFIG)(
         old_log_prob=torch.tensor(old, dtype=torch.float64),
         log_prob=log_prob,
         advantages=torch.ones(2, 2, dtype=torch.float64),
@@ -105,13 +112,13 @@ def test_gspo_clips_the_sequence_ratio():
 
 
 def test_gspo_sequence_log_ratio_is_capped_at_10():
-    value, _, _ = call(L.GSPO(ActorConfig(clip_ratio=1e9)), [-13.0], [-1.0], [-1.0], [1])
+    value, _, _ = call(build(L.GSPO, ActorConfig(clip_ratio=1e9)), [-13.0], [-1.0], [-1.0], [1])
     assert value == pytest.approx(math.exp(10.0))
 
 
 def test_cispo_weights_reinforce_by_the_clipped_ratio_without_its_gradient():
     old = [-1.0 - math.log(1.5), -2.0]
-    value, gradient, metrics = call(L.CISPO(CONFIG), old, [-1.0, -2.0], [1.0, -1.0], [1, 1])
+    value, gradient, metrics = call(build(L.CISPO, CONFIG), old, [-1.0, -2.0], [1.0, -1.0], [1, 1])
     # token 0: -1.28 * 1 * (-1); token 1: -1 * (-1) * (-2)
     assert value == pytest.approx((1.28 - 2.0) / 2)
     assert gradient == pytest.approx([-1.28 / 2, 1.0 / 2])
@@ -120,7 +127,7 @@ def test_cispo_weights_reinforce_by_the_clipped_ratio_without_its_gradient():
 
 def test_reinforce_is_minus_advantage_times_log_prob():
     value, gradient, metrics = call(
-        L.Reinforce(CONFIG), [-1.5, -1.0], [-1.0, -0.5], [1.0, -2.0], [1, 1]
+        build(L.Reinforce, CONFIG), [-1.5, -1.0], [-1.0, -0.5], [1.0, -2.0], [1, 1]
     )
     assert value == pytest.approx((1.0 - 1.0) / 2)
     assert gradient == pytest.approx([-0.5, 1.0])
@@ -131,7 +138,7 @@ def test_reinforce_is_minus_advantage_times_log_prob():
 def geo_call(aggregate, weights=None):
     log_ratio = [[0.1, 0.5], [-0.5, 0.0], [0.0, 0.0]]
     log_prob = torch.tensor(log_ratio, dtype=torch.float64, requires_grad=True)
-    value, metrics = L.GeoMean(CONFIG)(
+    value, metrics = build(L.GeoMean, CONFIG)(
         old_log_prob=torch.zeros(3, 2, dtype=torch.float64),
         log_prob=log_prob,
         advantages=torch.tensor([[1.0, 1.0], [-1.0, -1.0], [5.0, 5.0]], dtype=torch.float64),
@@ -165,7 +172,7 @@ def test_kl_cov_penalises_the_highest_covariance_token():
     # covariances [1.25, -0.75, -1.25, 1.75]: one token (4 * 0.25) penalised, the last
     old = [-1.0, -3.0, -1.0, -4.5]
     new = [-1.0, -3.0, -1.0, -4.0]
-    loss = L.KLCov(CONFIG, KLCovArgs(kl_cov_ratio=0.25, ppo_kl_coef=0.1))
+    loss = build(L.KLCov, CONFIG, KLCovArgs(kl_cov_ratio=0.25, ppo_kl_coef=0.1))
     value, gradient, metrics = call(loss, old, new, [1.0, 1.0, -1.0, -1.0], [1, 1, 1, 1])
     assert value == pytest.approx((-1 - 1 + 1 + math.exp(0.5) + 0.1 * 0.5) / 4)
     assert gradient == pytest.approx([-0.25, -0.25, 0.25, (math.exp(0.5) + 0.1) / 4])
@@ -178,7 +185,7 @@ def test_clip_cov_cuts_the_gradient_of_high_covariance_tokens():
     new = [-1.0, -2.0, -2.0, -3.0]
     args = ClipCovArgs(clip_cov_ratio=0.5, clip_cov_lb=1.0, clip_cov_ub=5.0)
     value, gradient, metrics = call(
-        L.ClipCov(CONFIG, args), new, new, [2.0, 1.0, 0.0, -2.0], [1] * 4
+        build(L.ClipCov, CONFIG, args), new, new, [2.0, 1.0, 0.0, -2.0], [1] * 4
     )
     assert value == pytest.approx(-1.0 / 4)
     assert gradient == pytest.approx([0.0, -0.25, 0.0, 0.0])
@@ -189,12 +196,14 @@ def test_clip_cov_cuts_at_most_its_budget_and_respects_the_upper_bound():
     new = [-1.0, -2.0, -2.0, -3.0]
     # budget max(int(0.25 * 4), 1) = 1 of the two candidates, chosen at random
     args = ClipCovArgs(clip_cov_ratio=0.25, clip_cov_lb=1.0, clip_cov_ub=5.0)
-    value, _, metrics = call(L.ClipCov(CONFIG, args), new, new, [2.0, 1.0, 0.0, -2.0], [1] * 4)
+    value, _, metrics = call(
+        build(L.ClipCov, CONFIG, args), new, new, [2.0, 1.0, 0.0, -2.0], [1] * 4
+    )
     assert metrics["actor/pg_clipfrac"] == pytest.approx(0.25)
     assert value in (pytest.approx((-1.0 + 2.0) / 4), pytest.approx((-2.0 - 1.0) / 4))
     # an upper bound below 2.25 leaves only token 0
     args = ClipCovArgs(clip_cov_ratio=0.5, clip_cov_lb=1.0, clip_cov_ub=2.0)
-    value, _, _ = call(L.ClipCov(CONFIG, args), new, new, [2.0, 1.0, 0.0, -2.0], [1] * 4)
+    value, _, _ = call(build(L.ClipCov, CONFIG, args), new, new, [2.0, 1.0, 0.0, -2.0], [1] * 4)
     assert value == pytest.approx((-1.0 + 2.0) / 4)
 
 
@@ -203,7 +212,9 @@ def test_clip_cov_skips_tokens_already_clipped_by_ppo():
     old = [-1.0 - math.log(2.0), -2.0, -2.0, -3.0]
     new = [-1.0, -2.0, -2.0, -3.0]
     args = ClipCovArgs(clip_cov_ratio=0.5, clip_cov_lb=1.0, clip_cov_ub=5.0)
-    value, _, metrics = call(L.ClipCov(CONFIG, args), old, new, [2.0, 1.0, 0.0, -2.0], [1] * 4)
+    value, _, metrics = call(
+        build(L.ClipCov, CONFIG, args), old, new, [2.0, 1.0, 0.0, -2.0], [1] * 4
+    )
     assert value == pytest.approx((-2 * 1.28 - 1.0) / 4)
     assert metrics["actor/pg_clipfrac"] == pytest.approx(0.25)
 
@@ -217,12 +228,12 @@ def test_empty_responses_contribute_nothing(loss):
     new = torch.tensor([[-0.9, -1.0], [5.0, 5.0]], dtype=torch.float64, requires_grad=True)
     advantages = torch.tensor([[1.0, 1.0], [50.0, 50.0]], dtype=torch.float64)
     kwargs = {"old_log_prob": old, "advantages": advantages, "aggregate": TOKEN_MEAN}
-    with_empty, _ = loss(CONFIG)(
+    with_empty, _ = build(loss, CONFIG)(
         log_prob=new, response_mask=torch.tensor([[1, 1], [0, 0]]), **kwargs
     )
     (gradient,) = torch.autograd.grad(with_empty, new)
     assert torch.all(gradient[1] == 0)
-    alone, _ = loss(CONFIG)(
+    alone, _ = build(loss, CONFIG)(
         log_prob=new[:1],
         response_mask=torch.tensor([[1, 1]]),
         **{**kwargs, "old_log_prob": old[:1], "advantages": advantages[:1]},
@@ -232,7 +243,7 @@ def test_empty_responses_contribute_nothing(loss):
 
 @pytest.mark.parametrize("loss", ALL_LOSSES, ids=lambda cls: cls.name)
 def test_only_empty_responses_give_a_zero_finite_loss(loss):
-    value, metrics = loss(CONFIG)(
+    value, metrics = build(loss, CONFIG)(
         old_log_prob=torch.zeros(2, 3),
         log_prob=torch.zeros(2, 3, requires_grad=True),
         advantages=torch.ones(2, 3),

@@ -9,11 +9,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from plugrl.compose.objective import PolicyObjective
 from plugrl.data.batch import Batch
-from plugrl.parts.backend import LossScale
+from plugrl.functional import LOSS_AGG_MODES, count_valid
+from plugrl.parts.algorithm import LossScale
 from plugrl.recipe import apply_overrides, build_recipe
-from plugrl_plugins.algorithms.aggregation import LOSS_AGG_MODES, count_valid
-from plugrl_plugins.algorithms.objective import PolicyObjective
 
 # clip_cov and kl_cov rank tokens within the micro-batch by design, so they are left out
 SPLIT_FREE_LOSSES = ["vanilla", "gspo", "cispo", "reinforce", "geo_mean"]

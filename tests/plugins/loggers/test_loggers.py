@@ -1,6 +1,8 @@
 import json
 
 from plugrl.metrics import read_metrics
+from plugrl.recipe import TrainerConfig
+from plugrl.testing import part_context
 from plugrl_plugins.loggers.console import summary_line
 from plugrl_plugins.loggers.jsonl import JsonlLogger
 
@@ -20,7 +22,7 @@ def test_summary_line_shows_what_people_watch():
 
 
 def test_jsonl_appends_flushes_and_survives_resume(tmp_path):
-    logger = JsonlLogger(None, tmp_path)
+    logger = JsonlLogger(TrainerConfig(), part_context(run_dir=tmp_path))
     for step in (1, 2, 3):
         logger.log({"critic/score/mean": step / 10, "nan": float("nan")}, step)
     # each line is on disk before close: a killed run keeps its metrics
@@ -28,7 +30,7 @@ def test_jsonl_appends_flushes_and_survives_resume(tmp_path):
     logger.close()
     with (tmp_path / "metrics.jsonl").open("a") as file:
         file.write('{"step": 4, "cut sho')  # a line cut by kill -9
-    resumed = JsonlLogger(None, tmp_path)
+    resumed = JsonlLogger(TrainerConfig(), part_context(run_dir=tmp_path))
     resumed.log({"critic/score/mean": 0.25}, step=3)  # resuming from the step-2 checkpoint
     resumed.close()
     records = read_metrics(tmp_path)

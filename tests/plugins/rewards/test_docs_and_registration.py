@@ -41,7 +41,7 @@ def test_the_json_to_parquet_example_runs_and_its_rows_score(tmp_path):
 
 
 def test_the_batch_form_example_is_a_batch_function(make_recipe, tmp_path):
-    from plugrl_plugins.rewards import make_resolver
+    from plugrl.compose import make_resolver
 
     block = next(b for b in code_blocks("python") if "solution_strs" in b)
     path = tmp_path / "batch_reward.py"
@@ -59,7 +59,7 @@ def test_the_batch_form_example_is_a_batch_function(make_recipe, tmp_path):
 
 
 def test_the_flexible_gsm8k_file_from_the_docs(make_recipe, tmp_path):
-    from plugrl_plugins.rewards import make_resolver
+    from plugrl.compose import make_resolver
 
     block = next(b for b in code_blocks("python") if "compute_score_flexible" in b)
     path = tmp_path / "flexible.py"

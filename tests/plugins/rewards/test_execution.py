@@ -9,9 +9,9 @@ import time
 
 import pytest
 
+from plugrl.compose.scoring import FileFunction, Scorer
 from plugrl.errors import PluginError
 from plugrl_plugins.rewards.execution import Call, ProcessPool
-from plugrl_plugins.rewards.functions import FileFunction, Scorer
 
 BEHAVIOURS = """
 import os
@@ -155,7 +155,7 @@ def running(pid: int) -> bool:
 DRIVER = """
 import sys, threading, time
 from plugrl_plugins.rewards.execution import Call, ProcessPool
-from plugrl_plugins.rewards.functions import FileFunction, Scorer
+from plugrl.compose.scoring import FileFunction, Scorer
 
 scorer = Scorer.wrap(FileFunction(sys.argv[1], "compute_score"), "behaviours")
 pool = ProcessPool(1)

@@ -8,11 +8,12 @@ import pytest
 import torch
 from rewards_testlib import EOS, make_batch
 
+from plugrl.compose import build_reward_manager
+from plugrl.compose.scoring import ScoringError
 from plugrl.data.batch import Batch
 from plugrl.errors import DataError, RecipeError
 from plugrl.parts.reward import RewardOutput
-from plugrl_plugins.rewards import build_reward_manager
-from plugrl_plugins.rewards.functions import ScoringError
+from plugrl.testing import part_context
 from plugrl_plugins.rewards.managers import (
     BatchRewardManager,
     DAPORewardManager,
@@ -137,9 +138,9 @@ def test_unknown_data_source_fails_at_start_up(build):
 def test_a_resolver_returning_plain_functions_is_accepted(make_recipe, tokenizer):
     from plugrl_plugins.rewards.scorers.arithmetic import compute_score
 
-    manager = NaiveRewardManager(
-        make_recipe(), tokenizer=tokenizer, resolve=lambda _: compute_score
-    )
+    recipe = make_recipe()
+    manager = NaiveRewardManager(recipe.reward, part_context(recipe, tokenizer=tokenizer))
+    manager.resolve = lambda _: compute_score
     try:
         output = manager(make_batch(tokenizer, ["Answer: 2"], "anything", ["2"]))
     finally:

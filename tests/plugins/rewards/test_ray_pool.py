@@ -7,7 +7,7 @@ import time
 import pytest
 from rewards_testlib import make_batch
 
-from plugrl_plugins.rewards import build_reward_manager
+from plugrl.compose import build_reward_manager
 
 ray = pytest.importorskip("ray")
 

@@ -8,7 +8,9 @@ from typing import Any
 import torch
 
 from plugrl.data.batch import Batch
-from plugrl.parts.backend import CriticConfig, DistInfo, LossScale, OptimConfig
+from plugrl.parts.algorithm import LossScale
+from plugrl.parts.backend import CriticConfig, OptimConfig
+from plugrl.parts.context import DistInfo, PartContext
 from plugrl.recipe import ClusterConfig, ModelConfig, Recipe, TrainerConfig
 from plugrl_plugins.backends.fsdp2.backend import FSDP2Backend
 from plugrl_plugins.backends.fsdp2.config import FSDP2ActorConfig
@@ -58,7 +60,8 @@ def make_recipe(
 
 
 def make_backend(recipe: Recipe, role: str = "actor", total_steps: int = 10) -> FSDP2Backend:
-    backend = FSDP2Backend(recipe, role=role, device=CpuDevice(), dist=DistInfo())
+    context = PartContext(recipe=recipe, role=role, device=CpuDevice(), dist=DistInfo())
+    backend = FSDP2Backend(recipe.actor, context)
     backend.setup(total_steps)
     return backend
 
@@ -160,12 +163,14 @@ def rank_log_probs_worker(rank: int, world_size: int, port: int, model_dir: str,
         backend_module.load_model = refuse
     init_process_group(CpuDevice(), DistInfo(rank=rank, world_size=world_size), "127.0.0.1", port)
     try:
-        backend = FSDP2Backend(
-            make_recipe(Path(model_dir)),
+        recipe = make_recipe(Path(model_dir))
+        context = PartContext(
+            recipe=recipe,
             role="actor",
             device=CpuDevice(),
             dist=DistInfo(rank=rank, world_size=world_size),
         )
+        backend = FSDP2Backend(recipe.actor, context)
         backend.setup(10)
         log_probs = backend.compute_log_prob(make_batch(8))["log_probs"]
         torch.save(log_probs, Path(out) / f"rank{rank}.pt")

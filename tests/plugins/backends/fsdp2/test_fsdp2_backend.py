@@ -333,7 +333,7 @@ SPLITS = [
 
 @pytest.mark.parametrize("split", SPLITS, ids=["micro-batches", "dynamic-bsz"])
 def test_objective_metrics_do_not_depend_on_the_micro_batch_split(tiny_model, split):
-    from plugrl_plugins.algorithms.objective import PolicyObjective
+    from plugrl.compose.objective import PolicyObjective
 
     batch = make_batch(8)
     # old log-probs away from the current ones, so that ratios clip and ppo_kl is not zero

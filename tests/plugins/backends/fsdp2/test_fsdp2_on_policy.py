@@ -4,8 +4,8 @@ what the update after a separate old-log-prob pass does."""
 import pytest
 from fsdp2_testing import full_weights, make_backend, make_batch, make_recipe
 
+from plugrl.compose.objective import PolicyObjective
 from plugrl.errors import RecipeError
-from plugrl_plugins.algorithms.objective import PolicyObjective
 
 
 def _two_ways(model_dir, **actor):

@@ -25,7 +25,7 @@ def test_only_rank0_reads_the_weights_and_every_rank_computes_with_them(tiny_mod
 
 def test_rank0_without_the_loaded_model_is_refused():
     from plugrl.cluster.distributed import ensure_process_group
-    from plugrl.parts.backend import DistInfo
+    from plugrl.parts.context import DistInfo
     from plugrl_plugins.backends.fsdp2.model import fill_from_rank0
     from plugrl_plugins.devices.cpu.device import CpuDevice
 

@@ -96,7 +96,7 @@ def test_two_ray_ranks_match_one_local_rank(two_ranks, tiny_model, tmp_path):
 
 
 def test_ranks_derive_on_policy_old_log_probs_as_one_rank_does(two_ranks, tiny_model, tmp_path):
-    from plugrl_plugins.algorithms.objective import PolicyObjective
+    from plugrl.compose.objective import PolicyObjective
 
     local = LocalWorkerGroup(
         make_recipe(tiny_model, ppo_micro_batch_size_per_gpu=3), "actor", device_name="cpu"

@@ -2,13 +2,13 @@ import numpy as np
 import pytest
 import torch
 
-from plugrl.data.batch import Batch
-from plugrl.errors import DataError, RecipeError
-from plugrl_plugins.algorithms.dynamic_sampling import (
+from plugrl.compose.dynamic_sampling import (
     DynamicSampler,
     filter_groups,
     group_metric_values,
 )
+from plugrl.data.batch import Batch
+from plugrl.errors import DataError, RecipeError
 
 
 def round_batch(uids, acc):

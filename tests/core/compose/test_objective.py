@@ -5,10 +5,10 @@ import pickle
 import pytest
 import torch
 
+from plugrl.compose.objective import PolicyObjective
 from plugrl.data.batch import Batch
 from plugrl.errors import DataError, PluginError, RecipeError
-from plugrl.parts.backend import LossScale
-from plugrl_plugins.algorithms.objective import PolicyObjective
+from plugrl.parts.algorithm import LossScale
 
 BASE = -1.0
 # row 0: ratios 1.5 (A=+1, clipped to 1.28) and 1 (A=+1); row 1: ratio 1 (A=-1) then padding

@@ -4,14 +4,14 @@ import pytest
 import torch
 
 from plugrl.errors import RecipeError
-from plugrl.parts.backend import LossScale
-from plugrl_plugins.algorithms.aggregation import (
+from plugrl.functional import (
     LossAggregator,
     count_valid,
     loss_scale_from_mask,
     masked_mean,
     masked_whiten,
 )
+from plugrl.parts.algorithm import LossScale
 
 # row 0: tokens 1, 2 valid; row 1: token 4 valid; row 2: empty response
 VALUES = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [9.0, 9.0, 9.0]])

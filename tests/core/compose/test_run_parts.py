@@ -2,8 +2,8 @@ import logging
 
 import pytest
 
+from plugrl.compose.run_parts import training_loader, update_derives_old_log_probs
 from plugrl.recipe import build_recipe
-from plugrl_plugins.schedulers.parts import training_loader, update_derives_old_log_probs
 
 
 class Prompts(list):

@@ -1,52 +1,48 @@
 """What every scheduler builds before its loop: tokenizer, data, reward, algorithm pieces, the
-backend worker groups and the rollout engine, resolved from the recipe and checked up front so
-that a bad recipe or bad data fails before the first generation."""
+backend worker groups, the engine group and the weight transport between them, resolved from
+the recipe and checked up front so that a bad recipe or bad data fails before the first
+generation."""
 
 from __future__ import annotations
 
 import logging
-import random
 from typing import TYPE_CHECKING, Any
 
 import attrs
-import numpy as np
-import torch
 
+from plugrl import rng
 from plugrl.checkpoint import CheckpointManager
+from plugrl.errors import RecipeError
+from plugrl.parts.context import PartContext
+from plugrl.parts.rollout import Capability, check_capabilities
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from plugrl.cluster import WorkerGroup
+    from plugrl.cluster.engines import EngineGroup
+    from plugrl.compose.kl_reward import KLInReward
+    from plugrl.compose.objective import PolicyObjective
     from plugrl.data.dataset import PromptDataset, PromptLoader
     from plugrl.parts.algorithm import AdvantageEstimator
     from plugrl.parts.device import Device
     from plugrl.parts.reward import RewardManager
-    from plugrl.parts.rollout import RolloutEngine
+    from plugrl.parts.transport import WeightTransport
+    from plugrl.plugins import PluginManager
     from plugrl.recipe import Recipe
     from plugrl.run import RunContext
 
 logger = logging.getLogger("plugrl.run")
 
+# ``rollout.weight_transport: auto`` takes the first of these that can connect the trainer and
+# the engines; the collective is skipped on cpu, where the object store is as fast and simpler
+AUTO_TRANSPORTS = ("local", "collective", "object_store")
+
 
 def sampling_seed(seed: int, step: int, purpose: int = 0) -> int:
     """A seed per (run seed, step): a resumed run samples exactly what the uninterrupted one
-    did, without saving the engine's generator."""
+    did, without saving the engines' generators."""
     return (seed * 1_000_003 + step * 7919 + purpose) % (2**63 - 1)
-
-
-def rng_state() -> dict[str, Any]:
-    return {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-    }
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
 
 
 @attrs.define
@@ -62,15 +58,21 @@ class RunParts:
     train_loader: PromptLoader
     reward: RewardManager
     estimator: AdvantageEstimator
-    objective: Any
-    kl_in_reward: Any
+    objective: PolicyObjective
+    kl_in_reward: KLInReward | None
     actor: WorkerGroup
     ref: WorkerGroup | None
     critic: WorkerGroup | None
-    engine: RolloutEngine
+    engines: EngineGroup
+    transport: WeightTransport | None
+    """How weights reach the engines; ``None`` when the engine generates with the actor's
+    own model in this process (:attr:`shares_model`)."""
     checkpoints: CheckpointManager
     total_training_steps: int
-    colocated: bool = False
+    shares_model: bool = False
+    engines_sleep: bool = False
+    """The engines share the trainer's devices and sleep while it trains
+    (``rollout.free_cache_engine``)."""
     old_log_probs_from_update: bool = False
     """The update is exactly on-policy and derives ``old_log_probs`` from its own forward, so
     the scheduler skips the separate pass (see :func:`update_derives_old_log_probs`)."""
@@ -78,12 +80,33 @@ class RunParts:
     placement: Any = None
     """The Ray devices the roles share (:class:`plugrl.cluster.RayPlacement`), or ``None``."""
 
-    def sync_weights(self) -> None:
-        """Give the engine the actor's current weights (no copy when colocated)."""
-        if self.colocated:
-            self.engine.bind_model(self.actor.rollout_model(), self.weight_version)
-        else:
-            self.engine.update_weights(self.actor.named_weights(), self.weight_version)
+    # ------------------------------------------------------------------------- weights
+
+    def sync_weights(self) -> dict[str, float]:
+        """Give the engines the actor's current weights as :attr:`weight_version`; returns
+        the transport's metrics (none when the engine shares the actor's model)."""
+        if self.shares_model:
+            self.engines.bind_model(self.actor.rollout_model(), self.weight_version)
+            return {}
+        assert self.transport is not None
+        if self.engines_sleep:
+            self.engines.wake_up(["weights"])
+        metrics = self.transport.push(self.actor, self.engines, self.weight_version)
+        if self.engines_sleep:
+            self.engines.wake_up(["kv_cache"])
+        return metrics
+
+    def resync_engines(self, indices: list[int]) -> None:
+        """Give restarted engines the current weights (the engine group calls this)."""
+        assert self.transport is not None
+        self.transport.push(self.actor, self.engines, self.weight_version, engine_indices=indices)
+
+    def before_training(self) -> None:
+        """Free the engines' device memory for training when they share the devices."""
+        if self.engines_sleep:
+            self.engines.sleep(level=1)
+
+    # ------------------------------------------------------------------------- checkpoints
 
     def groups(self) -> dict[str, WorkerGroup]:
         named = {"actor": self.actor, "ref": self.ref, "critic": self.critic}
@@ -98,7 +121,7 @@ class RunParts:
         state = {
             "dataloader": self.train_loader.state_dict(),
             "weight_version": self.weight_version,
-            "rng": rng_state(),
+            "rng": rng.capture(),
             "kl_in_reward": self.kl_in_reward.state_dict() if self.kl_in_reward else None,
             **trainer_state,
         }
@@ -117,13 +140,13 @@ class RunParts:
         self.weight_version = state["weight_version"]
         if self.kl_in_reward and state.get("kl_in_reward"):
             self.kl_in_reward.load_state_dict(state["kl_in_reward"])
-        set_rng_state(state["rng"])
+        rng.restore(state["rng"])
         logger.info("resumed from %s (step %d)", path, state["step"])
         return state
 
     def close(self) -> None:
         for closer in (
-            self.engine.close,
+            self.engines.close,
             self.reward.close,
             *(group.close for group in self.groups().values()),
             *([self.placement.close] if self.placement is not None else []),
@@ -132,6 +155,11 @@ class RunParts:
                 closer()
             except Exception as exc:  # closing must not hide the error that ended the run
                 logger.warning("closing %s failed: %s", closer, exc)
+
+
+# --------------------------------------------------------------------------------------------
+# Pieces of the composition, usable on their own
+# --------------------------------------------------------------------------------------------
 
 
 def training_loader(recipe: Recipe, dataset: PromptDataset, pad_token_id: int) -> PromptLoader:
@@ -190,26 +218,87 @@ def update_derives_old_log_probs(
     )
 
 
-def build_parts(context: RunContext) -> RunParts:
-    """Build and check everything a run needs, in the order that fails cheapest first."""
-    from plugrl.cluster import make_placement, make_worker_group
-    from plugrl.data.dataset import (
-        PromptDataset,
-        load_tokenizer,
-        pad_token_id_of,
+def build_reward_manager(
+    recipe: Recipe, tokenizer: Any, plugins: PluginManager | None = None
+) -> RewardManager:
+    """The reward manager ``reward.manager`` names. Call its ``check_data_sources`` with the
+    data's ``data_source`` values before generating, and ``close()`` at the end of the run."""
+    from plugrl.compose.build import build_part
+
+    context = PartContext(recipe=recipe, plugins=plugins, tokenizer=tokenizer)
+    return build_part("reward_managers", recipe.reward.manager, recipe.reward, context)
+
+
+def choose_transport(
+    recipe: Recipe,
+    actor: WorkerGroup,
+    engines: EngineGroup,
+    *,
+    device: Device,
+    plugins: PluginManager,
+) -> WeightTransport:
+    """The transport ``rollout.weight_transport`` names, or for ``auto`` the first built-in
+    one that can connect ``actor`` and ``engines``; one line when the named one cannot."""
+    from plugrl.compose.build import build_part
+
+    registry = plugins.registry("weight_transports")
+    chosen = recipe.rollout.weight_transport
+    context = PartContext(recipe=recipe, plugins=plugins, device=device)
+    if chosen != "auto":
+        reason = registry.load(chosen).unusable_reason(actor, engines)
+        if reason is not None:
+            raise RecipeError(
+                f"transport {chosen!r} cannot be used here: {reason}",
+                key="rollout.weight_transport",
+            )
+        names = [chosen]
+    else:
+        names = [
+            name
+            for name in AUTO_TRANSPORTS
+            if name in registry
+            and registry.get(name).available
+            and not (name == "collective" and device.name == "cpu")
+            and registry.load(name).unusable_reason(actor, engines) is None
+        ]
+    if names:
+        logger.info("the engines get the actor's weights through the %r transport", names[0])
+        return build_part("weight_transports", names[0], recipe.rollout, context)
+    raise RecipeError(
+        "no installed weight transport connects the trainer and the engines here; install "
+        "the ray extra (pip install 'plugrl[ray]') or name one",
+        key="rollout.weight_transport",
     )
-    from plugrl_plugins.algorithms.estimators import build_estimator
-    from plugrl_plugins.algorithms.kl import KLInReward
-    from plugrl_plugins.algorithms.objective import PolicyObjective
-    from plugrl_plugins.algorithms.validate import check_algorithm
-    from plugrl_plugins.rewards import build_reward_manager
+
+
+# --------------------------------------------------------------------------------------------
+# The whole run
+# --------------------------------------------------------------------------------------------
+
+
+def build_run_parts(context: RunContext, engine_needs: dict[str, str] | None = None) -> RunParts:
+    """Build and check everything a run needs, in the order that fails cheapest first.
+
+    ``engine_needs`` maps the engine capabilities the scheduler needs to the reason (see
+    :attr:`Scheduler.engine_needs <plugrl.parts.scheduler.Scheduler.engine_needs>`).
+    """
+    from plugrl.cluster import make_placement, make_worker_group
+    from plugrl.cluster.engines import make_engine_group
+    from plugrl.cluster.worker import build_device
+    from plugrl.compose.build import build_estimator
+    from plugrl.compose.checks import check_algorithm
+    from plugrl.compose.kl_reward import KLInReward
+    from plugrl.compose.objective import PolicyObjective
+    from plugrl.data.dataset import PromptDataset, load_tokenizer, pad_token_id_of
 
     recipe, plugins = context.recipe, context.plugins
     check_algorithm(recipe, plugins)
-    device = context.part("devices", context.device_name)(recipe.device)
-    device.manual_seed(recipe.trainer.seed)
-    random.seed(recipe.trainer.seed)
-    np.random.seed(recipe.trainer.seed % 2**32)
+    engine_entry = plugins.registry("rollout_engines").get(recipe.rollout.engine)
+    engine_cls = engine_entry.load()
+    needs = {Capability(name): reason for name, reason in (engine_needs or {}).items()}
+    check_capabilities(recipe.rollout.engine, engine_cls, needs)
+    device = build_device(plugins, context.device_name, recipe)
+    rng.seed_all(recipe.trainer.seed, device)
 
     tokenizer = load_tokenizer(recipe.model)
     pad_token_id = pad_token_id_of(tokenizer)
@@ -228,7 +317,13 @@ def build_parts(context: RunContext) -> RunParts:
     needs_ref = recipe.actor.use_kl_loss or algorithm.use_kl_in_reward
     needs_values = "values" in estimator.requires
     critic_on = recipe.critic.enable if recipe.critic.enable is not None else needs_values
-    roles = ["actor", *(["ref"] if needs_ref else []), *(["critic"] if critic_on else [])]
+    on_ray_colocated = recipe.cluster.mode == "ray" and recipe.rollout.colocate
+    roles = [
+        "actor",
+        *(["ref"] if needs_ref else []),
+        *(["critic"] if critic_on else []),
+        *(["rollout"] if on_ray_colocated else []),
+    ]
     built: list[Any] = [reward]
     placement = None
 
@@ -248,20 +343,27 @@ def build_parts(context: RunContext) -> RunParts:
         actor = group("actor")
         ref = group("ref") if needs_ref else None
         critic = group("critic") if critic_on else None
-        colocated = recipe.rollout.colocate and actor.rollout_model() is not None
-        engine_recipe = recipe
-        if recipe.rollout.colocate and not colocated:
-            # the engine cannot share a model that lives in other processes: it loads its own
-            # copy and gets the actor's weights pushed after each step
-            logger.info(
-                "rollout.colocate: the actor runs in other processes, so the engine gets "
-                "its weights pushed after each step instead of sharing them"
+        shares_model = (
+            recipe.rollout.colocate
+            and Capability.SHARE_MODEL in engine_cls.capabilities
+            and actor.rollout_model() is not None
+        )
+        engines = make_engine_group(
+            recipe,
+            device_name=context.device_name,
+            plugins=plugins,
+            trainer_placement=placement,
+            model_from_trainer=shares_model,
+        )
+        built.append(engines)
+        transport = None
+        if not shares_model:
+            check_capabilities(
+                recipe.rollout.engine,
+                engine_cls,
+                {Capability.WEIGHT_UPDATE: "an engine that does not share the trainer's model"},
             )
-            engine_recipe = attrs.evolve(
-                recipe, rollout=attrs.evolve(recipe.rollout, colocate=False)
-            )
-        engine_cls = context.part("rollout_engines", recipe.rollout.engine)
-        engine = engine_cls(engine_recipe, device=device, tokenizer=tokenizer)
+            transport = choose_transport(recipe, actor, engines, device=device, plugins=plugins)
     except BaseException:
         for part in reversed(built):  # no Ray actor or scoring worker outlives a failed start
             try:
@@ -284,17 +386,25 @@ def build_parts(context: RunContext) -> RunParts:
         actor=actor,
         ref=ref,
         critic=critic,
-        engine=engine,
+        engines=engines,
+        transport=transport,
         checkpoints=CheckpointManager(
             context.run_dir,
             recipe.trainer.max_ckpt_to_keep,
             checksums=recipe.trainer.checkpoint_checksums,
         ),
         total_training_steps=total,
-        colocated=colocated,
+        shares_model=shares_model,
+        engines_sleep=(
+            on_ray_colocated
+            and recipe.rollout.free_cache_engine
+            and Capability.SLEEP in engines.capabilities
+        ),
         old_log_probs_from_update=update_derives_old_log_probs(
             recipe, context.part("training_backends", recipe.actor.backend), estimator
         ),
         placement=placement,
     )
+    if transport is not None:
+        engines.on_restart = parts.resync_engines
     return parts

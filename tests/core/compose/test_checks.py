@@ -2,8 +2,8 @@ import logging
 
 import pytest
 
+from plugrl.compose.checks import check_algorithm
 from plugrl.errors import RecipeError
-from plugrl_plugins.algorithms.validate import check_algorithm
 
 
 def fails(recipe, plugins, key, message):

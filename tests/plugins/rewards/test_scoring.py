@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from plugrl.errors import DataError, PluginError, RecipeError
-from plugrl_plugins.rewards import make_resolver
-from plugrl_plugins.rewards.functions import (
+from plugrl.compose import make_resolver
+from plugrl.compose.scoring import (
     FileFunction,
     Scorer,
     ScoringError,
     is_batch_form,
     normalize_result,
 )
+from plugrl.errors import DataError, PluginError, RecipeError
 
 SYNC = """
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):

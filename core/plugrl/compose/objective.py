@@ -13,13 +13,9 @@ import torch
 
 from plugrl.data.batch import Batch
 from plugrl.errors import DataError, PluginError
-from plugrl.parts.algorithm import KLPenalty, PolicyLoss
-from plugrl.parts.backend import LossScale
+from plugrl.functional import LossAggregator, compute_rollout_is_weights
+from plugrl.parts.algorithm import KLPenalty, LossScale, PolicyLoss
 from plugrl.plugins import PluginManager, get_plugin_manager
-from plugrl.recipe import part_args
-
-from .aggregation import LossAggregator
-from .importance import compute_rollout_is_weights
 
 if TYPE_CHECKING:
     from plugrl.recipe import Recipe
@@ -63,11 +59,11 @@ class PolicyObjective:
 
     def resolve(self) -> None:
         """Load the policy loss (and KL estimator) from this process's registry."""
+        from plugrl.compose.build import build_policy_loss
+
         plugins = self._plugins or get_plugin_manager()
         actor = self.recipe.actor
-        loss_cls = plugins.registry("policy_losses").load(actor.policy_loss)
-        args = part_args(self.recipe, "actor", "policy_loss_args", plugins)
-        self._policy_loss = loss_cls(actor, args)
+        self._policy_loss = build_policy_loss(self.recipe, plugins)
         if actor.use_kl_loss:
             self._kl_penalty = plugins.registry("kl_penalties").load(actor.kl_loss_type)
 
