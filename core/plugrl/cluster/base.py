@@ -1,14 +1,15 @@
 """Worker groups: the ranks of one role, driven as one backend from the driver.
 
 A worker group splits a batch across its data-parallel ranks, calls the same backend method on
-every rank, and gathers what comes back (tensors concatenated in rank order, metrics averaged,
-rank 0's weights). Subclasses only say how a method reaches the ranks.
+every rank, and gathers what comes back from the ranks that hold outputs (one per data-parallel
+index: tensors concatenated in index order, metrics averaged; the weights every rank yields).
+Subclasses only say how a method reaches the ranks.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
 
     from plugrl.parts.algorithm import ActorObjective
     from plugrl.parts.backend import Role
+    from plugrl.parts.rollout import WeightMeta
     from plugrl.recipe import Recipe
 
 
@@ -124,6 +126,29 @@ class WorkerGroup(ABC):
     world_size: int
     dp_ranks: list[int]
     """The data-parallel index of each rank (ranks that share one get the same shard)."""
+    output_ranks: list[bool]
+    """Whether each rank holds the outputs of its data-parallel index
+    (:attr:`TrainingBackend.is_output_rank`)."""
+    in_process: bool = False
+    """The backends live in this process (a local group)."""
+
+    def _check_output_ranks(self) -> None:
+        """Every data-parallel index needs exactly one rank holding its outputs."""
+        holders: dict[int, int] = {}
+        for rank, (dp_rank, holds) in enumerate(zip(self.dp_ranks, self.output_ranks, strict=True)):
+            if holds:
+                if dp_rank in holders:
+                    raise RuntimeError(
+                        f"ranks {holders[dp_rank]} and {rank} both say they hold the outputs of "
+                        f"data-parallel index {dp_rank}; a backend's is_output_rank must pick one"
+                    )
+                holders[dp_rank] = rank
+        missing = sorted(set(range(self.dp_size)) - set(holders))
+        if missing:
+            raise RuntimeError(
+                f"no rank holds the outputs of data-parallel index {missing[0]}; a backend's "
+                "is_output_rank must be true on one rank of each"
+            )
 
     @property
     def dp_size(self) -> int:
@@ -132,9 +157,13 @@ class WorkerGroup(ABC):
     # ---------------------------------------------------------------- how calls reach ranks
 
     @abstractmethod
+    def _call_workers(self, method: str, per_rank_args: Sequence[tuple], **kwargs: Any) -> list:
+        """Call the :class:`~plugrl.cluster.worker.BackendWorker` method ``method`` on every
+        rank at once, rank ``i`` with ``per_rank_args[i]``; return the results in rank order."""
+
     def _call_ranks(self, method: str, per_rank_args: Sequence[tuple], **kwargs: Any) -> list:
-        """Call ``method`` on every rank at once, rank ``i`` with ``per_rank_args[i]``; return
-        the results in rank order."""
+        """Call the backend method ``method`` on every rank (see :meth:`_call_workers`)."""
+        return self._call_workers("call", [(method, *args) for args in per_rank_args], **kwargs)
 
     def execute_all(self, method: str, *args: Any, **kwargs: Any) -> list:
         """Call a backend method with the same arguments on every rank; results in rank order."""
@@ -144,16 +173,21 @@ class WorkerGroup(ABC):
         """Per-rank arguments: the shard of each rank's data-parallel index."""
         return [(shards[dp_rank],) for dp_rank in self.dp_ranks]
 
-    def _first_of_each_dp_rank(self, results: list) -> list:
-        seen: dict[int, Any] = {}
-        for dp_rank, result in zip(self.dp_ranks, results, strict=True):
-            seen.setdefault(dp_rank, result)
-        return [seen[i] for i in range(self.dp_size)]
+    def _outputs(self, results: list) -> list:
+        """The results of the output rank of each data-parallel index, in index order."""
+        held = {
+            dp_rank: result
+            for dp_rank, holds, result in zip(
+                self.dp_ranks, self.output_ranks, results, strict=True
+            )
+            if holds
+        }
+        return [held[i] for i in range(self.dp_size)]
 
     def _dispatch_batch(self, method: str, batch: Batch, *, pad: bool, **kwargs: Any) -> Any:
         shards, padding = split_for_dp(batch, self.dp_size, pad=pad)
         results = self._call_ranks(method, self._shard_args(self._put_all(shards)), **kwargs)
-        return unpad(concat_outputs(self._first_of_each_dp_rank(results)), padding)
+        return unpad(concat_outputs(self._outputs(results)), padding)
 
     def _put_all(self, shards: list[Batch]) -> list[Any]:
         """Hook for groups that hand data over by reference (Ray's object store)."""
@@ -177,23 +211,37 @@ class WorkerGroup(ABC):
     @property
     def mini_batch_rows(self) -> int:
         """Sequences per optimizer step over all ranks (``ppo_mini_batch_size x rollout.n``)."""
-        return self.recipe.actor.ppo_mini_batch_size * self.recipe.rollout.n
+        return self.recipe.actor.mini_batch_rows(self.recipe.rollout.n)
 
     def update_policy(self, batch: Batch, objective: ActorObjective) -> dict[str, float]:
         shards, _ = split_for_dp(batch, self.dp_size, mini_batch_size=self.mini_batch_rows)
         shared = self._put_all([objective])[0]
         args = [(shard, shared) for (shard,) in self._shard_args(self._put_all(shards))]
-        return average_metrics(self._call_ranks("update_policy", args))
+        return average_metrics(self._outputs(self._call_ranks("update_policy", args)))
 
     def update_critic(self, batch: Batch) -> dict[str, float]:
         shards, _ = split_for_dp(batch, self.dp_size, mini_batch_size=self.mini_batch_rows)
-        return average_metrics(
-            self._call_ranks("update_critic", self._shard_args(self._put_all(shards)))
-        )
+        results = self._call_ranks("update_critic", self._shard_args(self._put_all(shards)))
+        return average_metrics(self._outputs(results))
 
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:
-        """Full weights with Hugging Face names, as rank 0 gathered them."""
-        return self.execute_all("named_weights")[0]
+        """Full weights with Hugging Face names: what every rank yielded, in rank order (with
+        FSDP rank 0 yields them all; under pipeline parallelism each stage its own)."""
+        return [weight for weights in self.execute_all("named_weights") for weight in weights]
+
+    def weight_metadata(self) -> list[WeightMeta]:
+        """Name, shape and dtype of every weight, without gathering (the same on every rank)."""
+        return self.execute_all("weight_metadata")[0]
+
+    def stream_weight_buckets(self, bucket_bytes: int) -> Iterator[Any]:
+        """The weights in buckets of at most ``bucket_bytes``, as the ranks make them: lists of
+        named tensors in a local group, object-store references on Ray (the driver passes
+        them on without fetching). Every rank takes part; the buckets come in rank order."""
+        raise NotImplementedError(f"{type(self).__name__} cannot stream weights")
+
+    def transport_send(self, transport_name: str, session: Any) -> list:
+        """Run the worker side of weight transport ``transport_name`` on every rank."""
+        return self._call_workers("transport_send", [(transport_name, session)] * self.world_size)
 
     def rollout_model(self) -> Any:
         """The live model for a colocated engine in the driver process, or ``None``."""

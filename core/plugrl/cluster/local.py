@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from plugrl.cluster.base import WorkerGroup
 from plugrl.cluster.worker import BackendWorker
-from plugrl.parts.backend import DistInfo
+from plugrl.parts.context import DistInfo
 from plugrl.plugins import PluginManager, get_plugin_manager
 
 if TYPE_CHECKING:
@@ -33,9 +33,12 @@ class LocalWorkerGroup(WorkerGroup):
         self.recipe = recipe
         self.role = role
         self.world_size = 1
+        self.in_process = True
         self.worker = BackendWorker(recipe, role, device_name, DistInfo())
-        dp_rank, _ = self.worker.start(plugins=plugins or get_plugin_manager())
+        dp_rank, _, holds_outputs = self.worker.start(plugins=plugins or get_plugin_manager())
         self.dp_ranks = [dp_rank]
+        self.output_ranks = [bool(holds_outputs)]
+        self._check_output_ranks()
 
     @property
     def backend(self) -> TrainingBackend:
@@ -43,9 +46,12 @@ class LocalWorkerGroup(WorkerGroup):
         assert self.worker.backend is not None
         return self.worker.backend
 
-    def _call_ranks(self, method: str, per_rank_args: Sequence[tuple], **kwargs: Any) -> list:
+    def _call_workers(self, method: str, per_rank_args: Sequence[tuple], **kwargs: Any) -> list:
         (args,) = per_rank_args
-        return [self.worker.call(method, *args, **kwargs)]
+        return [getattr(self.worker, method)(*args, **kwargs)]
+
+    def stream_weight_buckets(self, bucket_bytes: int) -> Iterator[Any]:
+        return self.worker.stream_weight_buckets(bucket_bytes)
 
     def rollout_model(self) -> Any:
         return self.backend.rollout_model()

@@ -5,13 +5,13 @@ from __future__ import annotations
 import contextlib
 import os
 import types
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from plugrl.cluster.base import WorkerGroup
 from plugrl.cluster.worker import BackendWorker
 from plugrl.errors import PlugrlError, RecipeError
-from plugrl.parts.backend import DistInfo
+from plugrl.parts.context import DistInfo
 from plugrl.plugins import PluginManager, get_plugin_manager
 
 if TYPE_CHECKING:
@@ -20,6 +20,18 @@ if TYPE_CHECKING:
 
 # Environment a worker needs to see the same plugins and stay offline like the driver.
 FORWARDED_ENV_PREFIXES = ("PLUGRL_", "HF_", "TRANSFORMERS_")
+
+
+def worker_env(device_env: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a worker: the device's settings for its kind of worker
+    (:meth:`Device.worker_env <plugrl.parts.device.Device.worker_env>`), under the driver's
+    own ``PLUGRL_*``, ``HF_*`` and ``TRANSFORMERS_*`` variables and whatever of the device's
+    variables the user set (the user's values win)."""
+    env = dict(device_env)
+    for key, value in os.environ.items():
+        if key.startswith(FORWARDED_ENV_PREFIXES) or key in env:
+            env[key] = value
+    return env
 
 
 def ensure_ray(cluster: ClusterConfig) -> types.ModuleType:
@@ -52,11 +64,13 @@ def in_process_plugin_modules(plugins: PluginManager) -> list[str]:
 class RayPlacement:
     """Where the ranks of a run's roles live on a Ray cluster.
 
-    A placement group of ``world_size`` bundles, each one device (the device's Ray resource,
-    ``Device.ray_resource``; none on CPU) and ``cpus_per_rank`` CPUs. Rank ``i`` of every role
-    sharing the placement goes to bundle ``i`` and takes an equal share of it: the actor,
-    reference and critic ranks share the devices (as verl colocates them) instead of each role
-    asking for devices of its own, and the ranks of one role are always on different devices.
+    A placement group of ``world_size`` bundles, each ``devices_per_bundle`` devices (the
+    device's Ray resource, ``Device.ray_resource``; none on CPU) and ``cpus_per_rank`` CPUs.
+    Rank ``i`` of every role sharing the placement goes to bundle ``i`` and takes an equal share
+    of it: the actor, reference and critic ranks (and colocated engines) share the devices, as
+    verl colocates them, instead of each role asking for devices of its own, and the ranks of
+    one role are always on different devices. Engines spanning several devices get bundles of
+    several (``devices_per_bundle``).
     """
 
     def __init__(
@@ -68,6 +82,8 @@ class RayPlacement:
         roles: Sequence[str],
         cpus_per_rank: float = 1,
         timeout_s: float = 300,
+        devices_per_bundle: int = 1,
+        resource_key: str = "trainer.n_gpus_per_node",
     ) -> None:
         if world_size <= 0:
             raise ValueError(f"world_size must be > 0, got {world_size}")
@@ -80,10 +96,12 @@ class RayPlacement:
         self.resource = resource
         self.roles = list(roles)
         self.cpus_per_rank = cpus_per_rank
+        self.devices_per_bundle = devices_per_bundle
+        self.resource_key = resource_key
         self.share = 1.0 / len(self.roles)
         bundle: dict[str, float] = {"CPU": cpus_per_rank}
         if resource:
-            bundle[resource] = 1
+            bundle[resource] = devices_per_bundle
         label = "/".join(self.roles)
         self._check_capacity(bundle, label)
         self.placement_group: Any = placement_group([dict(bundle)] * world_size, strategy="PACK")
@@ -95,7 +113,7 @@ class RayPlacement:
                 f"Ray could not place {world_size} {label} ranks of {bundle} within "
                 f"{timeout_s:.0f} s (other work holds the resources?); free them or "
                 "use fewer ranks",
-                key="trainer.n_gpus_per_node",
+                key=self.resource_key,
             )
 
     def _check_capacity(self, bundle: dict[str, float], label: str) -> None:
@@ -107,7 +125,7 @@ class RayPlacement:
                     f"{self.world_size} {label} ranks need {amount * self.world_size:g} {name} "
                     f"but the Ray cluster has {have:g}; use fewer ranks or a bigger cluster "
                     "(cluster.num_cpus for a local Ray)",
-                    key="trainer.n_gpus_per_node",
+                    key=self.resource_key,
                 )
 
     def actor_options(self, role: str, rank: int) -> dict[str, Any]:
@@ -124,10 +142,11 @@ class RayPlacement:
                 placement_group=self.placement_group, placement_group_bundle_index=rank
             ),
         }
+        devices = self.devices_per_bundle * self.share
         if self.resource == "GPU":
-            options["num_gpus"] = self.share
+            options["num_gpus"] = devices
         elif self.resource:
-            options["resources"] = {self.resource: self.share}
+            options["resources"] = {self.resource: devices}
         return options
 
     def close(self) -> None:
@@ -184,11 +203,7 @@ class RayWorkerGroup(WorkerGroup):
                 f"a placement of {placement.world_size} bundles cannot host {world_size} ranks"
             )
         self.placement = placement
-        env = {
-            key: value
-            for key, value in os.environ.items()
-            if key.startswith(FORWARDED_ENV_PREFIXES)
-        }
+        env = worker_env(plugins.registry("devices").load(device_name).worker_env("trainer"))
         # wrapped here, not decorated in its module: see plugrl.cluster.worker
         remote_worker = ray.remote(BackendWorker)
         modules = in_process_plugin_modules(plugins)
@@ -216,7 +231,9 @@ class RayWorkerGroup(WorkerGroup):
         # one machine: loopback, which works even where the node address is not routable
         master = "127.0.0.1" if all(ip == master_ip for ip in ips) else master_ip
         ranks = self._get([worker.start.remote(master, port) for worker in self.workers])
-        self.dp_ranks = [int(dp_rank) for dp_rank, _ in ranks]
+        self.dp_ranks = [int(dp_rank) for dp_rank, _, _ in ranks]
+        self.output_ranks = [bool(holds) for _, _, holds in ranks]
+        self._check_output_ranks()
 
     def _get(self, refs: Sequence[Any]) -> list:
         """Results in order; the first failure is raised as soon as it happens (the other
@@ -259,12 +276,25 @@ class RayWorkerGroup(WorkerGroup):
     def _put_all(self, shards: list[Any]) -> list[Any]:
         return [self.ray.put(shard) for shard in shards]
 
-    def _call_ranks(self, method: str, per_rank_args: Sequence[tuple], **kwargs: Any) -> list:
+    def _call_workers(self, method: str, per_rank_args: Sequence[tuple], **kwargs: Any) -> list:
         refs = [
-            worker.call.remote(method, *args, **kwargs)
+            getattr(worker, method).remote(*args, **kwargs)
             for worker, args in zip(self.workers, per_rank_args, strict=True)
         ]
         return self._get(refs)
+
+    def stream_weight_buckets(self, bucket_bytes: int) -> Iterator[Any]:
+        # every rank runs its generator at once (they gather together); each bucket a rank
+        # yields is put in the object store by that rank, and only its reference comes here
+        streams = [
+            worker.stream_weight_buckets.options(num_returns="streaming").remote(bucket_bytes)
+            for worker in self.workers
+        ]
+        try:
+            for stream in streams:
+                yield from stream
+        except Exception as exc:
+            raise self._driver_error(exc) from None
 
     def close(self) -> None:
         try:

@@ -10,14 +10,16 @@ methods reach torch's globals drags unpicklable modules along.
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import socket
-from collections.abc import Iterable
+import sys
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from plugrl.cluster.distributed import ensure_process_group, free_port, init_process_group
 from plugrl.errors import PluginError
-from plugrl.parts.backend import DistInfo
+from plugrl.parts.context import DistInfo, PartContext
 from plugrl.plugins import PluginManager, get_plugin_manager
 
 if TYPE_CHECKING:
@@ -25,22 +27,67 @@ if TYPE_CHECKING:
     from plugrl.parts.device import Device
     from plugrl.recipe import Recipe
 
+logger = logging.getLogger("plugrl.cluster")
+
+_PREPARE_HOOKS = {"training_backends": "prepare_backend", "rollout_engines": "prepare_rollout"}
+
+
+def prepare_once(
+    plugins: PluginManager, kind: str, device_name: str, part_name: str, recipe: Recipe
+) -> list[str]:
+    """Run ``prepare_backend`` (``kind="training_backends"``) or ``prepare_rollout``
+    (``"rollout_engines"``) the first time this process builds ``part_name`` on
+    ``device_name``, before the part's module is imported; log what each plugin patched.
+
+    Refuses with one line when a framework module the part registered
+    (``framework_modules``) was imported first: a patch applied after the import would not
+    take, and the run would silently go without it.
+    """
+    key = (kind, device_name, part_name)
+    if key in plugins.prepared:
+        return plugins.prepared[key]
+    hook_name = _PREPARE_HOOKS[kind]
+    entry = plugins.registry(kind).get(part_name)
+    early = sorted(module for module in entry.framework_modules if module in sys.modules)
+    if early:
+        raise PluginError(
+            f"{', '.join(early)} was imported in this process before {hook_name} ran for "
+            f"{device_name} + {part_name}, so patches that must come first (MindSpeed on npu, "
+            f"for one) would not apply; do not import {early[0]} before the run builds its "
+            "parts (check the reward function's and other plugins' module imports)"
+        )
+    arguments = {
+        "device": device_name,
+        "backend" if kind == "training_backends" else "engine": part_name,
+        "recipe": recipe,
+    }
+    patched: list[str] = []
+    # one implementation at a time, in pluggy's call order, to know whose patches they are
+    for impl in reversed(getattr(plugins.hook, hook_name).get_hookimpls()):
+        result = impl.function(*(arguments[name] for name in impl.argnames))
+        for line in result or []:
+            logger.info(
+                "%s(%s, %s) by %s: %s", hook_name, device_name, part_name, impl.plugin_name, line
+            )
+            patched.append(f"{impl.plugin_name}: {line}")
+    plugins.prepared[key] = patched
+    return patched
+
 
 def prepare_backend_once(
     plugins: PluginManager, device_name: str, backend_name: str, recipe: Recipe
-) -> None:
-    """Call the ``prepare_backend`` hook the first time this process builds ``backend_name``
-    on ``device_name``, before the backend's module is imported."""
-    key = (device_name, backend_name)
-    if key in plugins.prepared_backends:
-        return
-    plugins.hook.prepare_backend(device=device_name, backend=backend_name, recipe=recipe)
-    plugins.prepared_backends.add(key)
+) -> list[str]:
+    """:func:`prepare_once` for a training backend."""
+    return prepare_once(plugins, "training_backends", device_name, backend_name, recipe)
 
 
 def build_device(plugins: PluginManager, device_name: str, recipe: Recipe) -> Device:
-    device_cls = plugins.registry("devices").load(device_name)
-    return device_cls(recipe.device)
+    from plugrl.compose.build import check_constructor
+
+    entry = plugins.registry("devices").get(device_name)
+    device_cls = entry.load()
+    check_constructor(entry, device_cls)
+    return device_cls(recipe.device, PartContext(recipe=recipe, plugins=plugins))
 
 
 def build_backend(
@@ -51,12 +98,13 @@ def build_backend(
     plugins: PluginManager,
 ) -> TrainingBackend:
     """The backend ``actor.backend`` names, for one rank of ``role`` (hook first, then import)."""
+    from plugrl.compose.build import build_part
+
     backend_name = recipe.actor.backend
-    entry = plugins.registry("training_backends").get(backend_name)
-    entry.check_available()
+    plugins.registry("training_backends").get(backend_name).check_available()
     prepare_backend_once(plugins, device.name, backend_name, recipe)
-    backend_cls = entry.load()
-    return backend_cls(recipe, role=role, device=device, dist=dist)
+    context = PartContext(recipe=recipe, plugins=plugins, device=device, role=role, dist=dist)
+    return build_part("training_backends", backend_name, recipe.actor, context)
 
 
 def worker_plugin_manager(plugin_modules: Iterable[str] = ()) -> PluginManager:
@@ -121,9 +169,10 @@ class BackendWorker:
         plugins: PluginManager | None = None,
     ) -> list[int]:
         """Join the process group (a single-rank one when no address is given) and build the
-        backend; returns ``[dp_rank, dp_size]`` for dispatching batches. ``plugins`` defaults
-        to this process's manager plus the driver's in-process plugin modules."""
-        plugins = plugins or worker_plugin_manager(self.plugin_modules)
+        backend; returns ``[dp_rank, dp_size, is_output_rank]`` for dispatching batches.
+        ``plugins`` defaults to this process's manager plus the driver's in-process plugin
+        modules."""
+        self.plugins = plugins = plugins or worker_plugin_manager(self.plugin_modules)
         device = build_device(plugins, self.device_name, self.recipe)
         device.set_device(self.dist.local_rank)
         if master_addr is None or master_port is None:
@@ -131,16 +180,35 @@ class BackendWorker:
         else:
             init_process_group(device, self.dist, master_addr, master_port)
         self.backend = build_backend(self.recipe, self.role, device, self.dist, plugins)
-        return [self.backend.dp_rank, self.backend.dp_size]
+        backend = self.backend
+        return [backend.dp_rank, backend.dp_size, int(backend.is_output_rank)]
+
+    def _backend(self) -> TrainingBackend:
+        if self.backend is None:
+            raise RuntimeError("the worker has no backend; call start() first")
+        return self.backend
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Run a backend method; iterators (``named_weights``) come back as lists."""
-        if self.backend is None:
-            raise RuntimeError("the worker has no backend; call start() first")
-        result = getattr(self.backend, method)(*args, **kwargs)
+        result = getattr(self._backend(), method)(*args, **kwargs)
         if method == "named_weights":
             result = list(result)
         return result
+
+    def stream_weight_buckets(self, bucket_bytes: int) -> Iterator[Any]:
+        """The backend's weight buckets one at a time (a Ray streaming generator: each bucket
+        goes to the object store as it is made; ranks that send nothing yield nothing)."""
+        yield from self._backend().weight_buckets(bucket_bytes)
+
+    def transport_send(self, transport_name: str, session: Any) -> Any:
+        """Run the worker side of a weight transport in this trainer rank."""
+        from plugrl.compose.build import build_part
+
+        plugins = getattr(self, "plugins", None) or get_plugin_manager()
+        backend = self._backend()
+        context = PartContext(recipe=self.recipe, plugins=plugins, device=backend.device)
+        transport = build_part("weight_transports", transport_name, self.recipe.rollout, context)
+        return transport.send(backend, session)
 
     def pid(self) -> int:
         return os.getpid()

@@ -14,6 +14,7 @@ import torch.distributed as dist
 import plugrl
 from plugrl.errors import CheckpointError
 from plugrl.parts.backend import TrainingBackend
+from plugrl.parts.rollout import WeightMeta
 
 PREPARED: list[tuple[str, str]] = []
 
@@ -22,6 +23,8 @@ PREPARED: list[tuple[str, str]] = []
 def register_training_backends(register):
     register("fake_dp", "cluster_fake_backend:FakeBackend")
     register("fake_tp", "cluster_fake_backend:FakeTensorParallelBackend")
+    register("fake_pp", "cluster_fake_backend:FakePipelineBackend")
+    register("fake_no_output", "cluster_fake_backend:NoOutputBackend")
 
 
 @plugrl.hookimpl
@@ -32,8 +35,8 @@ def prepare_backend(device, backend, recipe):
 class FakeBackend(TrainingBackend):
     """Returns row ids and rank numbers instead of log-probs, so dispatch can be checked."""
 
-    def __init__(self, recipe, *, role, device, dist):
-        super().__init__(recipe, role=role, device=device, dist=dist)
+    def __init__(self, config, context):
+        super().__init__(config, context)
         self.prepared_before_init = list(PREPARED)
         self.steps = 0
 
@@ -83,6 +86,9 @@ class FakeBackend(TrainingBackend):
         if self.dist.rank == 0:
             yield "weight", torch.tensor([float(self.steps)])
 
+    def weight_metadata(self):
+        return [WeightMeta("weight", (1,), "float32")]
+
     def save_checkpoint(self, path):
         (path / f"rank{self.dist.rank}").write_text(str(self.steps))
 
@@ -123,6 +129,24 @@ class FakeTensorParallelBackend(FakeBackend):
     @property
     def dp_size(self) -> int:
         return 1
+
+    @property
+    def is_output_rank(self) -> bool:
+        return self.dist.rank == 0
+
+
+class FakePipelineBackend(FakeTensorParallelBackend):
+    """Two pipeline stages of one data-parallel rank: the last stage holds the outputs."""
+
+    @property
+    def is_output_rank(self) -> bool:
+        return self.dist.rank == self.dist.world_size - 1
+
+
+class NoOutputBackend(FakeTensorParallelBackend):
+    @property
+    def is_output_rank(self) -> bool:
+        return False
 
 
 class SumRowIds:

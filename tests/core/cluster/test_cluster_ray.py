@@ -134,9 +134,48 @@ def test_ranks_sharing_a_data_parallel_index_get_the_same_rows(ray_session, plug
         assert out["log_probs"].squeeze(-1).tolist() == [0, 1, 2]
         assert out["rank"].squeeze(-1).tolist() == [0, 0, 0]  # rank 0's copy
         metrics = workers.update_policy(Batch({"row_id": torch.arange(4)}), SumRowIds())
-        assert metrics["fake/rows"] == 4.0 and metrics["fake/rank"] == 0.5
+        # the metrics are those of the rank holding the outputs, as the tensors are
+        assert metrics["fake/rows"] == 4.0 and metrics["fake/rank"] == 0.0
     finally:
         workers.close()
+
+
+def test_outputs_come_from_the_rank_the_backend_says_holds_them(ray_session, plugins):
+    # a two-stage pipeline: the last stage holds the log-probs and the loss
+    workers = RayWorkerGroup(
+        recipe("fake_pp"),
+        "actor",
+        world_size=2,
+        device_name="cpu",
+        plugins=plugins,
+        num_cpus_per_rank=0.5,
+        placement_timeout_s=60,
+    )
+    try:
+        assert workers.output_ranks == [False, True]
+        out = workers.compute_log_prob(Batch({"row_id": torch.arange(3)}))
+        assert out["rank"].squeeze(-1).tolist() == [1, 1, 1]
+        metrics = workers.update_policy(Batch({"row_id": torch.arange(4)}), SumRowIds())
+        assert metrics["fake/rank"] == 1.0
+    finally:
+        workers.close()
+
+
+def test_a_backend_with_no_output_rank_is_refused_at_start(ray_session, plugins):
+    with pytest.raises(RuntimeError) as info:
+        RayWorkerGroup(
+            recipe("fake_no_output"),
+            "actor",
+            world_size=2,
+            device_name="cpu",
+            plugins=plugins,
+            num_cpus_per_rank=0.5,
+            placement_timeout_s=60,
+        )
+    assert str(info.value) == (
+        "no rank holds the outputs of data-parallel index 0; a backend's is_output_rank must "
+        "be true on one rank of each"
+    )
 
 
 def test_a_group_larger_than_the_cluster_is_refused_at_once(ray_session, plugins):

@@ -35,7 +35,8 @@ def completion(
         log_probs=[-0.1 * (i + 1) for i in range(len(tokens))],
         finish_reason=reason,
         weight_version=version,
-        min_weight_version=version - 1,
+        # a partial rollout: the first token from the version before
+        token_versions=[version - 1] + [version] * (len(tokens) - 1) if tokens else [],
     )
 
 
@@ -70,7 +71,8 @@ def test_rows_are_repeated_interleaved_with_responses_right_padded():
     assert batch["rollout_log_probs"][1].tolist() == pytest.approx([-0.1, 0.0, 0.0])
     assert list(batch["finish_reason"]) == ["stop", "length", "stop", "aborted"]
     assert list(batch["weight_version"]) == [2] * 4
-    assert list(batch["min_weight_version"]) == [1] * 4
+    # the oldest version behind a token; an empty response has only the version it ended at
+    assert list(batch["min_weight_version"]) == [1, 1, 1, 2]
     assert batch.meta == {"epoch": 0}
     for name in ("responses", "response_mask", "input_ids", "attention_mask", "position_ids"):
         assert batch[name].dtype == torch.long, name

@@ -1,0 +1,639 @@
+"""Rollout engines as workers, and the groups that drive them from the driver.
+
+* :class:`EngineWorker` hosts one engine: it builds the device, runs the ``prepare_rollout``
+  hook, builds the engine, and serves its coroutines. A plain class, so it runs in-process or
+  wrapped as a Ray actor at run time (an asyncio actor: many requests in flight at once).
+* :class:`EngineGroup` is what a scheduler holds: it spreads requests over the engines (the
+  one with fewest in flight takes the next), answers every request exactly once, broadcasts
+  control calls (pause, resume, sleep, weight updates), and restarts an engine worker that dies,
+  giving its requests to the others and the new worker the current weights.
+* :class:`LocalEngineGroup`: one engine in this process, on the group's event-loop thread.
+* :class:`RayEngineGroup`: engine actors on devices of their own (``rollout.nnodes x
+  rollout.n_gpus_per_node``, ``tensor_model_parallel_size`` devices per engine) or on the
+  trainer's devices (``rollout.colocate``).
+
+Every group method may be called from any thread except the group's own loop thread; the
+``async`` ones from any other event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import itertools
+import logging
+import os
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Coroutine, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from plugrl.cluster.worker import build_device, prepare_once, worker_plugin_manager
+from plugrl.errors import PluginError, PlugrlError, RecipeError
+from plugrl.parts.context import PartContext
+from plugrl.parts.rollout import (
+    Capability,
+    Completion,
+    GenerationRequest,
+    PauseMode,
+    SamplingParams,
+    WeightMeta,
+    batch_requests,
+    in_prompt_order,
+)
+
+if TYPE_CHECKING:
+    from plugrl.cluster.ray_group import RayPlacement
+    from plugrl.parts.rollout import RolloutEngine
+    from plugrl.plugins import PluginManager
+    from plugrl.recipe import Recipe
+
+logger = logging.getLogger("plugrl.cluster")
+
+
+class EngineDied(Exception):
+    """An engine worker's process is gone (raised inside a group, which restarts it)."""
+
+
+# --------------------------------------------------------------------------------------------
+# The worker
+# --------------------------------------------------------------------------------------------
+
+
+class EngineWorker:
+    """One rollout engine, in the process (and on the event loop) that serves it."""
+
+    def __init__(
+        self,
+        recipe: Recipe,
+        device_name: str,
+        index: int = 0,
+        plugin_modules: Iterable[str] = (),
+        *,
+        model_from_trainer: bool = False,
+    ) -> None:
+        self.recipe = recipe
+        self.device_name = device_name
+        self.index = index
+        self.plugin_modules = list(plugin_modules)
+        self.model_from_trainer = model_from_trainer
+        self.engine: RolloutEngine | None = None
+
+    async def start(self, plugins: PluginManager | None = None) -> dict[str, Any]:
+        """Build the engine; returns ``{"pid", "capabilities"}``."""
+        from plugrl.compose.build import build_part
+        from plugrl.data.dataset import load_tokenizer
+
+        plugins = plugins or worker_plugin_manager(self.plugin_modules)
+        device = build_device(plugins, self.device_name, self.recipe)
+        device.set_device(0)
+        name = self.recipe.rollout.engine
+        plugins.registry("rollout_engines").get(name).check_available()
+        prepare_once(plugins, "rollout_engines", device.name, name, self.recipe)
+        model = self.recipe.model
+        context = PartContext(
+            recipe=self.recipe,
+            plugins=plugins,
+            device=device,
+            # engines of models without a folder (tests, custom engines) get no tokenizer
+            tokenizer=load_tokenizer(model) if model.tokenizer_path or model.path else None,
+            model_from_trainer=self.model_from_trainer,
+        )
+        self.engine = build_part("rollout_engines", name, self.recipe.rollout, context)
+        return {
+            "pid": os.getpid(),
+            "capabilities": sorted(c.value for c in type(self.engine).capabilities),
+        }
+
+    def _engine(self) -> RolloutEngine:
+        if self.engine is None:
+            raise RuntimeError("the engine worker has no engine; call start() first")
+        return self.engine
+
+    async def generate_request(self, request: GenerationRequest) -> list[Completion]:
+        return await self._engine().generate_request(request)
+
+    async def abort(self, request_ids: Sequence[str]) -> None:
+        await self._engine().abort(request_ids)
+
+    async def pause(self, mode: PauseMode = "keep") -> None:
+        await self._engine().pause(mode)
+
+    async def resume(self) -> None:
+        await self._engine().resume()
+
+    async def sleep(self, level: int = 1) -> None:
+        await self._engine().sleep(level)
+
+    async def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        await self._engine().wake_up(tags)
+
+    async def begin_weight_update(self, version: int, weights: Sequence[WeightMeta]) -> None:
+        await self._engine().begin_weight_update(version, weights)
+
+    async def load_weights(self, bucket: Sequence[tuple[str, Any]]) -> None:
+        await self._engine().load_weights(bucket)
+
+    async def finish_weight_update(self) -> int:
+        engine = self._engine()
+        await engine.finish_weight_update()
+        return engine.weight_version
+
+    async def bind_model(self, model: Any, version: int) -> None:
+        self._engine().bind_model(model, version)
+
+    async def transport_receive(self, transport_name: str, session: Any) -> Any:
+        """Run the worker side of a weight transport in this engine worker."""
+        from plugrl.compose.build import build_part
+        from plugrl.plugins import get_plugin_manager
+
+        engine = self._engine()
+        context = PartContext(
+            recipe=self.recipe,
+            plugins=engine.context.plugins or get_plugin_manager(),
+            device=engine.context.device,
+        )
+        transport = build_part("weight_transports", transport_name, self.recipe.rollout, context)
+        return await transport.receive(engine, session)
+
+    async def weight_version(self) -> int:
+        return self._engine().weight_version
+
+    async def pid(self) -> int:
+        return os.getpid()
+
+    async def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+
+
+# --------------------------------------------------------------------------------------------
+# Groups
+# --------------------------------------------------------------------------------------------
+
+
+class _LoopThread:
+    """An asyncio event loop running in a daemon thread."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def submit(self, coroutine: Coroutine[Any, Any, Any]) -> concurrent.futures.Future:
+        if threading.current_thread() is self.thread:
+            coroutine.close()
+            raise RuntimeError("an engine group's blocking methods cannot run on its own loop")
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+
+    def stop(self) -> None:
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=30)
+        if not self.thread.is_alive():
+            self.loop.close()
+
+
+class EngineGroup(ABC):
+    """The engine workers of a run, driven as one."""
+
+    in_process: bool = False
+    """The engines live in this process (a local group)."""
+
+    def __init__(self, recipe: Recipe, num_engines: int, capabilities: Iterable[str]) -> None:
+        self.recipe = recipe
+        self.num_engines = num_engines
+        self.capabilities = frozenset(Capability(c) for c in capabilities)
+        self.weight_version = 0
+        """The version the engines hold (the last finished update or bound model)."""
+        self.restarts = 0
+        self.on_restart: Callable[[list[int]], None] | None = None
+        """Called (in a thread of its own) with the indices of engines that were restarted,
+        before they take requests: it must give them the current weights, as
+        :meth:`WeightTransport.push` with ``engine_indices`` does."""
+        self._in_flight: list[dict[str, GenerationRequest]] = [{} for _ in range(num_engines)]
+        self._recovering: dict[int, asyncio.Future] = {}
+        self._resyncing: set[int] = set()
+        self._paused: PauseMode | None = None
+        self._batch_ids = itertools.count()
+        self._thread = _LoopThread(f"plugrl-engines-{recipe.rollout.engine}")
+
+    # ---------------------------------------------------------------------- how calls travel
+
+    @abstractmethod
+    async def _call(self, index: int, method: str, *args: Any) -> Any:
+        """Call ``method`` of engine worker ``index``, on the group's loop; raise
+        :class:`EngineDied` when its process is gone."""
+
+    async def _restart(self, index: int) -> None:
+        """Replace engine worker ``index`` by a new one (engines that cannot die raise)."""
+        raise RuntimeError(f"engine worker {index} cannot be restarted")
+
+    def _blocking(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
+        return self._thread.submit(coroutine).result()
+
+    # ---------------------------------------------------------------------- requests
+
+    def submit(
+        self, request: GenerationRequest, engine_index: int | None = None
+    ) -> concurrent.futures.Future:
+        """Send ``request`` to an engine (the least busy, or ``engine_index``); the future
+        gets its completions. Thread-safe."""
+        return self._thread.submit(self._generate(request, engine_index))
+
+    async def agenerate(
+        self, request: GenerationRequest, engine_index: int | None = None
+    ) -> list[Completion]:
+        """:meth:`submit` for a caller on another event loop."""
+        return await asyncio.wrap_future(self.submit(request, engine_index))
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+    ) -> list[Completion]:
+        """``params.n`` responses per prompt, grouped by prompt in prompt order (blocking):
+        one request per prompt, spread over the engines, each seeded from ``params.seed`` by
+        its position so the batch samples the same on any number of engines."""
+        params.check()
+        prefix = f"batch{next(self._batch_ids)}"
+        futures = [self.submit(r) for r in batch_requests(prompts, params, prefix)]
+        return in_prompt_order([future.result() for future in futures])
+
+    def in_flight(self) -> int:
+        return sum(len(requests) for requests in self._in_flight)
+
+    def _pick(self) -> int:
+        return min(range(self.num_engines), key=lambda i: len(self._in_flight[i]))
+
+    async def _generate(self, request: GenerationRequest, engine_index: int | None) -> Any:
+        while True:
+            index = self._pick() if engine_index is None else engine_index
+            await self._wait_recovered(index)
+            self._in_flight[index][request.request_id] = request
+            try:
+                return await self._call(index, "generate_request", request)
+            except EngineDied as exc:
+                logger.warning(
+                    "engine worker %d died (%s); restarting it and sending its requests again",
+                    index,
+                    exc,
+                )
+                await self._recover(index)
+            finally:
+                self._in_flight[index].pop(request.request_id, None)
+
+    # ---------------------------------------------------------------------- recovery
+
+    async def _wait_recovered(self, index: int) -> None:
+        recovering = self._recovering.get(index)
+        if recovering is not None:
+            await asyncio.shield(recovering)
+
+    async def _recover(self, index: int) -> None:
+        """Restart worker ``index`` once, however many of its calls saw it die."""
+        recovering = self._recovering.get(index)
+        if recovering is None:
+            recovering = asyncio.ensure_future(self._restart_and_resync(index))
+            self._recovering[index] = recovering
+            recovering.add_done_callback(lambda _: self._recovering.pop(index, None))
+        await asyncio.shield(recovering)
+
+    async def _restart_and_resync(self, index: int) -> None:
+        limit = self.recipe.rollout.max_engine_restarts
+        if self.restarts >= limit:
+            raise PluginError(
+                f"engine worker {index} died after {self.restarts} restarts already "
+                f"(rollout.max_engine_restarts={limit}); see the worker's log for why"
+            )
+        self.restarts += 1
+        await self._restart(index)
+        # the new worker is up; control calls reach it now (the weight push below is made of
+        # them), requests only once it has the current weights
+        self._resyncing.add(index)
+        try:
+            if self.on_restart is not None and self.weight_version > 0:
+                await asyncio.get_running_loop().run_in_executor(None, self.on_restart, [index])
+            if self._paused is not None:
+                await self._call(index, "pause", self._paused)
+        finally:
+            self._resyncing.discard(index)
+        logger.info("engine worker %d is back (restart %d)", index, self.restarts)
+
+    async def _call_alive(self, index: int, method: str, *args: Any) -> Any:
+        """A control call that survives one death of the worker."""
+        if index not in self._resyncing:
+            await self._wait_recovered(index)
+        try:
+            return await self._call(index, method, *args)
+        except EngineDied:
+            await self._recover(index)
+            return await self._call(index, method, *args)
+
+    async def _broadcast(self, method: str, *args: Any, indices: Sequence[int] | None) -> list:
+        targets = range(self.num_engines) if indices is None else indices
+        return list(await asyncio.gather(*(self._call_alive(i, method, *args) for i in targets)))
+
+    # ---------------------------------------------------------------------- control
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        """End the named requests; they return what they have (``"aborted"``)."""
+        ids = list(request_ids)
+        self._blocking(self._broadcast("abort", ids, indices=None))
+
+    def abort_all(self) -> None:
+        """End every request in flight."""
+        self._blocking(self._abort_all())
+
+    async def _abort_all(self) -> None:
+        await asyncio.gather(
+            *(
+                self._call_alive(i, "abort", list(requests))
+                for i, requests in enumerate(self._in_flight)
+                if requests
+            )
+        )
+
+    def pause(self, mode: PauseMode = "keep") -> None:
+        """Pause every engine (see :meth:`RolloutEngine.pause`); blocks until they are."""
+        self._blocking(self._broadcast("pause", mode, indices=None))
+        self._paused = mode
+
+    def resume(self) -> None:
+        self._paused = None
+        self._blocking(self._broadcast("resume", indices=None))
+
+    def sleep(self, level: int = 1) -> None:
+        self._blocking(self._broadcast("sleep", level, indices=None))
+
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        self._blocking(self._broadcast("wake_up", list(tags) if tags else None, indices=None))
+
+    # ---------------------------------------------------------------------- weights
+
+    def begin_weight_update(
+        self, version: int, weights: Sequence[WeightMeta], indices: Sequence[int] | None = None
+    ) -> None:
+        self._blocking(
+            self._broadcast("begin_weight_update", version, list(weights), indices=indices)
+        )
+
+    def load_weights_async(
+        self, bucket: Any, indices: Sequence[int] | None = None
+    ) -> concurrent.futures.Future:
+        """Start loading one bucket (a list of named tensors, or an object-store reference to
+        one) into the engines; the future resolves when all have it."""
+        return self._thread.submit(self._broadcast("load_weights", bucket, indices=indices))
+
+    def load_weights(self, bucket: Any, indices: Sequence[int] | None = None) -> None:
+        self.load_weights_async(bucket, indices).result()
+
+    def finish_weight_update(self, indices: Sequence[int] | None = None) -> None:
+        versions = self._blocking(self._broadcast("finish_weight_update", indices=indices))
+        if indices is None or len(indices) == self.num_engines:
+            self.weight_version = int(versions[0])
+
+    def transport_receive(
+        self, transport_name: str, sessions: Sequence[Any], indices: Sequence[int] | None = None
+    ) -> concurrent.futures.Future:
+        """Start the worker side of a weight transport in engines ``indices`` (engine
+        ``indices[i]`` gets ``sessions[i]``); the future resolves when all are done."""
+        targets = list(range(self.num_engines) if indices is None else indices)
+        if len(sessions) != len(targets):
+            raise ValueError(f"{len(sessions)} sessions for {len(targets)} engines")
+
+        async def receive_all() -> list:
+            return list(
+                await asyncio.gather(
+                    *(
+                        self._call(i, "transport_receive", transport_name, session)
+                        for i, session in zip(targets, sessions, strict=True)
+                    )
+                )
+            )
+
+        return self._thread.submit(receive_all())
+
+    def bind_model(self, model: Any, version: int) -> None:
+        """Let an in-process engine generate with the trainer's live ``model``."""
+        raise RuntimeError(f"{type(self).__name__} cannot share a model: its engines are not here")
+
+    def engine_pids(self) -> list[int]:
+        """The process id of each engine worker."""
+        return self._blocking(self._broadcast("pid", indices=None))
+
+    # ---------------------------------------------------------------------- lifecycle
+
+    def close(self) -> None:
+        """Stop the engines and the group's loop thread."""
+        try:
+            with contextlib.suppress(Exception):
+                self._thread.submit(self._close_all()).result(timeout=60)
+        finally:
+            self._release()
+            self._thread.stop()
+
+    async def _close_all(self) -> None:
+        await asyncio.gather(
+            *(self._call(i, "close") for i in range(self.num_engines)), return_exceptions=True
+        )
+
+    def _release(self) -> None:
+        """Free what the group holds outside its loop (Ray actors, placement)."""
+
+
+class LocalEngineGroup(EngineGroup):
+    """One engine in this process, served on the group's loop thread (``cluster: local``)."""
+
+    in_process = True
+
+    def __init__(
+        self,
+        recipe: Recipe,
+        *,
+        device_name: str,
+        plugins: PluginManager,
+        model_from_trainer: bool = False,
+    ) -> None:
+        self.worker = EngineWorker(recipe, device_name, model_from_trainer=model_from_trainer)
+        super().__init__(recipe, 1, [])
+        try:
+            info = self._blocking(self.worker.start(plugins))
+        except BaseException:
+            self._thread.stop()
+            raise
+        self.capabilities = frozenset(Capability(c) for c in info["capabilities"])
+
+    @property
+    def engine(self) -> RolloutEngine:
+        return self.worker._engine()
+
+    async def _call(self, index: int, method: str, *args: Any) -> Any:
+        return await getattr(self.worker, method)(*args)
+
+    def bind_model(self, model: Any, version: int) -> None:
+        self._blocking(self.worker.bind_model(model, version))
+        self.weight_version = version
+
+
+class RayEngineGroup(EngineGroup):
+    """``num_engines`` engine actors placed by ``placement`` (one engine per bundle)."""
+
+    def __init__(
+        self,
+        recipe: Recipe,
+        *,
+        device_name: str,
+        plugins: PluginManager,
+        placement: RayPlacement,
+        role: str = "rollout",
+        owns_placement: bool = False,
+    ) -> None:
+        from plugrl.cluster.ray_group import ensure_ray, in_process_plugin_modules, worker_env
+
+        self.ray = ensure_ray(recipe.cluster)
+        self.placement = placement
+        self.role = role
+        self.owns_placement = owns_placement
+        self.device_name = device_name
+        self.plugin_modules = in_process_plugin_modules(plugins)
+        device_cls = plugins.registry("devices").load(device_name)
+        self.env = worker_env(device_cls.worker_env("rollout"))
+        # wrapped here, not decorated in its module (Ray pickles the class it is given)
+        self.remote_worker = self.ray.remote(EngineWorker)
+        super().__init__(recipe, placement.world_size, [])
+        self.workers: list[Any] = [None] * self.num_engines
+        try:
+            infos = self._blocking(self._start_all())
+        except BaseException:
+            self._release()
+            self._thread.stop()
+            raise
+        self.capabilities = frozenset(Capability(c) for c in infos[0]["capabilities"])
+
+    async def _start_all(self) -> list[dict[str, Any]]:
+        return list(await asyncio.gather(*(self._start_worker(i) for i in range(self.num_engines))))
+
+    async def _start_worker(self, index: int) -> dict[str, Any]:
+        worker = self.remote_worker.options(
+            **self.placement.actor_options(self.role, index),
+            runtime_env={"env_vars": self.env},
+            max_concurrency=max(1000, 4 * self.recipe.rollout.max_num_seqs),
+        ).remote(self.recipe, self.device_name, index, self.plugin_modules)
+        self.workers[index] = worker
+        return await self._call(index, "start")
+
+    async def _call(self, index: int, method: str, *args: Any) -> Any:
+        from ray.exceptions import RayActorError, RayTaskError
+
+        worker = self.workers[index]
+        if worker is None:
+            raise EngineDied(f"engine worker {index} is not running")
+        try:
+            return await getattr(worker, method).remote(*args)
+        except RayActorError as exc:
+            raise EngineDied(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
+        except RayTaskError as exc:
+            cause = getattr(exc, "cause", None)
+            if isinstance(cause, PlugrlError):
+                raise cause from None
+            raise
+
+    async def _restart(self, index: int) -> None:
+        old = self.workers[index]
+        self.workers[index] = None
+        if old is not None:
+            with contextlib.suppress(Exception):
+                self.ray.kill(old)
+        await self._start_worker(index)
+
+    def _release(self) -> None:
+        for worker in getattr(self, "workers", []):
+            if worker is not None:
+                with contextlib.suppress(Exception):
+                    self.ray.kill(worker)
+        self.workers = []
+        if self.owns_placement:
+            self.placement.close()
+
+
+# --------------------------------------------------------------------------------------------
+# Making the group a recipe asks for
+# --------------------------------------------------------------------------------------------
+
+
+def engine_pool_size(recipe: Recipe) -> int:
+    """Engines of a ``rollout.colocate: false`` run on Ray: its own devices over the devices
+    one engine spans."""
+    rollout = recipe.rollout
+    devices = rollout.nnodes * rollout.n_gpus_per_node
+    if devices % rollout.tensor_model_parallel_size:
+        raise RecipeError(
+            f"rollout.nnodes x rollout.n_gpus_per_node = {devices} devices do not divide into "
+            f"engines of rollout.tensor_model_parallel_size={rollout.tensor_model_parallel_size}",
+            key="rollout.n_gpus_per_node",
+        )
+    return devices // rollout.tensor_model_parallel_size
+
+
+def make_engine_group(
+    recipe: Recipe,
+    *,
+    device_name: str,
+    plugins: PluginManager,
+    trainer_placement: RayPlacement | None = None,
+    model_from_trainer: bool = False,
+) -> EngineGroup:
+    """The engines the recipe asks for: in this process for ``cluster: local``; on Ray, on
+    the trainer's devices (``trainer_placement``, one engine per device) when
+    ``rollout.colocate`` is true, else on a placement of their own."""
+    if recipe.cluster.mode != "ray":
+        return LocalEngineGroup(
+            recipe,
+            device_name=device_name,
+            plugins=plugins,
+            model_from_trainer=model_from_trainer,
+        )
+    from plugrl.cluster.ray_group import RayPlacement
+
+    rollout = recipe.rollout
+    if rollout.colocate:
+        if trainer_placement is None:
+            raise ValueError("colocated engines on Ray need the trainer's placement")
+        if rollout.tensor_model_parallel_size != 1:
+            raise RecipeError(
+                "engines that span several devices cannot yet share the trainer's devices on "
+                "Ray; set rollout.colocate=false (engines on devices of their own) or "
+                "rollout.tensor_model_parallel_size=1",
+                key="rollout.tensor_model_parallel_size",
+            )
+        return RayEngineGroup(
+            recipe, device_name=device_name, plugins=plugins, placement=trainer_placement
+        )
+    device_cls = plugins.registry("devices").load(device_name)
+    tp = rollout.tensor_model_parallel_size
+    placement = RayPlacement(
+        recipe.cluster,
+        world_size=engine_pool_size(recipe),
+        resource=device_cls.ray_resource,
+        roles=["rollout"],
+        devices_per_bundle=tp,
+        cpus_per_rank=1 if device_cls.ray_resource else tp,
+        resource_key="rollout.n_gpus_per_node",
+    )
+    try:
+        return RayEngineGroup(
+            recipe,
+            device_name=device_name,
+            plugins=plugins,
+            placement=placement,
+            owns_placement=True,
+        )
+    except BaseException:
+        placement.close()
+        raise
