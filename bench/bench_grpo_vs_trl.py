@@ -252,8 +252,8 @@ def _trl_rows(settings: BenchSettings) -> tuple[list[dict[str, Any]], list[list[
 
 def _plugrl_reward_function(settings: BenchSettings) -> Any:
     """plugrl's scorer for each row's data source, as a TRL reward function."""
+    from plugrl.compose import make_resolver
     from plugrl.recipe import load_recipe
-    from plugrl_plugins.rewards import make_resolver
 
     resolve = make_resolver(load_recipe(None, settings.plugrl_overrides()))
 

@@ -21,10 +21,11 @@ import time
 
 import torch
 
+from plugrl.compose.scoring import Scorer
 from plugrl.data.batch import Batch
+from plugrl.parts.context import PartContext
 from plugrl.parts.reward import RewardConfig
 from plugrl.recipe import Recipe
-from plugrl_plugins.rewards.functions import Scorer
 from plugrl_plugins.rewards.managers import (
     NaiveRewardManager,
     ParallelRewardConfig,
@@ -97,12 +98,15 @@ def main() -> None:
         def resolve(_: str, function=function, label=name) -> Scorer:
             return Scorer.wrap(function, label)
 
+        naive_recipe = Recipe(reward=RewardConfig())
         naive = NaiveRewardManager(
-            Recipe(reward=RewardConfig()), tokenizer=tokenizer, resolve=resolve
+            naive_recipe.reward, PartContext(recipe=naive_recipe, tokenizer=tokenizer)
         )
+        parallel_recipe = Recipe(reward=ParallelRewardConfig(num_workers=2))
         parallel = ParallelRewardManager(
-            Recipe(reward=ParallelRewardConfig(num_workers=2)), tokenizer=tokenizer, resolve=resolve
+            parallel_recipe.reward, PartContext(recipe=parallel_recipe, tokenizer=tokenizer)
         )
+        naive.resolve = parallel.resolve = resolve
         try:
             base = timed(in_process)
             naive_time = timed(lambda naive=naive, batch=batch: naive(batch))

@@ -1,4 +1,5 @@
 import json
+import os
 
 import pytest
 from fake_parts import BASE_RECIPE
@@ -124,3 +125,23 @@ def test_prepare_backend_runs_before_the_backend_with_resolved_names(
     prepare_backend_once(fake_parts_manager, "cpu", recipe.actor.backend, recipe)
     prepare_backend_once(fake_parts_manager, "cpu", recipe.actor.backend, recipe)
     assert seen == [("cpu", "fakebackend", 2)]  # once per process
+
+
+class AllocatorDevice:
+    name = "fakegpu"
+
+    @classmethod
+    def worker_env(cls, kind):
+        return {f"FAKE_{kind.upper()}_CONF": "on", "FAKE_SHARED_CONF": kind}
+
+
+def test_a_run_in_one_process_takes_the_device_environment_the_user_did_not_set(monkeypatch):
+    from plugrl.recipe import Recipe
+    from plugrl.run import apply_device_env
+
+    for name in ("FAKE_TRAINER_CONF", "FAKE_ROLLOUT_CONF"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("FAKE_SHARED_CONF", "mine")
+    apply_device_env(AllocatorDevice, Recipe())
+    assert os.environ["FAKE_TRAINER_CONF"] == "on" and os.environ["FAKE_ROLLOUT_CONF"] == "on"
+    assert os.environ["FAKE_SHARED_CONF"] == "mine"

@@ -15,6 +15,7 @@ import plugrl
 from plugrl.errors import CheckpointError
 from plugrl.parts.backend import TrainingBackend
 from plugrl.parts.rollout import WeightMeta
+from plugrl_plugins.devices.cpu.device import CpuDevice
 
 PREPARED: list[tuple[str, str]] = []
 
@@ -25,11 +26,28 @@ def register_training_backends(register):
     register("fake_tp", "cluster_fake_backend:FakeTensorParallelBackend")
     register("fake_pp", "cluster_fake_backend:FakePipelineBackend")
     register("fake_no_output", "cluster_fake_backend:NoOutputBackend")
+    register("fake_guarded", "cluster_fake_backend:FakeBackend", framework_modules=["json"])
+
+
+@plugrl.hookimpl
+def register_devices(register):
+    register("envcpu", "cluster_fake_backend:EnvCpuDevice")
 
 
 @plugrl.hookimpl
 def prepare_backend(device, backend, recipe):
     PREPARED.append((device, backend))
+    return [f"fake patch of {backend}"] if backend == "fake_dp" else None
+
+
+class EnvCpuDevice(CpuDevice):
+    """The CPU, with settings its workers need in their environment."""
+
+    name = "envcpu"
+
+    @classmethod
+    def worker_env(cls, kind):
+        return {"FAKE_ALLOC_CONF": f"{kind}-setting", "FAKE_USER_WINS": "device"}
 
 
 class FakeBackend(TrainingBackend):
@@ -85,6 +103,9 @@ class FakeBackend(TrainingBackend):
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         if self.dist.rank == 0:
             yield "weight", torch.tensor([float(self.steps)])
+
+    def env(self, name):
+        return os.environ.get(name)
 
     def weight_metadata(self):
         return [WeightMeta("weight", (1,), "float32")]

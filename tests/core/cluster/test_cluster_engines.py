@@ -305,3 +305,44 @@ def test_weights_reach_ray_engines_through_the_object_store(ray_session, plugins
     finally:
         engines.close()
         trainer.close()
+
+
+@pytest.mark.slow
+def test_colocated_engines_sit_on_the_trainers_devices(ray_session, plugins):
+    from plugrl.cluster import make_placement
+
+    recipe = ray_recipe(colocate=True)
+    placement = make_placement(recipe, ["actor", "rollout"], device_name="cpu", plugins=plugins)
+    assert placement is not None
+    trainer = make_worker_group(
+        recipe, "actor", device_name="cpu", plugins=plugins, placement=placement
+    )
+    trainer.setup(1)
+    engines = make_engine_group(
+        recipe, device_name="cpu", plugins=plugins, trainer_placement=placement
+    )
+    try:
+        # one engine per trainer device, on the same bundles, each a share of it
+        assert engines.num_engines == placement.world_size == 1
+        assert engines.placement is placement and not engines.owns_placement
+        report = trainer.execute_all("report")[0]
+        assert report["ray"]["placement_group"] == placement.placement_group.id.hex()
+        engines.sleep()
+        engines.wake_up(["weights"])
+        (completion,) = engines.generate([[5]], SamplingParams(max_tokens=2, seed=1))
+        assert completion.token_ids == batch_tokens(1, 0, 0, 2)
+    finally:
+        engines.close()
+        trainer.close()
+        placement.close()
+
+
+def test_a_tensor_parallel_engine_cannot_share_the_trainers_devices_yet(plugins):
+    recipe = ray_recipe(colocate=True, tensor_model_parallel_size=2)
+    with pytest.raises(RecipeError) as info:
+        make_engine_group(recipe, device_name="cpu", plugins=plugins, trainer_placement=object())
+    assert str(info.value) == (
+        "rollout.tensor_model_parallel_size: engines that span several devices cannot yet share "
+        "the trainer's devices on Ray; set rollout.colocate=false (engines on devices of their "
+        "own) or rollout.tensor_model_parallel_size=1"
+    )

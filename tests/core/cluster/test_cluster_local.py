@@ -1,3 +1,4 @@
+import logging
 import os
 
 import cluster_fake_backend
@@ -28,8 +29,9 @@ def recipe(backend: str = "fake_dp", **cluster) -> Recipe:
     )
 
 
-def test_local_group_prepares_once_then_builds_one_rank_in_this_process(plugins):
-    group = make_worker_group(recipe(), "actor", device_name="cpu", plugins=plugins)
+def test_local_group_prepares_once_then_builds_one_rank_in_this_process(plugins, caplog):
+    with caplog.at_level(logging.INFO, logger="plugrl.cluster"):
+        group = make_worker_group(recipe(), "actor", device_name="cpu", plugins=plugins)
     assert isinstance(group, LocalWorkerGroup)
     group.setup(5)
     (report,) = group.execute_all("report")
@@ -40,6 +42,26 @@ def test_local_group_prepares_once_then_builds_one_rank_in_this_process(plugins)
     # the hook runs once per process, not once per group
     LocalWorkerGroup(recipe(), "critic", device_name="cpu", plugins=plugins)
     assert cluster_fake_backend.PREPARED == [("cpu", "fake_dp")]
+    # what the plugin says it patched is logged with its name, and kept
+    assert "prepare_backend(cpu, fake_dp) by cluster_fake_backend: fake patch of fake_dp" in (
+        caplog.messages
+    )
+    assert plugins.prepared[("training_backends", "cpu", "fake_dp")] == [
+        "cluster_fake_backend: fake patch of fake_dp"
+    ]
+
+
+def test_a_backend_whose_framework_was_imported_first_is_refused(plugins):
+    import json  # noqa: F401 (the framework of fake_guarded, imported before the backend)
+
+    with pytest.raises(PluginError) as info:
+        LocalWorkerGroup(recipe("fake_guarded"), "actor", device_name="cpu", plugins=plugins)
+    assert str(info.value) == (
+        "json was imported in this process before prepare_backend ran for cpu + fake_guarded, "
+        "so patches that must come first (MindSpeed on npu, for one) would not apply; do not "
+        "import json before the run builds its parts (check the reward function's and other "
+        "plugins' module imports)"
+    )
 
 
 def test_local_group_forwards_calls_and_results(plugins, tmp_path):

@@ -229,3 +229,21 @@ def test_a_shared_placement_larger_than_the_cluster_is_refused_at_once(ray_sessi
         "trainer.n_gpus_per_node: 3 actor/ref ranks need 3 CPU but the Ray cluster has 2; use "
         "fewer ranks or a bigger cluster (cluster.num_cpus for a local Ray)"
     )
+
+
+def test_workers_get_the_device_environment_under_the_users(ray_session, plugins, monkeypatch):
+    monkeypatch.setenv("FAKE_USER_WINS", "user")
+    workers = RayWorkerGroup(
+        recipe(),
+        "actor",
+        world_size=1,
+        device_name="envcpu",
+        plugins=plugins,
+        num_cpus_per_rank=0.5,
+        placement_timeout_s=60,
+    )
+    try:
+        assert workers.execute_all("env", "FAKE_ALLOC_CONF") == ["trainer-setting"]
+        assert workers.execute_all("env", "FAKE_USER_WINS") == ["user"]
+    finally:
+        workers.close()
