@@ -18,6 +18,7 @@ Layout of one checkpoint (the backend writes its own files under ``actor/``, ``c
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -73,6 +74,25 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _out_of_space(exc: BaseException) -> bool:
+    """Whether ``exc``, what caused it, or a rank's failure it carries is a full disk."""
+    seen: set[int] = set()
+    pending: list[BaseException] = [exc]
+    while pending:
+        error = pending.pop()
+        if id(error) in seen:
+            continue
+        seen.add(id(error))
+        if getattr(error, "errno", None) == errno.ENOSPC or "No space left on device" in str(error):
+            return True
+        pending += [e for e in (error.__cause__, error.__context__) if e is not None]
+        # torch's distributed checkpoint collects each rank's exception in ``failures``
+        failures = getattr(error, "failures", None)
+        if isinstance(failures, dict):
+            pending += [e for e in failures.values() if isinstance(e, BaseException)]
+    return False
+
+
 class CheckpointManager:
     """Saves, finds, verifies and prunes the checkpoints of one run folder."""
 
@@ -97,16 +117,31 @@ class CheckpointManager:
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()
-        write(tmp)
-        torch.save({"step": step, **trainer_state}, tmp / TRAINER_STATE_FILE)
-        files: dict[str, dict[str, Any]] = {}
-        for path in sorted(tmp.rglob("*")):
-            if path.is_file():
-                entry: dict[str, Any] = {"size": path.stat().st_size}
-                if self.checksums:
-                    entry["crc32"] = file_crc32(path)
-                files[str(path.relative_to(tmp))] = entry
-        _write_atomic(tmp / MANIFEST_FILE, json.dumps({"step": step, "files": files}, indent=1))
+        # BaseException: torch's distributed checkpoint raises a CheckpointException that is
+        # not an Exception, and an interrupted save must not leave half a folder either
+        try:
+            write(tmp)
+            torch.save({"step": step, **trainer_state}, tmp / TRAINER_STATE_FILE)
+            files: dict[str, dict[str, Any]] = {}
+            for path in sorted(tmp.rglob("*")):
+                if path.is_file():
+                    entry: dict[str, Any] = {"size": path.stat().st_size}
+                    if self.checksums:
+                        entry["crc32"] = file_crc32(path)
+                    files[str(path.relative_to(tmp))] = entry
+            manifest = json.dumps({"step": step, "files": files}, indent=1)
+            _write_atomic(tmp / MANIFEST_FILE, manifest)
+        except BaseException as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if _out_of_space(exc):
+                kept = self.steps()
+                previous = f"the checkpoint of step {kept[-1]} is kept" if kept else "none is kept"
+                raise CheckpointError(
+                    f"no space left on the device while writing checkpoint {step} under "
+                    f"{self.root}; {previous} and the half-written one removed; free space, or "
+                    "keep fewer checkpoints with trainer.max_ckpt_to_keep"
+                ) from None
+            raise
         if final.exists():  # the same step saved again after a resume
             old = self.root / f".{step_dir_name(step)}.old"
             if old.exists():
@@ -240,11 +275,13 @@ class CheckpointManager:
         import torch
 
         try:
-            # our own file, holding RNG states (numpy arrays) that weights_only rejects
-            return torch.load(path / TRAINER_STATE_FILE, weights_only=False)
+            # plain data only (tensors, numbers, strings, lists, dicts): unpickling anything
+            # else could run code from a crafted checkpoint
+            return torch.load(path / TRAINER_STATE_FILE, weights_only=True)
         except Exception as exc:
+            reason = (str(exc).strip().splitlines() or [""])[0]
             raise CheckpointError(
-                f"checkpoint {path}: cannot read {TRAINER_STATE_FILE} "
-                f"({type(exc).__name__}: {exc}); delete that folder to resume from an earlier "
-                "checkpoint, or set trainer.resume_mode=disable"
+                f"checkpoint {path}: cannot read {TRAINER_STATE_FILE} as plain data "
+                f"({type(exc).__name__}: {reason}); delete that folder to resume from an "
+                "earlier checkpoint, or set trainer.resume_mode=disable"
             ) from None

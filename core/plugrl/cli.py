@@ -11,7 +11,9 @@ import json
 import logging
 import os
 import platform
+import signal
 import sys
+import threading
 from importlib import metadata
 from typing import Any
 
@@ -42,6 +44,18 @@ def _let_idle_cpu_threads_sleep() -> None:
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+def _stop_on_sigterm() -> None:
+    """Make SIGTERM (what Slurm, Kubernetes and ``kill`` send) stop a run as Ctrl-C does: the
+    run ends as interrupted, workers and Ray actors are shut down, half-written folders are
+    removed."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, interrupt)
+
+
 def _setup_logging(verbose: bool) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
@@ -65,6 +79,7 @@ def cli(verbose: bool) -> None:
     """
     _setup_logging(verbose)
     _let_idle_cpu_threads_sleep()
+    _stop_on_sigterm()
 
 
 @cli.command(context_settings={"ignore_unknown_options": False})

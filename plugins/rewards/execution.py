@@ -36,13 +36,14 @@ from typing import Any
 
 import attrs
 
+from plugrl.compose.scoring import IMPORT_TIMEOUT_S
 from plugrl.errors import PluginError
 
 logger = logging.getLogger("plugrl.rewards")
 
 # A worker may take this long to import the scoring functions of a task (a first import of
-# SymPy, a custom file) before its calls start being timed.
-LOAD_TIMEOUT_S = 120.0
+# SymPy, a custom file) before its calls start being timed: as long as the driver allows.
+LOAD_TIMEOUT_S = IMPORT_TIMEOUT_S
 # After SIGKILL, how long to wait for the process to be reaped.
 REAP_TIMEOUT_S = 10.0
 
@@ -193,11 +194,14 @@ class ProcessPool:
     def _start_worker(self) -> _Worker:
         parent_end, child_end = socket.socketpair()
         try:
+            # a process group of its own: killing the worker kills what its scoring functions
+            # started too (it still dies with the driver, by its parent-death signal)
             process = subprocess.Popen(
                 [sys.executable, "-c", _WORKER_CODE, str(child_end.fileno())],
                 pass_fds=(child_end.fileno(),),
                 stdin=subprocess.DEVNULL,
                 close_fds=True,
+                start_new_session=True,
             )
         finally:
             child_end.close()
@@ -212,13 +216,13 @@ class ProcessPool:
         return worker.process.poll() is None
 
     def _kill(self, worker: _Worker) -> None:
-        """SIGKILL and reap: a killed worker leaves no zombie behind."""
+        """SIGKILL the worker's process group (the worker and any process a scoring function
+        started) and reap the worker: nothing is left running, no zombie behind."""
         if worker in self.workers:
             self.workers.remove(worker)
         with contextlib.suppress(OSError):
             worker.connection.close()
-        if worker.process.poll() is None:
-            worker.process.kill()
+        _kill_group(worker.process)
         try:
             worker.process.wait(REAP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -414,8 +418,14 @@ class ProcessPool:
         # a pool dropped without close(): its daemon workers would otherwise live until exit
         try:
             for worker in list(self.workers):
-                if worker.process.poll() is None:
-                    worker.process.kill()
-                    worker.process.wait(REAP_TIMEOUT_S)
+                _kill_group(worker.process)
+                worker.process.wait(REAP_TIMEOUT_S)
         except Exception:
             pass
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    """SIGKILL every process of the group ``process`` leads; the group outlives its leader
+    while a child of it runs, so this also ends what an exited worker left behind."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)

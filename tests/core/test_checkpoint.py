@@ -2,10 +2,10 @@ import json
 import os
 import shutil
 
-import numpy as np
 import pytest
 import torch
 
+from plugrl import rng
 from plugrl.checkpoint import LATEST_FILE, MANIFEST_FILE, CheckpointManager
 from plugrl.errors import CheckpointError
 
@@ -22,7 +22,7 @@ def save(manager, step):
     return manager.save(
         step,
         writer(step),
-        {"dataloader": {"epoch": 0, "position": step}, "numpy_rng": np.random.default_rng(step)},
+        {"dataloader": {"epoch": 0, "position": step}, "rng": rng.capture()},
     )
 
 
@@ -186,3 +186,69 @@ def test_manifests_of_sizes_alone_still_verify(tmp_path):
     (path / "trainer_state.pt").write_bytes(b"x")
     with pytest.raises(CheckpointError, match=r"trainer_state\.pt has 1 bytes"):
         CheckpointManager(tmp_path).resolve("auto")
+
+
+class DistributedCheckpointFailure(BaseException):
+    """Like torch.distributed.checkpoint's CheckpointException: not an Exception, with each
+    rank's error in ``failures``."""
+
+    def __init__(self, failures):
+        super().__init__("rank failures")
+        self.failures = failures
+
+
+def test_a_full_disk_keeps_the_previous_checkpoint_and_removes_the_half_written_one(tmp_path):
+    import errno
+
+    manager = CheckpointManager(tmp_path)
+    save(manager, 1)
+
+    def fill_the_disk(folder):
+        writer(2)(folder)
+        full = OSError(errno.ENOSPC, "No space left on device")
+        raise DistributedCheckpointFailure({0: full})
+
+    with pytest.raises(CheckpointError) as info:
+        manager.save(2, fill_the_disk, {"dataloader": {}})
+    assert str(info.value) == (
+        f"no space left on the device while writing checkpoint 2 under {tmp_path}; the "
+        "checkpoint of step 1 is kept and the half-written one removed; free space, or keep "
+        "fewer checkpoints with trainer.max_ckpt_to_keep"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([LATEST_FILE, "global_step_1"])
+    assert manager.resolve("auto") == tmp_path / "global_step_1"
+
+
+def test_an_interrupted_save_leaves_no_half_written_folder(tmp_path):
+    manager = CheckpointManager(tmp_path)
+
+    def interrupted(folder):
+        writer(1)(folder)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        manager.save(1, interrupted, {"dataloader": {}})
+    assert list(tmp_path.iterdir()) == []
+
+
+class RunsACommand:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_crafted_trainer_state_is_refused_without_running_it(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    path = save(manager, 1)
+    marker = tmp_path / "ran"
+    torch.save({"step": 1, "payload": RunsACommand(marker)}, path / "trainer_state.pt")
+    quiet = CheckpointManager(tmp_path, checksums=False)
+    with pytest.raises(CheckpointError) as info:
+        quiet.load_trainer_state(path)
+    assert str(info.value).startswith(
+        f"checkpoint {path}: cannot read trainer_state.pt as plain data (UnpicklingError: "
+    )
+    assert "\n" not in str(info.value)
+    assert not marker.exists(), "loading the checkpoint ran its command"

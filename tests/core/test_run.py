@@ -1,5 +1,6 @@
 import json
 import os
+import time
 
 import pytest
 from fake_parts import BASE_RECIPE
@@ -145,3 +146,90 @@ def test_a_run_in_one_process_takes_the_device_environment_the_user_did_not_set(
     apply_device_env(AllocatorDevice, Recipe())
     assert os.environ["FAKE_TRAINER_CONF"] == "on" and os.environ["FAKE_ROLLOUT_CONF"] == "on"
     assert os.environ["FAKE_SHARED_CONF"] == "mine"
+
+
+def test_a_run_folder_that_cannot_be_made_is_one_line(tmp_path):
+    from plugrl.run import prepare_run_dir
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    recipe = build_recipe({"trainer": {"default_local_dir": str(blocker / "run")}})
+    with pytest.raises(RecipeError) as info:
+        prepare_run_dir(recipe)
+    assert str(info.value) == (
+        f"trainer.default_local_dir: cannot create the run folder {blocker / 'run'} (Not a "
+        "directory); choose a folder you can write to"
+    )
+
+
+def test_a_model_folder_without_a_model_or_tokenizer_is_one_line(tmp_path):
+    from plugrl.run import check_model_folders
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    recipe = build_recipe({"model": {"path": str(folder)}})
+    with pytest.raises(RecipeError) as info:
+        check_model_folders(recipe)
+    assert str(info.value) == (
+        f"model.path: {folder} holds no Hugging Face model (none of config.json); point it "
+        "at a folder that save_pretrained wrote"
+    )
+    (folder / "config.json").write_text("{}")
+    with pytest.raises(RecipeError) as info:
+        check_model_folders(recipe)
+    assert "holds no tokenizer (none of tokenizer.json" in str(info.value)
+    (folder / "tokenizer.json").write_text("{}")
+    check_model_folders(recipe)
+
+
+def test_each_segment_of_a_run_keeps_its_recipe_and_changes_are_named(tmp_path, caplog):
+    import logging
+
+    from plugrl.run import record_recipe
+
+    first = build_recipe({"data": {"train_batch_size": 8}, "trainer": {"seed": 1}})
+    assert record_recipe(first, tmp_path) == tmp_path / "recipe.yaml"
+    # the same recipe again (a plain resume) writes nothing
+    assert record_recipe(first, tmp_path) == tmp_path / "recipe.yaml"
+    second = build_recipe({"data": {"train_batch_size": 16}, "trainer": {"seed": 1}})
+    with caplog.at_level(logging.WARNING, logger="plugrl.run"):
+        assert record_recipe(second, tmp_path) == tmp_path / "recipe.2.yaml"
+    assert (tmp_path / "recipe.yaml").read_text() == first.to_yaml()
+    assert (tmp_path / "recipe.2.yaml").read_text() == second.to_yaml()
+    assert caplog.messages == [
+        f"this run continues {tmp_path}, which used data.train_batch_size=8; it now uses 16, so "
+        "the steps before and after are not one experiment"
+    ]
+
+
+def test_sigterm_stops_the_cli_as_ctrl_c_does():
+    import signal
+
+    from plugrl.cli import _stop_on_sigterm
+
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        _stop_on_sigterm()
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the signal arrives before this ends
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def test_a_dead_ray_actor_is_one_line():
+    from plugrl.cluster.ray_group import actor_death_message
+
+    report = (
+        "The actor died unexpectedly before finishing this task.\n"
+        "\tclass_name: BackendWorker\n\tactor_id: 1a2b\n\tpid: 4242\n"
+        "The actor is dead because its worker process has died. Worker exit type: "
+        "SYSTEM_ERROR Worker exit detail: Worker unexpectedly exits with a connection error "
+        "code 2."
+    )
+    assert actor_death_message("a actor rank", RuntimeError(report)) == (
+        "a actor rank's Ray actor died (The actor is dead because its worker process has died. "
+        "Worker exit type: SYSTEM_ERROR Worker exit detail: Worker unexpectedly exits with a "
+        "connection error code 2.); its output is in Ray's worker logs (`ray logs` lists them), "
+        "often an out-of-memory kill"
+    )

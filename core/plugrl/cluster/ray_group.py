@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from plugrl.cluster.base import WorkerGroup
 from plugrl.cluster.worker import BackendWorker
-from plugrl.errors import PlugrlError, RecipeError
+from plugrl.errors import PluginError, PlugrlError, RecipeError
 from plugrl.parts.context import DistInfo
 from plugrl.plugins import PluginManager, get_plugin_manager
 
@@ -46,6 +46,19 @@ def ensure_ray(cluster: ClusterConfig) -> types.ModuleType:
         else:
             ray.init(num_cpus=cluster.num_cpus, include_dashboard=False)
     return ray
+
+
+def actor_death_message(who: str, exc: BaseException) -> str:
+    """One line for a Ray actor that died, instead of Ray's many-line report."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    reason = next(
+        (line for line in lines if "exit" in line.lower() or "killed" in line.lower()),
+        lines[0] if lines else type(exc).__name__,
+    )
+    return (
+        f"{who}'s Ray actor died ({reason[:200]}); its output is in Ray's worker logs "
+        "(`ray logs` lists them), often an out-of-memory kill"
+    )
 
 
 def in_process_plugin_modules(plugins: PluginManager) -> list[str]:
@@ -270,7 +283,7 @@ class RayWorkerGroup(WorkerGroup):
                 return cause
             return exc
         if isinstance(exc, RayActorError):
-            return RuntimeError(f"a {self.role} rank's Ray actor died ({exc}); see the worker log")
+            return PluginError(actor_death_message(f"a {self.role} rank", exc))
         return exc
 
     def _put_all(self, shards: list[Any]) -> list[Any]:

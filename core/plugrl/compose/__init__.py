@@ -13,19 +13,38 @@ importing another plugin.
   :func:`make_resolver` (scoring functions by data source).
 """
 
-from plugrl.compose.build import build_estimator, build_part, build_policy_loss, check_constructor
-from plugrl.compose.checks import check_algorithm
-from plugrl.compose.dynamic_sampling import DynamicSampler, filter_groups, group_metric_values
-from plugrl.compose.kl_reward import KLInReward
-from plugrl.compose.objective import PolicyObjective
-from plugrl.compose.run_parts import (
-    RunParts,
-    build_reward_manager,
-    build_run_parts,
-    sampling_seed,
-    update_derives_old_log_probs,
-)
-from plugrl.compose.scoring import Scorer, ScoringError, make_resolver
+from importlib import import_module
+from typing import Any
+
+# where each name lives; imported on first use, so that importing one light module of the
+# package (scoring, in a reward worker process) does not import torch
+_HOMES = {
+    "build_estimator": "build",
+    "build_part": "build",
+    "build_policy_loss": "build",
+    "check_constructor": "build",
+    "check_algorithm": "checks",
+    "DynamicSampler": "dynamic_sampling",
+    "filter_groups": "dynamic_sampling",
+    "group_metric_values": "dynamic_sampling",
+    "KLInReward": "kl_reward",
+    "PolicyObjective": "objective",
+    "RunParts": "run_parts",
+    "build_reward_manager": "run_parts",
+    "build_run_parts": "run_parts",
+    "sampling_seed": "run_parts",
+    "update_derives_old_log_probs": "run_parts",
+    "Scorer": "scoring",
+    "ScoringError": "scoring",
+    "make_resolver": "scoring",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'plugrl.compose' has no attribute {name!r}")
+    return getattr(import_module(f"plugrl.compose.{_HOMES[name]}"), name)
+
 
 __all__ = [
     "DynamicSampler",

@@ -51,6 +51,10 @@ class ScoringError(PluginError):
 _FILE_MODULES: dict[str, Any] = {}
 _FILE_LOCK = threading.Lock()
 
+IMPORT_TIMEOUT_S = 120.0
+"""How long importing a reward function's file may take (a first import of SymPy takes
+seconds) before the run stops saying the file hangs at import."""
+
 
 @attrs.frozen
 class FileFunction:
@@ -114,7 +118,10 @@ def _import_file(path: str) -> Any:
         module = importlib.util.module_from_spec(spec)
         sys.modules[module_name] = module
         try:
-            spec.loader.exec_module(module)
+            _run_with_deadline(spec.loader.exec_module, module, path)
+        except RecipeError:
+            sys.modules.pop(module_name, None)
+            raise
         except BaseException as exc:
             sys.modules.pop(module_name, None)
             where = _error_line(exc, str(file))
@@ -125,6 +132,32 @@ def _import_file(path: str) -> Any:
             ) from None
         _FILE_MODULES[path] = module
         return module
+
+
+def _run_with_deadline(run: Callable[[Any], Any], module: Any, path: str) -> None:
+    """``run(module)`` in a daemon thread, so that a file whose import hangs (a download, a
+    lock, ``input()``) stops the run with one line instead of hanging it."""
+    outcome: list[BaseException | None] = []
+
+    def target() -> None:
+        try:
+            run(module)
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=target, name=f"import {path}", daemon=True)
+    thread.start()
+    thread.join(IMPORT_TIMEOUT_S)
+    if not outcome:
+        raise RecipeError(
+            f"importing {path} did not finish in {IMPORT_TIMEOUT_S:g} s; check what the file "
+            "does at import (a download, a lock, a prompt for input) and move it into the "
+            "function",
+            key="reward.custom_function.path",
+        )
+    if outcome[0] is not None:
+        raise outcome[0]
 
 
 def _error_line(exc: BaseException, filename: str) -> str:

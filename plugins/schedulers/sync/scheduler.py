@@ -78,9 +78,11 @@ class SyncScheduler(Scheduler):
                     validation = self.validate(parts, step)
                     validation_history.append(validation)
                     metrics.update(validation)
+                # logged before the checkpoint that covers it: a run killed between the two
+                # resumes from the checkpoint before and logs the step again in its place
+                self.context.step_end(step, metrics)
                 if last or (trainer.save_freq > 0 and step % trainer.save_freq == 0):
                     parts.save_checkpoint(step, {"validation": validation_history})
-                self.context.step_end(step, metrics)
                 if progress is not None:
                     progress.update(1)
             if trainer.export_hf:

@@ -30,6 +30,13 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
         os._exit(3)
     if solution_str == "pid":
         return {"score": 0.0, "pid": os.getpid()}
+    if solution_str.startswith("spawn "):
+        import subprocess
+        child = subprocess.Popen(["sleep", "300"])
+        with open(solution_str[len("spawn "):], "w") as file:
+            file.write(str(child.pid))
+        while True:
+            time.sleep(1)
     return float(solution_str == ground_truth)
 """
 
@@ -125,9 +132,10 @@ def test_parallel_hangs_overlap(scorer, pool):
     """Two hung samples in two workers cost one timeout, not two."""
     workers = pool(2)
     start = time.monotonic()
-    outcomes = workers.run([[call(scorer, "hang", 1.0)], [call(scorer, "hang", 1.0)]])
+    outcomes = workers.run([[call(scorer, "hang", 3.0)], [call(scorer, "hang", 3.0)]])
     assert [task[0].status for task in outcomes] == ["timeout", "timeout"]
-    assert time.monotonic() - start < 1.9
+    # one after the other they would take at least 6 s; the margin absorbs a loaded machine
+    assert time.monotonic() - start < 5.0
 
 
 def test_a_function_the_worker_cannot_import(pool, tmp_path):
@@ -183,3 +191,17 @@ def test_workers_die_with_a_driver_that_dies(scorer_file, tmp_path):
     while running(worker) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not running(worker)
+
+
+def test_a_timed_out_call_leaves_no_process_it_started(scorer, pool, tmp_path):
+    """A scoring function that starts a child process and hangs: the child is killed with
+    the worker, not left running after the run."""
+    pid_file = tmp_path / "child.pid"
+    workers = pool(1)
+    (outcome,) = workers.run([[call(scorer, f"spawn {pid_file}", 2.0)]])[0]
+    assert outcome.status == "timeout"
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while not gone(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert gone(child), "the child of the timed-out scoring function still runs"

@@ -240,3 +240,19 @@ def test_is_batch_form():
 
     assert not is_batch_form(per_sample)
     assert is_batch_form(batch)
+
+
+def test_a_file_whose_import_hangs_stops_the_run_at_a_deadline(
+    make_recipe, scorer_file, monkeypatch
+):
+    from plugrl.compose import scoring
+
+    monkeypatch.setattr(scoring, "IMPORT_TIMEOUT_S", 0.5)
+    path = scorer_file("import time\ntime.sleep(30)\n" + SYNC, name="hangs.py")
+    with pytest.raises(RecipeError) as info:
+        make_resolver(make_recipe(custom(path)))
+    assert str(info.value) == (
+        f"reward.custom_function.path: importing {path} did not finish in 0.5 s; check what the "
+        "file does at import (a download, a lock, a prompt for input) and move it into the "
+        "function"
+    )
