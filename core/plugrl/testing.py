@@ -9,7 +9,8 @@ Fixtures:
   ``PLUGRL_*`` controls) and ``entry_points`` (None: installed ones plus fakes).
 * ``plugrl_register_plugin``: ``register(obj, name=None)`` puts a plugin object (module, class
   or instance with ``@plugrl.hookimpl`` functions) into the current manager; it is
-  unregistered after the test.
+  unregistered after the test. An object already registered (an installed plugin, from its
+  entry point) stays as it is, under its entry-point name.
 * ``plugrl_fake_entry_point``: ``fake(name, target, dist="fake-dist", version="0.0.1")`` makes an
   entry point visible to managers created afterwards, as if a distribution declared it;
   ``target`` is an object or a ``"module"``/``"module:attr"`` path, imported on load (a path to
@@ -143,6 +144,10 @@ def plugrl_register_plugin(
     registered: list[str] = []
 
     def register(plugin: object, name: str | None = None) -> str | None:
+        # an installed plugin is already registered from its entry point: use that one (a
+        # plugin tested the same way installed or not)
+        if plugrl_plugin_manager.pm.is_registered(plugin):
+            return plugrl_plugin_manager.pm.get_name(plugin)
         registered_name = plugrl_plugin_manager.register(plugin, name)
         if registered_name is not None:
             registered.append(registered_name)

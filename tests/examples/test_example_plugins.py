@@ -161,6 +161,24 @@ def test_a_plugin_written_from_the_docs_works(tmp_path, monkeypatch):
     score = manager.registry("reward_functions").match("my_task").load()
     assert score("my_task", "so the answer is 4", "4") == 1.0
 
+    # the documented tests of the plugin pass with the plugin installed (not editable), as a
+    # plugin author runs them
+    testing = doc[doc.index("## Testing a plugin") :]
+    tests = re.search(r"```python\n(.*?)```", testing, re.DOTALL)
+    assert tests is not None
+    test_file = tmp_path / "test_my_task.py"
+    test_file.write_text(tests.group(1))
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test_file)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(tmp_path)])},
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "2 passed" in result.stdout
+
 
 def test_median_baseline_values_reach_the_policy_loss(manager):
     """A recipe chooses the third-party estimator; its advantages drive the built-in loss."""
