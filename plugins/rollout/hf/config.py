@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from plugrl.config import option
+from plugrl.config import option, positive
 from plugrl.parts.rollout import RolloutConfig
 
 
@@ -17,4 +17,10 @@ class HFRolloutConfig(RolloutConfig):
         "Attention kernel of the engine's own model (rollout.colocate false); a colocated "
         "engine uses the trainer's model as it is.",
         choices=["sdpa", "eager"],
+    )
+    max_prefill_tokens: int = option(
+        8192,
+        "Prompt tokens (rows x longest prompt) computed in one forward pass when requests join "
+        "the running batch; more run in several passes.",
+        validator=positive,
     )

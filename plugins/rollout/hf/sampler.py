@@ -1,17 +1,17 @@
-"""Batched sampling with a KV cache over a Hugging Face causal LM's forward.
+"""Picking the next token of every running row, each row with its own sampling parameters.
 
-Prompts are left-padded so that every row's next token sits in the last column; positions come
-from the attention mask, so padding never shifts a row's rotary positions. After the prompt
-pass, each step feeds one token per running row. A row that finishes (eos or another stop token,
-a stop string, ``max_tokens``) leaves the running batch and the KV cache at once, and cache
-columns that have become padding for every remaining row are cut, so finished sequences cost
-nothing afterwards.
+Which distribution a token is drawn from, and whose log-prob is returned: the softmax of the
+logits divided by the row's temperature, after top-k and top-p removed tokens (renormalised
+over the kept ones). With ``top_k``/``top_p`` off this is exactly the temperature-scaled model
+distribution a trainer computes. Greedy rows (temperature 0) sample from a point mass, so their
+log-probs are instead those of the unscaled, unfiltered model distribution.
 
-Log-probs are those of the distribution each token was sampled from: the log-softmax of the
-logits divided by the temperature, after top-k and top-p removed tokens (renormalised over the
-kept ones). With ``top_k``/``top_p`` off this is exactly the temperature-scaled model
-distribution a trainer computes. Greedy decoding (temperature 0) samples from a point mass, so
-its log-probs are instead those of the unscaled, unfiltered model distribution.
+Seeded draws that do not depend on the batch: every sample row owns a CPU generator (seeded
+with :func:`plugrl.parts.rollout.derive_seed` of its request's seed and its sample index) and
+draws one uniform per token, in blocks. The token is found by inverse CDF over the row's
+probabilities, with the uniform scaled by the row's total mass so that a token of probability
+zero can never be picked. A row's tokens therefore depend only on its own logits and its own
+uniforms: the same alone or beside other rows, whenever it joined the batch.
 """
 
 from __future__ import annotations
@@ -19,62 +19,100 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
-import attrs
 import torch
-from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from plugrl.data.batch import left_pad
+from plugrl.parts.rollout import SamplingParams
 
-
-@attrs.define
-class SampledSequence:
-    """One response: its tokens, their log-probs, and why it ended."""
-
-    token_ids: list[int]
-    log_probs: list[float]
-    finish_reason: str
+UNIFORM_BLOCK = 64
+"""Uniforms a row draws from its generator at a time."""
 
 
-@attrs.frozen
-class SamplingSetup:
-    """Everything about how to pick tokens, fixed for one call."""
+class UniformStream:
+    """The uniforms in [0, 1) of one sample row, from its own CPU generator."""
 
-    n: int
-    temperature: float
-    top_p: float
-    top_k: int
-    max_tokens: int
-    stop_token_ids: frozenset[int]
-    stop_strings: tuple[str, ...] = ()
+    __slots__ = ("_block", "_generator", "_next")
+
+    def __init__(self, seed: int) -> None:
+        self._generator = torch.Generator().manual_seed(seed)
+        self._block: list[float] = []
+        self._next = 0
+
+    def next(self) -> float:
+        if self._next == len(self._block):
+            self._block = torch.rand(
+                UNIFORM_BLOCK, generator=self._generator, dtype=torch.float64
+            ).tolist()
+            self._next = 0
+        value = self._block[self._next]
+        self._next += 1
+        return value
 
 
-def pick_tokens(
-    logits: torch.Tensor, setup: SamplingSetup, generator: torch.Generator | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Next token per row and its log-prob (see the module docstring for which distribution)."""
-    logits = logits.float()
-    if setup.temperature == 0:
-        tokens = logits.argmax(dim=-1)
-        log_probs = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
-        return tokens, log_probs
-    scaled = logits / setup.temperature
-    vocab = scaled.shape[-1]
-    if 0 < setup.top_k < vocab:
-        kth_largest = torch.topk(scaled, setup.top_k, dim=-1).values[:, -1:]
-        scaled = scaled.masked_fill(scaled < kth_largest, float("-inf"))
-    if setup.top_p < 1.0:
-        sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
-        sorted_probs = torch.softmax(sorted_logits, dim=-1)
-        # drop a token when the tokens ranked above it already hold top_p of the mass; the
-        # most likely token always stays
-        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-        drop_sorted = mass_before >= setup.top_p
-        drop_sorted[:, 0] = False
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        scaled = scaled.masked_fill(drop, float("-inf"))
-    log_dist = torch.log_softmax(scaled, dim=-1)
-    tokens = torch.multinomial(log_dist.exp(), 1, generator=generator).squeeze(-1)
-    return tokens, log_dist.gather(-1, tokens[:, None]).squeeze(-1)
+class BatchSampling:
+    """The sampling parameters of the rows of a running batch, as tensors, and the pick.
+
+    Built once per change of the batch's rows (not per step). Rows may differ in temperature,
+    top-k and top-p; work a batch does not need (sorting for top-p, top-k) is skipped.
+    """
+
+    def __init__(self, params: Sequence[SamplingParams], device: torch.device) -> None:
+        self.size = len(params)
+        greedy = [p.temperature == 0 for p in params]
+        self.any_greedy = any(greedy)
+        self.any_sampled = not all(greedy)
+        self.greedy = torch.tensor(greedy, dtype=torch.bool, device=device)
+        # greedy rows take the unscaled, unfiltered distribution (their log-probs)
+        self.temperature = torch.tensor(
+            [[1.0 if g else p.temperature] for p, g in zip(params, greedy, strict=True)],
+            dtype=torch.float32,
+            device=device,
+        )
+        top_k = [0 if g or p.top_k <= 0 else p.top_k for p, g in zip(params, greedy, strict=True)]
+        self.max_top_k = max(top_k, default=0)
+        self.top_k = torch.tensor(top_k, dtype=torch.long, device=device)
+        top_p = [1.0 if g else p.top_p for p, g in zip(params, greedy, strict=True)]
+        self.any_top_p = any(value < 1.0 for value in top_p)
+        # a row without top-p never drops a token, whatever the rounding of the cumulative sum
+        self.top_p = torch.tensor(
+            [[value if value < 1.0 else 2.0] for value in top_p], dtype=torch.float32, device=device
+        )
+
+    def pick(
+        self, logits: torch.Tensor, uniforms: Sequence[float]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next token of every row and its log-prob. ``uniforms`` holds one draw per row
+        (ignored for greedy rows)."""
+        scaled = logits.float() / self.temperature
+        vocab = scaled.shape[-1]
+        if self.max_top_k > 0:
+            kth_largest = torch.topk(scaled, min(self.max_top_k, vocab), dim=-1).values
+            index = (self.top_k.clamp(min=1) - 1).clamp(max=kth_largest.shape[-1] - 1)
+            threshold = kth_largest.gather(-1, index[:, None])
+            threshold = threshold.masked_fill((self.top_k <= 0)[:, None], float("-inf"))
+            scaled = scaled.masked_fill(scaled < threshold, float("-inf"))
+        if self.any_top_p:
+            sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
+            sorted_probs = torch.softmax(sorted_logits, dim=-1)
+            # drop a token when the tokens ranked above it already hold top_p of the mass; the
+            # most likely token always stays
+            mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+            drop_sorted = mass_before >= self.top_p
+            drop_sorted[:, 0] = False
+            drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+            scaled = scaled.masked_fill(drop, float("-inf"))
+        log_dist = torch.log_softmax(scaled, dim=-1)
+        if self.any_sampled:
+            cdf = torch.cumsum(log_dist.exp(), dim=-1)
+            total = cdf[:, -1:]
+            u = torch.tensor(uniforms, dtype=torch.float32, device=cdf.device)[:, None]
+            # strictly below the total mass, so the pick is a token of probability > 0
+            target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+            tokens = torch.searchsorted(cdf, target, right=True).squeeze(-1)
+            if self.any_greedy:
+                tokens = torch.where(self.greedy, log_dist.argmax(dim=-1), tokens)
+        else:
+            tokens = log_dist.argmax(dim=-1)
+        return tokens, log_dist.gather(-1, tokens[:, None]).squeeze(-1)
 
 
 class StopStringMatcher:
@@ -94,174 +132,6 @@ class StopStringMatcher:
     def matches(self, token_ids: list[int]) -> bool:
         text = self.decode(token_ids[-self.tail :])
         return any(stop in text for stop in self.stop_strings)
-
-
-def _trim_leading_padding(attention_mask: torch.Tensor, cache: Any) -> torch.Tensor:
-    """Cut cache columns that are padding for every remaining row (they appear once the
-    longest prompts have finished)."""
-    lead = int(attention_mask.any(dim=0).to(torch.int8).argmax())
-    if lead == 0:
-        return attention_mask
-    layers = getattr(cache, "layers", None)
-    if not layers or any(type(layer) is not DynamicLayer for layer in layers):
-        return attention_mask
-    for layer in layers:
-        layer.keys = layer.keys[:, :, lead:]
-        layer.values = layer.values[:, :, lead:]
-    return attention_mask[:, lead:]
-
-
-def _sample_wave(
-    model: Any,
-    prompts: Sequence[Sequence[int]],
-    setup: SamplingSetup,
-    *,
-    pad_token_id: int,
-    device: torch.device,
-    generator: torch.Generator | None,
-    stop_matcher: StopStringMatcher,
-    should_abort: Callable[[], bool],
-) -> list[SampledSequence]:
-    """Sample ``setup.n`` responses for each prompt, all in one running batch."""
-    n, max_tokens = setup.n, setup.max_tokens
-    rows = len(prompts) * n
-    out_tokens = torch.full((rows, max(max_tokens, 1)), pad_token_id, dtype=torch.long)
-    out_log_probs = torch.zeros((rows, max(max_tokens, 1)), dtype=torch.float32)
-    lengths = [0] * rows
-    reasons: list[str | None] = [None] * rows
-    if max_tokens <= 0 or should_abort():
-        reason = "length" if max_tokens <= 0 else "aborted"
-        return [SampledSequence([], [], reason) for _ in range(rows)]
-
-    input_ids, attention_mask = left_pad(prompts, pad_token_id)
-    positions = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
-    input_ids, attention_mask, positions = (
-        t.to(device) for t in (input_ids, attention_mask, positions)
-    )
-    output = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=positions,
-        past_key_values=DynamicCache(config=model.config),
-        use_cache=True,
-        logits_to_keep=1,
-    )
-    cache = output.past_key_values
-    logits = output.logits[:, -1, :]
-    next_position = attention_mask.sum(dim=-1)
-    if n > 1:
-        # the prompt pass ran once per prompt; its cache is shared by the n samples
-        cache.batch_repeat_interleave(n)
-        logits = logits.repeat_interleave(n, dim=0)
-        attention_mask = attention_mask.repeat_interleave(n, dim=0)
-        next_position = next_position.repeat_interleave(n, dim=0)
-    stop_ids = torch.tensor(sorted(setup.stop_token_ids), dtype=torch.long, device=device)
-    running = torch.arange(rows)  # wave row of each running row
-
-    for step in range(max_tokens):
-        tokens, log_probs = pick_tokens(logits, setup, generator)
-        tokens_cpu = tokens.cpu()
-        out_tokens[running, step] = tokens_cpu
-        out_log_probs[running, step] = log_probs.float().cpu()
-        finished = (
-            torch.isin(tokens, stop_ids).cpu()
-            if len(stop_ids)
-            else torch.zeros_like(tokens_cpu, dtype=torch.bool)
-        )
-        row_reasons = ["stop" if f else None for f in finished.tolist()]
-        if stop_matcher:
-            for i, row in enumerate(running.tolist()):
-                if row_reasons[i] is None and stop_matcher.matches(
-                    out_tokens[row, : step + 1].tolist()
-                ):
-                    row_reasons[i] = "stop"
-        last_step = step + 1 == max_tokens
-        aborted = not last_step and should_abort()
-        for i, row in enumerate(running.tolist()):
-            reason = row_reasons[i]
-            if reason is None and (last_step or aborted):
-                reason = "length" if last_step else "aborted"
-            if reason is not None:
-                reasons[row] = reason
-                lengths[row] = step + 1
-        if last_step or aborted:
-            break
-        keep = torch.tensor([r is None for r in row_reasons], dtype=torch.bool)
-        if not keep.any():
-            break
-        if not keep.all():
-            kept = keep.nonzero().squeeze(-1)
-            kept_device = kept.to(device)
-            running = running[kept]
-            cache.batch_select_indices(kept_device)
-            attention_mask = attention_mask[kept_device]
-            next_position = next_position[kept_device]
-            tokens = tokens[kept_device]
-            attention_mask = _trim_leading_padding(attention_mask, cache)
-        attention_mask = torch.cat(
-            [attention_mask, attention_mask.new_ones((attention_mask.shape[0], 1))], dim=-1
-        )
-        output = model(
-            input_ids=tokens[:, None],
-            attention_mask=attention_mask,
-            position_ids=next_position[:, None],
-            past_key_values=cache,
-            use_cache=True,
-        )
-        cache = output.past_key_values
-        logits = output.logits[:, -1, :]
-        next_position = next_position + 1
-
-    return [
-        SampledSequence(
-            out_tokens[row, : lengths[row]].tolist(),
-            out_log_probs[row, : lengths[row]].tolist(),
-            reasons[row] or "aborted",
-        )
-        for row in range(rows)
-    ]
-
-
-def sample(
-    model: Any,
-    prompts: Sequence[Sequence[int]],
-    setup: SamplingSetup,
-    *,
-    pad_token_id: int,
-    device: torch.device | str,
-    generator: torch.Generator | None = None,
-    max_num_seqs: int = 1024,
-    decode: Callable[[list[int]], str] | None = None,
-    should_abort: Callable[[], bool] = lambda: False,
-) -> list[SampledSequence]:
-    """``setup.n`` responses per prompt, grouped by prompt in prompt order.
-
-    Prompts run in waves of at most ``max_num_seqs`` sequences. ``decode`` turns token ids
-    into text for stop strings. ``should_abort`` is polled once per step; when it answers
-    true, every unfinished response ends with what it has and ``finish_reason="aborted"``.
-    Call under ``torch.no_grad()`` with the model in eval mode.
-    """
-    for index, prompt in enumerate(prompts):
-        if len(prompt) == 0:
-            raise ValueError(f"prompt {index} is empty; every prompt needs at least one token")
-    if setup.stop_strings and decode is None:
-        raise ValueError("stop strings need a decode function")
-    device = torch.device(device)
-    matcher = StopStringMatcher(setup.stop_strings, decode or (lambda ids: ""))
-    prompts_per_wave = max(1, max_num_seqs // setup.n)
-    results: list[SampledSequence] = []
-    for begin in range(0, len(prompts), prompts_per_wave):
-        results += _sample_wave(
-            model,
-            prompts[begin : begin + prompts_per_wave],
-            setup,
-            pad_token_id=pad_token_id,
-            device=device,
-            generator=generator,
-            stop_matcher=matcher,
-            should_abort=should_abort,
-        )
-    return results
 
 
 def default_stop_token_ids(model: Any, tokenizer: Any) -> set[int]:

@@ -1,13 +1,20 @@
 from __future__ import annotations
 
-import threading
+import asyncio
+import logging
 
 import pytest
 import torch
 
 from plugrl.data.batch import left_pad
 from plugrl.errors import PluginError, RecipeError
-from plugrl.parts.rollout import SamplingParams
+from plugrl.parts.context import PartContext
+from plugrl.parts.rollout import (
+    Capability,
+    GenerationRequest,
+    SamplingParams,
+    WeightMeta,
+)
 from plugrl.recipe import ModelConfig, Recipe, TrainerConfig
 from plugrl_plugins.devices.cpu.device import CpuDevice
 from plugrl_plugins.rollout.hf.config import HFRolloutConfig
@@ -17,13 +24,16 @@ from plugrl_plugins.rollout.hf.sampler import default_stop_token_ids
 QUESTIONS = ["What is 12 + 34?", "What is 5 + 6? Show the columns.", "Hi", "What is 99 + 1?"]
 
 
-def make_engine(model_dir, tokenizer, *, colocate=False, path="<dir>", **rollout):
+def make_engine(model_dir, tokenizer, *, colocate=False, path="<dir>", dtype="float32", **rollout):
+    config = HFRolloutConfig(colocate=colocate, **rollout)
     recipe = Recipe(
-        model=ModelConfig(path=str(model_dir) if path == "<dir>" else path, dtype="float32"),
-        rollout=HFRolloutConfig(colocate=colocate, **rollout),
+        model=ModelConfig(path=str(model_dir) if path == "<dir>" else path, dtype=dtype),
+        rollout=config,
         trainer=TrainerConfig(seed=0),
     )
-    return HFRolloutEngine(recipe, device=CpuDevice(), tokenizer=tokenizer)
+    return HFRolloutEngine(
+        config, PartContext(recipe=recipe, device=CpuDevice(), tokenizer=tokenizer)
+    )
 
 
 def chat_prompts(tokenizer, questions=QUESTIONS) -> list[list[int]]:
@@ -66,14 +76,84 @@ def teacher_forced_log_probs(model, prompt, response, temperature=1.0, top_k=0):
     return log_probs.gather(-1, torch.tensor(response)[:, None]).squeeze(-1)
 
 
+def assert_teacher_forced(model, prompt, completion, **kwargs):
+    expected = teacher_forced_log_probs(model, prompt, completion.token_ids, **kwargs)
+    assert torch.allclose(torch.tensor(completion.log_probs), expected, atol=1e-4)
+
+
 def greedy(max_tokens=12, **extra) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, **extra)
+
+
+def request(request_id, prompt, **params) -> GenerationRequest:
+    return GenerationRequest(
+        request_id=request_id, prompt_ids=prompt, params=SamplingParams(**params)
+    )
+
+
+def alone(model_dir, tokenizer, req: GenerationRequest):
+    """What ``req`` gives on a fresh engine with nothing beside it."""
+    engine = make_engine(model_dir, tokenizer)
+    return asyncio.run(engine.generate_request(req))
+
+
+def perturbed_state(model, seed=1) -> dict[str, torch.Tensor]:
+    """Other weights of the same architecture (``model`` is left as it is)."""
+    generator = torch.Generator().manual_seed(seed)
+    return {
+        name: tensor + 0.1 * torch.randn(tensor.shape, generator=generator)
+        for name, tensor in model.state_dict().items()
+    }
+
+
+def metas(weights: dict[str, torch.Tensor]) -> list[WeightMeta]:
+    return [WeightMeta(name, tuple(t.shape), "float32") for name, t in weights.items()]
+
+
+async def push(engine, weights: dict[str, torch.Tensor], version: int, bucket: int = 7):
+    await engine.begin_weight_update(version, metas(weights))
+    items = list(weights.items())
+    for begin in range(0, len(items), bucket):
+        await engine.load_weights(items[begin : begin + bucket])
+    await engine.finish_weight_update()
+
+
+class Forwards:
+    """The model's forward calls: rows, columns fed, and the attention mask."""
+
+    def __init__(self, model) -> None:
+        self.calls: list[tuple[int, int, torch.Tensor]] = []
+        self.handle = model.register_forward_pre_hook(self._record, with_kwargs=True)
+
+    def _record(self, module, args, kwargs):
+        ids = kwargs["input_ids"]
+        self.calls.append((ids.shape[0], ids.shape[1], kwargs["attention_mask"]))
+
+    @property
+    def decode_sizes(self) -> list[int]:
+        return [rows for rows, columns, _ in self.calls if columns == 1]
+
+    @property
+    def prompt_passes(self) -> list[tuple[int, int]]:
+        return [(rows, columns) for rows, columns, _ in self.calls if columns > 1]
+
+    def close(self) -> None:
+        self.handle.remove()
+
+
+async def until(condition, limit=100_000):
+    """Yield to the engine's decode loop until ``condition()`` holds."""
+    for _ in range(limit):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the condition never held")
 
 
 # ------------------------------------------------------------------------------ registration
 
 
-def test_hf_is_registered_with_its_config_class():
+def test_hf_is_registered_with_its_config_class_and_capabilities():
     from plugrl.plugins import PluginManager
 
     manager = PluginManager(environ={})
@@ -81,7 +161,7 @@ def test_hf_is_registered_with_its_config_class():
     entry = manager.registry("rollout_engines").get("hf")
     assert entry.load() is HFRolloutEngine
     assert entry.load_config() is HFRolloutConfig
-    assert HFRolloutEngine.supports_interrupt
+    assert HFRolloutEngine.capabilities == set(Capability)
 
 
 # ---------------------------------------------------------------------------------- sampling
@@ -99,13 +179,15 @@ def test_greedy_matches_model_generate(tiny_model_dir, tokenizer):
         pad_token_id=engine.pad_token_id,
     )
     assert [c.prompt_index for c in completions] == [0, 1, 2, 3]
+    assert [c.request_id for c in completions] == ["batch-0", "batch-1", "batch-2", "batch-3"]
     for completion, reference in zip(completions, expected, strict=True):
         assert completion.token_ids == reference[: len(completion.token_ids)]
+        assert completion.token_versions == [0] * len(completion.token_ids)
         if completion.finish_reason == "length":
             assert len(completion.token_ids) == 16
 
 
-def test_rows_that_finish_early_leave_the_batch_and_outputs_still_match_generate(
+def test_rows_that_finish_leave_the_batch_and_outputs_still_match_generate(
     tiny_model_dir, tokenizer
 ):
     engine = make_engine(tiny_model_dir, tokenizer)
@@ -118,25 +200,20 @@ def test_rows_that_finish_early_leave_the_batch_and_outputs_still_match_generate
             for step, c in zip([1, 4, 7, 10], free_run, strict=True)
         }
     )
-    calls: list[tuple[int, torch.Tensor]] = []
-
-    def record(module, args, kwargs):
-        calls.append((kwargs["input_ids"].shape[0], kwargs["attention_mask"].clone()))
-
-    handle = engine.model.register_forward_pre_hook(record, with_kwargs=True)
+    forwards = Forwards(engine.model)
     try:
         completions = engine.generate(prompts, greedy(max_tokens=16, stop_token_ids=stop_ids))
     finally:
-        handle.remove()
+        forwards.close()
     lengths = [len(c.token_ids) for c in completions]
     assert len(set(lengths)) > 1, "the stop ids should end rows at different steps"
     assert {c.finish_reason for c in completions if len(c.token_ids) < 16} == {"stop"}
-    # forward k (k >= 1) feeds exactly the rows still running after k tokens
-    assert [size for size, _ in calls] == [4] + [
-        sum(length > k for length in lengths) for k in range(1, max(lengths))
-    ]
-    # no cache column is padding for every running row
-    assert all(bool(mask[:, 0].any()) for _, mask in calls[1:])
+    # one prompt pass, then step k feeds exactly the rows that have not finished after k tokens
+    assert [rows for rows, _ in forwards.prompt_passes] == [4]
+    assert forwards.decode_sizes == [sum(n > k for n in lengths) for k in range(max(lengths))]
+    # the model gets a ready 4D mask, and no column is padding for every running row
+    decode_masks = [mask for _, columns, mask in forwards.calls if columns == 1]
+    assert all(mask.dim() == 4 and bool(mask[:, 0, 0, 0].any()) for mask in decode_masks)
     expected = hf_generate(
         engine.model,
         prompts,
@@ -149,32 +226,42 @@ def test_rows_that_finish_early_leave_the_batch_and_outputs_still_match_generate
         assert completion.token_ids[-1] in stop_ids or len(completion.token_ids) == 16
 
 
-@pytest.mark.parametrize(("temperature", "top_k"), [(1.0, 0), (0.7, 0), (1.3, 20)])
-def test_log_probs_equal_a_teacher_forced_forward(tiny_model_dir, tokenizer, temperature, top_k):
+@pytest.mark.parametrize(
+    ("temperature", "top_k", "top_p"), [(1.0, 0, 1.0), (0.7, 0, 1.0), (1.3, 20, 1.0), (1.0, 0, 0.9)]
+)
+def test_log_probs_equal_a_teacher_forced_forward(
+    tiny_model_dir, tokenizer, temperature, top_k, top_p
+):
     engine = make_engine(tiny_model_dir, tokenizer)
     prompts = chat_prompts(tokenizer)
-    params = SamplingParams(n=2, temperature=temperature, top_k=top_k, max_tokens=10, seed=5)
+    params = SamplingParams(
+        n=2, temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=10, seed=5
+    )
     completions = engine.generate(prompts, params)
     assert [c.prompt_index for c in completions] == [0, 0, 1, 1, 2, 2, 3, 3]
     for completion in completions:
-        expected = teacher_forced_log_probs(
-            engine.model,
-            prompts[completion.prompt_index],
-            completion.token_ids,
-            temperature=temperature,
-            top_k=top_k,
-        )
-        assert torch.allclose(torch.tensor(completion.log_probs), expected, atol=1e-4)
+        prompt = prompts[completion.prompt_index]
+        if top_p < 1.0:
+            # top-p keeps a renormalised part of the distribution: the log-probs are at least
+            # the model's, and equal to it for the most likely token
+            full = teacher_forced_log_probs(engine.model, prompt, completion.token_ids)
+            assert all(
+                lp >= f - 1e-4 for lp, f in zip(completion.log_probs, full.tolist(), strict=True)
+            )
+            assert any(
+                lp > f + 1e-3 for lp, f in zip(completion.log_probs, full.tolist(), strict=True)
+            )
+        else:
+            assert_teacher_forced(
+                engine.model, prompt, completion, temperature=temperature, top_k=top_k
+            )
 
 
 def test_greedy_log_probs_are_those_of_the_unscaled_model(tiny_model_dir, tokenizer):
     engine = make_engine(tiny_model_dir, tokenizer)
     prompts = chat_prompts(tokenizer)
     for completion in engine.generate(prompts, greedy()):
-        expected = teacher_forced_log_probs(
-            engine.model, prompts[completion.prompt_index], completion.token_ids
-        )
-        assert torch.allclose(torch.tensor(completion.log_probs), expected, atol=1e-4)
+        assert_teacher_forced(engine.model, prompts[completion.prompt_index], completion)
 
 
 def test_top_k_one_and_tiny_top_p_are_greedy(tiny_model_dir, tokenizer):
@@ -187,6 +274,19 @@ def test_top_k_one_and_tiny_top_p_are_greedy(tiny_model_dir, tokenizer):
     assert [c.token_ids for c in top_p] == reference
     # a point mass: every sampled token had probability 1
     assert all(lp == pytest.approx(0.0, abs=1e-6) for c in top_k for lp in c.log_probs)
+
+
+def test_a_token_of_probability_zero_is_never_sampled(tiny_model_dir, tokenizer):
+    engine = make_engine(tiny_model_dir, tokenizer)
+    prompts = chat_prompts(tokenizer)
+    params = SamplingParams(n=8, temperature=1.0, top_k=3, max_tokens=12, seed=0)
+    completions = engine.generate(prompts, params)
+    for completion in completions:
+        ids = torch.tensor([prompts[completion.prompt_index] + completion.token_ids])
+        with torch.no_grad():
+            logits = engine.model(input_ids=ids).logits[0, -len(completion.token_ids) - 1 : -1]
+        top3 = torch.topk(logits, 3, dim=-1).indices
+        assert all(t in row for t, row in zip(completion.token_ids, top3.tolist(), strict=True))
 
 
 def test_stop_string_ends_the_response_at_the_token_that_completes_it(tiny_model_dir, tokenizer):
@@ -217,12 +317,19 @@ def test_stop_token_is_kept_as_the_last_token(tiny_model_dir, tokenizer):
     assert completion.finish_reason == "stop"
 
 
-def test_n_samples_are_grouped_by_prompt_and_seeded(tiny_model_dir, tokenizer):
+def test_n_samples_share_one_prompt_pass_and_are_seeded(tiny_model_dir, tokenizer):
     engine = make_engine(tiny_model_dir, tokenizer)
     prompts = chat_prompts(tokenizer)[:3]
     params = SamplingParams(n=4, temperature=1.0, max_tokens=8, seed=11)
-    first = engine.generate(prompts, params)
+    forwards = Forwards(engine.model)
+    try:
+        first = engine.generate(prompts, params)
+    finally:
+        forwards.close()
+    assert forwards.prompt_passes[0][0] == 3, "one prompt pass row per prompt, not per sample"
+    assert forwards.decode_sizes[0] == 12
     assert [c.prompt_index for c in first] == [0] * 4 + [1] * 4 + [2] * 4
+    assert [c.sample_index for c in first] == [0, 1, 2, 3] * 3
     assert len({tuple(c.token_ids) for c in first[:4]}) > 1, "samples of a group should differ"
     again = engine.generate(prompts, params)
     assert [c.token_ids for c in again] == [c.token_ids for c in first]
@@ -236,7 +343,7 @@ def test_n_samples_are_grouped_by_prompt_and_seeded(tiny_model_dir, tokenizer):
         assert len({tuple(c.token_ids) for c in greedy_groups[3 * group : 3 * group + 3]}) == 1
 
 
-def test_unseeded_calls_follow_the_engine_generator(tiny_model_dir, tokenizer):
+def test_unseeded_requests_follow_the_engine_generator(tiny_model_dir, tokenizer):
     prompts = chat_prompts(tokenizer)
     params = SamplingParams(n=2, temperature=1.0, max_tokens=8)
     runs = []
@@ -247,13 +354,16 @@ def test_unseeded_calls_follow_the_engine_generator(tiny_model_dir, tokenizer):
     assert runs[0][0] != runs[0][1], "consecutive calls draw new samples"
 
 
-def test_waves_of_max_num_seqs_give_the_same_result(tiny_model_dir, tokenizer):
+def test_rng_state_lets_a_resumed_engine_sample_the_same(tiny_model_dir, tokenizer):
     prompts = chat_prompts(tokenizer)
-    one_wave = make_engine(tiny_model_dir, tokenizer).generate(prompts, greedy())
-    small_waves = make_engine(tiny_model_dir, tokenizer, max_num_seqs=3).generate(
-        prompts, SamplingParams(n=2, temperature=0.0, max_tokens=12)
-    )
-    assert [c.token_ids for c in small_waves] == [c.token_ids for c in one_wave for _ in range(2)]
+    params = SamplingParams(n=2, temperature=1.0, max_tokens=6)
+    original = make_engine(tiny_model_dir, tokenizer)
+    original.generate(prompts, params)
+    state = original.rng_state()
+    expected = [c.token_ids for c in original.generate(prompts, params)]
+    resumed = make_engine(tiny_model_dir, tokenizer)
+    resumed.set_rng_state(state)
+    assert [c.token_ids for c in resumed.generate(prompts, params)] == expected
 
 
 def test_zero_max_tokens_returns_empty_responses(tiny_model_dir, tokenizer):
@@ -262,88 +372,375 @@ def test_zero_max_tokens_returns_empty_responses(tiny_model_dir, tokenizer):
     assert [(c.token_ids, c.finish_reason) for c in completions] == [([], "length")] * 2
 
 
-def test_bad_sampling_parameters(tiny_model_dir, tokenizer):
+def test_bad_sampling_parameters_and_empty_prompts(tiny_model_dir, tokenizer):
     engine = make_engine(tiny_model_dir, tokenizer)
     with pytest.raises(ValueError) as info:
-        engine.generate([[1, 2]], SamplingParams(n=0, top_p=0.0, temperature=-1))
+        engine.generate([[1, 2]], SamplingParams(n=0, top_p=0.0, temperature=-1, top_k=-2))
     assert str(info.value) == (
         "bad sampling parameters: n must be >= 1, got 0; temperature must be >= 0, got -1; "
-        "top_p must be in (0, 1], got 0.0"
+        "top_p must be in (0, 1], got 0.0; top_k must be -1 (off), 0 (off) or > 0, got -2"
     )
-    with pytest.raises(ValueError, match=r"^prompt 1 is empty; every prompt needs at least one"):
+    with pytest.raises(ValueError) as info:
+        asyncio.run(engine.generate_request(request("r", [1], n=1, max_tokens=-1)))
+    assert str(info.value) == "bad sampling parameters: max_tokens must be >= 0, got -1"
+    with pytest.raises(ValueError) as info:
         engine.generate([[1, 2], []], greedy())
+    assert str(info.value) == (
+        "the prompt of request 'batch-1' is empty; every prompt needs at least one token"
+    )
 
 
-# --------------------------------------------------------------------------------- interrupt
+# ------------------------------------------------------------------- continuous batching
 
 
-def test_interrupt_returns_what_in_flight_generation_has(tiny_model_dir, tokenizer):
+def test_a_seeded_request_samples_the_same_alone_and_amid_others(tiny_model_dir, tokenizer):
+    prompts = chat_prompts(tokenizer)
+    target = request("target", prompts[1], n=3, temperature=1.0, top_k=40, max_tokens=20, seed=7)
+    by_itself = alone(tiny_model_dir, tokenizer, target)
+
+    async def crowded():
+        # another engine, a small batch, different neighbours, and the target joins late
+        engine = make_engine(tiny_model_dir, tokenizer, max_num_seqs=4)
+        others = [
+            engine.generate_request(request(f"o{i}", p, n=2, temperature=0.8, max_tokens=9 + i))
+            for i, p in enumerate(prompts)
+        ]
+        first = asyncio.gather(*others)
+        await asyncio.sleep(0)
+        await until(lambda: engine._batch is not None and len(engine._batch.rows) == 4)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        result = await engine.generate_request(target)
+        await first
+        return result
+
+    amid = asyncio.run(crowded())
+    assert [c.token_ids for c in amid] == [c.token_ids for c in by_itself]
+    for a, b in zip(amid, by_itself, strict=True):
+        assert a.sample_index == b.sample_index
+        assert torch.allclose(torch.tensor(a.log_probs), torch.tensor(b.log_probs), atol=1e-5)
+
+
+def test_a_waiting_request_joins_as_soon_as_a_slot_frees(tiny_model_dir, tokenizer):
+    prompts = chat_prompts(tokenizer)
+    requests = [
+        request(f"r{i}", prompts[i % 4], n=1 + i % 2, temperature=1.0, max_tokens=4 + 3 * i, seed=i)
+        for i in range(6)
+    ]
+    engine = make_engine(tiny_model_dir, tokenizer, max_num_seqs=3)
+    forwards = Forwards(engine.model)
+
+    async def all_at_once():
+        return await asyncio.gather(*(engine.generate_request(r) for r in requests))
+
+    try:
+        outputs = asyncio.run(all_at_once())
+    finally:
+        forwards.close()
+    # replay the schedule: samples join in order the moment a slot frees
+    queue = [len(c.token_ids) for completions in outputs for c in completions]
+    running: list[int] = []
+    sizes, joins = [], []
+    while queue or running:
+        joining = 0
+        while queue and len(running) < 3:
+            running.append(queue.pop(0))
+            joining += 1
+        if joining:
+            joins.append(len(sizes))
+        sizes.append(len(running))
+        running = [left - 1 for left in running if left > 1]
+    assert forwards.decode_sizes == sizes
+    assert len(sizes) > 9 and sizes.count(3) > 5
+    # a prompt pass right before each step where samples joined
+    passes_before_step = []
+    step = 0
+    for _, columns, _ in forwards.calls:
+        if columns == 1:
+            step += 1
+        elif not passes_before_step or passes_before_step[-1] != step:
+            passes_before_step.append(step)
+    assert passes_before_step == joins
+    for req, completions in zip(requests, outputs, strict=True):
+        assert [c.token_ids for c in completions] == [
+            c.token_ids for c in alone(tiny_model_dir, tokenizer, req)
+        ]
+        assert all(c.request_id == req.request_id for c in completions)
+
+
+def test_many_concurrent_requests_on_one_loop(tiny_model_dir, tokenizer):
+    prompts = chat_prompts(tokenizer)
+    engine = make_engine(tiny_model_dir, tokenizer, max_num_seqs=16)
+    requests = [
+        request(
+            f"r{i}",
+            prompts[i % 4],
+            n=1 + i % 3,
+            temperature=[0.0, 1.0, 0.6][i % 3],
+            top_k=[-1, 0, 50][i % 3],
+            top_p=[1.0, 0.95, 1.0][i % 3],
+            max_tokens=3 + i % 7,
+            seed=100 + i,
+        )
+        for i in range(24)
+    ]
+
+    async def main():
+        return await asyncio.gather(*(engine.generate_request(r) for r in requests))
+
+    outputs = asyncio.run(main())
+    assert engine._task is None or engine._task.done(), "the decode loop ends when idle"
+    for req, completions in zip(requests, outputs, strict=True):
+        assert [c.sample_index for c in completions] == list(range(req.params.n))
+        assert all(1 <= len(c.token_ids) <= req.params.max_tokens for c in completions)
+        if req.params.temperature == 0:
+            assert_teacher_forced(engine.model, req.prompt_ids, completions[0])
+    # the blocking form gives the same as requests sent one by one
+    assert [[c.token_ids for c in completions] for completions in outputs[:4]] == [
+        [c.token_ids for c in asyncio.run(engine.generate_request(r))] for r in requests[:4]
+    ]
+
+
+def test_two_batches_at_once_on_one_engine(tiny_model_dir, tokenizer):
+    # generate_batch names its requests batch-0, batch-1, ...: two batches in flight reuse ids
     engine = make_engine(tiny_model_dir, tokenizer)
     prompts = chat_prompts(tokenizer)
-    started, interrupted = threading.Event(), threading.Event()
-    forwards = 0
 
-    def pause_after_three_steps(module, args, kwargs):
-        nonlocal forwards
-        forwards += 1
-        if forwards == 3:
-            started.set()
-            interrupted.wait(timeout=10)
-
-    handle = engine.model.register_forward_pre_hook(pause_after_three_steps, with_kwargs=True)
-    result: list = []
-    worker = threading.Thread(
-        target=lambda: result.extend(
-            engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_tokens=200, seed=1))
+    async def main():
+        return await asyncio.gather(
+            engine.generate_batch(prompts[:2], greedy(max_tokens=6)),
+            engine.generate_batch(prompts[2:], greedy(max_tokens=6)),
         )
-    )
+
+    first, second = asyncio.run(main())
+    expected = engine.generate(prompts, greedy(max_tokens=6))
+    assert [c.token_ids for c in first + second] == [c.token_ids for c in expected]
+
+
+def test_common_prompt_start_is_computed_once_for_rows_joining_together(tiny_model_dir, tokenizer):
+    # twelve prompts sharing a long start (the chat template and a system message)
+    system = "You are a careful assistant. Work column by column and end with the answer."
+    questions = [f"What is {a} + {b}?" for a, b in zip(range(10, 22), range(40, 52), strict=True)]
+    prompts = [
+        tokenizer(
+            tokenizer.apply_chat_template(
+                [{"role": "system", "content": system}, {"role": "user", "content": q}],
+                add_generation_prompt=True,
+                tokenize=False,
+            ),
+            add_special_tokens=False,
+        )["input_ids"]
+        for q in questions
+    ]
+    params = SamplingParams(temperature=1.0, max_tokens=6, seed=3)
+    engine = make_engine(tiny_model_dir, tokenizer)
+    forwards = Forwards(engine.model)
     try:
-        worker.start()
-        assert started.wait(timeout=10)
-        engine.interrupt()
-        interrupted.set()
-        worker.join(timeout=10)
+        together = engine.generate(prompts, params)
+    finally:
+        forwards.close()
+    common = next(i for i in range(len(prompts[0])) if len({p[i] for p in prompts}) > 1)
+    longest = max(map(len, prompts))
+    # one row for the shared start, then the rest of every prompt but its last token
+    assert forwards.prompt_passes == [(1, common), (12, longest - common - 1)]
+    one_by_one = make_engine(tiny_model_dir, tokenizer, max_num_seqs=1).generate(prompts, params)
+    assert [c.token_ids for c in together] == [c.token_ids for c in one_by_one]
+    for completion in together:
+        assert_teacher_forced(engine.model, prompts[completion.prompt_index], completion)
+
+
+# --------------------------------------------------------------------- abort, pause, resume
+
+
+def test_abort_ends_some_requests_while_others_finish(tiny_model_dir, tokenizer):
+    prompts = chat_prompts(tokenizer)
+    requests = [
+        request(f"r{i}", prompts[i], n=2, temperature=1.0, max_tokens=25, seed=i) for i in range(4)
+    ]
+    engine = make_engine(tiny_model_dir, tokenizer)
+    forwards = Forwards(engine.model)
+
+    async def main():
+        tasks = [asyncio.ensure_future(engine.generate_request(r)) for r in requests]
+        await until(lambda: len(forwards.decode_sizes) == 5)
+        await engine.abort(["r1", "r3", "unknown"])
+        return await asyncio.gather(*tasks)
+
+    try:
+        outputs = asyncio.run(main())
+    finally:
+        forwards.close()
+    for i, (req, completions) in enumerate(zip(requests, outputs, strict=True)):
+        reference = alone(tiny_model_dir, tokenizer, req)
+        for completion, expected in zip(completions, reference, strict=True):
+            assert_teacher_forced(engine.model, req.prompt_ids, completion)
+            if i in (1, 3) and len(expected.token_ids) > 5:
+                assert completion.finish_reason == "aborted"
+                assert completion.token_ids == expected.token_ids[:5]
+            else:
+                assert completion.token_ids == expected.token_ids
+                assert completion.finish_reason == expected.finish_reason != "aborted"
+    assert any(c.finish_reason == "aborted" for c in outputs[1] + outputs[3])
+    assert not engine._in_flight and not engine._batch.rows
+
+
+def test_abort_of_a_request_that_has_not_joined_yet(tiny_model_dir, tokenizer):
+    prompts = chat_prompts(tokenizer)
+    engine = make_engine(tiny_model_dir, tokenizer, max_num_seqs=2)
+
+    async def main():
+        running = asyncio.ensure_future(
+            engine.generate_request(request("a", prompts[0], n=2, temperature=1.0, max_tokens=20))
+        )
+        waiting = asyncio.ensure_future(
+            engine.generate_request(request("b", prompts[1], n=3, max_tokens=20))
+        )
+        await until(lambda: engine._batch is not None and len(engine._batch.rows) == 2)
+        await engine.abort(["b"])
+        return await running, await waiting
+
+    running, waiting = asyncio.run(main())
+    assert [(c.token_ids, c.finish_reason, c.sample_index) for c in waiting] == [
+        ([], "aborted", 0),
+        ([], "aborted", 1),
+        ([], "aborted", 2),
+    ]
+    assert all(c.finish_reason != "aborted" for c in running)
+
+
+def test_pause_abort_ends_everything_in_flight_and_later_requests_wait(tiny_model_dir, tokenizer):
+    prompts = chat_prompts(tokenizer)
+    engine = make_engine(tiny_model_dir, tokenizer, max_num_seqs=2)
+    forwards = Forwards(engine.model)
+
+    async def main():
+        first = asyncio.ensure_future(
+            engine.generate_request(request("a", prompts[0], n=2, temperature=1.0, max_tokens=30))
+        )
+        queued = asyncio.ensure_future(
+            engine.generate_request(request("b", prompts[1], max_tokens=30))
+        )
+        await until(lambda: len(forwards.decode_sizes) == 3)
+        await engine.pause("abort")
+        ended = await asyncio.gather(first, queued)
+        later = asyncio.ensure_future(
+            engine.generate_request(request("c", prompts[2], max_tokens=4))
+        )
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not later.done() and len(forwards.decode_sizes) == 3, "nothing runs while paused"
+        await engine.resume()
+        return ended, await later
+
+    try:
+        (first, queued), later = asyncio.run(main())
+    finally:
+        forwards.close()
+    assert [(len(c.token_ids), c.finish_reason) for c in first] == [(3, "aborted")] * 2
+    assert [(c.token_ids, c.finish_reason) for c in queued] == [([], "aborted")]
+    assert later[0].finish_reason in ("stop", "length") and later[0].token_ids
+
+
+def test_pause_keep_holds_rows_and_resume_continues_them(tiny_model_dir, tokenizer):
+    prompts = chat_prompts(tokenizer)
+    requests = [
+        request(f"r{i}", p, n=2, temperature=1.0, max_tokens=15, seed=i)
+        for i, p in enumerate(prompts)
+    ]
+    engine = make_engine(tiny_model_dir, tokenizer)
+    forwards = Forwards(engine.model)
+
+    async def main():
+        tasks = asyncio.gather(*(engine.generate_request(r) for r in requests))
+        await until(lambda: len(forwards.decode_sizes) == 4)
+        await engine.pause("keep")
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert len(forwards.decode_sizes) == 4, "no step while paused"
+        # a request sent while paused waits, then joins
+        late = asyncio.ensure_future(
+            engine.generate_request(request("late", prompts[0], max_tokens=5))
+        )
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not late.done()
+        await engine.resume()
+        return await tasks, await late
+
+    try:
+        outputs, late = asyncio.run(main())
+    finally:
+        forwards.close()
+    for req, completions in zip(requests, outputs, strict=True):
+        assert [c.token_ids for c in completions] == [
+            c.token_ids for c in alone(tiny_model_dir, tokenizer, req)
+        ]
+    assert late[0].token_ids
+
+
+def test_a_caller_that_gives_up_takes_its_request_out(tiny_model_dir, tokenizer):
+    prompts = chat_prompts(tokenizer)
+    engine = make_engine(tiny_model_dir, tokenizer)
+    forwards = Forwards(engine.model)
+
+    async def main():
+        running = asyncio.ensure_future(
+            engine.generate_request(request("running", prompts[0], max_tokens=50))
+        )
+        await until(lambda: len(forwards.decode_sizes) == 2)
+        running.cancel()
+        await asyncio.sleep(0)
+        assert running.cancelled()
+        assert not engine._in_flight and not engine._batch.rows
+        await engine.pause()
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(
+                engine.generate_request(request("waiting", prompts[0], max_tokens=5)), 0.01
+            )
+        assert not engine._in_flight and not engine._waiting
+        await engine.resume()
+        return await engine.generate_request(request("next", prompts[1], max_tokens=3))
+
+    try:
+        assert len(asyncio.run(main())[0].token_ids) <= 3
+    finally:
+        forwards.close()
+
+
+def test_a_failing_forward_fails_the_requests_and_the_engine_carries_on(tiny_model_dir, tokenizer):
+    engine = make_engine(tiny_model_dir, tokenizer)
+    prompts = chat_prompts(tokenizer)
+
+    def broken(module, args, kwargs):
+        raise RuntimeError("out of memory (simulated)")
+
+    handle = engine.model.register_forward_pre_hook(broken, with_kwargs=True)
+    try:
+        with pytest.raises(RuntimeError, match=r"out of memory \(simulated\)"):
+            asyncio.run(asyncio.wait_for(engine.generate_batch(prompts, greedy()), 30))
     finally:
         handle.remove()
-    assert not worker.is_alive()
-    assert len(result) == 8
-    aborted = [c for c in result if c.finish_reason == "aborted"]
-    assert aborted, "rows still running at the interrupt end as aborted"
-    # three forward passes produced three tokens per running row before the flag was seen
-    assert {len(c.token_ids) for c in aborted} == {3}
-    assert all(len(c.log_probs) == len(c.token_ids) for c in result)
-    # rows that met eos before the interrupt keep their own ending
-    assert all(
-        c.finish_reason == "stop" and len(c.token_ids) <= 3 for c in result if c not in aborted
-    )
-    # the flag does not outlive the interrupted call
-    after = engine.generate(prompts, greedy(max_tokens=5))
-    assert "aborted" not in {c.finish_reason for c in after}
-
-
-def test_interrupt_with_nothing_in_flight_is_ignored(tiny_model_dir, tokenizer):
-    engine = make_engine(tiny_model_dir, tokenizer)
-    engine.interrupt()
-    completions = engine.generate(chat_prompts(tokenizer), greedy(max_tokens=4))
-    assert "aborted" not in {c.finish_reason for c in completions}
+    assert not engine._in_flight
+    assert len(engine.generate(prompts, greedy(max_tokens=3))) == 4
 
 
 # ------------------------------------------------------------------------------------ weights
 
 
-def test_update_weights_changes_outputs_and_sets_the_version(tiny_model_dir, tokenizer):
-    from plugrl.quickstart.model import build_tiny_model
-
+def test_weight_update_changes_outputs_and_sets_the_version(tiny_model_dir, tokenizer, model):
     engine = make_engine(tiny_model_dir, tokenizer)
     prompts = chat_prompts(tokenizer)
     before = [c.token_ids for c in engine.generate(prompts, greedy())]
-    other = build_tiny_model(tokenizer, seed=1).eval()
+    other = model
+    other.load_state_dict(perturbed_state(model))
     # named_parameters lists the tied lm_head once, under the embedding's name
-    engine.update_weights(other.named_parameters(), version=3)
+    weights = {name: p.detach() for name, p in other.named_parameters()}
+    asyncio.run(push(engine, weights, version=3))
     assert engine.weight_version == 3
     after = engine.generate(prompts, greedy())
     assert [c.token_ids for c in after] != before
     assert {c.weight_version for c in after} == {3}
+    assert all(c.token_versions == [3] * len(c.token_ids) for c in after)
     expected = hf_generate(
         other,
         prompts,
@@ -354,38 +751,171 @@ def test_update_weights_changes_outputs_and_sets_the_version(tiny_model_dir, tok
     for completion, reference in zip(after, expected, strict=True):
         assert completion.token_ids == reference[: len(completion.token_ids)]
     assert engine.model is not other
+    assert (
+        engine.model.lm_head.weight.data_ptr() == engine.model.model.embed_tokens.weight.data_ptr()
+    )
 
 
-def test_update_weights_rejects_unknown_names(tiny_model_dir, tokenizer):
+def test_partial_rollout_continues_rows_with_the_new_weights(tiny_model_dir, tokenizer, model):
+    prompts = chat_prompts(tokenizer)
+    requests = [
+        request(f"r{i}", p, n=2, temperature=1.0, max_tokens=24, seed=i)
+        for i, p in enumerate(prompts)
+    ]
     engine = make_engine(tiny_model_dir, tokenizer)
+    old = model
+    new_weights = perturbed_state(model, seed=4)
+    forwards = Forwards(engine.model)
+    switch = 6
+
+    async def main():
+        tasks = asyncio.gather(*(engine.generate_request(r) for r in requests))
+        await until(lambda: len(forwards.decode_sizes) == switch)
+        await engine.pause("keep")
+        # every weight, including both names of the tied embedding, in several buckets
+        await push(engine, new_weights, version=1, bucket=5)
+        assert len(forwards.decode_sizes) == switch, "no token while the weights change"
+        await engine.resume()
+        return await tasks
+
+    try:
+        outputs = asyncio.run(main())
+    finally:
+        forwards.close()
+    from transformers import AutoModelForCausalLM
+
+    new = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    new.load_state_dict(new_weights)
+    continued = 0
+    for req, completions in zip(requests, outputs, strict=True):
+        for c in completions:
+            prompt = list(req.prompt_ids)
+            if len(c.token_ids) <= switch:
+                assert c.token_versions == [0] * len(c.token_ids)
+                continue
+            continued += 1
+            assert c.token_versions == [0] * switch + [1] * (len(c.token_ids) - switch)
+            assert c.weight_version == 1
+            before = teacher_forced_log_probs(old, prompt, c.token_ids[:switch])
+            after = teacher_forced_log_probs(new, prompt, c.token_ids)[switch:]
+            assert torch.allclose(torch.tensor(c.log_probs[:switch]), before, atol=1e-4)
+            assert torch.allclose(torch.tensor(c.log_probs[switch:]), after, atol=1e-4)
+            # and not the other way round: the weights really changed at the switch
+            assert not torch.allclose(
+                torch.tensor(c.log_probs[switch:]),
+                teacher_forced_log_probs(old, prompt, c.token_ids)[switch:],
+                atol=1e-2,
+            )
+    assert continued >= 4
+
+
+def test_weight_update_without_pause_waits_between_tokens(tiny_model_dir, tokenizer, model):
+    engine = make_engine(tiny_model_dir, tokenizer)
+    prompts = chat_prompts(tokenizer)
+    forwards = Forwards(engine.model)
+    new_weights = perturbed_state(model, seed=5)
+
+    async def main():
+        task = asyncio.ensure_future(
+            engine.generate_request(
+                request("r", prompts[0], temperature=1.0, max_tokens=20, seed=1)
+            )
+        )
+        await until(lambda: len(forwards.decode_sizes) == 3)
+        await engine.begin_weight_update(2, metas(new_weights))
+        await engine.load_weights(list(new_weights.items())[:4])
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert len(forwards.decode_sizes) == 3, "generation waits for finish_weight_update"
+        await engine.load_weights(list(new_weights.items())[4:])
+        await engine.finish_weight_update()
+        return await task
+
+    try:
+        (completion,) = asyncio.run(main())
+    finally:
+        forwards.close()
+    n = len(completion.token_ids)
+    assert n > 3
+    assert completion.token_versions == [0] * 3 + [2] * (n - 3)
+
+
+def test_begin_weight_update_rejects_unknown_names(tiny_model_dir, tokenizer):
+    engine = make_engine(tiny_model_dir, tokenizer)
+    bad = [WeightMeta("model.layers.9.mlp.up_proj.weight", (1,), "float32")]
     with pytest.raises(PluginError) as info:
-        engine.update_weights([("model.layers.9.mlp.up_proj.weight", torch.zeros(1))], version=1)
+        asyncio.run(engine.begin_weight_update(1, bad))
     assert str(info.value) == (
-        f"update_weights got 'model.layers.9.mlp.up_proj.weight', which the rollout model of "
-        f"{tiny_model_dir} does not have; push weights under Hugging Face names of the same "
-        "architecture"
+        "begin_weight_update announced 'model.layers.9.mlp.up_proj.weight', which the rollout "
+        f"model of {tiny_model_dir} does not have; push weights under Hugging Face names of the "
+        "same architecture"
     )
     assert engine.weight_version == 0
+    assert engine.generate(chat_prompts(tokenizer)[:1], greedy(max_tokens=2))
 
 
-def test_update_weights_rejects_wrong_shapes(tiny_model_dir, tokenizer):
+def test_begin_weight_update_rejects_wrong_shapes(tiny_model_dir, tokenizer):
     engine = make_engine(tiny_model_dir, tokenizer)
     with pytest.raises(PluginError) as info:
-        engine.update_weights([("model.norm.weight", torch.zeros(128))], version=1)
+        asyncio.run(
+            engine.begin_weight_update(1, [WeightMeta("model.norm.weight", (128,), "float32")])
+        )
     assert str(info.value) == (
-        "update_weights got 'model.norm.weight' of shape (128,), the rollout model's is (256,); "
-        "push full (unsharded) weights"
+        "begin_weight_update announced 'model.norm.weight' of shape (128,), the rollout model's "
+        "is (256,); push full (unsharded) weights"
     )
 
 
-def test_update_weights_rejects_a_partial_set(tiny_model_dir, tokenizer):
+def test_begin_weight_update_rejects_a_partial_set(tiny_model_dir, tokenizer):
     engine = make_engine(tiny_model_dir, tokenizer)
     with pytest.raises(PluginError) as info:
-        engine.update_weights([("model.norm.weight", torch.ones(256))], version=1)
+        asyncio.run(
+            engine.begin_weight_update(1, [WeightMeta("model.norm.weight", (256,), "float32")])
+        )
     message = str(info.value)
-    assert message.startswith("update_weights got 1 of ")
+    assert message.startswith("begin_weight_update announced 1 of ")
     assert message.endswith("more; push every weight with each version")
     assert engine.weight_version == 0
+
+
+def test_weights_that_do_not_arrive_are_an_error_and_block_generation(
+    tiny_model_dir, tokenizer, model
+):
+    engine = make_engine(tiny_model_dir, tokenizer)
+    weights = {name: p.detach() for name, p in model.named_parameters()}
+    prompts = chat_prompts(tokenizer)[:1]
+
+    async def incomplete():
+        await engine.begin_weight_update(1, metas(weights))
+        with pytest.raises(PluginError) as info:
+            await engine.load_weights(
+                [("model.norm.weight", torch.ones(256)), ("x", torch.ones(1))]
+            )
+        assert str(info.value) == (
+            "load_weights got 'x', which begin_weight_update did not announce; announce every "
+            "weight of the version"
+        )
+        with pytest.raises(PluginError) as info:
+            await engine.load_weights([("model.norm.weight", torch.ones(3))])
+        assert str(info.value) == (
+            "load_weights got 'model.norm.weight' of shape (3,), the rollout model's is (256,); "
+            "push full (unsharded) weights"
+        )
+        with pytest.raises(PluginError) as info:
+            await engine.finish_weight_update()
+        assert str(info.value).startswith(
+            f"finish_weight_update: 1 of {len(weights)} announced weights arrived; missing "
+        )
+
+    asyncio.run(incomplete())
+    assert engine.weight_version == 0
+    with pytest.raises(RuntimeError, match=r"^the last weight update did not finish; load new"):
+        engine.generate(prompts, greedy())
+    with pytest.raises(RuntimeError, match=r"^load_weights without begin_weight_update"):
+        asyncio.run(engine.load_weights([]))
+    asyncio.run(push(engine, weights, version=2))
+    assert engine.weight_version == 2
+    assert engine.generate(prompts, greedy(max_tokens=2))[0].token_versions in ([2], [2, 2])
 
 
 def test_separate_engine_needs_a_model_folder(tokenizer, tmp_path):
@@ -404,11 +934,7 @@ def test_separate_engine_needs_a_model_folder(tokenizer, tmp_path):
 
 
 def test_model_dtype_comes_from_the_recipe(tiny_model_dir, tokenizer):
-    recipe = Recipe(
-        model=ModelConfig(path=str(tiny_model_dir), dtype="bfloat16"),
-        rollout=HFRolloutConfig(colocate=False),
-    )
-    engine = HFRolloutEngine(recipe, device=CpuDevice(), tokenizer=tokenizer)
+    engine = make_engine(tiny_model_dir, tokenizer, dtype="bfloat16")
     assert next(engine.model.parameters()).dtype == torch.bfloat16
     completions = engine.generate(chat_prompts(tokenizer)[:2], greedy(max_tokens=3))
     assert all(1 <= len(c.token_ids) <= 3 for c in completions)
@@ -435,19 +961,175 @@ def test_bind_model_shares_the_live_module(tiny_model_dir, tokenizer, model):
         model.model.embed_tokens.weight.mul_(-1.0)
     after = engine.generate(prompts, greedy())
     assert [c.token_ids for c in after] != [c.token_ids for c in before]
+    weights = {name: p.detach() for name, p in model.named_parameters()}
     with pytest.raises(RuntimeError, match=r"there are no weights to push"):
-        engine.update_weights(model.named_parameters(), version=6)
+        asyncio.run(engine.begin_weight_update(6, metas(weights)))
     engine.bind_model(model, version=6)
     assert engine.weight_version == 6
+    assert {c.weight_version for c in engine.generate(prompts[:1], greedy(max_tokens=2))} == {6}
 
 
-def test_rng_state_lets_a_resumed_engine_sample_the_same(tiny_model_dir, tokenizer):
+# ------------------------------------------------------------------------------------- sleep
+
+
+def test_sleep_is_a_no_op_on_cpu(tiny_model_dir, tokenizer):
+    engine = make_engine(tiny_model_dir, tokenizer)
     prompts = chat_prompts(tokenizer)
-    params = SamplingParams(n=2, temperature=1.0, max_tokens=6)
-    original = make_engine(tiny_model_dir, tokenizer)
-    original.generate(prompts, params)
-    state = original.rng_state()
-    expected = [c.token_ids for c in original.generate(prompts, params)]
-    resumed = make_engine(tiny_model_dir, tokenizer)
-    resumed.set_rng_state(state)
-    assert [c.token_ids for c in resumed.generate(prompts, params)] == expected
+    reference = engine.generate(prompts, greedy())
+
+    async def main():
+        await engine.sleep(2)
+        result = await engine.generate_batch(prompts, greedy())
+        await engine.wake_up()
+        return result
+
+    assert [c.token_ids for c in asyncio.run(main())] == [c.token_ids for c in reference]
+
+
+def test_sleep_level_one_keeps_rows_in_flight(tiny_model_dir, tokenizer):
+    # the device path, with the CPU standing in for the device
+    engine = make_engine(tiny_model_dir, tokenizer)
+    engine._sleeps = True
+    prompts = chat_prompts(tokenizer)
+    requests = [
+        request(f"r{i}", p, n=2, temperature=1.0, max_tokens=12, seed=i)
+        for i, p in enumerate(prompts)
+    ]
+    forwards = Forwards(engine.model)
+    passes = []
+
+    async def main():
+        tasks = asyncio.gather(*(engine.generate_request(r) for r in requests))
+        await until(lambda: len(forwards.decode_sizes) == 4)
+        await engine.pause("keep")
+        passes.append(len(forwards.prompt_passes))
+        await engine.sleep(1)
+        assert all(buffer is None for buffer in engine._batch.kv.keys), "the cache is freed"
+        await engine.resume()
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert len(forwards.decode_sizes) == 4, "nothing runs while asleep"
+        await engine.wake_up(["weights"])
+        await engine.wake_up(["kv_cache"])
+        return await tasks
+
+    try:
+        outputs = asyncio.run(main())
+    finally:
+        forwards.close()
+    # the rows' caches were recomputed after the wake-up
+    assert len(forwards.prompt_passes) > passes[0]
+    for req, completions in zip(requests, outputs, strict=True):
+        assert [c.token_ids for c in completions] == [
+            c.token_ids for c in alone(tiny_model_dir, tokenizer, req)
+        ]
+        for c in completions:
+            assert_teacher_forced(engine.model, req.prompt_ids, c)
+
+
+def test_sleep_level_two_drops_the_weights_until_an_update(tiny_model_dir, tokenizer, model):
+    engine = make_engine(tiny_model_dir, tokenizer)
+    engine._sleeps = True
+    prompts = chat_prompts(tokenizer)
+    reference = [c.token_ids for c in engine.generate(prompts, greedy())]
+    weights = {name: p.detach().clone() for name, p in model.state_dict().items()}
+
+    async def main():
+        await engine.sleep(2)
+        assert all(p.numel() == 0 for p in engine.model.parameters())
+        with pytest.raises(RuntimeError) as info:
+            await engine.generate_request(request("r", prompts[0]))
+        assert str(info.value) == (
+            "the hf rollout engine dropped its weights in sleep(level=2); load new weights "
+            "(begin_weight_update, load_weights, finish_weight_update) before generating"
+        )
+        with pytest.raises(RuntimeError, match=r"wake_up\(tags=\['weights'\]\) before"):
+            await engine.begin_weight_update(1, metas(weights))
+        await engine.wake_up()
+        with pytest.raises(RuntimeError, match=r"dropped its weights in sleep\(level=2\)"):
+            await engine.generate_request(request("r", prompts[0]))
+        await push(engine, weights, version=1)
+        return await engine.generate_batch(prompts, greedy())
+
+    after = asyncio.run(main())
+    assert [c.token_ids for c in after] == reference
+    assert (
+        engine.model.lm_head.weight.data_ptr() == engine.model.model.embed_tokens.weight.data_ptr()
+    )
+
+
+# --------------------------------------------------------------------- other cache layouts
+
+
+def _variant_model_dir(tiny_model_dir, tmp_path, **config_changes):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    for name, value in config_changes.items():
+        setattr(model.config, name, value)
+    model.save_pretrained(tmp_path)
+    return tmp_path
+
+
+def test_eager_attention_gets_an_additive_mask(tiny_model_dir, tokenizer):
+    engine = make_engine(tiny_model_dir, tokenizer, attn_implementation="eager")
+    assert engine.model.config._attn_implementation == "eager"
+    prompts = chat_prompts(tokenizer)
+    completions = engine.generate(prompts, SamplingParams(n=2, max_tokens=10, seed=2))
+    for completion in completions:
+        assert_teacher_forced(engine.model, prompts[completion.prompt_index], completion)
+    sdpa = make_engine(tiny_model_dir, tokenizer).generate(prompts, greedy())
+    assert [c.token_ids for c in engine.generate(prompts, greedy())] == [c.token_ids for c in sdpa]
+
+
+def test_sliding_window_models_fall_back_to_joining_an_empty_batch(
+    tiny_model_dir, tokenizer, tmp_path, caplog
+):
+    folder = _variant_model_dir(
+        tiny_model_dir,
+        tmp_path,
+        use_sliding_window=True,
+        sliding_window=6,
+        max_window_layers=0,
+        layer_types=["sliding_attention"] * 4,
+    )
+    with caplog.at_level(logging.INFO, logger="plugrl.rollout.hf"):
+        engine = make_engine(folder, tokenizer, max_num_seqs=3)
+    assert (
+        "DynamicSlidingWindowLayer layers, so requests join only when the running batch is empty"
+        in caplog.text
+    )
+    prompts = chat_prompts(tokenizer)
+    limits = [4, 9, 6, 5]
+    forwards = Forwards(engine.model)
+
+    async def main():
+        return await asyncio.gather(
+            *(
+                engine.generate_request(request(f"r{i}", p, temperature=0.0, max_tokens=limit))
+                for i, (p, limit) in enumerate(zip(prompts, limits, strict=True))
+            )
+        )
+
+    try:
+        completions = [c for (c,) in asyncio.run(main())]
+    finally:
+        forwards.close()
+    # three rows; the fourth joins only once all three have finished, not when the first does
+    assert [rows for rows, _ in forwards.prompt_passes] == [3, 1]
+    second_pass = [i for i, (_, columns, _) in enumerate(forwards.calls) if columns > 1][1]
+    first_wave = [rows for rows, columns, _ in forwards.calls[:second_pass] if columns == 1]
+    assert sum(first_wave) == sum(len(c.token_ids) for c in completions[:3])
+    assert first_wave[-1] == 1
+    for completion, prompt, limit in zip(completions, prompts, limits, strict=True):
+        (reference,) = hf_generate(
+            engine.model,
+            [prompt],
+            max_new_tokens=limit,
+            eos_token_id=sorted(default_stop_token_ids(engine.model, tokenizer)),
+            pad_token_id=engine.pad_token_id,
+        )
+        assert completion.token_ids == reference[: len(completion.token_ids)]
+    sampled = engine.generate(prompts, SamplingParams(n=2, max_tokens=10, seed=1))
+    for completion in sampled:
+        assert_teacher_forced(engine.model, prompts[completion.prompt_index], completion)
