@@ -9,7 +9,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from plugrl.parts.transport import WeightTransport
+from plugrl.parts.transport import WeightTransport, weight_sync_metrics
 
 if TYPE_CHECKING:
     from plugrl.cluster.base import WorkerGroup
@@ -42,11 +42,7 @@ class _BucketStream(WeightTransport):
         engines.finish_weight_update(engine_indices)
         seconds = time.perf_counter() - start
         megabytes = sum(weight.nbytes for weight in weights) / 2**20
-        return {
-            "weight_sync/megabytes": megabytes,
-            "weight_sync/seconds": seconds,
-            "weight_sync/megabytes_per_s": megabytes / max(seconds, 1e-9),
-        }
+        return weight_sync_metrics(megabytes, seconds)
 
 
 class LocalTransport(_BucketStream):

@@ -105,6 +105,7 @@ def test_the_exported_folder_generates_what_the_trained_actor_does(reference_run
 
     from plugrl.cluster import make_worker_group
     from plugrl.data.dataset import PromptDataset
+    from plugrl.parts.context import PartContext
     from plugrl.parts.rollout import SamplingParams
     from plugrl.recipe import load_recipe
     from plugrl_plugins.devices.cpu.device import CpuDevice
@@ -134,7 +135,13 @@ def test_the_exported_folder_generates_what_the_trained_actor_does(reference_run
         assert set(weights) - set(trained) <= {"lm_head.weight"}
         for name, tensor in trained.items():
             assert weights[name].equal(tensor), name
-        engine = HFRolloutEngine(recipe, device=CpuDevice(recipe.device), tokenizer=tokenizer)
+        context = PartContext(
+            recipe=recipe,
+            device=CpuDevice(recipe.device),
+            tokenizer=tokenizer,
+            model_from_trainer=True,
+        )
+        engine = HFRolloutEngine(recipe.rollout, context)
         engine.bind_model(actor.rollout_model(), REFERENCE_STEPS)
         greedy = SamplingParams(n=1, temperature=0.0, max_tokens=12)
         completions = engine.generate(prompts, greedy)
@@ -195,7 +202,8 @@ def test_a_run_killed_mid_way_resumes_and_logs_what_the_uninterrupted_run_did(
         start_new_session=True,
     )
     try:
-        _wait_for_step(process, run_dir / "metrics.jsonl", step=1)
+        # step 2 is logged after checkpoint 1 is written (a step is logged, then saved)
+        _wait_for_step(process, run_dir / "metrics.jsonl", step=2)
         os.kill(process.pid, signal.SIGKILL)
         assert process.wait(30) == -signal.SIGKILL
         # its reward workers die with it
@@ -225,6 +233,70 @@ def test_a_run_killed_mid_way_resumes_and_logs_what_the_uninterrupted_run_did(
         assert resumed_weights[name].equal(tensor), name
 
 
+def test_a_run_killed_between_logging_a_step_and_saving_it_logs_the_step_once(
+    reference_run, tiny_task, tmp_path, monkeypatch
+):
+    """The gap a kill -9 can fall into: step 2 is logged, its checkpoint not written yet."""
+    from click.testing import CliRunner
+
+    from plugrl.checkpoint import CheckpointManager
+    from plugrl.cli import cli
+
+    recipe = reference_recipe(tiny_task, tmp_path)
+    save = CheckpointManager.save
+
+    def killed_before_step_2_is_saved(self, step, write, state):
+        if step == 2:
+            raise SystemExit(137)
+        return save(self, step, write, state)
+
+    monkeypatch.setattr(CheckpointManager, "save", killed_before_step_2_is_saved)
+    first = CliRunner().invoke(cli, ["run", str(recipe), *REFERENCE_OVERRIDES])
+    assert first.exit_code == 137
+    run_dir = tmp_path / "run"
+    assert max(by_step(read_records(run_dir))) == 2
+    assert not (run_dir / "global_step_2").exists()
+
+    monkeypatch.setattr(CheckpointManager, "save", save)
+    rerun = CliRunner().invoke(cli, ["run", str(recipe), *REFERENCE_OVERRIDES])
+    assert rerun.exit_code == 0, f"{rerun.stderr}{rerun.exception!r}"
+    assert "global_step_1 (step 1)" in rerun.stderr
+    records = by_step(read_records(run_dir))  # fails on a step logged twice
+    expected = by_step(read_records(reference_run.run_dir))
+    assert sorted(records) == sorted(expected)
+    for step, record in expected.items():
+        assert_same_metrics(records[step], record, rel=0, abs_=0, where=f"step {step}")
+
+
+def test_sigterm_stops_a_run_cleanly_and_it_resumes(reference_run, tiny_task, tmp_path):
+    recipe = reference_recipe(tiny_task, tmp_path)
+    run_dir = tmp_path / "run"
+    log = (tmp_path / "first.log").open("w")
+    process = subprocess.Popen(
+        cli_command(recipe, *REFERENCE_OVERRIDES),
+        cwd=tmp_path,
+        env=cli_env(),
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+    )
+    try:
+        _wait_for_step(process, run_dir / "metrics.jsonl", step=2)
+        process.send_signal(signal.SIGTERM)
+        # stopped as Ctrl-C stops it: an interrupted run, not a kill
+        assert process.wait(60) == 1
+        assert _group_gone(process.pid), "processes of the stopped run are still alive"
+    finally:
+        if process.poll() is None:
+            process.kill()
+        log.close()
+    assert "Aborted!" in (tmp_path / "first.log").read_text()
+    assert not [p for p in run_dir.iterdir() if p.name.startswith(".")], "half-written folders"
+    check_ok(run_cli(recipe, *REFERENCE_OVERRIDES))
+    records = by_step(read_records(run_dir))
+    assert sorted(records) == sorted(by_step(read_records(reference_run.run_dir)))
+
+
 # ---------------------------------------------------------------------------- Ray ranks
 
 
@@ -246,8 +318,11 @@ def test_two_ray_ranks_train_like_one_local_rank(reference_run, tiny_task, tmp_p
             "cluster.num_cpus=2",
         )
     )
-    # the engine cannot share a model living in Ray actors: it gets weights pushed each step
-    assert "gets its weights pushed after each step" in result.stderr
+    # the engines are Ray actors on the trainer's devices: weights reach them through the
+    # object store after each step
+    assert "the engines get the actor's weights through the 'object_store' transport" in (
+        result.stderr
+    )
     records = by_step(read_records(tmp_path / "run"))
     expected = by_step(read_records(reference_run.run_dir))
     assert sorted(records) == sorted(expected)
@@ -260,6 +335,35 @@ def test_two_ray_ranks_train_like_one_local_rank(reference_run, tiny_task, tmp_p
     ray_weights = safetensors_weights(tmp_path / "run" / "hf_model")
     for name, tensor in safetensors_weights(reference_run.run_dir / "hf_model").items():
         torch.testing.assert_close(ray_weights[name], tensor, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_an_engine_in_its_own_ray_worker_trains_like_the_local_run(
+    reference_run, tiny_task, tmp_path
+):
+    """The sync scheduler with the engine on a CPU of its own and the trainer on the other."""
+    recipe = reference_recipe(tiny_task, tmp_path)
+    result = check_ok(
+        run_cli(
+            recipe,
+            *REFERENCE_OVERRIDES,
+            "cluster.mode=ray",
+            "cluster.num_cpus=2",
+            "trainer.n_gpus_per_node=1",
+            "rollout.colocate=false",
+            "rollout.n_gpus_per_node=1",
+        )
+    )
+    assert "the engines get the actor's weights through the 'object_store' transport" in (
+        result.stderr
+    )
+    records = by_step(read_records(tmp_path / "run"))
+    expected = by_step(read_records(reference_run.run_dir))
+    assert sorted(records) == sorted(expected)
+    for step, record in expected.items():
+        assert_same_metrics(records[step], record, rel=1e-4, abs_=1e-5, where=f"step {step}")
+        if step:
+            assert record["timing_s/update_weights"] > 0
+    assert _validation_lines(result.stderr) == _validation_lines(reference_run.stderr)
 
 
 def test_an_engine_with_pushed_weights_samples_what_the_shared_model_does(

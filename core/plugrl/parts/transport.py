@@ -28,6 +28,15 @@ if TYPE_CHECKING:
     from plugrl.parts.rollout import RolloutConfig, RolloutEngine
 
 
+def weight_sync_metrics(megabytes: float, seconds: float) -> dict[str, float]:
+    """What a push reports: ``perf/weight_sync_megabytes`` (per engine) and
+    ``perf/weight_sync_megabytes_per_s``; the time is the step's ``timing_s/update_weights``."""
+    return {
+        "perf/weight_sync_megabytes": megabytes,
+        "perf/weight_sync_megabytes_per_s": megabytes / max(seconds, 1e-9),
+    }
+
+
 class WeightTransport(ABC):
     """Moves the trainer's current weights to engine workers.
 
@@ -64,8 +73,8 @@ class WeightTransport(ABC):
     ) -> dict[str, float]:
         """Give the engine workers ``engine_indices`` (all when ``None``) the trainer's current
         weights as ``version``: announce them (``begin_weight_update``), deliver every bucket,
-        and ``finish_weight_update``. Blocks until every engine holds them. Returns metrics:
-        ``weight_sync/megabytes`` moved per engine and ``weight_sync/seconds``."""
+        and ``finish_weight_update``. Blocks until every engine holds them. Returns
+        :func:`weight_sync_metrics`."""
 
     def send(self, backend: TrainingBackend, session: Any) -> Any:
         """Worker side, in every trainer rank: take part in a transfer that :meth:`push`

@@ -1,9 +1,9 @@
 """The ``hf`` rollout engine: continuous batching over a Hugging Face causal LM's forward.
 
-Colocated (``rollout.colocate: true``) it generates with the trainer's live module, handed over
-with :meth:`HFRolloutEngine.bind_model`: no copy and no weight transfer. Otherwise it builds
-its own model from ``model.path`` (dtype ``model.dtype``) and receives new weights in the three
-update phases.
+In the trainer's process (``context.model_from_trainer``) it generates with the trainer's live
+module, handed over with :meth:`HFRolloutEngine.bind_model`: no copy and no weight transfer.
+Otherwise it builds its own model from ``model.path`` (dtype ``model.dtype``) and receives new
+weights in the three update phases.
 
 Requests join and leave the running batch at any step (:mod:`~plugrl_plugins.rollout.hf.batch`,
 :mod:`~plugrl_plugins.rollout.hf.kv`). The decode loop is an asyncio task on the loop the
@@ -57,8 +57,7 @@ def load_model(recipe: Recipe, device: torch.device, attn_implementation: str = 
     path = recipe.model.path
     if not path:
         raise RecipeError(
-            "the hf rollout engine needs a model folder when rollout.colocate is false; "
-            "set model.path",
+            "the hf rollout engine needs a model folder to load its own model; set model.path",
             key="model.path",
         )
     if not Path(path).is_dir():
@@ -166,7 +165,7 @@ class HFRolloutEngine(RolloutEngine):
         self._task: asyncio.Task | None = None
         self._task_loop: asyncio.AbstractEventLoop | None = None
         self._restore_training = False
-        if not config.colocate:
+        if not context.model_from_trainer:
             model = load_model(self.recipe, self.torch_device, config.attn_implementation)
             self._use_model(model, owns=True)
 
@@ -582,8 +581,8 @@ class HFRolloutEngine(RolloutEngine):
     def _check_ready(self) -> None:
         if self.model is None:
             raise RuntimeError(
-                "the hf rollout engine has no model yet: with rollout.colocate true, call "
-                "bind_model(model, version) first"
+                "the hf rollout engine has no model yet: it was built to share the trainer's "
+                "(context.model_from_trainer), so call bind_model(model, version) first"
             )
         if self._no_weights is not None and self._update is None:
             raise RuntimeError(

@@ -296,7 +296,7 @@ def test_weights_reach_ray_engines_through_the_object_store(ray_session, plugins
         transport = ObjectStoreTransport(recipe.rollout, PartContext(recipe=recipe))
         assert transport.unusable_reason(trainer, engines) is None
         metrics = transport.push(trainer, engines, version=5)
-        assert metrics["weight_sync/megabytes"] == pytest.approx(4 / 2**20)
+        assert metrics["perf/weight_sync_megabytes"] == pytest.approx(4 / 2**20)
         assert engines.weight_version == 5
         (completion,) = engines.generate([[1]], SamplingParams(max_tokens=3, seed=2))
         # the fake backend's weight counts its updates: one, so every token is offset by 1

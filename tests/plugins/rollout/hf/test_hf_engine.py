@@ -31,9 +31,10 @@ def make_engine(model_dir, tokenizer, *, colocate=False, path="<dir>", dtype="fl
         rollout=config,
         trainer=TrainerConfig(seed=0),
     )
-    return HFRolloutEngine(
-        config, PartContext(recipe=recipe, device=CpuDevice(), tokenizer=tokenizer)
+    context = PartContext(
+        recipe=recipe, device=CpuDevice(), tokenizer=tokenizer, model_from_trainer=colocate
     )
+    return HFRolloutEngine(config, context)
 
 
 def chat_prompts(tokenizer, questions=QUESTIONS) -> list[list[int]]:
@@ -922,8 +923,8 @@ def test_separate_engine_needs_a_model_folder(tokenizer, tmp_path):
     with pytest.raises(RecipeError) as info:
         make_engine(None, tokenizer, path=None)
     assert str(info.value) == (
-        "model.path: the hf rollout engine needs a model folder when rollout.colocate is false; "
-        "set model.path"
+        "model.path: the hf rollout engine needs a model folder to load its own model; set "
+        "model.path"
     )
     missing = tmp_path / "missing"
     with pytest.raises(RecipeError) as info:
