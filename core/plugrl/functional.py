@@ -60,12 +60,17 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def loss_scale_from_mask(
-    response_mask: torch.Tensor, dp_size: int = 1, max_response_length: int | None = None
+    response_mask: torch.Tensor,
+    dp_size: int = 1,
+    max_response_length: int | None = None,
+    loss_scale_factor: int | None = None,
 ) -> LossScale:
     """The :class:`LossScale` of a whole mini-batch, given all of its response mask.
 
     A data-parallel backend counts its own rows with :func:`count_valid` and all-reduces the
-    two counts instead.
+    two counts instead. Give ``max_response_length`` (``data.max_response_length``) and
+    ``loss_scale_factor`` (``actor.loss_scale_factor``) from the recipe: see
+    :func:`sum_norm_divisor`.
     """
     num_tokens, num_seqs = count_valid(response_mask)
     return LossScale(
@@ -73,7 +78,22 @@ def loss_scale_from_mask(
         num_seqs=num_seqs,
         dp_size=dp_size,
         max_response_length=max_response_length,
+        loss_scale_factor=loss_scale_factor,
     )
+
+
+def sum_norm_divisor(scale: LossScale, mask_width: int) -> float:
+    """What ``seq-mean-token-sum-norm`` divides the sequence mean by: the scale's
+    ``loss_scale_factor`` when set, else its ``max_response_length``, else ``mask_width``.
+
+    The first two are constants of the run, so every step and micro-batch is normalised
+    alike (Dr.GRPO's point); the mask width, verl's default in ``agg_loss``, is the fallback
+    for a scale that gives neither. In verl, responses are padded to
+    ``data.max_response_length``, so its default is that constant too.
+    """
+    if scale.loss_scale_factor is not None:
+        return scale.loss_scale_factor
+    return scale.max_response_length or mask_width
 
 
 def count_valid(response_mask: torch.Tensor) -> tuple[int, int]:
@@ -127,10 +147,7 @@ class LossAggregator:
             per_sequence = per_sequence / lengths.clamp(min=1)
         total = per_sequence.sum() * (dp_size / max(scale.num_seqs, 1))
         if self.mode == "seq-mean-token-sum-norm":
-            # A constant horizon keeps the normaliser the same for every micro-batch; the mask
-            # width is the fallback when the backend does not say the maximum length.
-            horizon = scale.max_response_length or mask.shape[-1]
-            total = total / horizon
+            total = total / sum_norm_divisor(scale, mask.shape[-1])
         return total
 
     def token_share(self, mask: torch.Tensor) -> float:

@@ -12,10 +12,19 @@ _MANAGERS = "plugrl_plugins.rewards.managers"
 
 # data source (or glob pattern) -> (scoring function, description)
 REWARD_FUNCTIONS: dict[str, tuple[str, str]] = {
-    "openai/gsm8k": (f"{_SCORERS}.gsm8k:compute_score", "GSM8K: the number after ####"),
-    "math_dapo": (f"{_SCORERS}.math_dapo:compute_score", "DAPO maths: 'Answer: X', +1/-1"),
-    "math": (f"{_SCORERS}.math_dapo:compute_score", "DAPO maths: 'Answer: X', +1/-1"),
-    "aime*": (f"{_SCORERS}.math_dapo:compute_score", "AIME, DAPO style: 'Answer: X', +1/-1"),
+    "openai/gsm8k": (
+        f"{_SCORERS}.gsm8k:compute_score",
+        "GSM8K: the number after '#### ' (verl's strict parse)",
+    ),
+    "math_dapo": (
+        f"{_SCORERS}.math_dapo:compute_score",
+        "DAPO maths: 'Answer: X' (else a box), +1/-1",
+    ),
+    "math": (f"{_SCORERS}.math_dapo:compute_score", "DAPO maths: 'Answer: X' (else a box), +1/-1"),
+    "aime*": (
+        f"{_SCORERS}.math_dapo:compute_score",
+        "AIME, DAPO style: 'Answer: X' (else a box), +1/-1",
+    ),
     "lighteval/MATH": (f"{_SCORERS}.math_boxed:compute_score", "MATH: boxed answer"),
     "DigitalLearningGmbH/MATH-lighteval": (
         f"{_SCORERS}.math_boxed:compute_score",

@@ -10,6 +10,7 @@ from plugrl.functional import (
     loss_scale_from_mask,
     masked_mean,
     masked_whiten,
+    sum_norm_divisor,
 )
 from plugrl.parts.algorithm import LossScale
 
@@ -35,6 +36,26 @@ def test_sum_norm_divides_by_the_max_response_length():
     scale = LossScale(num_tokens=3, num_seqs=2, max_response_length=7)
     value = LossAggregator("seq-mean-token-sum-norm", scale)(VALUES, MASK)
     assert float(value) == pytest.approx(3.5 / 7)
+
+
+def test_sum_norm_divides_by_the_loss_scale_factor_when_set():
+    scale = LossScale(num_tokens=3, num_seqs=2, max_response_length=7, loss_scale_factor=10)
+    value = LossAggregator("seq-mean-token-sum-norm", scale)(VALUES, MASK)
+    assert float(value) == pytest.approx(3.5 / 10)
+
+
+@pytest.mark.parametrize(
+    ("max_response_length", "loss_scale_factor", "divisor"),
+    [(None, None, 3), (7, None, 7), (7, 5, 5), (None, 4096, 4096)],
+)
+def test_sum_norm_divisor(max_response_length, loss_scale_factor, divisor):
+    scale = LossScale(
+        num_tokens=3,
+        num_seqs=2,
+        max_response_length=max_response_length,
+        loss_scale_factor=loss_scale_factor,
+    )
+    assert sum_norm_divisor(scale, mask_width=3) == divisor
 
 
 @pytest.mark.parametrize("mode", EXPECTED)

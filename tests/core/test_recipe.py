@@ -149,6 +149,7 @@ def test_part_args_are_validated_and_structured(base):
         ("trainer.total_epochs=true", "trainer.total_epochs: expected an integer, got True"),
         ("actor.shuffle=3", "actor.shuffle: expected true or false, got 3"),
         ("actor.ppo_mini_batch_size=0", "actor.ppo_mini_batch_size: must be > 0, got 0"),
+        ("actor.loss_scale_factor=-1", "actor.loss_scale_factor: must be > 0, got -1"),
         (
             "rollout.val_kwargs.top_p=2",
             "rollout.val_kwargs.top_p: must be between 0 and 1, got 2.0",
@@ -267,6 +268,12 @@ def test_explain_a_key(fake_parts_manager):
         "actor_rollout_ref.actor.optim.lr",
     )
     assert info.help == "Peak learning rate."
+
+
+def test_loss_scale_factor_is_verls_key(fake_parts_manager):
+    info = explain("actor.loss_scale_factor")
+    assert (info.default, info.verl) == (None, "actor_rollout_ref.actor.loss_scale_factor")
+    assert "data.max_response_length" in info.help
 
 
 def test_explain_lists_registered_choices(fake_parts_manager):

@@ -40,6 +40,13 @@ class LossScale:
     num_seqs: int
     dp_size: int = 1
     max_response_length: int | None = None
+    """``data.max_response_length``: the constant that ``seq-mean-token-sum-norm`` divides by.
+    A backend sets it from the recipe, never from the batch's padded width, which changes
+    with the longest response of each step. Left unset, the mask width is used (verl's
+    ``agg_loss`` default)."""
+    loss_scale_factor: int | None = None
+    """``actor.loss_scale_factor``: when set, ``seq-mean-token-sum-norm`` divides by it instead
+    of ``max_response_length`` (verl's ``loss_scale_factor``)."""
 
 
 @attrs.define(kw_only=True)
@@ -94,6 +101,12 @@ class PolicyLossConfig:
             "seq-mean-token-mean",
             "seq-mean-token-sum-norm",
         ],
+    )
+    loss_scale_factor: int | None = option(
+        None,
+        "Constant that seq-mean-token-sum-norm divides by; unset: data.max_response_length.",
+        verl="actor_rollout_ref.actor.loss_scale_factor",
+        validator=positive,
     )
     use_kl_loss: bool = option(
         False,

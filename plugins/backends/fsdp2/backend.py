@@ -229,11 +229,14 @@ class FSDP2Backend(TrainingBackend):
         counts = torch.stack([per_row.sum(), (per_row > 0).sum()]).to(self.torch_device)
         if self.dist.world_size > 1:
             dist.all_reduce(counts)
+        # the normaliser of seq-mean-token-sum-norm is a constant of the run, not this
+        # mini-batch's padded width (its longest response)
         return LossScale(
             num_tokens=int(counts[0]),
             num_seqs=int(counts[1]),
             dp_size=self.dp_size,
-            max_response_length=int(mask.shape[-1]),
+            max_response_length=self.recipe.data.max_response_length,
+            loss_scale_factor=self.config.loss_scale_factor,
         )
 
     def _temperature(self, batch: Batch) -> float:

@@ -68,6 +68,24 @@ def test_the_flexible_gsm8k_file_from_the_docs(make_recipe, tmp_path):
     assert scorer("openai/gsm8k", "so she has 72 clips", "72")["score"] == 1.0
 
 
+def test_the_lenient_gsm8k_file_and_kwargs_from_the_docs(make_recipe, tmp_path):
+    import yaml
+
+    from plugrl.compose import make_resolver
+
+    block = next(b for b in code_blocks("python") if b.strip().endswith("import compute_score"))
+    path = tmp_path / "gsm8k_reward.py"
+    path.write_text(block, encoding="utf-8")
+    reward = next(b for b in code_blocks("yaml") if "lenient" in b)
+    section = yaml.safe_load(reward)["reward"]
+    section["custom_function"]["path"] = str(path)
+    scorer = make_resolver(make_recipe(section))("openai/gsm8k")
+    assert scorer("openai/gsm8k", "#### $72.0", "72")["score"] == 1.0
+    # the registered scorer, verl's strict parse, has no answer there
+    registered = make_resolver(make_recipe())("openai/gsm8k")
+    assert registered("openai/gsm8k", "#### $72.0", "72")["score"] == 0.0
+
+
 def test_registering_the_plugin_imports_neither_torch_nor_scorers():
     code = (
         "import sys, plugrl_plugins.rewards as r; "

@@ -57,17 +57,23 @@ def test_parse_integer(text, value):
 
 
 # ------------------------------------------------------------------------------ gsm8k
+# Exact agreement with verl is checked on a frozen table in test_verl_parity.py; these are
+# the behaviours a reader of docs/rewards.md relies on.
 
 GSM8K_STRICT = [
     ("Natalia sold 48/2 = 24 clips in May.\n48+24 = 72\n#### 72", "72", 1.0, "72"),
     ("48 + 24 = 72\n#### 71", "72", 0.0, "71"),
     ("She sold 72 clips altogether.", "72", 0.0, None),  # strict needs ####
     ("#### 70\nLet me recheck.\n#### 72", "72", 1.0, "72"),  # last one
-    ("The total cost is $1,250.\n#### $1,250", "1250", 1.0, "1250"),
-    ("#### 72.00", "72", 1.0, "72"),  # compared by value
+    ("#### 1,250", "1250", 1.0, "1250"),  # commas removed
+    ("#### $1,250", "1250", 0.0, None),  # no dollar sign after ####
+    ("####72", "72", 0.0, None),  # exactly one space after ####
+    ("#### 72.00", "72", 0.0, "72.00"),  # compared as strings
+    ("#### 72.", "72", 0.0, "72."),
     ("#### -5", "-5", 1.0, "-5"),
     ("她一共卖出了 72 个发夹。\n#### 72", "72", 1.0, "72"),
     ("#### seventy-two", "72", 0.0, None),
+    ("#### 72" + " ok" * 100, "72", 0.0, None),  # beyond the last 300 characters
 ]
 
 
@@ -81,8 +87,10 @@ GSM8K_FLEXIBLE = [
     ("She sold 72 clips altogether.", "72", 1.0, "72"),
     ("First 48, then 24, so 72 in total", "72", 1.0, "72"),
     ("First 48, then 24, so 70 in total.", "72", 0.0, "70"),
-    ("No idea.", "72", 0.0, None),
-    ("答案是 1,234。", "1234", 1.0, "1234"),
+    ("So 72.", "72", 0.0, "72."),  # the period belongs to the number
+    ("No idea", "72", 0.0, None),
+    ("No idea.", "72", 0.0, "."),  # a lone period, when nothing else is found
+    ("答案是 1,234。", "1234", 0.0, "1,234"),  # commas kept
 ]
 
 
@@ -92,11 +100,53 @@ def test_gsm8k_flexible(response, truth, score, pred):
     assert result == {"score": score, "acc": score == 1.0, "pred": pred}
 
 
+GSM8K_LENIENT = [
+    # (response, ground truth, method, score, pred)
+    ("Natalia sold 48/2 = 24 clips in May.\n48+24 = 72\n#### 72", "72", "strict", 1.0, "72"),
+    ("48 + 24 = 72\n#### 71", "72", "strict", 0.0, "71"),
+    ("She sold 72 clips altogether.", "72", "strict", 0.0, None),
+    ("#### 70\nLet me recheck.\n#### 72", "72", "strict", 1.0, "72"),
+    ("The total cost is $1,250.\n#### $1,250", "1250", "strict", 1.0, "1250"),
+    ("####72", "72", "strict", 1.0, "72"),
+    ("#### 72.00", "72", "strict", 1.0, "72"),  # compared by value
+    ("#### 72.", 72, "strict", 1.0, "72"),
+    ("#### −5", "-5", "strict", 1.0, "-5"),
+    ("#### seventy-two", "72", "strict", 0.0, None),
+    ("#### 72" + " ok" * 100, "72", "strict", 1.0, "72"),  # a 1000-character tail
+    ("She sold 72 clips altogether.", "72", "flexible", 1.0, "72"),
+    ("First 48, then 24, so 70 in total.", "72", "flexible", 0.0, "70"),
+    ("答案是 1,234。", "1234", "flexible", 1.0, "1234"),
+    ("No idea.", "72", "flexible", 0.0, None),
+]
+
+
+@pytest.mark.parametrize(("response", "truth", "method", "score", "pred"), GSM8K_LENIENT)
+def test_gsm8k_lenient(response, truth, method, score, pred):
+    result = gsm8k.compute_score("openai/gsm8k", response, truth, method=method, lenient=True)
+    assert result == {"score": score, "acc": score == 1.0, "pred": pred}
+
+
+def test_gsm8k_lenient_function_is_the_lenient_strict_parse():
+    assert gsm8k.compute_score_lenient("openai/gsm8k", "#### $72.0", "72")["score"] == 1.0
+    with pytest.raises(ValueError, match="ground truth 'many' is not a number"):
+        gsm8k.compute_score_lenient("openai/gsm8k", "#### 3", "many")
+
+
 def test_gsm8k_format_score_and_bad_method():
-    result = gsm8k.compute_score("openai/gsm8k", "#### 3", "4", format_score=0.1)
-    assert result["score"] == 0.1
-    with pytest.raises(ValueError, match="unknown gsm8k method 'loose'"):
-        gsm8k.compute_score("openai/gsm8k", "#### 3", "4", method="loose")
+    assert gsm8k.compute_score("openai/gsm8k", "#### 3", "4", format_score=0.1)["score"] == 0.1
+    # no answer at all scores 0, whatever the format score (verl's rule) ...
+    assert gsm8k.compute_score("openai/gsm8k", "three", "4", format_score=0.1)["score"] == 0.0
+    # ... but the lenient parse keeps plugrl's earlier rule
+    lenient = gsm8k.compute_score("openai/gsm8k", "three", "4", format_score=0.1, lenient=True)
+    assert lenient["score"] == 0.1
+    for forgiving in (False, True):
+        with pytest.raises(ValueError, match="unknown gsm8k method 'loose'"):
+            gsm8k.compute_score("openai/gsm8k", "#### 3", "4", method="loose", lenient=forgiving)
+
+
+def test_gsm8k_reads_a_ground_truth_that_is_not_a_string_as_its_text():
+    assert gsm8k.compute_score("openai/gsm8k", "#### 72", np.int64(72))["score"] == 1.0
+    assert gsm8k.compute_score("openai/gsm8k", "#### 72", 72.0)["score"] == 0.0  # "72.0"
 
 
 # ------------------------------------------------------------------------------ DAPO maths
@@ -104,8 +154,11 @@ def test_gsm8k_format_score_and_bad_method():
 DAPO = [
     ("Adding up the cases gives 204.\nAnswer: 204", "204", 1.0, "204"),
     ("So the count is 205.\nAnswer: 205", "204", -1.0, "205"),
-    ("The answer is 204.", "204", -1.0, None),  # no Answer: line
+    ("The answer is 204.", "204", -1.0, "[INVALID]"),  # no Answer: line, no box
+    ("The answer is \\boxed{204}.", "204", 1.0, "204"),  # the box fallback
+    ("\\boxed{204}\nAnswer: 205", "204", -1.0, "205"),  # the Answer line comes first
     ("Answer: 12\nActually, recounting...\nAnswer: 204", "204", 1.0, "204"),
+    ("Answer:\n204", "204", 1.0, "204"),  # the answer on the next line
     ("Answer: $\\frac{3}{4}$", "\\frac{3}{4}", 1.0, "\\frac{3}{4}"),
     ("Answer: \\frac34", "\\frac{3}{4}", 1.0, "\\frac{3}{4}"),  # completed \frac
     ("Answer: \\dfrac{3}{4}", "\\frac{3}{4}", -1.0, "\\dfrac{3}{4}"),  # DAPO keeps \dfrac
@@ -114,21 +167,24 @@ DAPO = [
     ("Answer: 1,000", "1000", 1.0, "1000"),
     ("Answer: \\boxed{17}", "17", 1.0, "17"),
     ("Answer: 2\\sqrt3", "2\\sqrt{3}", 1.0, "2\\sqrt{3}"),
-    ("首先考虑所有情况，共有 204 种。\nAnswer：204", "204", 1.0, "204"),
+    ("首先考虑所有情况，共有 204 种。\nAnswer：204", "204", -1.0, "[INVALID]"),  # full-width colon
     ("ANSWER: 204", "204", 1.0, "204"),
-    ("Answer: 204" + " and then more" * 40, "204", -1.0, None),  # beyond the last 300 chars
+    ("Answer: 204" + " and then more" * 40, "204", -1.0, "[INVALID]"),  # beyond the last 300
+    ("Answer: 204", 204, 1.0, "204"),  # a ground truth that is not a string
 ]
 
 
 @pytest.mark.parametrize(("response", "truth", "score", "pred"), DAPO)
 def test_math_dapo(response, truth, score, pred):
     result = math_dapo.compute_score("math_dapo", response, truth)
-    assert result["score"] == score
-    assert result["acc"] is (score == 1.0)
-    if pred is not None:
-        assert result["pred"] == pred
-    else:
-        assert result["pred"] is None or result["pred"] != "204"
+    assert result == {"score": score, "acc": score == 1.0, "pred": pred}
+
+
+def test_math_dapo_strict_box_verify_reads_only_the_box():
+    result = math_dapo.compute_score("math_dapo", "Answer: 5", "5", strict_box_verify=True)
+    assert result == {"score": -1.0, "acc": False, "pred": None}
+    boxed = math_dapo.compute_score("aime2024", "\\boxed{5}", "5", strict_box_verify=True)
+    assert boxed == {"score": 1.0, "acc": True, "pred": "5"}
 
 
 # ------------------------------------------------------------------------------ boxed MATH
