@@ -202,7 +202,9 @@ def check_model_folders(recipe: Recipe) -> None:
     ):
         folder = Path(path)
         if not folder.is_dir():
-            raise RecipeError(f"{folder} is not a folder; set a local model folder", key=key)
+            raise RecipeError(
+                f"{folder} is not a folder; set a local Hugging Face model folder", key=key
+            )
         if not any((folder / name).is_file() for name in needed):
             raise RecipeError(
                 f"{folder} holds no {what} (none of {', '.join(needed)}); point it at a folder "

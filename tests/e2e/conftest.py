@@ -43,15 +43,15 @@ def reference_run(tiny_task, tmp_path_factory) -> FinishedRun:
 
 @pytest.fixture
 def generations(monkeypatch):
-    """The number of prompts of each generation call in this process."""
-    from plugrl_plugins.rollout.hf.engine import HFRolloutEngine
+    """The number of prompts of each batch the engines generate for, in this process."""
+    from plugrl.cluster.engines import EngineGroup
 
     calls = []
-    generate = HFRolloutEngine.generate
+    generate = EngineGroup.generate
 
     def recording(self, prompts, params):
         calls.append(len(prompts))
         return generate(self, prompts, params)
 
-    monkeypatch.setattr(HFRolloutEngine, "generate", recording)
+    monkeypatch.setattr(EngineGroup, "generate", recording)
     return calls
