@@ -13,6 +13,7 @@ The modules, one concern each:
 * :mod:`~plugrl.recipe.structuring`: cattrs structuring and its errors;
 * :mod:`~plugrl.recipe.build`: a :class:`Recipe` from a mapping, with the plugins' sections,
   names and options checked;
+* :mod:`~plugrl.recipe.checks`: settings of one section that contradict another;
 * :mod:`~plugrl.recipe.explaining`: ``plugrl explain``.
 
 The kinds of part, and which recipe key chooses each, are :data:`plugrl.registry.PART_KINDS`.
@@ -26,6 +27,7 @@ from plugrl.recipe.build import (
     section_class,
     validate_names,
 )
+from plugrl.recipe.checks import check_recipe
 from plugrl.recipe.composition import (
     apply_overrides,
     compose_file,
@@ -50,6 +52,7 @@ __all__ = [
     "apply_overrides",
     "build_recipe",
     "check_keys",
+    "check_recipe",
     "compose_file",
     "converter",
     "deep_merge",

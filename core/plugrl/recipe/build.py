@@ -1,6 +1,7 @@
 """Building a :class:`Recipe` from a composed mapping: each section read into its class (the
 chosen plugin's, for sections a part owns), every name of a part checked against the installed
-plugins, and the options of chosen parts checked."""
+plugins, the options of chosen parts checked, and then the recipe as a whole
+(:func:`~plugrl.recipe.checks.check_recipe`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import attrs
 
 from plugrl.errors import PluginError, RecipeError
 from plugrl.plugins import PluginManager, get_plugin_manager
+from plugrl.recipe.checks import check_recipe
 from plugrl.recipe.composition import (
     apply_overrides,
     compose_file,
@@ -45,7 +47,8 @@ def section_class(name: str, raw: Mapping[str, Any], plugins: PluginManager) -> 
 
 
 def build_recipe(raw: Mapping[str, Any], plugins: PluginManager | None = None) -> Recipe:
-    """Validate a composed recipe mapping into a :class:`Recipe`, resolving plugin sections."""
+    """Validate a composed recipe mapping into a :class:`Recipe`, resolving plugin sections,
+    then check that its settings fit together (:func:`check_recipe`)."""
     plugins = plugins or get_plugin_manager()
     raw = normalize_shorthand(raw)
     recipe_fields = fields_of(Recipe)
@@ -63,6 +66,7 @@ def build_recipe(raw: Mapping[str, Any], plugins: PluginManager | None = None) -
         values[name] = structure(cls, dict(section_raw), name)
     recipe = Recipe(**values)
     validate_names(recipe, plugins)
+    check_recipe(recipe)
     return recipe
 
 

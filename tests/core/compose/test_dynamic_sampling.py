@@ -117,6 +117,7 @@ def test_take_before_ready_is_an_error():
 def test_sampler_from_recipe(recipe_from):
     recipe = recipe_from(
         "data.train_batch_size=8",
+        "actor.ppo_mini_batch_size=8",
         "algorithm.filter_groups.enable=true",
         "algorithm.filter_groups.metric=score",
         "algorithm.filter_groups.max_num_gen_batches=5",
