@@ -33,7 +33,9 @@ def build_rollout_batch(
     only, so left padding does not shift them), ``rollout_log_probs`` [B*n, R] (0 on padding).
     Columns added: ``finish_reason``, ``weight_version``, ``min_weight_version``.
     ``R`` is ``response_width`` when given (no response may be longer), else the longest
-    response (at least 1, so tensors are never empty).
+    response (at least 1, so tensors are never empty). ``meta`` records the layout
+    (``prompt_width`` P, ``response_width`` R, ``pad_token_id``), by which
+    :meth:`Batch.concat` joins batches of different widths.
     """
     import torch
 
@@ -90,6 +92,11 @@ def build_rollout_batch(
     batch["finish_reason"] = [c.finish_reason for c in completions]
     batch["weight_version"] = [c.weight_version for c in completions]
     batch["min_weight_version"] = [c.min_weight_version for c in completions]
+    batch.meta.update(
+        prompt_width=int(prompt_ids.shape[-1]),
+        response_width=response_width,
+        pad_token_id=pad_token_id,
+    )
     return batch
 
 

@@ -73,7 +73,8 @@ def test_rows_are_repeated_interleaved_with_responses_right_padded():
     assert list(batch["weight_version"]) == [2] * 4
     # the oldest version behind a token; an empty response has only the version it ended at
     assert list(batch["min_weight_version"]) == [1, 1, 1, 2]
-    assert batch.meta == {"epoch": 0}
+    # the prompt batch's meta, plus the layout Batch.concat pads by
+    assert batch.meta == {"epoch": 0, "prompt_width": 3, "response_width": 3, "pad_token_id": PAD}
     for name in ("responses", "response_mask", "input_ids", "attention_mask", "position_ids"):
         assert batch[name].dtype == torch.long, name
     assert batch["rollout_log_probs"].dtype == torch.float32
