@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from plugrl.data.batch import Batch
-from plugrl.data.rollout_batch import build_rollout_batch, length_metrics
+from plugrl.data.rollout_batch import build_rollout_batch
 from plugrl.parts.rollout import Completion
 
 PAD = 0
@@ -124,16 +124,3 @@ def test_response_longer_than_the_width():
 def test_prompt_batch_needs_its_tensors():
     with pytest.raises(KeyError, match=r"build_rollout_batch needs batch columns prompts"):
         build_rollout_batch(Batch(columns={"uid": ["a"]}), [], n=1, pad_token_id=PAD)
-
-
-def test_length_metrics():
-    batch = build_rollout_batch(prompt_batch(), completions(), n=2, pad_token_id=PAD)
-    metrics = length_metrics(batch, max_prompt_length=3, max_response_length=3)
-    assert metrics["response_length/mean"] == pytest.approx(6 / 4)
-    assert metrics["response_length/max"] == 3
-    assert metrics["response_length/min"] == 0
-    assert metrics["response_length/clip_ratio"] == pytest.approx(1 / 4)
-    assert metrics["prompt_length/mean"] == pytest.approx(10 / 4)
-    assert metrics["prompt_length/clip_ratio"] == pytest.approx(2 / 4)
-    assert metrics["response/aborted_ratio"] == pytest.approx(1 / 4)
-    assert "response_length/clip_ratio" not in length_metrics(batch)
