@@ -45,7 +45,7 @@ def _warn(key: str, message: str) -> None:
     logger.warning("%s: %s", key, message)
 
 
-def trainer_ranks(recipe: Recipe) -> int:
+def _trainer_ranks(recipe: Recipe) -> int:
     """Ranks of each training role: ``trainer.nnodes x trainer.n_gpus_per_node`` on Ray, one
     in this process for ``cluster: local``."""
     if recipe.cluster.mode != "ray":
@@ -86,7 +86,7 @@ def _check_batch_sizes(recipe: Recipe) -> None:
             "actor.ppo_mini_batch_size",
             key="actor.ppo_mini_batch_size",
         )
-    ranks = trainer_ranks(recipe)
+    ranks = _trainer_ranks(recipe)
     rows = actor.mini_batch_rows(rollout.n)
     if rows % ranks:
         raise RecipeError(
