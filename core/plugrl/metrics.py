@@ -61,9 +61,23 @@ def compute_data_metrics(
         if var_returns > 0:
             explained = 1 - (returns - values).var(unbiased=False) / var_returns
             metrics["critic/vf_explained_var"] = explained.item()
-    lengths = mask.sum(dim=-1)
+    metrics.update(length_metrics(batch, max_response_length, max_prompt_length))
+    return metrics
+
+
+def length_metrics(
+    batch: Batch, max_response_length: int | None = None, max_prompt_length: int | None = None
+) -> dict[str, float]:
+    """``response_length/{mean,max,min}`` and, with the batch's ``prompt_attention_mask``,
+    ``prompt_length/{mean,max,min}``, in valid tokens; each ``clip_ratio`` (the fraction of
+    rows at the limit) when its limit is given."""
+    metrics: dict[str, float] = {}
+    lengths = batch["response_mask"].bool().sum(dim=-1)
     metrics.update(_stats("response_length", lengths))
-    metrics["response_length/clip_ratio"] = (lengths >= max_response_length).float().mean().item()
+    if max_response_length:
+        metrics["response_length/clip_ratio"] = (
+            (lengths >= max_response_length).float().mean().item()
+        )
     if "prompt_attention_mask" in batch:
         prompt_lengths = batch["prompt_attention_mask"].sum(dim=-1)
         metrics.update(_stats("prompt_length", prompt_lengths))

@@ -29,7 +29,7 @@ import pluggy
 
 from plugrl import ENTRY_POINT_GROUP, PROJECT_NAME, hookspecs
 from plugrl.errors import PluginError
-from plugrl.registry import KINDS, Registry, bound_register
+from plugrl.registry import PART_KINDS, Registry, bound_register
 
 logger = logging.getLogger("plugrl.plugins")
 
@@ -203,13 +203,11 @@ class PluginManager:
     # ---------------------------------------------------------------------------- registries
 
     def registry(self, kind: str) -> Registry:
-        """The registry of ``kind`` (see :data:`plugrl.registry.KINDS`), filled on first use by
-        calling every plugin's registration hook."""
+        """The registry of ``kind`` (see :data:`plugrl.registry.PART_KINDS`), filled on first use
+        by calling every plugin's registration hook."""
         if kind not in self._registries:
-            if kind not in KINDS:
-                raise ValueError(f"unknown kind {kind!r}; kinds: {', '.join(KINDS)}")
-            registry = Registry(kind)
-            hook_name = KINDS[kind][0]
+            registry = Registry(kind)  # refuses an unknown kind
+            hook_name = PART_KINDS[kind].hook
             for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
                 register = bound_register(registry, impl.plugin_name)
                 try:
@@ -225,7 +223,7 @@ class PluginManager:
         return self._registries[kind]
 
     def registries(self) -> dict[str, Registry]:
-        return {kind: self.registry(kind) for kind in KINDS}
+        return {kind: self.registry(kind) for kind in PART_KINDS}
 
     # ---------------------------------------------------------------------------- reporting
 

@@ -31,28 +31,126 @@ class RegisterFn(Protocol):
     ) -> None: ...
 
 
-# Kinds of part: (registry key, registration hook, human name, recipe key that chooses it)
-KINDS: dict[str, tuple[str, str, str]] = {
-    "devices": ("register_devices", "device", "device.name"),
-    "training_backends": ("register_training_backends", "training backend", "actor.backend"),
-    "rollout_engines": ("register_rollout_engines", "rollout engine", "rollout.engine"),
-    "weight_transports": (
-        "register_weight_transports",
-        "weight transport",
-        "rollout.weight_transport",
-    ),
-    "advantage_estimators": (
-        "register_advantage_estimators",
-        "advantage estimator",
-        "algorithm.adv_estimator",
-    ),
-    "policy_losses": ("register_policy_losses", "policy loss", "actor.policy_loss"),
-    "kl_penalties": ("register_kl_penalties", "KL penalty", "actor.kl_loss_type"),
-    "reward_managers": ("register_reward_managers", "reward manager", "reward.manager"),
-    "reward_functions": ("register_reward_functions", "reward function", "data_source"),
-    "schedulers": ("register_schedulers", "scheduler", "scheduler.name"),
-    "loggers": ("register_loggers", "logger", "trainer.logger"),
+@attrs.frozen
+class PartKind:
+    """One kind of part: how plugins register it and how a recipe chooses it.
+
+    ``section_config`` is set for kinds whose chosen part owns a whole recipe section (the
+    section is read into the part's config class, which must extend this base); it is an
+    import path so that this module, imported by every process first, imports no config class.
+    ``args_key`` is set for kinds whose part reads its options from a mapping beside the key
+    that chooses it.
+    """
+
+    name: str
+    """Registry key (``"rollout_engines"``)."""
+    hook: str
+    """Registration hook (``"register_rollout_engines"``)."""
+    human_name: str
+    """In messages (``"rollout engine"``)."""
+    recipe_key: str
+    """The dotted recipe key that chooses the part (``"rollout.engine"``)."""
+    section_config: str | None = None
+    """``"module:Class"`` of the section's base config class, for kinds chosen by a section."""
+    args_key: str | None = None
+    """Dotted recipe key of the chosen part's options (``"algorithm.adv_estimator_args"``)."""
+    accepts_auto: bool = False
+    """Whether the choosing key also takes ``"auto"`` (a part picked at start-up)."""
+
+    @property
+    def section(self) -> str:
+        """The recipe section of :attr:`recipe_key` (``"rollout"``)."""
+        return self.recipe_key.partition(".")[0]
+
+    @property
+    def selector(self) -> str:
+        """The key within :attr:`section` that names the part (``"engine"``)."""
+        return self.recipe_key.partition(".")[2]
+
+    def section_base(self) -> type:
+        """The section's base config class (imported now); only for kinds chosen by a
+        section."""
+        if self.section_config is None:
+            raise ValueError(f"a {self.human_name} does not own a recipe section")
+        return import_object(self.section_config)
+
+
+PART_KINDS: dict[str, PartKind] = {
+    kind.name: kind
+    for kind in (
+        PartKind(
+            "devices",
+            "register_devices",
+            "device",
+            "device.name",
+            section_config="plugrl.parts.device:DeviceConfig",
+            accepts_auto=True,
+        ),
+        PartKind(
+            "training_backends",
+            "register_training_backends",
+            "training backend",
+            "actor.backend",
+            section_config="plugrl.parts.backend:ActorConfig",
+        ),
+        PartKind(
+            "rollout_engines",
+            "register_rollout_engines",
+            "rollout engine",
+            "rollout.engine",
+            section_config="plugrl.parts.rollout:RolloutConfig",
+        ),
+        PartKind(
+            "weight_transports",
+            "register_weight_transports",
+            "weight transport",
+            "rollout.weight_transport",
+            accepts_auto=True,
+        ),
+        PartKind(
+            "advantage_estimators",
+            "register_advantage_estimators",
+            "advantage estimator",
+            "algorithm.adv_estimator",
+            args_key="algorithm.adv_estimator_args",
+        ),
+        PartKind(
+            "policy_losses",
+            "register_policy_losses",
+            "policy loss",
+            "actor.policy_loss",
+            args_key="actor.policy_loss_args",
+        ),
+        PartKind("kl_penalties", "register_kl_penalties", "KL penalty", "actor.kl_loss_type"),
+        PartKind(
+            "reward_managers",
+            "register_reward_managers",
+            "reward manager",
+            "reward.manager",
+            section_config="plugrl.parts.reward:RewardConfig",
+        ),
+        PartKind("reward_functions", "register_reward_functions", "reward function", "data_source"),
+        PartKind(
+            "schedulers",
+            "register_schedulers",
+            "scheduler",
+            "scheduler.name",
+            section_config="plugrl.parts.scheduler:SchedulerConfig",
+        ),
+        PartKind("loggers", "register_loggers", "logger", "trainer.logger"),
+    )
 }
+"""Every kind of part, by registry key: the one table the registries, the plugin manager and
+the recipe reader consult."""
+
+
+def section_kind(section: str) -> PartKind | None:
+    """The kind whose chosen part owns recipe section ``section`` (``"rollout"``), if any."""
+    for kind in PART_KINDS.values():
+        if kind.section_config is not None and kind.section == section:
+            return kind
+    return None
+
 
 # Parts that live in their own distribution: when one is asked for but not installed, the error
 # says how to get it instead of only "unknown name".
@@ -104,6 +202,10 @@ class Entry:
     _loaded_config: Any = attrs.field(default=None, repr=False, alias="_loaded_config")
 
     @property
+    def human_name(self) -> str:
+        return PART_KINDS[self.kind].human_name
+
+    @property
     def missing_requirements(self) -> list[str]:
         """Import names from ``requires`` that are not installed (checked without importing)."""
         return [module for module in self.requires if not _module_present(module)]
@@ -132,7 +234,7 @@ class Entry:
                     target = import_object(target)
                 except Exception as exc:
                     raise PluginError(
-                        f"{KINDS[self.kind][1]} {self.name!r} from plugin {self.plugin!r} "
+                        f"{self.human_name} {self.name!r} from plugin {self.plugin!r} "
                         f"failed to import {self.target!r}: {type(exc).__name__}: {exc}"
                     ) from exc
             self._loaded = target
@@ -149,7 +251,7 @@ class Entry:
                     config = import_object(config)
                 except Exception as exc:
                     raise PluginError(
-                        f"config of {KINDS[self.kind][1]} {self.name!r} from plugin "
+                        f"config of {self.human_name} {self.name!r} from plugin "
                         f"{self.plugin!r} failed to import {self.config!r}: {exc}"
                     ) from exc
             self._loaded_config = config
@@ -159,7 +261,7 @@ class Entry:
         reason = self.unavailable_reason
         if reason:
             raise PluginError(
-                f"{KINDS[self.kind][1]} {self.name!r} (plugin {self.plugin!r}) is installed but "
+                f"{self.human_name} {self.name!r} (plugin {self.plugin!r}) is installed but "
                 f"cannot run here: it {reason}"
             )
 
@@ -193,11 +295,11 @@ class Registry:
     """The names registered for one kind of part, with the plugin that registered each."""
 
     def __init__(self, kind: str) -> None:
-        if kind not in KINDS:
-            raise ValueError(f"unknown kind {kind!r}; kinds: {', '.join(KINDS)}")
+        if kind not in PART_KINDS:
+            raise ValueError(f"unknown kind {kind!r}; kinds: {', '.join(PART_KINDS)}")
         self.kind = kind
-        self.human_name = KINDS[kind][1]
-        self.recipe_key = KINDS[kind][2]
+        self.human_name = PART_KINDS[kind].human_name
+        self.recipe_key = PART_KINDS[kind].recipe_key
         self._entries: dict[str, Entry] = {}
         self._aliases: dict[str, str] = {}
 
@@ -321,7 +423,7 @@ class Registry:
 
 
 def make_registries() -> dict[str, Registry]:
-    return {kind: Registry(kind) for kind in KINDS}
+    return {kind: Registry(kind) for kind in PART_KINDS}
 
 
 def bound_register(registry: Registry, plugin: str) -> Callable[..., Entry]:

@@ -105,6 +105,12 @@ def test_broken_plugin_leaves_the_cli_working(tmp_path):
             "Error: rollout.engine: rollout engine 'vllm' is not installed: "
             "pip install plugrl-vllm",
         ),
+        (
+            "actor.ppo_mini_batch_size=1000",
+            "Error: actor.ppo_mini_batch_size: 1000 prompts per optimizer step do not divide "
+            "data.train_batch_size=1024; make data.train_batch_size a multiple of "
+            "actor.ppo_mini_batch_size",
+        ),
     ],
 )
 def test_recipe_errors_print_one_line_and_exit_1(tmp_path, fake_parts_env, override, expected):
@@ -114,6 +120,19 @@ def test_recipe_errors_print_one_line_and_exit_1(tmp_path, fake_parts_env, overr
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines() == [expected]
+
+
+def test_print_config_shows_the_recipe_warnings(tmp_path, fake_parts_env):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(BASE_RECIPE))
+    result = plugrl(
+        "run", str(recipe), "actor.kl_loss_coef=0.05", "--print-config", env_extra=fake_parts_env
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "actor.kl_loss_coef: 0.05 is ignored: the KL loss is off (set actor.use_kl_loss=true)"
+    ]
+    assert yaml.safe_load(result.stdout)["actor"]["kl_loss_coef"] == 0.05
 
 
 def test_print_config_and_run(tmp_path, fake_parts_env):

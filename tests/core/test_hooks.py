@@ -5,7 +5,7 @@ import re
 from pathlib import Path
 
 from plugrl import hookspecs
-from plugrl.registry import KINDS
+from plugrl.registry import PART_KINDS
 
 ROOT = Path(__file__).resolve().parents[2]
 HOOKS = sorted(
@@ -16,7 +16,7 @@ HOOKS = sorted(
 
 
 def test_the_hook_list():
-    registration = sorted(hook for hook, _, _ in KINDS.values())
+    registration = sorted(kind.hook for kind in PART_KINDS.values())
     lifecycle = [
         "detect_device",
         "on_run_end",

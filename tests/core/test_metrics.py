@@ -6,6 +6,7 @@ from plugrl.metrics import (
     StepTimer,
     compute_data_metrics,
     compute_throughput_metrics,
+    length_metrics,
     mean_metrics,
 )
 
@@ -30,6 +31,43 @@ def test_data_metrics_use_verl_names_and_respect_the_mask():
     assert metrics["critic/advantages/mean"] == pytest.approx((6 - 4) / 7)
     assert (metrics["response_length/mean"], metrics["response_length/clip_ratio"]) == (3.5, 0.5)
     assert (metrics["prompt_length/min"], metrics["prompt_length/clip_ratio"]) == (2.0, 0.5)
+
+
+def test_length_metrics_of_a_rollout_batch():
+    from plugrl.data.rollout_batch import build_rollout_batch
+    from plugrl.parts.rollout import Completion
+
+    prompts = Batch(
+        tensors={
+            "prompts": torch.tensor([[0, 11, 12], [21, 22, 23]]),
+            "prompt_attention_mask": torch.tensor([[0, 1, 1], [1, 1, 1]]),
+        },
+        columns={"uid": ["a", "b"]},
+    )
+    completions = [
+        Completion(token_ids=tokens, log_probs=[0.0] * len(tokens), finish_reason="stop")
+        for tokens in ([5, 6, 7], [8], [9, 10], [])
+    ]
+    for index, completion in enumerate(completions):
+        completion.prompt_index = index // 2
+    batch = build_rollout_batch(prompts, completions, n=2, pad_token_id=0)
+    metrics = length_metrics(batch, max_response_length=3, max_prompt_length=3)
+    assert metrics == {
+        "response_length/mean": pytest.approx(6 / 4),
+        "response_length/max": 3.0,
+        "response_length/min": 0.0,
+        "response_length/clip_ratio": pytest.approx(1 / 4),
+        "prompt_length/mean": pytest.approx(10 / 4),
+        "prompt_length/max": 3.0,
+        "prompt_length/min": 2.0,
+        "prompt_length/clip_ratio": pytest.approx(2 / 4),
+    }
+    # without limits, no clip ratios; the data metrics report the same lengths
+    assert sorted(length_metrics(batch)) == sorted(
+        k for k in metrics if not k.endswith("clip_ratio")
+    )
+    data_metrics = compute_data_metrics(batch, max_response_length=3, max_prompt_length=3)
+    assert {k: data_metrics[k] for k in metrics} == metrics
 
 
 def test_explained_variance():

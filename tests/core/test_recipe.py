@@ -75,6 +75,7 @@ def test_overrides_are_typed_by_the_field(base):
         base,
         "actor.optim.lr=1e-6",
         "data.train_batch_size=64",
+        "actor.ppo_mini_batch_size=32",
         "actor.shuffle=true",
         "trainer.logger=[console]",
         "data.train_files=one.parquet",

@@ -1,7 +1,7 @@
 import pytest
 
 from plugrl.errors import PluginError, UnknownNameError
-from plugrl.registry import Registry, import_object
+from plugrl.registry import PART_KINDS, Registry, import_object, section_kind
 
 
 def make_registry() -> Registry:
@@ -108,3 +108,54 @@ def test_import_object_paths():
     assert import_object("os.path:join").__name__ == "join"
     with pytest.raises(PluginError, match=r"expected 'package.module:attribute'"):
         import_object("os.path.join")
+
+
+# ------------------------------------------------------------------------ the kinds of part
+
+
+def test_the_kinds_agree_with_the_recipe_keys_that_choose_them():
+    import attrs
+
+    from plugrl.recipe import Recipe
+
+    recipe = Recipe()
+    for kind in PART_KINDS.values():
+        if kind.name == "reward_functions":
+            continue  # chosen by each row's data_source, not by a recipe key
+        section = getattr(recipe, kind.section)
+        fields = attrs.fields_dict(type(section))
+        chooser = fields[kind.selector]
+        assert chooser.metadata["registry"] == kind.name, kind.recipe_key
+        assert (chooser.default == "auto") == kind.accepts_auto, kind.recipe_key
+        if kind.section_config is not None:
+            assert kind.section_base() is type(section), kind.recipe_key
+            assert section_kind(kind.section) is kind
+        if kind.args_key is not None:
+            section_name, _, args_field = kind.args_key.partition(".")
+            assert section_name == kind.section and args_field in fields, kind.args_key
+    assert {k.section for k in PART_KINDS.values() if k.section_config} == {
+        "device",
+        "actor",
+        "rollout",
+        "reward",
+        "scheduler",
+    }
+    assert section_kind("trainer") is None
+
+
+def test_a_kind_not_chosen_by_a_section_has_no_base():
+    with pytest.raises(ValueError, match="a policy loss does not own a recipe section"):
+        PART_KINDS["policy_losses"].section_base()
+
+
+def test_the_registry_imports_no_config_class():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, plugrl.registry as r; r.PART_KINDS; "
+        "print(sorted(m for m in sys.modules if m.startswith('plugrl.parts')))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

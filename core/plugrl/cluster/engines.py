@@ -30,7 +30,7 @@ from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from plugrl.cluster.worker import build_device, prepare_once, worker_plugin_manager
-from plugrl.errors import PluginError, PlugrlError, RecipeError
+from plugrl.errors import PluginError, PlugrlError
 from plugrl.parts.context import PartContext
 from plugrl.parts.rollout import (
     Capability,
@@ -569,16 +569,9 @@ class RayEngineGroup(EngineGroup):
 
 def engine_pool_size(recipe: Recipe) -> int:
     """Engines of a ``rollout.colocate: false`` run on Ray: its own devices over the devices
-    one engine spans."""
+    one engine spans (that they divide is checked when the recipe is read)."""
     rollout = recipe.rollout
-    devices = rollout.nnodes * rollout.n_gpus_per_node
-    if devices % rollout.tensor_model_parallel_size:
-        raise RecipeError(
-            f"rollout.nnodes x rollout.n_gpus_per_node = {devices} devices do not divide into "
-            f"engines of rollout.tensor_model_parallel_size={rollout.tensor_model_parallel_size}",
-            key="rollout.n_gpus_per_node",
-        )
-    return devices // rollout.tensor_model_parallel_size
+    return rollout.nnodes * rollout.n_gpus_per_node // rollout.tensor_model_parallel_size
 
 
 def make_engine_group(
@@ -605,13 +598,7 @@ def make_engine_group(
     if rollout.colocate:
         if trainer_placement is None:
             raise ValueError("colocated engines on Ray need the trainer's placement")
-        if rollout.tensor_model_parallel_size != 1:
-            raise RecipeError(
-                "engines that span several devices cannot yet share the trainer's devices on "
-                "Ray; set rollout.colocate=false (engines on devices of their own) or "
-                "rollout.tensor_model_parallel_size=1",
-                key="rollout.tensor_model_parallel_size",
-            )
+        # one engine per trainer device: the recipe check refuses engines spanning several
         return RayEngineGroup(
             recipe, device_name=device_name, plugins=plugins, placement=trainer_placement
         )

@@ -10,7 +10,6 @@ from plugrl.errors import PluginError
 from plugrl.parts.context import PartContext
 from plugrl.plugins import get_plugin_manager
 from plugrl.recipe import part_args
-from plugrl.registry import KINDS
 
 if TYPE_CHECKING:
     from plugrl.parts.algorithm import AdvantageEstimator, PolicyLoss
@@ -31,7 +30,7 @@ def check_constructor(entry: Entry, cls: Any) -> None:
     except TypeError:
         name = getattr(cls, "__qualname__", repr(cls))
         raise PluginError(
-            f"{KINDS[entry.kind][1]} {entry.name!r} from plugin {entry.plugin!r}: "
+            f"{entry.human_name} {entry.name!r} from plugin {entry.plugin!r}: "
             f"{name}{signature} does not fit the interface; plugrl builds every part as "
             f"{name}(config, context) (see docs/plugins.md)"
         ) from None

@@ -2,7 +2,9 @@
 
 The run composition calls :func:`check_algorithm` once before anything is built, so that a
 combination that would fail mid-run (GAE without a critic, ReMax with a scheduler that does
-not compute baselines) stops the run at once with the key to change.
+not compute baselines) stops the run at once with the key to change. These need the chosen
+parts' classes; what the recipe alone tells is checked when it is read
+(:mod:`plugrl.recipe.checks`).
 """
 
 from __future__ import annotations
@@ -43,7 +45,6 @@ def check_algorithm(recipe: Recipe, plugins: PluginManager | None = None) -> Non
     plugins = plugins or get_plugin_manager()
     _check_estimator(recipe, plugins)
     _check_policy_loss(recipe, plugins)
-    _check_kl(recipe)
 
 
 def _check_estimator(recipe: Recipe, plugins: PluginManager) -> None:
@@ -88,11 +89,6 @@ def _check_estimator(recipe: Recipe, plugins: PluginManager) -> None:
             "every group has one response and no baseline",
             name,
         )
-    if recipe.algorithm.filter_groups.enable and recipe.rollout.n == 1:
-        logger.warning(
-            "algorithm.filter_groups keeps every group of one response, and rollout.n is 1: "
-            "dynamic sampling will drop nothing"
-        )
 
 
 def _check_policy_loss(recipe: Recipe, plugins: PluginManager) -> None:
@@ -102,15 +98,4 @@ def _check_policy_loss(recipe: Recipe, plugins: PluginManager) -> None:
         raise RecipeError(
             f"the dual-clip bound must be greater than 1, got {actor.clip_ratio_c}",
             key="actor.clip_ratio_c",
-        )
-
-
-def _check_kl(recipe: Recipe) -> None:
-    algorithm = recipe.algorithm
-    control = algorithm.kl_ctrl
-    if algorithm.use_kl_in_reward and control.type == "adaptive" and not control.target_kl > 0:
-        raise RecipeError(
-            f"the adaptive KL controller needs a target_kl > 0 (got {control.target_kl}); "
-            "set it or use algorithm.kl_ctrl.type=fixed",
-            key="algorithm.kl_ctrl.target_kl",
         )

@@ -168,16 +168,9 @@ def training_loader(recipe: Recipe, dataset: PromptDataset, pad_token_id: int) -
     from plugrl.data.dataset import PromptLoader
 
     data = recipe.data
-    if data.gen_batch_size is None or data.gen_batch_size == data.train_batch_size:
-        return PromptLoader.for_training(dataset, data, pad_token_id)
-    if not recipe.algorithm.filter_groups.enable:
-        logger.warning(
-            "data.gen_batch_size is used only with algorithm.filter_groups.enable=true; "
-            "each step generates data.train_batch_size=%d prompts",
-            data.train_batch_size,
-        )
-        return PromptLoader.for_training(dataset, data, pad_token_id)
-    return PromptLoader.for_training(dataset, data, pad_token_id, per_generation_round=True)
+    # without dynamic sampling gen_batch_size is ignored (the recipe check warns about it)
+    per_round = recipe.algorithm.filter_groups.enable and data.gen_batch_size is not None
+    return PromptLoader.for_training(dataset, data, pad_token_id, per_generation_round=per_round)
 
 
 def check_data_sources(reward: RewardManager, datasets: list[PromptDataset | None]) -> None:

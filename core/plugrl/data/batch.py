@@ -9,6 +9,11 @@ Column names follow verl: ``prompts`` [B, P] (left-padded), ``responses`` [B, R]
 (right-padded), ``input_ids``/``attention_mask``/``position_ids`` [B, P+R],
 ``response_mask`` [B, R], ``old_log_probs``, ``ref_log_prob``, ``rollout_log_probs``,
 ``token_level_scores``, ``token_level_rewards``, ``values``, ``advantages``, ``returns`` [B, R].
+
+A batch in that layout records it in ``meta`` (:data:`LAYOUT_KEYS`: ``prompt_width`` P,
+``response_width`` R, ``pad_token_id``; :func:`plugrl.data.rollout_batch.build_rollout_batch`
+writes them), so that :meth:`Batch.concat` can join batches whose longest prompts or
+responses differ by padding each to the widest.
 """
 
 from __future__ import annotations
@@ -16,8 +21,20 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+import attrs
 import numpy as np
 import torch
+
+LAYOUT_KEYS = ("prompt_width", "response_width", "pad_token_id")
+"""``meta`` keys of a batch in the prompt/response layout: P, R and the token that pads."""
+PROMPT_COLUMNS = frozenset({"prompts", "prompt_attention_mask"})
+"""[B, P], left-padded."""
+SEQUENCE_COLUMNS = frozenset({"input_ids", "attention_mask", "position_ids"})
+"""[B, P+R] (``position_ids`` also [B, k, P+R] for mrope): a left-padded prompt part, then a
+right-padded response part. Any other tensor column whose second dimension is R in every
+batch is a response column, right-padded."""
+TOKEN_COLUMNS = frozenset({"prompts", "responses", "input_ids"})
+"""Columns padded with the pad token; the others are padded with 0, except positions."""
 
 
 def left_pad(
@@ -173,7 +190,12 @@ class Batch:
 
     @classmethod
     def concat(cls, batches: Iterable[Batch]) -> Batch:
-        """Rows of several batches with the same columns; ``meta`` of the first."""
+        """Rows of several batches with the same columns; ``meta`` of the first.
+
+        Batches that record their layout (:data:`LAYOUT_KEYS`) may differ in prompt and
+        response width: each is padded to the widest, as if the rows had been assembled
+        together. Without a layout, tensor columns must have the same width.
+        """
         batches = list(batches)
         if not batches:
             return cls()
@@ -184,9 +206,40 @@ class Batch:
                     f"cannot concat: batch {i} has columns {sorted(batch.keys())}, "
                     f"batch 0 has {sorted(keys)}"
                 )
+        layouts = [_Layout.of(batch) for batch in batches]
         out = cls(meta=batches[0].meta)
+        known = [layout for layout in layouts if layout is not None]
+        target = _widest(known) if len(known) == len(layouts) else None
         for name in batches[0].tensors:
-            out.tensors[name] = torch.cat([b.tensors[name] for b in batches])
+            tensors = [b.tensors[name] for b in batches]
+            if target is None:
+                missing = layouts.index(None)
+                _check_same_width(
+                    name,
+                    tensors,
+                    f"batch {missing} records no layout ({', '.join(LAYOUT_KEYS)} in meta, as "
+                    "build_rollout_batch writes them) to pad by",
+                )
+            elif (
+                name in PROMPT_COLUMNS
+                or name in SEQUENCE_COLUMNS
+                or _is_response_column(tensors, known)
+            ):
+                tensors = [
+                    _pad_to(name, t, layout, target)
+                    for t, layout in zip(tensors, known, strict=True)
+                ]
+            else:
+                responses = " and ".join(dict.fromkeys(str(x.response_width) for x in known))
+                _check_same_width(
+                    name,
+                    tensors,
+                    f"it is not response-wide ({responses}) in every batch, so its padding is "
+                    "unknown",
+                )
+            out.tensors[name] = torch.cat(tensors)
+        if target is not None:
+            out.meta.update(target.meta())
         for name in batches[0].columns:
             out.columns[name] = np.concatenate([b.columns[name] for b in batches])
         return out
@@ -232,3 +285,105 @@ class Batch:
         self.tensors = state["tensors"]
         self.columns = state["columns"]
         self.meta = state["meta"]
+
+
+# --------------------------------------------------------------------------------------------
+# Padding batches of the prompt/response layout to one width
+# --------------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class _Layout:
+    """A batch's prompt width P, response width R and pad token, from its ``meta``."""
+
+    prompt_width: int
+    response_width: int
+    pad_token_id: int
+
+    @classmethod
+    def of(cls, batch: Batch) -> _Layout | None:
+        if not all(key in batch.meta for key in LAYOUT_KEYS):
+            return None
+        return cls(*(int(batch.meta[key]) for key in LAYOUT_KEYS))
+
+    def meta(self) -> dict[str, int]:
+        return {
+            "prompt_width": self.prompt_width,
+            "response_width": self.response_width,
+            "pad_token_id": self.pad_token_id,
+        }
+
+
+def _widest(layouts: Sequence[_Layout]) -> _Layout:
+    pads = sorted({layout.pad_token_id for layout in layouts})
+    if len(pads) > 1:
+        listed = " and ".join(map(str, pads))
+        raise ValueError(f"cannot concat batches padded with different pad token ids ({listed})")
+    return _Layout(
+        max(layout.prompt_width for layout in layouts),
+        max(layout.response_width for layout in layouts),
+        pads[0],
+    )
+
+
+def _check_same_width(name: str, tensors: Sequence[torch.Tensor], why: str) -> None:
+    shapes = ["x".join(map(str, t.shape[1:])) or "1" for t in tensors]
+    if len(set(shapes)) > 1:
+        widths = " and ".join(dict.fromkeys(shapes))
+        raise ValueError(f"cannot concat column {name!r} of widths {widths}: {why}")
+
+
+def _is_response_column(tensors: Sequence[torch.Tensor], layouts: Sequence[_Layout]) -> bool:
+    return all(
+        t.dim() >= 2 and t.shape[1] == layout.response_width
+        for t, layout in zip(tensors, layouts, strict=True)
+    )
+
+
+def _pad(
+    tensor: torch.Tensor, dim: int, *, before: int = 0, after: int = 0, value: Any = 0
+) -> torch.Tensor:
+    """``tensor`` with ``before`` and ``after`` slices of ``value`` added along ``dim``;
+    ``value="edge"`` repeats the last slice after it."""
+    dim %= tensor.dim()
+    parts = [tensor]
+    for count, at_end in ((before, False), (after, True)):
+        if not count:
+            continue
+        if value == "edge" and at_end:
+            edge = tensor.narrow(dim, tensor.shape[dim] - 1, 1)
+            filler = edge.expand(*[count if d == dim else -1 for d in range(tensor.dim())])
+        else:
+            shape = [count if d == dim else size for d, size in enumerate(tensor.shape)]
+            filler = torch.full(shape, value, dtype=tensor.dtype, device=tensor.device)
+        parts = [*parts, filler] if at_end else [filler, *parts]
+    return torch.cat(parts, dim=dim) if len(parts) > 1 else tensor
+
+
+def _pad_to(name: str, tensor: torch.Tensor, layout: _Layout, target: _Layout) -> torch.Tensor:
+    """Column ``name`` of a batch in ``layout``, padded to the widths of ``target``."""
+    fill = target.pad_token_id if name in TOKEN_COLUMNS else 0
+    grow_prompt = target.prompt_width - layout.prompt_width
+    grow_response = target.response_width - layout.response_width
+    if name in PROMPT_COLUMNS or name in SEQUENCE_COLUMNS:
+        expected = layout.prompt_width + (layout.response_width if name in SEQUENCE_COLUMNS else 0)
+        if tensor.shape[-1] != expected:
+            raise ValueError(
+                f"column {name!r} is {tensor.shape[-1]} wide, but its batch's meta says "
+                f"prompt_width {layout.prompt_width} and response_width {layout.response_width}"
+            )
+    if name in PROMPT_COLUMNS:
+        return _pad(tensor, -1, before=grow_prompt, value=fill)
+    if name in SEQUENCE_COLUMNS:
+        prompt, response = tensor.split([layout.prompt_width, layout.response_width], dim=-1)
+        # build_rollout_batch counts positions over real tokens only: 0 on the left padding,
+        # the last token's position on the right padding
+        response_fill = "edge" if name == "position_ids" else fill
+        return torch.cat(
+            [
+                _pad(prompt, -1, before=grow_prompt, value=fill),
+                _pad(response, -1, after=grow_response, value=response_fill),
+            ],
+            dim=-1,
+        )
+    return _pad(tensor, 1, after=grow_response, value=fill)

@@ -7,9 +7,7 @@ of prompt 0, then those of prompt 1...), so rows sharing a ``uid`` form a GRPO g
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from plugrl.data.batch import Batch
@@ -33,7 +31,9 @@ def build_rollout_batch(
     only, so left padding does not shift them), ``rollout_log_probs`` [B*n, R] (0 on padding).
     Columns added: ``finish_reason``, ``weight_version``, ``min_weight_version``.
     ``R`` is ``response_width`` when given (no response may be longer), else the longest
-    response (at least 1, so tensors are never empty).
+    response (at least 1, so tensors are never empty). ``meta`` records the layout
+    (``prompt_width`` P, ``response_width`` R, ``pad_token_id``), by which
+    :meth:`Batch.concat` joins batches of different widths.
     """
     import torch
 
@@ -90,37 +90,9 @@ def build_rollout_batch(
     batch["finish_reason"] = [c.finish_reason for c in completions]
     batch["weight_version"] = [c.weight_version for c in completions]
     batch["min_weight_version"] = [c.min_weight_version for c in completions]
+    batch.meta.update(
+        prompt_width=int(prompt_ids.shape[-1]),
+        response_width=response_width,
+        pad_token_id=pad_token_id,
+    )
     return batch
-
-
-def _stats(name: str, lengths: np.ndarray, limit: int | None) -> dict[str, float]:
-    if lengths.size == 0:
-        return {}
-    metrics = {
-        f"{name}/mean": float(lengths.mean()),
-        f"{name}/max": float(lengths.max()),
-        f"{name}/min": float(lengths.min()),
-    }
-    if limit is not None:
-        metrics[f"{name}/clip_ratio"] = float((lengths >= limit).mean())
-    return metrics
-
-
-def length_metrics(
-    batch: Batch,
-    *,
-    max_prompt_length: int | None = None,
-    max_response_length: int | None = None,
-) -> dict[str, Any]:
-    """verl's ``response_length/{mean,max,min,clip_ratio}`` and ``prompt_length/*`` (clip ratio:
-    the fraction at the length limit), plus ``response/aborted_ratio`` when the batch has
-    ``finish_reason``."""
-    batch.require("response_mask", "prompt_attention_mask", by="length_metrics")
-    response_lengths = batch["response_mask"].sum(dim=-1).cpu().numpy()
-    prompt_lengths = batch["prompt_attention_mask"].sum(dim=-1).cpu().numpy()
-    metrics = _stats("response_length", response_lengths, max_response_length)
-    metrics.update(_stats("prompt_length", prompt_lengths, max_prompt_length))
-    if "finish_reason" in batch and len(batch):
-        reasons = batch["finish_reason"]
-        metrics["response/aborted_ratio"] = float(np.mean([r == "aborted" for r in reasons]))
-    return metrics

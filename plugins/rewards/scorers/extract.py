@@ -6,11 +6,9 @@ LaTeX maths, parsed by a math-verification library that builds expressions, neve
 
 from __future__ import annotations
 
-import re
+from plugrl.quickstart.arithmetic import ANSWER_LABEL
 
 BOX_COMMANDS = ("\\boxed", "\\fbox")
-# "Answer:" with an ASCII or a full-width colon (Chinese-language models write "Answer：").
-ANSWER_LABEL = re.compile(r"answer\s*[:：]", re.IGNORECASE)
 
 
 def last_boxed(text: str) -> str | None:
@@ -42,39 +40,16 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
-def last_answer_line(text: str, *, line_start: bool = False) -> str | None:
+def last_answer_line(text: str) -> str | None:
     """The text after the last ``Answer:`` label, up to the end of its line, stripped.
 
-    The label matches in any case, with an ASCII or a full-width colon. With ``line_start``
-    it must open its line (spaces before it allowed); otherwise it may stand anywhere in the
-    line (``The final answer: 5``), the last one of the line counting.
+    The label (:data:`plugrl.quickstart.arithmetic.ANSWER_LABEL`) matches in any case, with an
+    ASCII or a full-width colon, anywhere in a line (``The final answer: 5``), the last one of
+    the line counting.
     """
     found = None
     for line in text.splitlines():
-        if line_start:
-            match = ANSWER_LABEL.match(line.lstrip())
-            if match:
-                found = line.lstrip()[match.end() :]
-            continue
         matches = list(ANSWER_LABEL.finditer(line))
         if matches:
             found = line[matches[-1].end() :]
     return found.strip() if found is not None else None
-
-
-_INTEGER = re.compile(r"[+-]?(?:\d+|\d{1,3}(?:,\d{3})+)")
-
-
-def parse_integer(text: str) -> int | None:
-    """``"1,234."`` -> 1234; ``None`` for anything that is not one integer.
-
-    Accepted: optional sign (``+``, ``-`` or the Unicode minus ``−``), digits, thousands
-    separated by commas in groups of three, surrounding spaces and one trailing period.
-    Rejected: decimals (``3.5``, ``3.0``), fractions, words, several numbers, empty text.
-    """
-    value = text.strip().replace("−", "-")
-    if value.endswith("."):
-        value = value[:-1].rstrip()
-    if not _INTEGER.fullmatch(value):
-        return None
-    return int(value.replace(",", ""))

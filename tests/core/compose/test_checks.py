@@ -67,15 +67,6 @@ def test_dual_clip_bound_must_exceed_one(recipe_from, plugins):
     check_algorithm(recipe_from("actor.clip_ratio_c=1.0", "actor.policy_loss=gspo"), plugins)
 
 
-def test_adaptive_kl_in_reward_needs_a_target(recipe_from, plugins):
-    recipe = recipe_from(
-        "algorithm.use_kl_in_reward=true",
-        "algorithm.kl_ctrl.type=adaptive",
-        "algorithm.kl_ctrl.target_kl=0",
-    )
-    fails(recipe, plugins, "algorithm.kl_ctrl.target_kl", "the adaptive KL controller needs")
-
-
 def test_unknown_names_fail_when_the_recipe_is_read(recipe_from):
     with pytest.raises(RecipeError, match=r"algorithm.adv_estimator: unknown advantage estimator"):
         recipe_from("algorithm.adv_estimator=grpoo")
@@ -88,9 +79,3 @@ def test_group_estimators_with_one_response_per_prompt_warn(recipe_from, plugins
         check_algorithm(recipe_from("rollout.n=1"), plugins)
         check_algorithm(recipe_from("rollout.n=4", "algorithm.adv_estimator=rloo"), plugins)
     assert caplog.text.count("compares responses to the same prompt but rollout.n is 1") == 1
-
-
-def test_dynamic_sampling_with_one_response_per_prompt_warns(recipe_from, plugins, caplog):
-    with caplog.at_level(logging.WARNING, logger="plugrl.algorithms"):
-        check_algorithm(recipe_from("rollout.n=1", "algorithm.filter_groups.enable=true"), plugins)
-    assert "dynamic sampling will drop nothing" in caplog.text

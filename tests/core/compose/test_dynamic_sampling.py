@@ -117,6 +117,7 @@ def test_take_before_ready_is_an_error():
 def test_sampler_from_recipe(recipe_from):
     recipe = recipe_from(
         "data.train_batch_size=8",
+        "actor.ppo_mini_batch_size=8",
         "algorithm.filter_groups.enable=true",
         "algorithm.filter_groups.metric=score",
         "algorithm.filter_groups.max_num_gen_batches=5",
@@ -129,3 +130,60 @@ def test_explicit_metric_values_override_the_column():
     sampler = DynamicSampler(target_groups=1)
     sampler.add(round_batch(["a", "a"], [1, 1]), metric_values=np.array([0.2, 0.7]))
     assert sampler.ready
+
+
+# ------------------------------------------- rounds whose prompts and responses differ in width
+
+PAD = 0
+
+
+def rollout_round(prompts, responses, uids, *, pad=PAD):
+    """What a generation round hands the sampler: a batch from build_rollout_batch (two
+    responses per prompt), scored on each response's last token, with an ``acc`` column."""
+    from plugrl.data.batch import left_pad
+    from plugrl.data.rollout_batch import build_rollout_batch
+    from plugrl.parts.rollout import Completion
+
+    ids, mask = left_pad(prompts, pad)
+    prompt_batch = Batch(
+        {"prompts": ids, "prompt_attention_mask": mask},
+        {"uid": uids, "raw_prompt_ids": prompts},
+        meta={"epoch": 0},
+    )
+    completions = [
+        Completion(
+            token_ids=list(tokens),
+            log_probs=[-0.25 * (i + 1) for i in range(len(tokens))],
+            finish_reason="stop",
+            prompt_index=row // 2,
+        )
+        for row, tokens in enumerate(responses)
+    ]
+    batch = build_rollout_batch(prompt_batch, completions, n=2, pad_token_id=pad)
+    acc = [float(len(tokens) % 2) for tokens in responses]
+    scores = torch.zeros(batch["responses"].shape)
+    for row, tokens in enumerate(responses):
+        scores[row, max(len(tokens) - 1, 0)] = acc[row]
+    batch["token_level_scores"] = scores
+    batch["acc"] = acc
+    return batch
+
+
+def test_rounds_of_different_widths_concatenate_as_one_batch_would_be():
+    sampler = DynamicSampler(target_groups=2, metric="acc")
+    # round 1: prompts 2 tokens wide, responses 2; group "b" scores the same twice (dropped)
+    first = rollout_round([[1, 2], [3]], [[5], [6, 7], [8, 8], [9, 9]], ["a", "b"])
+    # round 2: prompts 4 tokens wide, responses 3
+    second = rollout_round([[4, 5, 6, 7]], [[9, 9, 9], [10, 11]], ["c"])
+    sampler.add(first)
+    sampler.add(second)
+    batch, _ = sampler.take()
+
+    whole = rollout_round([[1, 2], [4, 5, 6, 7]], [[5], [6, 7], [9, 9, 9], [10, 11]], ["a", "c"])
+    assert sorted(batch.keys()) == sorted(whole.keys())
+    for name in whole.tensors:
+        assert batch[name].dtype == whole[name].dtype, name
+        assert batch[name].tolist() == whole[name].tolist(), name
+    for name in whole.columns:
+        assert list(batch[name]) == list(whole[name]), name
+    assert batch.meta == whole.meta

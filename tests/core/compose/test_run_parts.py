@@ -1,5 +1,3 @@
-import logging
-
 import pytest
 
 from plugrl.compose.run_parts import training_loader, update_derives_old_log_probs
@@ -15,6 +13,7 @@ def recipe_with(**data):
     return build_recipe(
         {
             "data": {"train_batch_size": 4, **data},
+            "actor": {"ppo_mini_batch_size": 4},
             "rollout": {"n": 2},
             "algorithm": {"filter_groups": {"enable": filter_groups}},
         }
@@ -33,14 +32,10 @@ def test_the_training_loader_batches_prompts_per_generation_round(data, batch_si
     assert training_loader(recipe_with(**data), Prompts(range(16)), 0).batch_size == batch_size
 
 
-def test_gen_batch_size_without_dynamic_sampling_is_ignored_with_a_warning(caplog):
-    with caplog.at_level(logging.WARNING, logger="plugrl.run"):
-        loader = training_loader(recipe_with(gen_batch_size=6), Prompts(range(16)), 0)
+def test_gen_batch_size_without_dynamic_sampling_is_ignored():
+    # the recipe check warns about it (tests/core/test_recipe_checks.py)
+    loader = training_loader(recipe_with(gen_batch_size=6), Prompts(range(16)), 0)
     assert loader.batch_size == 4
-    assert caplog.messages == [
-        "data.gen_batch_size is used only with algorithm.filter_groups.enable=true; each step "
-        "generates data.train_batch_size=4 prompts"
-    ]
 
 
 class Derives:

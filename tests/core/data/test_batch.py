@@ -70,6 +70,97 @@ def test_concat_requires_the_same_columns():
         Batch.concat([make(2), other])
 
 
+# --------------------------------------------------- concat of batches of different widths
+
+PAD = 7
+
+
+def rollout(prompts, responses):
+    """One response per prompt, assembled by build_rollout_batch (which records the layout)."""
+    from plugrl.data.rollout_batch import build_rollout_batch
+    from plugrl.parts.rollout import Completion
+
+    ids, mask = left_pad(prompts, PAD)
+    completions = [
+        Completion(
+            token_ids=list(tokens),
+            log_probs=[-1.0] * len(tokens),
+            finish_reason="stop",
+            prompt_index=i,
+        )
+        for i, tokens in enumerate(responses)
+    ]
+    prompt_batch = Batch({"prompts": ids, "prompt_attention_mask": mask}, {"row": range(len(ids))})
+    batch = build_rollout_batch(prompt_batch, completions, n=1, pad_token_id=PAD)
+    # mrope positions: [B, 3, P+R], one (scaled) position per rope section
+    batch["position_ids"] = torch.stack([batch["position_ids"] * k for k in (1, 2, 3)], dim=1)
+    # a response column with a dimension of its own (top-2 log-probs, say)
+    batch["top_log_probs"] = torch.stack([batch["rollout_log_probs"]] * 2, dim=-1)
+    batch["score"] = torch.arange(len(ids), dtype=torch.float32)  # one value per row
+    return batch
+
+
+def test_concat_pads_the_mrope_positions_and_wider_response_columns():
+    narrow = rollout([[1, 2]], [[3]])
+    wide = rollout([[4, 5, 6]], [[8, 9, 10]])
+    joined = Batch.concat([narrow, wide])
+    # built in one piece the narrow row has the same padding, so positions scale the same way
+    whole = rollout([[1, 2], [4, 5, 6]], [[3], [8, 9, 10]])
+    whole["score"] = torch.tensor([0.0, 0.0])
+    for name in whole.tensors:
+        assert joined[name].tolist() == whole[name].tolist(), name
+    assert joined["position_ids"][0].tolist() == [
+        [0, 0, 1, 2, 2, 2],
+        [0, 0, 2, 4, 4, 4],
+        [0, 0, 3, 6, 6, 6],
+    ]
+    assert joined["input_ids"][0].tolist() == [PAD, 1, 2, 3, PAD, PAD]
+    assert joined.meta == {"prompt_width": 3, "response_width": 3, "pad_token_id": PAD}
+
+
+def test_concat_of_batches_without_a_layout_needs_one_width():
+    narrow, wide = rollout([[1, 2]], [[3]]), rollout([[4, 5, 6]], [[8, 9, 10]])
+    wide.meta.clear()
+    with pytest.raises(ValueError) as info:
+        Batch.concat([narrow, wide])
+    assert str(info.value) == (
+        "cannot concat column 'prompts' of widths 2 and 3: batch 1 records no layout "
+        "(prompt_width, response_width, pad_token_id in meta, as build_rollout_batch writes "
+        "them) to pad by"
+    )
+    # of one width, they need none
+    same = rollout([[4, 5]], [[8]])
+    same.meta.clear()
+    assert Batch.concat([narrow, same])["input_ids"].tolist() == [[1, 2, 3], [4, 5, 8]]
+
+
+def test_concat_refuses_a_column_whose_padding_is_unknown():
+    narrow, wide = rollout([[1, 2]], [[3]]), rollout([[4, 5, 6]], [[8, 9, 10]])
+    narrow["extra"], wide["extra"] = torch.zeros(1, 4), torch.zeros(1, 5)
+    with pytest.raises(ValueError) as info:
+        Batch.concat([narrow, wide])
+    assert str(info.value) == (
+        "cannot concat column 'extra' of widths 4 and 5: it is not response-wide (1 and 3) in "
+        "every batch, so its padding is unknown"
+    )
+
+
+def test_concat_refuses_batches_with_different_pads_or_a_stale_layout():
+    narrow, wide = rollout([[1, 2]], [[3]]), rollout([[4, 5, 6]], [[8, 9, 10]])
+    wide.meta["pad_token_id"] = 0
+    with pytest.raises(ValueError) as info:
+        Batch.concat([narrow, wide])
+    assert str(info.value) == "cannot concat batches padded with different pad token ids (0 and 7)"
+    wide.meta["pad_token_id"] = PAD
+    wide["input_ids"] = wide["input_ids"][:, :-1]
+    with pytest.raises(ValueError) as info:
+        Batch.concat([narrow, wide])
+    assert str(info.value) == (
+        "column 'input_ids' is 5 wide, but its batch's meta says prompt_width 3 and "
+        "response_width 3"
+    )
+
+
 def test_union_checks_shared_columns():
     batch = make()
     extra = Batch(tensors={"values": torch.ones(4, 3), "responses": batch["responses"]})

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from plugrl.data.batch import Batch
-from plugrl.data.rollout_batch import build_rollout_batch, length_metrics
+from plugrl.data.rollout_batch import build_rollout_batch
 from plugrl.parts.rollout import Completion
 
 PAD = 0
@@ -73,7 +73,8 @@ def test_rows_are_repeated_interleaved_with_responses_right_padded():
     assert list(batch["weight_version"]) == [2] * 4
     # the oldest version behind a token; an empty response has only the version it ended at
     assert list(batch["min_weight_version"]) == [1, 1, 1, 2]
-    assert batch.meta == {"epoch": 0}
+    # the prompt batch's meta, plus the layout Batch.concat pads by
+    assert batch.meta == {"epoch": 0, "prompt_width": 3, "response_width": 3, "pad_token_id": PAD}
     for name in ("responses", "response_mask", "input_ids", "attention_mask", "position_ids"):
         assert batch[name].dtype == torch.long, name
     assert batch["rollout_log_probs"].dtype == torch.float32
@@ -123,16 +124,3 @@ def test_response_longer_than_the_width():
 def test_prompt_batch_needs_its_tensors():
     with pytest.raises(KeyError, match=r"build_rollout_batch needs batch columns prompts"):
         build_rollout_batch(Batch(columns={"uid": ["a"]}), [], n=1, pad_token_id=PAD)
-
-
-def test_length_metrics():
-    batch = build_rollout_batch(prompt_batch(), completions(), n=2, pad_token_id=PAD)
-    metrics = length_metrics(batch, max_prompt_length=3, max_response_length=3)
-    assert metrics["response_length/mean"] == pytest.approx(6 / 4)
-    assert metrics["response_length/max"] == 3
-    assert metrics["response_length/min"] == 0
-    assert metrics["response_length/clip_ratio"] == pytest.approx(1 / 4)
-    assert metrics["prompt_length/mean"] == pytest.approx(10 / 4)
-    assert metrics["prompt_length/clip_ratio"] == pytest.approx(2 / 4)
-    assert metrics["response/aborted_ratio"] == pytest.approx(1 / 4)
-    assert "response_length/clip_ratio" not in length_metrics(batch)

@@ -13,7 +13,7 @@ from plugrl.quickstart import (
     quickstart_overrides,
     save_untrained_model,
 )
-from plugrl.quickstart.arithmetic import Problem, extract_answer, score, worked_answer
+from plugrl.quickstart.arithmetic import Problem, parse_answer, score, worked_answer
 
 # ---------------------------------------------------------------------------------- the task
 
@@ -46,18 +46,23 @@ def test_every_worked_answer_scores_right(left, right):
         ("steps\nAnswer: 81\n\n", 81),
         ("Answer:81", 81),
         ("Answer: 81 apples", None),
-        ("Answer: 81\nmore text", None),
+        ("Answer: 81\nmore text", 81),  # the last Answer line, whatever follows it
+        ("Answer: 81\nAnswer: 82", 82),
+        ("The answer: 81", None),  # the label must open its line
         ("", None),
         ("Answer: -4", -4),
     ],
 )
-def test_extract_answer_reads_only_the_last_line(response, answer):
-    assert extract_answer(response) == answer
+def test_parse_answer_reads_the_last_answer_line(response, answer):
+    assert parse_answer(response) == answer
 
 
-def test_score_handles_bad_ground_truth():
-    assert score("Answer: 3", "three") == 0.0
+def test_score_reads_the_ground_truth_as_an_integer():
     assert score("Answer: 3", " 3 ") == 1.0
+    assert score("Answer: 3", 3) == 1.0
+    assert score("Answer: 4", "3") == 0.0
+    with pytest.raises(ValueError, match="ground truth 'three' is not an integer"):
+        score("Answer: 3", "three")
 
 
 def test_splits_are_disjoint_deterministic_and_carry_as_asked():

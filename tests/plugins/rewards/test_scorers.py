@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from plugrl.quickstart.arithmetic import parse_integer
 from plugrl_plugins.rewards.scorers import arithmetic, gsm8k, math_boxed, math_dapo
 from plugrl_plugins.rewards.scorers import multiple_choice as mc
-from plugrl_plugins.rewards.scorers.extract import last_boxed, parse_integer
+from plugrl_plugins.rewards.scorers.extract import last_boxed
 
 # ------------------------------------------------------------------------------ arithmetic
 
@@ -41,6 +42,34 @@ ARITHMETIC = [
 def test_arithmetic(response, truth, score, pred):
     result = arithmetic.compute_score("plugrl/arithmetic", response, truth)
     assert result == {"score": score, "acc": score == 1.0, "pred": pred}
+
+
+TRICKY = [
+    "Answer: 42\nmore text after the answer",
+    "answer: 42",
+    "  ANSWER : 42",
+    "Answer：42",
+    "Answer: 1,234.",
+    "Answer: +42",
+    "Answer: −42",
+    "Answer: 42.0",
+    "Answer: 4 2",
+    "Answer: 42\nAnswer: forty-two",
+    "The final Answer: 42",
+    "Answer:\n42",
+    "",
+]
+
+
+@pytest.mark.parametrize("response", TRICKY)
+@pytest.mark.parametrize("truth", ["42", "1234", "-42"])
+def test_the_reward_and_the_quickstart_accuracy_read_an_answer_alike(response, truth):
+    from plugrl.quickstart.arithmetic import parse_answer, score
+
+    result = arithmetic.compute_score("plugrl/arithmetic", response, truth)
+    assert result["score"] == score(response, truth)
+    pred = parse_answer(response)
+    assert result["pred"] == (None if pred is None else str(pred))
 
 
 def test_arithmetic_rejects_a_ground_truth_that_is_not_an_integer():

@@ -1,0 +1,72 @@
+"""Recipes: YAML files (plus ``a.b.c=value`` overrides) read into attrs config classes.
+
+A recipe has one section per part. Sections whose part is chosen by a plugin (``device``,
+``actor``, ``rollout``, ``reward``, ``scheduler``) are read into the chosen plugin's config
+class, which extends the core's base class for that section; the core owns the others. Every
+error is a :class:`~plugrl.errors.RecipeError` with a one-line message that names the key and
+the fix.
+
+The modules, one concern each:
+
+* :mod:`~plugrl.recipe.sections`: the core's sections and :class:`Recipe`;
+* :mod:`~plugrl.recipe.composition`: reading YAML, ``defaults``, overrides, shipped recipes;
+* :mod:`~plugrl.recipe.structuring`: cattrs structuring and its errors;
+* :mod:`~plugrl.recipe.build`: a :class:`Recipe` from a mapping, with the plugins' sections,
+  names and options checked;
+* :mod:`~plugrl.recipe.checks`: settings of one section that contradict another;
+* :mod:`~plugrl.recipe.explaining`: ``plugrl explain``.
+
+The kinds of part, and which recipe key chooses each, are :data:`plugrl.registry.PART_KINDS`.
+"""
+
+from plugrl.recipe.build import (
+    build_recipe,
+    iter_options,
+    load_recipe,
+    part_args,
+    section_class,
+    validate_names,
+)
+from plugrl.recipe.checks import check_recipe
+from plugrl.recipe.composition import (
+    apply_overrides,
+    compose_file,
+    deep_merge,
+    find_recipe,
+    normalize_shorthand,
+    parse_override,
+    read_yaml,
+    shipped_recipes,
+)
+from plugrl.recipe.explaining import KeyInfo, explain
+from plugrl.recipe.sections import ClusterConfig, DataConfig, ModelConfig, Recipe, TrainerConfig
+from plugrl.recipe.structuring import check_keys, converter, structure, unknown_key_error
+
+__all__ = [
+    "ClusterConfig",
+    "DataConfig",
+    "KeyInfo",
+    "ModelConfig",
+    "Recipe",
+    "TrainerConfig",
+    "apply_overrides",
+    "build_recipe",
+    "check_keys",
+    "check_recipe",
+    "compose_file",
+    "converter",
+    "deep_merge",
+    "explain",
+    "find_recipe",
+    "iter_options",
+    "load_recipe",
+    "normalize_shorthand",
+    "parse_override",
+    "part_args",
+    "read_yaml",
+    "section_class",
+    "shipped_recipes",
+    "structure",
+    "unknown_key_error",
+    "validate_names",
+]

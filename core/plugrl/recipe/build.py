@@ -1,0 +1,142 @@
+"""Building a :class:`Recipe` from a composed mapping: each section read into its class (the
+chosen plugin's, for sections a part owns), every name of a part checked against the installed
+plugins, the options of chosen parts checked, and then the recipe as a whole
+(:func:`~plugrl.recipe.checks.check_recipe`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from plugrl.errors import PluginError, RecipeError
+from plugrl.plugins import PluginManager, get_plugin_manager
+from plugrl.recipe.checks import check_recipe
+from plugrl.recipe.composition import (
+    apply_overrides,
+    compose_file,
+    find_recipe,
+    normalize_shorthand,
+)
+from plugrl.recipe.sections import Recipe
+from plugrl.recipe.structuring import describe_value, fields_of, structure, unknown_key_error
+from plugrl.registry import PART_KINDS, PartKind, section_kind
+
+
+def section_class(name: str, raw: Mapping[str, Any], plugins: PluginManager) -> type:
+    """The config class for a recipe section: the chosen plugin's for plugin sections."""
+    kind = section_kind(name)
+    if kind is None:
+        return fields_of(Recipe)[name].type
+    base = kind.section_base()
+    chosen = raw.get(kind.selector, fields_of(base)[kind.selector].default)
+    if not isinstance(chosen, str):
+        raise RecipeError(f"expected a name, got {describe_value(chosen)}", key=kind.recipe_key)
+    if kind.accepts_auto and chosen == "auto":
+        return base
+    entry = plugins.registry(kind.name).get(chosen)
+    config_cls = entry.load_config() or base
+    if not (isinstance(config_cls, type) and issubclass(config_cls, base)):
+        raise PluginError(
+            f"plugin {entry.plugin!r} registered {chosen!r} with config "
+            f"{config_cls!r}, which must subclass {base.__module__}.{base.__name__}"
+        )
+    return config_cls
+
+
+def build_recipe(raw: Mapping[str, Any], plugins: PluginManager | None = None) -> Recipe:
+    """Validate a composed recipe mapping into a :class:`Recipe`, resolving plugin sections,
+    then check that its settings fit together (:func:`check_recipe`)."""
+    plugins = plugins or get_plugin_manager()
+    raw = normalize_shorthand(raw)
+    recipe_fields = fields_of(Recipe)
+    for name, value in raw.items():
+        if name not in recipe_fields:
+            raise unknown_key_error(Recipe, str(name), "", value)
+    values: dict[str, Any] = {}
+    for name in recipe_fields:
+        section_raw = raw.get(name) or {}
+        if not isinstance(section_raw, Mapping):
+            raise RecipeError(
+                f"expected a section of keys, got {describe_value(section_raw)}", key=name
+            )
+        cls = section_class(name, section_raw, plugins)
+        values[name] = structure(cls, dict(section_raw), name)
+    recipe = Recipe(**values)
+    validate_names(recipe, plugins)
+    check_recipe(recipe)
+    return recipe
+
+
+def load_recipe(
+    path: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    plugins: PluginManager | None = None,
+) -> Recipe:
+    """Read a recipe file (or none: all defaults), apply overrides, validate."""
+    raw = compose_file(find_recipe(path)) if path is not None else {}
+    return build_recipe(apply_overrides(raw, overrides), plugins)
+
+
+def iter_options(obj: Any, prefix: str = "") -> Iterator[tuple[str, attrs.Attribute, Any]]:
+    """Every leaf option of a config object: (dotted key, attribute, value)."""
+    for field in attrs.fields(type(obj)):
+        value = getattr(obj, field.name)
+        key = f"{prefix}{field.name}"
+        if attrs.has(type(value)):
+            yield from iter_options(value, key + ".")
+        else:
+            yield key, field, value
+
+
+def validate_names(recipe: Recipe, plugins: PluginManager) -> None:
+    """Check every option that names a registered part, and the args of chosen parts."""
+    for key, field, value in iter_options(recipe):
+        kind_name = field.metadata.get("registry")
+        if not kind_name or (PART_KINDS[kind_name].accepts_auto and value == "auto"):
+            continue
+        registry = plugins.registry(kind_name)
+        for name in value if isinstance(value, list) else [value]:
+            if name not in registry:
+                raise RecipeError(registry.unknown(name).bare_message, key=key)
+            registry.get(name).check_available()
+    for kind in PART_KINDS.values():
+        if kind.args_key is None:
+            continue
+        owner = getattr(recipe, kind.section)
+        entry = plugins.registry(kind.name).get(getattr(owner, kind.selector))
+        args = getattr(owner, _args_field(kind))
+        config_cls = entry.load_config()
+        if config_cls is None:
+            if args:
+                raise RecipeError(
+                    f"{entry.name!r} takes no options, got {', '.join(map(str, args))}",
+                    key=kind.args_key,
+                )
+            continue
+        structure(config_cls, dict(args), kind.args_key)
+
+
+def part_args(
+    recipe: Recipe, section_name: str, args_key: str, plugins: PluginManager | None = None
+) -> Any:
+    """The chosen part's args (``algorithm.adv_estimator_args``) as its config object, or
+    ``None`` when the part registered no config class."""
+    plugins = plugins or get_plugin_manager()
+    dotted = f"{section_name}.{args_key}"
+    kind = next((k for k in PART_KINDS.values() if k.args_key == dotted), None)
+    if kind is None:
+        raise ValueError(f"{dotted} is not the options key of any kind of part")
+    owner = getattr(recipe, section_name)
+    config_cls = plugins.registry(kind.name).get(getattr(owner, kind.selector)).load_config()
+    if config_cls is None:
+        return None
+    return structure(config_cls, dict(getattr(owner, args_key)), dotted)
+
+
+def _args_field(kind: PartKind) -> str:
+    """The field of :attr:`PartKind.args_key` within its section."""
+    assert kind.args_key is not None
+    return kind.args_key.partition(".")[2]

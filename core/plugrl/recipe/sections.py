@@ -1,0 +1,244 @@
+"""The core's own recipe sections (``model``, ``data``, ``trainer``, ``cluster``) and
+:class:`Recipe`, the whole run.
+
+The sections whose part a plugin chooses (``device``, ``actor``, ``rollout``, ``reward``,
+``scheduler``) are typed here by their base classes; :func:`plugrl.recipe.build_recipe` reads
+each into the chosen plugin's class.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import attrs
+import yaml
+
+from plugrl.config import non_negative, option, positive, section
+from plugrl.parts.algorithm import AlgorithmConfig
+from plugrl.parts.backend import ActorConfig, CriticConfig
+from plugrl.parts.device import DeviceConfig
+from plugrl.parts.reward import RewardConfig
+from plugrl.parts.rollout import RolloutConfig
+from plugrl.parts.scheduler import SchedulerConfig
+from plugrl.recipe.structuring import converter
+
+
+@attrs.define(kw_only=True)
+class ModelConfig:
+    """The ``model`` section: the policy to train."""
+
+    path: str | None = option(
+        None, "Hugging Face model folder (local path).", verl="actor_rollout_ref.model.path"
+    )
+    tokenizer_path: str | None = option(
+        None, "Tokenizer folder; unset: model.path.", verl="data.tokenizer"
+    )
+    trust_remote_code: bool = option(
+        False,
+        "Allow model code shipped with the weights.",
+        verl="actor_rollout_ref.model.trust_remote_code",
+    )
+    dtype: str = option(
+        "bfloat16",
+        "Parameter dtype for compute (float32 on CPU is safest).",
+        choices=["float32", "bfloat16", "float16"],
+        verl="actor_rollout_ref.actor.fsdp_config.model_dtype",
+    )
+    enable_gradient_checkpointing: bool = option(
+        False,
+        "Recompute activations in backward to save memory.",
+        verl="actor_rollout_ref.model.enable_gradient_checkpointing",
+    )
+    override_config: dict[str, Any] = option(
+        factory=dict,
+        help="Fields set on the model's config at load (attention_dropout: 0.0).",
+        verl="actor_rollout_ref.model.override_config",
+    )
+
+
+@attrs.define(kw_only=True)
+class DataConfig:
+    """The ``data`` section: parquet files in verl's schema."""
+
+    train_files: list[str] = option(
+        factory=list, help="Training parquet files.", verl="data.train_files"
+    )
+    val_files: list[str] = option(
+        factory=list, help="Validation parquet files.", verl="data.val_files"
+    )
+    prompt_key: str = option("prompt", "Column with the chat messages.", verl="data.prompt_key")
+    max_prompt_length: int = option(
+        512,
+        "Prompt tokens allowed (after the chat template).",
+        verl="data.max_prompt_length",
+        validator=positive,
+    )
+    max_response_length: int = option(
+        512,
+        "Response tokens generated at most.",
+        verl="data.max_response_length",
+        validator=positive,
+    )
+    train_batch_size: int = option(
+        1024, "Prompts per training step.", verl="data.train_batch_size", validator=positive
+    )
+    gen_batch_size: int | None = option(
+        None,
+        "Prompts per generation round when DAPO dynamic sampling (algorithm.filter_groups) "
+        "may need several rounds per step; unset: train_batch_size.",
+        verl="data.gen_batch_size",
+        validator=positive,
+    )
+    val_batch_size: int | None = option(
+        None,
+        "Prompts per validation batch; unset: all.",
+        verl="data.val_batch_size",
+        validator=positive,
+    )
+    truncation: str = option(
+        "error",
+        "Over-long prompts: stop with the row named, or cut from the left, right or middle.",
+        choices=["error", "left", "right", "middle"],
+        verl="data.truncation",
+    )
+    filter_overlong_prompts: bool = option(
+        False,
+        "Drop over-long prompts at load instead of applying truncation.",
+        verl="data.filter_overlong_prompts",
+    )
+    shuffle: bool = option(True, "Shuffle the training data every epoch.", verl="data.shuffle")
+    seed: int = option(1, "Seed of the data order.", verl="data.seed")
+    apply_chat_template: bool = option(
+        True, "Render prompts with the tokenizer's chat template; false joins the messages."
+    )
+
+
+@attrs.define(kw_only=True)
+class TrainerConfig:
+    """The ``trainer`` section: length of the run, validation, checkpoints, logging."""
+
+    project_name: str = option(
+        "plugrl", "Project name (run folder, loggers).", verl="trainer.project_name"
+    )
+    experiment_name: str = option(
+        "run", "Experiment name (run folder, loggers).", verl="trainer.experiment_name"
+    )
+    total_epochs: int = option(
+        1, "Passes over the training data.", verl="trainer.total_epochs", validator=positive
+    )
+    total_training_steps: int | None = option(
+        None,
+        "Stop after this many steps; unset: total_epochs decides.",
+        verl="trainer.total_training_steps",
+        validator=positive,
+    )
+    test_freq: int = option(
+        -1, "Validate every N steps; -1 never (except at the end).", verl="trainer.test_freq"
+    )
+    val_before_train: bool = option(
+        True, "Validate once before the first step.", verl="trainer.val_before_train"
+    )
+    save_freq: int = option(
+        -1, "Checkpoint every N steps; -1 only at the end.", verl="trainer.save_freq"
+    )
+    default_local_dir: str | None = option(
+        None,
+        "Run folder (checkpoints, metrics); unset: runs/<project_name>/<experiment_name>.",
+        verl="trainer.default_local_dir",
+    )
+    resume_mode: str = option(
+        "auto",
+        "'auto' resumes from the run folder's latest checkpoint, 'disable' starts "
+        "fresh, or a path to a global_step_N folder.",
+        verl="trainer.resume_mode",
+    )
+    max_ckpt_to_keep: int | None = option(
+        None,
+        "Checkpoints kept; unset keeps all.",
+        verl="trainer.max_actor_ckpt_to_keep",
+        validator=positive,
+    )
+    checkpoint_checksums: bool = option(
+        True,
+        "Record a CRC32 of every checkpoint file and check it on resume, so a file corrupted "
+        "in place is refused; costs one read of the checkpoint per save and per resume (turn "
+        "off for checkpoints of hundreds of GB on slow storage).",
+    )
+    logger: list[str] = option(
+        factory=lambda: ["console", "jsonl"],
+        help="Metric loggers.",
+        verl="trainer.logger",
+        registry="loggers",
+    )
+    export_hf: bool = option(
+        False,
+        "After the last step, write the actor as a Hugging Face folder (<run folder>/hf_model) "
+        "that transformers and vLLM load.",
+    )
+    log_val_generations: int = option(
+        0,
+        "Validation samples printed per validation.",
+        verl="trainer.log_val_generations",
+        validator=non_negative,
+    )
+    seed: int = option(42, "Seed of model initialisation and sampling.")
+    nnodes: int = option(1, "Nodes in the cluster.", verl="trainer.nnodes", validator=positive)
+    n_gpus_per_node: int = option(
+        1,
+        "Ranks per node (devices, or CPU processes on cpu).",
+        verl="trainer.n_gpus_per_node",
+        validator=positive,
+    )
+
+
+@attrs.define(kw_only=True)
+class ClusterConfig:
+    """The ``cluster`` section. ``cluster: ray`` is short for ``cluster: {mode: ray}``."""
+
+    mode: str = option(
+        "local",
+        "'local': one process; 'ray': Ray actors, on the cluster at "
+        "address or on a local Ray started for the run.",
+        choices=["local", "ray"],
+    )
+    address: str | None = option(
+        None, "Ray address to join (ray://host:10001 or auto); unset starts a local Ray."
+    )
+    num_cpus: int | None = option(
+        None, "CPUs of a locally started Ray; unset: all.", validator=positive
+    )
+
+
+@attrs.define(kw_only=True)
+class Recipe:
+    """A whole run."""
+
+    model: ModelConfig = section(ModelConfig, "The policy model.")
+    data: DataConfig = section(DataConfig, "Training and validation data.")
+    device: DeviceConfig = section(DeviceConfig, "Device kind.")
+    actor: ActorConfig = section(ActorConfig, "Actor training (backend-specific keys too).")
+    critic: CriticConfig = section(CriticConfig, "Value model, for estimators that need it.")
+    rollout: RolloutConfig = section(RolloutConfig, "Generation (engine-specific keys too).")
+    algorithm: AlgorithmConfig = section(AlgorithmConfig, "Advantages, KL, dynamic sampling.")
+    reward: RewardConfig = section(RewardConfig, "Scoring (manager-specific keys too).")
+    scheduler: SchedulerConfig = section(SchedulerConfig, "The training loop.")
+    trainer: TrainerConfig = section(TrainerConfig, "Length, validation, checkpoints, logs.")
+    cluster: ClusterConfig = section(ClusterConfig, "One process or Ray.")
+
+    def to_dict(self) -> dict[str, Any]:
+        # each section by its runtime class: a plugin's config class adds keys to the base
+        return {
+            field.name: converter().unstructure(
+                getattr(self, field.name), unstructure_as=type(getattr(self, field.name))
+            )
+            for field in attrs.fields(type(self))
+        }
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
+
+    @property
+    def run_dir(self) -> Path:
+        t = self.trainer
+        return Path(t.default_local_dir or Path("runs") / t.project_name / t.experiment_name)
