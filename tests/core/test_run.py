@@ -187,11 +187,12 @@ def test_each_segment_of_a_run_keeps_its_recipe_and_changes_are_named(tmp_path, 
 
     from plugrl.run import record_recipe
 
-    first = build_recipe({"data": {"train_batch_size": 8}, "trainer": {"seed": 1}})
+    actor = {"ppo_mini_batch_size": 8}
+    first = build_recipe({"data": {"train_batch_size": 8}, "actor": actor})
     assert record_recipe(first, tmp_path) == tmp_path / "recipe.yaml"
     # the same recipe again (a plain resume) writes nothing
     assert record_recipe(first, tmp_path) == tmp_path / "recipe.yaml"
-    second = build_recipe({"data": {"train_batch_size": 16}, "trainer": {"seed": 1}})
+    second = build_recipe({"data": {"train_batch_size": 16}, "actor": actor})
     with caplog.at_level(logging.WARNING, logger="plugrl.run"):
         assert record_recipe(second, tmp_path) == tmp_path / "recipe.2.yaml"
     assert (tmp_path / "recipe.yaml").read_text() == first.to_yaml()

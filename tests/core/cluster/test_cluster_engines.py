@@ -335,14 +335,3 @@ def test_colocated_engines_sit_on_the_trainers_devices(ray_session, plugins):
         engines.close()
         trainer.close()
         placement.close()
-
-
-def test_a_tensor_parallel_engine_cannot_share_the_trainers_devices_yet(plugins):
-    recipe = ray_recipe(colocate=True, tensor_model_parallel_size=2)
-    with pytest.raises(RecipeError) as info:
-        make_engine_group(recipe, device_name="cpu", plugins=plugins, trainer_placement=object())
-    assert str(info.value) == (
-        "rollout.tensor_model_parallel_size: engines that span several devices cannot yet share "
-        "the trainer's devices on Ray; set rollout.colocate=false (engines on devices of their "
-        "own) or rollout.tensor_model_parallel_size=1"
-    )
