@@ -56,6 +56,9 @@ class PartKind:
     """Dotted recipe key of the chosen part's options (``"algorithm.adv_estimator_args"``)."""
     accepts_auto: bool = False
     """Whether the choosing key also takes ``"auto"`` (a part picked at start-up)."""
+    interface: str | None = None
+    """``"module:Class"`` of the interface a registered class must subclass; ``None`` for kinds
+    whose parts are functions (KL penalties, reward functions)."""
 
     @property
     def section(self) -> str:
@@ -85,6 +88,7 @@ PART_KINDS: dict[str, PartKind] = {
             "device.name",
             section_config="plugrl.parts.device:DeviceConfig",
             accepts_auto=True,
+            interface="plugrl.parts.device:Device",
         ),
         PartKind(
             "training_backends",
@@ -92,6 +96,7 @@ PART_KINDS: dict[str, PartKind] = {
             "training backend",
             "actor.backend",
             section_config="plugrl.parts.backend:ActorConfig",
+            interface="plugrl.parts.backend:TrainingBackend",
         ),
         PartKind(
             "rollout_engines",
@@ -99,6 +104,7 @@ PART_KINDS: dict[str, PartKind] = {
             "rollout engine",
             "rollout.engine",
             section_config="plugrl.parts.rollout:RolloutConfig",
+            interface="plugrl.parts.rollout:RolloutEngine",
         ),
         PartKind(
             "weight_transports",
@@ -106,6 +112,7 @@ PART_KINDS: dict[str, PartKind] = {
             "weight transport",
             "rollout.weight_transport",
             accepts_auto=True,
+            interface="plugrl.parts.transport:WeightTransport",
         ),
         PartKind(
             "advantage_estimators",
@@ -113,6 +120,7 @@ PART_KINDS: dict[str, PartKind] = {
             "advantage estimator",
             "algorithm.adv_estimator",
             args_key="algorithm.adv_estimator_args",
+            interface="plugrl.parts.algorithm:AdvantageEstimator",
         ),
         PartKind(
             "policy_losses",
@@ -120,6 +128,7 @@ PART_KINDS: dict[str, PartKind] = {
             "policy loss",
             "actor.policy_loss",
             args_key="actor.policy_loss_args",
+            interface="plugrl.parts.algorithm:PolicyLoss",
         ),
         PartKind("kl_penalties", "register_kl_penalties", "KL penalty", "actor.kl_loss_type"),
         PartKind(
@@ -128,6 +137,7 @@ PART_KINDS: dict[str, PartKind] = {
             "reward manager",
             "reward.manager",
             section_config="plugrl.parts.reward:RewardConfig",
+            interface="plugrl.parts.reward:RewardManager",
         ),
         PartKind("reward_functions", "register_reward_functions", "reward function", "data_source"),
         PartKind(
@@ -136,8 +146,15 @@ PART_KINDS: dict[str, PartKind] = {
             "scheduler",
             "scheduler.name",
             section_config="plugrl.parts.scheduler:SchedulerConfig",
+            interface="plugrl.parts.scheduler:Scheduler",
         ),
-        PartKind("loggers", "register_loggers", "logger", "trainer.logger"),
+        PartKind(
+            "loggers",
+            "register_loggers",
+            "logger",
+            "trainer.logger",
+            interface="plugrl.parts.logger:MetricLogger",
+        ),
     )
 }
 """Every kind of part, by registry key: the one table the registries, the plugin manager and

@@ -10,6 +10,7 @@ from plugrl.errors import PluginError
 from plugrl.parts.context import PartContext
 from plugrl.plugins import get_plugin_manager
 from plugrl.recipe import part_args
+from plugrl.registry import PART_KINDS, import_object
 
 if TYPE_CHECKING:
     from plugrl.parts.algorithm import AdvantageEstimator, PolicyLoss
@@ -19,8 +20,19 @@ if TYPE_CHECKING:
 
 
 def check_constructor(entry: Entry, cls: Any) -> None:
-    """Raise a one-line :class:`PluginError` when ``cls`` cannot be called as
-    ``cls(config, context)``."""
+    """Raise a one-line :class:`PluginError` when ``cls`` does not fit the interface of its
+    kind: not a subclass of it, not callable as ``cls(config, context)``, or a method it
+    overrides that the core could not call as it calls the interface's (other parameters, or
+    ``def`` where the interface has ``async def``)."""
+    who = f"{entry.human_name} {entry.name!r} from plugin {entry.plugin!r}"
+    name = getattr(cls, "__qualname__", repr(cls))
+    interface_path = PART_KINDS[entry.kind].interface
+    interface = import_object(interface_path) if interface_path else None
+    if interface is not None and not (isinstance(cls, type) and issubclass(cls, interface)):
+        raise PluginError(
+            f"{who}: {name} is not a subclass of {interface.__module__}.{interface.__name__}; "
+            "derive it from the interface (see docs/plugins.md)"
+        )
     try:
         signature = inspect.signature(cls)
     except (TypeError, ValueError):
@@ -28,12 +40,56 @@ def check_constructor(entry: Entry, cls: Any) -> None:
     try:
         signature.bind(object(), object())
     except TypeError:
-        name = getattr(cls, "__qualname__", repr(cls))
         raise PluginError(
-            f"{entry.human_name} {entry.name!r} from plugin {entry.plugin!r}: "
-            f"{name}{signature} does not fit the interface; plugrl builds every part as "
+            f"{who}: {name}{signature} does not fit the interface; plugrl builds every part as "
             f"{name}(config, context) (see docs/plugins.md)"
         ) from None
+    if interface is not None:
+        for method, expected in _interface_methods(interface):
+            _check_method(who, cls, interface, method, expected)
+
+
+def _interface_methods(interface: type) -> list[tuple[str, Any]]:
+    """The public methods an interface declares (its own and its bases')."""
+    methods = {}
+    for klass in reversed(interface.__mro__[:-1]):
+        for method, value in vars(klass).items():
+            if not method.startswith("_") and inspect.isfunction(value):
+                methods[method] = value
+    return sorted(methods.items())
+
+
+def _check_method(who: str, cls: type, interface: type, method: str, expected: Any) -> None:
+    actual = inspect.getattr_static(cls, method, None)
+    if actual is expected or not inspect.isfunction(actual):
+        return
+    want = inspect.signature(expected)
+    have = inspect.signature(actual)
+    call_args: list[Any] = []
+    call_kwargs: dict[str, Any] = {}
+    # required parameters are passed by position, optional ones by name, as the core does
+    for parameter in want.parameters.values():
+        optional = parameter.default is not parameter.empty
+        if parameter.kind is parameter.POSITIONAL_ONLY or (
+            parameter.kind is parameter.POSITIONAL_OR_KEYWORD and not optional
+        ):
+            call_args.append(object())
+        elif parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY):
+            call_kwargs[parameter.name] = object()
+    problem = None
+    if inspect.iscoroutinefunction(expected) != inspect.iscoroutinefunction(actual):
+        problem = "async def" if inspect.iscoroutinefunction(expected) else "a plain def"
+        problem = f"must be {problem}"
+    else:
+        try:
+            have.bind(*call_args, **call_kwargs)
+        except TypeError:
+            problem = "takes other parameters"
+    if problem:
+        raise PluginError(
+            f"{who}: {cls.__qualname__}.{method}{have} does not fit the interface, which has "
+            f"{interface.__name__}.{method}{want} ({problem}); fix it (see docs/plugins.md)"
+        )
 
 
 def build_part(kind: str, name: str, config: Any, context: Any) -> Any:

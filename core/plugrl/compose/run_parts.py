@@ -278,7 +278,7 @@ def build_run_parts(context: RunContext, engine_needs: dict[str, str] | None = N
     from plugrl.cluster import make_placement, make_worker_group
     from plugrl.cluster.engines import make_engine_group
     from plugrl.cluster.worker import build_device
-    from plugrl.compose.build import build_estimator
+    from plugrl.compose.build import build_estimator, check_constructor
     from plugrl.compose.checks import check_algorithm
     from plugrl.compose.kl_reward import KLInReward
     from plugrl.compose.objective import PolicyObjective
@@ -288,6 +288,10 @@ def build_run_parts(context: RunContext, engine_needs: dict[str, str] | None = N
     check_algorithm(recipe, plugins)
     engine_entry = plugins.registry("rollout_engines").get(recipe.rollout.engine)
     engine_cls = engine_entry.load()
+    backend_entry = plugins.registry("training_backends").get(recipe.actor.backend)
+    # in the driver, before any worker starts: a class that does not fit fails here, once
+    check_constructor(engine_entry, engine_cls)
+    check_constructor(backend_entry, backend_entry.load())
     needs = {Capability(name): reason for name, reason in (engine_needs or {}).items()}
     check_capabilities(recipe.rollout.engine, engine_cls, needs)
     device = build_device(plugins, context.device_name, recipe)

@@ -1,0 +1,114 @@
+"""Building a part checks that its class fits the interface of its kind, in one line."""
+
+from __future__ import annotations
+
+import pytest
+
+import plugrl
+from plugrl.compose.build import build_part
+from plugrl.errors import PluginError
+from plugrl.parts.rollout import RolloutEngine
+from plugrl.plugins import PluginManager
+from plugrl.recipe import Recipe
+from plugrl.testing import part_context
+
+
+class GoodEngine(RolloutEngine):
+    async def generate_request(self, request, *, extra=None):
+        return []
+
+
+class NotAnEngine:
+    def __init__(self, config, context):
+        pass
+
+
+class OldConstructor(RolloutEngine):
+    def __init__(self, recipe, *, device, tokenizer):
+        pass
+
+    async def generate_request(self, request):
+        return []
+
+
+class WrongParameters(RolloutEngine):
+    async def generate_request(self, prompts, params):
+        return []
+
+
+class NotAsync(RolloutEngine):
+    def generate_request(self, request):
+        return []
+
+
+class WrongKeyword(RolloutEngine):
+    async def generate_request(self, request):
+        return []
+
+    async def pause(self, how="keep"):
+        pass
+
+
+class Engines:
+    @plugrl.hookimpl
+    def register_rollout_engines(self, register):
+        for cls in (GoodEngine, NotAnEngine, OldConstructor, WrongParameters, NotAsync):
+            register(cls.__name__.lower(), cls)
+        register("wrongkeyword", WrongKeyword)
+
+
+@pytest.fixture
+def context():
+    manager = PluginManager(environ={"PLUGRL_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    manager.register(Engines(), name="engines-under-test")
+    return part_context(plugins=manager)
+
+
+def build(name, context):
+    return build_part("rollout_engines", name, Recipe().rollout, context)
+
+
+def test_a_class_that_fits_is_built(context):
+    assert isinstance(build("goodengine", context), GoodEngine)
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        (
+            "notanengine",
+            "rollout engine 'notanengine' from plugin 'engines-under-test': NotAnEngine is not a "
+            "subclass of plugrl.parts.rollout.RolloutEngine; derive it from the interface (see "
+            "docs/plugins.md)",
+        ),
+        (
+            "oldconstructor",
+            "rollout engine 'oldconstructor' from plugin 'engines-under-test': "
+            "OldConstructor(recipe, *, device, tokenizer) does not fit the interface; plugrl "
+            "builds every part as OldConstructor(config, context) (see docs/plugins.md)",
+        ),
+        (
+            "wrongparameters",
+            "rollout engine 'wrongparameters' from plugin 'engines-under-test': "
+            "WrongParameters.generate_request(self, prompts, params) does not fit the interface, "
+            "which has RolloutEngine.generate_request(self, request: 'GenerationRequest') -> "
+            "'list[Completion]' (takes other parameters); fix it (see docs/plugins.md)",
+        ),
+        (
+            "notasync",
+            "rollout engine 'notasync' from plugin 'engines-under-test': "
+            "NotAsync.generate_request(self, request) does not fit the interface, which has "
+            "RolloutEngine.generate_request(self, request: 'GenerationRequest') -> "
+            "'list[Completion]' (must be async def); fix it (see docs/plugins.md)",
+        ),
+    ],
+)
+def test_a_class_that_does_not_fit_is_named_with_what_is_expected(context, name, message):
+    with pytest.raises(PluginError) as info:
+        build(name, context)
+    assert str(info.value) == message
+
+
+def test_a_renamed_keyword_of_an_optional_method_is_caught(context):
+    with pytest.raises(PluginError, match=r"WrongKeyword\.pause\(self, how='keep'\)"):
+        build("wrongkeyword", context)
