@@ -27,10 +27,12 @@ list), and one flat byte buffer of ``nbytes`` bytes: the weights' bytes in heade
 starting at a multiple of :data:`ALIGN` bytes, so tensors of several dtypes share the buffer. A
 header with ``count == 0`` ends the push; ``count == -1`` says the sender failed (its error is
 the trainer's). Receivers rebuild each tensor as a view of the buffer from the announced
-:class:`~plugrl.parts.rollout.WeightMeta` and hand the bucket to ``engine.load_weights``;
-every receive buffer is new (an engine may keep the tensors it is given), and the next bucket
-is received while the engine loads the current one. Buffers live on the device
-(``Device.torch_device()``); at most two buckets are in flight on either side.
+:class:`~plugrl.parts.rollout.WeightMeta` and hand the bucket to ``engine.load_weights``, and
+receive the next bucket while the engine loads the current one. An engine may keep the tensors
+it is given: a receive buffer takes a later bucket only when the engine kept no view of it
+(engines that copy the weights into their own storage, as engines do, get no new buffer after
+the first two). Buffers live on the device (``Device.torch_device()``); at most two buckets are
+in flight on either side.
 
 Limits: **one sending rank**, trainer rank 0, as for backends that gather the full weights to
 one rank (fsdp2). A backend whose weights come from several ranks (pipeline stages) needs
@@ -76,7 +78,7 @@ TIMEOUT_ENV = "PLUGRL_WEIGHT_TRANSPORT_TIMEOUT_S"
 END, ABORT = 0, -1
 _JOINED = "joined/{}"
 _ABANDON = "abandon"
-_POLL_S = 0.01
+_POLL_S = 0.05
 FIX = "use rollout.weight_transport=object_store"
 
 
@@ -449,6 +451,7 @@ class _Sender:
         session = self.session
         keys = [_JOINED.format(rank) for rank in range(1, session.world_size)]
         deadline = time.monotonic() + session.timeout_s
+        pause = 0.001
         while not store.check(keys):
             if store.check([_ABANDON]):
                 reason = store.get(_ABANDON).decode(errors="replace")
@@ -461,7 +464,8 @@ class _Sender:
                     f"{session.timeout_s:g} s; see their logs (are they alive, can they reach "
                     f"this machine?), raise {TIMEOUT_ENV}, or {FIX}"
                 )
-            time.sleep(_POLL_S)
+            time.sleep(pause)
+            pause = min(2 * pause, _POLL_S)
 
     def _stream(self, group: Any, buckets: Iterator[list[tuple[str, Any]]]) -> int:
         import torch
@@ -570,6 +574,32 @@ def _drain(buckets: Iterator[Any]) -> None:
 # --------------------------------------------------------------------------------------------
 
 
+class _Buffer:
+    """A receive buffer, and how many references its storage has while nothing else uses it
+    (``None`` where torch cannot tell: then it is never reused)."""
+
+    def __init__(self, nbytes: int, device: Any) -> None:
+        import torch
+
+        self.tensor = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        self.alone = _storage_users(self.tensor)
+
+    def unshared(self) -> bool:
+        return self.alone is not None and _storage_users(self.tensor) == self.alone
+
+
+def _storage_users(tensor: torch.Tensor) -> int | None:
+    import torch
+
+    count = getattr(torch._C, "_storage_Use_Count", None)
+    if count is None:
+        return None
+    try:
+        return int(count(tensor.untyped_storage()._cdata))
+    except Exception:
+        return None
+
+
 class _Receiver:
     def __init__(self, device: Any, engine: RolloutEngine, session: Receive) -> None:
         self.device = device
@@ -586,9 +616,12 @@ class _Receiver:
             store = await loop.run_in_executor(None, self._join)
             received = 0
             failure: BaseException | None = None
-            incoming = loop.run_in_executor(None, self._receive_bucket)
+            # buffers of buckets the engine loaded: the next bucket takes one it kept no part
+            # of (looked at a bucket later, when the group no longer holds it either)
+            loaded: list[_Buffer] = []
+            incoming = loop.run_in_executor(None, self._receive_bucket, None)
             while True:
-                count, buffer, indices = await incoming
+                count, buffer, nbytes, indices = await incoming
                 if count == END:
                     break
                 if count == ABORT:
@@ -596,14 +629,19 @@ class _Receiver:
                         "the trainer stopped sending weights part-way (its error says why)"
                     )
                 # receive the next bucket while the engine loads this one
-                incoming = loop.run_in_executor(None, self._receive_bucket)
-                received += buffer.numel()
+                incoming = loop.run_in_executor(None, self._receive_bucket, self._spare(loaded))
+                received += nbytes
                 if failure is None:
                     try:
-                        await self.engine.load_weights(unpack(buffer, session.weights, indices))
+                        bucket = unpack(buffer.tensor[:nbytes], session.weights, indices)
+                        await self.engine.load_weights(bucket)
                     except BaseException as exc:
                         # keep receiving to the end, so the sender is not left waiting
                         failure = exc
+                    finally:
+                        bucket = []
+                loaded.append(buffer)
+                del loaded[:-2]
             if failure is not None:
                 if isinstance(failure, PlugrlError):
                     raise failure
@@ -625,6 +663,16 @@ class _Receiver:
                 close_group(self.group)
             del store
 
+    def _spare(self, loaded: list[_Buffer]) -> _Buffer | None:
+        """A loaded bucket's buffer the engine kept no view of, once the device is done with
+        it, or None."""
+        for position, buffer in enumerate(loaded):
+            if buffer.unshared():
+                del loaded[position]
+                self.device.synchronize()
+                return buffer
+        return None
+
     def _join(self) -> Any:
         session = self.session
         store = connect(session.host, session.port, session.timeout_s)
@@ -639,7 +687,8 @@ class _Receiver:
         )
         return store
 
-    def _receive_bucket(self) -> tuple[int, Any, list[int]]:
+    def _receive_bucket(self, spare: _Buffer | None) -> tuple[int, Any, int, list[int]]:
+        """The next bucket: its weight count (or END, ABORT), buffer, size and weights."""
         import torch
 
         weights = self.session.weights
@@ -648,7 +697,7 @@ class _Receiver:
         values = header.tolist()
         count, nbytes = int(values[0]), int(values[1])
         if count <= 0:
-            return count, None, []
+            return count, None, 0, []
         indices = [int(i) for i in values[2 : 2 + count]]
         if any(not 0 <= i < len(weights) for i in indices):
             raise PluginError(
@@ -660,7 +709,9 @@ class _Receiver:
                 f"a weight bucket announces {nbytes} bytes, its weights take {expected}; the "
                 "trainer and the engines run different plugrl versions?"
             )
-        buffer = torch.empty(nbytes, dtype=torch.uint8, device=self.torch_device)
-        broadcast(self.group, buffer).wait()
+        buffer = spare if spare is not None and spare.tensor.numel() >= nbytes else None
+        if buffer is None:
+            buffer = _Buffer(nbytes, self.torch_device)
+        broadcast(self.group, buffer.tensor[:nbytes]).wait()
         self.device.synchronize()
-        return count, buffer, indices
+        return count, buffer, nbytes, indices

@@ -21,6 +21,7 @@ from plugrl.parts.rollout import RolloutConfig, WeightMeta
 from plugrl.recipe import Recipe
 from plugrl.testing import part_context
 from plugrl_plugins.devices.cpu.device import CpuDevice
+from plugrl_plugins.transports import collective
 from plugrl_plugins.transports.collective import (
     ALIGN,
     TIMEOUT_ENV,
@@ -158,6 +159,39 @@ def test_many_buckets_and_a_weight_larger_than_a_bucket_arrive_as_the_backend_cu
     for engine in engines:
         assert [[name for name, _ in bucket] for bucket in engine.buckets] == cut
         assert_same(engine.received(), make_weights(spec, seed=2))
+
+
+class Keeper:
+    """An engine that keeps the very tensors it is given, no copy."""
+
+    def __init__(self) -> None:
+        self.weights: list[tuple[str, torch.Tensor]] = []
+
+    async def load_weights(self, bucket):
+        self.weights.extend(bucket)
+
+
+def test_receive_buffers_are_reused_only_when_the_engine_kept_nothing_of_them(monkeypatch):
+    allocated: list[int] = []
+    original = collective._Buffer.__init__
+
+    def counting(self, nbytes, device):
+        allocated.append(nbytes)
+        original(self, nbytes, device)
+
+    monkeypatch.setattr(collective._Buffer, "__init__", counting)
+    spec = [(f"w{i}", (512, 1024), "bfloat16") for i in range(10)]  # a 1 MiB bucket each
+    backend = make_backend()
+    backend.set_weights(spec, seed=5)
+    copier, keeper = Recorder(), Keeper()
+    sender, receivers = transfer(backend, [copier, keeper])
+    sender.result()
+    for receiver in receivers:
+        receiver.result()
+    # the copying engine's two buffers take turns; the keeping engine gets a new one each time
+    assert len(allocated) == 2 + 10
+    assert_same(copier.received(), make_weights(spec, seed=5))
+    assert_same(keeper.weights, make_weights(spec, seed=5))
 
 
 def test_an_engine_that_never_joins_ends_the_push_after_the_timeout():
