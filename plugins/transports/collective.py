@@ -38,7 +38,9 @@ Limits: **one sending rank**, trainer rank 0, as for backends that gather the fu
 one rank (fsdp2). A backend whose weights come from several ranks (pipeline stages) needs
 another transport (``object_store``): a push fails with one line when a rank other than 0
 yields weights, and ``unusable_reason`` says so up front when the recipe sets
-``actor.pipeline_model_parallel_size`` above 1. Every blocking step (joining, each broadcast)
+``actor.pipeline_model_parallel_size`` above 1. Engines that share the trainer's accelerators
+(``rollout.colocate``) cannot use it either: NCCL and HCCL refuse two ranks of one group on one
+device (on the CPU, gloo does not care). Every blocking step (joining, each broadcast)
 gives up after :attr:`CollectiveTransport.timeout_s` (environment variable
 ``PLUGRL_WEIGHT_TRANSPORT_TIMEOUT_S``); an engine worker that fails before joining ends the
 push at once with its own error.
@@ -276,6 +278,14 @@ class CollectiveTransport(WeightTransport):
     def unusable_reason(cls, trainer: WorkerGroup, engines: EngineGroup) -> str | None:
         if trainer.in_process or engines.in_process:
             return "it needs the trainer and the engines in processes of their own (cluster: ray)"
+        rollout = getattr(engines.recipe, "rollout", None)
+        device = getattr(engines, "device_name", "cpu")
+        if getattr(rollout, "colocate", False) and device != "cpu":
+            return (
+                f"the engines share the trainer's {device} devices (rollout.colocate: true), and "
+                "a collective group cannot hold two ranks on one device; set "
+                "rollout.colocate=false or use another transport"
+            )
         stages = getattr(trainer.recipe.actor, "pipeline_model_parallel_size", 1) or 1
         if stages > 1:
             return (
@@ -332,7 +342,14 @@ class CollectiveTransport(WeightTransport):
                 if isinstance(failed, PlugrlError):
                     raise failed from None
                 raise sent
-        receiving.result(timeout=2 * timeout_s + 60)
+        try:
+            receiving.result(timeout=timeout_s + 60)
+        except concurrent.futures.TimeoutError:
+            raise PluginError(
+                f"the engine workers still had not loaded the weights {timeout_s + 60:g} s after "
+                f"the trainer sent the last of them; see their logs, raise {TIMEOUT_ENV}, or "
+                f"{FIX}"
+            ) from None
         engines.finish_weight_update(engine_indices)
         seconds = time.perf_counter() - start
         megabytes = sum(weight.nbytes for weight in weights) / 2**20
