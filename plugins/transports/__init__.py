@@ -1,4 +1,5 @@
-"""Built-in weight transports (``rollout.weight_transport``): ``local`` and ``object_store``.
+"""Built-in weight transports (``rollout.weight_transport``): ``local``, ``object_store`` and
+``collective``.
 
 Registration only; the classes are imported when a run uses them.
 """
@@ -23,4 +24,10 @@ def register_weight_transports(register):
         requires=["ray"],
         install="pip install 'plugrl[ray]'",
         description="Ray's object store: each bucket put once by the trainer, fetched by engines",
+    )
+    register(
+        "collective",
+        f"{_PKG}.collective:CollectiveTransport",
+        description="trainer rank 0 broadcasts buckets to the engines over the device's "
+        "collective backend (nccl, hccl, gloo)",
     )

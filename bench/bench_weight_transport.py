@@ -1,0 +1,306 @@
+"""Weight pushes from the fsdp2 backend to engine workers through each transport that applies.
+
+Trainer: the ``fsdp2`` backend, one rank (the actor role, as a run pushes it). Engines: a
+receiving engine defined here that copies every tensor it is given into storage allocated once,
+at the first push (the warm-up). Transports:
+
+* ``local``: trainer and one engine in this process (``cluster: local``);
+* ``object_store`` and ``collective`` (gloo): the trainer rank and the engines as Ray actors,
+  pushing to one engine (engine 0 of two, through ``engine_indices``) and to both.
+
+Models: the quickstart model (built or reused under ``--quickstart-dir``, float32 as its recipe
+trains it) and a random Qwen2 model of Qwen2.5-0.5B's shapes (hidden 896, 24 layers, 14 heads,
+2 KV heads, intermediate 4864, vocabulary 151,936, tied embeddings) built here and pushed in
+bfloat16. Bucket sizes: ``--buckets`` MiB (``rollout.update_weights_bucket_megabytes``).
+
+For each model every case (transport x engines x bucket size) pushes once to warm up, then the
+cases take turns ``--repeats`` times and each keeps its fastest push: seconds per push (the
+transport's ``weight_sync/seconds``, announce to finish) and MiB per second (the weights'
+bytes, per engine, over those seconds).
+
+    python bench/bench_weight_transport.py [--repeats 3] [--buckets 64,512]
+        [--models quickstart,qwen2-0.5b] [--engines 1,2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+import plugrl
+from plugrl.errors import PluginError
+from plugrl.parts.rollout import Capability, RolloutEngine
+
+ENGINE = "bench_receiver"
+QWEN2_05B = {
+    "hidden_size": 896,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "intermediate_size": 4864,
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 32768,
+}
+
+
+# --------------------------------------------------------------------------------------------
+# The receiving engine (a plugin: this module is registered in-process, Ray workers import it)
+# --------------------------------------------------------------------------------------------
+
+
+@plugrl.hookimpl
+def register_rollout_engines(register):
+    register(ENGINE, "bench_weight_transport:ReceivingEngine")
+
+
+class ReceivingEngine(RolloutEngine):
+    """Receives weights and nothing else: each tensor is copied into storage of its own,
+    allocated when a weight is first announced (as an engine copies into its parameters)."""
+
+    capabilities: ClassVar[frozenset[Capability]] = frozenset({Capability.WEIGHT_UPDATE})
+
+    def __init__(self, config, context):
+        super().__init__(config, context)
+        self.storage: dict[str, torch.Tensor] = {}
+        self.pending: set[str] = set()
+        self.next_version = 0
+
+    async def generate_request(self, request):
+        raise NotImplementedError("the bench engine only receives weights")
+
+    async def begin_weight_update(self, version, weights):
+        for meta in weights:
+            held = self.storage.get(meta.name)
+            dtype = getattr(torch, meta.dtype)
+            if held is None or tuple(held.shape) != meta.shape or held.dtype != dtype:
+                self.storage[meta.name] = torch.empty(meta.shape, dtype=dtype)
+        self.pending = {meta.name for meta in weights}
+        self.next_version = version
+
+    async def load_weights(self, bucket):
+        for name, tensor in bucket:
+            self.storage[name].copy_(tensor)
+            self.pending.discard(name)
+
+    async def finish_weight_update(self):
+        if self.pending:
+            raise PluginError(f"{len(self.pending)} weights never arrived")
+        self.weight_version = self.next_version
+
+
+# --------------------------------------------------------------------------------------------
+# Models
+# --------------------------------------------------------------------------------------------
+
+
+def qwen2_05b(folder: Path) -> Path:
+    """A random bfloat16 Qwen2 model of Qwen2.5-0.5B's shapes under ``folder`` (reused)."""
+    import transformers
+
+    if (folder / "config.json").exists():
+        return folder
+    print(f"building a random Qwen2.5-0.5B-shaped model in {folder} ...", flush=True)
+    config = transformers.Qwen2Config(**QWEN2_05B)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    staging = folder.with_name(folder.name + ".tmp")
+    model.save_pretrained(staging)
+    staging.rename(folder)
+    return folder
+
+
+def models(names: list[str], quickstart_dir: str) -> list[tuple[str, Path, str]]:
+    chosen = []
+    for name in names:
+        if name == "quickstart":
+            from plugrl.quickstart import prepare_quickstart
+
+            chosen.append((name, prepare_quickstart(quickstart_dir).model_path, "float32"))
+        elif name == "qwen2-0.5b":
+            chosen.append((name, qwen2_05b(Path("runs/bench-qwen2-0.5b-random")), "bfloat16"))
+        else:
+            raise SystemExit(f"unknown model {name!r}: quickstart or qwen2-0.5b")
+    return chosen
+
+
+# --------------------------------------------------------------------------------------------
+# Cases
+# --------------------------------------------------------------------------------------------
+
+
+def recipes(model_path: Path, dtype: str, mode: str) -> tuple[Any, Any]:
+    """The trainer's recipe (the model) and the engines' (no model folder: the bench engine
+    needs none)."""
+    from plugrl.parts.rollout import RolloutConfig
+    from plugrl.recipe import ClusterConfig, ModelConfig, Recipe
+    from plugrl_plugins.backends.fsdp2.config import FSDP2ActorConfig
+
+    cluster = ClusterConfig(mode=mode, num_cpus=4)
+    trainer = Recipe(
+        model=ModelConfig(path=str(model_path), dtype=dtype),
+        actor=FSDP2ActorConfig(ppo_mini_batch_size=1),
+        cluster=cluster,
+    )
+    engines = Recipe(
+        rollout=RolloutConfig(engine=ENGINE, colocate=False, n_gpus_per_node=2), cluster=cluster
+    )
+    return trainer, engines
+
+
+def transport(name: str, bucket_mib: int, recipe: Any) -> Any:
+    from plugrl.parts.context import PartContext
+    from plugrl.parts.rollout import RolloutConfig
+    from plugrl_plugins.transports.buckets import LocalTransport, ObjectStoreTransport
+    from plugrl_plugins.transports.collective import CollectiveTransport
+
+    classes = {
+        "local": LocalTransport,
+        "object_store": ObjectStoreTransport,
+        "collective": CollectiveTransport,
+    }
+    config = RolloutConfig(update_weights_bucket_megabytes=bucket_mib)
+    return classes[name](config, PartContext(recipe=recipe))
+
+
+def run_model(
+    name: str, path: Path, dtype: str, args: argparse.Namespace, plugins: Any
+) -> list[dict]:
+    from plugrl.cluster import make_worker_group
+    from plugrl.cluster.engines import make_engine_group
+
+    print(f"\n{name}: starting the trainer and engines ...", flush=True)
+    groups = []
+    local_trainer_recipe, local_engine_recipe = recipes(path, dtype, "local")
+    ray_trainer_recipe, ray_engine_recipe = recipes(path, dtype, "ray")
+    local_trainer = make_worker_group(
+        local_trainer_recipe, "actor", device_name="cpu", plugins=plugins
+    )
+    groups.append(local_trainer)
+    local_engines = make_engine_group(local_engine_recipe, device_name="cpu", plugins=plugins)
+    ray_trainer = make_worker_group(
+        ray_trainer_recipe, "actor", device_name="cpu", plugins=plugins, world_size=1
+    )
+    groups.append(ray_trainer)
+    ray_engines = make_engine_group(ray_engine_recipe, device_name="cpu", plugins=plugins)
+    try:
+        for trainer in (local_trainer, ray_trainer):
+            trainer.setup(1)
+        cases = []
+        for bucket in args.buckets:
+            cases.append(("local", 1, bucket, local_trainer, local_engines, None))
+            for kind in ("object_store", "collective"):
+                for engines in args.engines:
+                    indices = [0] if engines == 1 else None
+                    cases.append((kind, engines, bucket, ray_trainer, ray_engines, indices))
+        best: dict[tuple, dict[str, float]] = {}
+        version = 0
+        for round_number in range(args.repeats + 1):
+            label = "warm-up" if round_number == 0 else f"round {round_number}/{args.repeats}"
+            print(f"  {label}", flush=True)
+            for kind, engines, bucket, trainer, engine_group, indices in cases:
+                version += 1
+                chosen = transport(kind, bucket, ray_engine_recipe)
+                metrics = chosen.push(trainer, engine_group, version, engine_indices=indices)
+                key = (kind, engines, bucket)
+                if round_number == 0:
+                    continue
+                if key not in best or metrics["weight_sync/seconds"] < best[key]["seconds"]:
+                    best[key] = {
+                        "seconds": metrics["weight_sync/seconds"],
+                        "megabytes": metrics["weight_sync/megabytes"],
+                    }
+        rows = []
+        for (kind, engines, bucket), figures in best.items():
+            rows.append(
+                {
+                    "model": name,
+                    "dtype": dtype,
+                    "transport": kind,
+                    "engines": engines,
+                    "bucket_mib": bucket,
+                    "mib": figures["megabytes"],
+                    "seconds": figures["seconds"],
+                    "mib_per_s": figures["megabytes"] / figures["seconds"],
+                }
+            )
+        return rows
+    finally:
+        ray_engines.close()
+        ray_trainer.close()
+        local_engines.close()
+        local_trainer.close()
+
+
+def print_table(rows: list[dict]) -> None:
+    reference = {
+        (row["model"], row["engines"], row["bucket_mib"]): row["seconds"]
+        for row in rows
+        if row["transport"] == "object_store"
+    }
+    print(
+        "\n| model | MiB per push | bucket MiB | transport | engines | s/push | MiB/s per engine "
+        "| time vs object_store |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for row in rows:
+        base = reference.get((row["model"], row["engines"], row["bucket_mib"]))
+        ratio = f"{row['seconds'] / base:.2f}x" if base else "-"
+        print(
+            f"| {row['model']} ({row['dtype']}) | {row['mib']:.1f} | {row['bucket_mib']} | "
+            f"{row['transport']} | {row['engines']} | {row['seconds']:.3f} | "
+            f"{row['mib_per_s']:.0f} | {ratio} |"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quickstart-dir", default="runs/quickstart-assets")
+    parser.add_argument("--models", default="quickstart,qwen2-0.5b")
+    parser.add_argument("--buckets", default="64,512", help="bucket sizes in MiB")
+    parser.add_argument("--engines", default="1,2", help="engine workers pushed to")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads in this process")
+    args = parser.parse_args()
+    args.buckets = [int(b) for b in args.buckets.split(",")]
+    args.engines = [int(e) for e in args.engines.split(",")]
+    # the Ray actors run one torch thread each (one CPU each); so does the local case
+    torch.set_num_threads(args.threads)
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    here = str(Path(__file__).resolve().parent)
+    sys.path.insert(0, here)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
+
+    import bench_weight_transport as engine_plugin
+    import ray
+
+    from plugrl.plugins import PluginManager
+
+    plugins = PluginManager()
+    plugins.load_entry_points()
+    plugins.register(engine_plugin, name="bench_weight_transport")
+    chosen = models(args.models.split(","), args.quickstart_dir)
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    start = time.perf_counter()
+    rows = []
+    try:
+        for name, path, dtype in chosen:
+            rows.extend(run_model(name, path, dtype, args, plugins))
+    finally:
+        ray.shutdown()
+    print_table(rows)
+    print(
+        f"\n{args.repeats} rounds after a warm-up, best push of each case; "
+        f"torch {torch.__version__}, {os.cpu_count()} CPUs, {time.perf_counter() - start:.0f} s"
+    )
+
+
+if __name__ == "__main__":
+    main()
