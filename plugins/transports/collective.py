@@ -42,10 +42,9 @@ another transport (``object_store``): a push fails with one line when a rank oth
 yields weights, and ``unusable_reason`` says so up front when the recipe sets
 ``actor.pipeline_model_parallel_size`` above 1. Engines that share the trainer's accelerators
 (``rollout.colocate``) cannot use it either: NCCL and HCCL refuse two ranks of one group on one
-device (on the CPU, gloo does not care). Every blocking step (joining, each broadcast)
-gives up after :attr:`CollectiveTransport.timeout_s` (environment variable
-``PLUGRL_WEIGHT_TRANSPORT_TIMEOUT_S``); an engine worker that fails before joining ends the
-push at once with its own error.
+device (on the CPU, gloo does not care). Every blocking step (joining, each broadcast) gives
+up after ``rollout.update_weights_timeout_s``; an engine worker that fails before joining ends
+the push at once with its own error.
 """
 
 from __future__ import annotations
@@ -54,7 +53,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import datetime
-import os
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -64,7 +62,7 @@ import attrs
 
 from plugrl.errors import PluginError, PlugrlError
 from plugrl.parts.rollout import WeightMeta
-from plugrl.parts.transport import WeightTransport
+from plugrl.parts.transport import WeightTransport, weight_sync_metrics
 
 if TYPE_CHECKING:
     import torch
@@ -78,7 +76,7 @@ NAME = "collective"
 ALIGN = 16
 """Every weight starts at a multiple of this many bytes of a bucket's buffer (so that a view of
 any dtype is aligned)."""
-TIMEOUT_ENV = "PLUGRL_WEIGHT_TRANSPORT_TIMEOUT_S"
+TIMEOUT_KEY = "rollout.update_weights_timeout_s"
 END, ABORT = 0, -1
 _JOINED = "joined/{}"
 _ABANDON = "abandon"
@@ -260,21 +258,11 @@ class CollectiveTransport(WeightTransport):
     """
 
     name = NAME
-    timeout_s: float = 300.0
-    """Seconds any step of a push may wait (engines joining, each broadcast);
-    ``PLUGRL_WEIGHT_TRANSPORT_TIMEOUT_S`` overrides it."""
 
     def __init__(self, config: Any, context: Any) -> None:
         super().__init__(config, context)
-        value = os.environ.get(TIMEOUT_ENV)
-        if value:
-            try:
-                self.timeout_s = float(value)
-            except ValueError:
-                raise PluginError(
-                    f"{TIMEOUT_ENV}={value!r} is not a number of seconds; set it to one, "
-                    "such as 300"
-                ) from None
+        self.timeout_s: float = config.update_weights_timeout_s
+        """Seconds any step of a push may wait (engines joining, each broadcast)."""
 
     @classmethod
     def unusable_reason(cls, trainer: WorkerGroup, engines: EngineGroup) -> str | None:
@@ -349,17 +337,13 @@ class CollectiveTransport(WeightTransport):
         except concurrent.futures.TimeoutError:
             raise PluginError(
                 f"the engine workers still had not loaded the weights {timeout_s + 60:g} s after "
-                f"the trainer sent the last of them; see their logs, raise {TIMEOUT_ENV}, or "
+                f"the trainer sent the last of them; see their logs, raise {TIMEOUT_KEY}, or "
                 f"{FIX}"
             ) from None
         engines.finish_weight_update(engine_indices)
         seconds = time.perf_counter() - start
         megabytes = sum(weight.nbytes for weight in weights) / 2**20
-        return {
-            "weight_sync/megabytes": megabytes,
-            "weight_sync/seconds": seconds,
-            "weight_sync/megabytes_per_s": megabytes / max(seconds, 1e-9),
-        }
+        return weight_sync_metrics(megabytes, seconds)
 
     # ------------------------------------------------------------------ trainer ranks
 
@@ -481,7 +465,7 @@ class _Sender:
                     f"{len(missing)} of {len(keys)} engine workers (group ranks "
                     f"{', '.join(map(str, missing))}) did not join the weight transfer within "
                     f"{session.timeout_s:g} s; see their logs (are they alive, can they reach "
-                    f"this machine?), raise {TIMEOUT_ENV}, or {FIX}"
+                    f"this machine?), raise {TIMEOUT_KEY}, or {FIX}"
                 )
             time.sleep(pause)
             pause = min(2 * pause, _POLL_S)
@@ -675,7 +659,7 @@ class _Receiver:
             raise PluginError(
                 f"engine worker (group rank {session.rank}) failed to receive weights from "
                 f"{session.host}:{session.port} ({one_line(exc)}); see the trainer's log, raise "
-                f"{TIMEOUT_ENV} if it was only slow, or {FIX}"
+                f"{TIMEOUT_KEY} if it was only slow, or {FIX}"
             ) from exc
         finally:
             if self.group is not None:

@@ -409,6 +409,12 @@ class RolloutConfig:
         verl="actor_rollout_ref.rollout.update_weights_bucket_megabytes",
         validator=positive,
     )
+    update_weights_timeout_s: float = option(
+        300.0,
+        "Seconds a step of a weight transfer may wait (engines joining it, each bucket) before "
+        "the transfer fails with the engines that did not answer named.",
+        validator=positive,
+    )
     max_engine_restarts: int = option(
         3,
         "Engine workers that die are restarted and their requests resubmitted, at most this "
@@ -537,7 +543,9 @@ class RolloutEngine(ABC):
         raise NotImplementedError(f"{type(self).__name__} cannot receive weights")
 
     async def load_weights(self, bucket: Sequence[tuple[str, torch.Tensor]]) -> None:
-        """Load one bucket of named full tensors (Hugging Face names)."""
+        """Load one bucket of named full tensors (Hugging Face names). The tensors are valid
+        during the call only (a transport reuses their memory for the next bucket): copy what
+        you keep."""
         raise NotImplementedError(f"{type(self).__name__} cannot receive weights")
 
     async def finish_weight_update(self) -> None:

@@ -526,11 +526,22 @@ class FSDP2Backend(TrainingBackend):
 
     # ------------------------------------------------------------------------ weights
 
+    def _unique_state(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The state dict without the second name of a tied weight (``lm_head.weight`` when
+        it is the embedding): sent once, it ties again where it lands."""
+        model = self._reshard()
+        names = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+        tied = names - {name for name, _ in model.named_parameters()}
+        for name, tensor in model.state_dict().items():
+            if name not in tied:
+                yield name, tensor
+
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Each full weight in the model's dtype, gathered one at a time (collective; only
-        rank 0 yields, every rank must run the iterator to its end)."""
+        rank 0 yields, every rank must run the iterator to its end). A tied weight comes once,
+        under its first name."""
         self._require("actor", "ref", "critic", method="named_weights")
-        for name, tensor in self._reshard().state_dict().items():
+        for name, tensor in self._unique_state():
             if isinstance(tensor, DTensor):
                 # offloaded shards live on the CPU, but collectives run on the device
                 full = tensor.to(self.torch_device).full_tensor()
@@ -544,8 +555,7 @@ class FSDP2Backend(TrainingBackend):
         self._require("actor", "ref", "critic", method="weight_metadata")
         dtype = str(self.compute_dtype).removeprefix("torch.")
         return [
-            WeightMeta(name, tuple(tensor.shape), dtype)
-            for name, tensor in self._reshard().state_dict().items()
+            WeightMeta(name, tuple(tensor.shape), dtype) for name, tensor in self._unique_state()
         ]
 
     def rollout_model(self) -> Any:

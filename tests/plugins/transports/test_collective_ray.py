@@ -138,8 +138,8 @@ def test_collective_gives_the_engines_what_the_object_store_gives_them(parts, re
     for index in (0, 1):
         assert_holds(engines, index, version=4, seed=1)
     nbytes = sum(tensor.numel() * tensor.element_size() for _, tensor in make_weights(SPEC, 1))
-    assert metrics["weight_sync/megabytes"] == pytest.approx(nbytes / 2**20)
-    assert metrics["weight_sync/seconds"] > 0
+    assert metrics["perf/weight_sync_megabytes"] == pytest.approx(nbytes / 2**20)
+    assert metrics["perf/weight_sync_megabytes_per_s"] > 0
 
 
 def test_a_push_to_some_engines_leaves_the_others_as_they_were(parts, recipe):

@@ -78,7 +78,7 @@ def test_the_engines_get_exactly_what_named_weights_yields(parts):
         for (name, got), (_, want) in zip(weights, expected, strict=True):
             assert got.dtype == want.dtype and torch.equal(got, want), name
     nbytes = sum(tensor.numel() * tensor.element_size() for _, tensor in expected)
-    assert metrics["weight_sync/megabytes"] == pytest.approx(nbytes / 2**20)
+    assert metrics["perf/weight_sync_megabytes"] == pytest.approx(nbytes / 2**20)
 
 
 def test_each_rank_describes_the_gathered_weights_alone(parts):

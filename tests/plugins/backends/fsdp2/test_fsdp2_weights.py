@@ -44,3 +44,40 @@ def test_buckets_stay_under_the_limit_and_hold_every_weight_once_in_order(tiny_m
         assert torch.equal(got, want), name
     # one bucket holds everything when the limit allows
     assert len(list(backend.weight_buckets(1 << 30))) == 1
+
+
+def test_a_tied_weight_is_sent_once_and_ties_again_in_the_engine(tmp_path):
+    """The quickstart model ties lm_head to the embedding: one copy travels, and an hf engine
+    of its own that receives it has both tied to the trainer's values."""
+    import attrs
+
+    from plugrl.cluster import make_worker_group
+    from plugrl.cluster.engines import LocalEngineGroup
+    from plugrl.plugins import get_plugin_manager
+    from plugrl.quickstart import save_untrained_model
+    from plugrl.testing import part_context
+    from plugrl_plugins.rollout.hf.config import HFRolloutConfig
+    from plugrl_plugins.transports.buckets import LocalTransport
+
+    folder = save_untrained_model(tmp_path / "tied", seed=0)
+    recipe = make_recipe(folder)
+    recipe = attrs.evolve(recipe, rollout=HFRolloutConfig(colocate=False))
+    trainer = make_worker_group(recipe, "actor", device_name="cpu")
+    engines = LocalEngineGroup(recipe, device_name="cpu", plugins=get_plugin_manager())
+    try:
+        trainer.setup(1)
+        names = [meta.name for meta in trainer.weight_metadata()]
+        assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names
+        assert [name for name, _ in trainer.named_weights()] == names
+        with torch.no_grad():  # the engine's copy drifts, so the push visibly changes it
+            engines.engine.model.get_input_embeddings().weight.mul_(2)
+        LocalTransport(recipe.rollout, part_context(recipe)).push(trainer, engines, version=1)
+        assert engines.weight_version == 1
+        model = engines.engine.model
+        embedding = model.get_input_embeddings().weight
+        assert model.get_output_embeddings().weight.data_ptr() == embedding.data_ptr()
+        expected = dict(trainer.named_weights())["model.embed_tokens.weight"]
+        assert torch.equal(embedding, expected)
+    finally:
+        engines.close()
+        trainer.close()
