@@ -17,6 +17,7 @@ Environment controls (read when the manager loads):
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import types
@@ -180,10 +181,20 @@ class PluginManager:
         )
         if not unknown:
             return
-        known = sorted(name for name in dir(self.pm.hook) if not name.startswith("_"))
+        known = sorted(
+            name
+            for name in dir(self.pm.hook)
+            if not name.startswith("_") and getattr(self.pm.hook, name).has_spec()
+        )
+        guesses = [
+            f"{name} -> {close[0]}"
+            for name in unknown
+            if (close := difflib.get_close_matches(name, known, n=1, cutoff=0.75))
+        ]
+        hint = f"did you mean {', '.join(guesses)}? " if guesses else ""
         error = (
             f"implements {', '.join(unknown)}, which plugrl {_plugrl_version()} does not "
-            f"define (hooks: {', '.join(h for h in known if h not in unknown)})"
+            f"define; {hint}hooks: {', '.join(known)}"
         )
         self._fail(source, error, PluginError(error), unregister=False)
 

@@ -45,10 +45,24 @@ REWARD_FUNCTIONS: dict[str, tuple[str, str]] = {
 }
 
 
+# scoring functions that take options from the recipe (reward.function_args.<name>)
+FUNCTION_OPTIONS: dict[str, str] = {
+    "openai/gsm8k": "plugrl_plugins.rewards.options:Gsm8kOptions",
+    "math_dapo": "plugrl_plugins.rewards.options:MathDapoOptions",
+    "math": "plugrl_plugins.rewards.options:MathDapoOptions",
+    "aime*": "plugrl_plugins.rewards.options:MathDapoOptions",
+}
+
+
 @plugrl.hookimpl
 def register_reward_functions(register):
     for data_source, (target, description) in REWARD_FUNCTIONS.items():
-        register(data_source, target, description=description)
+        register(
+            data_source,
+            target,
+            config=FUNCTION_OPTIONS.get(data_source),
+            description=description,
+        )
 
 
 @plugrl.hookimpl

@@ -59,6 +59,39 @@ def test_nested_defaults_and_merge_order(base, write_recipe):
     )
 
 
+def test_a_shipped_recipe_is_a_default_by_name(tmp_path):
+    from plugrl.plugins import PluginManager
+
+    path = tmp_path / "mine.yaml"
+    path.write_text(
+        "defaults: [quickstart]\ntrainer: {total_training_steps: 5, default_local_dir: runs/mine}\n"
+    )
+    manager = PluginManager(environ={"PLUGRL_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    manager.load_entry_points()
+    recipe = load_recipe(path, plugins=manager)
+    assert recipe.trainer.total_training_steps == 5
+    assert recipe.trainer.test_freq == 10  # from the shipped quickstart recipe
+    assert recipe.rollout.n == 8
+
+
+def test_an_override_can_empty_a_mapping_or_restore_a_default(base, write_recipe):
+    path = write_recipe(
+        {
+            "defaults": ["base.yaml"],
+            "model": {"override_config": {"attention_dropout": 0.0, "rope_theta": 10.0}},
+            "actor": {"ppo_epochs": 3},
+        }
+    )
+    assert load(path).model.override_config == {"attention_dropout": 0.0, "rope_theta": 10.0}
+    # merging {} would change nothing: KEY={} empties the mapping
+    assert load(path, "model.override_config={}").model.override_config == {}
+    # ~KEY removes what the files set, so the key takes its default again
+    assert load(path, "~actor.ppo_epochs").actor.ppo_epochs == 1
+    assert load(path, "~model.override_config").model.override_config == {}
+    assert load(path, "~trainer.seed").trainer.seed == 42  # not set: nothing to remove
+    assert error_of(path, "~") == "override '~' is not ~KEY (for example ~model.override_config)"
+
+
 def test_defaults_cycle_is_an_error(write_recipe):
     write_recipe({"defaults": ["b.yaml"]}, "a.yaml")
     path = write_recipe({"defaults": ["a.yaml"]}, "b.yaml")

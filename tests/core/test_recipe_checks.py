@@ -279,3 +279,13 @@ def test_adaptive_kl_in_reward_needs_a_target():
 def test_each_warning_is_logged_once_per_recipe(caplog):
     warnings = warnings_of(caplog, "actor.kl_loss_coef=0.05", "rollout.val_kwargs.n=2")
     assert len(warnings) == len(set(warnings)) == 2
+
+
+def test_custom_function_kwargs_without_a_path_are_refused():
+    with pytest.raises(RecipeError) as info:
+        build_recipe({"reward": {"custom_function": {"kwargs": {"binary": True}}}})
+    assert str(info.value) == (
+        "reward.custom_function.kwargs: set without reward.custom_function.path, so no function "
+        "receives them; set the path of the file that defines the function, or give a "
+        "registered function its options with reward.function_args.<name>"
+    )

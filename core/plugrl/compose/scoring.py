@@ -420,7 +420,14 @@ def make_resolver(recipe: Any, plugins: Any = None) -> Callable[[str], Scorer]:
         from plugrl.plugins import get_plugin_manager
 
         plugins = get_plugin_manager()
-    return _RegistryResolver(plugins.registry("reward_functions"))
+    from plugrl.recipe import function_options
+
+    options = {name: function_options(recipe, name, plugins) for name in _function_args(recipe)}
+    return _RegistryResolver(plugins.registry("reward_functions"), options)
+
+
+def _function_args(recipe: Any) -> dict[str, Any]:
+    return getattr(recipe.reward, "function_args", None) or {}
 
 
 @attrs.define
@@ -434,6 +441,8 @@ class _FixedResolver:
 @attrs.define
 class _RegistryResolver:
     registry: Any
+    options: dict[str, dict[str, Any]] = attrs.field(factory=dict)
+    """``reward.function_args``, checked: keyword arguments by registered name."""
     cache: dict[str, Scorer] = attrs.field(factory=dict)
 
     def __call__(self, data_source: str) -> Scorer:
@@ -447,6 +456,6 @@ class _RegistryResolver:
                 f"{HOW_TO_ADD}"
             )
         label = f"reward function {entry.name!r} (plugin {entry.plugin!r})"
-        scorer = Scorer.wrap(entry.load(), label)
+        scorer = Scorer.wrap(entry.load(), label, self.options.get(entry.name) or None)
         self.cache[data_source] = scorer
         return scorer

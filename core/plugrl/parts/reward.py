@@ -50,6 +50,12 @@ class RewardConfig:
         "Scoring function from a file; overrides the data-source lookup.",
         verl="custom_reward_function",
     )
+    function_args: dict[str, dict[str, Any]] = option(
+        factory=dict,
+        help="Options of registered scoring functions, by the name each was registered under "
+        "('openai/gsm8k': {lenient: true}); the config class a function registered checks "
+        "them, and they reach it as keyword arguments.",
+    )
     timeout_s: float = option(
         30.0,
         "Seconds one sample may take to score before it counts as a failure.",

@@ -21,6 +21,7 @@ The kinds of part, and which recipe key chooses each, are :data:`plugrl.registry
 
 from plugrl.recipe.build import (
     build_recipe,
+    function_options,
     iter_options,
     load_recipe,
     part_args,
@@ -58,6 +59,7 @@ __all__ = [
     "deep_merge",
     "explain",
     "find_recipe",
+    "function_options",
     "iter_options",
     "load_recipe",
     "normalize_shorthand",

@@ -117,6 +117,29 @@ def validate_names(recipe: Recipe, plugins: PluginManager) -> None:
                 )
             continue
         structure(config_cls, dict(args), kind.args_key)
+    for name in recipe.reward.function_args:
+        function_options(recipe, name, plugins)
+
+
+def function_options(recipe: Recipe, name: str, plugins: PluginManager) -> dict[str, Any]:
+    """The options ``reward.function_args`` gives the scoring function registered as ``name``,
+    checked by its config class, as keyword arguments (``{}`` when it has none)."""
+    key = f"reward.function_args.{name}"
+    args = recipe.reward.function_args.get(name)
+    registry = plugins.registry("reward_functions")
+    if name not in registry:
+        raise RecipeError(registry.unknown(name).bare_message, key=key)
+    entry = registry.get(name)
+    config_cls = entry.load_config()
+    if args is None:
+        return {}
+    if config_cls is None:
+        raise RecipeError(
+            f"reward function {name!r} (plugin {entry.plugin!r}) takes no options, got "
+            f"{', '.join(map(str, args)) if isinstance(args, Mapping) else describe_value(args)}",
+            key=key,
+        )
+    return attrs.asdict(structure(config_cls, args, key))
 
 
 def part_args(

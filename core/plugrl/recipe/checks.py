@@ -39,6 +39,7 @@ def check_recipe(recipe: Recipe) -> None:
     _check_engines(recipe)
     _check_sampling(recipe)
     _check_kl(recipe)
+    _check_reward(recipe)
 
 
 def _warn(key: str, message: str) -> None:
@@ -254,4 +255,15 @@ def _check_kl(recipe: Recipe) -> None:
         _warn(
             "actor.kl_loss_coef",
             f"{actor.kl_loss_coef} is ignored: the KL loss is off (set actor.use_kl_loss=true)",
+        )
+
+
+def _check_reward(recipe: Recipe) -> None:
+    custom = recipe.reward.custom_function
+    if custom.kwargs and not custom.path:
+        raise RecipeError(
+            "set without reward.custom_function.path, so no function receives them; set the "
+            "path of the file that defines the function, or give a registered function its "
+            "options with reward.function_args.<name>",
+            key="reward.custom_function.kwargs",
         )

@@ -55,9 +55,18 @@ def compose_file(path: str | Path, _stack: tuple[Path, ...] = ()) -> dict[str, A
         raise RecipeError("must be a list of recipe file paths", key=f"{path}: defaults")
     merged: dict[str, Any] = {}
     for default in defaults:
-        base = compose_file(path.parent / default, (*_stack, resolved))
+        base = compose_file(_default_path(path.parent, default), (*_stack, resolved))
         merged = deep_merge(merged, base)
     return deep_merge(merged, normalize_shorthand(data))
+
+
+def _default_path(folder: Path, default: str) -> Path:
+    """A ``defaults`` entry: a file relative to the recipe's folder, or a shipped recipe by
+    name (``defaults: [quickstart]``)."""
+    path = folder / default
+    if path.exists() or Path(default).suffix or len(Path(default).parts) > 1:
+        return path
+    return find_recipe(default)
 
 
 def shorthand_key(section: str) -> str | None:
@@ -90,12 +99,22 @@ def deep_merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, 
     return out
 
 
+DELETE = object()
+"""The value of a ``~KEY`` override: the key goes back to its default."""
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """``"actor.optim.lr=1e-6"`` -> (["actor", "optim", "lr"], 1e-06).
 
     The value is read as YAML (``[a, b]``, ``null``, ``true``, numbers); the field's type
-    decides the rest (``1e-6`` becomes a float where a float is expected).
+    decides the rest (``1e-6`` becomes a float where a float is expected). ``~KEY`` (as in
+    Hydra) removes the key, which takes its default again: :data:`DELETE`.
     """
+    if text.startswith("~") and "=" not in text:
+        key = text[1:].strip()
+        if not key or any(not part for part in key.split(".")) or " " in key:
+            raise RecipeError(f"override {text!r} is not ~KEY (for example ~model.override_config)")
+        return key.split("."), DELETE
     key, sep, value = text.partition("=")
     key = key.strip()
     if not sep or not key or any(not part for part in key.split(".")) or " " in key:
@@ -112,6 +131,10 @@ def apply_overrides(data: Mapping[str, Any], overrides: Iterable[str]) -> dict[s
     out = copy.deepcopy(dict(data))
     for text in overrides:
         path, value = parse_override(text)
+        if value is DELETE or value == {}:
+            # ~KEY, and KEY={} which empties a mapping (merging {} into it would change nothing)
+            _replace(out, path, value)
+            continue
         update: Any = value
         for part in reversed(path):
             update = {part: update}
@@ -121,6 +144,26 @@ def apply_overrides(data: Mapping[str, Any], overrides: Iterable[str]) -> dict[s
             out[path[0]] = {selector: out[path[0]]}
         out = deep_merge(out, normalized)
     return out
+
+
+def _replace(data: dict[str, Any], path: list[str], value: Any) -> None:
+    """Set ``path`` in ``data`` to ``value`` without merging, or remove it for
+    :data:`DELETE`."""
+    node = data
+    for depth, part in enumerate(path[:-1]):
+        child = node.get(part)
+        selector = shorthand_key(part) if depth == 0 else None
+        if isinstance(child, str) and selector is not None:
+            child = node[part] = {selector: child}
+        if not isinstance(child, dict):
+            if value is DELETE:
+                return  # not set, so already its default
+            child = node[part] = {}
+        node = child
+    if value is DELETE:
+        node.pop(path[-1], None)
+    else:
+        node[path[-1]] = value
 
 
 def shipped_recipes() -> dict[str, Path]:

@@ -11,7 +11,7 @@ from plugrl.errors import PluginError, RecipeError
 from plugrl.plugins import PluginManager, get_plugin_manager
 from plugrl.recipe.sections import Recipe
 from plugrl.recipe.structuring import fields_of, unknown_key_error
-from plugrl.registry import section_kind
+from plugrl.registry import PART_KINDS, section_kind
 
 
 @attrs.frozen
@@ -64,6 +64,9 @@ def explain(key: str, plugins: PluginManager | None = None) -> KeyInfo:
     """Describe a dotted recipe key (or a section): meaning, type, default, verl name."""
     plugins = plugins or get_plugin_manager()
     parts = key.split(".")
+    options = _explain_part_options(parts, plugins)
+    if options is not None:
+        return options
     recipe_fields = fields_of(Recipe)
     if parts[0] not in recipe_fields:
         raise unknown_key_error(Recipe, parts[0], "")
@@ -91,6 +94,65 @@ def explain(key: str, plugins: PluginManager | None = None) -> KeyInfo:
             last_error = last_error or exc
     assert last_error is not None
     raise last_error
+
+
+def _option_owners(parts: list[str], plugins: PluginManager) -> list[tuple[str, type, str]]:
+    """For a key inside a part's options mapping: ``(prefix, config class, owner)`` of every
+    registered part whose options class could hold it. ``actor.policy_loss_args.X`` looks in
+    every policy loss's class, ``reward.function_args.NAME.X`` in the class of function NAME."""
+    dotted = ".".join(parts)
+    if parts[:2] == ["reward", "function_args"] and len(parts) > 3:
+        registry = plugins.registry("reward_functions")
+        name = parts[2]
+        if name not in registry:
+            raise RecipeError(registry.unknown(name).bare_message, key=".".join(parts[:3]))
+        entry = registry.get(name)
+        cls = entry.load_config()
+        if cls is None:
+            raise RecipeError(
+                f"reward function {name!r} (plugin {entry.plugin!r}) takes no options",
+                key=".".join(parts[:3]),
+            )
+        return [(".".join(parts[:3]), cls, f"reward function {name} ({entry.plugin})")]
+    for kind in PART_KINDS.values():
+        if kind.args_key and dotted.startswith(kind.args_key + ".") and len(parts) > 2:
+            owners = []
+            for entry in plugins.registry(kind.name):
+                try:
+                    cls = entry.load_config()
+                except PluginError:
+                    continue
+                if cls is not None:
+                    owners.append(
+                        (kind.args_key, cls, f"{kind.human_name} {entry.name} ({entry.plugin})")
+                    )
+            return owners
+    return []
+
+
+def _explain_part_options(parts: list[str], plugins: PluginManager) -> KeyInfo | None:
+    owners = _option_owners(parts, plugins)
+    if not owners:
+        return None
+    prefix = owners[0][0]
+    rest = parts[len(prefix.split(".")) :]
+    found: list[KeyInfo] = []
+    first_error: RecipeError | None = None
+    for _, cls, owner in owners:
+        try:
+            found.append(_explain_in(cls, [prefix, *rest], owner, plugins))
+        except RecipeError as exc:
+            first_error = first_error or exc
+    if not found:
+        assert first_error is not None
+        if len(owners) == 1:
+            raise first_error
+        listed = "; ".join(f"{owner}: {', '.join(fields_of(cls))}" for _, cls, owner in owners)
+        raise RecipeError(f"no part's options have it ({listed})", key=".".join(parts))
+    if len(found) == 1:
+        return found[0]
+    # the same option name in several parts' classes: say whose
+    return attrs.evolve(found[0], owner=", ".join(info.owner for info in found))
 
 
 def _explain_in(cls: type, parts: list[str], owner: str, plugins: PluginManager) -> KeyInfo:

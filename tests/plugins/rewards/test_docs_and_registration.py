@@ -68,22 +68,55 @@ def test_the_flexible_gsm8k_file_from_the_docs(make_recipe, tmp_path):
     assert scorer("openai/gsm8k", "so she has 72 clips", "72")["score"] == 1.0
 
 
-def test_the_lenient_gsm8k_file_and_kwargs_from_the_docs(make_recipe, tmp_path):
+def test_the_lenient_gsm8k_options_from_the_docs(make_recipe):
     import yaml
 
+    from plugrl.compose import make_resolver
+
+    reward = next(b for b in code_blocks("yaml") if "lenient" in b)
+    scorer = make_resolver(make_recipe(yaml.safe_load(reward)["reward"]))("openai/gsm8k")
+    assert scorer("openai/gsm8k", "#### $72.0", "72")["score"] == 1.0
+    # without them, verl's strict parse has no answer there
+    registered = make_resolver(make_recipe())("openai/gsm8k")
+    assert registered("openai/gsm8k", "#### $72.0", "72")["score"] == 0.0
+
+
+def test_a_reward_file_can_pass_the_scorer_its_own_keyword_arguments(make_recipe, tmp_path):
     from plugrl.compose import make_resolver
 
     block = next(b for b in code_blocks("python") if b.strip().endswith("import compute_score"))
     path = tmp_path / "gsm8k_reward.py"
     path.write_text(block, encoding="utf-8")
-    reward = next(b for b in code_blocks("yaml") if "lenient" in b)
-    section = yaml.safe_load(reward)["reward"]
-    section["custom_function"]["path"] = str(path)
-    scorer = make_resolver(make_recipe(section))("openai/gsm8k")
+    custom = {"custom_function": {"path": str(path), "kwargs": {"lenient": True}}}
+    scorer = make_resolver(make_recipe(custom))("openai/gsm8k")
     assert scorer("openai/gsm8k", "#### $72.0", "72")["score"] == 1.0
-    # the registered scorer, verl's strict parse, has no answer there
-    registered = make_resolver(make_recipe())("openai/gsm8k")
-    assert registered("openai/gsm8k", "#### $72.0", "72")["score"] == 0.0
+
+
+def test_function_args_are_checked_by_the_functions_options(make_recipe):
+    from plugrl.errors import RecipeError
+
+    with pytest.raises(RecipeError) as info:
+        make_recipe({"function_args": {"openai/gsm8k": {"lenientt": True}}})
+    assert str(info.value) == (
+        "reward.function_args.openai/gsm8k.lenientt: unknown key; did you mean "
+        "'reward.function_args.openai/gsm8k.lenient'?"
+    )
+    with pytest.raises(RecipeError) as info:
+        make_recipe({"function_args": {"plugrl/arithmetic": {"strict": True}}})
+    assert str(info.value) == (
+        "reward.function_args.plugrl/arithmetic: reward function 'plugrl/arithmetic' (plugin "
+        "'rewards') takes no options, got strict"
+    )
+    with pytest.raises(RecipeError, match=r"^reward.function_args.nope: unknown reward function"):
+        make_recipe({"function_args": {"nope": {}}})
+
+
+def test_a_glob_registered_function_gets_its_options_for_every_match(make_recipe):
+    from plugrl.compose import make_resolver
+
+    recipe = make_recipe({"function_args": {"aime*": {"strict_box_verify": True}}})
+    scorer = make_resolver(recipe)("aime2025")
+    assert scorer.kwargs == {"strict_box_verify": True}
 
 
 def test_registering_the_plugin_imports_neither_torch_nor_scorers():
@@ -131,3 +164,34 @@ def test_no_scorer_evaluates_text():
         if pattern.search(line)
     ]
     assert offenders == []
+
+
+def test_explain_covers_the_options_of_parts_and_scoring_functions():
+    from plugrl.errors import RecipeError
+    from plugrl.plugins import PluginManager
+
+    manager = PluginManager(environ={"PLUGRL_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    manager.load_entry_points()
+    lenient = explain("reward.function_args.openai/gsm8k.lenient", manager)
+    assert (lenient.type, lenient.default, lenient.owner) == (
+        "bool",
+        False,
+        "reward function openai/gsm8k (rewards)",
+    )
+    clip = explain("actor.policy_loss_args.clip_cov_ratio", manager)
+    assert clip.owner == "policy loss clip_cov (algorithms)"
+    assert clip.verl == "actor_rollout_ref.actor.policy_loss.clip_cov_ratio"
+    assert explain("algorithm.adv_estimator_args.whiten", manager).default is True
+    with pytest.raises(RecipeError) as info:
+        explain("actor.policy_loss_args.nope", manager)
+    assert str(info.value) == (
+        "actor.policy_loss_args.nope: no part's options have it (policy loss clip_cov "
+        "(algorithms): clip_cov_ratio, clip_cov_lb, clip_cov_ub; policy loss kl_cov "
+        "(algorithms): kl_cov_ratio, ppo_kl_coef)"
+    )
+    with pytest.raises(RecipeError) as info:
+        explain("reward.function_args.plugrl/arithmetic.strict", manager)
+    assert str(info.value) == (
+        "reward.function_args.plugrl/arithmetic: reward function 'plugrl/arithmetic' (plugin "
+        "'rewards') takes no options"
+    )
