@@ -218,8 +218,9 @@ def test_part_args_are_validated_and_structured(base):
             "rollout.engine: rollout engine 'vllm' is not installed: pip install plugrl-vllm",
         ),
         (
-            "trainer.logger=[console,wandb]",
-            "trainer.logger: unknown logger 'wandb': registered: console, jsonl",
+            "trainer.logger=[console,wandbb]",
+            "trainer.logger: unknown logger 'wandbb': did you mean 'wandb'? registered: console, "
+            "jsonl, mlflow, swanlab, tensorboard, wandb",
         ),
         (
             "actor.kl_loss_type=fakekk",
