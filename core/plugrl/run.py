@@ -242,7 +242,7 @@ def run_recipe(recipe: Recipe, plugins: PluginManager | None = None) -> dict[str
     apply_device_env(device_entry.load(), recipe)
     run_dir = prepare_run_dir(recipe)
     context = RunContext(recipe, run_dir, plugins, device_name)
-    status = "failed"
+    status, error = "failed", None
     try:
         from plugrl.compose.build import build_part
 
@@ -259,13 +259,16 @@ def run_recipe(recipe: Recipe, plugins: PluginManager | None = None) -> dict[str
     except KeyboardInterrupt:
         status = "interrupted"
         raise
+    except BaseException as exc:
+        error = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+        raise
     finally:
         try:
             plugins.hook.on_run_end(status=status, metrics=dict(context.last_metrics))
         finally:
             for metric_logger in context.loggers:
                 try:
-                    metric_logger.close()
+                    metric_logger.close(status, error)
                 except Exception as exc:  # a logger failing to flush must not hide the cause
                     logger.warning(
                         "logger %s failed to close: %s", type(metric_logger).__name__, exc

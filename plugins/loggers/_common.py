@@ -4,7 +4,6 @@ run's outcome, and the id that lets a resumed run continue the tracker's run."""
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,22 +43,6 @@ def flat_params(tree: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str
             yield dotted, json.dumps(value, default=str)
         else:
             yield dotted, "null" if value is None else str(value)
-
-
-def run_status() -> str:
-    """How the run is ending, as ``on_run_end`` says it: ``completed``, ``failed`` or
-    ``interrupted``. ``close()`` is called from the run's ``finally`` block, where the
-    exception that ends a failed run is still the one being handled."""
-    error = sys.exc_info()[1]
-    if error is None:
-        return "completed"
-    return "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
-
-
-def run_error() -> str | None:
-    """One line naming the exception that is ending the run, if any."""
-    error = sys.exc_info()[1]
-    return None if error is None else f"{type(error).__name__}: {error}"
 
 
 def continues_earlier_run(recipe: Recipe, run_dir: Path) -> bool:

@@ -54,7 +54,7 @@ class JsonlLogger(MetricLogger):
                 continue  # a line cut short by a killed run
         self.path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
 
-    def close(self) -> None:
+    def close(self, status: str = "completed", error: str | None = None) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from plugrl.errors import PluginError
 from plugrl.parts.logger import MetricLogger
 
-from ._common import RunIdFile, continues_earlier_run, flat_params, run_status, scalars
+from ._common import RunIdFile, continues_earlier_run, flat_params, scalars
 
 if TYPE_CHECKING:
     from plugrl.parts.context import PartContext
@@ -137,7 +137,7 @@ class MlflowLogger(MetricLogger):
         if batch:
             self.client.log_batch(self.run_id, metrics=batch)
 
-    def close(self) -> None:
+    def close(self, status: str = "completed", error: str | None = None) -> None:
         if self.run_id is not None:
-            self.client.set_terminated(self.run_id, STATUSES[run_status()])
+            self.client.set_terminated(self.run_id, STATUSES[status])
             self.run_id = None

@@ -10,7 +10,7 @@ import swanlab
 
 from plugrl.parts.logger import MetricLogger
 
-from ._common import RunIdFile, continues_earlier_run, run_error, run_status, scalars
+from ._common import RunIdFile, continues_earlier_run, scalars
 
 if TYPE_CHECKING:
     from plugrl.parts.context import PartContext
@@ -45,10 +45,10 @@ class SwanlabLogger(MetricLogger):
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
         self.run.log(scalars(metrics), step=step)
 
-    def close(self) -> None:
+    def close(self, status: str = "completed", error: str | None = None) -> None:
         if self.run is None:
             return
         if self.run.alive:  # SwanLab ends the run itself on Ctrl+C
-            state = STATES[run_status()]
-            self.run.finish(state=state, error=run_error() if state == "crashed" else None)
+            state = STATES[status]
+            self.run.finish(state=state, error=error if state == "crashed" else None)
         self.run = None

@@ -50,7 +50,7 @@ class TensorBoardLogger(MetricLogger):
         writer.add_text("recipe", _markdown_code(self.recipe.to_yaml()), first_step)
         return writer
 
-    def close(self) -> None:
+    def close(self, status: str = "completed", error: str | None = None) -> None:
         if self._writer is not None:
             self._writer.close()
             self._writer = None

@@ -10,7 +10,7 @@ import wandb
 
 from plugrl.parts.logger import MetricLogger
 
-from ._common import RunIdFile, continues_earlier_run, run_status, scalars
+from ._common import RunIdFile, continues_earlier_run, scalars
 
 if TYPE_CHECKING:
     from plugrl.parts.context import PartContext
@@ -51,7 +51,7 @@ class WandbLogger(MetricLogger):
         # redoes keep the values logged before the interruption
         self.run.log(scalars(metrics), step=step)
 
-    def close(self) -> None:
+    def close(self, status: str = "completed", error: str | None = None) -> None:
         if self.run is not None:
-            self.run.finish(exit_code=EXIT_CODES[run_status()])
+            self.run.finish(exit_code=EXIT_CODES[status])
             self.run = None

@@ -32,5 +32,7 @@ class MetricLogger(ABC):
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
         """Record ``metrics`` (verl's names, scalar values) for ``step``."""
 
-    def close(self) -> None:
-        """Flush and close; called once at the end of a run, also a failed one."""
+    def close(self, status: str = "completed", error: str | None = None) -> None:
+        """Flush and close; called once at the end of a run, also a failed one. ``status`` is
+        ``"completed"``, ``"failed"`` or ``"interrupted"`` (as ``on_run_end`` says it);
+        ``error`` is one line naming what ended a failed run."""

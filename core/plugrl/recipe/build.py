@@ -101,7 +101,13 @@ def validate_names(recipe: Recipe, plugins: PluginManager) -> None:
         for name in value if isinstance(value, list) else [value]:
             if name not in registry:
                 raise RecipeError(registry.unknown(name).bare_message, key=key)
-            registry.get(name).check_available()
+            reason = registry.get(name).unavailable_reason
+            if reason:
+                raise RecipeError(
+                    f"{registry.human_name} {name!r} (plugin {registry.get(name).plugin!r}) is "
+                    f"installed but cannot run here: it {reason}",
+                    key=key,
+                )
     for kind in PART_KINDS.values():
         if kind.args_key is None:
             continue

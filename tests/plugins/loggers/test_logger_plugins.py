@@ -17,7 +17,7 @@ from trackers_testlib import (
     wandb_run_folders,
 )
 
-from plugrl.errors import PluginError
+from plugrl.errors import RecipeError
 from plugrl.recipe import build_recipe
 from plugrl.run import run_recipe
 
@@ -65,10 +65,11 @@ def test_a_missing_library_makes_the_logger_unavailable_with_one_line(
     entry = plugrl_plugin_manager.registry("loggers").get(name)
     assert not entry.available
     assert entry.unavailable_reason == f"needs {TRACKERS[name]} (pip install 'plugrl[{name}]')"
-    with pytest.raises(PluginError) as error:
+    with pytest.raises(RecipeError) as error:
         build_recipe({"trainer": {"logger": ["console", name]}}, plugrl_plugin_manager)
     assert str(error.value) == (
-        f"logger {name!r} (plugin 'loggers') is installed but cannot run here: it needs "
+        f"trainer.logger: logger {name!r} (plugin 'loggers') is installed but cannot run here: "
+        "it needs "
         f"{TRACKERS[name]} (pip install 'plugrl[{name}]')"
     )
 
@@ -92,8 +93,8 @@ def test_the_cli_lists_and_refuses_a_logger_whose_library_is_missing(tmp_path):
     )
     assert refused.returncode == 1
     assert refused.stderr.strip().splitlines() == [
-        "Error: logger 'wandb' (plugin 'loggers') is installed but cannot run here: it needs "
-        "wandb (pip install 'plugrl[wandb]')"
+        "Error: trainer.logger: logger 'wandb' (plugin 'loggers') is installed but cannot run "
+        "here: it needs wandb (pip install 'plugrl[wandb]')"
     ]
 
 

@@ -56,11 +56,7 @@ def test_a_resumed_run_continues_the_same_mlflow_run(run_dir, caplog):
     first = make_logger("mlflow", run_dir)
     for step in (1, 2, 3):
         first.log({"critic/score/mean": step}, step)
-    with pytest.raises(RuntimeError):
-        try:
-            raise RuntimeError("killed after step 3")
-        finally:
-            first.close()
+    first.close("failed", "RuntimeError: killed after step 3")
     run_id = run_id_of(run_dir)
     assert mlflow_client(run_dir).get_run(run_id).info.status == "FAILED"
 
@@ -96,11 +92,7 @@ def test_a_run_that_starts_over_gets_a_new_mlflow_run(run_dir):
 
 def test_interrupted_run_ends_killed(run_dir):
     logger = make_logger("mlflow", run_dir)
-    with pytest.raises(KeyboardInterrupt):
-        try:
-            raise KeyboardInterrupt
-        finally:
-            logger.close()
+    logger.close("interrupted")
     assert mlflow_client(run_dir).get_run(run_id_of(run_dir)).info.status == "KILLED"
 
 

@@ -1,4 +1,3 @@
-import pytest
 import yaml
 from trackers_testlib import (
     EXPERIMENT,
@@ -49,11 +48,7 @@ def test_an_offline_run_in_the_run_folder_with_the_recipe_as_config(run_dir, off
 def test_a_failed_run_ends_crashed_with_the_error(run_dir):
     logger = make_logger("swanlab", run_dir)
     logger.log({"critic/score/mean": 0.1}, 1)
-    with pytest.raises(RuntimeError):
-        try:
-            raise RuntimeError("the scheduler broke")
-        finally:
-            logger.close()
+    logger.close("failed", "RuntimeError: the scheduler broke")
     (folder,) = swanlab_run_folders(run_dir)
     _, finish = start_and_finish(folder)
     assert finish["state"] == "RUN_STATE_CRASHED"

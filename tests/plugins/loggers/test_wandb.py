@@ -1,4 +1,3 @@
-import pytest
 from trackers_testlib import (
     EXPERIMENT,
     PROJECT,
@@ -42,11 +41,7 @@ def test_an_offline_run_in_the_run_folder_with_the_recipe_as_config(run_dir, off
 def test_a_failed_run_ends_failed(run_dir):
     logger = make_logger("wandb", run_dir)
     logger.log({"critic/score/mean": 0.1}, 1)
-    with pytest.raises(RuntimeError):
-        try:
-            raise RuntimeError("the scheduler broke")
-        finally:
-            logger.close()
+    logger.close("failed", "RuntimeError: the scheduler broke")
     (folder,) = wandb_run_folders(run_dir)
     summary = wandb_inspect(folder, "--summary")
     assert (summary["state"], summary["exit_code"]) == ("failed", 1)
