@@ -247,3 +247,34 @@ def test_workers_get_the_device_environment_under_the_users(ray_session, plugins
         assert workers.execute_all("env", "FAKE_USER_WINS") == ["user"]
     finally:
         workers.close()
+
+
+def test_a_rank_whose_actor_dies_is_one_line(ray_session, plugins):
+    import signal
+
+    from plugrl.errors import PluginError
+
+    workers = RayWorkerGroup(
+        recipe(),
+        "actor",
+        world_size=1,
+        device_name="cpu",
+        plugins=plugins,
+        num_cpus_per_rank=0.5,
+        placement_timeout_s=60,
+    )
+    try:
+        workers.setup(1)
+        (pid,) = [report["pid"] for report in workers.execute_all("report")]
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(PluginError) as info:
+            workers.execute_all("report")
+        message = str(info.value)
+        assert message.startswith("a actor rank's Ray actor died (")
+        assert message.endswith(
+            "its output is in Ray's worker logs (`ray logs` lists them), "
+            "often an out-of-memory kill"
+        )
+        assert "\n" not in message
+    finally:
+        workers.close()
