@@ -310,8 +310,18 @@ class RayWorkerGroup(WorkerGroup):
             raise self._driver_error(exc) from None
 
     def close(self) -> None:
+        from ray.exceptions import RayActorError
+
+        alive = []
+        for worker in self.workers:
+            try:
+                self.ray.get(worker.pid.remote(), timeout=30)
+                alive.append(worker)
+            except (RayActorError, self.ray.exceptions.GetTimeoutError):
+                pass  # a rank that died has nothing left to release
         try:
-            super().close()
+            if len(alive) == len(self.workers):
+                super().close()
         finally:
             self._release()
 
