@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,3 +37,17 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@contextlib.contextmanager
+def local_ray(num_cpus: int) -> Iterator[Any]:
+    """A Ray instance of ``num_cpus`` logical CPUs for a test module. Its workers import the
+    helper modules of the test folders that called :func:`importable_here`, through the
+    ``PYTHONPATH`` that set."""
+    import ray
+
+    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()

@@ -187,33 +187,40 @@ def _group_gone(pgid, timeout_s=10.0):
     return False
 
 
+@contextlib.contextmanager
+def _run_in_background(recipe, folder):
+    """The reference run started by the CLI in a process group of its own, its output in
+    ``folder/first.log``; whatever is left of it is killed afterwards."""
+    with (folder / "first.log").open("w") as log:
+        process = subprocess.Popen(
+            cli_command(recipe, *REFERENCE_OVERRIDES),
+            cwd=folder,
+            env=cli_env(),
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
+        try:
+            yield process
+        finally:
+            if process.poll() is None:
+                process.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+
+
 def test_a_run_killed_mid_way_resumes_and_logs_what_the_uninterrupted_run_did(
     reference_run, tiny_task, tmp_path
 ):
     recipe = reference_recipe(tiny_task, tmp_path)
     run_dir = tmp_path / "run"
-    log = (tmp_path / "first.log").open("w")
-    process = subprocess.Popen(
-        cli_command(recipe, *REFERENCE_OVERRIDES),
-        cwd=tmp_path,
-        env=cli_env(),
-        stdout=log,
-        stderr=log,
-        start_new_session=True,
-    )
-    try:
+    with _run_in_background(recipe, tmp_path) as process:
         # step 2 is logged after checkpoint 1 is written (a step is logged, then saved)
         _wait_for_step(process, run_dir / "metrics.jsonl", step=2)
         os.kill(process.pid, signal.SIGKILL)
         assert process.wait(30) == -signal.SIGKILL
         # its reward workers die with it
         assert _group_gone(process.pid), "processes of the killed run are still alive"
-    finally:
-        if process.poll() is None:
-            process.kill()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        log.close()
     killed_at = by_step(read_records(run_dir))
     assert max(killed_at) < REFERENCE_STEPS, "the run finished before it was killed"
 
@@ -271,25 +278,12 @@ def test_a_run_killed_between_logging_a_step_and_saving_it_logs_the_step_once(
 def test_sigterm_stops_a_run_cleanly_and_it_resumes(reference_run, tiny_task, tmp_path):
     recipe = reference_recipe(tiny_task, tmp_path)
     run_dir = tmp_path / "run"
-    log = (tmp_path / "first.log").open("w")
-    process = subprocess.Popen(
-        cli_command(recipe, *REFERENCE_OVERRIDES),
-        cwd=tmp_path,
-        env=cli_env(),
-        stdout=log,
-        stderr=log,
-        start_new_session=True,
-    )
-    try:
+    with _run_in_background(recipe, tmp_path) as process:
         _wait_for_step(process, run_dir / "metrics.jsonl", step=2)
         process.send_signal(signal.SIGTERM)
         # stopped as Ctrl-C stops it: an interrupted run, not a kill
         assert process.wait(60) == 1
         assert _group_gone(process.pid), "processes of the stopped run are still alive"
-    finally:
-        if process.poll() is None:
-            process.kill()
-        log.close()
     assert "Aborted!" in (tmp_path / "first.log").read_text()
     assert not [p for p in run_dir.iterdir() if p.name.startswith(".")], "half-written folders"
     check_ok(run_cli(recipe, *REFERENCE_OVERRIDES))

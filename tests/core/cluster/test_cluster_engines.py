@@ -7,12 +7,12 @@ import logging
 import os
 import signal
 import time
-from pathlib import Path
 
 import cluster_fake_backend
 import cluster_fake_engine
 import pytest
 import torch
+from support import local_ray
 
 from plugrl.cluster import make_worker_group
 from plugrl.cluster.engines import LocalEngineGroup, RayEngineGroup, make_engine_group
@@ -186,18 +186,8 @@ def test_a_scheduler_needing_what_an_engine_lacks_stops_at_start_up():
 
 @pytest.fixture(scope="module")
 def ray_session():
-    import ray
-
-    previous = os.environ.get("PYTHONPATH")
-    here = str(Path(__file__).parent)
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, previous]))
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-    if previous is None:
-        os.environ.pop("PYTHONPATH")
-    else:
-        os.environ["PYTHONPATH"] = previous
+    with local_ray(num_cpus=4) as ray:
+        yield ray
 
 
 def ray_recipe(**rollout) -> Recipe:

@@ -1,12 +1,12 @@
 """Ray worker groups with a backend that reports what reached each rank."""
 
 import os
-from pathlib import Path
 
 import cluster_fake_backend
 import pytest
 import torch
 from cluster_fake_backend import SumRowIds
+from support import local_ray
 
 from plugrl.cluster import (
     RayPlacement,
@@ -25,19 +25,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def ray_session():
-    import ray
-
-    # workers import the in-process plugin module by name, so they need this folder
-    previous = os.environ.get("PYTHONPATH")
-    here = str(Path(__file__).parent)
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, previous]))
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-    if previous is None:
-        os.environ.pop("PYTHONPATH")
-    else:
-        os.environ["PYTHONPATH"] = previous
+    with local_ray(num_cpus=2) as ray:
+        yield ray
 
 
 @pytest.fixture(scope="module")

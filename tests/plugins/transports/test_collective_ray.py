@@ -11,6 +11,7 @@ import cluster_fake_engine
 import pytest
 import torch
 import transport_fake_backend
+from support import local_ray
 from transport_fake_backend import make_weights
 
 from plugrl.cluster import make_worker_group
@@ -39,11 +40,8 @@ SPEC = [
 
 @pytest.fixture(scope="module")
 def ray_session():
-    import ray
-
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
+    with local_ray(num_cpus=4) as ray:
+        yield ray
 
 
 @pytest.fixture(scope="module")

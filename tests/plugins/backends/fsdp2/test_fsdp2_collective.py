@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 from fsdp2_testing import make_recipe
-from support import importable_here
+from support import importable_here, local_ray
 
 from plugrl.cluster import RayWorkerGroup
 from plugrl.cluster.engines import make_engine_group
@@ -25,11 +25,8 @@ importable_here(Path(__file__).parents[3] / "core" / "cluster")
 
 @pytest.fixture(scope="module")
 def ray_session():
-    import ray
-
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
+    with local_ray(num_cpus=4) as ray:
+        yield ray
 
 
 @pytest.fixture(scope="module")
