@@ -169,6 +169,17 @@ PART_PREFIXES = {
 }
 """Where an unknown key may belong to the chosen part's own config."""
 
+VERL_DEFAULTS = {
+    "algorithm.adv_estimator": "gae",
+    "actor_rollout_ref.model.enable_gradient_checkpointing": True,
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": 2,
+    "trainer.total_epochs": 30,
+    "trainer.n_gpus_per_node": 8,
+    "trainer.logger": ["console", "wandb"],
+}
+"""Defaults of verl's ppo_trainer.yaml that differ from plugrl's. A script that leaves one
+unset ran with verl's value; the report says so, and the recipe keeps plugrl's."""
+
 VALUE_RENAMES = {"actor.backend": {"fsdp": "fsdp2"}}
 """plugrl key -> {verl value: plugrl value} where verl's value names a part plugrl calls
 otherwise (verl's FSDP1 strategy runs as fsdp2)."""
@@ -301,6 +312,7 @@ class _Converter:
             self._map_shared(word, override, target, values)
         # verl runs on Ray always; so does the recipe
         values[("cluster", "mode")] = ("ray", "")
+        self._note_verl_defaults({_alias(override.key) for _, override in parsed})
         written = {
             path: value
             for path, value in values.items()
@@ -361,6 +373,19 @@ class _Converter:
                 "export what plugrl's run needs before plugrl run"
             )
         self.notes.extend(script.notes)
+
+    def _note_verl_defaults(self, given: set[str]) -> None:
+        differ = [
+            f"{(self.index[verl][0].key)} (verl {describe_value(value)}, plugrl "
+            f"{describe_value(self.index[verl][0].default)})"
+            for verl, value in VERL_DEFAULTS.items()
+            if verl not in given and verl in self.index
+        ]
+        if differ:
+            self.notes.append(
+                f"not set by the script, so verl used its defaults, which plugrl's differ from: "
+                f"{', '.join(differ)}; set them where the run relied on verl's"
+            )
 
     def _parse(self, words: list[Word]) -> list[tuple[Word, Override]]:
         parsed: dict[str, tuple[Word, Override]] = {}

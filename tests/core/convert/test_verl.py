@@ -296,6 +296,9 @@ def test_fully_async_not_converted(script_text, plugrl_plugin_manager):
         "plugrl's run needs before plugrl run",
         "recipe.fully_async_policy.fully_async_main runs as plugrl's fully_async scheduler",
         "--config-name fully_async_ppo_megatron_trainer.yaml trains with actor.backend megatron",
+        "not set by the script, so verl used its defaults, which plugrl's differ from: "
+        "model.enable_gradient_checkpointing (verl True, plugrl False); set them where the run "
+        "relied on verl's",
     ]
 
 
@@ -599,20 +602,32 @@ def test_env_gives_what_the_script_does_not_set(plugrl_plugin_manager):
 def test_the_last_of_a_key_given_twice_counts(plugrl_plugin_manager):
     conversion = convert("actor_rollout_ref.rollout.n=4", "actor_rollout_ref.rollout.n=8")
     assert conversion.recipe["rollout"] == {"n": 8}
-    assert conversion.notes == [
+    assert conversion.notes[0] == (
         "line 3: actor_rollout_ref.rollout.n is given twice; the last value, 8, counts "
         "(as in Hydra)"
-    ]
+    )
 
 
 def test_config_names(plugrl_plugin_manager):
     megatron = convert("--config-name=ppo_megatron_trainer", "trainer.nnodes=1")
     assert megatron.recipe["actor"] == "megatron"  # short for {backend: megatron}
     custom = convert("--config-path", "/my/configs", "--config-name", "my_run", "trainer.nnodes=1")
-    assert custom.notes == [
+    assert custom.notes[0] == (
         "--config-name my_run: only the command line is converted; what my_run.yaml changes "
         "from verl's defaults is not"
+    )
+
+
+def test_verl_defaults_the_script_relies_on_are_noted(plugrl_plugin_manager):
+    conversion = convert("algorithm.adv_estimator=grpo", "trainer.total_epochs=2")
+    assert conversion.notes == [
+        "not set by the script, so verl used its defaults, which plugrl's differ from: "
+        "model.enable_gradient_checkpointing (verl True, plugrl False), "
+        "rollout.tensor_model_parallel_size (verl 2, plugrl 1), trainer.n_gpus_per_node "
+        "(verl 8, plugrl 1), trainer.logger (verl ['console', 'wandb'], plugrl ['console', "
+        "'jsonl']); set them where the run relied on verl's"
     ]
+    assert "algorithm" not in conversion.recipe  # grpo is plugrl's default
 
 
 def test_commands_around_verl(plugrl_plugin_manager):
