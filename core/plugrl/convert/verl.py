@@ -674,6 +674,9 @@ class _Converter:
 
 _INVALID = object()
 
+SHORT_FORMS = ("device", "scheduler", "cluster")
+"""Sections written as their short form (``device: npu``) when they hold only that choice."""
+
 
 def _match(table: Mapping[str, Any], key: str) -> tuple[Any, str] | None:
     """The entry of ``table`` for ``key`` (an entry ending in a dot or underscore is a prefix),
@@ -717,7 +720,8 @@ def _assemble(values: dict[tuple[str, ...], tuple[Any, str]], classes: dict[str,
         kind = section_kind(section)
         selector = "mode" if section == "cluster" else kind.selector if kind else None
         body = _ordered(nested[section], cls, selector)
-        recipe[section] = body[selector] if list(body) == [selector] else body
+        short = section in SHORT_FORMS and list(body) == [selector]
+        recipe[section] = body[selector] if short else body
     return recipe
 
 

@@ -610,7 +610,7 @@ def test_the_last_of_a_key_given_twice_counts(plugrl_plugin_manager):
 
 def test_config_names(plugrl_plugin_manager):
     megatron = convert("--config-name=ppo_megatron_trainer", "trainer.nnodes=1")
-    assert megatron.recipe["actor"] == "megatron"  # short for {backend: megatron}
+    assert megatron.recipe["actor"] == {"backend": "megatron"}
     custom = convert("--config-path", "/my/configs", "--config-name", "my_run", "trainer.nnodes=1")
     assert custom.notes[0] == (
         "--config-name my_run: only the command line is converted; what my_run.yaml changes "
