@@ -672,3 +672,21 @@ def test_a_recipe_that_does_not_validate_names_the_key(plugrl_plugin_manager):
         "the trainer's devices on Ray; set rollout.colocate=false (engines on devices of their "
         "own) or rollout.tensor_model_parallel_size=1"
     )
+
+
+def test_the_worked_example_of_the_docs_is_what_convert_prints(plugrl_plugin_manager):
+    import re
+    from pathlib import Path
+
+    from plugrl.convert.output import report
+
+    docs = Path(__file__).parents[3] / "docs" / "migrating-from-verl.md"
+    example = docs.read_text().split("## A worked example", 1)[1]
+    script, recipe, printed = (
+        re.search(rf"```{kind}\n(.*?)```", example, re.DOTALL).group(1)
+        for kind in ("bash", "yaml", "text")
+    )
+    conversion = convert_script(script, "run_gsm8k_grpo.sh")
+    assert recipe_yaml(conversion) == recipe
+    lines = report(conversion, validate(conversion.recipe), "gsm8k-grpo.yaml")
+    assert "\n".join(lines) + "\n" == printed
