@@ -287,7 +287,7 @@ class _Converter:
         self.plugins = plugins
         self.config_name: str | None = None
         self.index = verl_names(plugins)
-        self.chosen: dict[str, str] = {}
+        self.chosen: dict[str, Any] = {}
         self.defaults: dict[tuple[str, ...], Any] = {}
         self.unmapped: list[Unmapped] = []
         self.notes: list[str] = []
@@ -421,11 +421,11 @@ class _Converter:
         """The parts the script chooses (backend, engine, manager, ...), which decide whose
         keys the other overrides may set."""
         selectors = {kind.recipe_key: kind.name for kind in PART_KINDS.values()}
+        defaults = Recipe()
         for kind in PART_KINDS.values():
-            if kind.section_config is not None:
-                base = kind.section_base()
-                self.chosen[kind.name] = getattr(base(), kind.selector)
-        self.chosen["policy_losses"] = "vanilla"
+            section = getattr(defaults, kind.section, None)
+            if section is not None and hasattr(section, kind.selector):
+                self.chosen[kind.name] = getattr(section, kind.selector)
         if ("scheduler", "name") in values:
             self.chosen["schedulers"] = values[("scheduler", "name")][0]
         if self.config_name and "megatron" in self.config_name:
