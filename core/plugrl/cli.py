@@ -192,6 +192,90 @@ def explain(key: str) -> None:
         click.echo(f"  from:    {info.owner}")
 
 
+@cli.group()
+def convert() -> None:
+    """Turn another framework's launch script into a plugrl recipe."""
+
+
+@convert.command("verl", context_settings={"max_content_width": 100})
+@click.argument("script", type=click.Path(dir_okay=False, path_type=str))
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=str),
+    help="Write the recipe to FILE instead of stdout.",
+)
+@click.option(
+    "-e",
+    "--env",
+    "env",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="A variable the script reads but does not set (repeatable).",
+)
+@click.option("--force", is_flag=True, help="Overwrite FILE if it exists.")
+def convert_verl(script: str, output: str | None, env: tuple[str, ...], force: bool) -> None:
+    """Convert a verl launch SCRIPT (bash) into a plugrl recipe.
+
+    \b
+    The script is read, never run: its variables (NAME=value, ${NAME:-default},
+    $((arithmetic)), export) are evaluated, its verl command found (python3 -m
+    verl.trainer.main_ppo, recipe.dapo.main_dapo or a fully_async_main), and each
+    Hydra override (key=value, +key=value, ++key=value) mapped to the plugrl key of
+    the same meaning, its value converted to that key's type.
+
+    \b
+    The recipe (only keys that differ from plugrl's defaults) goes to stdout or
+    FILE. The report goes to stderr: every override not converted, grouped by why
+    (unknown to plugrl, a key of a part not installed here such as plugrl-megatron
+    or plugrl-vllm, dropped because plugrl does it differently, a value that cannot
+    be resolved without running the script, a value plugrl does not accept), then
+    notes, then whether the recipe validates here. Parts the recipe chooses that are
+    not installed here are named, and the rest is validated without them.
+
+    \b
+    Exit status 1, with the key named, when the recipe does not validate for another
+    reason (it is written all the same, to be fixed by hand).
+
+    \b
+    Example:
+      plugrl convert verl run_qwen_grpo.sh -o grpo.yaml --env HOME=/home/me
+    docs/migrating-from-verl.md says what maps how.
+    """
+    from pathlib import Path
+
+    from plugrl.convert.output import recipe_yaml, report, validate
+    from plugrl.convert.verl import convert_script
+    from plugrl.errors import ConvertError
+
+    variables: dict[str, str] = {}
+    for item in env:
+        name, sep, value = item.partition("=")
+        if not sep or not name.isidentifier():
+            raise ConvertError(f"--env {item!r} is not NAME=VALUE")
+        variables[name] = value
+    path = Path(script)
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        raise ConvertError(f"script {script!r} not found; check the path") from None
+    except OSError as exc:
+        raise ConvertError(f"cannot read script {script!r}: {exc.strerror}") from None
+    if output and Path(output).exists() and not force:
+        raise ConvertError(f"{output} exists; pass --force to overwrite it")
+    conversion = convert_script(text, path.name, variables)
+    written = recipe_yaml(conversion)
+    if output:
+        Path(output).write_text(written, encoding="utf-8")
+    else:
+        click.echo(written, nl=False)
+    validation = validate(conversion.recipe)
+    for line in report(conversion, validation, output or "RECIPE.yaml"):
+        click.echo(line, err=True)
+    if validation.error:
+        raise ConvertError(f"the converted recipe does not validate: {validation.error}")
+
+
 @cli.command()
 @click.argument("run_dir", type=click.Path(file_okay=False, path_type=str))
 @click.option(

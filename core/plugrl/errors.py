@@ -33,3 +33,7 @@ class DataError(PlugrlError):
 
 class CheckpointError(PlugrlError):
     """A checkpoint is missing, incomplete or corrupt."""
+
+
+class ConvertError(PlugrlError):
+    """A script given to ``plugrl convert`` cannot be read or holds no command to convert."""

@@ -14,7 +14,8 @@ The modules, one concern each:
 * :mod:`~plugrl.recipe.build`: a :class:`Recipe` from a mapping, with the plugins' sections,
   names and options checked;
 * :mod:`~plugrl.recipe.checks`: settings of one section that contradict another;
-* :mod:`~plugrl.recipe.explaining`: ``plugrl explain``.
+* :mod:`~plugrl.recipe.explaining`: ``plugrl explain``;
+* :mod:`~plugrl.recipe.verl_names`: verl's name of each key, the installed plugins' included.
 
 The kinds of part, and which recipe key chooses each, are :data:`plugrl.registry.PART_KINDS`.
 """
@@ -42,6 +43,7 @@ from plugrl.recipe.composition import (
 from plugrl.recipe.explaining import KeyInfo, explain
 from plugrl.recipe.sections import ClusterConfig, DataConfig, ModelConfig, Recipe, TrainerConfig
 from plugrl.recipe.structuring import check_keys, converter, structure, unknown_key_error
+from plugrl.recipe.verl_names import VerlName, verl_names
 
 __all__ = [
     "ClusterConfig",
@@ -50,6 +52,7 @@ __all__ = [
     "ModelConfig",
     "Recipe",
     "TrainerConfig",
+    "VerlName",
     "apply_overrides",
     "build_recipe",
     "check_keys",
@@ -71,4 +74,5 @@ __all__ = [
     "structure",
     "unknown_key_error",
     "validate_names",
+    "verl_names",
 ]

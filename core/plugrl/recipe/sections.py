@@ -206,7 +206,10 @@ class ClusterConfig:
         None, "Ray address to join (ray://host:10001 or auto); unset starts a local Ray."
     )
     num_cpus: int | None = option(
-        None, "CPUs of a locally started Ray; unset: all.", validator=positive
+        None,
+        "CPUs of a locally started Ray; unset: all.",
+        verl="ray_kwargs.ray_init.num_cpus",
+        validator=positive,
     )
 
 

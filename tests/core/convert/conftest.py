@@ -1,0 +1,28 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import stand_in_plugins
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+@pytest.fixture
+def script_text():
+    """script_text(name) -> the text of a fixture script under scripts/."""
+
+    def read(name):
+        return (SCRIPTS / name).read_text(encoding="utf-8")
+
+    return read
+
+
+@pytest.fixture
+def stand_ins(plugrl_plugin_manager, plugrl_register_plugin):
+    """The installed plugins plus stand-ins for plugrl-npu, plugrl-megatron, plugrl-vllm and a
+    fully_async scheduler, each declaring the verl names of a few of its keys."""
+    plugrl_register_plugin(stand_in_plugins, "stand-ins")
+    return plugrl_plugin_manager

@@ -1,0 +1,78 @@
+"""Stand-ins for parts that live in other distributions (plugrl-npu, plugrl-megatron,
+plugrl-vllm) and for a fully_async scheduler: registered names and config classes that declare
+the verl names of some of their keys, nothing that runs. With them, a converted script's
+recipe validates as it would where those plugins are installed."""
+
+from __future__ import annotations
+
+import attrs
+
+import plugrl
+from plugrl.config import option
+from plugrl.parts.backend import ActorConfig
+from plugrl.parts.rollout import RolloutConfig
+from plugrl.parts.scheduler import SchedulerConfig
+
+
+class Part:
+    """Stands for a class that a recipe only names."""
+
+
+@attrs.define(kw_only=True)
+class MegatronActorConfig(ActorConfig):
+    tensor_model_parallel_size: int = option(
+        1,
+        "Tensor parallel ranks.",
+        verl="actor_rollout_ref.actor.megatron.tensor_model_parallel_size",
+    )
+    pipeline_model_parallel_size: int = option(
+        1,
+        "Pipeline stages.",
+        verl="actor_rollout_ref.actor.megatron.pipeline_model_parallel_size",
+    )
+
+
+@attrs.define(kw_only=True)
+class VLLMRolloutConfig(RolloutConfig):
+    enforce_eager: bool = option(
+        False, "No CUDA graphs.", verl="actor_rollout_ref.rollout.enforce_eager"
+    )
+    enable_chunked_prefill: bool = option(
+        True, "Chunked prefill.", verl="actor_rollout_ref.rollout.enable_chunked_prefill"
+    )
+    max_num_batched_tokens: int = option(
+        8192, "Tokens per step.", verl="actor_rollout_ref.rollout.max_num_batched_tokens"
+    )
+
+
+@attrs.define(kw_only=True)
+class FullyAsyncConfig(SchedulerConfig):
+    staleness_threshold: float = option(
+        0.1, "Stale samples allowed.", verl="async_training.staleness_threshold"
+    )
+    require_batches: int = option(1, "Batches per step.", verl="async_training.require_batches")
+
+
+@plugrl.hookimpl
+def register_devices(register):
+    register("npu", Part)
+
+
+@plugrl.hookimpl
+def register_training_backends(register):
+    register("megatron", Part, config=MegatronActorConfig)
+
+
+@plugrl.hookimpl
+def register_rollout_engines(register):
+    register("vllm", Part, config=VLLMRolloutConfig)
+
+
+@plugrl.hookimpl
+def register_schedulers(register):
+    register("fully_async", Part, config=FullyAsyncConfig)
+
+
+@plugrl.hookimpl
+def register_loggers(register):
+    register("tensorboard", Part)
