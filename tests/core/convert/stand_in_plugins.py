@@ -72,7 +72,3 @@ def register_rollout_engines(register):
 def register_schedulers(register):
     register("fully_async", Part, config=FullyAsyncConfig)
 
-
-@plugrl.hookimpl
-def register_loggers(register):
-    register("tensorboard", Part)

@@ -88,7 +88,7 @@ def test_convert_to_stdout_with_env(tmp_path):
     recipe = yaml.safe_load(result.stdout)
     assert recipe == {
         "model": {"path": "/models/qwen"},
-        "trainer": {"logger": ["console"]},
+        "trainer": {"logger": ["console", "wandb"]},
         "cluster": "ray",
     }
     assert (

@@ -155,7 +155,7 @@ def test_dapo_recipe(script_text, plugrl_plugin_manager):
         "save_freq": 5,
         "default_local_dir": "/path/to/checkpoints/Qwen3-8B-dapo",
         "max_ckpt_to_keep": 2,
-        "logger": ["console"],
+        "logger": ["console", "wandb"],
         "n_gpus_per_node": 16,
     }
     assert "line 43: actor_rollout_ref.actor.strategy=fsdp becomes actor.backend: fsdp2" in (
@@ -168,11 +168,8 @@ def test_dapo_not_converted(script_text, plugrl_plugin_manager):
     assert unmapped(conversion, "plugin") == {
         "actor_rollout_ref.rollout.max_num_batched_tokens=11024": VLLM,
         "actor_rollout_ref.rollout.enforce_eager=False": VLLM,
-        "trainer.logger=[console,wandb]": (
-            "logger 'wandb': no installed plugin registers it (installed: console, jsonl); "
-            "kept: console"
-        ),
     }
+    assert conversion.recipe["trainer"]["logger"] == ["console", "wandb"]
     assert set(unmapped(conversion, "dropped")) == {
         "actor_rollout_ref.actor.use_torch_compile=False",
         "actor_rollout_ref.model.use_remove_padding=True",
@@ -189,7 +186,7 @@ def test_dapo_not_converted(script_text, plugrl_plugin_manager):
         "trainer.max_critic_ckpt_to_keep=2",
     ):
         assert agreeing not in unmapped(conversion)
-    assert len(conversion.unmapped) == 7
+    assert len(conversion.unmapped) == 6
 
 
 def test_dapo_validates_but_for_the_npu_and_vllm_plugins(script_text, plugrl_plugin_manager):
@@ -290,7 +287,7 @@ def test_fully_async_not_converted(script_text, plugrl_plugin_manager):
         "actor_rollout_ref.rollout.mode=async",
         "actor_rollout_ref.rollout.calculate_log_probs=True",
     }
-    assert len(conversion.unmapped) == 28 and conversion.overrides == 90
+    assert len(conversion.unmapped) == 27 and conversion.overrides == 90
     assert conversion.notes[1:] == [
         "environment of the run, not part of a recipe: PYTHONPATH, VLLM_USE_V1; export what "
         "plugrl's run needs before plugrl run",
@@ -616,6 +613,14 @@ def test_config_names(plugrl_plugin_manager):
         "--config-name my_run: only the command line is converted; what my_run.yaml changes "
         "from verl's defaults is not"
     )
+
+
+def test_a_logger_no_plugin_registers_is_dropped_and_named(plugrl_plugin_manager):
+    conversion = convert("trainer.logger=[console,clearml]")
+    assert conversion.recipe["trainer"]["logger"] == ["console"]
+    (reason,) = unmapped(conversion, "plugin").values()
+    assert reason.startswith("logger 'clearml': no installed plugin registers it (installed: ")
+    assert reason.endswith("); kept: console")
 
 
 def test_verl_defaults_the_script_relies_on_are_noted(plugrl_plugin_manager):
