@@ -211,9 +211,10 @@ def test_rows_that_finish_leave_the_batch_and_outputs_still_match_generate(
     # one prompt pass, then step k feeds exactly the rows that have not finished after k tokens
     assert [rows for rows, _ in forwards.prompt_passes] == [4]
     assert forwards.decode_sizes == [sum(n > k for n in lengths) for k in range(max(lengths))]
-    # the model gets a ready 4D mask, and no column is padding for every running row
+    # the model gets a ready 4D mask (additive: 0 where a row attends), and no column is
+    # padding for every running row
     decode_masks = [mask for _, columns, mask in forwards.calls if columns == 1]
-    assert all(mask.dim() == 4 and bool(mask[:, 0, 0, 0].any()) for mask in decode_masks)
+    assert all(mask.dim() == 4 and bool((mask[:, 0, 0, 0] == 0).any()) for mask in decode_masks)
     expected = hf_generate(
         engine.model,
         prompts,
