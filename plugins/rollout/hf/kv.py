@@ -48,7 +48,7 @@ many token computations ((rows - 1) x shared tokens)."""
 
 def slot_kv_unsupported(model: Any) -> str | None:
     """Why :class:`SlotKV` cannot serve ``model`` (``None`` when it can)."""
-    config = model.config
+    config = model.config.get_text_config(decoder=True)
     attention = getattr(config, "_attn_implementation", None)
     if attention not in ("sdpa", "eager"):
         return f"its attention implementation {attention!r} takes no ready 4D mask"
@@ -87,6 +87,11 @@ def _decode_attention(
     softmax and one ``bmm``. For these shapes it takes about half the time of
     ``scaled_dot_product_attention`` on a CPU. Attention with more inputs than these (soft
     capping, sinks, a position bias, dropout) goes to the model's own kernel."""
+    if query.shape[2] != 1:
+        # not a decode step of this engine (a forward of the model elsewhere meanwhile)
+        return _model_attention_function(module)(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
     if dropout or any(kwargs.get(name) is not None for name in _OTHER_INPUTS):
         return _model_attention_function(module)(
             module,
@@ -166,7 +171,7 @@ class SlotKV:
         self.pad_token_id = pad_token_id
         self.max_slots = max_slots
         self.prefill_tokens = prefill_tokens
-        self.additive_mask = model.config._attn_implementation == "eager"
+        self.additive_mask = config._attn_implementation == "eager"
         self.dtype = next(model.parameters()).dtype
         self.keys: list[torch.Tensor | None] = [None] * self.num_layers
         self.values: list[torch.Tensor | None] = [None] * self.num_layers
@@ -210,7 +215,8 @@ class SlotKV:
         self._target = (slice(0, size), slice(end, end + 1), slice(begin, end + 1))
         mask = self.table[:, :, :, begin : end + 1]
         # decode steps use _decode_attention (the same model, only the attention kernel)
-        config = model.config
+        # on the decoder's config: a multimodal model's other parts keep their own kernels
+        config = model.config.get_text_config(decoder=True)
         implementation = config._attn_implementation
         config._attn_implementation = DECODE_ATTENTION
         token = _model_attention.set(implementation)

@@ -77,3 +77,14 @@ def test_eager_attention_of_the_modeling_file():
         assert kv._model_attention_function(module) is modeling_qwen2.eager_attention_forward
     finally:
         kv._model_attention.reset(token)
+
+
+def test_a_longer_query_goes_to_the_model_kernel():
+    generator = torch.Generator().manual_seed(2)
+    query = torch.randn(3, 4, 5, 16, generator=generator)
+    key = torch.randn(3, 2, 5, 16, generator=generator)
+    value = torch.randn(3, 2, 5, 16, generator=generator)
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()[None, None].expand(3, 1, 5, 5)
+    output, _ = kv._decode_attention(Module(), query, key, value, causal, scaling=0.25)
+    expected, _ = sdpa_attention_forward(Module(), query, key, value, causal, scaling=0.25)
+    assert torch.allclose(output, expected)
