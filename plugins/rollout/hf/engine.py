@@ -536,7 +536,7 @@ class HFRolloutEngine(RolloutEngine):
             states.remove(state)
             if not states:
                 del self._in_flight[state.request.request_id]
-        if finish and not state.future.done():
+        if finish and _waited_on(state.future):
             state.future.set_result(list(state.completions))
 
     def _fail_all(self, error: Exception) -> None:
@@ -548,7 +548,7 @@ class HFRolloutEngine(RolloutEngine):
             for state in list(states):
                 state.rows.clear()
                 self._end_request(state, finish=False)
-                if not state.future.done():
+                if _waited_on(state.future):
                     state.future.set_exception(error)
 
     # -------------------------------------------------------------------------------- helpers
@@ -603,6 +603,11 @@ class HFRolloutEngine(RolloutEngine):
 
     def _decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=False)
+
+
+def _waited_on(future: asyncio.Future) -> bool:
+    """Whether someone can still receive the future's result (its loop may have ended)."""
+    return not future.done() and not future.get_loop().is_closed()
 
 
 def _storage(tensor: torch.Tensor) -> int:

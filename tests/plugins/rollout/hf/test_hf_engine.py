@@ -708,6 +708,35 @@ def test_a_caller_that_gives_up_takes_its_request_out(tiny_model_dir, tokenizer)
         forwards.close()
 
 
+def test_requests_left_on_a_closed_loop_do_not_break_the_next_loop(tiny_model_dir, tokenizer):
+    prompts = chat_prompts(tokenizer)
+    engine = make_engine(tiny_model_dir, tokenizer)
+    longest = max(engine.generate(prompts, greedy(max_tokens=8)), key=lambda c: len(c.token_ids))
+    later = [prompts[longest.prompt_index]]
+    reference = engine.generate(later, greedy(max_tokens=8))
+    forwards = Forwards(engine.model)
+    loop = asyncio.new_event_loop()
+
+    async def start():
+        task = asyncio.ensure_future(
+            engine.generate_request(request("old", prompts[0], max_tokens=4))
+        )
+        await until(lambda: len(forwards.decode_sizes) == 2)
+        return task
+
+    try:
+        abandoned = loop.run_until_complete(start())
+        loop.close()  # without finishing (or cancelling) the request's task
+        after = engine.generate(later, greedy(max_tokens=8))
+    finally:
+        forwards.close()
+    assert not abandoned.done()
+    # the new request outlives the old one, which ends on the new loop
+    assert len(reference[0].token_ids) > 2
+    assert [c.token_ids for c in after] == [c.token_ids for c in reference]
+    assert not engine._in_flight
+
+
 def test_a_failing_forward_fails_the_requests_and_the_engine_carries_on(tiny_model_dir, tokenizer):
     engine = make_engine(tiny_model_dir, tokenizer)
     prompts = chat_prompts(tokenizer)
