@@ -6,14 +6,17 @@ validation prompts. The engine is colocated (``bind_model``): it generates with 
 limit, alternating the engine and ``model.generate`` ``--repeats`` times after a warm-up, and
 prints side by side the best time per call, the response tokens per second (tokens up to and
 including the stop token; ``generate``'s padding after it is not counted), the ratio of the
-best rates and the median of the per-repeat ratios (each repeat runs both sides back to back,
-so a burst of load from other processes hits both).
+best rates, the median of the per-repeat ratios (each repeat runs both sides back to back, so
+a burst of load from other processes hits both) and the ratio of the best rates per CPU second
+of this process (time other processes take from it does not count; with one thread it is what
+the wall-clock ratio is on an idle machine).
 
 Cases: 64 prompts x 1 sample, and 8 prompts x 8 samples (GRPO-like groups; ``generate`` gets
 ``num_return_sequences``).
 
-``--profile`` then times one call of each side by phase (prompt passes, decode steps, and the
-rest: sampling and bookkeeping) and lists the engine's costliest torch operations.
+``--profile`` then times calls of each side by phase (prompt passes, decode steps, and the
+rest: sampling and bookkeeping; the fastest of three) and lists the engine's costliest torch
+operations.
 
     python bench/bench_hf_rollout.py [--prompts 64] [--max-tokens 32] [--repeats 10]
         [--threads N] [--profile]
@@ -69,14 +72,15 @@ def generate_tokens(
 
 def alternate(
     repeats: int, runs: dict[str, Callable[[], int]]
-) -> dict[str, list[tuple[float, int]]]:
-    """Run each of ``runs`` in turn, ``repeats`` times: (seconds, tokens) per run."""
-    timings: dict[str, list[tuple[float, int]]] = {name: [] for name in runs}
+) -> dict[str, list[tuple[float, float, int]]]:
+    """Run each of ``runs`` in turn, ``repeats`` times: (wall seconds, CPU seconds of this
+    process, tokens) per run."""
+    timings: dict[str, list[tuple[float, float, int]]] = {name: [] for name in runs}
     for _ in range(repeats):
         for name, run in runs.items():
-            start = time.perf_counter()
+            wall, cpu = time.perf_counter(), time.process_time()
             tokens = run()
-            timings[name].append((time.perf_counter() - start, tokens))
+            timings[name].append((time.perf_counter() - wall, time.process_time() - cpu, tokens))
     return timings
 
 
@@ -162,7 +166,7 @@ def main() -> None:
     )
     print(
         f"{'case':<18}{'engine s':>10}{'generate s':>12}{'engine tok/s':>14}"
-        f"{'generate tok/s':>16}{'best ratio':>12}{'median paired':>15}"
+        f"{'generate tok/s':>16}{'best ratio':>12}{'median paired':>15}{'cpu ratio':>11}"
     )
     cases = ((args.prompts, 1), (max(1, args.prompts // 8), 8))
     profiles = []
@@ -179,25 +183,28 @@ def main() -> None:
         runs = {"engine": run_engine, "generate": run_generate}
         alternate(1, runs)  # warm-up
         timings = alternate(args.repeats, runs)
-        rates = {name: [tokens / seconds for seconds, tokens in timings[name]] for name in timings}
+        rates = {name: [t / wall for wall, _, t in timings[name]] for name in timings}
+        cpu_rates = {name: [t / cpu for _, cpu, t in timings[name]] for name in timings}
         best = {name: min(timings[name]) for name in timings}
         best_rate = {name: max(rates[name]) for name in rates}
         paired = statistics.median(
             e / g for e, g in zip(rates["engine"], rates["generate"], strict=True)
         )
+        cpu_ratio = max(cpu_rates["engine"]) / max(cpu_rates["generate"])
         print(
             f"{f'{num_prompts} prompts x {n}':<18}{best['engine'][0]:>10.3f}"
             f"{best['generate'][0]:>12.3f}{best_rate['engine']:>14.0f}"
             f"{best_rate['generate']:>16.0f}"
             f"{best_rate['engine'] / best_rate['generate']:>11.2f}x{paired:>14.2f}x"
+            f"{cpu_ratio:>10.2f}x"
         )
         if args.profile:
             profiles.append((f"{num_prompts} prompts x {n}", runs))
 
     for case, runs in profiles:
-        print(f"\n{case}: seconds by phase (one call each)")
+        print(f"\n{case}: seconds by phase (the fastest of three calls of each side)")
         for name, run in runs.items():
-            spent = phases(model, run)
+            spent = min((phases(model, run) for _ in range(3)), key=lambda p: p["total"])
             print(
                 f"  {name:<9} prompt passes {spent['prompt']:.3f}  decode steps "
                 f"{spent['decode']:.3f}  rest {spent['rest']:.3f}  total {spent['total']:.3f}"
