@@ -316,8 +316,8 @@ class HFRolloutEngine(RolloutEngine):
                 f"{len(update.storages)} announced weights arrived; missing "
                 f"{', '.join(missing[:3])}"
                 + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
-                + "; send every announced weight with load_weights, then finish again from "
-                "begin_weight_update"
+                + "; push the version again from begin_weight_update, every announced weight "
+                "through load_weights"
             )
         self._no_weights = None
         self._new_version(update.version)
