@@ -179,7 +179,7 @@ def test_greedy_matches_model_generate(tiny_model_dir, tokenizer):
         pad_token_id=engine.pad_token_id,
     )
     assert [c.prompt_index for c in completions] == [0, 1, 2, 3]
-    assert [c.request_id for c in completions] == ["batch-0", "batch-1", "batch-2", "batch-3"]
+    assert len({c.request_id for c in completions}) == 4, "one request per prompt"
     for completion, reference in zip(completions, expected, strict=True):
         assert completion.token_ids == reference[: len(completion.token_ids)]
         assert completion.token_versions == [0] * len(completion.token_ids)
@@ -384,10 +384,12 @@ def test_bad_sampling_parameters_and_empty_prompts(tiny_model_dir, tokenizer):
     with pytest.raises(ValueError) as info:
         asyncio.run(engine.generate_request(request("r", [1], n=1, max_tokens=-1)))
     assert str(info.value) == "bad sampling parameters: max_tokens must be >= 0, got -1"
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(ValueError, match=r"^the prompt of request '\S+' is empty; every prompt"):
         engine.generate([[1, 2], []], greedy())
+    with pytest.raises(ValueError) as info:
+        asyncio.run(engine.generate_request(request("r7", [], n=1)))
     assert str(info.value) == (
-        "the prompt of request 'batch-1' is empty; every prompt needs at least one token"
+        "the prompt of request 'r7' is empty; every prompt needs at least one token"
     )
 
 
