@@ -1,21 +1,33 @@
 """The ``hf`` rollout engine against ``model.generate`` on the same prompts and model.
 
 Uses the quickstart's warm-started model (built, or reused, under ``--quickstart-dir``) and its
-validation prompts. Each case samples at temperature 1 with the same stop tokens and token
-limit, alternating the engine and ``model.generate`` and keeping the best of ``--repeats``
-runs, then prints side by side the time per call, the response tokens per second (tokens up to
-and including the stop token; ``generate``'s padding after it is not counted) and the ratio.
+validation prompts. The engine is colocated (``bind_model``): it generates with the very module
+``generate`` uses. Each case samples at temperature 1 with the same stop tokens and token
+limit, alternating the engine and ``model.generate`` ``--repeats`` times after a warm-up, and
+prints side by side the best time per call, the response tokens per second (tokens up to and
+including the stop token; ``generate``'s padding after it is not counted), the ratio of the
+best rates, the median of the per-repeat ratios (each repeat runs both sides back to back, so
+a burst of load from other processes hits both) and the ratio of the best rates per CPU second
+of this process (time other processes take from it does not count; with one thread it is what
+the wall-clock ratio is on an idle machine).
 
 Cases: 64 prompts x 1 sample, and 8 prompts x 8 samples (GRPO-like groups; ``generate`` gets
 ``num_return_sequences``).
 
-    python bench/bench_hf_rollout.py [--prompts 64] [--max-tokens 32] [--repeats 5] [--threads N]
+``--profile`` then times calls of each side by phase (prompt passes, decode steps, and the
+rest: sampling and bookkeeping; the fastest of three) and lists the engine's costliest torch
+operations.
+
+    python bench/bench_hf_rollout.py [--prompts 64] [--max-tokens 32] [--repeats 10]
+        [--threads N] [--profile]
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +35,7 @@ import torch
 
 from plugrl.data.batch import left_pad
 from plugrl.data.dataset import PromptDataset, pad_token_id_of
+from plugrl.parts.context import PartContext
 from plugrl.parts.rollout import SamplingParams
 from plugrl.quickstart import DEFAULT_DIR, prepare_quickstart
 from plugrl.recipe import DataConfig, ModelConfig, Recipe, TrainerConfig
@@ -57,17 +70,58 @@ def generate_tokens(
     return total
 
 
-def best_of(repeats: int, runs: dict[str, Any]) -> dict[str, tuple[float, int]]:
-    """Alternate the runs ``repeats`` times; keep each one's fastest (seconds, tokens)."""
-    best: dict[str, tuple[float, int]] = {}
+def alternate(
+    repeats: int, runs: dict[str, Callable[[], int]]
+) -> dict[str, list[tuple[float, float, int]]]:
+    """Run each of ``runs`` in turn, ``repeats`` times: (wall seconds, CPU seconds of this
+    process, tokens) per run."""
+    timings: dict[str, list[tuple[float, float, int]]] = {name: [] for name in runs}
     for _ in range(repeats):
         for name, run in runs.items():
-            start = time.perf_counter()
+            wall, cpu = time.perf_counter(), time.process_time()
             tokens = run()
-            seconds = time.perf_counter() - start
-            if name not in best or seconds < best[name][0]:
-                best[name] = (seconds, tokens)
-    return best
+            timings[name].append((time.perf_counter() - wall, time.process_time() - cpu, tokens))
+    return timings
+
+
+def phases(model: Any, run: Callable[[], int]) -> dict[str, float]:
+    """Seconds of one ``run`` in prompt passes, decode steps and the rest."""
+    spent = {"prompt": 0.0, "decode": 0.0}
+    started: list[tuple[str, float]] = []
+
+    def before(module, args, kwargs):
+        kind = "decode" if kwargs["input_ids"].shape[1] == 1 else "prompt"
+        started.append((kind, time.perf_counter()))
+
+    def after(module, args, kwargs, output):
+        kind, start = started.pop()
+        spent[kind] += time.perf_counter() - start
+
+    handles = [
+        model.register_forward_pre_hook(before, with_kwargs=True),
+        model.register_forward_hook(after, with_kwargs=True),
+    ]
+    try:
+        start = time.perf_counter()
+        run()
+        total = time.perf_counter() - start
+    finally:
+        for handle in handles:
+            handle.remove()
+    return {**spent, "rest": total - spent["prompt"] - spent["decode"], "total": total}
+
+
+def top_operations(run: Callable[[], int], count: int = 8) -> str:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        run()
+    averages = sorted(profiler.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in averages)
+    return ", ".join(
+        f"{e.key.removeprefix('aten::')} {100 * e.self_cpu_time_total / total:.0f}%"
+        for e in averages[:count]
+    )
 
 
 def main() -> None:
@@ -75,8 +129,9 @@ def main() -> None:
     parser.add_argument("--quickstart-dir", default=str(DEFAULT_DIR))
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    parser.add_argument("--profile", action="store_true", help="time phases, list top ops")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -92,25 +147,30 @@ def main() -> None:
     all_prompts = [list(record.prompt_ids) for record in dataset.records]
     pad = pad_token_id_of(tokenizer)
 
+    config = HFRolloutConfig(colocate=True)
     recipe = Recipe(
         model=ModelConfig(path=str(paths.model_path), dtype="float32"),
-        rollout=HFRolloutConfig(colocate=True),
+        rollout=config,
         trainer=TrainerConfig(seed=0),
     )
-    engine = HFRolloutEngine(recipe, device=CpuDevice(), tokenizer=tokenizer)
+    engine = HFRolloutEngine(
+        config, PartContext(recipe=recipe, device=CpuDevice(), tokenizer=tokenizer)
+    )
     engine.bind_model(model, version=0)
     stop = sorted(default_stop_token_ids(model, tokenizer))
 
     print(
         f"quickstart model ({sum(p.numel() for p in model.parameters()):,} params, float32), "
         f"cpu, {torch.get_num_threads()} threads, temperature 1, max {args.max_tokens} new "
-        f"tokens, best of {args.repeats}"
+        f"tokens, {args.repeats} alternating repeats"
     )
     print(
-        f"{'case':<22}{'engine s':>10}{'generate s':>12}{'engine tok/s':>14}"
-        f"{'generate tok/s':>16}{'ratio':>8}"
+        f"{'case':<18}{'engine s':>10}{'generate s':>12}{'engine tok/s':>14}"
+        f"{'generate tok/s':>16}{'best ratio':>12}{'median paired':>15}{'cpu ratio':>11}"
     )
-    for num_prompts, n in ((args.prompts, 1), (max(1, args.prompts // 8), 8)):
+    cases = ((args.prompts, 1), (max(1, args.prompts // 8), 8))
+    profiles = []
+    for num_prompts, n in cases:
         prompts = all_prompts[:num_prompts]
         params = SamplingParams(n=n, temperature=1.0, max_tokens=args.max_tokens)
 
@@ -120,14 +180,36 @@ def main() -> None:
         def run_generate(prompts=prompts, n=n) -> int:
             return generate_tokens(model, prompts, n, args.max_tokens, pad, stop)
 
-        best_of(1, {"engine": run_engine, "generate": run_generate})  # warm-up
-        best = best_of(args.repeats, {"engine": run_engine, "generate": run_generate})
-        (engine_s, engine_tokens), (generate_s, generate_tokens_) = best["engine"], best["generate"]
-        engine_rate, generate_rate = engine_tokens / engine_s, generate_tokens_ / generate_s
-        print(
-            f"{f'{num_prompts} prompts x {n}':<22}{engine_s:>10.3f}{generate_s:>12.3f}"
-            f"{engine_rate:>14.0f}{generate_rate:>16.0f}{engine_rate / generate_rate:>7.2f}x"
+        runs = {"engine": run_engine, "generate": run_generate}
+        alternate(1, runs)  # warm-up
+        timings = alternate(args.repeats, runs)
+        rates = {name: [t / wall for wall, _, t in timings[name]] for name in timings}
+        cpu_rates = {name: [t / cpu for _, cpu, t in timings[name]] for name in timings}
+        best = {name: min(timings[name]) for name in timings}
+        best_rate = {name: max(rates[name]) for name in rates}
+        paired = statistics.median(
+            e / g for e, g in zip(rates["engine"], rates["generate"], strict=True)
         )
+        cpu_ratio = max(cpu_rates["engine"]) / max(cpu_rates["generate"])
+        print(
+            f"{f'{num_prompts} prompts x {n}':<18}{best['engine'][0]:>10.3f}"
+            f"{best['generate'][0]:>12.3f}{best_rate['engine']:>14.0f}"
+            f"{best_rate['generate']:>16.0f}"
+            f"{best_rate['engine'] / best_rate['generate']:>11.2f}x{paired:>14.2f}x"
+            f"{cpu_ratio:>10.2f}x"
+        )
+        if args.profile:
+            profiles.append((f"{num_prompts} prompts x {n}", runs))
+
+    for case, runs in profiles:
+        print(f"\n{case}: seconds by phase (the fastest of three calls of each side)")
+        for name, run in runs.items():
+            spent = min((phases(model, run) for _ in range(3)), key=lambda p: p["total"])
+            print(
+                f"  {name:<9} prompt passes {spent['prompt']:.3f}  decode steps "
+                f"{spent['decode']:.3f}  rest {spent['rest']:.3f}  total {spent['total']:.3f}"
+            )
+        print(f"  engine's top torch operations (self time): {top_operations(runs['engine'])}")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ class HFRolloutConfig(RolloutConfig):
     max_prefill_tokens: int = option(
         8192,
         "Prompt tokens (rows x longest prompt) computed in one forward pass when requests join "
-        "the running batch; more run in several passes.",
+        "the running batch; more rows run in several passes (a single longer prompt still "
+        "runs in one).",
         validator=positive,
     )

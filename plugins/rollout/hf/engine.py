@@ -315,8 +315,8 @@ class HFRolloutEngine(RolloutEngine):
                 f"{len(update.storages)} announced weights arrived; missing "
                 f"{', '.join(missing[:3])}"
                 + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
-                + "; send every announced weight with load_weights, then finish again from "
-                "begin_weight_update"
+                + "; push the version again from begin_weight_update, every announced weight "
+                "through load_weights"
             )
         self._no_weights = None
         self._new_version(update.version)
@@ -535,7 +535,7 @@ class HFRolloutEngine(RolloutEngine):
             states.remove(state)
             if not states:
                 del self._in_flight[state.request.request_id]
-        if finish and not state.future.done():
+        if finish and _waited_on(state.future):
             state.future.set_result(list(state.completions))
 
     def _fail_all(self, error: Exception) -> None:
@@ -547,7 +547,7 @@ class HFRolloutEngine(RolloutEngine):
             for state in list(states):
                 state.rows.clear()
                 self._end_request(state, finish=False)
-                if not state.future.done():
+                if _waited_on(state.future):
                     state.future.set_exception(error)
 
     # -------------------------------------------------------------------------------- helpers
@@ -602,6 +602,11 @@ class HFRolloutEngine(RolloutEngine):
 
     def _decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=False)
+
+
+def _waited_on(future: asyncio.Future) -> bool:
+    """Whether someone can still receive the future's result (its loop may have ended)."""
+    return not future.done() and not future.get_loop().is_closed()
 
 
 def _storage(tensor: torch.Tensor) -> int:

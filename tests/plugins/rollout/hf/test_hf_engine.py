@@ -180,7 +180,7 @@ def test_greedy_matches_model_generate(tiny_model_dir, tokenizer):
         pad_token_id=engine.pad_token_id,
     )
     assert [c.prompt_index for c in completions] == [0, 1, 2, 3]
-    assert [c.request_id for c in completions] == ["batch-0", "batch-1", "batch-2", "batch-3"]
+    assert len({c.request_id for c in completions}) == 4, "one request per prompt"
     for completion, reference in zip(completions, expected, strict=True):
         assert completion.token_ids == reference[: len(completion.token_ids)]
         assert completion.token_versions == [0] * len(completion.token_ids)
@@ -212,9 +212,10 @@ def test_rows_that_finish_leave_the_batch_and_outputs_still_match_generate(
     # one prompt pass, then step k feeds exactly the rows that have not finished after k tokens
     assert [rows for rows, _ in forwards.prompt_passes] == [4]
     assert forwards.decode_sizes == [sum(n > k for n in lengths) for k in range(max(lengths))]
-    # the model gets a ready 4D mask, and no column is padding for every running row
+    # the model gets a ready 4D mask (additive: 0 where a row attends), and no column is
+    # padding for every running row
     decode_masks = [mask for _, columns, mask in forwards.calls if columns == 1]
-    assert all(mask.dim() == 4 and bool(mask[:, 0, 0, 0].any()) for mask in decode_masks)
+    assert all(mask.dim() == 4 and bool((mask[:, 0, 0, 0] == 0).any()) for mask in decode_masks)
     expected = hf_generate(
         engine.model,
         prompts,
@@ -384,10 +385,12 @@ def test_bad_sampling_parameters_and_empty_prompts(tiny_model_dir, tokenizer):
     with pytest.raises(ValueError) as info:
         asyncio.run(engine.generate_request(request("r", [1], n=1, max_tokens=-1)))
     assert str(info.value) == "bad sampling parameters: max_tokens must be >= 0, got -1"
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(ValueError, match=r"^the prompt of request '\S+' is empty; every prompt"):
         engine.generate([[1, 2], []], greedy())
+    with pytest.raises(ValueError) as info:
+        asyncio.run(engine.generate_request(request("r7", [], n=1)))
     assert str(info.value) == (
-        "the prompt of request 'batch-1' is empty; every prompt needs at least one token"
+        "the prompt of request 'r7' is empty; every prompt needs at least one token"
     )
 
 
@@ -706,6 +709,35 @@ def test_a_caller_that_gives_up_takes_its_request_out(tiny_model_dir, tokenizer)
         assert len(asyncio.run(main())[0].token_ids) <= 3
     finally:
         forwards.close()
+
+
+def test_requests_left_on_a_closed_loop_do_not_break_the_next_loop(tiny_model_dir, tokenizer):
+    prompts = chat_prompts(tokenizer)
+    engine = make_engine(tiny_model_dir, tokenizer)
+    longest = max(engine.generate(prompts, greedy(max_tokens=8)), key=lambda c: len(c.token_ids))
+    later = [prompts[longest.prompt_index]]
+    reference = engine.generate(later, greedy(max_tokens=8))
+    forwards = Forwards(engine.model)
+    loop = asyncio.new_event_loop()
+
+    async def start():
+        task = asyncio.ensure_future(
+            engine.generate_request(request("old", prompts[0], max_tokens=4))
+        )
+        await until(lambda: len(forwards.decode_sizes) == 2)
+        return task
+
+    try:
+        abandoned = loop.run_until_complete(start())
+        loop.close()  # without finishing (or cancelling) the request's task
+        after = engine.generate(later, greedy(max_tokens=8))
+    finally:
+        forwards.close()
+    assert not abandoned.done()
+    # the new request outlives the old one, which ends on the new loop
+    assert len(reference[0].token_ids) > 2
+    assert [c.token_ids for c in after] == [c.token_ids for c in reference]
+    assert not engine._in_flight
 
 
 def test_a_failing_forward_fails_the_requests_and_the_engine_carries_on(tiny_model_dir, tokenizer):
