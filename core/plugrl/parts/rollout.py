@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -485,6 +486,7 @@ class RolloutEngine(ABC):
 
     capabilities: ClassVar[frozenset[Capability]] = frozenset()
     """What this engine can do beyond sampling (see :class:`Capability`)."""
+    _batch_numbers: ClassVar[itertools.count] = itertools.count()
 
     def __init__(self, config: RolloutConfig, context: PartContext) -> None:
         self.config = config
@@ -508,7 +510,9 @@ class RolloutEngine(ABC):
         """``params.n`` responses per prompt, grouped by prompt in prompt order: one request
         per prompt (:func:`batch_requests`), all in flight at once."""
         params.check()
-        requests = batch_requests(prompts, params)
+        # request ids unique among the batches in flight at once on this engine
+        prefix = f"batch{next(self._batch_numbers)}"
+        requests = batch_requests(prompts, params, prefix)
         outputs = await asyncio.gather(*(self.generate_request(r) for r in requests))
         return in_prompt_order(outputs)
 
@@ -555,14 +559,17 @@ class RolloutEngine(ABC):
 
     def bind_model(self, model: Any, version: int) -> None:
         """Generate with the trainer's live ``model`` of this process (no copy), as
-        ``version``. Engines with :data:`Capability.SHARE_MODEL` implement it."""
+        ``version``. Engines with :data:`Capability.SHARE_MODEL` implement it. Call it while
+        the engine is idle or paused (it runs outside the engine's event loop)."""
         raise NotImplementedError(f"{type(self).__name__} cannot share the trainer's model")
 
     # ------------------------------------------------------------------------------ lifecycle
 
     async def sleep(self, level: int = 1) -> None:
         """Free device memory for training: level 1 keeps the weights in host memory and
-        drops the cache, level 2 drops both (new weights must be loaded before waking)."""
+        drops the cache, level 2 drops both (after ``wake_up(tags=["weights"])`` new weights
+        must be loaded before generating). Requests in flight or sent while asleep wait for
+        :meth:`wake_up`."""
 
     async def wake_up(self, tags: Sequence[str] | None = None) -> None:
         """Take back what :meth:`sleep` freed (``tags``: ``"weights"``, ``"kv_cache"``;

@@ -71,4 +71,3 @@ def register_rollout_engines(register):
 @plugrl.hookimpl
 def register_schedulers(register):
     register("fully_async", Part, config=FullyAsyncConfig)
-
