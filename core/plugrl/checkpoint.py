@@ -74,23 +74,33 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _out_of_space(exc: BaseException) -> bool:
-    """Whether ``exc``, what caused it, or a rank's failure it carries is a full disk."""
-    seen: set[int] = set()
+def _causes(exc: BaseException) -> list[BaseException]:
+    """``exc``, what caused it, and the ranks' failures it carries (torch's distributed
+    checkpoint collects each rank's exception in ``failures``), recursively."""
+    seen: dict[int, BaseException] = {}
     pending: list[BaseException] = [exc]
     while pending:
         error = pending.pop()
         if id(error) in seen:
             continue
-        seen.add(id(error))
-        if getattr(error, "errno", None) == errno.ENOSPC or "No space left on device" in str(error):
-            return True
+        seen[id(error)] = error
         pending += [e for e in (error.__cause__, error.__context__) if e is not None]
-        # torch's distributed checkpoint collects each rank's exception in ``failures``
         failures = getattr(error, "failures", None)
         if isinstance(failures, dict):
             pending += [e for e in failures.values() if isinstance(e, BaseException)]
-    return False
+    return list(seen.values())
+
+
+def _out_of_space(exc: BaseException) -> bool:
+    return any(
+        getattr(error, "errno", None) == errno.ENOSPC or "No space left on device" in str(error)
+        for error in _causes(exc)
+    )
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """Ctrl-C or SIGTERM during a save, which torch's distributed checkpoint re-wraps."""
+    return any(isinstance(error, KeyboardInterrupt) for error in _causes(exc))
 
 
 class CheckpointManager:
@@ -141,6 +151,8 @@ class CheckpointManager:
                     f"{self.root}; {previous} and the half-written one removed; free space, or "
                     "keep fewer checkpoints with trainer.max_ckpt_to_keep"
                 ) from None
+            if _interrupted(exc) and not isinstance(exc, KeyboardInterrupt):
+                raise KeyboardInterrupt from None  # stopped by the user, not failed
             raise
         if final.exists():  # the same step saved again after a resume
             old = self.root / f".{step_dir_name(step)}.old"

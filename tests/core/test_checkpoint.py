@@ -231,6 +231,18 @@ def test_an_interrupted_save_leaves_no_half_written_folder(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_an_interrupt_a_distributed_save_wraps_is_still_an_interrupt(tmp_path):
+    manager = CheckpointManager(tmp_path)
+
+    def interrupted(folder):
+        writer(1)(folder)
+        raise DistributedCheckpointFailure({0: KeyboardInterrupt()})
+
+    with pytest.raises(KeyboardInterrupt):
+        manager.save(1, interrupted, {"dataloader": {}})
+    assert list(tmp_path.iterdir()) == []
+
+
 class RunsACommand:
     def __init__(self, marker):
         self.marker = marker
