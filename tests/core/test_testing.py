@@ -220,6 +220,6 @@ def test_plugrl_recipe_sees_the_plugins_of_the_test(plugrl_register_plugin, plug
     loss, _ = PolicyObjective.from_recipe(recipe)(
         batch, log_prob, None, make_loss_aggregator(batch, recipe=recipe).scale
     )
-    assert float(loss) == pytest.approx(2.0)
+    assert float(loss.detach()) == pytest.approx(2.0)
     with pytest.raises(RecipeError, match=r"^actor.policy_loss_args.factr: unknown key"):
         plugrl_recipe({"actor.policy_loss": "scaled", "actor.policy_loss_args.factr": 2})
