@@ -23,6 +23,7 @@ from __future__ import annotations
 import ast
 import inspect
 import re
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -377,6 +378,68 @@ def test_the_hooks_are_documented_with_their_parameters():
             f"hook {name}", match.group(1), inspect.signature(hooks[name]), object, False
         )
         assert not problems, "\n".join(problems)
+
+
+def table_rows(text: str, header: str) -> dict[str, str]:
+    """First cell (inside backticks) -> the row, for the tables whose first header is
+    ``header``."""
+    rows = {}
+    in_table = False
+    for line in text.splitlines():
+        if re.match(rf"^\|\s*{header}\s*\|", line):
+            in_table = True
+        elif not line.startswith("|"):
+            in_table = False
+        elif in_table and not re.match(r"^\|\s*-", line):
+            cell = re.match(r"^\|\s*`([^`]+)`", line)
+            assert cell, line
+            rows[cell.group(1)] = line
+    return rows
+
+
+def test_the_test_kit_is_documented_as_it_is():
+    from plugrl import testing
+
+    text = page_section("Testing a plugin")
+    fixtures = set(table_rows(text, "fixture"))
+    assert fixtures == {name for name in vars(testing) if name.startswith("plugrl_")}
+    builders = table_rows(text, "builder")
+    assert {cell.partition("(")[0] for cell in builders} == {
+        "make_batch",
+        "make_loss_aggregator",
+        "make_recipe",
+        "part_context",
+    }
+    for cell in builders:
+        name, _, rest = cell.partition("(")
+        problems = signature_problems(
+            f"plugrl.testing.{name}",
+            _balanced("(" + rest),
+            inspect.signature(getattr(testing, name)),
+            object,
+            False,
+        )
+        assert not problems, "\n".join(problems)
+
+
+def test_the_documented_unit_tests_of_parts_pass(tmp_path):
+    """The example under "Builders" runs as a plugin author would run it."""
+    text = page_section("Testing a plugin")
+    builders = text[text.index("### Builders") :]
+    block = re.search(r"```python\n(.*?)```", builders, re.S)
+    assert block is not None
+    test_file = tmp_path / "test_my_parts.py"
+    test_file.write_text(block.group(1), encoding="utf-8")
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test_file)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    count = len(re.findall(r"^def test_", block.group(1), re.M))
+    assert f"{count} passed" in result.stdout
 
 
 # ------------------------------------------------------------------------------ the checker
