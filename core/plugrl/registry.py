@@ -59,6 +59,9 @@ class PartKind:
     interface: str | None = None
     """``"module:Class"`` of the interface a registered class must subclass; ``None`` for kinds
     whose parts are functions (KL penalties, reward functions)."""
+    function: str | None = None
+    """For kinds whose parts are functions: ``"module:Protocol"`` whose ``__call__`` is the
+    signature the core calls them with (docs/plugins.md documents it from there)."""
 
     @property
     def section(self) -> str:
@@ -130,7 +133,13 @@ PART_KINDS: dict[str, PartKind] = {
             args_key="actor.policy_loss_args",
             interface="plugrl.parts.algorithm:PolicyLoss",
         ),
-        PartKind("kl_penalties", "register_kl_penalties", "KL penalty", "actor.kl_loss_type"),
+        PartKind(
+            "kl_penalties",
+            "register_kl_penalties",
+            "KL penalty",
+            "actor.kl_loss_type",
+            function="plugrl.parts.algorithm:KLPenalty",
+        ),
         PartKind(
             "reward_managers",
             "register_reward_managers",
@@ -139,7 +148,13 @@ PART_KINDS: dict[str, PartKind] = {
             section_config="plugrl.parts.reward:RewardConfig",
             interface="plugrl.parts.reward:RewardManager",
         ),
-        PartKind("reward_functions", "register_reward_functions", "reward function", "data_source"),
+        PartKind(
+            "reward_functions",
+            "register_reward_functions",
+            "reward function",
+            "data_source",
+            function="plugrl.parts.reward:ScoringFunction",
+        ),
         PartKind(
             "schedulers",
             "register_schedulers",

@@ -15,9 +15,10 @@ import pytest
 import torch
 
 from plugrl.data.batch import Batch
+from plugrl.errors import RecipeError
 from plugrl.plugins import PluginManager, set_plugin_manager
-from plugrl.recipe import build_recipe, part_args
-from plugrl.testing import part_context
+from plugrl.recipe import build_recipe, load_recipe, part_args
+from plugrl.testing import make_batch, make_loss_aggregator, part_context
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "plugins"
@@ -74,10 +75,131 @@ def test_cli_lists_the_installed_examples(installed):
     rows = {row["name"]: row for row in json.loads(result.stdout)}
     assert rows["countdown"]["distribution"] == "plugrl-countdown"
     assert rows["countdown"]["registers"]["reward_functions"][0]["name"] == "countdown"
-    assert rows["median_baseline"]["version"] == "0.1.0"
+    assert rows["median_baseline"]["version"] == "0.2.0"
     assert rows["median_baseline"]["registers"]["advantage_estimators"][0]["name"] == (
         "median_baseline"
     )
+    assert rows["median_baseline"]["registers"]["policy_losses"][0]["name"] == "robust_ppo"
+
+
+def run_cli(installed: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "plugrl.cli", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(installed)},
+        timeout=300,
+    )
+
+
+@pytest.mark.parametrize(
+    ("package", "tests"), [("plugrl-countdown", 15), ("plugrl-median-baseline", 12)]
+)
+def test_each_packages_own_tests_pass_against_the_installed_package(installed, package, tests):
+    """As the author runs them: the package pip-installed (not editable), pytest in its folder
+    with plugrl's test kit. The source folder is not on the path: the tests import the
+    installed copy, and check that its entry point registered it."""
+    folder = EXAMPLES / package
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=folder,
+        env={**os.environ, "PYTHONPATH": str(installed)},
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert f"{tests} passed" in result.stdout
+    module = package.replace("-", "_")
+    where = subprocess.run(
+        [sys.executable, "-c", f"import {module}; print({module}.__file__)"],
+        capture_output=True,
+        text=True,
+        cwd=folder,
+        env={**os.environ, "PYTHONPATH": str(installed)},
+        check=True,
+    )
+    assert Path(where.stdout.strip()).is_relative_to(installed)
+
+
+def test_countdown_options_reach_the_scoring_function_from_a_recipe(manager, tmp_path):
+    from plugrl.compose import make_resolver
+
+    path = tmp_path / "recipe.yaml"
+    path.write_text(
+        "reward:\n  function_args:\n    countdown: {format_score: 0.25, use_all_numbers: false}\n"
+    )
+    recipe = load_recipe(path, ["reward.function_args.countdown.correct_score=2"])
+    scorer = make_resolver(recipe)("countdown")
+    assert scorer.kwargs == {"correct_score": 2.0, "format_score": 0.25, "use_all_numbers": False}
+    truth = {"target": 24, "numbers": [3, 5, 8, 2]}
+    assert scorer("countdown", "<answer>3 * 8</answer>", truth)["score"] == 2.0  # 5, 2 unused
+    assert scorer("countdown", "<answer>3 * 8 * 1</answer>", truth)["score"] == 0.25
+    assert scorer("countdown", "no answer", truth)["score"] == 0.0
+    # without options, the function's defaults
+    default = make_resolver(load_recipe())("countdown")
+    assert default("countdown", "<answer>3 * 8</answer>", truth)["score"] == pytest.approx(0.1)
+
+
+def test_a_bad_countdown_option_fails_in_one_line_naming_the_key(manager, installed):
+    with pytest.raises(RecipeError) as info:
+        build_recipe({"reward": {"function_args": {"countdown": {"format_score": 2.0}}}})
+    assert str(info.value) == (
+        "reward.function_args.countdown.format_score: must be below correct_score (1.0), got 2.0"
+    )
+    result = run_cli(
+        installed, "run", "quickstart", "reward.function_args.countdown.format_scor=0.2"
+    )
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines() == [
+        "Error: reward.function_args.countdown.format_scor: unknown key; did you mean "
+        "'reward.function_args.countdown.format_score'?"
+    ]
+
+
+def test_plugrl_explain_shows_the_loss_options(installed):
+    result = run_cli(installed, "explain", "actor.policy_loss_args.max_advantage")
+    assert result.returncode == 0, result.stderr
+    lines = [line.strip() for line in result.stdout.splitlines()]
+    assert lines[0] == "actor.policy_loss_args.max_advantage"
+    assert lines[1].startswith("Advantages are clipped to [-max_advantage, max_advantage]")
+    assert "type:    float" in lines and "default: 3.0" in lines
+    assert "from:    policy loss robust_ppo (median_baseline)" in lines
+    dual = run_cli(installed, "explain", "actor.policy_loss_args.dual_clip")
+    assert "default: true" in dual.stdout  # YAML spelling
+
+
+def test_robust_ppo_is_the_loss_of_the_objective_from_a_recipe(manager):
+    from plugrl.compose import PolicyObjective
+
+    recipe = build_recipe(
+        {
+            "actor": {
+                "policy_loss": "robust_ppo",
+                "policy_loss_args": {"max_advantage": 1.5},
+                "loss_agg_mode": "seq-mean-token-mean",
+            }
+        }
+    )
+    objective = PolicyObjective.from_recipe(recipe)
+    assert type(objective.policy_loss).__name__ == "RobustPPO"
+    assert objective.policy_loss.args.max_advantage == 1.5
+    batch = make_batch((2, 4), [2, 1, 3, 2], advantages=[4.0, -1.0, 0.0, -3.0], log_probs=True)
+    log_prob = batch["old_log_probs"].clone().requires_grad_(True)
+    scale = make_loss_aggregator(batch, recipe=recipe).scale
+    loss, metrics = objective(batch, log_prob, None, scale)
+    loss.backward()
+    # ratio 1: the gradient of a token is -A (clipped to +-1.5) / its length / 4 sequences
+    lengths = batch["response_mask"].sum(dim=-1, keepdim=True)
+    clipped = torch.tensor([1.5, -1.0, 0.0, -1.5]).unsqueeze(-1)
+    expected = -clipped / lengths / 4 * batch["response_mask"]
+    assert torch.allclose(log_prob.grad, expected)
+    assert metrics["actor/adv_clipfrac"] == pytest.approx(4 / 8)
+    # the objective travels to trainer workers as its recipe and finds the loss there again
+    import pickle
+
+    again = pickle.loads(pickle.dumps(objective))
+    assert type(again.policy_loss).__name__ == "RobustPPO"
 
 
 def test_countdown_scores_by_data_source(manager):

@@ -21,8 +21,17 @@ Aggregate = Callable[["torch.Tensor", "torch.Tensor"], "torch.Tensor"]
 """``aggregate(values [b, R], mask [b, R]) -> scalar``: reduces per-token values the way
 ``actor.loss_agg_mode`` says, as this micro-batch's share of the global mini-batch."""
 
-KLPenalty = Callable[["torch.Tensor", "torch.Tensor"], "torch.Tensor"]
-"""``kl(log_prob, ref_log_prob) -> per-token penalty`` of the same shape."""
+
+class KLPenalty(Protocol):
+    """A KL penalty function, what ``register_kl_penalties`` registers: a plain function of
+    this signature (not a class). The core calls it positionally, with gradient through
+    ``log_prob`` when it is the KL loss (``actor.kl_loss_type``) and without when it is KL in
+    the reward (``algorithm.kl_penalty``, given ``old_log_probs``)."""
+
+    def __call__(self, log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
+        """Per-token penalties [b, R] of the sampled tokens, from their log-probs [b, R] under
+        the policy and the reference model; the caller masks padding."""
+        ...
 
 
 @attrs.frozen

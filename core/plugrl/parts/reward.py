@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
@@ -19,6 +19,35 @@ if TYPE_CHECKING:
 ScoreFn = Callable[..., "float | dict[str, Any]"]
 """verl's signature: ``compute_score(data_source, solution_str, ground_truth, extra_info=None)``
 returning a float, or a dict with ``score`` and extra fields that become metrics."""
+
+
+class ScoringFunction(Protocol):
+    """A reward function, what ``register_reward_functions`` registers: a plain function (or
+    ``async def``) of verl's signature. The core passes these four by keyword (only those the
+    function declares) and, when the recipe sets ``reward.function_args.<name>``, the options
+    its config class read, as more keyword arguments."""
+
+    def __call__(
+        self, data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None
+    ) -> float | dict[str, Any]:
+        """The score of one response: a float, or a dict with ``score`` and extra fields
+        (per-response columns and ``reward/`` metrics)."""
+        ...
+
+
+class BatchScoringFunction(Protocol):
+    """The batch form of a reward function, for scorers that vectorise: told apart by its
+    ``solution_strs`` parameter, used by ``reward.manager: batch``."""
+
+    def __call__(
+        self,
+        data_sources: list[str],
+        solution_strs: list[str],
+        ground_truths: list[Any],
+        extra_infos: list[Any],
+    ) -> list[float | dict[str, Any]]:
+        """One score (float or dict, as :class:`ScoringFunction`) per response, in order."""
+        ...
 
 
 @attrs.define(kw_only=True)

@@ -1,4 +1,8 @@
-"""plugrl plugin: the Countdown reward, registered for the data source ``countdown``."""
+"""plugrl plugin: the Countdown reward, registered for the data source ``countdown``.
+
+Only names are registered here: the scorer and its options class are imported when a recipe
+needs them.
+"""
 
 import plugrl
 
@@ -8,5 +12,6 @@ def register_reward_functions(register):
     register(
         "countdown",
         "plugrl_countdown.scoring:compute_score",
+        config="plugrl_countdown.options:CountdownOptions",
         description="Countdown: reach the target with each given number once",
     )

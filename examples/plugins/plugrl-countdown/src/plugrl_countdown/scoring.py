@@ -48,9 +48,21 @@ def evaluate(expression: str) -> tuple[Fraction, list[int]]:
 
 
 def compute_score(
-    data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None
+    data_source: str,
+    solution_str: str,
+    ground_truth: Any,
+    extra_info: Any = None,
+    *,
+    correct_score: float = 1.0,
+    format_score: float = FORMAT_SCORE,
+    use_all_numbers: bool = True,
 ) -> dict[str, Any]:
-    """verl-compatible scorer: 1.0 correct, 0.1 answered but wrong, 0.0 no answer."""
+    """verl-compatible scorer: ``correct_score`` for a correct equation, ``format_score`` for
+    an equation in the tag that is wrong, 0.0 for no answer.
+
+    The keyword arguments are the options of ``reward.function_args.countdown``
+    (:class:`plugrl_countdown.options.CountdownOptions`); plugrl passes them all.
+    """
     target = ground_truth["target"]
     allowed = Counter(int(n) for n in ground_truth["numbers"])
     answers = ANSWER_TAG.findall(solution_str)
@@ -60,10 +72,12 @@ def compute_score(
     try:
         value, used = evaluate(expression)
     except NotArithmetic:
-        return {"score": FORMAT_SCORE, "acc": 0.0, "pred": expression.strip()}
-    correct = Counter(used) == allowed and value == target
+        return {"score": format_score, "acc": 0.0, "pred": expression.strip()}
+    counted = Counter(used)
+    numbers_ok = counted == allowed if use_all_numbers else counted <= allowed
+    correct = numbers_ok and value == target
     return {
-        "score": 1.0 if correct else FORMAT_SCORE,
+        "score": correct_score if correct else format_score,
         "acc": 1.0 if correct else 0.0,
         "pred": expression.strip(),
     }

@@ -1,19 +1,12 @@
-"""plugrl plugin: the ``median_baseline`` advantage estimator.
+"""plugrl plugin: the ``median_baseline`` advantage estimator and the ``robust_ppo`` policy
+loss, two parts against outlier rewards.
 
-Only names are registered here; torch is imported when a recipe chooses the estimator.
+Only names are registered here; torch is imported when a recipe chooses a part.
 """
-
-import attrs
 
 import plugrl
 
-
-@attrs.define(kw_only=True)
-class MedianBaselineConfig:
-    """``algorithm.adv_estimator_args`` of ``median_baseline``."""
-
-    scale_by_mad: bool = False
-    eps: float = 1e-6
+_OPTIONS = "plugrl_median_baseline.options"
 
 
 @plugrl.hookimpl
@@ -21,6 +14,16 @@ def register_advantage_estimators(register):
     register(
         "median_baseline",
         "plugrl_median_baseline.estimator:MedianBaseline",
-        config=MedianBaselineConfig,
+        config=f"{_OPTIONS}:MedianBaselineConfig",
         description="score minus the group median (optionally over the group MAD)",
+    )
+
+
+@plugrl.hookimpl
+def register_policy_losses(register):
+    register(
+        "robust_ppo",
+        "plugrl_median_baseline.loss:RobustPPO",
+        config=f"{_OPTIONS}:RobustPPOConfig",
+        description="PPO clipped surrogate with advantages clipped to +-max_advantage",
     )

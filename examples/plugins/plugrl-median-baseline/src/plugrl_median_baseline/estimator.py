@@ -9,6 +9,8 @@ import torch
 from plugrl.data.batch import Batch
 from plugrl.parts.algorithm import AdvantageEstimator
 
+from .options import MedianBaselineConfig
+
 
 class MedianBaseline(AdvantageEstimator):
     """A_i = (s_i - median(group)) [/ (MAD(group) + eps)], broadcast over response tokens."""
@@ -21,8 +23,9 @@ class MedianBaseline(AdvantageEstimator):
         groups: dict[object, list[int]] = defaultdict(list)
         for row, uid in enumerate(batch["uid"]):
             groups[uid].append(row)
-        scale_by_mad = bool(self.args and self.args.scale_by_mad)
-        eps = self.args.eps if self.args else 1e-6
+        options = self.args if isinstance(self.args, MedianBaselineConfig) else None
+        options = options or MedianBaselineConfig()  # built without options: the defaults
+        scale_by_mad, eps = options.scale_by_mad, options.eps
         advantages = torch.zeros_like(scores)
         for rows in groups.values():
             index = torch.tensor(rows)

@@ -1,0 +1,504 @@
+"""docs/plugins.md is the one reference a plugin author reads: these tests hold it to the code.
+
+Its "Reference" section has one subsection per class, whose heading names the class
+(``### Device (`plugrl.parts.device.Device`)``) and whose ``| member | implement | ... |``
+tables list the class's members, one per row, in the first cell:
+
+* ``Class(params)``: the constructor;
+* ``[async ][classmethod ]name(params)[ -> returns]``: a method (``__call__`` included);
+* ``property name[ -> type]``: a property;
+* ``name``: an attribute (a class attribute, a field, or one the interface's ``__init__``
+  sets).
+
+Checked: every class a plugin implements (the ``interface`` of each kind of
+``PART_KINDS``, the call ``function`` of the function kinds) and every class a part reads or
+returns has a subsection; every public member of the class is in it, with the same parameter
+names, kinds and defaults, ``async`` exactly where it is a coroutine, and ``required`` in the
+second column exactly where it is abstract; and every member the page names exists. The hooks
+of ``plugrl.hookspecs`` are checked the same way against "The hooks".
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+import subprocess
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+
+from plugrl import hookspecs
+from plugrl.compose.scoring import BATCH_PARAMS, SAMPLE_PARAMS
+from plugrl.registry import PART_KINDS, import_object
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "plugins.md"
+
+# What parts read or return, besides the interfaces they implement.
+DATA_TYPES = (
+    "plugrl.parts.context:PartContext",
+    "plugrl.parts.context:DistInfo",
+    "plugrl.data.batch:Batch",
+    "plugrl.functional:LossAggregator",
+    "plugrl.parts.algorithm:LossScale",
+    "plugrl.parts.algorithm:ActorObjective",
+    "plugrl.parts.reward:RewardOutput",
+    "plugrl.parts.reward:BatchScoringFunction",
+    "plugrl.run:RunContext",
+    "plugrl.parts.rollout:GenerationRequest",
+    "plugrl.parts.rollout:SamplingParams",
+    "plugrl.parts.rollout:Completion",
+    "plugrl.parts.rollout:WeightMeta",
+)
+IMPLEMENT = ("required", "optional", "provided", "set", "read")
+
+
+# ------------------------------------------------------------------------------ the page
+
+
+def page_section(title: str) -> str:
+    """The text of the ``## title...`` section, up to the next ``## `` heading."""
+    text = DOC.read_text(encoding="utf-8")
+    match = re.search(rf"^## {re.escape(title)}.*?$(.*?)(?=^## |\Z)", text, re.M | re.S)
+    assert match, f"docs/plugins.md has no section '## {title}'"
+    return match.group(1)
+
+
+def subsections(text: str) -> list[tuple[str, str]]:
+    """``(heading, body)`` of every ``### `` subsection."""
+    parts = re.split(r"^### (.*)$", text, flags=re.M)
+    return list(zip(parts[1::2], parts[2::2], strict=True))
+
+
+@attrs.frozen
+class Row:
+    """One member row: the member cell parsed, and the implement cell."""
+
+    text: str
+    prefixes: tuple[str, ...]
+    name: str
+    params: str | None
+    implement: str
+
+
+MEMBER = re.compile(r"^((?:(?:async|classmethod|staticmethod|property) )*)(\w+)")
+
+
+def member_rows(body: str) -> list[Row]:
+    """The rows of the ``| member | implement | ... |`` tables of a subsection."""
+    rows = []
+    in_table = False
+    for line in body.splitlines():
+        if re.match(r"^\|\s*member\s*\|\s*implement\s*\|", line):
+            in_table = True
+            continue
+        if not line.startswith("|"):
+            in_table = False
+            continue
+        if not in_table or re.match(r"^\|\s*-", line):
+            continue
+        cells = re.match(r"^\|\s*`([^`]+)`\s*\|\s*([^|]*?)\s*\|", line)
+        assert cells, f"a member row must start with the member in backticks: {line}"
+        text, implement = cells.groups()
+        match = MEMBER.match(text)
+        assert match, f"cannot read member {text!r}"
+        prefixes = tuple(match.group(1).split())
+        rest = text[match.end() :]
+        params = None
+        if rest.startswith("("):
+            params = _balanced(rest)
+            rest = rest[len(params) + 2 :]
+        assert rest == "" or re.match(r"^\s*(->|:)\s*\S", rest), f"cannot read member {text!r}"
+        rows.append(Row(text, prefixes, match.group(2), params, implement))
+    return rows
+
+
+def _balanced(text: str) -> str:
+    """What is inside the parentheses that ``text`` starts with."""
+    depth = 0
+    for index, char in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth == 0:
+            return text[1:index]
+    raise AssertionError(f"unbalanced parentheses in {text!r}")
+
+
+def documented_classes() -> dict[str, tuple[str, str]]:
+    """``"module:Class"`` -> (heading, body) of its reference subsection."""
+    found = {}
+    for heading, body in subsections(page_section("Reference")):
+        paths = re.findall(r"`(plugrl[\w.]*)\.(\w+)`", heading)
+        if not paths:  # prose (metric names)
+            continue
+        module, name = paths[-1]
+        found[f"{module}:{name}"] = (heading, body)
+    return found
+
+
+# ------------------------------------------------------------------------------ the code
+
+
+@attrs.frozen
+class Member:
+    kind: str  # "method", "classmethod", "staticmethod", "property", "attribute"
+    function: Any = None
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.function)
+
+    @property
+    def is_abstract(self) -> bool:
+        return bool(getattr(self.function, "__isabstractmethod__", False))
+
+
+def is_protocol(cls: type) -> bool:
+    return bool(getattr(cls, "_is_protocol", False))
+
+
+def public_members(cls: type) -> dict[str, Member]:
+    """Every public method, property and attribute of ``cls`` and its plugrl bases."""
+    members: dict[str, Member] = {}
+    for klass in reversed(cls.__mro__):
+        if not klass.__module__.startswith("plugrl"):
+            continue
+        own = vars(klass)
+        for name, value in own.items():
+            if name.startswith("_") and name != "__call__":
+                continue
+            if isinstance(value, classmethod | staticmethod):
+                members[name] = Member(type(value).__name__, value.__func__)
+            elif inspect.isfunction(value):
+                members[name] = Member("method", value)
+            elif isinstance(value, property):
+                members[name] = Member("property", value.fget)
+            else:
+                members.setdefault(name, Member("attribute"))
+        names = [*own.get("__annotations__", {}), *own.get("__slots__", ())]
+        init = own.get("__init__")
+        if inspect.isfunction(init) and not is_protocol(klass):
+            try:
+                source = inspect.getsource(init)
+            except (OSError, TypeError):  # made by attrs
+                source = ""
+            names += re.findall(r"self\.(\w+)(?:\s*:[^=\n]+)?\s*=(?!=)", source)
+        for name in names:
+            if not name.startswith("_"):
+                members.setdefault(name, Member("attribute"))
+    return members
+
+
+def actual_parameters(signature: inspect.Signature, drop_first: bool) -> list[inspect.Parameter]:
+    parameters = list(signature.parameters.values())
+    return parameters[1:] if drop_first else parameters
+
+
+def documented_parameters(params: str) -> list[tuple[str, Any, ast.expr | None]]:
+    """``(name, kind, default node)`` of a documented parameter list."""
+    try:
+        tree = ast.parse(f"def f({params}): pass")
+    except SyntaxError as exc:
+        raise AssertionError(f"cannot read parameters ({params}): {exc}") from None
+    arguments = tree.body[0].args  # type: ignore[attr-defined]
+    P = inspect.Parameter
+    out: list[tuple[str, Any, ast.expr | None]] = []
+    positional = [*arguments.posonlyargs, *arguments.args]
+    defaults: list[ast.expr | None] = [None] * (len(positional) - len(arguments.defaults))
+    defaults += arguments.defaults
+    for index, (arg, default) in enumerate(zip(positional, defaults, strict=True)):
+        kind = P.POSITIONAL_ONLY if index < len(arguments.posonlyargs) else P.POSITIONAL_OR_KEYWORD
+        out.append((arg.arg, kind, default))
+    if arguments.vararg:
+        out.append((arguments.vararg.arg, P.VAR_POSITIONAL, None))
+    for arg, default in zip(arguments.kwonlyargs, arguments.kw_defaults, strict=True):
+        out.append((arg.arg, P.KEYWORD_ONLY, default))
+    if arguments.kwarg:
+        out.append((arguments.kwarg.arg, P.VAR_KEYWORD, None))
+    return out
+
+
+def default_value(cls: type, parameter: inspect.Parameter) -> Any:
+    """A parameter's default; an attrs field's factory is called."""
+    if parameter.default is attrs.NOTHING and attrs.has(cls):
+        default = attrs.fields_dict(cls)[parameter.name].default
+        if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
+            return default.factory()  # type: ignore[call-arg]
+    return parameter.default
+
+
+def same_default(node: ast.expr, actual: Any) -> bool:
+    if isinstance(node, ast.Call):  # DistInfo(): a default object, by its class
+        return type(actual).__name__ == ast.unparse(node.func)
+    try:
+        value = ast.literal_eval(node)
+    except ValueError:
+        return ast.unparse(node) == repr(actual)
+    return type(value) is type(actual) and value == actual
+
+
+def signature_problems(
+    label: str, params: str, signature: inspect.Signature, cls: type, drop_first: bool
+) -> list[str]:
+    documented = documented_parameters(params)
+    actual = actual_parameters(signature, drop_first)
+    shape = [(name, kind) for name, kind, _ in documented]
+    real = [(p.name, p.kind) for p in actual]
+    if shape != real:
+        text = ", ".join(str(p) for p in actual)
+        return [f"{label}: the page says ({params}), the code has ({text})"]
+    problems = []
+    for (name, _, node), parameter in zip(documented, actual, strict=True):
+        has_default = parameter.default is not inspect.Parameter.empty
+        if (node is not None) != has_default:
+            problems.append(f"{label}: {name} has a default in one of page and code only")
+        elif node is not None and not same_default(node, default_value(cls, parameter)):
+            problems.append(
+                f"{label}: default of {name} is {ast.unparse(node)} on the page, "
+                f"{default_value(cls, parameter)!r} in the code"
+            )
+    return problems
+
+
+def check_class(path: str, body: str) -> list[str]:
+    """Every difference between a class and its reference subsection."""
+    cls = import_object(path)
+    label = path.replace(":", ".")
+    members = public_members(cls)
+    rows = member_rows(body)
+    problems = []
+    seen: set[str] = set()
+    constructor_seen = False
+    for row in rows:
+        where = f"{label}: `{row.text}`"
+        if row.implement.split()[0:1] and row.implement.split()[0] not in IMPLEMENT:
+            problems.append(f"{where}: implement column must be one of {', '.join(IMPLEMENT)}")
+        if row.name == cls.__name__ and row.params is not None:
+            constructor_seen = True
+            problems += signature_problems(
+                f"{label} constructor", row.params, inspect.signature(cls), cls, False
+            )
+            continue
+        member = members.get(row.name)
+        if member is None:
+            problems.append(f"{where}: {cls.__name__} has no public member {row.name!r}")
+            continue
+        seen.add(row.name)
+        if member.kind == "attribute" or member.kind == "property":
+            if row.params is not None:
+                problems.append(f"{where}: {row.name} is an attribute, not a method")
+            if ("property" in row.prefixes) != (member.kind == "property"):
+                problems.append(f"{where}: say `property` exactly for properties")
+            continue
+        if row.params is None:
+            problems.append(f"{where}: {row.name} is a method: give its parameters")
+            continue
+        for prefix, present in (
+            ("async", member.is_async),
+            ("classmethod", member.kind == "classmethod"),
+            ("staticmethod", member.kind == "staticmethod"),
+        ):
+            if (prefix in row.prefixes) != present:
+                state = "is" if present else "is not"
+                problems.append(f"{where}: {row.name} {state} {prefix}")
+        required = member.is_abstract or (is_protocol(cls) and row.name == "__call__")
+        if (row.implement.startswith("required")) != required:
+            state = "must say" if required else "must not say"
+            problems.append(f"{where}: the implement column {state} required")
+        problems += signature_problems(
+            where,
+            row.params,
+            inspect.signature(member.function),
+            cls,
+            drop_first=member.kind != "staticmethod",
+        )
+    for name in sorted(set(members) - seen):
+        problems.append(f"{label}: member {name!r} is not on the page")
+    if not constructor_seen and not is_protocol(cls):
+        problems.append(f"{label}: the constructor `{cls.__name__}(...)` is not on the page")
+    return problems
+
+
+# ------------------------------------------------------------------------------ the tests
+
+
+def interface_paths() -> list[str]:
+    paths = []
+    for kind in PART_KINDS.values():
+        path = kind.interface or kind.function
+        assert path, f"kind {kind.name} names neither an interface class nor a function protocol"
+        paths.append(path)
+    return paths
+
+
+@pytest.mark.parametrize("path", [*interface_paths(), *DATA_TYPES])
+def test_the_reference_documents_every_member_as_the_code_has_it(path):
+    documented = documented_classes()
+    assert path in documented, f"docs/plugins.md has no reference subsection for {path}"
+    problems = check_class(path, documented[path][1])
+    assert not problems, "\n".join(problems)
+
+
+def test_the_reference_names_only_classes_that_are_checked():
+    extra = set(documented_classes()) - {*interface_paths(), *DATA_TYPES}
+    assert not extra, f"add these to DATA_TYPES so they are checked: {sorted(extra)}"
+
+
+@pytest.mark.parametrize("kind", list(PART_KINDS.values()), ids=lambda kind: kind.name)
+def test_each_kind_says_how_it_is_registered_and_chosen(kind):
+    _, body = documented_classes()[kind.interface or kind.function]
+    assert f"`{kind.hook}`" in body
+    assert f"`{kind.recipe_key}`" in body
+
+
+def test_the_reward_function_protocols_are_what_the_core_calls():
+    sample = import_object(PART_KINDS["reward_functions"].function)
+    batch = import_object("plugrl.parts.reward:BatchScoringFunction")
+    for protocol, names in ((sample, SAMPLE_PARAMS), (batch, BATCH_PARAMS)):
+        parameters = list(inspect.signature(protocol.__call__).parameters)[1:]
+        assert tuple(parameters) == names
+
+
+def test_the_hooks_are_documented_with_their_parameters():
+    hooks = {
+        name: function
+        for name, function in vars(hookspecs).items()
+        if inspect.isfunction(function) and hasattr(function, "plugrl_spec")
+    }
+    documented = dict(subsections(page_section("The hooks")))
+    assert set(documented) == set(hooks)
+    for name, body in documented.items():
+        match = re.match(rf"\s*`{name}\((.*?)\)", body)
+        assert match, f"hook {name}: its subsection must start with `{name}(...)`"
+        problems = signature_problems(
+            f"hook {name}", match.group(1), inspect.signature(hooks[name]), object, False
+        )
+        assert not problems, "\n".join(problems)
+
+
+def table_rows(text: str, header: str) -> dict[str, str]:
+    """First cell (inside backticks) -> the row, for the tables whose first header is
+    ``header``."""
+    rows = {}
+    in_table = False
+    for line in text.splitlines():
+        if re.match(rf"^\|\s*{header}\s*\|", line):
+            in_table = True
+        elif not line.startswith("|"):
+            in_table = False
+        elif in_table and not re.match(r"^\|\s*-", line):
+            cell = re.match(r"^\|\s*`([^`]+)`", line)
+            assert cell, line
+            rows[cell.group(1)] = line
+    return rows
+
+
+def test_the_test_kit_is_documented_as_it_is():
+    from plugrl import testing
+
+    text = page_section("Testing a plugin")
+    fixtures = set(table_rows(text, "fixture"))
+    assert fixtures == {name for name in vars(testing) if name.startswith("plugrl_")}
+    builders = table_rows(text, "builder")
+    assert {cell.partition("(")[0] for cell in builders} == {
+        "make_batch",
+        "make_loss_aggregator",
+        "make_recipe",
+        "part_context",
+    }
+    for cell in builders:
+        name, _, rest = cell.partition("(")
+        problems = signature_problems(
+            f"plugrl.testing.{name}",
+            _balanced("(" + rest),
+            inspect.signature(getattr(testing, name)),
+            object,
+            False,
+        )
+        assert not problems, "\n".join(problems)
+
+
+def test_the_documented_unit_tests_of_parts_pass(tmp_path):
+    """The example under "Builders" runs as a plugin author would run it."""
+    text = page_section("Testing a plugin")
+    builders = text[text.index("### Builders") :]
+    block = re.search(r"```python\n(.*?)```", builders, re.S)
+    assert block is not None
+    test_file = tmp_path / "test_my_parts.py"
+    test_file.write_text(block.group(1), encoding="utf-8")
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test_file)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    count = len(re.findall(r"^def test_", block.group(1), re.M))
+    assert f"{count} passed" in result.stdout
+
+
+# ------------------------------------------------------------------------------ the checker
+
+
+class _Sample:
+    """A class for testing the checker itself."""
+
+    flag: bool = False
+
+    def __init__(self, config, context) -> None:
+        self.config = config
+
+    def run(self, batch, *, steps=2):
+        return batch
+
+    async def wait(self):
+        return None
+
+
+SAMPLE_PAGE = """
+| member | implement | what it is |
+| --- | --- | --- |
+| `_Sample(config, context)` | provided | built |
+| `flag` | set | a flag |
+| `config` | read | the config |
+| `run(batch, *, steps=2) -> Batch` | optional | runs |
+| `async wait()` | optional | waits |
+"""
+
+
+@pytest.fixture
+def sample_class(monkeypatch):
+    """``_Sample`` importable by path, in a module the checker treats as plugrl's."""
+    module = types.ModuleType("plugrl_docs_sample")
+    module._Sample = _Sample  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "plugrl_docs_sample", module)
+    monkeypatch.setattr(_Sample, "__module__", "plugrl_docs_sample")
+    return "plugrl_docs_sample:_Sample"
+
+
+def test_the_checker_accepts_a_true_page(sample_class):
+    assert check_class(sample_class, SAMPLE_PAGE) == []
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        (("| `flag` | set | a flag |\n", ""), "member 'flag' is not on the page"),
+        (("run(batch, *, steps=2)", "run(batch, steps=2)"), "the page says (batch, steps=2)"),
+        (("run(batch, *, steps=2)", "run(batch, *, steps=3)"), "default of steps is 3"),
+        (("async wait()", "wait()"), "wait is async"),
+        (("| optional | waits", "| required | waits"), "must not say required"),
+        (("`config` | read", "`settings` | read"), "has no public member 'settings'"),
+        (("_Sample(config, context)", "_Sample(config)"), "constructor"),
+    ],
+)
+def test_the_checker_finds_what_the_page_gets_wrong(sample_class, edit, problem):
+    page = SAMPLE_PAGE.replace(*edit)
+    assert page != SAMPLE_PAGE
+    problems = check_class(sample_class, page)
+    assert any(problem in line for line in problems), problems
