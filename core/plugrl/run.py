@@ -136,6 +136,7 @@ def record_recipe(recipe: Recipe, run_dir: Path) -> Path:
     (:data:`WATCHED_ON_RESUME`)."""
     import yaml
 
+    run_dir.mkdir(parents=True, exist_ok=True)
     text = recipe.to_yaml()
     files = _recipe_files(run_dir)
     if files:
