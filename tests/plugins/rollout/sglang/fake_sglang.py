@@ -17,6 +17,7 @@ Every call is recorded in ``Engine.calls`` as ``(name, arguments)``.
 from __future__ import annotations
 
 import asyncio
+import importlib.abc
 import pickle
 import sys
 import types
@@ -281,4 +282,37 @@ def install(monkeypatch: Any) -> type[Engine]:
     Engine.instances.clear()
     for name, made in modules().items():
         monkeypatch.setitem(sys.modules, name, made)
+    return Engine
+
+
+class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds the fake modules on import, so that ``sglang`` enters ``sys.modules`` only when
+    something imports it (the core refuses to prepare an engine whose framework was imported
+    first)."""
+
+    def __init__(self) -> None:
+        self.made = modules()
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> ModuleSpec | None:
+        if name not in self.made:
+            return None
+        return ModuleSpec(name, self, is_package=True)
+
+    def create_module(self, spec: ModuleSpec) -> types.ModuleType:
+        return self.made[spec.name]
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        pass
+
+
+def install_on_import(monkeypatch: Any) -> type[Engine]:
+    """Make ``import sglang`` find the fake for one test, without importing it now."""
+    Engine.instances.clear()
+    finder = _Finder()
+    monkeypatch.setattr(sys, "meta_path", [finder, *sys.meta_path])
+    for name in finder.made:
+        # setitem then delitem: monkeypatch puts back what was there, and removes the fake
+        # modules the test imported
+        monkeypatch.setitem(sys.modules, name, None)
+        monkeypatch.delitem(sys.modules, name)
     return Engine
