@@ -51,6 +51,12 @@ class NpuDevice(Device):
     ray_resource: ClassVar[str | None] = "NPU"
     visible_devices_env: ClassVar[str | None] = "ASCEND_RT_VISIBLE_DEVICES"
 
+    def __init__(self, config: DeviceConfig | None = None, context: Any = None) -> None:
+        super().__init__(config, context)
+        # importing torch_npu adds torch.npu, the "npu" device type and the hccl backend: do it
+        # as the device is built, before the process makes tensors or process groups
+        npu()
+
     @classmethod
     def is_available(cls) -> bool:
         if not torch_npu_present():
