@@ -1,7 +1,8 @@
 """A stand-in for the part of SGLang (0.5.x) that plugrl-sglang uses, for contract tests.
 
-It exposes exactly that surface, with SGLang's names and signatures: ``sglang.Engine(**server
-args)`` with ``async_generate(..., input_ids, sampling_params, return_logprob, rid)`` and
+It exposes exactly that surface, with SGLang's names and the parameters the plugin passes
+(keyword names as in SGLang's signatures): ``sglang.Engine(**server args)`` with
+``async_generate(..., input_ids, sampling_params, return_logprob, rid)`` and
 ``shutdown()``; its ``tokenizer_manager`` coroutines ``pause_generation``,
 ``continue_generation``, ``update_weights_from_tensor(obj, request)``,
 ``release_memory_occupation(obj, request)``, ``resume_memory_occupation(obj, request)``,
