@@ -1,0 +1,178 @@
+"""Smoke test of the sglang rollout engine, for a machine with SGLang and an accelerator.
+
+    python -m plugrl_sglang.smoke [--device auto] [--steps 2] [--workdir DIR] [--timeout S]
+
+Checks that SGLang imports and the device is there, builds the quickstart's tiny model and
+arithmetic data in ``--workdir`` (nothing is downloaded), then runs ``plugrl run quickstart``
+for ``--steps`` GRPO steps with ``rollout.engine=sglang`` in a fresh process and checks each
+step: losses finite, a gradient, responses sampled, and new weights pushed to the engine
+(``perf/weight_sync_megabytes``). Prints the figures of each step and one PASS/FAIL line per
+check; exits 1 when any fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from plugrl.metrics import read_metrics
+
+CHECKED = ("actor/pg_loss", "actor/grad_norm", "critic/score/mean", "response_length/mean")
+
+
+class SmokeFailure(Exception):
+    """A check did not hold; the message says what was seen."""
+
+
+def check(name: str, body: Callable[[], str]) -> bool:
+    try:
+        detail = body()
+    except SmokeFailure as exc:
+        print(f"FAIL {name}: {exc}", flush=True)
+        return False
+    print(f"PASS {name}{f': {detail}' if detail else ''}", flush=True)
+    return True
+
+
+def library_present() -> str:
+    if importlib.util.find_spec("sglang") is None:
+        raise SmokeFailure("SGLang is not installed: pip install 'plugrl-sglang[sglang]'")
+    import sglang
+
+    return f"SGLang {getattr(sglang, '__version__', 'unknown version')}"
+
+
+def device_present(device: str) -> str:
+    from plugrl.plugins import get_plugin_manager
+
+    plugins = get_plugin_manager()
+    if device == "auto":
+        device = plugins.hook.detect_device() or "cpu"
+    registry = plugins.registry("devices")
+    if device not in registry:
+        raise SmokeFailure(f"no device plugin {device!r} is installed")
+    entry = registry.get(device)
+    if not entry.available:
+        raise SmokeFailure(f"device {device!r} {entry.unavailable_reason}")
+    if device == "cpu" or not entry.load().is_available():
+        raise SmokeFailure(f"no accelerator found (device {device!r}); SGLang needs one")
+    return device
+
+
+def step_figures(record: dict[str, Any]) -> str:
+    generation = record.get("timing_s/gen")
+    parts = [
+        f"score {record['critic/score/mean']:.3f}",
+        f"pg_loss {record['actor/pg_loss']:+.4f}",
+        f"response length {record['response_length/mean']:.1f}",
+    ]
+    if generation:
+        parts.append(f"generation {generation:.2f} s")
+    if record.get("perf/throughput"):
+        parts.append(f"throughput {record['perf/throughput']:.0f} tokens/s")
+    if record.get("perf/weight_sync_megabytes_per_s"):
+        parts.append(f"weight push {record['perf/weight_sync_megabytes_per_s']:.0f} MB/s")
+    return ", ".join(parts)
+
+
+def check_steps(records: list[dict[str, Any]], steps: int) -> list[str]:
+    """One line of figures per step; a failure when a step is missing or wrong."""
+    by_step = {record["step"]: record for record in records}
+    lines = []
+    for step in range(1, steps + 1):
+        record = by_step.get(step)
+        if record is None:
+            raise SmokeFailure(f"no metrics for step {step}")
+        for name in CHECKED:
+            value = record.get(name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise SmokeFailure(f"step {step}: {name} is {value!r}")
+        if not record["actor/grad_norm"] > 0:
+            raise SmokeFailure(f"step {step}: no gradient (actor/grad_norm is 0)")
+        if not record["response_length/mean"] > 0:
+            raise SmokeFailure(f"step {step}: the engine sampled empty responses")
+        if not record.get("perf/weight_sync_megabytes", 0) > 0:
+            raise SmokeFailure(f"step {step}: no weights were pushed to the engine")
+        lines.append(f"step {step}: {step_figures(record)}")
+    return lines
+
+
+def run_quickstart(workdir: Path, device: str, steps: int, timeout: float) -> Path:
+    from plugrl.quickstart import prepare_quickstart, quickstart_overrides
+
+    paths = prepare_quickstart(workdir / "assets")
+    run_dir = workdir / "run"
+    overrides = [
+        *quickstart_overrides(paths),
+        f"device.name={device}",
+        "rollout.engine=sglang",
+        f"trainer.total_training_steps={steps}",
+        "trainer.test_freq=-1",
+        "trainer.val_before_train=false",
+        "trainer.save_freq=-1",
+        "trainer.export_hf=false",
+        "trainer.logger=[jsonl]",
+        f"trainer.default_local_dir={run_dir}",
+    ]
+    command = [sys.executable, "-m", "plugrl.cli", "run", "quickstart", *overrides]
+    try:
+        result = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=workdir,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    except subprocess.TimeoutExpired:
+        raise SmokeFailure(f"plugrl run took over {timeout:.0f} s") from None
+    if result.returncode != 0:
+        raise SmokeFailure(f"plugrl run exited {result.returncode}: {result.stderr[-2000:]}")
+    return run_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="auto", help="device plugin name (default: auto)")
+    parser.add_argument("--steps", type=int, default=2, help="GRPO steps (default: 2)")
+    parser.add_argument("--workdir", default=None, help="default: a new temporary folder")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds for the run")
+    args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error(f"--steps must be at least 1, got {args.steps}")
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="plugrl-sglang-smoke-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    print(f"smoke test of the sglang rollout engine in {workdir}", flush=True)
+    found: dict[str, str] = {}
+    if not check("sglang", library_present):
+        return 1
+
+    def device() -> str:
+        found["device"] = device_present(args.device)
+        return found["device"]
+
+    if not check("device", device):
+        return 1
+    lines: list[str] = []
+
+    def run() -> str:
+        run_dir = run_quickstart(workdir, found["device"], args.steps, args.timeout)
+        lines.extend(check_steps(list(read_metrics(run_dir)), args.steps))
+        return f"{args.steps} steps"
+
+    passed = check(f"GRPO on the quickstart with rollout.engine=sglang on {found['device']}", run)
+    for line in lines:
+        print(f"  {line}", flush=True)
+    return 0 if passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
