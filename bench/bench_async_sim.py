@@ -1,0 +1,233 @@
+"""Sync against fully-async scheduling on simulated devices, through the real scheduler code.
+
+The parts are :mod:`plugrl.sim`'s (a rollout engine, a training backend and a reward whose
+costs are simulated in milliseconds; registered into the plugin manager here), so the
+schedulers run as ``plugrl run`` runs them (``run_recipe``, one process, ``cluster: local``)
+with time compressed. The workload is GRPO with long-tailed response lengths like the seeds'
+DAPO runs: most responses short, a few running to the maximum length.
+
+* sync: every step generates on all ``--devices`` simulated devices, then trains on all of
+  them (colocated, as verl's hybrid engine);
+* fully-async (``--async-scheduler``, default ``fully_async``): the devices split
+  rollout:train (``--splits``), over a grid of ``scheduler.staleness_threshold`` values
+  (``--staleness``), with ``scheduler.partial_rollout`` (``--no-partial-rollout`` turns it
+  off).
+
+Each cell is one run of ``--steps`` training steps; throughput is trained tokens per second
+between the first and the last step, from the run's ``metrics.jsonl`` (as ``plugrl compare``
+reads it). The table gives each cell's throughput, its ratio to sync, the median step time,
+the largest version lag of any trained sample (``fully_async/monitor/max_version_lag``),
+stale and dropped samples and pauses.
+
+    python bench/bench_async_sim.py [--devices 4] [--splits 1:3,2:2,3:1]
+        [--staleness 0,0.25,0.5,1] [--steps 8] [--async-scheduler fully_async]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+SYNC = "sync"
+
+
+def parse_splits(text: str, devices: int) -> list[tuple[int, int]]:
+    splits = []
+    for item in filter(None, text.split(",")):
+        rollout, _, train = item.partition(":")
+        try:
+            pair = (int(rollout), int(train))
+        except ValueError:
+            raise SystemExit(f"--splits: {item!r} is not ROLLOUT:TRAIN, e.g. 2:2") from None
+        if min(pair) < 1 or sum(pair) != devices:
+            raise SystemExit(
+                f"--splits: {item} does not split --devices {devices} into two parts of 1 or more"
+            )
+        splits.append(pair)
+    return splits
+
+
+def run_cell(
+    recipe_data: dict[str, Any], plugins: Any, label: str, work_dir: Path
+) -> dict[str, Any]:
+    """One run through ``run_recipe``; its summary as ``plugrl compare`` computes it."""
+    from plugrl.compare import RunHistory, summarize
+    from plugrl.run import run_recipe
+    from plugrl.testing import make_recipe
+
+    run_dir = Path(recipe_data["trainer"]["default_local_dir"])
+    shutil.rmtree(run_dir, ignore_errors=True)
+    recipe = make_recipe(recipe_data, plugins=plugins)
+    started = time.perf_counter()
+    run_recipe(recipe, plugins)
+    summary = summarize(RunHistory.read(run_dir))
+    summary["label"] = label
+    summary["seconds"] = time.perf_counter() - started
+    return summary
+
+
+def format_rows(rows: list[dict[str, Any]], sync_rate: float | None) -> str:
+    header = [
+        "run",
+        "trained tok/s",
+        "x sync",
+        "median step s",
+        "max lag",
+        "stale",
+        "dropped",
+        "pauses",
+    ]
+    lines = [header]
+
+    def cell(value: Any, form: str) -> str:
+        return "-" if value is None else form.format(value)
+
+    for row in rows:
+        rate = row["trained_tokens_per_s"]
+        ratio = rate / sync_rate if rate is not None and sync_rate else None
+        lines.append(
+            [
+                row["label"],
+                cell(rate, "{:.0f}"),
+                cell(ratio, "{:.2f}x"),
+                cell(row["median_step_s"], "{:.3f}"),
+                cell(row["max_version_lag"], "{:.0f}"),
+                cell(row["stale_samples"], "{:.0f}"),
+                cell(row["dropped_samples"], "{:.0f}"),
+                cell(row["pauses"], "{:.0f}"),
+            ]
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(
+            text.ljust(width) if i == 0 else text.rjust(width)
+            for i, (text, width) in enumerate(zip(line, widths, strict=True))
+        )
+        for line in lines
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--devices", type=int, default=4, help="Simulated devices in all.")
+    parser.add_argument("--splits", default="1:3,2:2,3:1", help="ROLLOUT:TRAIN device splits.")
+    parser.add_argument("--staleness", default="0,0.25,0.5,1", help="staleness_threshold grid.")
+    parser.add_argument("--steps", type=int, default=8, help="Training steps per run.")
+    parser.add_argument("--batch", type=int, default=16, help="Prompts per training step.")
+    parser.add_argument("--n", type=int, default=4, help="Responses per prompt.")
+    parser.add_argument("--max-response-length", type=int, default=512)
+    parser.add_argument("--async-scheduler", default="fully_async", help="Scheduler to compare.")
+    parser.add_argument(
+        "--no-partial-rollout",
+        dest="partial_rollout",
+        action="store_false",
+        help="Run the fully-async cells without scheduler.partial_rollout.",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="A recipe key for every run (rollout.sim_step_ms=4); repeatable.",
+    )
+    parser.add_argument("--work-dir", type=Path, default=None, help="Where runs are written.")
+    args = parser.parse_args(argv)
+
+    import yaml
+
+    import plugrl.sim
+    from plugrl.plugins import get_plugin_manager
+    from plugrl.sim import build_sim_task, sim_recipe
+
+    splits = parse_splits(args.splits, args.devices)
+    staleness = [float(value) for value in filter(None, args.staleness.split(","))]
+    overrides = {}
+    for item in args.overrides:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--set {item!r} is not KEY=VALUE")
+        overrides[key] = yaml.safe_load(value)
+
+    plugins = get_plugin_manager()
+    if not plugins.pm.is_registered(plugrl.sim):
+        plugins.register(plugrl.sim, name="plugrl-sim")
+    schedulers = plugins.registry("schedulers")
+    async_missing = args.async_scheduler not in schedulers
+    work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="plugrl-sim-"))
+    task = build_sim_task(work_dir / "task", num_train=args.batch * (args.steps + 2))
+
+    def recipe(scheduler: str, label: str, **layout: Any) -> dict[str, Any]:
+        data = sim_recipe(
+            task,
+            work_dir / label,
+            scheduler=scheduler,
+            max_response_length=args.max_response_length,
+            train_batch_size=args.batch,
+            n=args.n,
+            steps=args.steps,
+            **layout,
+        )
+        for key, value in overrides.items():
+            section, *path = key.split(".")
+            target = data.setdefault(section, {})
+            for part in path[:-1]:
+                target = target.setdefault(part, {})
+            target[path[-1]] = value
+        return data
+
+    print(
+        f"{args.devices} simulated devices; {args.batch} prompts x {args.n} responses per step, "
+        f"at most {args.max_response_length} tokens; {args.steps} steps per run",
+        flush=True,
+    )
+    rows = [
+        run_cell(
+            recipe(
+                SYNC,
+                "sync",
+                rollout_devices=args.devices,
+                train_devices=args.devices,
+                colocate=True,
+            ),
+            plugins,
+            f"sync {args.devices} colocated",
+            work_dir,
+        )
+    ]
+    sync_rate = rows[0]["trained_tokens_per_s"]
+    if not async_missing:
+        for threshold in staleness:
+            for rollout_devices, train_devices in splits:
+                label = f"{args.async_scheduler} s={threshold:g} {rollout_devices}:{train_devices}"
+                data = recipe(
+                    args.async_scheduler,
+                    label.replace(" ", "_").replace(":", "-"),
+                    rollout_devices=rollout_devices,
+                    train_devices=train_devices,
+                    colocate=False,
+                )
+                data["scheduler"].update(
+                    staleness_threshold=threshold, partial_rollout=args.partial_rollout
+                )
+                rows.append(run_cell(data, plugins, label, work_dir))
+                print(f"  {label}: done", file=sys.stderr, flush=True)
+    print(format_rows(rows, sync_rate))
+    print(f"runs in {work_dir}")
+    if async_missing:
+        print(
+            f"error: scheduler {args.async_scheduler!r} is not installed here (plugrl plugins "
+            f"lists the schedulers: {', '.join(schedulers.names())}); only sync ran",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
