@@ -61,6 +61,7 @@ if TYPE_CHECKING:
 SIM_NAME = "sim"
 SIM_DATA_SOURCE = "plugrl/sim"
 _CHECKPOINT_FILE = "sim_backend.pt"
+_MAX_CATCH_UP_S = 0.01
 
 
 def sim_weights(seed: int) -> dict[str, torch.Tensor]:
@@ -356,6 +357,9 @@ class SimEngine(RolloutEngine):
     async def _decode(self, device: int) -> None:
         loop = asyncio.get_running_loop()
         running = self._running[device]
+        # the device's own clock: a step ends its cost after the previous one ended, so the
+        # event loop's wake-up latency (about a millisecond) does not add to every step
+        clock = loop.time()
         while not self._blocked():
             self._admit(device)
             if not running:
@@ -365,8 +369,10 @@ class SimEngine(RolloutEngine):
             self._ticks[device] = tick
             version = self.weight_version
             try:
-                seconds = (config.sim_step_ms + config.sim_token_ms * len(running)) / 1000
-                await asyncio.sleep(seconds)
+                clock += (config.sim_step_ms + config.sim_token_ms * len(running)) / 1000
+                # time the host lost beyond a few steps is lost to the device too
+                clock = max(clock, loop.time() - _MAX_CATCH_UP_S)
+                await asyncio.sleep(max(clock - loop.time(), 0.0))
                 for sample in list(running):  # aborted samples left the list meanwhile
                     self._sample_token(sample, version)
             finally:

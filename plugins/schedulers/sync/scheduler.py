@@ -70,7 +70,7 @@ class SyncScheduler(Scheduler):
         if step == 0 and trainer.val_before_train and parts.val_data is not None:
             before = self.validate(parts, step)
             validation_history.append(before)
-            self.context.step_end(0, {**before, "perf/wall_clock_s": self.wall_clock()})
+            self.context.step_end(0, before)
         metrics: dict[str, Any] = {}
         progress = _progress(parts.total_training_steps, step)
         try:
