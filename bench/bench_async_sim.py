@@ -16,8 +16,9 @@ DAPO runs: most responses short, a few running to the maximum length.
 Each cell is one run of ``--steps`` training steps; throughput is trained tokens per second
 between the first and the last step, from the run's ``metrics.jsonl`` (as ``plugrl compare``
 reads it). The table gives each cell's throughput, its ratio to sync, the median step time,
-the largest version lag of any trained sample (``fully_async/monitor/max_version_lag``),
-stale and dropped samples and pauses.
+the largest version lag of any trained sample (``fully_async/monitor/max_version_lag``) next
+to the bound the scheduler reports (``fully_async/monitor/version_lag_bound``; ``OVER`` marks a
+cell that broke it), stale and dropped samples and pauses.
 
     python bench/bench_async_sim.py [--devices 4] [--splits 1:3,2:2,3:1]
         [--staleness 0,0.25,0.5,1] [--steps 8] [--async-scheduler fully_async]
@@ -34,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 SYNC = "sync"
+LAG_BOUND_KEY = "fully_async/monitor/version_lag_bound"
+IN_FLIGHT_KEY = "max_in_flight_per_engine"
 
 
 def parse_splits(text: str, devices: int) -> list[tuple[int, int]]:
@@ -65,7 +68,10 @@ def run_cell(
     recipe = make_recipe(recipe_data, plugins=plugins)
     started = time.perf_counter()
     run_recipe(recipe, plugins)
-    summary = summarize(RunHistory.read(run_dir))
+    history = RunHistory.read(run_dir)
+    summary = summarize(history)
+    # the scheduler's own bound, when it logs it (the metric contract does not require it)
+    summary["lag_bound"] = history.last(LAG_BOUND_KEY)
     summary["label"] = label
     summary["seconds"] = time.perf_counter() - started
     return summary
@@ -77,7 +83,7 @@ def format_rows(rows: list[dict[str, Any]], sync_rate: float | None) -> str:
         "trained tok/s",
         "x sync",
         "median step s",
-        "max lag",
+        "max lag / bound",
         "stale",
         "dropped",
         "pauses",
@@ -86,6 +92,14 @@ def format_rows(rows: list[dict[str, Any]], sync_rate: float | None) -> str:
 
     def cell(value: Any, form: str) -> str:
         return "-" if value is None else form.format(value)
+
+    def lag_cell(row: dict[str, Any]) -> str:
+        lag, bound = row["max_version_lag"], row.get("lag_bound")
+        if lag is None:
+            return "-"
+        if bound is None:
+            return f"{lag:.0f} / -"
+        return f"{lag:.0f} / {bound:.0f}" + (" OVER" if lag > bound else "")
 
     for row in rows:
         rate = row["trained_tokens_per_s"]
@@ -96,7 +110,7 @@ def format_rows(rows: list[dict[str, Any]], sync_rate: float | None) -> str:
                 cell(rate, "{:.0f}"),
                 cell(ratio, "{:.2f}x"),
                 cell(row["median_step_s"], "{:.3f}"),
-                cell(row["max_version_lag"], "{:.0f}"),
+                lag_cell(row),
                 cell(row["stale_samples"], "{:.0f}"),
                 cell(row["dropped_samples"], "{:.0f}"),
                 cell(row["pauses"], "{:.0f}"),
@@ -123,6 +137,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-response-length", type=int, default=512)
     parser.add_argument("--async-scheduler", default="fully_async", help="Scheduler to compare.")
     parser.add_argument(
+        "--in-flight-per-device",
+        type=int,
+        default=16,
+        help="Prompts in flight per simulated rollout device, for a scheduler with "
+        f"scheduler.{IN_FLIGHT_KEY} (the one engine of a cell stands for one per device).",
+    )
+    parser.add_argument(
         "--no-partial-rollout",
         dest="partial_rollout",
         action="store_false",
@@ -139,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-dir", type=Path, default=None, help="Where runs are written.")
     args = parser.parse_args(argv)
 
+    import attrs
     import yaml
 
     import plugrl.sim
@@ -159,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
         plugins.register(plugrl.sim, name="plugrl-sim")
     schedulers = plugins.registry("schedulers")
     async_missing = args.async_scheduler not in schedulers
+    in_flight_key = None
+    if not async_missing:
+        fields = attrs.fields_dict(schedulers.get(args.async_scheduler).load_config())
+        in_flight_key = IN_FLIGHT_KEY if IN_FLIGHT_KEY in fields else None
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="plugrl-sim-"))
     task = build_sim_task(work_dir / "task", num_train=args.batch * (args.steps + 2))
 
@@ -215,10 +241,26 @@ def main(argv: list[str] | None = None) -> int:
                 data["scheduler"].update(
                     staleness_threshold=threshold, partial_rollout=args.partial_rollout
                 )
+                if in_flight_key is not None:
+                    # one simulated engine stands for an engine per rollout device
+                    data["scheduler"][in_flight_key] = args.in_flight_per_device * rollout_devices
                 rows.append(run_cell(data, plugins, label, work_dir))
                 print(f"  {label}: done", file=sys.stderr, flush=True)
     print(format_rows(rows, sync_rate))
     print(f"runs in {work_dir}")
+    over = [
+        row["label"]
+        for row in rows
+        if row["max_version_lag"] is not None
+        and row.get("lag_bound") is not None
+        and row["max_version_lag"] > row["lag_bound"]
+    ]
+    if over:
+        print(
+            f"error: trained samples beyond the staleness bound in {', '.join(over)}",
+            file=sys.stderr,
+        )
+        return 1
     if async_missing:
         print(
             f"error: scheduler {args.async_scheduler!r} is not installed here (plugrl plugins "

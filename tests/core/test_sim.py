@@ -283,14 +283,45 @@ def test_sync_run_logs_wall_clock_and_keeps_it_across_resume(
     assert resumed[3]["perf/wall_clock_s"] >= clocks[1] + resumed[3]["timing_s/step"]
 
 
-def test_bench_names_a_missing_scheduler(tmp_path, capsys, plugrl_plugin_manager):
+@pytest.fixture
+def bench():
     import importlib.util
     from pathlib import Path
 
     path = Path(__file__).parents[2] / "bench" / "bench_async_sim.py"
     spec = importlib.util.spec_from_file_location("bench_async_sim", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_table_shows_lags_against_their_bound(bench):
+    def row(label, rate, lag=None, bound=None):
+        return {
+            "label": label,
+            "trained_tokens_per_s": rate,
+            "median_step_s": 1.0,
+            "max_version_lag": lag,
+            "lag_bound": bound,
+            "stale_samples": None,
+            "dropped_samples": None,
+            "pauses": None,
+        }
+
+    table = bench.format_rows(
+        [row("sync", 100.0), row("a", 300.0, 1, 2), row("b", 250.0, 3, 2), row("c", 50.0, 2)],
+        100.0,
+    ).splitlines()
+    assert table[1].split()[:4] == ["sync", "100", "1.00x", "1.000"]
+    assert "3.00x" in table[2] and table[2].split()[4:7] == ["1", "/", "2"]
+    assert table[3].split()[4:8] == ["3", "/", "2", "OVER"]
+    assert table[4].split()[4:7] == ["2", "/", "-"]
+    with pytest.raises(SystemExit, match="does not split --devices 4"):
+        bench.parse_splits("1:2", 4)
+    assert bench.parse_splits("1:3,2:2", 4) == [(1, 3), (2, 2)]
+
+
+def test_bench_names_a_missing_scheduler(bench, tmp_path, capsys, plugrl_plugin_manager):
     code = bench.main(
         [
             "--steps", "2", "--batch", "4", "--n", "2", "--max-response-length", "16",
