@@ -76,10 +76,6 @@ def sim_weights(seed: int) -> dict[str, torch.Tensor]:
     }
 
 
-def _devices_of(sim_devices: int | None, nnodes: int, per_node: int) -> int:
-    return sim_devices if sim_devices is not None else nnodes * per_node
-
-
 # --------------------------------------------------------------------------------------------
 # The engine
 # --------------------------------------------------------------------------------------------
@@ -92,8 +88,9 @@ class SimEngineConfig(RolloutConfig):
     sim_devices: int | None = option(
         None,
         "Simulated devices of the engine, each a replica running up to rollout.max_num_seqs "
-        "sequences; unset: rollout.nnodes x rollout.n_gpus_per_node, or the trainer's "
-        "devices when rollout.colocate is true.",
+        "sequences; unset: the devices one engine spans (rollout.tensor_model_parallel_size), "
+        "so that on Ray the engines of rollout.nnodes x rollout.n_gpus_per_node devices are "
+        "that many devices. Set it for one engine in one process to stand for several.",
         validator=positive,
     )
     sim_step_ms: float = option(
@@ -159,12 +156,8 @@ class SimEngine(RolloutEngine):
     def __init__(self, config: SimEngineConfig, context: PartContext) -> None:
         super().__init__(config, context)
         self.config: SimEngineConfig = config
-        recipe = context.recipe
-        trainer = recipe.trainer
-        if config.colocate:
-            devices = _devices_of(config.sim_devices, trainer.nnodes, trainer.n_gpus_per_node)
-        else:
-            devices = _devices_of(config.sim_devices, config.nnodes, config.n_gpus_per_node)
+        trainer = context.recipe.trainer
+        devices = config.sim_devices or config.tensor_model_parallel_size
         self.devices = devices
         tokenizer = context.tokenizer
         self.vocab_size = len(tokenizer) if tokenizer is not None else 256
@@ -451,8 +444,9 @@ class SimBackendConfig(ActorConfig):
 
     sim_devices: int | None = option(
         None,
-        "Simulated devices the costs are divided over; unset: trainer.nnodes x "
-        "trainer.n_gpus_per_node.",
+        "Simulated devices one rank's costs are divided over; unset: 1, each rank one device "
+        "(on Ray the batch is split over trainer.nnodes x trainer.n_gpus_per_node ranks). Set "
+        "it for the one rank of a one-process run to stand for several.",
         validator=positive,
     )
     sim_forward_ms_per_ktoken: float = option(
@@ -473,8 +467,7 @@ class SimBackend(TrainingBackend):
     def __init__(self, config: SimBackendConfig, context: PartContext) -> None:
         super().__init__(config, context)
         self.config: SimBackendConfig = config
-        trainer = self.recipe.trainer
-        self.devices = _devices_of(config.sim_devices, trainer.nnodes, trainer.n_gpus_per_node)
+        self.devices = config.sim_devices or 1
         self.weights: dict[str, torch.Tensor] = {}
         self.shift = 0.0
         """The policy: an offset added to the rollout log-probability of every token."""
