@@ -295,6 +295,8 @@ def compare_runs(
 ) -> tuple[str, Path | None]:
     """The comparison table of ``run_dirs`` and, unless ``out`` is ``None``, the PNG written
     there."""
+    if out is not None and not Path(out).parent.is_dir():
+        raise PlugrlError(f"cannot write {out}: its folder does not exist; create it or choose -o")
     histories = read_runs(run_dirs)
     labels = run_labels([history.run_dir for history in histories])
     table = format_table(labels, [summarize(history) for history in histories])
