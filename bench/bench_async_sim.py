@@ -15,10 +15,13 @@ DAPO runs: most responses short, a few running to the maximum length.
 
 Each cell is one run of ``--steps`` training steps; throughput is trained tokens per second
 between the first and the last step, from the run's ``metrics.jsonl`` (as ``plugrl compare``
-reads it). The table gives each cell's throughput, its ratio to sync, the median step time,
-the largest version lag of any trained sample (``fully_async/monitor/max_version_lag``) next
-to the bound the scheduler reports (``fully_async/monitor/version_lag_bound``; ``OVER`` marks a
-cell that broke it), stale and dropped samples and pauses.
+reads it). Sync runs first and again after every ``--sync-every`` cells, and each cell is
+compared with the mean of the sync runs just before and after it, so that drifting machine
+load moves both sides of a ratio. The table gives each cell's throughput, its ratio to sync,
+the median step time, the largest version lag of any trained sample
+(``fully_async/monitor/max_version_lag``) next to the bound the scheduler reports
+(``fully_async/monitor/version_lag_bound``; ``OVER`` marks a cell that broke it), stale and
+dropped samples and pauses.
 
     python bench/bench_async_sim.py [--devices 4] [--splits 1:3,2:2,3:1]
         [--staleness 0,0.25,0.5,1] [--steps 8] [--async-scheduler fully_async]
@@ -77,7 +80,8 @@ def run_cell(
     return summary
 
 
-def format_rows(rows: list[dict[str, Any]], sync_rate: float | None) -> str:
+def format_rows(rows: list[dict[str, Any]]) -> str:
+    """The table; each row's ``x sync`` is its rate over its ``baseline`` (sync's rate)."""
     header = [
         "run",
         "trained tok/s",
@@ -102,8 +106,8 @@ def format_rows(rows: list[dict[str, Any]], sync_rate: float | None) -> str:
         return f"{lag:.0f} / {bound:.0f}" + (" OVER" if lag > bound else "")
 
     for row in rows:
-        rate = row["trained_tokens_per_s"]
-        ratio = rate / sync_rate if rate is not None and sync_rate else None
+        rate, baseline = row["trained_tokens_per_s"], row.get("baseline")
+        ratio = rate / baseline if rate is not None and baseline else None
         lines.append(
             [
                 row["label"],
@@ -156,6 +160,13 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         metavar="KEY=VALUE",
         help="A recipe key for every run (rollout.sim_step_ms=4); repeatable.",
+    )
+    parser.add_argument(
+        "--sync-every",
+        type=int,
+        default=4,
+        help="Run sync again after every N fully-async cells and compare each cell with the "
+        "sync runs before and after it (0: sync once, first).",
     )
     parser.add_argument("--work-dir", type=Path, default=None, help="Where runs are written.")
     args = parser.parse_args(argv)
@@ -212,21 +223,21 @@ def main(argv: list[str] | None = None) -> int:
         f"at most {args.max_response_length} tokens; {args.steps} steps per run",
         flush=True,
     )
-    rows = [
-        run_cell(
-            recipe(
-                SYNC,
-                "sync",
-                rollout_devices=args.devices,
-                train_devices=args.devices,
-                colocate=True,
-            ),
-            plugins,
-            f"sync {args.devices} colocated",
-            work_dir,
+
+    def run_sync() -> None:
+        number = len(sync_rows) + 1
+        data = recipe(
+            SYNC,
+            f"sync-{number}",
+            rollout_devices=args.devices,
+            train_devices=args.devices,
+            colocate=True,
         )
-    ]
-    sync_rate = rows[0]["trained_tokens_per_s"]
+        label = f"sync {args.devices} colocated #{number}"
+        sync_rows.append(run_cell(data, plugins, label, work_dir))
+        print(f"  {label}: done", file=sys.stderr, flush=True)
+
+    cells = []
     if not async_missing:
         for threshold in staleness:
             for rollout_devices, train_devices in splits:
@@ -244,9 +255,28 @@ def main(argv: list[str] | None = None) -> int:
                 if in_flight_key is not None:
                     # one simulated engine stands for an engine per rollout device
                     data["scheduler"][in_flight_key] = args.in_flight_per_device * rollout_devices
-                rows.append(run_cell(data, plugins, label, work_dir))
-                print(f"  {label}: done", file=sys.stderr, flush=True)
-    print(format_rows(rows, sync_rate))
+                cells.append((label, data))
+    sync_rows: list[dict[str, Any]] = []
+    async_rows = []
+    run_sync()
+    for index, (label, data) in enumerate(cells):
+        row = run_cell(data, plugins, label, work_dir)
+        row["sync_before"] = len(sync_rows) - 1
+        async_rows.append(row)
+        print(f"  {label}: done", file=sys.stderr, flush=True)
+        last = index == len(cells) - 1
+        if args.sync_every and ((index + 1) % args.sync_every == 0 or last):
+            run_sync()
+    # each cell against the sync runs just before and after it: the machine's load drifts
+    for row in [*sync_rows, *async_rows]:
+        if "sync_before" in row:
+            neighbours = sync_rows[row["sync_before"] : row["sync_before"] + 2]
+        else:
+            neighbours = sync_rows
+        rates = [r["trained_tokens_per_s"] for r in neighbours if r["trained_tokens_per_s"]]
+        row["baseline"] = sum(rates) / len(rates) if rates else None
+    rows = [*sync_rows, *async_rows]
+    print(format_rows(rows))
     print(f"runs in {work_dir}")
     over = [
         row["label"]

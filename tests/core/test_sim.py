@@ -296,9 +296,10 @@ def bench():
 
 
 def test_bench_table_shows_lags_against_their_bound(bench):
-    def row(label, rate, lag=None, bound=None):
+    def row(label, rate, lag=None, bound=None, baseline=100.0):
         return {
             "label": label,
+            "baseline": baseline,
             "trained_tokens_per_s": rate,
             "median_step_s": 1.0,
             "max_version_lag": lag,
@@ -309,12 +310,17 @@ def test_bench_table_shows_lags_against_their_bound(bench):
         }
 
     table = bench.format_rows(
-        [row("sync", 100.0), row("a", 300.0, 1, 2), row("b", 250.0, 3, 2), row("c", 50.0, 2)],
-        100.0,
+        [
+            row("sync", 100.0, baseline=125.0),
+            row("a", 300.0, 1, 2),
+            row("b", 250.0, 3, 2),
+            row("c", 50.0, 2, baseline=None),
+        ]
     ).splitlines()
-    assert table[1].split()[:4] == ["sync", "100", "1.00x", "1.000"]
+    assert table[1].split()[:4] == ["sync", "100", "0.80x", "1.000"]
     assert "3.00x" in table[2] and table[2].split()[4:7] == ["1", "/", "2"]
     assert table[3].split()[4:8] == ["3", "/", "2", "OVER"]
+    assert table[4].split()[1:3] == ["50", "-"]
     assert table[4].split()[4:7] == ["2", "/", "-"]
     with pytest.raises(SystemExit, match="does not split --devices 4"):
         bench.parse_splits("1:2", 4)
@@ -330,7 +336,7 @@ def test_bench_names_a_missing_scheduler(bench, tmp_path, capsys, plugrl_plugin_
     )  # fmt: skip
     out = capsys.readouterr()
     assert code == 1
-    assert "sync 4 colocated" in out.out
+    assert "sync 4 colocated #1" in out.out
     assert (
         out.err.strip()
         .splitlines()[-1]
