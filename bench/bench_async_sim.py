@@ -40,6 +40,13 @@ from typing import Any
 SYNC = "sync"
 LAG_BOUND_KEY = "fully_async/monitor/version_lag_bound"
 IN_FLIGHT_KEY = "max_in_flight_per_engine"
+SCALED_COSTS = (
+    "sim_step_ms",
+    "sim_token_ms",
+    "sim_weight_load_ms",
+    "sim_forward_ms_per_ktoken",
+    "sim_train_ms_per_ktoken",
+)
 
 
 def parse_splits(text: str, devices: int) -> list[tuple[int, int]]:
@@ -162,6 +169,13 @@ def main(argv: list[str] | None = None) -> int:
         help="A recipe key for every run (rollout.sim_step_ms=4); repeatable.",
     )
     parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="Multiply every simulated cost: larger runs slower and leaves the host's own "
+        "work (scoring, batching, Python) a smaller share of each step.",
+    )
+    parser.add_argument(
         "--sync-every",
         type=int,
         default=4,
@@ -176,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import plugrl.sim
     from plugrl.plugins import get_plugin_manager
-    from plugrl.sim import build_sim_task, sim_recipe
+    from plugrl.sim import SimBackendConfig, SimEngineConfig, build_sim_task, sim_recipe
 
     splits = parse_splits(args.splits, args.devices)
     staleness = [float(value) for value in filter(None, args.staleness.split(","))]
@@ -210,6 +224,10 @@ def main(argv: list[str] | None = None) -> int:
             steps=args.steps,
             **layout,
         )
+        for section, config_cls in (("rollout", SimEngineConfig), ("actor", SimBackendConfig)):
+            for field in attrs.fields(config_cls):
+                if field.name in SCALED_COSTS:
+                    data[section][field.name] = field.default * args.time_scale
         for key, value in overrides.items():
             section, *path = key.split(".")
             target = data.setdefault(section, {})
@@ -220,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print(
         f"{args.devices} simulated devices; {args.batch} prompts x {args.n} responses per step, "
-        f"at most {args.max_response_length} tokens; {args.steps} steps per run",
+        f"at most {args.max_response_length} tokens; {args.steps} steps per run; costs x "
+        f"{args.time_scale:g}",
         flush=True,
     )
 

@@ -7,6 +7,7 @@ import time
 
 import pytest
 import torch
+import yaml
 
 import plugrl.sim
 from plugrl.errors import CheckpointError, PluginError, PlugrlError
@@ -332,11 +333,17 @@ def test_bench_names_a_missing_scheduler(bench, tmp_path, capsys, plugrl_plugin_
         [
             "--steps", "2", "--batch", "4", "--n", "2", "--max-response-length", "16",
             "--async-scheduler", "no_such_scheduler", "--work-dir", str(tmp_path),
+            "--time-scale", "0.5", "--set", "actor.sim_train_ms_per_ktoken=7",
         ]
     )  # fmt: skip
     out = capsys.readouterr()
     assert code == 1
     assert "sync 4 colocated #1" in out.out
+    recipe = yaml.safe_load((tmp_path / "sync-1" / "recipe.yaml").read_text())
+    assert recipe["rollout"]["sim_step_ms"] == 1.0  # half the default
+    assert recipe["actor"]["sim_forward_ms_per_ktoken"] == 10.0
+    assert recipe["actor"]["sim_train_ms_per_ktoken"] == 7  # --set wins
+    assert recipe["rollout"]["sim_devices"] == recipe["actor"]["sim_devices"] == 4
     assert (
         out.err.strip()
         .splitlines()[-1]
