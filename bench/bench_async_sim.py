@@ -15,13 +15,14 @@ DAPO runs: most responses short, a few running to the maximum length.
 
 Each cell is one run of ``--steps`` training steps; throughput is trained tokens per second
 between the first and the last step, from the run's ``metrics.jsonl`` (as ``plugrl compare``
-reads it). Sync runs first and again after every ``--sync-every`` cells, and each cell is
-compared with the mean of the sync runs just before and after it, so that drifting machine
-load moves both sides of a ratio. The table gives each cell's throughput, its ratio to sync,
-the median step time, the largest version lag of any trained sample
-(``fully_async/monitor/max_version_lag``) next to the bound the scheduler reports
-(``fully_async/monitor/version_lag_bound``; ``OVER`` marks a cell that broke it), stale and
-dropped samples and pauses.
+reads it), and beside it the median tokens per step over the median step time, which a burst
+of load from other processes moves less. Sync runs first and again after every
+``--sync-every`` cells, and each cell is compared with the mean of the sync runs just before
+and after it, so that drifting machine load moves both sides of a ratio. The table gives each
+cell's throughput, its two ratios to sync, the median step time, the largest version lag of
+any trained sample (``fully_async/monitor/max_version_lag``) next to the bound the scheduler
+reports (``fully_async/monitor/version_lag_bound``; ``OVER`` marks a cell that broke it),
+stale and dropped samples and pauses.
 
     python bench/bench_async_sim.py [--devices 4] [--splits 1:3,2:2,3:1]
         [--staleness 0,0.25,0.5,1] [--steps 8] [--async-scheduler fully_async]
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -82,6 +84,10 @@ def run_cell(
     summary = summarize(history)
     # the scheduler's own bound, when it logs it (the metric contract does not require it)
     summary["lag_bound"] = history.last(LAG_BOUND_KEY)
+    # tokens per second of a typical step: robust to bursts of load from other processes
+    tokens = history.values("perf/total_num_tokens")
+    step_seconds = summary["median_step_s"]
+    summary["median_rate"] = statistics.median(tokens) / step_seconds if step_seconds else None
     summary["label"] = label
     summary["seconds"] = time.perf_counter() - started
     return summary
@@ -93,6 +99,7 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
         "run",
         "trained tok/s",
         "x sync",
+        "x sync (medians)",
         "median step s",
         "max lag / bound",
         "stale",
@@ -115,11 +122,16 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
     for row in rows:
         rate, baseline = row["trained_tokens_per_s"], row.get("baseline")
         ratio = rate / baseline if rate is not None and baseline else None
+        median_rate, median_baseline = row.get("median_rate"), row.get("median_baseline")
+        median_ratio = (
+            median_rate / median_baseline if median_rate is not None and median_baseline else None
+        )
         lines.append(
             [
                 row["label"],
                 cell(rate, "{:.0f}"),
                 cell(ratio, "{:.2f}x"),
+                cell(median_ratio, "{:.2f}x"),
                 cell(row["median_step_s"], "{:.3f}"),
                 lag_cell(row),
                 cell(row["stale_samples"], "{:.0f}"),
@@ -292,8 +304,12 @@ def main(argv: list[str] | None = None) -> int:
             neighbours = sync_rows[row["sync_before"] : row["sync_before"] + 2]
         else:
             neighbours = sync_rows
-        rates = [r["trained_tokens_per_s"] for r in neighbours if r["trained_tokens_per_s"]]
-        row["baseline"] = sum(rates) / len(rates) if rates else None
+        for key, baseline_key in (
+            ("trained_tokens_per_s", "baseline"),
+            ("median_rate", "median_baseline"),
+        ):
+            rates = [r[key] for r in neighbours if r.get(key)]
+            row[baseline_key] = sum(rates) / len(rates) if rates else None
     rows = [*sync_rows, *async_rows]
     print(format_rows(rows))
     print(f"runs in {work_dir}")

@@ -301,6 +301,8 @@ def test_bench_table_shows_lags_against_their_bound(bench):
         return {
             "label": label,
             "baseline": baseline,
+            "median_rate": rate / 2,
+            "median_baseline": baseline,
             "trained_tokens_per_s": rate,
             "median_step_s": 1.0,
             "max_version_lag": lag,
@@ -318,11 +320,12 @@ def test_bench_table_shows_lags_against_their_bound(bench):
             row("c", 50.0, 2, baseline=None),
         ]
     ).splitlines()
-    assert table[1].split()[:4] == ["sync", "100", "0.80x", "1.000"]
-    assert "3.00x" in table[2] and table[2].split()[4:7] == ["1", "/", "2"]
-    assert table[3].split()[4:8] == ["3", "/", "2", "OVER"]
-    assert table[4].split()[1:3] == ["50", "-"]
-    assert table[4].split()[4:7] == ["2", "/", "-"]
+    assert table[1].split()[:5] == ["sync", "100", "0.80x", "0.40x", "1.000"]
+    assert table[2].split()[2:4] == ["3.00x", "1.50x"]
+    assert table[2].split()[5:8] == ["1", "/", "2"]
+    assert table[3].split()[5:9] == ["3", "/", "2", "OVER"]
+    assert table[4].split()[1:4] == ["50", "-", "-"]
+    assert table[4].split()[5:8] == ["2", "/", "-"]
     with pytest.raises(SystemExit, match="does not split --devices 4"):
         bench.parse_splits("1:2", 4)
     assert bench.parse_splits("1:3,2:2", 4) == [(1, 3), (2, 2)]
