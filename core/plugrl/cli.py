@@ -288,6 +288,27 @@ def plot(run_dir: str, out: str | None) -> None:
     click.echo(str(plot_run(run_dir, out)))
 
 
+@cli.command()
+@click.argument("run_dirs", nargs=-1, type=click.Path(path_type=str))
+@click.option(
+    "-o",
+    "--out",
+    type=click.Path(dir_okay=False),
+    default="compare.png",
+    show_default=True,
+    help="PNG of reward and validation accuracy against wall-clock time and steps.",
+)
+def compare(run_dirs: tuple[str, ...], out: str) -> None:
+    """Compare RUN_DIRS (two or more run folders, sync or fully-async): a table of
+    throughput, time per step, idle ratios, staleness, pauses, final reward and validation
+    accuracy, and a PNG of reward and accuracy per wall-clock second and per step."""
+    from plugrl.compare import compare_runs
+
+    table, png = compare_runs(run_dirs, out)
+    click.echo(table)
+    click.echo(f"plot: {png}", err=True)
+
+
 DOCTOR_LIBRARIES = [
     ("torch", "torch"),
     ("transformers", "transformers"),

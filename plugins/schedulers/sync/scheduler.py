@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from collections import defaultdict
 from typing import Any, ClassVar
 
@@ -38,6 +39,8 @@ class SyncScheduler(Scheduler):
     provides: ClassVar[frozenset[str] | None] = frozenset({"values", "reward_baselines"})
 
     def run(self) -> dict[str, Any]:
+        self._segment_start = time.perf_counter()
+        self._wall_clock_before = 0.0
         parts = self.context.build_parts(self.needed_capabilities())
         try:
             return self._train(parts)
@@ -60,6 +63,9 @@ class SyncScheduler(Scheduler):
         validation_history: list[dict[str, float]] = list(
             state.get("validation", []) if state else []
         )
+        # a resumed run's clock goes on from its checkpoint (the time between that checkpoint
+        # and the interruption is not counted: those steps are redone and counted again)
+        self._wall_clock_before = float(state.get("wall_clock_s", 0.0)) if state else 0.0
         parts.sync_weights()
         if step == 0 and trainer.val_before_train and parts.val_data is not None:
             before = self.validate(parts, step)
@@ -78,11 +84,15 @@ class SyncScheduler(Scheduler):
                     validation = self.validate(parts, step)
                     validation_history.append(validation)
                     metrics.update(validation)
+                metrics["perf/wall_clock_s"] = self.wall_clock()
                 # logged before the checkpoint that covers it: a run killed between the two
                 # resumes from the checkpoint before and logs the step again in its place
                 self.context.step_end(step, metrics)
                 if last or (trainer.save_freq > 0 and step % trainer.save_freq == 0):
-                    parts.save_checkpoint(step, {"validation": validation_history})
+                    parts.save_checkpoint(
+                        step,
+                        {"validation": validation_history, "wall_clock_s": self.wall_clock()},
+                    )
                 if progress is not None:
                     progress.update(1)
             if trainer.export_hf:
@@ -94,6 +104,10 @@ class SyncScheduler(Scheduler):
                 progress.close()
         _print_validation_summary(validation_history)
         return metrics
+
+    def wall_clock(self) -> float:
+        """``perf/wall_clock_s``: seconds since the run started, over all its segments."""
+        return self._wall_clock_before + time.perf_counter() - self._segment_start
 
     def train_step(self, parts: RunParts, step: int) -> dict[str, Any]:
         recipe = self.recipe
