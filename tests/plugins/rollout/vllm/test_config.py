@@ -7,7 +7,7 @@ import pytest
 import torch
 from plugrl_vllm.config import VLLMRolloutConfig, engine_args, resolve_weight_route
 from plugrl_vllm.sampling import sampling_kwargs
-from plugrl_vllm.worker import SKIP, FusedGroups, layer_of, weight_plan
+from plugrl_vllm.worker import FusedGroups, layer_of, weight_plan
 
 from plugrl.errors import PluginError, RecipeError
 from plugrl.parts.rollout import SamplingParams
@@ -144,7 +144,9 @@ VLLM_PARAMETERS = [
     "model.layers.0.self_attn.qkv_proj.bias",
     "model.layers.0.mlp.gate_up_proj.weight",
     "model.norm.weight",
+    "lm_head.weight",
 ]
+TIED = {"lm_head.weight": "model.embed_tokens.weight"}
 HF_NAMES = [
     "model.embed_tokens.weight",
     "model.layers.0.self_attn.q_proj.weight",
@@ -156,30 +158,42 @@ HF_NAMES = [
     "model.layers.0.mlp.gate_proj.weight",
     "model.layers.0.mlp.up_proj.weight",
     "model.norm.weight",
-    "lm_head.weight",
 ]
 
 
-def test_the_weight_plan_skips_a_tied_output_embedding():
-    plan = weight_plan(HF_NAMES, PACKED, VLLM_PARAMETERS, tied_lm_head=True)
-    assert plan["lm_head.weight"] == SKIP
-    assert plan["model.layers.0.self_attn.v_proj.bias"] == "model.layers.0.self_attn.qkv_proj"
+def test_a_tied_output_embedding_sent_once_is_loaded_under_both_names():
+    plan = weight_plan(HF_NAMES, PACKED, VLLM_PARAMETERS, TIED)
+    assert plan.aliases == {"model.embed_tokens.weight": ["lm_head.weight"]}
+    assert plan.layers["lm_head.weight"] == "lm_head"
+    assert plan.layers["model.layers.0.self_attn.v_proj.bias"] == (
+        "model.layers.0.self_attn.qkv_proj"
+    )
+    # sent under both names by the trainer: nothing to add
+    both = weight_plan([*HF_NAMES, "lm_head.weight"], PACKED, VLLM_PARAMETERS, TIED)
+    assert both.aliases == {}
+    groups = FusedGroups.from_plan(plan)
+    embedding = torch.ones(2)
+    ready = groups.add([("model.embed_tokens.weight", embedding)])
+    assert ready == [("model.embed_tokens.weight", embedding), ("lm_head.weight", embedding)]
 
 
 def test_the_weight_plan_names_unknown_and_missing_weights():
-    with pytest.raises(PluginError, match=r"announced lm_head.weight, which the vllm rollout"):
-        weight_plan(HF_NAMES, PACKED, VLLM_PARAMETERS, tied_lm_head=False)
+    with pytest.raises(PluginError, match=r"announced model.extra.weight, which the vllm rollout"):
+        weight_plan([*HF_NAMES, "model.extra.weight"], PACKED, VLLM_PARAMETERS, TIED)
     without_norm = [name for name in HF_NAMES if name != "model.norm.weight"]
-    with pytest.raises(PluginError, match=r"3 of 4 layers.*none for model.norm; push every"):
-        weight_plan(without_norm, PACKED, VLLM_PARAMETERS, tied_lm_head=True)
+    with pytest.raises(PluginError, match=r"4 of 5 layers.*none for model.norm; push every"):
+        weight_plan(without_norm, PACKED, VLLM_PARAMETERS, TIED)
+    # untied: the output embedding is a weight of its own, and the trainer must send it
+    with pytest.raises(PluginError, match=r"none for lm_head; push every"):
+        weight_plan(HF_NAMES, PACKED, VLLM_PARAMETERS, {})
 
 
 def test_a_fused_layer_is_sent_once_all_its_weights_arrived():
-    plan = weight_plan(HF_NAMES, PACKED, VLLM_PARAMETERS, tied_lm_head=True)
+    plan = weight_plan(HF_NAMES, PACKED, VLLM_PARAMETERS, TIED)
     groups = FusedGroups.from_plan(plan)
     bucket = [(name, torch.full((2,), float(i))) for i, name in enumerate(HF_NAMES)]
     first = groups.add(bucket[:2] + bucket[7:8])  # embed, q weight, gate
-    assert [name for name, _ in first] == ["model.embed_tokens.weight"]
+    assert [name for name, _ in first] == ["model.embed_tokens.weight", "lm_head.weight"]
     assert set(groups.pending) == {
         "model.layers.0.self_attn.qkv_proj",
         "model.layers.0.mlp.gate_up_proj",
@@ -188,6 +202,6 @@ def test_a_fused_layer_is_sent_once_all_its_weights_arrived():
     bucket[1][1].fill_(-1.0)
     second = groups.add(bucket[2:7] + bucket[8:])
     names = [name for name, _ in second]
-    assert sorted(names) == sorted(HF_NAMES[1:10])
+    assert sorted(names) == sorted(HF_NAMES[1:])
     assert dict(second)["model.layers.0.self_attn.q_proj.weight"].tolist() == [1.0, 1.0]
     assert groups.pending == {}

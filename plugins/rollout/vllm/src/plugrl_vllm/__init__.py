@@ -1,4 +1,4 @@
-"""The ``vllm`` rollout engine: vLLM's ``AsyncLLM`` behind plugrl's engine interface.
+"""The ``vllm`` rollout engine: vLLM behind plugrl's engine interface.
 
 Importing this package is cheap and never imports vLLM: the engine's module is imported only
 when a run chooses ``rollout.engine: vllm``. Without vLLM installed the engine is listed as
@@ -20,5 +20,7 @@ def register_rollout_engines(register):
         config="plugrl_vllm.config:VLLMRolloutConfig",
         requires=["vllm"],
         install=INSTALL,
-        description="vLLM AsyncLLM: continuous batching, abort, pause and weight updates",
+        description="vLLM: continuous batching, abort, pause and weight updates in buckets",
+        # a plugin that patches vLLM (vllm-ascend on npu) must do so before it is imported
+        framework_modules=["vllm"],
     )

@@ -43,7 +43,7 @@ from plugrl.parts.rollout import (
 )
 from plugrl_vllm.config import VLLMRolloutConfig, engine_args, resolve_weight_route
 from plugrl_vllm.sampling import sampling_kwargs
-from plugrl_vllm.worker import FusedGroups
+from plugrl_vllm.worker import FusedGroups, WeightPlan
 
 if TYPE_CHECKING:
     from plugrl.parts.context import PartContext
@@ -233,7 +233,9 @@ class VLLMRolloutEngine(RolloutEngine):
         )
         # generation waits until finish_weight_update: no token comes from a mix of versions
         self._update = _WeightUpdate(
-            version, {meta.name: meta for meta in weights}, FusedGroups.from_plan(plan)
+            version,
+            {meta.name: meta for meta in weights},
+            FusedGroups.from_plan(WeightPlan(**plan)),
         )
 
     async def load_weights(self, bucket: Sequence[tuple[str, torch.Tensor]]) -> None:

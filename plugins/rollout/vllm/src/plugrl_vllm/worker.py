@@ -29,31 +29,41 @@ def layer_of(name: str, packed: Mapping[str, Sequence[str]]) -> str:
     return module
 
 
-# the plan's layer of a weight the model does not load (the output embedding of a model whose
-# embeddings are tied: vLLM's model has one matrix, loaded from embed_tokens)
-SKIP = ""
+@attrs.frozen
+class WeightPlan:
+    """Where a version's weights go in vLLM's model."""
+
+    layers: dict[str, str]
+    """hf name -> the vLLM layer it loads into (:func:`layer_of`)."""
+    aliases: dict[str, list[str]]
+    """hf name -> more names to load the same tensor under: a weight the model shares between
+    two layers (tied input and output embeddings) that the trainer sends once."""
 
 
 def weight_plan(
     names: Iterable[str],
     packed: Mapping[str, Sequence[str]],
     parameters: Iterable[str],
-    *,
-    tied_lm_head: bool,
-) -> dict[str, str]:
-    """``{hf name: vLLM layer}`` for the announced weights (:data:`SKIP` for those the model
-    does not load); raises naming announced weights the model has no layer for, and layers of
-    the model no announced weight covers."""
-    plan = {}
+    shared: Mapping[str, str],
+) -> WeightPlan:
+    """The plan of the announced weights. ``parameters`` are the model's parameter names,
+    a shared parameter under each of its names; ``shared`` maps the second name of a shared
+    parameter to the first (``lm_head.weight`` -> ``model.embed_tokens.weight``).
+
+    Raises naming announced weights the model has no layer for, and layers no announced
+    weight covers: vLLM's CPU build keeps a layer that gets no weights on its old ones."""
+    announced = list(names)
+    aliases: dict[str, list[str]] = {}
+    for alias, source in shared.items():
+        if alias not in announced and source in announced:
+            aliases.setdefault(source, []).append(alias)
     layers = {name.rpartition(".")[0] for name in parameters}
+    plan = {}
     unknown = []
-    for name in names:
+    for name in [*announced, *(alias for more in aliases.values() for alias in more)]:
         layer = layer_of(name, packed)
         if layer not in layers:
-            if tied_lm_head and layer == "lm_head":
-                layer = SKIP
-            else:
-                unknown.append(name)
+            unknown.append(name)
         plan[name] = layer
     if unknown:
         raise PluginError(
@@ -62,8 +72,7 @@ def weight_plan(
             + ", which the vllm rollout model does not have; push weights under Hugging Face "
             "names of the same architecture"
         )
-    covered = set(plan.values()) - {SKIP}
-    uncovered = sorted(layers - covered)
+    uncovered = sorted(layers - set(plan.values()))
     if uncovered:
         raise PluginError(
             f"begin_weight_update announced weights of {len(layers) - len(uncovered)} of "
@@ -72,7 +81,7 @@ def weight_plan(
             + (f" and {len(uncovered) - 3} more" if len(uncovered) > 3 else "")
             + "; push every weight with each version"
         )
-    return plan
+    return WeightPlan(layers=plan, aliases=aliases)
 
 
 @attrs.define
@@ -81,27 +90,26 @@ class FusedGroups:
     all of them have arrived."""
 
     members: dict[str, set[str]]
-    """layer -> the announced weights that load into it."""
+    """layer -> the weights that load into it."""
     layer_of: dict[str, str]
+    aliases: dict[str, list[str]] = attrs.field(factory=dict)
     waiting: dict[str, list[tuple[str, Any]]] = attrs.field(factory=dict)
     """layer -> the weights of it that arrived (copies: bucket memory is reused)."""
 
     @classmethod
-    def from_plan(cls, plan: Mapping[str, str]) -> FusedGroups:
+    def from_plan(cls, plan: WeightPlan) -> FusedGroups:
         members: dict[str, set[str]] = {}
-        for name, layer in plan.items():
-            if layer != SKIP:
-                members.setdefault(layer, set()).add(name)
-        return cls(members=members, layer_of=dict(plan))
+        for name, layer in plan.layers.items():
+            members.setdefault(layer, set()).add(name)
+        return cls(members=members, layer_of=dict(plan.layers), aliases=dict(plan.aliases))
 
     def add(self, bucket: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
         """Take a bucket; return the weights of every layer now complete."""
         ready: list[tuple[str, Any]] = []
         arrived: dict[str, list[tuple[str, Any]]] = {}
         for name, tensor in bucket:
-            layer = self.layer_of[name]
-            if layer != SKIP:
-                arrived.setdefault(layer, []).append((name, tensor))
+            for target in (name, *self.aliases.get(name, ())):
+                arrived.setdefault(self.layer_of[target], []).append((target, tensor))
         for layer, weights in arrived.items():
             have = self.waiting.get(layer, [])
             names = {name for name, _ in have} | {name for name, _ in weights}
@@ -125,14 +133,21 @@ class WeightReceiver:
     """Mixed into vLLM's worker (``worker_extension_cls``); the engine calls these methods
     through ``collective_rpc``. ``self.model_runner`` is the worker's model runner."""
 
-    def plugrl_weight_plan(self, names: list[str]) -> dict[str, str]:
+    def plugrl_weight_plan(self, names: list[str]) -> dict[str, Any]:
+        """The :class:`WeightPlan` of ``names`` as a mapping (it may cross processes)."""
         model = self.model_runner.model  # type: ignore[attr-defined]
         packed = getattr(model, "packed_modules_mapping", {}) or {}
-        config = getattr(model, "config", None)
-        tied = bool(getattr(config, "tie_word_embeddings", False))
-        # with duplicates: a tied output embedding is a layer of its own that must be loaded
-        parameters = (name for name, _ in model.named_parameters(remove_duplicate=False))
-        return weight_plan(names, packed, parameters, tied_lm_head=tied)
+        # every name of a shared parameter: a tied output embedding is a layer of its own,
+        # kept on its old weights unless it is loaded too
+        first_name: dict[int, str] = {}
+        shared: dict[str, str] = {}
+        parameters = []
+        for name, parameter in model.named_parameters(remove_duplicate=False):
+            parameters.append(name)
+            source = first_name.setdefault(id(parameter), name)
+            if source != name:
+                shared[name] = source
+        return attrs.asdict(weight_plan(names, packed, parameters, shared))
 
     def plugrl_load_weights(self, route: str, weights: list[tuple[str, Any]]) -> None:
         if route == "reload_weights":
