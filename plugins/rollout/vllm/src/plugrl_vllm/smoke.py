@@ -3,7 +3,8 @@ quickstart with ``rollout.engine: vllm``, then the engine alone against Hugging 
 same device. Prints the figures of each step and one PASS/FAIL line per check; exits 1 when a
 check fails.
 
-    python -m plugrl_vllm.smoke [--device auto] [--out runs/vllm-smoke] [KEY=VALUE ...]
+    python -m plugrl_vllm.smoke [--device auto] [--out runs/vllm-smoke] [--assets DIR]
+        [KEY=VALUE ...]
 
 Checks: the run completes its steps, pushing the trainer's weights to the engine each step
 (``perf/weight_sync_megabytes``); a vLLM engine on the quickstart model gives the greedy
@@ -168,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--device", default="auto", help="device.name of the run")
     parser.add_argument("--out", default="runs/vllm-smoke", help="folder of the assets and run")
+    parser.add_argument(
+        "--assets", default=None, help="quickstart folder to use (default: OUT/assets, built once)"
+    )
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--max-logprob-diff", type=float, default=1e-3)
     parser.add_argument("overrides", nargs="*", help="more recipe overrides (KEY=VALUE)")
@@ -176,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     from plugrl.quickstart import prepare_quickstart
 
     out = Path(args.out)
-    paths = prepare_quickstart(out / "assets")
+    paths = prepare_quickstart(args.assets or out / "assets")
     results = run_steps(args, paths, out / "run")
     try:
         results += check_engine(args, paths)
