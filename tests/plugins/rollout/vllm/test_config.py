@@ -3,6 +3,8 @@ of it needs vLLM, so these run in every test environment."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from plugrl_vllm.config import VLLMRolloutConfig, engine_args, resolve_weight_route
@@ -205,3 +207,15 @@ def test_a_fused_layer_is_sent_once_all_its_weights_arrived():
     assert sorted(names) == sorted(HF_NAMES[1:])
     assert dict(second)["model.layers.0.self_attn.q_proj.weight"].tolist() == [1.0, 1.0]
     assert groups.pending == {}
+
+
+def test_the_cpu_environment_keeps_what_the_user_set(monkeypatch):
+    from plugrl_vllm.engine import set_cpu_environment
+
+    # set, then unset: the variable is restored to what it was when the test ends
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING")
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")
+    assert set_cpu_environment() == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "4"
