@@ -24,7 +24,7 @@ pytest.importorskip("vllm")
 from plugrl_vllm.config import VLLMRolloutConfig
 from plugrl_vllm.engine import VLLMRolloutEngine
 
-from plugrl.errors import PluginError
+from plugrl.errors import PluginError, RecipeError
 from plugrl.parts.rollout import GenerationRequest, SamplingParams, WeightMeta
 from plugrl.recipe import DataConfig, ModelConfig, Recipe, TrainerConfig
 from plugrl.testing import make_batch, part_context
@@ -131,6 +131,16 @@ def hf_greedy(model: Any, prompt: list[int], max_tokens: int) -> list[int]:
         pad_token_id=eos[0],
     )
     return ids[0, len(prompt) :].tolist()
+
+
+def test_an_unknown_engine_argument_is_named(recipe, tokenizer):
+    config = VLLMRolloutConfig(engine_kwargs={"enable_prefix_caching": True, "no_such_argument": 2})
+    with pytest.raises(RecipeError) as error:
+        VLLMRolloutEngine(config, part_context(recipe, device=CpuDevice(), tokenizer=tokenizer))
+    assert str(error.value) == (
+        "rollout.engine_kwargs: no_such_argument is not an argument of vLLM's engine "
+        "(EngineArgs of vLLM 0.32.0); remove it or fix its name"
+    )
 
 
 def test_log_probs_match_the_fsdp2_backend_on_the_same_tokens(loop, engine, tiny_model_dir):

@@ -22,6 +22,7 @@ values are computed again with the new weights before their next token.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 from collections.abc import Sequence
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import attrs
 import torch
 
-from plugrl.errors import PluginError
+from plugrl.errors import PluginError, RecipeError
 from plugrl.parts.rollout import (
     Capability,
     Completion,
@@ -132,6 +133,14 @@ class VLLMRolloutEngine(RolloutEngine):
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
+        known = {field.name for field in dataclasses.fields(EngineArgs)}
+        unknown = sorted(set(config.engine_kwargs) - known)
+        if unknown:
+            raise RecipeError(
+                f"{', '.join(unknown)} is not an argument of vLLM's engine (EngineArgs of "
+                f"vLLM {_vllm_version()}); remove it or fix its name",
+                key="rollout.engine_kwargs",
+            )
         self.llm: Any = LLMEngine.from_engine_args(EngineArgs(**args))
         self._seeds = torch.Generator().manual_seed(recipe.trainer.seed)
         self._samples: dict[str, _Sample] = {}
@@ -421,6 +430,12 @@ class VLLMRolloutEngine(RolloutEngine):
             request_id=request.request_id,
             sample_index=index,
         )
+
+
+def _vllm_version() -> str:
+    import vllm
+
+    return str(vllm.__version__)
 
 
 def _waited_on(future: asyncio.Future) -> bool:
