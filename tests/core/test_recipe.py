@@ -74,6 +74,18 @@ def test_a_shipped_recipe_is_a_default_by_name(tmp_path):
     assert recipe.rollout.n == 8
 
 
+def test_a_shipped_recipe_with_dots_in_its_name_is_a_default_by_name(tmp_path):
+    from plugrl.plugins import PluginManager
+
+    path = tmp_path / "mine.yaml"
+    path.write_text("defaults: [gsm8k-grpo-qwen2.5-0.5b]\nrollout: {n: 4}\n")
+    manager = PluginManager(environ={"PLUGRL_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    manager.load_entry_points()
+    recipe = load_recipe(path, plugins=manager)
+    assert recipe.rollout.n == 4
+    assert recipe.data.max_response_length == 3072  # from the shipped GSM8K recipe
+
+
 def test_an_override_can_empty_a_mapping_or_restore_a_default(base, write_recipe):
     path = write_recipe(
         {

@@ -64,7 +64,7 @@ def _default_path(folder: Path, default: str) -> Path:
     """A ``defaults`` entry: a file relative to the recipe's folder, or a shipped recipe by
     name (``defaults: [quickstart]``)."""
     path = folder / default
-    if path.exists() or Path(default).suffix or len(Path(default).parts) > 1:
+    if path.exists() or _names_a_file(Path(default)):
         return path
     return find_recipe(default)
 
@@ -181,10 +181,16 @@ def shipped_recipes() -> dict[str, Path]:
     }
 
 
+def _names_a_file(path: Path) -> bool:
+    """Whether a recipe name is a file path: a YAML file name, or a path with folders. Shipped
+    names may hold dots (``gsm8k-grpo-qwen2.5-0.5b``)."""
+    return path.suffix in (".yaml", ".yml") or len(path.parts) > 1
+
+
 def find_recipe(name: str | Path) -> Path:
     """A recipe file: the path itself, or for a bare name (``quickstart``) the shipped recipe."""
     path = Path(name)
-    if path.exists() or path.suffix or len(path.parts) > 1:
+    if path.exists() or _names_a_file(path):
         return path
     shipped = shipped_recipes()
     if str(name) in shipped:

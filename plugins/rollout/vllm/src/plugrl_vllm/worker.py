@@ -1,0 +1,158 @@
+"""What runs inside vLLM's worker: the ``worker_extension_cls`` that loads pushed weights, and
+the grouping of Hugging Face weights into the layers vLLM fuses them into.
+
+vLLM loads q/k/v into one ``qkv_proj`` layer and gate/up into one ``gate_up_proj``; a layer is
+reloaded from the weights of one call, so the engine sends a fused layer's weights together
+(:class:`FusedGroups`) whatever buckets they arrived in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from plugrl.errors import PluginError
+
+ROUTES = ("reload_weights", "load_weights")
+
+
+def layer_of(name: str, packed: Mapping[str, Sequence[str]]) -> str:
+    """The vLLM layer a Hugging Face weight loads into: its module path, with a shard of a
+    fused layer (``q_proj``) replaced by the fused layer (``qkv_proj``)."""
+    module, _, _ = name.rpartition(".")
+    parent, _, leaf = module.rpartition(".")
+    for fused, shards in packed.items():
+        if leaf in shards:
+            return f"{parent}.{fused}" if parent else fused
+    return module
+
+
+@attrs.frozen
+class WeightPlan:
+    """Where a version's weights go in vLLM's model."""
+
+    layers: dict[str, str]
+    """hf name -> the vLLM layer it loads into (:func:`layer_of`)."""
+    aliases: dict[str, list[str]]
+    """hf name -> more names to load the same tensor under: a weight the model shares between
+    two layers (tied input and output embeddings) that the trainer sends once."""
+
+
+def weight_plan(
+    names: Iterable[str],
+    packed: Mapping[str, Sequence[str]],
+    parameters: Iterable[str],
+    shared: Mapping[str, str],
+) -> WeightPlan:
+    """The plan of the announced weights. ``parameters`` are the model's parameter names,
+    a shared parameter under each of its names; ``shared`` maps the second name of a shared
+    parameter to the first (``lm_head.weight`` -> ``model.embed_tokens.weight``).
+
+    Raises naming announced weights the model has no layer for, and layers no announced
+    weight covers: vLLM's CPU build keeps a layer that gets no weights on its old ones."""
+    announced = list(names)
+    aliases: dict[str, list[str]] = {}
+    for alias, source in shared.items():
+        if alias not in announced and source in announced:
+            aliases.setdefault(source, []).append(alias)
+    layers = {name.rpartition(".")[0] for name in parameters}
+    plan = {}
+    unknown = []
+    for name in [*announced, *(alias for more in aliases.values() for alias in more)]:
+        layer = layer_of(name, packed)
+        if layer not in layers:
+            unknown.append(name)
+        plan[name] = layer
+    if unknown:
+        raise PluginError(
+            f"begin_weight_update announced {', '.join(unknown[:3])}"
+            + (f" and {len(unknown) - 3} more" if len(unknown) > 3 else "")
+            + ", which the vllm rollout model does not have; push weights under Hugging Face "
+            "names of the same architecture"
+        )
+    uncovered = sorted(layers - set(plan.values()))
+    if uncovered:
+        raise PluginError(
+            f"begin_weight_update announced weights of {len(layers) - len(uncovered)} of "
+            f"{len(layers)} layers of the vllm rollout model; none for "
+            + ", ".join(uncovered[:3])
+            + (f" and {len(uncovered) - 3} more" if len(uncovered) > 3 else "")
+            + "; push every weight with each version"
+        )
+    return WeightPlan(layers=plan, aliases=aliases)
+
+
+@attrs.define
+class FusedGroups:
+    """Collects a version's weights bucket by bucket and hands out each layer's weights once
+    all of them have arrived."""
+
+    members: dict[str, set[str]]
+    """layer -> the weights that load into it."""
+    layer_of: dict[str, str]
+    aliases: dict[str, list[str]] = attrs.field(factory=dict)
+    waiting: dict[str, list[tuple[str, Any]]] = attrs.field(factory=dict)
+    """layer -> the weights of it that arrived (copies: bucket memory is reused)."""
+
+    @classmethod
+    def from_plan(cls, plan: WeightPlan) -> FusedGroups:
+        members: dict[str, set[str]] = {}
+        for name, layer in plan.layers.items():
+            members.setdefault(layer, set()).add(name)
+        return cls(members=members, layer_of=dict(plan.layers), aliases=dict(plan.aliases))
+
+    def add(self, bucket: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
+        """Take a bucket; return the weights of every layer now complete."""
+        ready: list[tuple[str, Any]] = []
+        arrived: dict[str, list[tuple[str, Any]]] = {}
+        for name, tensor in bucket:
+            for target in (name, *self.aliases.get(name, ())):
+                arrived.setdefault(self.layer_of[target], []).append((target, tensor))
+        for layer, weights in arrived.items():
+            have = self.waiting.get(layer, [])
+            names = {name for name, _ in have} | {name for name, _ in weights}
+            if names >= self.members[layer]:
+                ready.extend(have)
+                ready.extend(weights)
+                self.waiting.pop(layer, None)
+            else:
+                # held until the rest of the layer arrives: copy out of the bucket's memory
+                have.extend((name, tensor.detach().clone()) for name, tensor in weights)
+                self.waiting[layer] = have
+        return ready
+
+    @property
+    def pending(self) -> dict[str, list[str]]:
+        """Layers with some but not all weights arrived -> the names that arrived."""
+        return {layer: [name for name, _ in have] for layer, have in self.waiting.items()}
+
+
+class WeightReceiver:
+    """Mixed into vLLM's worker (``worker_extension_cls``); the engine calls these methods
+    through ``collective_rpc``. ``self.model_runner`` is the worker's model runner."""
+
+    def plugrl_weight_plan(self, names: list[str]) -> dict[str, Any]:
+        """The :class:`WeightPlan` of ``names`` as a mapping (it may cross processes)."""
+        model = self.model_runner.model  # type: ignore[attr-defined]
+        packed = getattr(model, "packed_modules_mapping", {}) or {}
+        # every name of a shared parameter: a tied output embedding is a layer of its own,
+        # kept on its old weights unless it is loaded too
+        first_name: dict[int, str] = {}
+        shared: dict[str, str] = {}
+        parameters = []
+        for name, parameter in model.named_parameters(remove_duplicate=False):
+            parameters.append(name)
+            source = first_name.setdefault(id(parameter), name)
+            if source != name:
+                shared[name] = source
+        return attrs.asdict(weight_plan(names, packed, parameters, shared))
+
+    def plugrl_load_weights(self, route: str, weights: list[tuple[str, Any]]) -> None:
+        if route == "reload_weights":
+            self.model_runner.reload_weights(weights_iterator=iter(weights))  # type: ignore[attr-defined]
+        elif route == "load_weights":
+            self.model_runner.model.load_weights(weights=weights)  # type: ignore[attr-defined]
+        else:
+            raise PluginError(f"unknown weight route {route!r}; one of {', '.join(ROUTES)}")

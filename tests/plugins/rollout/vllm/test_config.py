@@ -1,0 +1,221 @@
+"""The vllm engine's recipe keys, engine arguments, sampling mapping and weight grouping: none
+of it needs vLLM, so these run in every test environment."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from plugrl_vllm.config import VLLMRolloutConfig, engine_args, resolve_weight_route
+from plugrl_vllm.sampling import sampling_kwargs
+from plugrl_vllm.worker import FusedGroups, layer_of, weight_plan
+
+from plugrl.errors import PluginError, RecipeError
+from plugrl.parts.rollout import SamplingParams
+from plugrl.recipe import structure
+
+PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+
+
+@pytest.fixture
+def recipe_with(plugrl_recipe):
+    """A recipe (the engine's keys are read by structure(), which works without vLLM)."""
+
+    def make(**rollout):
+        recipe = plugrl_recipe(
+            {
+                "model": {"path": "/models/tiny", "dtype": "bfloat16"},
+                "data": {"max_prompt_length": 100, "max_response_length": 28},
+                "trainer": {"seed": 11},
+            }
+        )
+        return recipe, structure(VLLMRolloutConfig, {"engine": "vllm", **rollout}, "rollout")
+
+    return make
+
+
+def test_engine_arguments_come_from_the_recipe(recipe_with):
+    config = VLLMRolloutConfig(
+        tensor_model_parallel_size=2,
+        gpu_memory_utilization=0.7,
+        max_num_seqs=64,
+        max_num_batched_tokens=4096,
+        engine_kwargs={"block_size": 32},
+    )
+    recipe, _ = recipe_with()
+    args = engine_args(config, recipe, "cuda")
+    assert args["model"] == args["tokenizer"] == "/models/tiny"
+    assert args["dtype"] == "bfloat16"
+    assert args["seed"] == 11
+    assert args["tensor_parallel_size"] == 2
+    assert args["gpu_memory_utilization"] == 0.7
+    assert args["max_num_seqs"] == 64
+    assert args["max_num_batched_tokens"] == 4096
+    assert args["max_model_len"] == 128
+    assert args["enable_chunked_prefill"] is True
+    assert args["logprobs_mode"] == "processed_logprobs"
+    assert args["enforce_eager"] is False
+    assert args["enable_sleep_mode"] is True
+    assert args["block_size"] == 32
+
+
+def test_cpu_defaults_run_eagerly_without_sleep_mode(recipe_with):
+    recipe, config = recipe_with()
+    args = engine_args(config, recipe, "cpu")
+    assert args["enforce_eager"] is True
+    assert args["enable_sleep_mode"] is False
+    explicit = engine_args(VLLMRolloutConfig(enforce_eager=False), recipe, "cpu")
+    assert explicit["enforce_eager"] is False
+
+
+def test_without_chunked_prefill_a_whole_sequence_fits_one_step(recipe_with):
+    recipe, config = recipe_with(enable_chunked_prefill=False, max_num_batched_tokens=64)
+    assert engine_args(config, recipe, "cuda")["max_num_batched_tokens"] == 128
+
+
+def test_engine_kwargs_may_not_set_what_a_recipe_key_sets(recipe_with):
+    recipe, config = recipe_with(engine_kwargs={"max_num_seqs": 8})
+    with pytest.raises(RecipeError, match=r"engine_kwargs sets max_num_seqs.*rollout.max_num_seqs"):
+        engine_args(config, recipe, "cuda")
+
+
+def test_the_recipe_reads_the_engine_keys(recipe_with):
+    _, config = recipe_with(enforce_eager=True, weight_route="reload_weights", max_model_len=256)
+    assert config.enforce_eager is True
+    assert config.weight_route == "reload_weights"
+    assert config.max_model_len == 256
+    with pytest.raises(RecipeError, match="weight_route"):
+        recipe_with(weight_route="disk")
+
+
+def test_the_weight_route_is_chosen_per_device():
+    assert resolve_weight_route(VLLMRolloutConfig(), "cpu") == "reload_weights"
+    assert resolve_weight_route(VLLMRolloutConfig(), "cuda") == "load_weights"
+    assert resolve_weight_route(VLLMRolloutConfig(), "npu") == "load_weights"
+    chosen = VLLMRolloutConfig(weight_route="reload_weights")
+    assert resolve_weight_route(chosen, "cuda") == "reload_weights"
+
+
+def test_a_route_that_does_not_work_on_the_device_is_an_error():
+    with pytest.raises(RecipeError) as error:
+        resolve_weight_route(VLLMRolloutConfig(weight_route="load_weights"), "cpu")
+    assert str(error.value) == (
+        "rollout.weight_route: load_weights does not work on cpu: vLLM's CPU build repacks "
+        "linear weights for oneDNN after loading, so the model's load_weights leaves the "
+        "kernels on the old weights; set it to auto or reload_weights"
+    )
+
+
+def test_sampling_parameters_map_to_one_vllm_sample():
+    params = SamplingParams(
+        n=4, temperature=0.7, top_p=0.9, top_k=-1, max_tokens=12, stop=["\n\n"], stop_token_ids=[5]
+    )
+    kwargs = sampling_kwargs(params, seed=123)
+    assert kwargs["n"] == 1
+    assert kwargs["seed"] == 123
+    assert kwargs["temperature"] == 0.7
+    assert kwargs["top_p"] == 0.9
+    assert kwargs["top_k"] == 0
+    assert kwargs["max_tokens"] == 12
+    assert kwargs["stop"] == ["\n\n"]
+    assert kwargs["stop_token_ids"] == [5]
+    assert kwargs["logprobs"] == 0
+    assert kwargs["detokenize"] is True
+    greedy = sampling_kwargs(SamplingParams(temperature=0.0, top_k=20), seed=1)
+    assert greedy["temperature"] == 0.0
+    assert greedy["top_k"] == 20
+    assert greedy["stop"] is None
+    assert greedy["detokenize"] is False
+
+
+def test_shards_of_fused_layers_map_to_the_fused_layer():
+    assert layer_of("model.layers.3.self_attn.k_proj.bias", PACKED) == (
+        "model.layers.3.self_attn.qkv_proj"
+    )
+    assert (
+        layer_of("model.layers.0.mlp.up_proj.weight", PACKED) == "model.layers.0.mlp.gate_up_proj"
+    )
+    assert layer_of("model.layers.0.mlp.down_proj.weight", PACKED) == "model.layers.0.mlp.down_proj"
+    assert layer_of("model.norm.weight", PACKED) == "model.norm"
+
+
+VLLM_PARAMETERS = [
+    "model.embed_tokens.weight",
+    "model.layers.0.self_attn.qkv_proj.weight",
+    "model.layers.0.self_attn.qkv_proj.bias",
+    "model.layers.0.mlp.gate_up_proj.weight",
+    "model.norm.weight",
+    "lm_head.weight",
+]
+TIED = {"lm_head.weight": "model.embed_tokens.weight"}
+HF_NAMES = [
+    "model.embed_tokens.weight",
+    "model.layers.0.self_attn.q_proj.weight",
+    "model.layers.0.self_attn.k_proj.weight",
+    "model.layers.0.self_attn.v_proj.weight",
+    "model.layers.0.self_attn.q_proj.bias",
+    "model.layers.0.self_attn.k_proj.bias",
+    "model.layers.0.self_attn.v_proj.bias",
+    "model.layers.0.mlp.gate_proj.weight",
+    "model.layers.0.mlp.up_proj.weight",
+    "model.norm.weight",
+]
+
+
+def test_a_tied_output_embedding_sent_once_is_loaded_under_both_names():
+    plan = weight_plan(HF_NAMES, PACKED, VLLM_PARAMETERS, TIED)
+    assert plan.aliases == {"model.embed_tokens.weight": ["lm_head.weight"]}
+    assert plan.layers["lm_head.weight"] == "lm_head"
+    assert plan.layers["model.layers.0.self_attn.v_proj.bias"] == (
+        "model.layers.0.self_attn.qkv_proj"
+    )
+    # sent under both names by the trainer: nothing to add
+    both = weight_plan([*HF_NAMES, "lm_head.weight"], PACKED, VLLM_PARAMETERS, TIED)
+    assert both.aliases == {}
+    groups = FusedGroups.from_plan(plan)
+    embedding = torch.ones(2)
+    ready = groups.add([("model.embed_tokens.weight", embedding)])
+    assert ready == [("model.embed_tokens.weight", embedding), ("lm_head.weight", embedding)]
+
+
+def test_the_weight_plan_names_unknown_and_missing_weights():
+    with pytest.raises(PluginError, match=r"announced model.extra.weight, which the vllm rollout"):
+        weight_plan([*HF_NAMES, "model.extra.weight"], PACKED, VLLM_PARAMETERS, TIED)
+    without_norm = [name for name in HF_NAMES if name != "model.norm.weight"]
+    with pytest.raises(PluginError, match=r"4 of 5 layers.*none for model.norm; push every"):
+        weight_plan(without_norm, PACKED, VLLM_PARAMETERS, TIED)
+    # untied: the output embedding is a weight of its own, and the trainer must send it
+    with pytest.raises(PluginError, match=r"none for lm_head; push every"):
+        weight_plan(HF_NAMES, PACKED, VLLM_PARAMETERS, {})
+
+
+def test_a_fused_layer_is_sent_once_all_its_weights_arrived():
+    plan = weight_plan(HF_NAMES, PACKED, VLLM_PARAMETERS, TIED)
+    groups = FusedGroups.from_plan(plan)
+    bucket = [(name, torch.full((2,), float(i))) for i, name in enumerate(HF_NAMES)]
+    first = groups.add(bucket[:2] + bucket[7:8])  # embed, q weight, gate
+    assert [name for name, _ in first] == ["model.embed_tokens.weight", "lm_head.weight"]
+    assert set(groups.pending) == {
+        "model.layers.0.self_attn.qkv_proj",
+        "model.layers.0.mlp.gate_up_proj",
+    }
+    # the bucket's memory is reused for the next bucket: what is held back is a copy
+    bucket[1][1].fill_(-1.0)
+    second = groups.add(bucket[2:7] + bucket[8:])
+    names = [name for name, _ in second]
+    assert sorted(names) == sorted(HF_NAMES[1:])
+    assert dict(second)["model.layers.0.self_attn.q_proj.weight"].tolist() == [1.0, 1.0]
+    assert groups.pending == {}
+
+
+def test_the_cpu_environment_keeps_what_the_user_set(monkeypatch):
+    from plugrl_vllm.engine import set_cpu_environment
+
+    # set, then unset: the variable is restored to what it was when the test ends
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING")
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")
+    assert set_cpu_environment() == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "4"
