@@ -350,9 +350,9 @@ class MegatronBackend(TrainingBackend):
             else:
                 with torch.no_grad():
                     detached = logits.detach()
-                    entropy = log_norm.detach() - (
-                        torch.softmax(detached, dim=-1) * detached
-                    ).sum(dim=-1)
+                    entropy = log_norm.detach() - (torch.softmax(detached, dim=-1) * detached).sum(
+                        dim=-1
+                    )
             entropy = F.pad(entropy * attended, (0, pad))
         return F.pad(log_prob * attended, (0, pad)), entropy
 
@@ -524,33 +524,33 @@ class MegatronBackend(TrainingBackend):
                 order = self._row_order(len(batch), epoch)
                 for start in range(0, len(batch), mini_rows):
                     mini_batch = batch.select(order[start : start + mini_rows])
-                    scale = self._loss_scale(mini_batch)
-                    plan = self._plan(mini_batch, self.config.ppo_micro_batch_size_per_gpu)
-                    self._zero_grad()
-                    mini_metrics: dict[str, float] = defaultdict(float)
-                    losses: list[float] = []
-
-                    def loss(micro_batch: Batch, logits: torch.Tensor, layout: Any) -> tuple:
-                        value, metrics = micro_loss(micro_batch, logits, layout, scale)
-                        losses.append(float(value.detach()))
-                        for name, metric in metrics.items():
-                            mini_metrics[name] += float(metric)
-                        return value, metrics
-
-                    self._micro_batches(mini_batch, plan, loss, forward_only=False)
-                    grad_norm = self._reduce_clip_and_step()
-                    if self.is_output_rank:
-                        step_metrics.add(
-                            {**mini_metrics, "actor/loss": sum(losses), "actor/grad_norm": grad_norm}
-                        )
-                    else:
-                        step_metrics.add({"actor/grad_norm": grad_norm})
+                    step_metrics.add(self._optimizer_step(mini_batch, micro_loss))
         finally:
             for module in self.model:
                 module.eval()
         self.lr_scheduler.step()
         self.update_steps += 1
         return {**step_metrics.means(), "actor/lr": lr}
+
+    def _optimizer_step(self, mini_batch: Batch, micro_loss: Any) -> dict[str, float]:
+        """One mini-batch: every micro-batch's forward and backward, then one step. Metrics
+        are the objective's, summed over micro-batches (they are shares of the mini-batch)."""
+        scale = self._loss_scale(mini_batch)
+        plan = self._plan(mini_batch, self.config.ppo_micro_batch_size_per_gpu)
+        self._zero_grad()
+        metrics: dict[str, float] = defaultdict(float)
+
+        def loss(micro_batch: Batch, logits: torch.Tensor, layout: Any) -> tuple:
+            value, micro_metrics = micro_loss(micro_batch, logits, layout, scale)
+            metrics["actor/loss"] += float(value.detach())
+            for name, metric in micro_metrics.items():
+                metrics[name] += float(metric)
+            return value, micro_metrics
+
+        self._micro_batches(mini_batch, plan, loss, forward_only=False)
+        grad_norm = self._reduce_clip_and_step()
+        # only the last pipeline stage saw the losses; the worker group reads that rank
+        return {**metrics, "actor/grad_norm": grad_norm}
 
     def _zero_grad(self) -> None:
         for module in self.model:
@@ -654,9 +654,7 @@ class MegatronBackend(TrainingBackend):
         """What :meth:`named_weights` yields, from the Hugging Face config (no gathering)."""
         self._require("actor", "ref", method="weight_metadata")
         dtype = str(self.compute_dtype).removeprefix("torch.")
-        return [
-            WeightMeta(name, shape, dtype) for name, shape in convert.hf_shapes(self.hf_config)
-        ]
+        return [WeightMeta(name, shape, dtype) for name, shape in convert.hf_shapes(self.hf_config)]
 
     def export_hf(self, path: Path) -> None:
         self._require("actor", "ref", method="export_hf")
