@@ -1,10 +1,17 @@
 """One rank of the megatron training backend: a megatron-core GPTModel built from a Hugging
-Face folder, trained with the algorithm plugins' losses."""
+Face folder, trained with the algorithm plugins' losses.
+
+megatron-core is imported inside the methods, never by importing this module: the driver
+loads the backend class to check it before the ``prepare_backend`` hook has run in its
+process (``cluster: local`` builds the backend there too), and an early import of megatron
+would make the core refuse to prepare it.
+"""
 
 from __future__ import annotations
 
 import logging
 import math
+import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,13 +21,6 @@ import attrs
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from megatron.core import parallel_state
-from megatron.core.distributed import (
-    DistributedDataParallel,
-    DistributedDataParallelConfig,
-    finalize_model_grads,
-)
-from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 
 from plugrl import rng
 from plugrl.cluster.distributed import ensure_process_group
@@ -32,16 +32,8 @@ from plugrl.parts.rollout import WeightMeta
 from plugrl_megatron import checkpoint, convert, optim
 from plugrl_megatron.batching import fixed_micro_batches, pack, token_budget_micro_batches
 from plugrl_megatron.config import MegatronActorConfig
+from plugrl_megatron.convert import DTYPES
 from plugrl_megatron.layout import grid_position
-from plugrl_megatron.model import (
-    DTYPES,
-    build_chunks,
-    hf_config,
-    initialize_parallel,
-    load_hf_weights,
-    named_parameters,
-    transformer_config,
-)
 from plugrl_megatron.sharding import unshard
 
 if TYPE_CHECKING:
@@ -50,6 +42,19 @@ if TYPE_CHECKING:
     from plugrl.parts.context import PartContext
 
 logger = logging.getLogger("plugrl.megatron")
+
+
+def _parallel_state() -> Any:
+    from megatron.core import parallel_state
+
+    return parallel_state
+
+
+def _named_parameters(chunks: list[torch.nn.Module]) -> Iterator[tuple[str, torch.nn.Parameter]]:
+    from plugrl_megatron.model import named_parameters
+
+    return named_parameters(chunks)
+
 
 SEQUENCE_COLUMNS = ("input_ids", "attention_mask", "position_ids", "responses")
 MicroLoss = Callable[[Batch, torch.Tensor, LossScale], tuple[torch.Tensor, dict[str, float]]]
@@ -157,6 +162,14 @@ class MegatronBackend(TrainingBackend):
         ensure_process_group(self.device, self.dist)
         self.device.set_device(self.dist.local_rank)
         self.device.manual_seed(self.recipe.trainer.seed)
+        from plugrl_megatron.model import (
+            build_chunks,
+            hf_config,
+            initialize_parallel,
+            load_hf_weights,
+            transformer_config,
+        )
+
         initialize_parallel(self.config)
         self._check_grid()
         if not self.on_cpu:
@@ -193,6 +206,7 @@ class MegatronBackend(TrainingBackend):
 
     def _check_grid(self) -> None:
         """The rank layout computed at construction must be megatron's."""
+        parallel_state = _parallel_state()
         actual = (
             parallel_state.get_data_parallel_rank(),
             parallel_state.get_tensor_model_parallel_rank(),
@@ -213,6 +227,8 @@ class MegatronBackend(TrainingBackend):
         return [Float16Module(self.transformer_config, chunk) for chunk in chunks]
 
     def _data_parallel(self, chunks: list[torch.nn.Module]) -> list[torch.nn.Module]:
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True,
             overlap_grad_reduce=False,
@@ -270,7 +286,7 @@ class MegatronBackend(TrainingBackend):
         per_row = mini_batch["response_mask"].sum(dim=-1)
         counts = torch.stack([per_row.sum(), (per_row > 0).sum()]).to(self.torch_device)
         if self.dp_size > 1:
-            dist.all_reduce(counts, group=parallel_state.get_data_parallel_group())
+            dist.all_reduce(counts, group=_parallel_state().get_data_parallel_group())
         return LossScale(
             num_tokens=int(counts[0]),
             num_seqs=int(counts[1]),
@@ -560,6 +576,10 @@ class MegatronBackend(TrainingBackend):
     def _reduce_clip_and_step(self) -> float:
         """Reduce gradients over data-parallel ranks (and tied embeddings over stages), then
         clip and step; a non-finite norm skips the step."""
+        from megatron.core.distributed import finalize_model_grads
+        from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
+        parallel_state = _parallel_state()
         finalize_model_grads(self.model)
         if not optim.is_torch_optimizer(self.optimizer):
             succeeded, grad_norm, _ = self.optimizer.step()
@@ -586,7 +606,7 @@ class MegatronBackend(TrainingBackend):
         return grad_norm
 
     def _trainable(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
-        for name, param in named_parameters(self.chunks):
+        for name, param in _named_parameters(self.chunks):
             if param.requires_grad:
                 yield name, param
 
@@ -595,7 +615,8 @@ class MegatronBackend(TrainingBackend):
     def _whole_weights(self) -> Iterator[tuple[str, torch.Tensor | None]]:
         """Every megatron weight, whole, in :func:`convert.megatron_names` order: the tensor on
         global rank 0, ``None`` elsewhere (collective over the role's ranks)."""
-        local = dict(named_parameters(self.chunks))
+        local = dict(_named_parameters(self.chunks))
+        parallel_state = _parallel_state()
         tp_group = parallel_state.get_tensor_model_parallel_group()
         tp_size = parallel_state.get_tensor_model_parallel_world_size()
         pp_size = parallel_state.get_pipeline_model_parallel_world_size()
@@ -717,6 +738,8 @@ class MegatronBackend(TrainingBackend):
         self.chunks = []
         self.optimizer = None
         self.lr_scheduler = None
-        if parallel_state.model_parallel_is_initialized():
-            parallel_state.destroy_model_parallel()
+        if "megatron.core" in sys.modules:
+            parallel_state = _parallel_state()
+            if parallel_state.model_parallel_is_initialized():
+                parallel_state.destroy_model_parallel()
         self.device.empty_cache()

@@ -15,6 +15,13 @@ import torch
 
 from plugrl.errors import RecipeError
 
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+"""``model.dtype`` names."""
+
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3")
 """``config.json`` ``model_type`` values this backend converts (dense models only)."""
 

@@ -22,12 +22,6 @@ if TYPE_CHECKING:
     from plugrl.recipe import Recipe
     from plugrl_megatron.config import MegatronActorConfig
 
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-}
-
 
 def initialize_parallel(config: MegatronActorConfig) -> None:
     """megatron-core's groups over the role's process group (already initialised)."""
