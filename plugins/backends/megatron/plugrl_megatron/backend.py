@@ -34,7 +34,7 @@ from plugrl_megatron.batching import fixed_micro_batches, pack, token_budget_mic
 from plugrl_megatron.config import MegatronActorConfig
 from plugrl_megatron.convert import DTYPES
 from plugrl_megatron.layout import grid_position
-from plugrl_megatron.sharding import unshard
+from plugrl_megatron.sharding import partition_dim, unshard
 
 if TYPE_CHECKING:
     from plugrl.parts.algorithm import ActorObjective
@@ -627,10 +627,11 @@ class MegatronBackend(TrainingBackend):
             param = local.get(name)
             if param is not None:
                 tensor = param.detach()
-                if tp_size > 1 and getattr(param, "tensor_model_parallel", False):
+                dim = partition_dim(name)
+                if tp_size > 1 and dim is not None:
                     pieces = [torch.empty_like(tensor) for _ in range(tp_size)]
                     dist.all_gather(pieces, tensor.contiguous(), group=tp_group)
-                    tensor = unshard(name, pieces, param.partition_dim)
+                    tensor = unshard(name, pieces, dim)
                 whole = tensor
             if pp_size > 1:
                 whole = self._to_rank0(whole)

@@ -62,7 +62,8 @@ class MegatronActorConfig(ActorConfig):
     sequence_parallel: bool = option(
         True,
         "Split layer norms and dropout along the sequence over the tensor-parallel ranks "
-        "(only when tensor_model_parallel_size > 1).",
+        "(only when tensor_model_parallel_size > 1). Needs Transformer Engine's layer spec, "
+        "which this backend does not build yet: ignored, with a log line.",
         verl=f"{_MEGATRON}.sequence_parallel",
     )
     use_distributed_optimizer: bool = option(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,7 +17,9 @@ from megatron.core.transformer import TransformerConfig
 
 from plugrl.errors import RecipeError
 from plugrl_megatron import convert
-from plugrl_megatron.sharding import shard
+from plugrl_megatron.sharding import partition_dim, shard
+
+logger = logging.getLogger("plugrl.megatron")
 
 if TYPE_CHECKING:
     from plugrl.recipe import Recipe
@@ -88,6 +91,10 @@ def transformer_config(
 ) -> TransformerConfig:
     """The TransformerConfig of the Hugging Face model under the recipe's parallel sizes."""
     tp = config.tensor_model_parallel_size
+    if config.sequence_parallel and tp > 1:
+        logger.info(
+            "megatron: sequence_parallel is off: the local layer spec's norms do not support it"
+        )
     settings: dict[str, Any] = {
         **convert.transformer_settings(hf),
         "tensor_model_parallel_size": tp,
@@ -96,7 +103,9 @@ def transformer_config(
         "context_parallel_size": config.context_parallel_size,
         "expert_model_parallel_size": config.expert_model_parallel_size,
         "expert_tensor_parallel_size": config.expert_tensor_parallel_size,
-        "sequence_parallel": config.sequence_parallel and tp > 1,
+        # the local layer spec's torch norms cannot split along the sequence (Transformer
+        # Engine's can; that spec is not used here yet)
+        "sequence_parallel": False,
         "params_dtype": params_dtype,
         "bf16": params_dtype == torch.bfloat16,
         "fp16": params_dtype == torch.float16,
@@ -237,10 +246,8 @@ def load_hf_weights(chunks: list[GPTModel], hf: Any, folder: str) -> None:
             )
         tensors = files.read(sources)
         whole = convert.from_hf_weight(hf, name, [tensors[source] for source in sources])
-        if getattr(param, "tensor_model_parallel", False):
-            piece = shard(name, whole, param.partition_dim, tp_rank, tp_size)
-        else:
-            piece = whole
+        dim = partition_dim(name)
+        piece = whole if dim is None else shard(name, whole, dim, tp_rank, tp_size)
         if tuple(piece.shape) != tuple(param.shape):
             raise RecipeError(
                 f"{name}: the checkpoint gives shape {tuple(piece.shape)} on this rank, the model "
@@ -248,3 +255,9 @@ def load_hf_weights(chunks: list[GPTModel], hf: Any, folder: str) -> None:
                 key="model.path",
             )
         param.copy_(piece.to(param.dtype))
+        if dim is not None:
+            # megatron marks split weights only when it initialises them itself; its gradient
+            # norm counts unmarked weights on the first tensor-parallel rank only
+            param.tensor_model_parallel = True
+            param.partition_dim = dim
+            param.partition_stride = 1

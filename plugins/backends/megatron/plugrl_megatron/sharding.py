@@ -9,6 +9,26 @@ from __future__ import annotations
 
 import torch
 
+_COLUMN_PARALLEL = (
+    "embedding.word_embeddings.weight",
+    "output_layer.weight",
+    "self_attention.linear_qkv.weight",
+    "self_attention.linear_qkv.bias",
+    "mlp.linear_fc1.weight",
+)
+_ROW_PARALLEL = ("self_attention.linear_proj.weight", "mlp.linear_fc2.weight")
+
+
+def partition_dim(name: str) -> int | None:
+    """The dimension tensor parallelism splits a dense GPT weight along; ``None`` for weights
+    every tensor-parallel rank holds whole (norms). Decided by name: megatron marks its
+    parameters only when it initialises them, and these are loaded instead."""
+    if name.endswith(_COLUMN_PARALLEL):
+        return 0
+    if name.endswith(_ROW_PARALLEL):
+        return 1
+    return None
+
 
 def _gated(name: str) -> bool:
     return name.endswith("mlp.linear_fc1.weight")

@@ -55,12 +55,11 @@ def make_megatron_backend(
     return backend
 
 
-def rank_update_worker(
-    rank: int, world_size: int, port: int, model_dir: str, out: str, tp: int
-) -> None:
-    """One of ``world_size`` spawned ranks at tensor parallelism ``tp``: log-probs of its
-    data-parallel share of ``make_batch(8)``, one update on that share, then the whole
-    weights (rank 0) are saved under ``out``."""
+def rank_update_worker(rank: int, world_size: int, port: int, model_dir: str, out: str) -> None:
+    """One of ``world_size`` spawned ranks, run twice: at tensor parallelism 1 (data-parallel
+    copies) and 2 (one copy cut in two). Each time: log-probs of its data-parallel share of
+    ``make_batch(8)``, one update on that share, the whole weights (rank 0 only), saved
+    under ``out`` as ``tp<size>_rank<rank>.pt``."""
     import torch.distributed as dist
     from fsdp2_testing import TokenMeanReinforce, make_batch
     from plugrl_megatron import cpu_shims
@@ -72,25 +71,26 @@ def rank_update_worker(
     info = DistInfo(rank=rank, world_size=world_size)
     init_process_group(CpuDevice(), info, "127.0.0.1", port)
     try:
-        recipe = megatron_recipe(Path(model_dir), tensor_model_parallel_size=tp)
-        backend = make_megatron_backend(recipe, dist=info)
-        batch = make_batch(8)
-        share = 8 // backend.dp_size
-        rows = list(range(backend.dp_rank * share, (backend.dp_rank + 1) * share))
-        part = batch.select(rows)
-        log_probs = backend.compute_log_prob(part)["log_probs"]
-        metrics = backend.update_policy(part, TokenMeanReinforce())
-        weights = {name: tensor.clone() for name, tensor in backend.named_weights()}
-        torch.save(
-            {
-                "rows": rows,
-                "log_probs": log_probs,
-                "metrics": metrics,
-                "weights": weights,
-                "dp": (backend.dp_rank, backend.dp_size, backend.is_output_rank),
-            },
-            Path(out) / f"rank{rank}.pt",
-        )
-        backend.close()
+        for tp in (1, 2):
+            recipe = megatron_recipe(Path(model_dir), tensor_model_parallel_size=tp)
+            backend = make_megatron_backend(recipe, dist=info)
+            batch = make_batch(8)
+            share = 8 // backend.dp_size
+            rows = list(range(backend.dp_rank * share, (backend.dp_rank + 1) * share))
+            part = batch.select(rows)
+            log_probs = backend.compute_log_prob(part)["log_probs"]
+            metrics = backend.update_policy(part, TokenMeanReinforce())
+            weights = {name: tensor.clone() for name, tensor in backend.named_weights()}
+            torch.save(
+                {
+                    "rows": rows,
+                    "log_probs": log_probs,
+                    "metrics": metrics,
+                    "weights": weights,
+                    "dp": (backend.dp_rank, backend.dp_size, backend.is_output_rank),
+                },
+                Path(out) / f"tp{tp}_rank{rank}.pt",
+            )
+            backend.close()
     finally:
         dist.destroy_process_group()
