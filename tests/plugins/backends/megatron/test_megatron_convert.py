@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+pytest.importorskip("plugrl_megatron", reason="pip install -e plugins/backends/megatron")
 from plugrl_megatron import convert
 from plugrl_megatron.batching import pack, token_budget_micro_batches
 from plugrl_megatron.layout import grid_position

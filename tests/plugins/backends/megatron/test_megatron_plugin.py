@@ -8,6 +8,8 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
+
+pytest.importorskip("plugrl_megatron", reason="pip install -e plugins/backends/megatron")
 import tomllib
 
 from plugrl.errors import RecipeError
