@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import math
-import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -739,8 +738,5 @@ class MegatronBackend(TrainingBackend):
         self.chunks = []
         self.optimizer = None
         self.lr_scheduler = None
-        if "megatron.core" in sys.modules:
-            parallel_state = _parallel_state()
-            if parallel_state.model_parallel_is_initialized():
-                parallel_state.destroy_model_parallel()
+        # megatron's groups stay: they are the process's, and another role may use them
         self.device.empty_cache()

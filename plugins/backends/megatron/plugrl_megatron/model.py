@@ -27,8 +27,28 @@ if TYPE_CHECKING:
 
 
 def initialize_parallel(config: MegatronActorConfig) -> None:
-    """megatron-core's groups over the role's process group (already initialised)."""
+    """megatron-core's groups over the role's process group (already initialised). Groups are
+    process-wide: with ``cluster: local`` the actor and the reference model share them, so
+    existing groups of the same sizes are kept."""
+    sizes = (
+        config.tensor_model_parallel_size,
+        config.pipeline_model_parallel_size,
+        config.virtual_pipeline_model_parallel_size,
+        config.context_parallel_size,
+        config.expert_model_parallel_size,
+        config.expert_tensor_parallel_size or config.tensor_model_parallel_size,
+    )
     if parallel_state.model_parallel_is_initialized():
+        current = (
+            parallel_state.get_tensor_model_parallel_world_size(),
+            parallel_state.get_pipeline_model_parallel_world_size(),
+            parallel_state.get_virtual_pipeline_model_parallel_world_size(),
+            parallel_state.get_context_parallel_world_size(),
+            parallel_state.get_expert_model_parallel_world_size(),
+            parallel_state.get_expert_tensor_parallel_world_size(),
+        )
+        if current == sizes:
+            return
         parallel_state.destroy_model_parallel()
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=config.tensor_model_parallel_size,
