@@ -9,7 +9,6 @@ would make the core refuse to prepare it.
 
 from __future__ import annotations
 
-import logging
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -39,8 +38,6 @@ if TYPE_CHECKING:
     from plugrl.parts.algorithm import ActorObjective
     from plugrl.parts.backend import ActorConfig
     from plugrl.parts.context import PartContext
-
-logger = logging.getLogger("plugrl.megatron")
 
 
 def _parallel_state() -> Any:
@@ -401,18 +398,14 @@ class MegatronBackend(TrainingBackend):
         forward_only: bool,
     ) -> None:
         """Micro-batches through megatron's pipeline schedule (CUDA devices only)."""
-        from functools import partial
-
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         count = len(plan)
         micro_batches = [batch.select(rows) for rows in plan]
-        widths = []
 
         def forward_step(data_iterator: Iterator[Batch], module: torch.nn.Module) -> Any:
             micro_batch = next(data_iterator)
             inputs, layout = self._inputs(micro_batch)
-            widths.append(layout.width)
             output = self._run_model(module, inputs)
 
             def loss_func(logits: torch.Tensor) -> tuple[torch.Tensor, dict]:
@@ -421,7 +414,7 @@ class MegatronBackend(TrainingBackend):
                 # already this micro-batch's share of the mini-batch loss
                 return value * count, metrics
 
-            return output, partial(loss_func)
+            return output, loss_func
 
         chunks = len(self.model)
         iterators: Any = iter(micro_batches)
