@@ -95,17 +95,33 @@ def test_prepare_backend_leaves_other_devices_and_backends_alone():
 
 def test_prepare_backend_on_cpu_says_what_it_patched_once():
     pytest.importorskip("megatron.core")
-    code = (
-        "import plugrl_megatron as p; "
-        "print(p.prepare_backend('cpu', 'megatron', None)); "
-        "print(p.prepare_backend('cpu', 'megatron', None)); "
-        "import torch; print(torch.cuda.current_device())"
+    import plugrl_megatron
+    import torch
+    from megatron.core.tensor_parallel import random as megatron_random
+
+    tracker = megatron_random.CudaRNGStatesTracker
+    saved = (
+        torch.cuda.current_device,
+        tracker.fork,
+        megatron_random._get_cuda_rng_state,
+        megatron_random._set_cuda_rng_state,
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.splitlines() == [
-        "['torch.cuda.current_device -> cpu', "
-        "'megatron CudaRNGStatesTracker.fork -> forks the CPU generator', "
-        '"megatron _get/_set_cuda_rng_state -> the CPU generator\'s state"]',
-        "[]",
-        "cpu",
-    ]
+    try:
+        assert plugrl_megatron.prepare_backend("cpu", "megatron", None) == [
+            "torch.cuda.current_device -> cpu",
+            "megatron CudaRNGStatesTracker.fork -> forks the CPU generator",
+            "megatron _get/_set_cuda_rng_state -> the CPU generator's state",
+        ]
+        assert plugrl_megatron.prepare_backend("cpu", "megatron", None) == []
+        assert torch.cuda.current_device() == torch.device("cpu")
+        state = megatron_random._get_cuda_rng_state()
+        first = torch.rand(3)
+        megatron_random._set_cuda_rng_state(state)
+        assert torch.equal(torch.rand(3), first)
+    finally:
+        (
+            torch.cuda.current_device,
+            tracker.fork,
+            megatron_random._get_cuda_rng_state,
+            megatron_random._set_cuda_rng_state,
+        ) = saved
