@@ -700,6 +700,7 @@ class MegatronBackend(TrainingBackend):
             },
             layout=self._layout(),
             rank=self.dist.rank,
+            model_shard=f"tp{self.grid.tp_rank}_pp{self.grid.pp_rank}",
         )
 
     def load_checkpoint(self, path: Path) -> None:
@@ -710,6 +711,7 @@ class MegatronBackend(TrainingBackend):
             optimizer=self.optimizer,
             layout=self._layout(),
             rank=self.dist.rank,
+            model_shard=f"tp{self.grid.tp_rank}_pp{self.grid.pp_rank}",
         )
         if self.lr_scheduler is not None and extra_state.get("lr_scheduler") is not None:
             self.lr_scheduler.load_state_dict(extra_state["lr_scheduler"])

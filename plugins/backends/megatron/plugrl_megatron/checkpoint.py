@@ -28,13 +28,17 @@ def rank_file(path: Path, rank: int) -> Path:
     return path / f"megatron_rank_{rank}.pt"
 
 
-def _optimizer_state(optimizer: Any, path: Path, rank: int) -> Any:
+def distributed_optimizer_file(path: Path, model_shard: str) -> Path:
+    return path / f"distributed_optimizer_{model_shard}.pt"
+
+
+def _optimizer_state(optimizer: Any, path: Path, model_shard: str) -> Any:
     if optimizer is None:
         return None
     if hasattr(optimizer, "save_parameter_state"):
         # megatron's distributed optimizer keeps its state sharded over data-parallel ranks;
-        # this gathers it into one file (collective over those ranks)
-        optimizer.save_parameter_state(str(path / "distributed_optimizer.pt"))
+        # this gathers it into one file per model shard (collective over those ranks)
+        optimizer.save_parameter_state(str(distributed_optimizer_file(path, model_shard)))
     return optimizer.state_dict()
 
 
@@ -46,11 +50,14 @@ def save(
     extra_state: dict[str, Any],
     layout: dict[str, Any],
     rank: int,
+    model_shard: str,
 ) -> None:
+    """Write this rank's state; ``model_shard`` names its tensor/pipeline-parallel piece
+    (the data-parallel copies of one piece share the distributed optimizer's file)."""
     path.mkdir(parents=True, exist_ok=True)
     state = {
         "model": [chunk.state_dict() for chunk in chunks],
-        "optimizer": _optimizer_state(optimizer, path, rank),
+        "optimizer": _optimizer_state(optimizer, path, model_shard),
         "extra_state": extra_state,
     }
     target = rank_file(path, rank)
@@ -69,6 +76,7 @@ def load(
     optimizer: Any,
     layout: dict[str, Any],
     rank: int,
+    model_shard: str,
 ) -> dict[str, Any]:
     manifest = path / MANIFEST
     try:
@@ -96,5 +104,5 @@ def load(
     if optimizer is not None and state["optimizer"] is not None:
         optimizer.load_state_dict(state["optimizer"])
         if hasattr(optimizer, "load_parameter_state"):
-            optimizer.load_parameter_state(str(path / "distributed_optimizer.pt"))
+            optimizer.load_parameter_state(str(distributed_optimizer_file(path, model_shard)))
     return state["extra_state"]
