@@ -1,0 +1,42 @@
+"""plugrl-megatron: the ``megatron`` training backend, on megatron-core.
+
+Only the registration and the ``prepare_backend`` hook live here; megatron-core is imported
+when a run chooses the backend.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import plugrl
+
+if TYPE_CHECKING:
+    from plugrl.recipe import Recipe
+
+INSTALL = "pip install 'plugrl-megatron[megatron]'"
+
+
+@plugrl.hookimpl
+def register_training_backends(register):
+    register(
+        "megatron",
+        "plugrl_megatron.backend:MegatronBackend",
+        config="plugrl_megatron.config:MegatronActorConfig",
+        # "megatron", not "megatron.core": looking a submodule up imports its parent package,
+        # and the core refuses to prepare a backend whose framework was imported first
+        requires=["megatron", "transformers", "safetensors"],
+        install=INSTALL,
+        framework_modules=["megatron"],
+        description="megatron-core GPT models (Qwen2/Qwen3 dense) with tensor, pipeline, "
+        "context and expert parallelism",
+    )
+
+
+@plugrl.hookimpl
+def prepare_backend(device: str, backend: str, recipe: Recipe) -> list[str] | None:
+    """On the cpu device, the shims megatron-core needs without CUDA (see cpu_shims)."""
+    if backend != "megatron" or device != "cpu":
+        return None
+    from plugrl_megatron import cpu_shims
+
+    return cpu_shims.apply()

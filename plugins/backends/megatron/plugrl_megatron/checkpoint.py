@@ -1,0 +1,108 @@
+"""Checkpoints of one role: each rank writes its own shards (model chunks, optimizer state,
+learning-rate schedule, random state), so a run resumes on the same parallel layout.
+
+Layout of a checkpoint folder::
+
+    megatron_rank_<rank>.pt    that rank's state
+    megatron.json              role, rank count and parallel sizes, checked when resuming
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from plugrl.errors import CheckpointError
+
+MANIFEST = "megatron.json"
+RESUME_FIX = (
+    "resume from an earlier global_step_N folder or start fresh with trainer.resume_mode=disable"
+)
+
+
+def rank_file(path: Path, rank: int) -> Path:
+    return path / f"megatron_rank_{rank}.pt"
+
+
+def distributed_optimizer_file(path: Path, model_shard: str) -> Path:
+    return path / f"distributed_optimizer_{model_shard}.pt"
+
+
+def _optimizer_state(optimizer: Any, path: Path, model_shard: str) -> Any:
+    if optimizer is None:
+        return None
+    if hasattr(optimizer, "save_parameter_state"):
+        # megatron's distributed optimizer keeps its state sharded over data-parallel ranks;
+        # this gathers it into one file per model shard (collective over those ranks)
+        optimizer.save_parameter_state(str(distributed_optimizer_file(path, model_shard)))
+    return optimizer.state_dict()
+
+
+def save(
+    path: Path,
+    *,
+    chunks: list[torch.nn.Module],
+    optimizer: Any,
+    extra_state: dict[str, Any],
+    layout: dict[str, Any],
+    rank: int,
+    model_shard: str,
+) -> None:
+    """Write this rank's state; ``model_shard`` names its tensor/pipeline-parallel piece
+    (the data-parallel copies of one piece share the distributed optimizer's file)."""
+    path.mkdir(parents=True, exist_ok=True)
+    state = {
+        "model": [chunk.state_dict() for chunk in chunks],
+        "optimizer": _optimizer_state(optimizer, path, model_shard),
+        "extra_state": extra_state,
+    }
+    target = rank_file(path, rank)
+    partial = target.with_suffix(".pt.partial")
+    torch.save(state, partial)
+    partial.replace(target)
+    if rank == 0:
+        (path / MANIFEST).write_text(json.dumps(layout, indent=2) + "\n", encoding="utf-8")
+    dist.barrier()
+
+
+def load(
+    path: Path,
+    *,
+    chunks: list[torch.nn.Module],
+    optimizer: Any,
+    layout: dict[str, Any],
+    rank: int,
+    model_shard: str,
+) -> dict[str, Any]:
+    manifest = path / MANIFEST
+    try:
+        written = json.loads(manifest.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(
+            f"{manifest} is missing or unreadable ({type(exc).__name__}); {RESUME_FIX}"
+        ) from exc
+    if written != layout:
+        changed = sorted(key for key in layout if written.get(key) != layout[key])
+        raise CheckpointError(
+            f"{path} was written with {', '.join(f'{k}={written.get(k)!r}' for k in changed)}, "
+            f"this run has {', '.join(f'{k}={layout[k]!r}' for k in changed)}; the megatron "
+            f"backend resumes on the layout it saved with; {RESUME_FIX}"
+        )
+    file = rank_file(path, rank)
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=False)
+    except Exception as exc:
+        raise CheckpointError(
+            f"{file} is missing or corrupt ({type(exc).__name__}: {exc}); {RESUME_FIX}"
+        ) from exc
+    for chunk, chunk_state in zip(chunks, state["model"], strict=True):
+        chunk.load_state_dict(chunk_state)
+    if optimizer is not None and state["optimizer"] is not None:
+        optimizer.load_state_dict(state["optimizer"])
+        if hasattr(optimizer, "load_parameter_state"):
+            optimizer.load_parameter_state(str(distributed_optimizer_file(path, model_shard)))
+    return state["extra_state"]

@@ -1,0 +1,212 @@
+"""The megatron backend for real on CPU (megatron-core, one rank, gloo), against the Hugging
+Face model and the fsdp2 backend on the same weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("megatron.core")
+
+from fsdp2_testing import (
+    TokenMeanReinforce,
+    full_weights,
+    make_backend,
+    make_batch,
+    make_recipe,
+    max_weight_difference,
+    plain_log_probs,
+)
+from megatron_testing import make_megatron_backend, megatron_recipe, save_tiny_qwen3
+
+from plugrl.errors import CheckpointError, RecipeError
+
+# float32 on CPU: megatron's and Hugging Face's layers differ in operation order only
+LOG_PROB_TOLERANCE = 1e-5
+# after one AdamW step of lr 1e-3 (weights move by about 1e-3)
+UPDATE_TOLERANCE = 5e-5
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cpu_shims():
+    """The cpu prepare_backend patches, undone after this module (other tests expect
+    torch.cuda to fail without CUDA)."""
+    from megatron.core.tensor_parallel import random as megatron_random
+    from plugrl_megatron import cpu_shims
+
+    tracker = megatron_random.CudaRNGStatesTracker
+    saved = (
+        torch.cuda.current_device,
+        tracker.fork,
+        megatron_random._get_cuda_rng_state,
+        megatron_random._set_cuda_rng_state,
+    )
+    cpu_shims.apply()
+    yield
+    (
+        torch.cuda.current_device,
+        tracker.fork,
+        megatron_random._get_cuda_rng_state,
+        megatron_random._set_cuda_rng_state,
+    ) = saved
+
+
+@pytest.fixture(scope="module")
+def actor(tiny_model):
+    return make_megatron_backend(megatron_recipe(tiny_model))
+
+
+def hf_weights(folder):
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "model.safetensors"))
+
+
+def test_log_probs_and_entropy_equal_the_hugging_face_model_and_fsdp2(actor, tiny_model):
+    batch = make_batch(8)
+    batch.meta["temperature"] = 0.7
+    out = actor.compute_log_prob(batch, calculate_entropy=True)
+    expected, entropy = plain_log_probs(tiny_model, batch, temperature=0.7)
+    torch.testing.assert_close(out["log_probs"], expected, atol=LOG_PROB_TOLERANCE, rtol=0)
+    torch.testing.assert_close(out["entropys"], entropy, atol=LOG_PROB_TOLERANCE, rtol=0)
+    fsdp2 = make_backend(make_recipe(tiny_model))
+    reference = fsdp2.compute_log_prob(batch, calculate_entropy=True)
+    torch.testing.assert_close(out["log_probs"], reference["log_probs"], atol=1e-5, rtol=0)
+
+
+def test_weights_come_back_in_hugging_face_names_exactly_as_loaded(actor, tiny_model):
+    sent = dict(actor.named_weights())
+    loaded = hf_weights(tiny_model)
+    assert sorted(sent) == sorted(loaded)
+    for name, tensor in sent.items():
+        assert torch.equal(tensor, loaded[name]), name
+    metadata = actor.weight_metadata()
+    assert [(m.name, tuple(m.shape), m.dtype) for m in metadata] == [
+        (name, tuple(tensor.shape), "float32") for name, tensor in actor.named_weights()
+    ]
+    buckets = list(actor.weight_buckets(bucket_bytes=64 * 1024))
+    assert len(buckets) > 1
+    assert [name for bucket in buckets for name, _ in bucket] == [m.name for m in metadata]
+
+
+def test_one_update_equals_the_fsdp2_backend_s(tiny_model):
+    batch = make_batch(8)
+    megatron = make_megatron_backend(megatron_recipe(tiny_model, ppo_micro_batch_size_per_gpu=3))
+    fsdp2 = make_backend(make_recipe(tiny_model, ppo_micro_batch_size_per_gpu=3))
+    got = megatron.update_policy(batch, TokenMeanReinforce())
+    expected = fsdp2.update_policy(batch, TokenMeanReinforce())
+    assert got.keys() == expected.keys()
+    for name in expected:
+        assert got[name] == pytest.approx(expected[name], rel=1e-4, abs=1e-6), name
+    after = full_weights(megatron)
+    moved = max_weight_difference(after, {k: v.float() for k, v in hf_weights(tiny_model).items()})
+    assert moved > 5e-4
+    assert max_weight_difference(after, full_weights(fsdp2)) < UPDATE_TOLERANCE
+
+
+def test_micro_batches_recompute_and_on_policy_old_log_probs_give_the_same_update(tiny_model):
+    batch = make_batch(8)
+    whole = make_megatron_backend(megatron_recipe(tiny_model))
+    whole.update_policy(batch, TokenMeanReinforce())
+    split = make_megatron_backend(
+        megatron_recipe(
+            tiny_model,
+            ppo_micro_batch_size_per_gpu=2,
+            recompute_granularity="full",
+            override_transformer_config={"recompute_num_layers": 1},
+        )
+    )
+    assert split.transformer_config.recompute_granularity == "full"
+    on_policy = batch.select(list(range(8)))
+    on_policy.pop("old_log_probs")
+    metrics = split.update_policy(on_policy, TokenMeanReinforce())
+    assert "actor/pg_loss" in metrics
+    assert max_weight_difference(full_weights(split), full_weights(whole)) < 1e-6
+
+
+def test_a_checkpoint_restores_weights_optimizer_and_schedule(tiny_model, tmp_path):
+    backend = make_megatron_backend(megatron_recipe(tiny_model))
+    backend.update_policy(make_batch(8, seed=1), TokenMeanReinforce())
+    backend.save_checkpoint(tmp_path / "ckpt")
+    saved = full_weights(backend)
+    backend.update_policy(make_batch(8, seed=2), TokenMeanReinforce())
+    after_save = full_weights(backend)
+    backend.load_checkpoint(tmp_path / "ckpt")
+    assert max_weight_difference(full_weights(backend), saved) == 0.0
+    assert backend.update_steps == 1
+    backend.update_policy(make_batch(8, seed=2), TokenMeanReinforce())
+    # the same second step again: AdamW's moments and the step count came back too
+    assert max_weight_difference(full_weights(backend), after_save) == 0.0
+
+
+def test_a_checkpoint_of_another_layout_or_a_missing_one_is_refused(actor, tmp_path):
+    with pytest.raises(CheckpointError, match=r"megatron.json is missing or unreadable"):
+        actor.load_checkpoint(tmp_path / "nothing")
+    actor.save_checkpoint(tmp_path / "ckpt")
+    manifest = tmp_path / "ckpt" / "megatron.json"
+    manifest.write_text(manifest.read_text().replace('"world_size": 1', '"world_size": 2'))
+    with pytest.raises(CheckpointError) as error:
+        actor.load_checkpoint(tmp_path / "ckpt")
+    assert "was written with world_size=2, this run has world_size=1" in str(error.value)
+
+
+def test_export_writes_a_folder_transformers_loads_with_the_same_weights(actor, tmp_path):
+    import transformers
+
+    actor.export_hf(tmp_path / "hf")
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    sent = dict(actor.named_weights())
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, sent[name]), name
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_qwen3_with_qk_norms_and_tied_embeddings_matches_hugging_face(tmp_path, tie):
+    folder = save_tiny_qwen3(tmp_path / "qwen3", tie=tie)
+    backend = make_megatron_backend(megatron_recipe(folder))
+    batch = make_batch(4)
+    expected, _ = plain_log_probs(folder, batch)
+    got = backend.compute_log_prob(batch)["log_probs"]
+    torch.testing.assert_close(got, expected, atol=LOG_PROB_TOLERANCE, rtol=0)
+    names = [name for name, _ in backend.named_weights()]
+    assert ("lm_head.weight" in names) is not tie
+    assert "model.layers.0.self_attn.q_norm.weight" in names
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        (
+            {"pipeline_model_parallel_size": 2},
+            "actor.pipeline_model_parallel_size: pipeline parallelism needs a CUDA device "
+            "(megatron's pipeline schedules allocate on CUDA); set it to 1 on cpu",
+        ),
+        (
+            {"context_parallel_size": 2},
+            "actor.context_parallel_size: context parallelism is not implemented by the "
+            "megatron backend yet (inputs are not split along the sequence); set it to 1",
+        ),
+    ],
+)
+def test_layouts_this_backend_cannot_run_are_refused_in_one_line(tiny_model, setting, message):
+    from plugrl_megatron.backend import MegatronBackend
+
+    from plugrl.parts.context import DistInfo, PartContext
+    from plugrl_plugins.devices.cpu.device import CpuDevice
+
+    recipe = megatron_recipe(tiny_model, **setting)
+    context = PartContext(
+        recipe=recipe, role="actor", device=CpuDevice(), dist=DistInfo(rank=0, world_size=2)
+    )
+    with pytest.raises(RecipeError) as error:
+        MegatronBackend(recipe.actor, context)
+    assert str(error.value) == message
+
+
+def test_an_unknown_transformer_config_override_is_named(tiny_model):
+    recipe = megatron_recipe(tiny_model, override_transformer_config={"num_layerz": 3})
+    with pytest.raises(RecipeError) as error:
+        make_megatron_backend(recipe)
+    assert str(error.value).startswith(
+        "actor.override_transformer_config.num_layerz: TransformerConfig has no field 'num_layerz'"
+    )

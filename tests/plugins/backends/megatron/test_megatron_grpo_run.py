@@ -1,0 +1,67 @@
+"""A GRPO run of the tiny quickstart task through ``plugrl run`` with ``actor.backend:
+megatron``: the hook's patches logged, a KL loss against a megatron reference model, weights
+pushed to the hf engine, checkpoints, the export, and a resume."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("megatron.core")
+
+from support import importable_here
+
+importable_here(Path(__file__).parents[3] / "e2e")
+
+from e2e_support import (  # noqa: E402
+    REFERENCE_OVERRIDES,
+    REFERENCE_SECTIONS,
+    REFERENCE_STEPS,
+    by_step,
+    check_ok,
+    read_records,
+    run_cli,
+    tiny_recipe,
+    write_recipe,
+)
+
+from plugrl.quickstart.untrained import build_untrained_task  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+def weights(folder: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "model.safetensors"))
+
+
+def test_a_grpo_run_with_the_megatron_backend_trains_exports_and_resumes(tmp_path):
+    task = build_untrained_task(tmp_path / "task")
+    sections = {
+        **REFERENCE_SECTIONS,
+        "actor": {**REFERENCE_SECTIONS["actor"], "backend": "megatron"},
+    }
+    recipe = write_recipe(tmp_path / "recipe.yaml", tiny_recipe(task, tmp_path / "run", **sections))
+    result = check_ok(run_cli(recipe, *REFERENCE_OVERRIDES))
+    assert "prepare_backend(cpu, megatron) by megatron: torch.cuda.current_device -> cpu" in (
+        result.stderr
+    )
+    records = by_step(read_records(tmp_path / "run"))
+    assert sorted(records) == list(range(REFERENCE_STEPS + 1))
+    for step in range(1, REFERENCE_STEPS + 1):
+        for name in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/entropy"):
+            assert name in records[step], (step, name)
+        assert records[step]["actor/grad_norm"] > 0
+    exported = weights(tmp_path / "run" / "hf_model")
+    initial = weights(task.model)
+    assert exported.keys() == initial.keys()
+    assert any(not exported[name].equal(initial[name]) for name in initial)
+
+    rerun = check_ok(run_cli(recipe, *REFERENCE_OVERRIDES[1:], "trainer.total_training_steps=4"))
+    resumed = re.search(r"resumed from \S+global_step_(\d+) \(step (\d+)\)", rerun.stderr)
+    assert resumed, f"the rerun did not resume:\n{rerun.stderr[-2000:]}"
+    assert int(resumed.group(1)) == REFERENCE_STEPS
+    assert sorted(by_step(read_records(tmp_path / "run"))) == list(range(5))

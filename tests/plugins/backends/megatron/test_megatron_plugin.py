@@ -1,0 +1,127 @@
+"""The distribution: registration, availability without megatron-core, the prepare hook."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("plugrl_megatron", reason="pip install -e plugins/backends/megatron")
+import tomllib
+
+from plugrl.errors import RecipeError
+from plugrl.recipe import build_recipe
+
+PLUGIN_FOLDER = Path(__file__).resolve().parents[4] / "plugins" / "backends" / "megatron"
+NEEDS = "needs megatron (pip install 'plugrl-megatron[megatron]')"
+
+
+def test_the_plugin_is_a_distribution_of_its_own_pinning_the_tested_megatron_core():
+    assert not (PLUGIN_FOLDER / "__init__.py").exists()
+    project = tomllib.loads((PLUGIN_FOLDER / "pyproject.toml").read_text())["project"]
+    assert project["name"] == "plugrl-megatron"
+    assert project["entry-points"]["plugrl"] == {"megatron": "plugrl_megatron"}
+    (pin,) = project["optional-dependencies"]["megatron"]
+    assert pin.startswith("megatron-core==")
+    try:
+        installed = metadata.version("megatron-core")
+    except metadata.PackageNotFoundError:
+        return
+    assert pin == f"megatron-core=={installed}"
+
+
+def test_without_megatron_core_the_backend_is_listed_unavailable_and_refused(
+    plugrl_plugin_manager, monkeypatch
+):
+    monkeypatch.setitem(sys.modules, "megatron", None)  # as if not installed
+    entry = plugrl_plugin_manager.registry("training_backends").get("megatron")
+    assert not entry.available
+    assert entry.unavailable_reason == NEEDS
+    with pytest.raises(RecipeError) as error:
+        build_recipe({"actor": {"backend": "megatron"}}, plugrl_plugin_manager)
+    assert str(error.value) == (
+        "actor.backend: training backend 'megatron' (plugin 'megatron') is installed but "
+        f"cannot run here: it {NEEDS}"
+    )
+
+
+def test_the_cli_lists_the_backend_unavailable_when_megatron_core_is_missing(tmp_path):
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['megatron'] = None\n")
+    env = {"PYTHONPATH": str(hide), "PATH": "/usr/bin:/bin"}
+    cli = [sys.executable, "-m", "plugrl.cli"]
+    listing = subprocess.run([*cli, "plugins", "--all"], capture_output=True, text=True, env=env)
+    assert f"megatron [unavailable: {NEEDS}]" in listing.stdout
+
+
+def test_the_recipe_keys_carry_verl_names():
+    import attrs
+    from plugrl_megatron.config import MegatronActorConfig
+
+    assert MegatronActorConfig(tensor_model_parallel_size=2).tensor_model_parallel_size == 2
+    verl = {f.name: f.metadata["verl"] for f in attrs.fields(MegatronActorConfig)}
+    assert verl["tensor_model_parallel_size"] == (
+        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size"
+    )
+    assert verl["override_transformer_config"] == (
+        "actor_rollout_ref.actor.megatron.override_transformer_config"
+    )
+    assert verl["optimizer_cpu_offload"] == (
+        "actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_cpu_offload"
+    )
+
+
+def test_importing_the_backend_module_does_not_import_megatron():
+    """The driver loads the class before prepare_backend runs in its process."""
+    code = (
+        "import sys, plugrl_megatron.backend; "
+        "print(sorted(m for m, module in sys.modules.items() "
+        "if m.split('.')[0] == 'megatron' and module is not None))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_prepare_backend_leaves_other_devices_and_backends_alone():
+    import plugrl_megatron
+
+    assert plugrl_megatron.prepare_backend("cuda", "megatron", None) is None
+    assert plugrl_megatron.prepare_backend("cpu", "fsdp2", None) is None
+
+
+def test_prepare_backend_on_cpu_says_what_it_patched_once():
+    pytest.importorskip("megatron.core")
+    import plugrl_megatron
+    import torch
+    from megatron.core.tensor_parallel import random as megatron_random
+
+    tracker = megatron_random.CudaRNGStatesTracker
+    saved = (
+        torch.cuda.current_device,
+        tracker.fork,
+        megatron_random._get_cuda_rng_state,
+        megatron_random._set_cuda_rng_state,
+    )
+    try:
+        assert plugrl_megatron.prepare_backend("cpu", "megatron", None) == [
+            "torch.cuda.current_device -> cpu",
+            "megatron CudaRNGStatesTracker.fork -> forks the CPU generator",
+            "megatron _get/_set_cuda_rng_state -> the CPU generator's state",
+        ]
+        assert plugrl_megatron.prepare_backend("cpu", "megatron", None) == []
+        assert torch.cuda.current_device() == torch.device("cpu")
+        state = megatron_random._get_cuda_rng_state()
+        first = torch.rand(3)
+        megatron_random._set_cuda_rng_state(state)
+        assert torch.equal(torch.rand(3), first)
+    finally:
+        (
+            torch.cuda.current_device,
+            tracker.fork,
+            megatron_random._get_cuda_rng_state,
+            megatron_random._set_cuda_rng_state,
+        ) = saved
