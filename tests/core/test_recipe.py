@@ -256,7 +256,7 @@ def test_recipe_errors_are_one_line_naming_key_and_fix(base, override, message):
 
 def test_unknown_plugin_in_a_plugin_section_is_an_unknown_name_error(base):
     with pytest.raises(UnknownNameError):
-        load(base, "actor.backend=megatron")
+        load(base, "actor.backend=no-such-backend")
 
 
 def test_override_syntax_error():
