@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from collections import defaultdict
 from typing import Any, ClassVar
 
@@ -60,11 +61,14 @@ class SyncScheduler(Scheduler):
         validation_history: list[dict[str, float]] = list(
             state.get("validation", []) if state else []
         )
+        # perf/wall_clock_s counts the seconds of every segment of a resumed run
+        wall_offset = float(state.get("wall_clock_s", 0.0)) if state else 0.0
+        run_start = time.monotonic()
         parts.sync_weights()
         if step == 0 and trainer.val_before_train and parts.val_data is not None:
             before = self.validate(parts, step)
             validation_history.append(before)
-            self.context.step_end(0, before)
+            self.context.step_end(0, {**before, "perf/wall_clock_s": time.monotonic() - run_start})
         metrics: dict[str, Any] = {}
         progress = _progress(parts.total_training_steps, step)
         try:
@@ -78,11 +82,15 @@ class SyncScheduler(Scheduler):
                     validation = self.validate(parts, step)
                     validation_history.append(validation)
                     metrics.update(validation)
+                wall_clock = wall_offset + time.monotonic() - run_start
+                metrics["perf/wall_clock_s"] = wall_clock
                 # logged before the checkpoint that covers it: a run killed between the two
                 # resumes from the checkpoint before and logs the step again in its place
                 self.context.step_end(step, metrics)
                 if last or (trainer.save_freq > 0 and step % trainer.save_freq == 0):
-                    parts.save_checkpoint(step, {"validation": validation_history})
+                    parts.save_checkpoint(
+                        step, {"validation": validation_history, "wall_clock_s": wall_clock}
+                    )
                 if progress is not None:
                     progress.update(1)
             if trainer.export_hf:
