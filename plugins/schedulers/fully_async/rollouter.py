@@ -157,6 +157,8 @@ class Rollouter:
 
     def close(self) -> None:
         """Stop starting samples and end those in flight (their results are not kept)."""
+        if not self._ready.is_set():
+            return  # never started
         with self.lock:
             self._stopping = True
             self.lock.notify_all()

@@ -193,3 +193,18 @@ def test_long_tailed_responses_older_than_the_bound_are_dropped_and_counted(part
     assert all(lag > bound for lag in dropped)
     if partial == "keep":
         assert dropped, "no long response was overtaken past the bound"
+
+
+def test_a_rollouter_never_started_closes_quietly():
+    """A resumed run that had already finished builds a rollouter and never starts it."""
+    rollouter = Rollouter(
+        engines=SleepingEngines(lambda request: 1),
+        account=StalenessAccount(1, 1, 0.0),
+        stream=Stream(),
+        buffer=LocalSampleBuffer(),
+        sampling_params=lambda number: SamplingParams(),
+        max_in_flight=1,
+        partial="keep",
+    )
+    rollouter.close()
+    assert rollouter.account.started == 0
