@@ -200,7 +200,11 @@ def test_a_killed_engine_worker_on_ray_loses_and_repeats_nothing(
 
     def killing(self, count):
         if len(taken) == REQUIRED and not kills:
-            # mid-run, with the rollouter's requests in flight on the engine
+            # mid-run, with the rollouter's requests in flight on the engine: the sync after
+            # step 1 let it start new ones
+            deadline = time.monotonic() + 60
+            while self.in_flight == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
             assert self.in_flight > 0
             kills.append(self.engines.engine_pids()[0])
             os.kill(kills[0], signal.SIGKILL)
