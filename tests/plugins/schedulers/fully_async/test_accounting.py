@@ -85,7 +85,7 @@ bounds = st.tuples(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(bounds, st.lists(st.integers(0, 2), min_size=50, max_size=600))
 def test_no_trained_sample_lags_more_than_the_bound_and_none_is_lost(bound, events):
     required, sync_every, threshold, in_flight, seed = bound
@@ -99,7 +99,7 @@ def test_no_trained_sample_lags_more_than_the_bound_and_none_is_lost(bound, even
     assert all(lag <= account.max_version_lag for lag in simulation.lags)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(bounds)
 def test_the_run_never_deadlocks(bound):
     """Whatever the order, the trainer always gets its next step: the rollouter may start
@@ -115,7 +115,7 @@ def test_the_run_never_deadlocks(bound):
     assert simulation.steps >= 10
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(bounds, st.lists(st.integers(0, 2), min_size=50, max_size=600))
 def test_samples_returned_in_start_order_are_never_dropped(bound, events):
     """The pause rule alone keeps the bound when responses end in the order they started;
@@ -127,7 +127,7 @@ def test_samples_returned_in_start_order_are_never_dropped(bound, events):
     assert simulation.dropped == []
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(st.integers(1, 8), st.integers(1, 32), st.integers(0, 2**32 - 1))
 def test_staleness_0_with_sync_step_1_is_one_step_off_policy(required, in_flight, seed):
     account = StalenessAccount(required, 1, 0.0)

@@ -213,7 +213,7 @@ def test_a_killed_engine_worker_on_ray_loses_and_repeats_nothing(
         return samples, dropped
 
     monkeypatch.setattr(Rollouter, "take", killing)
-    recipe = async_recipe(tiny_task, tmp_path, steps=4, staleness_threshold=1.0)
+    recipe = async_recipe(tiny_task, tmp_path, steps=3, staleness_threshold=1.0)
     result = CliRunner().invoke(
         cli,
         [
@@ -228,12 +228,12 @@ def test_a_killed_engine_worker_on_ray_loses_and_repeats_nothing(
     assert kills, "no engine worker was killed"
     assert "engine worker 0 died" in result.stderr
     assert "engine worker 0 is back (restart 1)" in result.stderr
-    records = check_steps(by_step(read_records(tmp_path / "run")), 4)
-    assert len(taken) == 4 * REQUIRED
+    records = check_steps(by_step(read_records(tmp_path / "run")), 3)
+    assert len(taken) == 3 * REQUIRED
     assert len({sample_id for sample_id, _ in taken}) == len(taken), "a sample trained twice"
     assert len({key for _, key in taken}) == len(taken), "a prompt trained twice in an epoch"
-    last = records[4]
-    trained = 4 * REQUIRED
+    last = records[3]
+    trained = 3 * REQUIRED
     # every sample generated was trained, dropped, or is still waiting: none lost
     assert last["fully_async/count/total_generated_samples"] >= (
         trained + last["fully_async/count/dropped_stale_samples"]
