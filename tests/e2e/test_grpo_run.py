@@ -58,9 +58,12 @@ def test_the_run_logs_every_step_once_with_verl_metrics(reference_run):
             "timing_s/ref",
             "timing_s/update_actor",
             "perf/throughput",
+            "perf/wall_clock_s",
         ):
             assert name in record, f"step {step} has no {name}"
         assert record["training/global_step"] == step
+        if step > 1:  # the record of step 0 is validation alone
+            assert record["perf/wall_clock_s"] > records[step - 1]["perf/wall_clock_s"]
         # the spread reward gives the two responses of a prompt different scores, so every
         # step has non-zero advantages and gradients
         assert record["critic/score/max"] > record["critic/score/min"]
@@ -232,6 +235,9 @@ def test_a_run_killed_mid_way_resumes_and_logs_what_the_uninterrupted_run_did(
     records = by_step(read_records(run_dir))
     expected = by_step(read_records(reference_run.run_dir))
     assert sorted(records) == sorted(expected)
+    # the resumed segment's wall clock goes on from the checkpoint's
+    wall_clock = [records[step]["perf/wall_clock_s"] for step in sorted(records)]
+    assert wall_clock == sorted(wall_clock)
     for step, record in expected.items():
         # bit for bit: same weights, optimizer state, data position and sampling seeds
         assert_same_metrics(records[step], record, rel=0, abs_=0, where=f"step {step}")

@@ -22,7 +22,7 @@ def script_text():
 
 @pytest.fixture
 def stand_ins(plugrl_plugin_manager, plugrl_register_plugin):
-    """The installed plugins plus stand-ins for plugrl-npu, plugrl-megatron, plugrl-vllm and a
-    fully_async scheduler, each declaring the verl names of a few of its keys."""
+    """The installed plugins plus stand-ins for plugrl-npu, plugrl-megatron, plugrl-vllm, each
+    declaring the verl names of a few of its keys."""
     plugrl_register_plugin(stand_in_plugins, "stand-ins")
     return plugrl_plugin_manager

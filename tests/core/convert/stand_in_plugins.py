@@ -1,5 +1,5 @@
 """Stand-ins for parts that live in other distributions (plugrl-npu, plugrl-megatron,
-plugrl-vllm) and for a fully_async scheduler: registered names and config classes that declare
+plugrl-vllm): registered names and config classes that declare
 the verl names of some of their keys, nothing that runs. With them, a converted script's
 recipe validates as it would where those plugins are installed."""
 
@@ -11,7 +11,6 @@ import plugrl
 from plugrl.config import option
 from plugrl.parts.backend import ActorConfig
 from plugrl.parts.rollout import RolloutConfig
-from plugrl.parts.scheduler import SchedulerConfig
 
 
 class Part:
@@ -45,14 +44,6 @@ class VLLMRolloutConfig(RolloutConfig):
     )
 
 
-@attrs.define(kw_only=True)
-class FullyAsyncConfig(SchedulerConfig):
-    staleness_threshold: float = option(
-        0.1, "Stale samples allowed.", verl="async_training.staleness_threshold"
-    )
-    require_batches: int = option(1, "Batches per step.", verl="async_training.require_batches")
-
-
 @plugrl.hookimpl
 def register_devices(register):
     register("npu", Part)
@@ -66,8 +57,3 @@ def register_training_backends(register):
 @plugrl.hookimpl
 def register_rollout_engines(register):
     register("vllm", Part, config=VLLMRolloutConfig)
-
-
-@plugrl.hookimpl
-def register_schedulers(register):
-    register("fully_async", Part, config=FullyAsyncConfig)

@@ -1,0 +1,200 @@
+"""The staleness bound of fully-async training as a pure class: no threads, no clocks, so that
+the rule can be tested over any order of events.
+
+Units are samples in verl's sense: one prompt with its ``rollout.n`` responses. The trainer
+takes ``required_samples`` per step and publishes new weights (``version`` + 1) every
+``trigger_parameter_sync_step`` steps, so one weight *period* trains ``samples_per_sync``
+samples. The rollouter may start a sample while the samples it holds beyond what the trainer
+takes before its next sync (``staleness_samples``) stay under ``max_required_samples``; it
+pauses when they reach it and resumes once the trainer takes or syncs.
+
+If samples came back in the order they started, that rule alone would keep every trained
+sample within ``max_version_lag`` versions of the trainer. Responses end out of order (a long
+one can be overtaken by many short ones), so the trainer also checks each sample when it takes
+it and drops (and counts) one whose oldest token is older than the bound. Every sample that is
+generated is therefore trained once, dropped once, or still outstanding.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import attrs
+
+
+@attrs.frozen
+class PauseReason:
+    """Why the rollouter stopped starting samples: the numbers of the bound it hit."""
+
+    staleness_samples: int
+    max_required_samples: int
+    required_samples: int
+    staleness_threshold: float
+    trigger_parameter_sync_step: int
+    version: int
+
+    def message(self) -> str:
+        return (
+            f"rollouter paused at weight version {self.version}: staleness_samples "
+            f"{self.staleness_samples} >= max_required_samples {self.max_required_samples} "
+            f"(= int(required_samples {self.required_samples} x (1 + staleness_threshold "
+            f"{self.staleness_threshold:g}) x trigger_parameter_sync_step "
+            f"{self.trigger_parameter_sync_step})); generation is ahead of training and waits "
+            "for the next weight sync. To pause less, raise scheduler.staleness_threshold "
+            "(older samples) or give the trainer more devices (trainer.n_gpus_per_node)"
+        )
+
+
+@attrs.define
+class StalenessAccount:
+    """Counters of a fully-async run and the rule that bounds staleness.
+
+    Events, in any order the run produces them: :meth:`start` (the rollouter sends a prompt;
+    only when :meth:`may_start`), :meth:`finish` (its responses ended), :meth:`take` (the
+    trainer takes it into a step: trained, or dropped when too old), :meth:`sync` (the trainer
+    published a new version).
+    """
+
+    required_samples: int
+    trigger_parameter_sync_step: int
+    staleness_threshold: float
+    version: int = 0
+    started: int = 0
+    generated: int = 0
+    trained: int = 0
+    dropped: int = 0
+    taken_this_period: int = 0
+    """Samples trained since the last sync."""
+    pauses: int = 0
+    paused: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        if self.required_samples < 1 or self.trigger_parameter_sync_step < 1:
+            raise ValueError("required_samples and trigger_parameter_sync_step must be >= 1")
+        if self.staleness_threshold < 0:
+            raise ValueError("staleness_threshold must be >= 0")
+
+    # ------------------------------------------------------------------------ the bound
+
+    @property
+    def samples_per_sync(self) -> int:
+        """Samples the trainer trains with one weight version."""
+        return self.required_samples * self.trigger_parameter_sync_step
+
+    @property
+    def max_required_samples(self) -> int:
+        """verl's bound: ``int(required_samples x (1 + staleness_threshold) x
+        trigger_parameter_sync_step)``."""
+        return int(
+            self.required_samples
+            * (1 + self.staleness_threshold)
+            * self.trigger_parameter_sync_step
+        )
+
+    @property
+    def max_version_lag(self) -> int:
+        """The most versions a trained sample's oldest token may lag the trainer's version:
+        ``ceil(max_required_samples / samples_per_sync)`` (1 for staleness 0: one-step
+        off-policy)."""
+        return max(1, math.ceil(self.max_required_samples / self.samples_per_sync))
+
+    @property
+    def outstanding(self) -> int:
+        """Samples started and neither trained nor dropped (in flight or waiting)."""
+        return self.started - self.trained - self.dropped
+
+    @property
+    def staleness_samples(self) -> int:
+        """Samples held beyond those the trainer takes before its next sync."""
+        return self.outstanding - (self.samples_per_sync - self.taken_this_period)
+
+    def may_start(self) -> bool:
+        return self.staleness_samples < self.max_required_samples
+
+    def pause_reason(self) -> PauseReason:
+        return PauseReason(
+            staleness_samples=self.staleness_samples,
+            max_required_samples=self.max_required_samples,
+            required_samples=self.required_samples,
+            staleness_threshold=self.staleness_threshold,
+            trigger_parameter_sync_step=self.trigger_parameter_sync_step,
+            version=self.version,
+        )
+
+    def check_pause(self) -> PauseReason | None:
+        """Whether the rollouter must wait now; the reason the first time it must since it
+        last could start (one pause, one log line)."""
+        if self.may_start():
+            self.paused = False
+            return None
+        if self.paused:
+            return None
+        self.paused = True
+        self.pauses += 1
+        return self.pause_reason()
+
+    # ------------------------------------------------------------------------ events
+
+    def start(self) -> None:
+        if not self.may_start():
+            raise RuntimeError(
+                f"a sample started while staleness_samples {self.staleness_samples} >= "
+                f"max_required_samples {self.max_required_samples}"
+            )
+        self.started += 1
+
+    def finish(self) -> None:
+        if self.generated >= self.started:
+            raise RuntimeError("a sample finished that never started")
+        self.generated += 1
+
+    def lag(self, oldest_version: int) -> int:
+        """Versions between the trainer's and a sample's oldest token."""
+        return self.version - oldest_version
+
+    def take(self, oldest_version: int) -> bool:
+        """The trainer takes a generated sample: ``True`` if it trains on it, ``False`` if it
+        lags more than :attr:`max_version_lag` and is dropped."""
+        if self.trained + self.dropped >= self.generated:
+            raise RuntimeError("the trainer took a sample that was not generated")
+        if self.lag(oldest_version) > self.max_version_lag:
+            self.dropped += 1
+            return False
+        self.trained += 1
+        self.taken_this_period += 1
+        return True
+
+    def sync(self) -> None:
+        """The trainer published version ``version + 1`` to the engines."""
+        self.version += 1
+        self.taken_this_period = 0
+
+    # ------------------------------------------------------------------------ checkpoints
+
+    def state_dict(self, *, generated_kept: int = 0) -> dict[str, Any]:
+        """What a checkpoint keeps. Samples outstanding now are generated again after a
+        resume (their prompts are saved), so they count as not started; ``generated_kept`` is
+        how many of the generated ones stay in the count (none: they are regenerated)."""
+        return {
+            "version": self.version,
+            "started": self.trained + self.dropped,
+            "generated": self.trained + self.dropped + generated_kept,
+            "trained": self.trained,
+            "dropped": self.dropped,
+            "taken_this_period": self.taken_this_period,
+            "pauses": self.pauses,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name in (
+            "version",
+            "started",
+            "generated",
+            "trained",
+            "dropped",
+            "taken_this_period",
+            "pauses",
+        ):
+            setattr(self, name, int(state[name]))
+        self.paused = False

@@ -1,0 +1,378 @@
+"""The rollouter: streams prompts one at a time into the engine group, a bounded number in
+flight, within the staleness bound, and puts each finished sample in the buffer.
+
+It runs on an event loop in a thread of its own and drives the engines only through the engine
+group's API (``agenerate``, ``pause``/``resume``, ``abort_all``) and the capabilities the
+engines declare, so any engine (or a stand-in that only sleeps) works under it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import attrs
+
+from plugrl.parts.rollout import (
+    Completion,
+    GenerationRequest,
+    SamplingParams,
+    continuation_request,
+    in_prompt_order,
+    join_completions,
+)
+
+from .accounting import StalenessAccount
+
+if TYPE_CHECKING:
+    from plugrl.cluster.engines import EngineGroup
+    from plugrl.data.batch import Batch
+    from plugrl.data.dataset import PromptLoader
+
+    from .buffer import SampleBuffer
+
+logger = logging.getLogger("plugrl.run")
+
+PartialMode = Literal["keep", "abort"]
+PromptKey = tuple[int, int]
+"""(epoch, dataset position) of a prompt: enough to build it again after a resume."""
+
+# how often a waiting trainer looks at the rollouter's health
+_POLL_S = 0.2
+
+
+class PromptStream:
+    """The training prompts one at a time, in the order the loader would batch them (seeded
+    shuffle per epoch); the position lives in the loader, so its ``state_dict`` resumes it."""
+
+    def __init__(self, loader: PromptLoader) -> None:
+        self.loader = loader
+
+    def next_key(self) -> PromptKey:
+        loader = self.loader
+        if loader.position >= len(loader.dataset):
+            loader.epoch += 1
+            loader.position = 0
+        position = int(loader.epoch_order(loader.epoch)[loader.position])
+        loader.position += 1
+        return (loader.epoch, position)
+
+    def prompt(self, key: PromptKey) -> Batch:
+        """A one-row prompt batch, with the ``uid`` the loader gives the prompt."""
+        from plugrl.data.dataset import collate
+
+        epoch, position = key
+        loader = self.loader
+        record = loader.dataset[position]
+        uid = f"{loader.uid_prefix}{epoch}-{record.index}"
+        batch = collate([record], [uid], loader.pad_token_id)
+        batch.meta["epoch"] = epoch
+        return batch
+
+    def state_dict(self) -> dict[str, int]:
+        return self.loader.state_dict()
+
+
+@attrs.define
+class Sample:
+    """One prompt and its responses, as the trainer takes it."""
+
+    sample_id: int
+    key: PromptKey
+    prompt: Batch
+    completions: list[Completion]
+
+    @property
+    def oldest_version(self) -> int:
+        return min(c.min_weight_version for c in self.completions)
+
+    @property
+    def newest_version(self) -> int:
+        return max(c.max_weight_version for c in self.completions)
+
+    @property
+    def response_tokens(self) -> int:
+        return sum(len(c.token_ids) for c in self.completions)
+
+
+class Rollouter:
+    """Generates samples into ``buffer`` until closed (or ``stop_after`` samples started).
+
+    ``partial``: how a weight sync treats responses in flight: ``"keep"`` pauses them and they
+    continue with the new weights; ``"abort"`` ends them and sends the rest again
+    (:func:`continuation_request`); ``None`` lets them finish before the sync.
+    """
+
+    def __init__(
+        self,
+        *,
+        engines: EngineGroup,
+        account: StalenessAccount,
+        stream: PromptStream,
+        buffer: SampleBuffer,
+        sampling_params: Callable[[int], SamplingParams],
+        max_in_flight: int,
+        partial: PartialMode | None,
+        stop_after: int | None = None,
+        resubmit: Sequence[PromptKey] = (),
+    ) -> None:
+        self.engines = engines
+        self.account = account
+        self.stream = stream
+        self.buffer = buffer
+        self.sampling_params = sampling_params
+        self.max_in_flight = max_in_flight
+        self.partial = partial
+        self.stop_after = stop_after
+        self.lock = threading.Condition()
+        """Guards the account, the stream, and the counters below."""
+        self.outstanding: dict[int, PromptKey] = {}
+        """Samples started and not yet taken by the trainer, in start order."""
+        self._resubmit: deque[PromptKey] = deque(tuple(key) for key in resubmit)
+        self._next_id = 0
+        self.in_flight = 0
+        self.response_tokens = 0
+        self.partial_samples = 0
+        self._holding = False
+        self._stopping = False
+        self.error: BaseException | None = None
+        self._idle_total = 0.0
+        self._idle_since: float | None = time.monotonic()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._changed: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="plugrl-rollouter", daemon=True)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        self._thread.start()
+        self._ready.wait()
+
+    def close(self) -> None:
+        """Stop starting samples and end those in flight (their results are not kept)."""
+        if not self._ready.is_set():
+            return  # never started
+        with self.lock:
+            self._stopping = True
+            self.lock.notify_all()
+        self._notify()
+        if self.in_flight:
+            try:
+                self.engines.abort_all()
+            except Exception as exc:  # stopping must not hide the error that ended the run
+                logger.warning("aborting the rollouter's requests failed: %s", exc)
+        self._thread.join(timeout=60)
+
+    def _run(self) -> None:
+        asyncio.run(self._main())
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._changed = asyncio.Event()
+        self._ready.set()
+        tasks: set[asyncio.Task] = set()
+        try:
+            while not self._stopping:
+                launch = self._try_start()
+                if launch is None:
+                    await self._changed.wait()
+                    self._changed.clear()
+                    continue
+                task = asyncio.ensure_future(self._generate(*launch))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+        finally:
+            if tasks:
+                await asyncio.wait(tasks, timeout=30)
+                for task in tasks:
+                    task.cancel()
+
+    def _notify(self) -> None:
+        loop, changed = self._loop, self._changed
+        if loop is not None and changed is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop ended meanwhile
+                loop.call_soon_threadsafe(changed.set)
+
+    # ------------------------------------------------------------------ starting samples
+
+    def _try_start(self) -> tuple[int, PromptKey, int] | None:
+        with self.lock:
+            if self._stopping or self._holding or self.in_flight >= self.max_in_flight:
+                return None
+            if self.stop_after is not None and self.account.started >= self.stop_after:
+                return None
+            reason = self.account.check_pause()
+            if reason is not None:
+                logger.info("%s", reason.message())
+            if not self.account.may_start():
+                return None
+            key = self._resubmit.popleft() if self._resubmit else self.stream.next_key()
+            number = self.account.started
+            self.account.start()
+            sample_id = self._next_id
+            self._next_id += 1
+            self.outstanding[sample_id] = key
+            if self.in_flight == 0 and self._idle_since is not None:
+                self._idle_total += time.monotonic() - self._idle_since
+                self._idle_since = None
+            self.in_flight += 1
+            return sample_id, key, number
+
+    async def _generate(self, sample_id: int, key: PromptKey, number: int) -> None:
+        sample = None
+        try:
+            prompt = self.stream.prompt(key)
+            request = GenerationRequest(
+                request_id=f"sample{sample_id}",
+                prompt_ids=prompt["raw_prompt_ids"][0],
+                params=self.sampling_params(number),
+            )
+            completions = await self.engines.agenerate(request)
+            if self.partial == "abort":
+                completions = await self._continue_aborted(request, completions)
+            completions = in_prompt_order([completions])
+            sample = Sample(sample_id, key, prompt, completions)
+        except BaseException as exc:
+            if not self._stopping and not isinstance(exc, asyncio.CancelledError):
+                logger.error("the rollouter failed: %s", exc)
+                self.error = exc
+            raise
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+                if self.in_flight == 0:
+                    self._idle_since = time.monotonic()
+                if sample is not None and not self._stopping:
+                    self.account.finish()
+                    self.response_tokens += sample.response_tokens
+                    if sample.newest_version != sample.oldest_version:
+                        self.partial_samples += 1
+                self.lock.notify_all()
+            self._notify()
+        if sample is not None and not self._stopping:
+            await asyncio.get_running_loop().run_in_executor(None, self.buffer.put, sample)
+
+    async def _continue_aborted(
+        self, request: GenerationRequest, completions: list[Completion]
+    ) -> list[Completion]:
+        """Responses a weight sync aborted, continued after it with their tokens kept."""
+
+        async def finish(completion: Completion) -> Completion:
+            part = 0
+            while (
+                completion.finish_reason == "aborted"
+                and not self._stopping
+                and len(completion.token_ids) < request.params.max_tokens
+            ):
+                part += 1
+                follow = continuation_request(
+                    request,
+                    completion,
+                    request_id=f"{request.request_id}/{completion.sample_index}+{part}",
+                )
+                (rest,) = await self.engines.agenerate(follow)
+                completion = join_completions(completion, rest)
+            return completion
+
+        return list(await asyncio.gather(*(finish(c) for c in completions)))
+
+    # ------------------------------------------------------------------ the trainer's side
+
+    def take(self, count: int) -> tuple[list[Sample], list[int]]:
+        """Wait for ``count`` samples within the bound; returns them and the lags of the
+        samples dropped meanwhile. Fewer samples only when the rollouter has no more to give
+        (``stop_after`` reached)."""
+        taken: list[Sample] = []
+        dropped: list[int] = []
+        while len(taken) < count:
+            self.raise_if_failed()
+            sample = self.buffer.get(timeout=_POLL_S)
+            if sample is None:
+                if self.exhausted():
+                    break
+                continue
+            with self.lock:
+                lag = self.account.lag(sample.oldest_version)
+                kept = self.account.take(sample.oldest_version)
+                self.outstanding.pop(sample.sample_id, None)
+            self._notify()
+            if kept:
+                taken.append(sample)
+            else:
+                dropped.append(lag)
+                logger.info(
+                    "dropped a sample generated with weight version %d: %d versions behind, "
+                    "more than the bound of %d",
+                    sample.oldest_version,
+                    lag,
+                    self.account.max_version_lag,
+                )
+        return taken, dropped
+
+    def exhausted(self) -> bool:
+        with self.lock:
+            return (
+                self.stop_after is not None
+                and self.account.started >= self.stop_after
+                and self.in_flight == 0
+                and self.buffer.size() == 0
+            )
+
+    def raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise self.error
+        if not self._thread.is_alive() and not self._stopping:
+            raise RuntimeError("the rollouter thread ended unexpectedly")
+
+    def sync(self, push: Callable[[], dict[str, float]]) -> dict[str, float]:
+        """Publish new weights with ``push`` (which gives the engines the next version);
+        responses in flight are paused, aborted and continued, or waited for, by ``partial``."""
+        if self.partial is None:
+            with self.lock:
+                self._holding = True
+                while self.in_flight and self.error is None:
+                    self.lock.wait(timeout=_POLL_S)
+            self.raise_if_failed()
+        try:
+            if self.partial is not None:
+                self.engines.pause(self.partial)
+            try:
+                metrics = push()
+            finally:
+                if self.partial is not None:
+                    self.engines.resume()
+        finally:
+            with self.lock:
+                self._holding = False
+                self.account.sync()
+                self.lock.notify_all()
+            self._notify()
+        return metrics
+
+    # ------------------------------------------------------------------ what it did
+
+    def idle_seconds(self) -> float:
+        """Seconds so far with no request of the rollouter's in flight."""
+        with self.lock:
+            idle = self._idle_total
+            if self._idle_since is not None:
+                idle += time.monotonic() - self._idle_since
+            return idle
+
+    def snapshot(self) -> dict[str, Any]:
+        """The state a checkpoint keeps: the counters, the data position, and the prompts of
+        every sample not yet taken by the trainer (they are generated again on resume)."""
+        with self.lock:
+            return {
+                "account": self.account.state_dict(),
+                "prompts": [list(key) for key in (*self.outstanding.values(), *self._resubmit)],
+                "dataloader": self.stream.state_dict(),
+                "response_tokens": self.response_tokens,
+            }

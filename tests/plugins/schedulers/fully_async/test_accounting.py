@@ -1,0 +1,234 @@
+"""The staleness rule of the fully-async scheduler, over random orders of events."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from plugrl_plugins.schedulers.fully_async.accounting import StalenessAccount
+
+
+class Simulation:
+    """A rollouter with ``max_in_flight`` requests, responses ending in a random order, and a
+    trainer taking ``required`` samples per step and syncing every ``sync_every`` steps.
+    A sample's oldest token is the version at its start (partial rollout keeps it)."""
+
+    def __init__(self, account: StalenessAccount, max_in_flight: int, seed: int) -> None:
+        self.account = account
+        self.max_in_flight = max_in_flight
+        self.random = random.Random(seed)
+        self.next_id = 0
+        self.in_flight: dict[int, int] = {}  # id -> version at start
+        self.buffer: list[tuple[int, int]] = []
+        self.trained: list[int] = []
+        self.dropped: list[int] = []
+        self.step_samples: list[tuple[int, int]] = []
+        self.steps = 0
+        self.lags: list[int] = []
+
+    def start(self) -> bool:
+        if len(self.in_flight) >= self.max_in_flight or not self.account.may_start():
+            return False
+        self.account.start()
+        self.in_flight[self.next_id] = self.account.version
+        self.next_id += 1
+        return True
+
+    def finish(self, fifo: bool) -> bool:
+        if not self.in_flight:
+            return False
+        ids = sorted(self.in_flight)
+        sample_id = ids[0] if fifo else self.random.choice(ids)
+        self.buffer.append((sample_id, self.in_flight.pop(sample_id)))
+        self.account.finish()
+        return True
+
+    def take(self) -> bool:
+        if not self.buffer:
+            return False
+        sample_id, version = self.buffer.pop(0)
+        lag = self.account.lag(version)
+        if self.account.take(version):
+            assert lag <= self.account.max_version_lag
+            self.trained.append(sample_id)
+            self.lags.append(lag)
+            self.step_samples.append((sample_id, version))
+            if len(self.step_samples) == self.account.required_samples:
+                self.steps += 1
+                self.step_samples = []
+                if self.steps % self.account.trigger_parameter_sync_step == 0:
+                    self.account.sync()
+        else:
+            assert lag > self.account.max_version_lag
+            self.dropped.append(sample_id)
+        return True
+
+    def check_conservation(self) -> None:
+        account = self.account
+        buffered = [sample_id for sample_id, _ in self.buffer]
+        everything = [*self.trained, *self.dropped, *buffered, *self.in_flight]
+        assert sorted(everything) == list(range(self.next_id)), "a sample lost or counted twice"
+        assert account.started == self.next_id
+        assert account.generated == len(self.trained) + len(self.dropped) + len(buffered)
+        assert (account.trained, account.dropped) == (len(self.trained), len(self.dropped))
+
+
+bounds = st.tuples(
+    st.integers(1, 6),  # required samples
+    st.integers(1, 4),  # trigger_parameter_sync_step
+    st.sampled_from([0.0, 0.1, 0.25, 0.5, 1.0, 2.0]),
+    st.integers(1, 24),  # in flight at most
+    st.integers(0, 2**32 - 1),
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(bounds, st.lists(st.integers(0, 2), min_size=50, max_size=600))
+def test_no_trained_sample_lags_more_than_the_bound_and_none_is_lost(bound, events):
+    required, sync_every, threshold, in_flight, seed = bound
+    account = StalenessAccount(required, sync_every, threshold)
+    simulation = Simulation(account, in_flight, seed)
+    for event in events:
+        # a random timing: whichever role acts next, if it can
+        [simulation.start, lambda: simulation.finish(fifo=False), simulation.take][event]()
+        assert account.outstanding >= 0
+        simulation.check_conservation()
+    assert all(lag <= account.max_version_lag for lag in simulation.lags)
+
+
+@settings(max_examples=50, deadline=None)
+@given(bounds)
+def test_the_run_never_deadlocks(bound):
+    """Whatever the order, the trainer always gets its next step: the rollouter may start
+    while the trainer lacks samples for its weight period."""
+    required, sync_every, threshold, in_flight, seed = bound
+    simulation = Simulation(StalenessAccount(required, sync_every, threshold), in_flight, seed)
+    rng = random.Random(seed)
+    for _ in range(2000):
+        acted = [simulation.start, lambda: simulation.finish(fifo=False), simulation.take]
+        rng.shuffle(acted)
+        if not any(action() for action in acted):
+            pytest.fail(f"no role can act after {simulation.steps} steps")
+    assert simulation.steps >= 10
+
+
+@settings(max_examples=50, deadline=None)
+@given(bounds, st.lists(st.integers(0, 2), min_size=50, max_size=600))
+def test_samples_returned_in_start_order_are_never_dropped(bound, events):
+    """The pause rule alone keeps the bound when responses end in the order they started;
+    drops only happen to responses that were overtaken."""
+    required, sync_every, threshold, in_flight, seed = bound
+    simulation = Simulation(StalenessAccount(required, sync_every, threshold), in_flight, seed)
+    for event in events:
+        [simulation.start, lambda: simulation.finish(fifo=True), simulation.take][event]()
+    assert simulation.dropped == []
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(1, 8), st.integers(1, 32), st.integers(0, 2**32 - 1))
+def test_staleness_0_with_sync_step_1_is_one_step_off_policy(required, in_flight, seed):
+    account = StalenessAccount(required, 1, 0.0)
+    assert account.max_required_samples == required
+    assert account.max_version_lag == 1
+    simulation = Simulation(account, max(in_flight, 2 * required), seed)
+    rng = random.Random(seed)
+    for _ in range(1500):
+        acted = [simulation.start, lambda: simulation.finish(fifo=True), simulation.take]
+        rng.shuffle(acted)
+        any(action() for action in acted)
+    assert set(simulation.lags) <= {0, 1}
+    assert simulation.dropped == []
+
+
+def test_staleness_0_generates_the_next_step_while_the_trainer_trains():
+    """One-step off-policy: while the trainer trains on version 0's samples, the rollouter
+    generates exactly one step more with version 0; they are trained with version 1."""
+    account = StalenessAccount(3, 1, 0.0)
+    for _ in range(3):
+        account.start()
+        account.finish()
+    for _ in range(3):
+        assert account.take(0)
+    started_while_training = 0
+    while account.may_start():
+        account.start()
+        started_while_training += 1
+    assert started_while_training == 3
+    account.sync()  # the step's weights are version 1
+    for _ in range(3):
+        account.finish()
+        assert account.lag(0) == 1
+        assert account.take(0)
+
+
+def test_the_bound_is_verls_formula():
+    account = StalenessAccount(64, 4, 0.2)
+    assert account.max_required_samples == 307  # the seeds' run: 64 x 1.2 x 4
+    assert account.samples_per_sync == 256
+    assert account.max_version_lag == 2
+    assert StalenessAccount(4, 1, 0.5).max_version_lag == 2
+    assert StalenessAccount(4, 1, 1.0).max_version_lag == 2
+    assert StalenessAccount(4, 1, 1.25).max_version_lag == 3  # int(4 x 2.25) = 9 > 8
+
+
+def test_a_pause_is_counted_once_and_names_the_key_to_change():
+    account = StalenessAccount(2, 1, 0.0)
+    reasons = []
+    while True:
+        reason = account.check_pause()
+        if reason is not None:
+            reasons.append(reason)
+            break
+        account.start()
+    assert account.started == 4  # one period being trained plus one ahead
+    assert account.check_pause() is None and account.pauses == 1
+    message = reasons[0].message()
+    assert "staleness_samples 2 >= max_required_samples 2" in message
+    assert "scheduler.staleness_threshold" in message
+    for _ in range(2):
+        account.finish()
+        account.take(0)
+    assert account.check_pause() is not None or account.paused  # still ahead until a sync
+    account.sync()
+    assert account.check_pause() is None and not account.paused
+    account.start()
+    account.start()
+    assert account.check_pause() is not None and account.pauses == 2
+
+
+def test_a_checkpoint_keeps_the_counters_and_regenerates_what_was_outstanding():
+    account = StalenessAccount(2, 2, 0.5)
+    simulation = Simulation(account, 8, seed=3)
+    rng = random.Random(3)
+    for _ in range(300):
+        rng.choice([simulation.start, lambda: simulation.finish(fifo=False), simulation.take])()
+    state = account.state_dict()
+    resumed = StalenessAccount(2, 2, 0.5)
+    resumed.load_state_dict(state)
+    assert (resumed.version, resumed.trained, resumed.dropped) == (
+        account.version,
+        account.trained,
+        account.dropped,
+    )
+    assert resumed.taken_this_period == account.taken_this_period
+    assert resumed.outstanding == 0  # the outstanding prompts are sent again
+    assert resumed.generated == resumed.trained + resumed.dropped
+    # resending them all stays within the bound the original run had
+    for _ in range(account.outstanding):
+        assert resumed.may_start()
+        resumed.start()
+
+
+def test_events_out_of_order_are_refused():
+    account = StalenessAccount(1, 1, 0.0)
+    with pytest.raises(RuntimeError, match="never started"):
+        account.finish()
+    account.start()
+    with pytest.raises(RuntimeError, match="not generated"):
+        account.take(0)
+    account.start()
+    with pytest.raises(RuntimeError, match="max_required_samples"):
+        account.start()

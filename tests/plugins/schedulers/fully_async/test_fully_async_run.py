@@ -1,0 +1,240 @@
+"""The tiny model trained under ``scheduler: fully_async``: in one process with threads, killed
+with -9 and resumed, and on Ray with the engine in a worker of its own that gets killed."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+from click.testing import CliRunner
+from e2e_support import (
+    by_step,
+    check_ok,
+    cli_command,
+    cli_env,
+    read_records,
+    run_cli,
+    tiny_recipe,
+    write_recipe,
+)
+
+from plugrl.cli import cli
+from plugrl_plugins.schedulers.fully_async.rollouter import Rollouter
+
+pytestmark = pytest.mark.slow
+
+REQUIRED = 2  # actor.ppo_mini_batch_size of tiny_recipe, require_batches 1
+CONTRACT = (
+    "perf/total_num_tokens",
+    "perf/time_per_step",
+    "perf/wall_clock_s",
+    "timing_s/step",
+    "timing_s/gen",
+    "critic/score/mean",
+    "training/global_step",
+    "fully_async/count/staleness_samples",
+    "fully_async/count/current_param_version",
+    "fully_async/count/total_generated_samples",
+    "fully_async/count/dropped_stale_samples",
+    "fully_async/count/pauses",
+    "fully_async/trainer/idle_ratio",
+    "fully_async/rollouter/idle_ratio",
+    "fully_async/monitor/generated_tokens_per_s",
+    "fully_async/monitor/max_version_lag",
+    "fully_async/partial/samples",
+    "fully_async/partial/max_version_span",
+)
+
+
+def async_recipe(tiny_task, folder, steps, **scheduler):
+    recipe = tiny_recipe(
+        tiny_task,
+        folder / "run",
+        data={"max_response_length": 24},
+        rollout={"n": 2, "colocate": False},
+        algorithm={"adv_estimator": "grpo", "rollout_is": "token", "rollout_is_threshold": 2.0},
+        scheduler={"name": "fully_async", **scheduler},
+        trainer={"total_training_steps": steps, "save_freq": 1, "test_freq": 0},
+    )
+    return write_recipe(folder / "recipe.yaml", recipe)
+
+
+def check_steps(records, steps, *, sync_every=1):
+    """Every step logged once, with the contract's metrics, within the bound."""
+    assert sorted(records) == list(range(steps + 1))
+    generated = 0
+    wall_clock = 0.0
+    for step in range(1, steps + 1):
+        record = records[step]
+        missing = [name for name in CONTRACT if name not in record]
+        assert not missing, f"step {step} lacks {missing}"
+        assert record["training/global_step"] == step
+        assert ("timing_s/param_sync" in record) == (step % sync_every == 0)
+        assert record["fully_async/count/current_param_version"] == step // sync_every
+        lag = record["fully_async/monitor/max_version_lag"]
+        assert 0 <= lag <= record["fully_async/monitor/version_lag_bound"]
+        # cumulative counters never restart, not even across a resume
+        assert record["fully_async/count/total_generated_samples"] >= max(generated, step * 2)
+        generated = record["fully_async/count/total_generated_samples"]
+        assert record["perf/wall_clock_s"] > wall_clock
+        wall_clock = record["perf/wall_clock_s"]
+        assert record["perf/total_num_tokens"] > 0
+    return records
+
+
+def test_a_local_run_overlaps_stays_within_the_bound_and_trains_each_sample_once(
+    tiny_task, tmp_path, monkeypatch
+):
+    taken = []
+    take = Rollouter.take
+
+    def recording(self, count):
+        samples, dropped = take(self, count)
+        taken.extend((sample.sample_id, sample.key) for sample in samples)
+        return samples, dropped
+
+    monkeypatch.setattr(Rollouter, "take", recording)
+    recipe = async_recipe(tiny_task, tmp_path, steps=4, staleness_threshold=1.0)
+    result = CliRunner().invoke(cli, ["run", str(recipe)])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    records = check_steps(by_step(read_records(tmp_path / "run")), 4)
+    assert len(taken) == 4 * REQUIRED
+    assert len({sample_id for sample_id, _ in taken}) == len(taken), "a sample trained twice"
+    assert len({key for _, key in taken}) == len(taken), "a prompt trained twice in an epoch"
+    last = records[4]
+    # the rollouter ran ahead and was held back by the bound, saying so
+    assert last["fully_async/count/pauses"] >= 1
+    assert re.search(
+        r"rollouter paused at weight version \d+: staleness_samples 4 >= "
+        r"max_required_samples 4 \(= int\(required_samples 2 x \(1 \+ staleness_threshold 1\) "
+        r"x trigger_parameter_sync_step 1\)\).*raise scheduler.staleness_threshold",
+        result.stderr,
+    )
+    assert any(records[s]["fully_async/count/staleness_samples"] > 0 for s in (2, 3, 4))
+    # stale samples are weighed against the engine's log-probs
+    assert all("rollout_corr/rollout_is_mean" in records[s] for s in (1, 2, 3, 4))
+    assert all(records[s]["timing_s/old_log_prob"] > 0 for s in (1, 2, 3, 4))
+
+
+# ---------------------------------------------------------------------------- kill -9, resume
+
+
+def _wait_for_step(process, metrics_file, step, timeout_s=120.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"the run ended (exit {process.returncode}) before step {step}")
+        if metrics_file.exists():
+            for line in metrics_file.read_text(encoding="utf-8").splitlines():
+                if line.startswith(f'{{"step": {step},'):
+                    return
+        time.sleep(0.02)
+    raise AssertionError(f"no step {step} in {metrics_file} after {timeout_s:.0f} s")
+
+
+def test_a_run_killed_mid_way_resumes_with_its_counters_and_bound(tiny_task, tmp_path):
+    steps = 4
+    recipe = async_recipe(
+        tiny_task, tmp_path, steps=steps, staleness_threshold=0.5, trigger_parameter_sync_step=2
+    )
+    run_dir = tmp_path / "run"
+    with (tmp_path / "first.log").open("w") as log:
+        process = subprocess.Popen(
+            cli_command(recipe),
+            cwd=tmp_path,
+            env=cli_env(),
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
+        try:
+            _wait_for_step(process, run_dir / "metrics.jsonl", step=2)
+            os.kill(process.pid, signal.SIGKILL)
+            assert process.wait(30) == -signal.SIGKILL
+        finally:
+            if process.poll() is None:
+                process.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+    killed_at = by_step(read_records(run_dir))
+    assert max(killed_at) < steps, "the run finished before it was killed"
+
+    rerun = check_ok(run_cli(recipe))
+    resumed = re.search(r"resumed from \S+global_step_(\d+) \(step (\d+)\)", rerun.stderr)
+    assert resumed, f"the rerun did not resume:\n{rerun.stderr[-2000:]}"
+    resumed_step = int(resumed.group(1))
+    records = check_steps(by_step(read_records(run_dir)), steps, sync_every=2)
+    before = killed_at[resumed_step]
+    after = records[resumed_step + 1]
+    # the counters go on from the checkpoint: the bound holds across the resume
+    assert (
+        after["fully_async/count/current_param_version"]
+        >= (before["fully_async/count/current_param_version"])
+    )
+    assert after["fully_async/count/pauses"] >= before["fully_async/count/pauses"]
+    assert after["perf/wall_clock_s"] > before["perf/wall_clock_s"]
+
+
+# ---------------------------------------------------------------------------- a dead engine
+
+
+@pytest.fixture
+def ray_session():
+    from support import local_ray
+
+    with local_ray(num_cpus=2) as ray:
+        yield ray
+
+
+def test_a_killed_engine_worker_on_ray_loses_and_repeats_nothing(
+    tiny_task, tmp_path, monkeypatch, ray_session
+):
+    taken = []
+    kills = []
+    take = Rollouter.take
+
+    def killing(self, count):
+        if len(taken) == REQUIRED and not kills:
+            # mid-run, with the rollouter's requests in flight on the engine: the sync after
+            # step 1 let it start new ones
+            deadline = time.monotonic() + 60
+            while self.in_flight == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert self.in_flight > 0
+            kills.append(self.engines.engine_pids()[0])
+            os.kill(kills[0], signal.SIGKILL)
+        samples, dropped = take(self, count)
+        taken.extend((sample.sample_id, sample.key) for sample in samples)
+        return samples, dropped
+
+    monkeypatch.setattr(Rollouter, "take", killing)
+    recipe = async_recipe(tiny_task, tmp_path, steps=3, staleness_threshold=1.0)
+    result = CliRunner().invoke(
+        cli,
+        [
+            "run",
+            str(recipe),
+            "cluster.mode=ray",
+            "trainer.n_gpus_per_node=1",
+            "rollout.n_gpus_per_node=1",
+        ],
+    )
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    assert kills, "no engine worker was killed"
+    assert "engine worker 0 died" in result.stderr
+    assert "engine worker 0 is back (restart 1)" in result.stderr
+    records = check_steps(by_step(read_records(tmp_path / "run")), 3)
+    assert len(taken) == 3 * REQUIRED
+    assert len({sample_id for sample_id, _ in taken}) == len(taken), "a sample trained twice"
+    assert len({key for _, key in taken}) == len(taken), "a prompt trained twice in an epoch"
+    last = records[3]
+    trained = 3 * REQUIRED
+    # every sample generated was trained, dropped, or is still waiting: none lost
+    assert last["fully_async/count/total_generated_samples"] >= (
+        trained + last["fully_async/count/dropped_stale_samples"]
+    )

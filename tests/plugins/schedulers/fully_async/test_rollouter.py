@@ -1,0 +1,210 @@
+"""The rollouter against engines that only sleep: partial rollout by pausing, by aborting and
+continuing, or by waiting; nothing lost, nothing taken twice, nothing older than the bound."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+
+import pytest
+
+from plugrl.parts.rollout import Completion, SamplingParams
+from plugrl_plugins.schedulers.fully_async.accounting import StalenessAccount
+from plugrl_plugins.schedulers.fully_async.buffer import LocalSampleBuffer
+from plugrl_plugins.schedulers.fully_async.rollouter import Rollouter
+
+TOKEN_SECONDS = 0.0005
+TRAIN_SECONDS = 0.01
+PROMPT_LENGTH = 3
+
+
+class SleepingEngines:
+    """An engine group whose engine sleeps per token; each token carries the weight version.
+    ``lengths`` gives each request its response length (long-tailed when asked)."""
+
+    def __init__(self, lengths) -> None:
+        self.version = 0
+        self.lengths = lengths
+        self.paused: str | None = None
+        self.aborts = 0
+        self.resumed = threading.Event()
+        self.resumed.set()
+        self.in_flight = 0
+        self.requests: list[str] = []
+        self.lock = threading.Lock()
+
+    async def agenerate(self, request):
+        with self.lock:
+            self.in_flight += 1
+            self.requests.append(request.request_id)
+        try:
+            return [await self._sample(request, index) for index in range(request.params.n)]
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+    async def _sample(self, request, index):
+        tokens, versions = [], []
+        # a continuation's prompt holds the tokens so far: it ends where the whole would
+        done = len(request.prompt_ids) - PROMPT_LENGTH
+        length = min(self.lengths(request) - done, request.params.max_tokens)
+        aborts = self.aborts
+        while len(tokens) < length:
+            await asyncio.sleep(TOKEN_SECONDS)
+            if self.aborts != aborts and tokens:
+                return Completion(
+                    token_ids=tokens,
+                    log_probs=[-1.0] * len(tokens),
+                    finish_reason="aborted",
+                    token_versions=versions,
+                    weight_version=self.version,
+                    sample_index=index,
+                )
+            aborts = self.aborts
+            if self.paused is not None:
+                continue
+            tokens.append(7)
+            versions.append(self.version)
+        return Completion(
+            token_ids=tokens,
+            log_probs=[-1.0] * len(tokens),
+            finish_reason="length",
+            token_versions=versions,
+            weight_version=self.version,
+            sample_index=index,
+        )
+
+    def pause(self, mode):
+        self.paused = mode
+        if mode == "abort":  # requests in flight end at once, requests sent meanwhile wait
+            self.aborts += 1
+
+    def resume(self):
+        self.paused = None
+
+    def abort_all(self):
+        self.aborts += 1
+
+    def push(self):
+        self.version += 1
+        return {}
+
+
+class Stream:
+    def __init__(self) -> None:
+        self.position = 0
+
+    def next_key(self):
+        self.position += 1
+        return (0, self.position - 1)
+
+    def prompt(self, key):
+        return {"raw_prompt_ids": [[1, 2, key[1] % 50 + 3][:PROMPT_LENGTH]]}
+
+    def state_dict(self):
+        return {"epoch": 0, "position": self.position}
+
+
+def run(partial, *, steps=8, required=3, sync_every=1, threshold=0.5, lengths=None, n=2):
+    engines = SleepingEngines(lengths or (lambda request: 20))
+    account = StalenessAccount(required, sync_every, threshold)
+    rollouter = Rollouter(
+        engines=engines,
+        account=account,
+        stream=Stream(),
+        buffer=LocalSampleBuffer(),
+        sampling_params=lambda number: SamplingParams(n=n, max_tokens=40, seed=number),
+        max_in_flight=8,
+        partial=partial,
+    )
+    taken, dropped, in_flight_at_sync = [], [], []
+
+    def push():
+        in_flight_at_sync.append(engines.in_flight)
+        return engines.push()
+
+    rollouter.start()
+    try:
+        for step in range(1, steps + 1):
+            samples, lags = rollouter.take(required)
+            assert len(samples) == required
+            for sample in samples:
+                assert account.version - sample.oldest_version <= account.max_version_lag
+            taken.extend(samples)
+            dropped.extend(lags)
+            time.sleep(TRAIN_SECONDS)  # the rollouter generates meanwhile
+            if step % sync_every == 0:
+                rollouter.sync(push)
+    finally:
+        rollouter.close()
+    ids = [sample.sample_id for sample in taken]
+    assert len(set(ids)) == len(ids), "a sample was taken twice"
+    with rollouter.lock:
+        # every started sample is trained, dropped, or still outstanding: none lost
+        assert account.trained == len(taken) and account.dropped == len(dropped)
+        assert account.trained + account.dropped + len(rollouter.outstanding) == account.started
+    return taken, dropped, in_flight_at_sync, engines, rollouter
+
+
+def test_keep_pauses_responses_and_continues_them_with_the_new_weights():
+    taken, _, in_flight_at_sync, _, rollouter = run("keep")
+    spans = [sample.newest_version - sample.oldest_version for sample in taken]
+    assert max(spans) >= 1, "no response was in flight at a sync"
+    assert any(in_flight_at_sync)
+    for sample in taken:
+        for completion in sample.completions:
+            assert len(completion.token_ids) == 20  # tokens kept across the sync
+            assert completion.token_versions == sorted(completion.token_versions)
+    assert rollouter.partial_samples >= 1
+
+
+def test_abort_ends_responses_and_continues_them_keeping_their_tokens():
+    taken, _, _, engines, _ = run("abort")
+    continued = [request for request in engines.requests if "+" in request]
+    assert continued, "no response was aborted and continued"
+    spans = [sample.newest_version - sample.oldest_version for sample in taken]
+    assert max(spans) >= 1
+    for sample in taken:
+        for completion in sample.completions:
+            assert len(completion.token_ids) == 20
+            assert completion.finish_reason == "length"
+            assert completion.token_versions == sorted(completion.token_versions)
+
+
+def test_without_partial_rollout_a_sync_waits_for_responses_in_flight():
+    taken, _, in_flight_at_sync, _, _ = run(None)
+    assert in_flight_at_sync == [0] * len(in_flight_at_sync)
+    assert all(sample.newest_version == sample.oldest_version for sample in taken)
+
+
+@pytest.mark.parametrize("partial", ["keep", None])
+def test_long_tailed_responses_older_than_the_bound_are_dropped_and_counted(partial):
+    def long_tail(request):
+        # the same length for a request and its continuations
+        sample = request.request_id.split("/")[0]
+        return 40 if random.Random(sample).random() < 0.15 else 2
+
+    _, dropped, _, _, rollouter = run(
+        partial, steps=12, required=2, threshold=1.0, lengths=long_tail, n=1
+    )
+    bound = rollouter.account.max_version_lag
+    assert all(lag > bound for lag in dropped)
+    if partial == "keep":
+        assert dropped, "no long response was overtaken past the bound"
+
+
+def test_a_rollouter_never_started_closes_quietly():
+    """A resumed run that had already finished builds a rollouter and never starts it."""
+    rollouter = Rollouter(
+        engines=SleepingEngines(lambda request: 1),
+        account=StalenessAccount(1, 1, 0.0),
+        stream=Stream(),
+        buffer=LocalSampleBuffer(),
+        sampling_params=lambda number: SamplingParams(),
+        max_in_flight=1,
+        partial="keep",
+    )
+    rollouter.close()
+    assert rollouter.account.started == 0
