@@ -26,3 +26,13 @@ def stand_ins(plugrl_plugin_manager, plugrl_register_plugin):
     declaring the verl names of a few of its keys."""
     plugrl_register_plugin(stand_in_plugins, "stand-ins")
     return plugrl_plugin_manager
+
+
+@pytest.fixture
+def plugrl_plugin_manager(plugrl_make_plugin_manager):
+    """The plugins that ship with plugrl, without the accelerator distributions a test
+    environment may have installed: these tests state what a conversion gives where those are
+    absent, and `stand_ins` stands for them where present."""
+    return plugrl_make_plugin_manager(
+        environ={"PLUGRL_DISABLED_PLUGINS": "megatron,vllm,sglang,npu"}
+    )

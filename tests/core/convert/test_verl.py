@@ -690,3 +690,22 @@ def test_the_worked_example_of_the_docs_is_what_convert_prints(plugrl_plugin_man
     assert recipe_yaml(conversion) == recipe
     lines = report(conversion, validate(conversion.recipe), "gsm8k-grpo.yaml")
     assert "\n".join(lines) + "\n" == printed
+
+
+def test_the_installed_megatron_backend_takes_the_scripts_megatron_keys(
+    script_text, plugrl_make_plugin_manager
+):
+    pytest.importorskip("plugrl_megatron")
+    plugrl_make_plugin_manager()  # every installed plugin, plugrl-megatron among them
+    conversion = convert_script(script_text("fully_async_npu_megatron.sh"), "async.sh")
+    actor = conversion.recipe["actor"]
+    assert actor["backend"] == "megatron"
+    assert actor["override_transformer_config"] == {"use_flash_attn": True}
+    assert actor["optimizer_cpu_offload"] is True
+    not_converted = unmapped(conversion)
+    assert MEGATRON not in not_converted.values()
+    # 1 is the backend's default, so the key converts and the recipe leaves it out
+    assert "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1" not in not_converted
+    assert not_converted["actor_rollout_ref.actor.megatron.use_mbridge=False"] == (
+        "training backend 'megatron' has no such key (plugrl explain actor lists the keys)"
+    )
