@@ -582,6 +582,12 @@ class HFRolloutEngine(RolloutEngine):
                 "(no continuous batching for this model)",
                 self._batch.fallback_reason,
             )
+        lean_unsupported = getattr(self._batch.kv, "lean_unsupported", None)
+        if self.config.lean_decode and lean_unsupported:
+            logger.info(
+                "hf rollout engine: decode steps run the model's own forward: %s",
+                lean_unsupported,
+            )
         self._batch.adopt(rows)
 
     def _check_ready(self) -> None:

@@ -276,3 +276,15 @@ def test_why_a_model_gets_no_lean_steps():
         lean_decode=False,
     )
     assert off.lean is None and off.lean_unsupported == "lean_decode is off"
+
+
+def test_the_engine_says_why_a_model_runs_its_own_forward(tokenizer, caplog):
+    model = build("qwen2", vocab_size=len(tokenizer))
+    model.model.layers[0].register_forward_pre_hook(lambda *args: None)
+    with caplog.at_level("INFO", logger="plugrl.rollout.hf"):
+        engine = bound_engine(model, tokenizer)
+    assert engine._batch is not None and engine._batch.kv.lean is None
+    assert (
+        "hf rollout engine: decode steps run the model's own forward: its modules have forward "
+        "hooks (FSDP, an adapter or instrumentation)"
+    ) in caplog.text
