@@ -25,6 +25,7 @@ operations.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -84,8 +85,37 @@ def alternate(
     return timings
 
 
+def engine_phases(engine: HFRolloutEngine, run: Callable[[], int]) -> dict[str, float]:
+    """Seconds of one engine ``run`` in prompt passes, decode steps and the rest (timed
+    around the cache's methods: a hook on the model would make the engine run the model's
+    own forward)."""
+    assert engine._batch is not None
+    kv = engine._batch.kv
+    spent = {"prompt": 0.0, "decode": 0.0}
+
+    def timed(kind: str, method: Callable) -> Callable:
+        def call(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                spent[kind] += time.perf_counter() - start
+
+        return call
+
+    kv.prefill = timed("prompt", kv.prefill)  # type: ignore[method-assign]
+    kv.forward_step = timed("decode", kv.forward_step)  # type: ignore[method-assign]
+    try:
+        start = time.perf_counter()
+        run()
+        total = time.perf_counter() - start
+    finally:
+        del kv.prefill, kv.forward_step
+    return {**spent, "rest": total - spent["prompt"] - spent["decode"], "total": total}
+
+
 def phases(model: Any, run: Callable[[], int]) -> dict[str, float]:
-    """Seconds of one ``run`` in prompt passes, decode steps and the rest."""
+    """Seconds of one ``model.generate`` ``run`` in prompt passes, decode steps and the rest."""
     spent = {"prompt": 0.0, "decode": 0.0}
     started: list[tuple[str, float]] = []
 
@@ -132,6 +162,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     parser.add_argument("--profile", action="store_true", help="time phases, list top ops")
+    parser.add_argument(
+        "--module-forward",
+        action="store_true",
+        help="also time an engine with rollout.lean_decode off (decode steps through the "
+        "model's modules)",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -147,16 +183,22 @@ def main() -> None:
     all_prompts = [list(record.prompt_ids) for record in dataset.records]
     pad = pad_token_id_of(tokenizer)
 
-    config = HFRolloutConfig(colocate=True)
-    recipe = Recipe(
-        model=ModelConfig(path=str(paths.model_path), dtype="float32"),
-        rollout=config,
-        trainer=TrainerConfig(seed=0),
-    )
-    engine = HFRolloutEngine(
-        config, PartContext(recipe=recipe, device=CpuDevice(), tokenizer=tokenizer)
-    )
-    engine.bind_model(model, version=0)
+    def bound_engine(lean_decode: bool) -> HFRolloutEngine:
+        config = HFRolloutConfig(colocate=True, lean_decode=lean_decode)
+        recipe = Recipe(
+            model=ModelConfig(path=str(paths.model_path), dtype="float32"),
+            rollout=config,
+            trainer=TrainerConfig(seed=0),
+        )
+        engine = HFRolloutEngine(
+            config, PartContext(recipe=recipe, device=CpuDevice(), tokenizer=tokenizer)
+        )
+        engine.bind_model(model, version=0)
+        return engine
+
+    engines = {"engine": bound_engine(lean_decode=True)}
+    if args.module_forward:
+        engines["module fwd"] = bound_engine(lean_decode=False)
     stop = sorted(default_stop_token_ids(model, tokenizer))
 
     print(
@@ -165,7 +207,7 @@ def main() -> None:
         f"tokens, {args.repeats} alternating repeats"
     )
     print(
-        f"{'case':<18}{'engine s':>10}{'generate s':>12}{'engine tok/s':>14}"
+        f"{'case':<16}{'side':<12}{'side s':>8}{'generate s':>12}{'side tok/s':>12}"
         f"{'generate tok/s':>16}{'best ratio':>12}{'median paired':>15}{'cpu ratio':>11}"
     )
     cases = ((args.prompts, 1), (max(1, args.prompts // 8), 8))
@@ -174,37 +216,48 @@ def main() -> None:
         prompts = all_prompts[:num_prompts]
         params = SamplingParams(n=n, temperature=1.0, max_tokens=args.max_tokens)
 
-        def run_engine(prompts=prompts, params=params) -> int:
+        def run_engine(engine: HFRolloutEngine, prompts=prompts, params=params) -> int:
             return sum(len(c.token_ids) for c in engine.generate(prompts, params))
 
         def run_generate(prompts=prompts, n=n) -> int:
             return generate_tokens(model, prompts, n, args.max_tokens, pad, stop)
 
-        runs = {"engine": run_engine, "generate": run_generate}
+        runs: dict[str, Callable[[], int]] = {
+            name: functools.partial(run_engine, engine) for name, engine in engines.items()
+        }
+        runs["generate"] = run_generate
         alternate(1, runs)  # warm-up
         timings = alternate(args.repeats, runs)
         rates = {name: [t / wall for wall, _, t in timings[name]] for name in timings}
         cpu_rates = {name: [t / cpu for _, cpu, t in timings[name]] for name in timings}
         best = {name: min(timings[name]) for name in timings}
         best_rate = {name: max(rates[name]) for name in rates}
-        paired = statistics.median(
-            e / g for e, g in zip(rates["engine"], rates["generate"], strict=True)
-        )
-        cpu_ratio = max(cpu_rates["engine"]) / max(cpu_rates["generate"])
-        print(
-            f"{f'{num_prompts} prompts x {n}':<18}{best['engine'][0]:>10.3f}"
-            f"{best['generate'][0]:>12.3f}{best_rate['engine']:>14.0f}"
-            f"{best_rate['generate']:>16.0f}"
-            f"{best_rate['engine'] / best_rate['generate']:>11.2f}x{paired:>14.2f}x"
-            f"{cpu_ratio:>10.2f}x"
-        )
+        for name in engines:
+            paired = statistics.median(
+                e / g for e, g in zip(rates[name], rates["generate"], strict=True)
+            )
+            cpu_ratio = max(cpu_rates[name]) / max(cpu_rates["generate"])
+            print(
+                f"{f'{num_prompts} prompts x {n}':<16}{name:<12}{best[name][0]:>8.3f}"
+                f"{best['generate'][0]:>12.3f}{best_rate[name]:>12.0f}"
+                f"{best_rate['generate']:>16.0f}"
+                f"{best_rate[name] / best_rate['generate']:>11.2f}x{paired:>14.2f}x"
+                f"{cpu_ratio:>10.2f}x"
+            )
         if args.profile:
             profiles.append((f"{num_prompts} prompts x {n}", runs))
 
     for case, runs in profiles:
         print(f"\n{case}: seconds by phase (the fastest of three calls of each side)")
         for name, run in runs.items():
-            spent = min((phases(model, run) for _ in range(3)), key=lambda p: p["total"])
+            timer = engines.get(name)
+            spent = min(
+                (
+                    engine_phases(timer, run) if timer is not None else phases(model, run)
+                    for _ in range(3)
+                ),
+                key=lambda p: p["total"],
+            )
             print(
                 f"  {name:<9} prompt passes {spent['prompt']:.3f}  decode steps "
                 f"{spent['decode']:.3f}  rest {spent['rest']:.3f}  total {spent['total']:.3f}"

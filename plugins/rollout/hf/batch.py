@@ -101,6 +101,7 @@ class DecodeBatch:
         pad_token_id: int,
         max_rows: int,
         prefill_tokens: int,
+        lean_decode: bool = True,
     ) -> None:
         self.model = model
         self.device = device
@@ -113,6 +114,7 @@ class DecodeBatch:
             pad_token_id=pad_token_id,
             max_slots=max_rows,
             prefill_tokens=prefill_tokens,
+            lean_decode=lean_decode,
         )
         self.rows: list[Row] = []
         self.input_ids = torch.empty(0, dtype=torch.long, device=device)

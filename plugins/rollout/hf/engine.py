@@ -319,6 +319,8 @@ class HFRolloutEngine(RolloutEngine):
                 "through load_weights"
             )
         self._no_weights = None
+        assert self._batch is not None
+        self._batch.kv.weights_changed()
         self._new_version(update.version)
         self._kick()
 
@@ -328,6 +330,9 @@ class HFRolloutEngine(RolloutEngine):
         steps (the engine idle or paused), not from another thread while it generates."""
         if model is not self.model:
             self._use_model(model, owns=False)
+        elif self._batch is not None:
+            # the trainer changed the weights since (copies of them are stale)
+            self._batch.kv.weights_changed()
         self._no_weights = None
         if version != self.weight_version:
             self._new_version(version)
@@ -569,12 +574,19 @@ class HFRolloutEngine(RolloutEngine):
             pad_token_id=self.pad_token_id,
             max_rows=self.config.max_num_seqs,
             prefill_tokens=self.config.max_prefill_tokens,
+            lean_decode=self.config.lean_decode,
         )
         if self._batch.fallback_reason:
             logger.info(
                 "hf rollout engine: %s, so requests join only when the running batch is empty "
                 "(no continuous batching for this model)",
                 self._batch.fallback_reason,
+            )
+        lean_unsupported = getattr(self._batch.kv, "lean_unsupported", None)
+        if self.config.lean_decode and lean_unsupported:
+            logger.info(
+                "hf rollout engine: decode steps run the model's own forward: %s",
+                lean_unsupported,
             )
         self._batch.adopt(rows)
 

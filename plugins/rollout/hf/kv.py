@@ -17,7 +17,9 @@ and a decode step writes one new column at ``end`` for all rows. So:
   the model ready-made (4D), so the model builds no mask per step; positions come from per-row
   counters, so padding never shifts rotary positions;
 * decode steps run attention with :func:`_decode_attention`, registered with transformers'
-  ``AttentionInterface``: the model is the same, only its attention kernel for one-token queries.
+  ``AttentionInterface``: the model is the same, only its attention kernel for one-token queries;
+  for the models :mod:`~plugrl_plugins.rollout.hf.lean` serves, a decode step is computed there
+  directly on the weights and these buffers.
 
 This needs the model's cache layers to be plain full-attention layers and an attention
 implementation that takes a 4D mask (``sdpa``, ``eager``) for the prompt passes. Other models
@@ -38,6 +40,7 @@ from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from plugrl.data.batch import left_pad
+from plugrl_plugins.rollout.hf.lean import LeanDecoder, lean_unsupported
 
 MIN_COLUMNS = 64
 MIN_SLOTS = 8
@@ -164,6 +167,7 @@ class SlotKV:
         pad_token_id: int,
         max_slots: int,
         prefill_tokens: int,
+        lean_decode: bool = True,
     ) -> None:
         config = model.config.get_text_config(decoder=True)
         self.num_layers = config.num_hidden_layers
@@ -185,6 +189,11 @@ class SlotKV:
         self.device = device
         self._target: tuple[slice, slice, slice] = (slice(0), slice(0), slice(0))
         self.cache = _SlotCache(self, self.num_layers)
+        self.lean: LeanDecoder | None = None
+        """Computes decode steps without the model's modules, for models it serves."""
+        self.lean_unsupported = lean_unsupported(model) if lean_decode else "lean_decode is off"
+        if self.lean_unsupported is None:
+            self.lean = LeanDecoder(model)
 
     # ------------------------------------------------------------------------- the model side
 
@@ -213,6 +222,10 @@ class SlotKV:
         size, begin, end = self.size, self.begin, self.end
         assert self.table is not None
         self._target = (slice(0, size), slice(end, end + 1), slice(begin, end + 1))
+        if self.lean is not None and self.lean.usable():
+            logits = self.lean.decode(self, input_ids, positions)
+            self.end += 1
+            return logits
         mask = self.table[:, :, :, begin : end + 1]
         # decode steps use _decode_attention (the same model, only the attention kernel)
         # on the decoder's config: a multimodal model's other parts keep their own kernels
@@ -363,13 +376,19 @@ class SlotKV:
         self._build_table()
         return order
 
+    def weights_changed(self) -> None:
+        """The model's weights were replaced or updated (copies of them are stale)."""
+        if self.lean is not None:
+            self.lean.forget()
+
     def reset(self, *, free: bool = False) -> None:
-        """No rows; ``free`` also releases the buffers."""
+        """No rows; ``free`` also releases the buffers (and the decode step's fused weights)."""
         self.size = 0
         self.spans = []
         self.begin = self.end = 0
         self.table = None
         if free:
+            self.weights_changed()
             self.keys = [None] * self.num_layers
             self.values = [None] * self.num_layers
             self.slots = self.columns = 0
@@ -522,6 +541,9 @@ class DynamicKV:
                     layer.values = layer.values[:, :, lead:]
             self.mask = self.mask[:, lead:]
         return order
+
+    def weights_changed(self) -> None:
+        """Nothing here copies the weights."""
 
     def reset(self, *, free: bool = False) -> None:
         self.cache = None
