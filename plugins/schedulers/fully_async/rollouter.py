@@ -142,8 +142,11 @@ class Rollouter:
         self._holding = False
         self._stopping = False
         self.error: BaseException | None = None
-        self._idle_total = 0.0
-        self._idle_since: float | None = time.monotonic()
+        self._engines_paused = False
+        self._idle = _StateClock(on=True)
+        """No request in flight, or the engines paused for a weight sync: nothing to compute."""
+        self._paused = _StateClock(on=False)
+        """Starting no sample: at the staleness bound, or holding for a weight sync."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed: asyncio.Event | None = None
         self._ready = threading.Event()
@@ -212,6 +215,7 @@ class Rollouter:
             if reason is not None:
                 logger.info("%s", reason.message())
             if not self.account.may_start():
+                self._update_clocks()
                 return None
             key = self._resubmit.popleft() if self._resubmit else self.stream.next_key()
             number = self.account.started
@@ -219,10 +223,8 @@ class Rollouter:
             sample_id = self._next_id
             self._next_id += 1
             self.outstanding[sample_id] = key
-            if self.in_flight == 0 and self._idle_since is not None:
-                self._idle_total += time.monotonic() - self._idle_since
-                self._idle_since = None
             self.in_flight += 1
+            self._update_clocks()
             return sample_id, key, number
 
     async def _generate(self, sample_id: int, key: PromptKey, number: int) -> None:
@@ -247,8 +249,7 @@ class Rollouter:
         finally:
             with self.lock:
                 self.in_flight -= 1
-                if self.in_flight == 0:
-                    self._idle_since = time.monotonic()
+                self._update_clocks()
                 if sample is not None and not self._stopping:
                     self.account.finish()
                     self.response_tokens += sample.response_tokens
@@ -337,11 +338,15 @@ class Rollouter:
         if self.partial is None:
             with self.lock:
                 self._holding = True
+                self._update_clocks()
                 while self.in_flight and self.error is None:
                     self.lock.wait(timeout=_POLL_S)
             self.raise_if_failed()
         try:
             if self.partial is not None:
+                with self.lock:
+                    self._engines_paused = True
+                    self._update_clocks()
                 self.engines.pause(self.partial)
             try:
                 metrics = push()
@@ -350,21 +355,32 @@ class Rollouter:
                     self.engines.resume()
         finally:
             with self.lock:
-                self._holding = False
+                self._holding = self._engines_paused = False
                 self.account.sync()
+                self._update_clocks()
                 self.lock.notify_all()
             self._notify()
         return metrics
 
     # ------------------------------------------------------------------ what it did
 
+    def _update_clocks(self) -> None:
+        """Start or stop the idle and paused clocks after a change of state (lock held)."""
+        now = time.monotonic()
+        self._idle.turn(self.in_flight == 0 or self._engines_paused, now)
+        self._paused.turn(self._holding or not self.account.may_start(), now)
+
     def idle_seconds(self) -> float:
-        """Seconds so far with no request of the rollouter's in flight."""
+        """Seconds so far with nothing for the engines to compute: no request of the
+        rollouter's in flight, or the engines paused for a weight sync."""
         with self.lock:
-            idle = self._idle_total
-            if self._idle_since is not None:
-                idle += time.monotonic() - self._idle_since
-            return idle
+            return self._idle.seconds(time.monotonic())
+
+    def paused_seconds(self) -> float:
+        """Seconds so far in which the rollouter started no sample: at the staleness bound, or
+        holding for a weight sync."""
+        with self.lock:
+            return self._paused.seconds(time.monotonic())
 
     def snapshot(self) -> dict[str, Any]:
         """The state a checkpoint keeps: the counters, the data position, and the prompts of
@@ -376,3 +392,21 @@ class Rollouter:
                 "dataloader": self.stream.state_dict(),
                 "response_tokens": self.response_tokens,
             }
+
+
+class _StateClock:
+    """Seconds spent in a state that turns on and off."""
+
+    def __init__(self, *, on: bool) -> None:
+        self.total = 0.0
+        self.since: float | None = time.monotonic() if on else None
+
+    def turn(self, on: bool, now: float) -> None:
+        if on and self.since is None:
+            self.since = now
+        elif not on and self.since is not None:
+            self.total += now - self.since
+            self.since = None
+
+    def seconds(self, now: float) -> float:
+        return self.total + (now - self.since if self.since is not None else 0.0)

@@ -160,7 +160,13 @@ class FullyAsyncScheduler(Scheduler):
             resubmit=resubmit,
         )
         metrics: dict[str, Any] = {}
-        marks = _Marks(time.monotonic(), rollouter.idle_seconds(), 0, account.pauses)
+        marks = _Marks(
+            time.monotonic(),
+            rollouter.idle_seconds(),
+            rollouter.paused_seconds(),
+            0,
+            account.pauses,
+        )
         progress = _progress(total, step)
         if step < total:
             rollouter.start()
@@ -351,7 +357,7 @@ class FullyAsyncScheduler(Scheduler):
         account = rollouter.account
         now = time.monotonic()
         wall = max(now - marks.time, 1e-9)
-        idle = rollouter.idle_seconds()
+        idle, paused = rollouter.idle_seconds(), rollouter.paused_seconds()
         with rollouter.lock:
             tokens, generated, dropped = (
                 rollouter.response_tokens,
@@ -373,6 +379,7 @@ class FullyAsyncScheduler(Scheduler):
             "fully_async/count/max_required_samples": float(account.max_required_samples),
             "fully_async/trainer/idle_ratio": min(1.0, timer.seconds["gen"] / wall),
             "fully_async/rollouter/idle_ratio": min(1.0, (idle - marks.idle) / wall),
+            "fully_async/rollouter/paused_ratio": min(1.0, (paused - marks.paused) / wall),
             "fully_async/monitor/generated_tokens_per_s": (tokens - marks.tokens) / wall,
             "fully_async/monitor/max_version_lag": float(max(lags)),
             "fully_async/monitor/mean_version_lag": float(np.mean(lags)),
@@ -382,7 +389,8 @@ class FullyAsyncScheduler(Scheduler):
             "fully_async/partial/max_version_span": float(max(spans)),
             "fully_async/partial/total_samples": float(partial_total),
         }
-        marks.time, marks.idle, marks.tokens, marks.pauses = now, idle, tokens, pauses
+        marks.time, marks.idle, marks.paused = now, idle, paused
+        marks.tokens, marks.pauses = tokens, pauses
         return metrics
 
     # ------------------------------------------------------------------ validation
@@ -422,8 +430,9 @@ class FullyAsyncScheduler(Scheduler):
 class _Marks:
     """The rollouter's counters at the end of the previous step (rates are per step)."""
 
-    def __init__(self, time_: float, idle: float, tokens: int, pauses: int) -> None:
-        self.time, self.idle, self.tokens, self.pauses = time_, idle, tokens, pauses
+    def __init__(self, time_: float, idle: float, paused: float, tokens: int, pauses: int) -> None:
+        self.time, self.idle, self.paused = time_, idle, paused
+        self.tokens, self.pauses = tokens, pauses
 
 
 def _progress(total: int, done: int) -> Any:

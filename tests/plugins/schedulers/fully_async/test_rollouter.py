@@ -208,3 +208,56 @@ def test_a_rollouter_never_started_closes_quietly():
     )
     rollouter.close()
     assert rollouter.account.started == 0
+
+
+def wait_until(condition, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the rollouter did not get there in time"
+        time.sleep(0.005)
+
+
+def test_time_at_the_bound_and_time_with_nothing_to_compute_are_clocked():
+    engines = SleepingEngines(lambda request: 20)
+    account = StalenessAccount(2, 1, 0.0)
+    rollouter = Rollouter(
+        engines=engines,
+        account=account,
+        stream=Stream(),
+        buffer=LocalSampleBuffer(),
+        sampling_params=lambda number: SamplingParams(n=1, max_tokens=40, seed=number),
+        max_in_flight=8,
+        partial="keep",
+    )
+
+    def at_the_bound_with_nothing_in_flight():
+        with rollouter.lock:
+            return not account.may_start() and rollouter.in_flight == 0
+
+    rollouter.start()
+    try:
+        # nobody trains: the rollouter reaches the bound and its responses end
+        wait_until(at_the_bound_with_nothing_in_flight)
+        idle, paused = rollouter.idle_seconds(), rollouter.paused_seconds()
+        time.sleep(0.2)
+        assert rollouter.idle_seconds() - idle >= 0.2
+        assert rollouter.paused_seconds() - paused >= 0.2
+
+        # the trainer takes a step and syncs, the rollouter starts more; the next sync pauses
+        # the engines with responses in flight, and they compute nothing while weights move
+        rollouter.take(2)
+        rollouter.sync(engines.push)
+        wait_until(lambda: engines.in_flight > 0)
+        idle = rollouter.idle_seconds()
+        in_flight_at_push = []
+
+        def slow_push():
+            in_flight_at_push.append(engines.in_flight)
+            time.sleep(0.2)
+            return engines.push()
+
+        rollouter.sync(slow_push)
+        assert in_flight_at_push[0] > 0
+        assert rollouter.idle_seconds() - idle >= 0.2
+    finally:
+        rollouter.close()
