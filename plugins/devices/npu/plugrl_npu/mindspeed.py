@@ -85,6 +85,9 @@ def import_adaptor() -> Any:
     """Import ``mindspeed.megatron_adaptor`` (MindSpeed patches Megatron as it is imported)."""
     if ADAPTOR in sys.modules:
         return sys.modules[ADAPTOR]
+    # a missing MindSpeed first: installing it is the fix whatever else is wrong
+    if not _present("mindspeed"):
+        raise PluginError(f"actor.backend megatron on device npu needs MindSpeed: {INSTALL}")
     early = sorted(name for name in sys.modules if name.split(".")[0] == "megatron")
     if early:
         raise PluginError(
@@ -92,8 +95,6 @@ def import_adaptor() -> Any:
             "patches would not apply; do not import megatron before the run builds its parts "
             "(check reward functions and other plugins)"
         )
-    if not _present("mindspeed"):
-        raise PluginError(f"actor.backend megatron on device npu needs MindSpeed: {INSTALL}")
     with _plain_argv():
         return importlib.import_module(ADAPTOR)
 

@@ -20,7 +20,11 @@ from plugrl.errors import PluginError
 
 @pytest.fixture
 def mindspeed(tmp_path, monkeypatch):
-    """The fake packages on the path, torch_npu faked; their modules forgotten afterwards."""
+    """The fake packages on the path, torch_npu faked; their modules forgotten afterwards (and
+    a real megatron that an earlier test imported put back)."""
+    for name in list(sys.modules):
+        if name.split(".")[0] in {"mindspeed", "megatron"}:
+            monkeypatch.delitem(sys.modules, name)
     fake_ascend.install_torch_npu(monkeypatch)
     monkeypatch.syspath_prepend(str(fake_ascend.write_mindspeed(tmp_path)))
     monkeypatch.setattr(sys, "argv", ["ray::TrainerWorker", "--node-ip-address=10.0.0.1"])
@@ -135,7 +139,9 @@ def test_the_core_runs_the_patching_once_and_logs_each_line(
     mindspeed, plugrl_register_plugin, plugrl_plugin_manager, caplog
 ):
     plugrl_register_plugin(plugrl_npu)
-    plugrl_register_plugin(StandInMegatron(), name="stand-in-megatron")
+    if "megatron" not in plugrl_plugin_manager.registry("training_backends"):
+        # plugrl-megatron is not installed here
+        plugrl_register_plugin(StandInMegatron(), name="stand-in-megatron")
     run = recipe({"apply_rope_fusion": True})
     with caplog.at_level(logging.INFO, logger="plugrl.cluster"):
         patched = prepare_backend_once(plugrl_plugin_manager, "npu", "megatron", run)

@@ -3,6 +3,7 @@ with -9 and resumed, and on Ray with the engine in a worker of its own that gets
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
@@ -191,29 +192,43 @@ def ray_session():
         yield ray
 
 
+KILL_RUN_STEPS = 4
+
+
 def test_a_killed_engine_worker_on_ray_loses_and_repeats_nothing(
     tiny_task, tmp_path, monkeypatch, ray_session
 ):
     taken = []
     kills = []
+    engine_pids = []
     take = Rollouter.take
+    generate = Rollouter._generate
 
-    def killing(self, count):
-        if len(taken) == REQUIRED and not kills:
-            # mid-run, with the rollouter's requests in flight on the engine: the sync after
-            # step 1 let it start new ones
-            deadline = time.monotonic() + 60
-            while self.in_flight == 0 and time.monotonic() < deadline:
-                time.sleep(0.01)
-            assert self.in_flight > 0
-            kills.append(self.engines.engine_pids()[0])
-            os.kill(kills[0], signal.SIGKILL)
+    def recording(self, count):
+        if not engine_pids:
+            engine_pids.extend(self.engines.engine_pids())
         samples, dropped = take(self, count)
         taken.extend((sample.sample_id, sample.key) for sample in samples)
         return samples, dropped
 
-    monkeypatch.setattr(Rollouter, "take", killing)
-    recipe = async_recipe(tiny_task, tmp_path, steps=3, staleness_threshold=1.0)
+    async def killing(self, sample_id, key, number):
+        # mid-run, with this sample's request on its way to the engine: the worker dies with
+        # a request of the rollouter in flight, whatever the machine's load. The first 3
+        # steps' worth of samples may start before the trainer's first step; this one starts
+        # after it, and step 4 needs it
+        if number == 3 * REQUIRED and not kills and engine_pids:
+
+            async def kill_when_sent():
+                await asyncio.sleep(0)
+                kills.append(engine_pids[0])
+                os.kill(engine_pids[0], signal.SIGKILL)
+
+            asyncio.get_running_loop().create_task(kill_when_sent())
+        return await generate(self, sample_id, key, number)
+
+    monkeypatch.setattr(Rollouter, "take", recording)
+    monkeypatch.setattr(Rollouter, "_generate", killing)
+    recipe = async_recipe(tiny_task, tmp_path, steps=KILL_RUN_STEPS, staleness_threshold=1.0)
     result = CliRunner().invoke(
         cli,
         [
@@ -228,12 +243,12 @@ def test_a_killed_engine_worker_on_ray_loses_and_repeats_nothing(
     assert kills, "no engine worker was killed"
     assert "engine worker 0 died" in result.stderr
     assert "engine worker 0 is back (restart 1)" in result.stderr
-    records = check_steps(by_step(read_records(tmp_path / "run")), 3)
-    assert len(taken) == 3 * REQUIRED
+    records = check_steps(by_step(read_records(tmp_path / "run")), KILL_RUN_STEPS)
+    assert len(taken) == KILL_RUN_STEPS * REQUIRED
     assert len({sample_id for sample_id, _ in taken}) == len(taken), "a sample trained twice"
     assert len({key for _, key in taken}) == len(taken), "a prompt trained twice in an epoch"
-    last = records[3]
-    trained = 3 * REQUIRED
+    last = records[KILL_RUN_STEPS]
+    trained = KILL_RUN_STEPS * REQUIRED
     # every sample generated was trained, dropped, or is still waiting: none lost
     assert last["fully_async/count/total_generated_samples"] >= (
         trained + last["fully_async/count/dropped_stale_samples"]
