@@ -76,7 +76,8 @@ def _fsync_dir(path: Path) -> None:
 
 def _causes(exc: BaseException) -> list[BaseException]:
     """``exc``, what caused it, and the ranks' failures it carries (torch's distributed
-    checkpoint collects each rank's exception in ``failures``), recursively."""
+    checkpoint collects each rank's exception in ``failures``, with its stack as
+    ``(exception, stack)``), recursively."""
     seen: dict[int, BaseException] = {}
     pending: list[BaseException] = [exc]
     while pending:
@@ -87,7 +88,10 @@ def _causes(exc: BaseException) -> list[BaseException]:
         pending += [e for e in (error.__cause__, error.__context__) if e is not None]
         failures = getattr(error, "failures", None)
         if isinstance(failures, dict):
-            pending += [e for e in failures.values() if isinstance(e, BaseException)]
+            for failure in failures.values():
+                failed = failure[0] if isinstance(failure, tuple) and failure else failure
+                if isinstance(failed, BaseException):
+                    pending.append(failed)
     return list(seen.values())
 
 

@@ -1,6 +1,7 @@
 import json
 import os
 import shutil
+import traceback
 
 import pytest
 import torch
@@ -188,13 +189,12 @@ def test_manifests_of_sizes_alone_still_verify(tmp_path):
         CheckpointManager(tmp_path).resolve("auto")
 
 
-class DistributedCheckpointFailure(BaseException):
-    """Like torch.distributed.checkpoint's CheckpointException: not an Exception, with each
-    rank's error in ``failures``."""
+def distributed_checkpoint_failure(error):
+    """What torch.distributed.checkpoint raises when a rank fails: a CheckpointException (not
+    an Exception) whose ``failures`` map each rank to its error and the error's stack."""
+    from torch.distributed.checkpoint.api import CheckpointException
 
-    def __init__(self, failures):
-        super().__init__("rank failures")
-        self.failures = failures
+    return CheckpointException("rank failures", {0: (error, traceback.extract_stack())})
 
 
 def test_a_full_disk_keeps_the_previous_checkpoint_and_removes_the_half_written_one(tmp_path):
@@ -206,7 +206,7 @@ def test_a_full_disk_keeps_the_previous_checkpoint_and_removes_the_half_written_
     def fill_the_disk(folder):
         writer(2)(folder)
         full = OSError(errno.ENOSPC, "No space left on device")
-        raise DistributedCheckpointFailure({0: full})
+        raise distributed_checkpoint_failure(full)
 
     with pytest.raises(CheckpointError) as info:
         manager.save(2, fill_the_disk, {"dataloader": {}})
@@ -236,7 +236,7 @@ def test_an_interrupt_a_distributed_save_wraps_is_still_an_interrupt(tmp_path):
 
     def interrupted(folder):
         writer(1)(folder)
-        raise DistributedCheckpointFailure({0: KeyboardInterrupt()})
+        raise distributed_checkpoint_failure(KeyboardInterrupt())
 
     with pytest.raises(KeyboardInterrupt):
         manager.save(1, interrupted, {"dataloader": {}})
