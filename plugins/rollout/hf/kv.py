@@ -340,6 +340,9 @@ class SlotKV:
             slice(end - width, end),
             slice(attend_from, end),
         )
+        if self.lean is not None and self.lean.usable():
+            self.lean.prefill(self, ids, positions, allowed)
+            return
         model(
             input_ids=ids,
             attention_mask=self._mask_values(allowed[:, None]),
