@@ -1,4 +1,5 @@
-"""A decode step of Llama-family models (Llama, Qwen2, Qwen3) written out with torch functions.
+"""Decode steps and prompt passes of Llama-family models (Llama, Qwen2, Qwen3) written out with
+torch functions.
 
 A decode step of the Hugging Face model runs a few hundred small modules per token for a model
 of a few layers; at the batch sizes of a rollout on a CPU their Python (module calls, mask and
@@ -12,6 +13,12 @@ computes the same thing directly on the module's weights and :class:`~.kv.SlotKV
 * RMSNorm with :func:`torch.nn.functional.rms_norm`, rotary embedding for queries and keys in
   one operation, the model's own rotary module for the angles (so every RoPE scaling type the
   model supports stays correct), and the one-token attention kernel of :mod:`~.kv`.
+
+A prompt pass (rows joining the batch) runs the same way over all its tokens at once, with
+``scaled_dot_product_attention`` under the pass's causal mask, and writes only keys and
+values: its last layer stops after the key and value projections (the next token's logits
+come from the decode step that feeds the prompt's last token). For the quickstart model that
+takes a quarter off the prompt passes of 64 new rows.
 
 It serves only models it can reproduce exactly: the listed model types with SiLU gates,
 full-attention layers, plain ``nn.Linear`` projections and plain tensors as weights, and no

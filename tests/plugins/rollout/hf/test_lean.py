@@ -353,6 +353,6 @@ def test_the_engine_says_why_a_model_runs_its_own_forward(tokenizer, caplog):
         engine = bound_engine(model, tokenizer)
     assert engine._batch is not None and engine._batch.kv.lean is None
     assert (
-        "hf rollout engine: decode steps run the model's own forward: its modules have forward "
-        "hooks (FSDP, an adapter or instrumentation)"
+        "hf rollout engine: decode steps and prompt passes run the model's own forward: its "
+        "modules have forward hooks (FSDP, an adapter or instrumentation)"
     ) in caplog.text
