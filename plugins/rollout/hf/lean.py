@@ -18,7 +18,7 @@ A prompt pass (rows joining the batch) runs the same way over all its tokens at 
 ``scaled_dot_product_attention`` under the pass's causal mask, and writes only keys and
 values: its last layer stops after the key and value projections (the next token's logits
 come from the decode step that feeds the prompt's last token). For the quickstart model that
-takes a quarter off the prompt passes of 64 new rows.
+takes 16-25% off the prompt passes of 64 new rows.
 
 It serves only models it can reproduce exactly: the listed model types with SiLU gates,
 full-attention layers, plain ``nn.Linear`` projections and plain tensors as weights, and no
