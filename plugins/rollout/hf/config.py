@@ -27,8 +27,8 @@ class HFRolloutConfig(RolloutConfig):
     )
     lean_decode: bool = option(
         True,
-        "Compute decode steps of Llama, Qwen2 and Qwen3 models directly on their weights (fused "
-        "projections, no module dispatch): the same logits, faster. Other models, and models "
-        "with forward hooks (FSDP, adapters), always run their own forward. The fused copies "
-        "hold the attention-input and gate/up weights a second time.",
+        "Compute decode steps and prompt passes of Llama, Qwen2 and Qwen3 models directly on "
+        "their weights (fused projections, no module dispatch): the same logits, faster. "
+        "Other models, and models with forward hooks (FSDP, adapters), always run their own "
+        "forward. The fused copies hold the attention-input and gate/up weights a second time.",
     )

@@ -585,7 +585,7 @@ class HFRolloutEngine(RolloutEngine):
         lean_unsupported = getattr(self._batch.kv, "lean_unsupported", None)
         if self.config.lean_decode and lean_unsupported:
             logger.info(
-                "hf rollout engine: decode steps run the model's own forward: %s",
+                "hf rollout engine: decode steps and prompt passes run the model's own forward: %s",
                 lean_unsupported,
             )
         self._batch.adopt(rows)

@@ -18,8 +18,8 @@ and a decode step writes one new column at ``end`` for all rows. So:
   counters, so padding never shifts rotary positions;
 * decode steps run attention with :func:`_decode_attention`, registered with transformers'
   ``AttentionInterface``: the model is the same, only its attention kernel for one-token queries;
-  for the models :mod:`~plugrl_plugins.rollout.hf.lean` serves, a decode step is computed there
-  directly on the weights and these buffers.
+  for the models :mod:`~plugrl_plugins.rollout.hf.lean` serves, decode steps and prompt
+  passes are computed there directly on the weights and these buffers.
 
 This needs the model's cache layers to be plain full-attention layers and an attention
 implementation that takes a 4D mask (``sdpa``, ``eager``) for the prompt passes. Other models
@@ -340,6 +340,9 @@ class SlotKV:
             slice(end - width, end),
             slice(attend_from, end),
         )
+        if self.lean is not None and self.lean.usable():
+            self.lean.prefill(self, ids, positions, allowed)
+            return
         model(
             input_ids=ids,
             attention_mask=self._mask_values(allowed[:, None]),

@@ -1,4 +1,5 @@
-"""A decode step of Llama-family models (Llama, Qwen2, Qwen3) written out with torch functions.
+"""Decode steps and prompt passes of Llama-family models (Llama, Qwen2, Qwen3) written out with
+torch functions.
 
 A decode step of the Hugging Face model runs a few hundred small modules per token for a model
 of a few layers; at the batch sizes of a rollout on a CPU their Python (module calls, mask and
@@ -12,6 +13,12 @@ computes the same thing directly on the module's weights and :class:`~.kv.SlotKV
 * RMSNorm with :func:`torch.nn.functional.rms_norm`, rotary embedding for queries and keys in
   one operation, the model's own rotary module for the angles (so every RoPE scaling type the
   model supports stays correct), and the one-token attention kernel of :mod:`~.kv`.
+
+A prompt pass (rows joining the batch) runs the same way over all its tokens at once, with
+``scaled_dot_product_attention`` under the pass's causal mask, and writes only keys and
+values: its last layer stops after the key and value projections (the next token's logits
+come from the decode step that feeds the prompt's last token). For the quickstart model that
+takes 16-25% off the prompt passes of 64 new rows.
 
 It serves only models it can reproduce exactly: the listed model types with SiLU gates,
 full-attention layers, plain ``nn.Linear`` projections and plain tensors as weights, and no
@@ -242,6 +249,80 @@ class LeanDecoder:
         hidden = _rms_norm(hidden, self.inner.norm)
         head = self.model.lm_head
         return F.linear(hidden, head.weight, head.bias)
+
+    # ------------------------------------------------------------------------ a prompt pass
+
+    def prefill(
+        self,
+        kv: SlotKV,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        allowed: torch.Tensor,
+    ) -> None:
+        """Compute the keys and values of ``input_ids`` ``[rows, width]`` into ``kv`` where
+        its current target says (:meth:`SlotKV.write`); ``allowed`` ``[rows, width, keys]``
+        says which of the target's columns each query attends to.
+
+        A prompt pass keeps only keys and values (the next token comes from the decode step
+        that feeds the prompt's last token), so the last layer stops after its key and value
+        projections: its attention, its MLP, the final norm and the head change nothing that
+        is kept."""
+        self._refresh()
+        rows, width = input_ids.shape
+        heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
+        hidden = F.embedding(input_ids, self.inner.embed_tokens.weight)
+        cos, sin = self.inner.rotary_emb(hidden, positions)  # [rows, width, dim]
+        cos, sin = cos[:, :, None], sin[:, :, None]
+        mask = allowed[:, None]
+        last = len(self.layers) - 1
+        for index, layer in enumerate(self.layers):
+            attention = layer.self_attn
+            fused = self._fused[index]
+            normed = _rms_norm(hidden, layer.input_layernorm)
+            if index == last:
+                # only the keys and values: the query rows of the fused weight are skipped
+                query_rows = heads * dim
+                bias = None if fused.qkv_bias is None else fused.qkv_bias[query_rows:]
+                states = F.linear(normed, fused.qkv[query_rows:], bias)
+                key = states[..., : kv_heads * dim].view(rows, width, kv_heads, dim)
+                value = states[..., kv_heads * dim :].view(rows, width, kv_heads, dim)
+                if self.qk_norm:
+                    key = _rms_norm(key, attention.k_norm)
+                kv.write(index, _rotate(key, cos, sin).transpose(1, 2), value.transpose(1, 2))
+                break
+            states = F.linear(normed, fused.qkv, fused.qkv_bias)
+            query_key = states[..., : (heads + kv_heads) * dim].view(
+                rows, width, heads + kv_heads, dim
+            )
+            value = states[..., (heads + kv_heads) * dim :].view(rows, width, kv_heads, dim)
+            if self.qk_norm:
+                query = _rotate(_rms_norm(query_key[:, :, :heads], attention.q_norm), cos, sin)
+                key = _rotate(_rms_norm(query_key[:, :, heads:], attention.k_norm), cos, sin)
+            else:
+                query_key = _rotate(query_key, cos, sin)
+                query, key = query_key[:, :, :heads], query_key[:, :, heads:]
+            keys, values = kv.write(index, key.transpose(1, 2), value.transpose(1, 2))
+            context = F.scaled_dot_product_attention(
+                query.transpose(1, 2),
+                keys,
+                values,
+                attn_mask=mask,
+                scale=attention.scaling,
+                enable_gqa=kv_heads != heads,
+            )
+            output = attention.o_proj
+            hidden = hidden + F.linear(
+                context.transpose(1, 2).reshape(rows, width, heads * dim),
+                output.weight,
+                output.bias,
+            )
+            mlp = layer.mlp
+            gate_up = F.linear(
+                _rms_norm(hidden, layer.post_attention_layernorm), fused.gate_up, fused.gate_up_bias
+            )
+            gate, up = gate_up.split(self.intermediate, dim=-1)
+            down = mlp.down_proj
+            hidden = hidden + F.linear(F.silu(gate) * up, down.weight, down.bias)
 
 
 def _fused_bias(linears: tuple[nn.Linear, ...]) -> torch.Tensor | None:

@@ -75,16 +75,16 @@ def full_forward_logits(model, sequence: list[int]) -> torch.Tensor:
 
 
 class Spy:
-    """Counts the lean decoder's steps."""
+    """Counts the lean decoder's steps (``decode``) or prompt passes (``prefill``)."""
 
-    def __init__(self, lean: LeanDecoder) -> None:
+    def __init__(self, lean: LeanDecoder, method: str = "decode") -> None:
         self.steps = 0
-        self.decode = lean.decode
-        lean.decode = self  # type: ignore[method-assign]
+        self.call = getattr(lean, method)
+        setattr(lean, method, self)
 
     def __call__(self, *args):
         self.steps += 1
-        return self.decode(*args)
+        return self.call(*args)
 
 
 @pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama"])
@@ -123,6 +123,70 @@ def test_lean_steps_give_the_logits_of_the_models_own_forward(kind):
                 pad_token_id=0,
             )
         assert sequence == reference[0].tolist()
+
+
+def slot_kv(model, *, lean: bool = True, prefill_tokens: int = 512) -> SlotKV:
+    return SlotKV(
+        model,
+        device=torch.device("cpu"),
+        pad_token_id=0,
+        max_slots=8,
+        prefill_tokens=prefill_tokens,
+        lean_decode=lean,
+    )
+
+
+SHARED_START = [7, 3, 90, 14, 66, 2, 31, 8, 5, 12, 40, 9, 22, 17, 4, 28, 11]
+"""A prompt start three prompts share: computed once for all of them ((3 - 1) x 17 tokens
+saved, at least SHARE_MIN_TOKENS)."""
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama"])
+@pytest.mark.parametrize("prefill_tokens", [512, 40])
+def test_lean_prompt_passes_write_the_keys_and_values_of_the_models_own_pass(kind, prefill_tokens):
+    """Prompts of different lengths (padding), a shared start, copies of one prompt, a second
+    join into a running batch, and chunks of a few rows per pass (prefill_tokens 40)."""
+    model = build(kind)
+    lean_kv, module_kv = (
+        slot_kv(model, prefill_tokens=prefill_tokens),
+        slot_kv(model, lean=False, prefill_tokens=prefill_tokens),
+    )
+    assert lean_kv.lean is not None
+    spy = Spy(lean_kv.lean, "prefill")
+    first = [[*SHARED_START, 5, 6], [*SHARED_START, 70, 71, 72, 73, 74], [*SHARED_START, 9]]
+    later = [[4, 4, 4], [61, 62, 63, 64, 65, 66, 67]]
+    with torch.no_grad():
+        for kv in (lean_kv, module_kv):
+            kv.prefill(model, first, [1, 2, 1])
+            kv.forward_step(model, torch.tensor([1, 2, 2, 3]), torch.tensor([19, 22, 22, 18]))
+            kv.prefill(model, later, [1, 1])
+    assert spy.steps >= 3  # the shared start, the suffixes, the later prompts
+    assert lean_kv.spans == module_kv.spans
+    assert (lean_kv.begin, lean_kv.end) == (module_kv.begin, module_kv.end)
+    for lean_buffer, module_buffer in zip(
+        lean_kv.keys + lean_kv.values, module_kv.keys + module_kv.values, strict=True
+    ):
+        assert lean_buffer is not None and module_buffer is not None
+        used = (slice(0, lean_kv.size), slice(None), slice(lean_kv.begin, lean_kv.end))
+        assert (lean_buffer[used] - module_buffer[used]).abs().max() <= LOGIT_TOLERANCE
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama"])
+def test_decode_steps_after_lean_prompt_passes_give_the_models_logits(kind):
+    model = build(kind)
+    kv = slot_kv(model)
+    prompts = [[*SHARED_START, 5, 6, 44], [*SHARED_START, 70, 71], [*SHARED_START, 9, 1, 2, 3]]
+    sequences = [list(p) for p in prompts]
+    counts = [2, 1, 1]
+    with torch.no_grad():
+        order = kv.prefill(model, [s[:-1] for s in sequences], counts)
+        rows = [sequences[g] for g in order]
+        ids = torch.tensor([row[-1] for row in rows])
+        positions = torch.tensor([len(row) - 1 for row in rows])
+        logits = kv.forward_step(model, ids, positions)
+    for row, sequence in enumerate(rows):
+        expected = full_forward_logits(model, sequence)[-1]
+        assert (logits[row] - expected).abs().max() <= LOGIT_TOLERANCE
 
 
 def bound_engine(model, tokenizer) -> HFRolloutEngine:
@@ -226,12 +290,14 @@ def test_a_hooked_model_runs_its_own_forward(tiny_model_dir, tokenizer):
     engine = bound_engine(model, tokenizer)
     lean = engine._batch.kv.lean  # type: ignore[union-attr]
     assert lean is not None
-    spy = Spy(lean)
-    decode_calls = []
+    spy, prefill_spy = Spy(lean), Spy(lean, "prefill")
+    decode_calls, prompt_passes = [], []
 
     def record(module, args, kwargs):
         if kwargs["input_ids"].shape[1] == 1:
             decode_calls.append(kwargs["input_ids"].shape[0])
+        else:
+            prompt_passes.append(kwargs["input_ids"].shape[0])
 
     # added after the engine was built: the hook still sees every decode step
     handle = model.register_forward_pre_hook(record, with_kwargs=True)
@@ -239,11 +305,13 @@ def test_a_hooked_model_runs_its_own_forward(tiny_model_dir, tokenizer):
         completions = engine.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=6))
     finally:
         handle.remove()
-    assert spy.steps == 0
+    assert spy.steps == 0 and prefill_spy.steps == 0
     assert len(decode_calls) == max(len(c.token_ids) for c in completions)
+    assert sum(prompt_passes) == len(PROMPTS)
     assert lean_unsupported(model) is None  # the hook is gone: lean steps again
     engine.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=3))
     assert spy.steps == 3
+    assert prefill_spy.steps >= 1
 
 
 def test_why_a_model_gets_no_lean_steps():
@@ -285,6 +353,6 @@ def test_the_engine_says_why_a_model_runs_its_own_forward(tokenizer, caplog):
         engine = bound_engine(model, tokenizer)
     assert engine._batch is not None and engine._batch.kv.lean is None
     assert (
-        "hf rollout engine: decode steps run the model's own forward: its modules have forward "
-        "hooks (FSDP, an adapter or instrumentation)"
+        "hf rollout engine: decode steps and prompt passes run the model's own forward: its "
+        "modules have forward hooks (FSDP, an adapter or instrumentation)"
     ) in caplog.text
