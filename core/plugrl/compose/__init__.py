@@ -9,6 +9,9 @@ importing another plugin.
   reward, trainer worker groups, engine group, weight transport, checkpoints).
 * :class:`PolicyObjective`: the actor loss (policy loss + KL loss - entropy bonus, with
   importance weights) that training backends call per micro-batch.
+* :func:`update_from_batch` (reference log-probs, values, advantages, critic and actor
+  updates of a scored batch) and :func:`validate` (``val-core``/``val-aux`` metrics): the steps
+  every scheduler shares.
 * :class:`KLInReward`, :class:`DynamicSampler`, :func:`check_algorithm`,
   :func:`make_resolver` (scoring functions by data source).
 """
@@ -34,6 +37,8 @@ _HOMES = {
     "build_run_parts": "run_parts",
     "sampling_seed": "run_parts",
     "update_derives_old_log_probs": "run_parts",
+    "update_from_batch": "steps",
+    "validate": "steps",
     "Scorer": "scoring",
     "ScoringError": "scoring",
     "make_resolver": "scoring",
@@ -65,4 +70,6 @@ __all__ = [
     "make_resolver",
     "sampling_seed",
     "update_derives_old_log_probs",
+    "update_from_batch",
+    "validate",
 ]

@@ -8,12 +8,11 @@ import logging
 import math
 import sys
 import time
-from collections import defaultdict
 from typing import Any, ClassVar
 
 import numpy as np
 
-from plugrl.compose import RunParts, sampling_seed
+from plugrl.compose import RunParts, sampling_seed, update_from_batch, validate
 from plugrl.data.batch import Batch
 from plugrl.data.rollout_batch import build_rollout_batch
 from plugrl.errors import RecipeError
@@ -29,8 +28,7 @@ from .rollouter import PromptStream, Rollouter, Sample
 
 logger = logging.getLogger("plugrl.run")
 
-_VALIDATION_SEED = 1
-_ROLLOUT_SEED = 2
+_ROLLOUT_SEED = 2  # a stream of sampling seeds apart from validation's (plugrl.compose)
 
 
 class FullyAsyncScheduler(Scheduler):
@@ -249,23 +247,7 @@ class FullyAsyncScheduler(Scheduler):
             with timer("reward"):
                 self.score(parts, batch, metrics)
             self.old_log_probs(parts, batch, timer, metrics)
-            if parts.ref is not None:
-                with timer("ref"):
-                    batch["ref_log_prob"] = parts.ref.compute_log_prob(batch)["log_probs"]
-            if parts.critic is not None:
-                with timer("values"):
-                    batch["values"] = parts.critic.compute_values(batch)
-            with timer("adv"):
-                if parts.kl_in_reward is not None:
-                    metrics.update(parts.kl_in_reward(batch))
-                else:
-                    batch["token_level_rewards"] = batch["token_level_scores"]
-                batch["advantages"], batch["returns"] = parts.estimator.compute(batch)
-            if parts.critic is not None:
-                with timer("update_critic"):
-                    metrics.update(parts.critic.update_critic(batch))
-            with timer("update_actor"):
-                metrics.update(parts.actor.update_policy(batch, parts.objective))
+            metrics.update(update_from_batch(parts, batch, timer))
             if step % config.trigger_parameter_sync_step == 0:
                 with timer("param_sync"):
                     metrics.update(rollouter.sync(lambda: self.push_weights(parts)))
@@ -396,35 +378,9 @@ class FullyAsyncScheduler(Scheduler):
     # ------------------------------------------------------------------ validation
 
     def validate(self, parts: RunParts, step: int) -> dict[str, float]:
-        """Score the validation set with ``rollout.val_kwargs`` sampling, on the engines'
-        current weights, beside the rollouter's requests: ``val-core/<data_source>/acc/mean@N``
-        (``reward`` when a scorer gives no ``acc``) and ``val-aux/<data_source>/score/mean@N``."""
-        from plugrl.data.dataset import PromptLoader
-
-        recipe = self.recipe
-        loader = PromptLoader.for_validation(parts.val_data, recipe.data, parts.pad_token_id)
-        params = recipe.rollout.sampling_params(recipe.data.max_response_length, validate=True)
-        params.seed = sampling_seed(recipe.trainer.seed, step, _VALIDATION_SEED)
-        values: dict[tuple[str, str], list[float]] = defaultdict(list)
-        for prompts in loader:
-            completions = parts.engines.generate(list(prompts["raw_prompt_ids"]), params)
-            batch = build_rollout_batch(
-                prompts, completions, n=params.n, pad_token_id=parts.pad_token_id
-            )
-            output = parts.reward(batch)
-            scores = output.token_level_scores.sum(dim=-1).tolist()
-            accuracy = output.extra.get("acc")
-            for row, data_source in enumerate(batch["data_source"]):
-                values[(data_source, "score")].append(scores[row])
-                if accuracy is not None:
-                    values[(data_source, "acc")].append(float(accuracy[row]))
-        metrics: dict[str, float] = {}
-        for (data_source, name), items in sorted(values.items()):
-            core = name == "acc" or (name == "score" and (data_source, "acc") not in values)
-            label = name if name == "acc" or not core else "reward"
-            group = "val-core" if core else "val-aux"
-            metrics[f"{group}/{data_source}/{label}/mean@{params.n}"] = float(np.mean(items))
-        return metrics
+        """Validation runs on the engines beside the rollouter's requests, on the weights
+        they have now."""
+        return validate(parts, self.recipe, step)
 
 
 class _Marks:
