@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from support import pip_install_into
+
 ROOT = Path(__file__).resolve().parents[1]
 DISTRIBUTIONS = {
     "plugrl-sglang": ROOT / "plugins" / "rollout" / "sglang",
@@ -17,26 +19,7 @@ DISTRIBUTIONS = {
 
 def pip_install(target: Path, *names: str) -> Path:
     """``pip install`` (not editable) the named distributions into ``target``."""
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--no-build-isolation",
-            "--no-index",
-            "--target",
-            str(target),
-            *(str(DISTRIBUTIONS[name]) for name in names),
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    return target
+    return pip_install_into(target, *(DISTRIBUTIONS[name] for name in names))
 
 
 def plugrl(*args: str, path: list[Path], cwd: Path = ROOT) -> subprocess.CompletedProcess:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,31 @@ def importable_here(folder: str | Path) -> None:
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if folder not in paths:
         os.environ["PYTHONPATH"] = os.pathsep.join([folder, *paths])
+
+
+def pip_install_into(target: Path, *sources: Path) -> Path:
+    """``pip install`` (not editable, as users install them) the distributions at ``sources``
+    into ``target``, without dependencies or the network: plugrl is already here."""
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--target",
+            str(target),
+            *map(str, sources),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return target
 
 
 @pytest.fixture(autouse=True, scope="module")

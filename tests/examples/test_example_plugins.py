@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support import pip_install_into
 
 from plugrl.data.batch import Batch
 from plugrl.errors import RecipeError
@@ -24,32 +25,10 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "plugins"
 
 
-def pip_install(target: Path, *packages: Path) -> None:
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--no-build-isolation",
-            "--no-index",
-            "--target",
-            str(target),
-            *map(str, packages),
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     target = tmp_path_factory.mktemp("site")
-    pip_install(target, EXAMPLES / "plugrl-countdown", EXAMPLES / "plugrl-median-baseline")
+    pip_install_into(target, EXAMPLES / "plugrl-countdown", EXAMPLES / "plugrl-median-baseline")
     return target
 
 
@@ -274,7 +253,7 @@ def test_a_plugin_written_from_the_docs_works(tmp_path, monkeypatch):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(blocks[name])
     site = tmp_path / "site"
-    pip_install(site, package)
+    pip_install_into(site, package)
     monkeypatch.syspath_prepend(str(site))
     manager = PluginManager(environ={})
     manager.load_entry_points()

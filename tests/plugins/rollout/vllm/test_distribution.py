@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support import pip_install_into
 
 PLUGIN = Path(__file__).resolve().parents[4] / "plugins" / "rollout" / "vllm"
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -22,26 +23,7 @@ HAS_VLLM = importlib.util.find_spec("vllm") is not None
 def site(tmp_path_factory) -> Path:
     """plugrl-vllm installed by pip, as a user installs it (no dependencies: plugrl is here)."""
     target = tmp_path_factory.mktemp("site")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--no-build-isolation",
-            "--no-index",
-            "--target",
-            str(target),
-            str(PLUGIN),
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    return target
+    return pip_install_into(target, PLUGIN)
 
 
 def plugrl(site: Path, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
