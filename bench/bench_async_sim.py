@@ -157,6 +157,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=8, help="Training steps per run.")
     parser.add_argument("--batch", type=int, default=16, help="Prompts per training step.")
     parser.add_argument("--n", type=int, default=4, help="Responses per prompt.")
+    parser.add_argument(
+        "--sync-step",
+        type=int,
+        default=1,
+        help="scheduler.trigger_parameter_sync_step of the fully-async cells (K). Sync then "
+        "generates K x --batch prompts per step and trains them in K mini-batches of --batch, "
+        "so both take K optimizer steps per weight version; --steps counts optimizer steps.",
+    )
+    parser.add_argument(
+        "--rollout-log-probs",
+        action="store_true",
+        help="scheduler.use_rollout_log_probs in the fully-async cells (the seeds' setting): "
+        "the engines' log-probs are the old log-probs, no second forward pass.",
+    )
     parser.add_argument("--max-response-length", type=int, default=512)
     parser.add_argument("--async-scheduler", default="fully_async", help="Scheduler to compare.")
     parser.add_argument(
@@ -196,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--work-dir", type=Path, default=None, help="Where runs are written.")
     args = parser.parse_args(argv)
+    if args.sync_step < 1 or args.steps % args.sync_step:
+        raise SystemExit(f"--steps {args.steps} is not a multiple of --sync-step {args.sync_step}")
 
     import attrs
     import yaml
@@ -223,19 +239,24 @@ def main(argv: list[str] | None = None) -> int:
         fields = attrs.fields_dict(schedulers.get(args.async_scheduler).load_config())
         in_flight_key = IN_FLIGHT_KEY if IN_FLIGHT_KEY in fields else None
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="plugrl-sim-"))
-    task = build_sim_task(work_dir / "task", num_train=args.batch * (args.steps + 2))
+    task = build_sim_task(
+        work_dir / "task", num_train=args.batch * (args.steps + 2 * args.sync_step)
+    )
 
     def recipe(scheduler: str, label: str, **layout: Any) -> dict[str, Any]:
+        # a sync step generates what the fully-async trainer takes between two weight syncs
+        per_version = args.sync_step if scheduler == SYNC else 1
         data = sim_recipe(
             task,
             work_dir / label,
             scheduler=scheduler,
             max_response_length=args.max_response_length,
-            train_batch_size=args.batch,
+            train_batch_size=args.batch * per_version,
             n=args.n,
-            steps=args.steps,
+            steps=args.steps // per_version,
             **layout,
         )
+        data["actor"]["ppo_mini_batch_size"] = args.batch
         for section, config_cls in (("rollout", SimEngineConfig), ("actor", SimBackendConfig)):
             for field in attrs.fields(config_cls):
                 if field.name in SCALED_COSTS:
@@ -249,9 +270,9 @@ def main(argv: list[str] | None = None) -> int:
         return data
 
     print(
-        f"{args.devices} simulated devices; {args.batch} prompts x {args.n} responses per step, "
-        f"at most {args.max_response_length} tokens; {args.steps} steps per run; costs x "
-        f"{args.time_scale:g}",
+        f"{args.devices} simulated devices; {args.batch} prompts x {args.n} responses per "
+        f"optimizer step, at most {args.max_response_length} tokens; {args.steps} optimizer "
+        f"steps per run, {args.sync_step} per weight version; costs x {args.time_scale:g}",
         flush=True,
     )
 
@@ -281,8 +302,12 @@ def main(argv: list[str] | None = None) -> int:
                     colocate=False,
                 )
                 data["scheduler"].update(
-                    staleness_threshold=threshold, partial_rollout=args.partial_rollout
+                    staleness_threshold=threshold,
+                    partial_rollout=args.partial_rollout,
+                    trigger_parameter_sync_step=args.sync_step,
                 )
+                if args.rollout_log_probs:
+                    data["scheduler"]["use_rollout_log_probs"] = True
                 if in_flight_key is not None:
                     # one simulated engine stands for an engine per rollout device
                     data["scheduler"][in_flight_key] = args.in_flight_per_device * rollout_devices
