@@ -11,8 +11,11 @@ pauses when they reach it and resumes once the trainer takes or syncs.
 If samples came back in the order they started, that rule alone would keep every trained
 sample within ``max_version_lag`` versions of the trainer. Responses end out of order (a long
 one can be overtaken by many short ones), so the trainer also checks each sample when it takes
-it and drops (and counts) one whose oldest token is older than the bound. Every sample that is
-generated is therefore trained once, dropped once, or still outstanding.
+it and drops (and counts) one whose oldest token is older than the bound. A sample whose oldest
+token is already older than the bound while it is still being generated can never train, so
+the rollouter may end it there (:meth:`abandon`), which counts it as dropped and frees its
+place under the bound for a sample that can train. Every sample that is started is therefore
+trained once, dropped once, or still outstanding.
 """
 
 from __future__ import annotations
@@ -52,8 +55,9 @@ class StalenessAccount:
 
     Events, in any order the run produces them: :meth:`start` (the rollouter sends a prompt;
     only when :meth:`may_start`), :meth:`finish` (its responses ended), :meth:`take` (the
-    trainer takes it into a step: trained, or dropped when too old), :meth:`sync` (the trainer
-    published a new version).
+    trainer takes it into a step: trained, or dropped when too old), :meth:`abandon` (instead
+    of finish and take: it ended too old to train), :meth:`sync` (the trainer published a new
+    version).
     """
 
     required_samples: int
@@ -64,6 +68,8 @@ class StalenessAccount:
     generated: int = 0
     trained: int = 0
     dropped: int = 0
+    abandoned: int = 0
+    """Of ``dropped``: samples ended while generating, already too old to train."""
     taken_this_period: int = 0
     """Samples trained since the last sync."""
     pauses: int = 0
@@ -158,12 +164,31 @@ class StalenessAccount:
         lags more than :attr:`max_version_lag` and is dropped."""
         if self.trained + self.dropped >= self.generated:
             raise RuntimeError("the trainer took a sample that was not generated")
-        if self.lag(oldest_version) > self.max_version_lag:
+        if self.too_old(oldest_version):
             self.dropped += 1
             return False
         self.trained += 1
         self.taken_this_period += 1
         return True
+
+    def too_old(self, oldest_version: int) -> bool:
+        """Whether a sample whose oldest token has ``oldest_version`` can no longer train (its
+        lag only grows from here)."""
+        return self.lag(oldest_version) > self.max_version_lag
+
+    def abandon(self, oldest_version: int) -> None:
+        """The rollouter ended a started sample that is :meth:`too_old` to train; it counts as
+        generated and dropped, and its place under the bound is free again."""
+        if self.generated >= self.started:
+            raise RuntimeError("a sample was abandoned that never started")
+        if not self.too_old(oldest_version):
+            raise RuntimeError(
+                f"a sample of version {oldest_version} was abandoned though it may still train "
+                f"at version {self.version} (bound {self.max_version_lag})"
+            )
+        self.generated += 1
+        self.dropped += 1
+        self.abandoned += 1
 
     def sync(self) -> None:
         """The trainer published version ``version + 1`` to the engines."""
@@ -182,6 +207,7 @@ class StalenessAccount:
             "generated": self.trained + self.dropped + generated_kept,
             "trained": self.trained,
             "dropped": self.dropped,
+            "abandoned": self.abandoned,
             "taken_this_period": self.taken_this_period,
             "pauses": self.pauses,
         }
@@ -197,4 +223,6 @@ class StalenessAccount:
             "pauses",
         ):
             setattr(self, name, int(state[name]))
+        # checkpoints written before samples could be abandoned lack the count
+        self.abandoned = int(state.get("abandoned", 0))
         self.paused = False

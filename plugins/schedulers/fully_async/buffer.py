@@ -1,6 +1,7 @@
-"""The sample buffer between the rollouter and the trainer: finished samples, first come first
-served. With ``cluster: ray`` it is a ``ray.util.queue.Queue`` (an actor of Ray's), so samples
-travel as Ray objects; in one process, a thread-safe ``queue.Queue``."""
+"""The sample buffer between the rollouter and the trainer: finished samples in the order they
+finished (the trainer picks among those it has fetched). With ``cluster: ray`` it is a
+``ray.util.queue.Queue`` (an actor of Ray's), so samples travel as Ray objects; in one process,
+a thread-safe ``queue.Queue``."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ class SampleBuffer(Protocol):
 
     def get(self, timeout: float) -> Any | None:
         """The oldest item, or ``None`` when none came within ``timeout`` seconds."""
+
+    def get_all(self) -> list[Any]:
+        """Every item there now, oldest first, without waiting."""
 
     def size(self) -> int: ...
 
@@ -33,6 +37,14 @@ class LocalSampleBuffer:
             return self._queue.get(timeout=timeout)
         except queue.Empty:
             return None
+
+    def get_all(self) -> list[Any]:
+        items = []
+        while True:
+            try:
+                items.append(self._queue.get_nowait())
+            except queue.Empty:
+                return items
 
     def size(self) -> int:
         return self._queue.qsize()
@@ -59,6 +71,18 @@ class RaySampleBuffer:
             return self._queue.get(block=True, timeout=timeout)
         except Empty:
             return None
+
+    def get_all(self) -> list[Any]:
+        from ray.util.queue import Empty
+
+        # one consumer: what the queue holds now can only grow until it is fetched
+        count = self._queue.qsize()
+        if not count:
+            return []
+        try:
+            return list(self._queue.get_nowait_batch(count))
+        except Empty:
+            return []
 
     def size(self) -> int:
         return self._queue.qsize()

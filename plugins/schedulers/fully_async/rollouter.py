@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import attrs
 
 from plugrl.parts.rollout import (
+    Capability,
     Completion,
     GenerationRequest,
     SamplingParams,
@@ -134,6 +135,17 @@ class Rollouter:
         """Guards the account, the stream, and the counters below."""
         self.outstanding: dict[int, PromptKey] = {}
         """Samples started and not yet taken by the trainer, in start order."""
+        self._started_at: dict[int, int] = {}
+        """The weight version when each sample in flight was sent."""
+        self._doomed: set[int] = set()
+        """Samples in flight aborted because they were already too old to train."""
+        self._dropped_lags: list[int] = []
+        """Lags of the samples dropped outside :meth:`take` (ended in flight too old, or too
+        old at a sync while waiting) since the trainer last took samples."""
+        self._fetched: list[Sample] = []
+        """Samples the trainer fetched from the buffer and has not taken yet (its thread
+        only)."""
+        self.can_abort = Capability.ABORT in engines.capabilities
         self._resubmit: deque[PromptKey] = deque(tuple(key) for key in resubmit)
         self._next_id = 0
         self.in_flight = 0
@@ -223,21 +235,24 @@ class Rollouter:
             sample_id = self._next_id
             self._next_id += 1
             self.outstanding[sample_id] = key
+            self._started_at[sample_id] = self.account.version
             self.in_flight += 1
             self._update_clocks()
             return sample_id, key, number
 
     async def _generate(self, sample_id: int, key: PromptKey, number: int) -> None:
         sample = None
+        abandoned = False
         try:
             prompt = self.stream.prompt(key)
             request = GenerationRequest(
-                request_id=f"sample{sample_id}",
+                request_id=_request_id(sample_id),
                 prompt_ids=prompt["raw_prompt_ids"][0],
                 params=self.sampling_params(number),
             )
             completions = await self.engines.agenerate(request)
-            if self.partial == "abort":
+            if self.partial == "abort" or sample_id in self._doomed:
+                # ended by a weight sync, or aborted as too old: carry on unless it is
                 completions = await self._continue_aborted(request, completions)
             completions = in_prompt_order([completions])
             sample = Sample(sample_id, key, prompt, completions)
@@ -249,21 +264,44 @@ class Rollouter:
         finally:
             with self.lock:
                 self.in_flight -= 1
-                self._update_clocks()
+                self._started_at.pop(sample_id, None)
+                self._doomed.discard(sample_id)
                 if sample is not None and not self._stopping:
-                    self.account.finish()
+                    oldest = sample.oldest_version
+                    # it can never train: end it here and free its place under the bound
                     self.response_tokens += sample.response_tokens
-                    if sample.newest_version != sample.oldest_version:
-                        self.partial_samples += 1
+                    abandoned = self.account.too_old(oldest)
+                    if abandoned:
+                        self.account.abandon(oldest)
+                        self.outstanding.pop(sample_id, None)
+                        self._dropped_lags.append(self.account.lag(oldest))
+                    else:
+                        self.account.finish()
+                        if sample.newest_version != oldest:
+                            self.partial_samples += 1
+                self._update_clocks()
                 self.lock.notify_all()
             self._notify()
-        if sample is not None and not self._stopping:
+        if abandoned:
+            assert sample is not None
+            logger.info(
+                "ended sample %d while generating: its oldest token is of weight version %d, "
+                "already more than %d versions behind the trainer's %d, so it could not train",
+                sample_id,
+                sample.oldest_version,
+                self.account.max_version_lag,
+                self.account.version,
+            )
+        elif sample is not None and not self._stopping:
             await asyncio.get_running_loop().run_in_executor(None, self.buffer.put, sample)
 
     async def _continue_aborted(
         self, request: GenerationRequest, completions: list[Completion]
     ) -> list[Completion]:
-        """Responses a weight sync aborted, continued after it with their tokens kept."""
+        """Responses a weight sync aborted, continued after it with their tokens kept; not
+        when the sample is already too old to train (it is dropped)."""
+        if self.account.too_old(min(c.min_weight_version for c in completions)):
+            return completions
 
         async def finish(completion: Completion) -> Completion:
             part = 0
@@ -271,6 +309,7 @@ class Rollouter:
                 completion.finish_reason == "aborted"
                 and not self._stopping
                 and len(completion.token_ids) < request.params.max_tokens
+                and not self.account.too_old(completion.min_weight_version)
             ):
                 part += 1
                 follow = continuation_request(
@@ -288,17 +327,24 @@ class Rollouter:
 
     def take(self, count: int) -> tuple[list[Sample], list[int]]:
         """Wait for ``count`` samples within the bound; returns them and the lags of the
-        samples dropped meanwhile. Fewer samples only when the rollouter has no more to give
-        (``stop_after`` reached)."""
+        samples dropped meanwhile. Of the finished samples it has, the trainer takes those of
+        the oldest weights first: they are the nearest to the bound. Fewer samples only when
+        the rollouter has no more to give (``stop_after`` reached)."""
         taken: list[Sample] = []
-        dropped: list[int] = []
+        with self.lock:
+            dropped, self._dropped_lags = self._dropped_lags, []
         while len(taken) < count:
             self.raise_if_failed()
-            sample = self.buffer.get(timeout=_POLL_S)
-            if sample is None:
-                if self.exhausted():
-                    break
-                continue
+            self._fetched.extend(self.buffer.get_all())
+            if not self._fetched:
+                waited = self.buffer.get(timeout=_POLL_S)
+                if waited is None:
+                    if self.exhausted():
+                        break
+                    continue
+                self._fetched.append(waited)
+            sample = min(self._fetched, key=lambda s: (s.oldest_version, s.sample_id))
+            self._fetched.remove(sample)
             with self.lock:
                 lag = self.account.lag(sample.oldest_version)
                 kept = self.account.take(sample.oldest_version)
@@ -308,14 +354,37 @@ class Rollouter:
                 taken.append(sample)
             else:
                 dropped.append(lag)
-                logger.info(
-                    "dropped a sample generated with weight version %d: %d versions behind, "
-                    "more than the bound of %d",
-                    sample.oldest_version,
-                    lag,
-                    self.account.max_version_lag,
-                )
+                self._log_drop(sample, lag)
         return taken, dropped
+
+    def _log_drop(self, sample: Sample, lag: int) -> None:
+        logger.info(
+            "dropped a sample generated with weight version %d: %d versions behind, more "
+            "than the bound of %d",
+            sample.oldest_version,
+            lag,
+            self.account.max_version_lag,
+        )
+
+    def _drop_too_old_fetched(self) -> None:
+        """After a sync: finished samples now too old to train are dropped at once, so that
+        their places under the bound go to new samples now, not when the trainer reaches
+        them (trainer's thread)."""
+        self._fetched.extend(self.buffer.get_all())
+        keep = []
+        for sample in self._fetched:
+            with self.lock:
+                lag = self.account.lag(sample.oldest_version)
+                too_old = self.account.too_old(sample.oldest_version)
+                if too_old:
+                    self.account.take(sample.oldest_version)
+                    self.outstanding.pop(sample.sample_id, None)
+                    self._dropped_lags.append(lag)
+            if too_old:
+                self._log_drop(sample, lag)
+            else:
+                keep.append(sample)
+        self._fetched = keep
 
     def exhausted(self) -> bool:
         with self.lock:
@@ -324,6 +393,7 @@ class Rollouter:
                 and self.account.started >= self.stop_after
                 and self.in_flight == 0
                 and self.buffer.size() == 0
+                and not self._fetched
             )
 
     def raise_if_failed(self) -> None:
@@ -357,10 +427,31 @@ class Rollouter:
             with self.lock:
                 self._holding = self._engines_paused = False
                 self.account.sync()
+                doomed = self._too_old_in_flight()
                 self._update_clocks()
                 self.lock.notify_all()
             self._notify()
+        if doomed:
+            self.engines.abort([_request_id(sample_id) for sample_id in doomed])
+        self._drop_too_old_fetched()
+        self._notify()
         return metrics
+
+    def _too_old_in_flight(self) -> list[int]:
+        """Samples in flight sent with weights already older than the bound allows (lock
+        held): their tokens are at least that old, so they are aborted, and end as dropped
+        unless their first token came later than they were sent (then they continue). With
+        ``partial="keep"`` only: ``"abort"`` ends everything at a sync and does not continue
+        what is too old, and without partial rollout nothing is in flight at a sync."""
+        if self.partial != "keep" or not self.can_abort:
+            return []
+        doomed = [
+            sample_id
+            for sample_id, version in self._started_at.items()
+            if sample_id not in self._doomed and self.account.too_old(version)
+        ]
+        self._doomed.update(doomed)
+        return doomed
 
     # ------------------------------------------------------------------ what it did
 
@@ -392,6 +483,10 @@ class Rollouter:
                 "dataloader": self.stream.state_dict(),
                 "response_tokens": self.response_tokens,
             }
+
+
+def _request_id(sample_id: int) -> str:
+    return f"sample{sample_id}"
 
 
 class _StateClock:

@@ -341,10 +341,11 @@ class FullyAsyncScheduler(Scheduler):
         wall = max(now - marks.time, 1e-9)
         idle, paused = rollouter.idle_seconds(), rollouter.paused_seconds()
         with rollouter.lock:
-            tokens, generated, dropped = (
+            tokens, generated, dropped, abandoned = (
                 rollouter.response_tokens,
                 account.generated,
                 account.dropped,
+                account.abandoned,
             )
             pauses, partial_total = account.pauses, rollouter.partial_samples
             outstanding, staleness = account.outstanding, account.staleness_samples
@@ -355,6 +356,7 @@ class FullyAsyncScheduler(Scheduler):
             "fully_async/count/current_param_version": float(account.version),
             "fully_async/count/total_generated_samples": float(generated),
             "fully_async/count/dropped_stale_samples": float(dropped),
+            "fully_async/count/ended_stale_samples": float(abandoned),
             "fully_async/count/pauses": float(pauses),
             "fully_async/count/outstanding_samples": float(outstanding),
             "fully_async/count/rollouter_staleness_samples": float(staleness),

@@ -46,6 +46,16 @@ class Simulation:
         self.account.finish()
         return True
 
+    def abandon(self) -> bool:
+        """The rollouter ends a sample in flight that is already too old to train."""
+        stale = [i for i, version in self.in_flight.items() if self.account.too_old(version)]
+        if not stale:
+            return False
+        sample_id = self.random.choice(stale)
+        self.account.abandon(self.in_flight.pop(sample_id))
+        self.dropped.append(sample_id)
+        return True
+
     def take(self) -> bool:
         if not self.buffer:
             return False
@@ -86,17 +96,43 @@ bounds = st.tuples(
 
 
 @settings(max_examples=80, deadline=None)
-@given(bounds, st.lists(st.integers(0, 2), min_size=50, max_size=600))
+@given(bounds, st.lists(st.integers(0, 3), min_size=50, max_size=600))
 def test_no_trained_sample_lags_more_than_the_bound_and_none_is_lost(bound, events):
     required, sync_every, threshold, in_flight, seed = bound
     account = StalenessAccount(required, sync_every, threshold)
     simulation = Simulation(account, in_flight, seed)
     for event in events:
-        # a random timing: whichever role acts next, if it can
-        [simulation.start, lambda: simulation.finish(fifo=False), simulation.take][event]()
+        # a random timing: whichever role acts next, if it can (3: the rollouter ends a
+        # sample in flight that is too old already)
+        actions = [
+            simulation.start,
+            lambda: simulation.finish(fifo=False),
+            simulation.take,
+            simulation.abandon,
+        ]
+        actions[event]()
         assert account.outstanding >= 0
         simulation.check_conservation()
     assert all(lag <= account.max_version_lag for lag in simulation.lags)
+    assert account.abandoned <= account.dropped
+
+
+def test_only_a_sample_too_old_to_train_can_be_abandoned():
+    account = StalenessAccount(2, 1, 0.0)
+    account.start()
+    with pytest.raises(RuntimeError, match="may still train"):
+        account.abandon(0)
+    account.sync()
+    account.sync()
+    account.abandon(0)
+    assert (account.generated, account.dropped, account.abandoned, account.outstanding) == (
+        1,
+        1,
+        1,
+        0,
+    )
+    with pytest.raises(RuntimeError, match="never started"):
+        account.abandon(0)
 
 
 @settings(max_examples=50, deadline=None)

@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from plugrl.parts.rollout import Completion, SamplingParams
+from plugrl.parts.rollout import Capability, Completion, SamplingParams
 from plugrl_plugins.schedulers.fully_async.accounting import StalenessAccount
 from plugrl_plugins.schedulers.fully_async.buffer import LocalSampleBuffer
-from plugrl_plugins.schedulers.fully_async.rollouter import Rollouter
+from plugrl_plugins.schedulers.fully_async.rollouter import Rollouter, Sample
 
 TOKEN_SECONDS = 0.0005
 TRAIN_SECONDS = 0.01
@@ -24,8 +24,11 @@ class SleepingEngines:
     """An engine group whose engine sleeps per token; each token carries the weight version.
     ``lengths`` gives each request its response length (long-tailed when asked)."""
 
+    capabilities = frozenset({Capability.STREAM, Capability.ABORT, Capability.PAUSE_KEEP})
+
     def __init__(self, lengths) -> None:
         self.version = 0
+        self.aborted_requests: set[str] = set()
         self.lengths = lengths
         self.paused: str | None = None
         self.aborts = 0
@@ -53,7 +56,7 @@ class SleepingEngines:
         aborts = self.aborts
         while len(tokens) < length:
             await asyncio.sleep(TOKEN_SECONDS)
-            if self.aborts != aborts and tokens:
+            if (self.aborts != aborts and tokens) or request.request_id in self.aborted_requests:
                 return Completion(
                     token_ids=tokens,
                     log_probs=[-1.0] * len(tokens),
@@ -86,6 +89,9 @@ class SleepingEngines:
 
     def abort_all(self):
         self.aborts += 1
+
+    def abort(self, request_ids):
+        self.aborted_requests.update(request_ids)
 
     def push(self):
         self.version += 1
@@ -139,6 +145,7 @@ def run(partial, *, steps=8, required=3, sync_every=1, threshold=0.5, lengths=No
                 rollouter.sync(push)
     finally:
         rollouter.close()
+    dropped.extend(rollouter.take(0)[1])  # samples ended too old after the last step
     ids = [sample.sample_id for sample in taken]
     assert len(set(ids)) == len(ids), "a sample was taken twice"
     with rollouter.lock:
@@ -193,6 +200,62 @@ def test_long_tailed_responses_older_than_the_bound_are_dropped_and_counted(part
     assert all(lag > bound for lag in dropped)
     if partial == "keep":
         assert dropped, "no long response was overtaken past the bound"
+
+
+def test_responses_already_too_old_to_train_are_ended_while_generating():
+    """With partial rollout a long response keeps generating across syncs; once its oldest
+    token lags more than the bound it can never train, so the sync that makes it so aborts it,
+    and it is dropped there instead of running to its end and holding a place under the
+    bound meanwhile."""
+
+    def long_tail(request):
+        sample = request.request_id.split("/")[0]
+        return 40 if random.Random(sample).random() < 0.15 else 2
+
+    _, dropped, _, engines, rollouter = run(
+        "keep", steps=12, required=2, threshold=1.0, lengths=long_tail, n=1
+    )
+    account = rollouter.account
+    assert account.abandoned >= 1, "no response became too old while generating"
+    assert engines.aborted_requests, "no request was aborted"
+    assert account.abandoned <= account.dropped
+    assert all(lag > account.max_version_lag for lag in dropped)
+
+
+def test_a_response_sent_just_before_a_sync_is_not_ended_for_its_send_version():
+    """A request sent at version v whose first token comes after the sync has no token of
+    version v: aborting it was a false alarm, so it continues and trains."""
+
+    engines = SleepingEngines(lambda request: 3)
+    account = StalenessAccount(1, 1, 0.0)
+    rollouter = Rollouter(
+        engines=engines,
+        account=account,
+        stream=Stream(),
+        buffer=LocalSampleBuffer(),
+        sampling_params=lambda number: SamplingParams(n=1, max_tokens=40, seed=number),
+        max_in_flight=1,
+        partial="keep",
+    )
+    # the engine stays paused (it produces no token) through syncs that make the send
+    # version too old
+    engines.pause("keep")
+    engines.resume = lambda: None
+    rollouter.start()
+    try:
+        wait_until(lambda: engines.in_flight == 1)
+        for _ in range(account.max_version_lag + 1):
+            rollouter.sync(engines.push)
+        assert engines.aborted_requests == {"sample0"}
+        SleepingEngines.resume(engines)
+        samples, lags = rollouter.take(1)
+    finally:
+        rollouter.close()
+    assert lags == [] and account.abandoned == 0
+    (sample,) = samples
+    (completion,) = sample.completions
+    assert len(completion.token_ids) == 3 and completion.finish_reason == "length"
+    assert set(completion.token_versions) == {account.version}
 
 
 def test_a_rollouter_never_started_closes_quietly():
@@ -261,3 +324,70 @@ def test_time_at_the_bound_and_time_with_nothing_to_compute_are_clocked():
         assert rollouter.idle_seconds() - idle >= 0.2
     finally:
         rollouter.close()
+
+
+def finished_samples(account, versions):
+    """Samples already generated, one per version in ``versions`` (oldest token)."""
+    samples = []
+    for sample_id, version in enumerate(versions):
+        account.start()
+        account.finish()
+        completion = Completion(
+            token_ids=[7, 7],
+            log_probs=[-1.0, -1.0],
+            finish_reason="stop",
+            token_versions=[version, account.version],
+            weight_version=account.version,
+        )
+        samples.append(Sample(sample_id, (0, sample_id), {}, [completion]))
+    return samples
+
+
+def idle_rollouter(account, buffer):
+    """A rollouter that starts nothing (``stop_after=0``): the trainer's side alone."""
+    rollouter = Rollouter(
+        engines=SleepingEngines(lambda request: 1),
+        account=account,
+        stream=Stream(),
+        buffer=buffer,
+        sampling_params=lambda number: SamplingParams(),
+        max_in_flight=1,
+        partial="keep",
+        stop_after=0,
+    )
+    rollouter.start()
+    return rollouter
+
+
+def test_the_trainer_takes_the_samples_of_the_oldest_weights_first():
+    account = StalenessAccount(2, 1, 1.0)
+    account.version = 2
+    buffer = LocalSampleBuffer()
+    samples = finished_samples(account, [2, 0, 1, 2])
+    for sample in samples:
+        buffer.put(sample)
+    rollouter = idle_rollouter(account, buffer)
+    try:
+        first, _ = rollouter.take(2)
+        second, _ = rollouter.take(2)
+    finally:
+        rollouter.close()
+    assert [s.oldest_version for s in first] == [0, 1]
+    assert [s.sample_id for s in second] == [0, 3]
+
+
+def test_waiting_samples_too_old_after_a_sync_are_dropped_at_the_sync():
+    account = StalenessAccount(2, 1, 1.0)
+    account.version = 2
+    buffer = LocalSampleBuffer()
+    for sample in finished_samples(account, [0, 1, 2]):
+        buffer.put(sample)
+    rollouter = idle_rollouter(account, buffer)
+    try:
+        rollouter.sync(lambda: {})  # version 3: the sample of version 0 lags 3 > 2
+        assert account.dropped == 1 and account.outstanding == 2
+        taken, dropped = rollouter.take(2)
+    finally:
+        rollouter.close()
+    assert dropped == [3]
+    assert [s.oldest_version for s in taken] == [1, 2]
