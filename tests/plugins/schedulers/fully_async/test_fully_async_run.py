@@ -9,7 +9,6 @@ import os
 import re
 import signal
 import subprocess
-import time
 
 import pytest
 from click.testing import CliRunner
@@ -20,7 +19,9 @@ from e2e_support import (
     cli_env,
     read_records,
     run_cli,
+    sigterm_after_step,
     tiny_recipe,
+    wait_for_step,
     write_recipe,
 )
 
@@ -142,19 +143,6 @@ def test_a_local_run_overlaps_stays_within_the_bound_and_trains_each_sample_once
 # ---------------------------------------------------------------------------- kill -9, resume
 
 
-def _wait_for_step(process, metrics_file, step, timeout_s=120.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"the run ended (exit {process.returncode}) before step {step}")
-        if metrics_file.exists():
-            for line in metrics_file.read_text(encoding="utf-8").splitlines():
-                if line.startswith(f'{{"step": {step},'):
-                    return
-        time.sleep(0.02)
-    raise AssertionError(f"no step {step} in {metrics_file} after {timeout_s:.0f} s")
-
-
 def test_a_run_killed_mid_way_resumes_with_its_counters_and_bound(tiny_task, tmp_path):
     steps = 4
     recipe = async_recipe(
@@ -171,7 +159,7 @@ def test_a_run_killed_mid_way_resumes_with_its_counters_and_bound(tiny_task, tmp
             start_new_session=True,
         )
         try:
-            _wait_for_step(process, run_dir / "metrics.jsonl", step=2)
+            wait_for_step(process, run_dir / "metrics.jsonl", step=2)
             os.kill(process.pid, signal.SIGKILL)
             assert process.wait(30) == -signal.SIGKILL
         finally:
@@ -198,6 +186,24 @@ def test_a_run_killed_mid_way_resumes_with_its_counters_and_bound(tiny_task, tmp
     )
     assert after["fully_async/count/pauses"] >= before["fully_async/count/pauses"]
     assert after["perf/wall_clock_s"] > before["perf/wall_clock_s"]
+
+
+def test_sigterm_stops_a_run_on_ray_as_ctrl_c_does(tiny_task, tmp_path):
+    # the command's handler (SIGTERM interrupts the run) survives ray.init: the rollouter and
+    # the actors are stopped and the run ends as interrupted, not through Ray's handler
+    recipe = async_recipe(tiny_task, tmp_path, steps=30, trigger_parameter_sync_step=2)
+    returncode, log, gone = sigterm_after_step(
+        recipe, 2, "cluster.mode=ray", "trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=1"
+    )
+    assert returncode == 1, f"exit {returncode}:\n{log[-3000:]}"
+    assert "Aborted!" in log
+    assert "SIGTERM received" not in log  # the stack dump of Ray's failure-signal handler
+    assert gone, "processes of the stopped run are still alive"
+    run_dir = tmp_path / "run"
+    assert not [p for p in run_dir.iterdir() if p.name.startswith(".")], "half-written folders"
+    records = by_step(read_records(run_dir))
+    assert {1, 2} <= set(records)
+    assert all("fully_async/count/current_param_version" in records[s] for s in (1, 2))
 
 
 # ---------------------------------------------------------------------------- a dead engine
