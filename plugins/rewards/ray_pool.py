@@ -41,7 +41,9 @@ class RayPool:
             ) from None
         self.ray = ray
         if not ray.is_initialized():
-            ray.init(include_dashboard=False, log_to_driver=True)
+            from plugrl.cluster import init_ray
+
+            init_ray(include_dashboard=False, log_to_driver=True)
         # no CPU reservation: reward actors must not wait behind the training actors that
         # hold the cluster's CPUs; their work is short and the OS shares the cores
         self.actor_class = ray.remote(num_cpus=0, max_restarts=0)(ScoringActor)

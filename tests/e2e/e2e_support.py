@@ -3,10 +3,13 @@ way a user runs it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +85,65 @@ def run_cli(recipe: Path, *overrides: str, timeout: float = 300) -> subprocess.C
 def check_ok(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
     assert result.returncode == 0, f"plugrl run failed:\n{result.stderr[-4000:]}"
     return result
+
+
+def wait_for_step(
+    process: subprocess.Popen, metrics_file: Path, step: int, timeout_s: float = 120.0
+) -> None:
+    """Until ``step`` is logged in ``metrics_file``; fails if the run ends first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"the run ended (exit {process.returncode}) before step {step}")
+        if metrics_file.exists():
+            for line in metrics_file.read_text(encoding="utf-8").splitlines():
+                if line.startswith(f'{{"step": {step},'):
+                    return
+        time.sleep(0.02)
+    raise AssertionError(f"no step {step} in {metrics_file} after {timeout_s:.0f} s")
+
+
+def group_gone(pgid: int, timeout_s: float = 10.0) -> bool:
+    """Whether every process of the group ``pgid`` has ended within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def sigterm_after_step(
+    recipe: Path, step: int, *overrides: str, timeout_s: float = 60.0
+) -> tuple[int, str, bool]:
+    """Run ``plugrl run RECIPE`` in a process group of its own, send SIGTERM to the driver
+    (what ``kill PID``, Kubernetes and most job runners do) once ``step`` is logged, and
+    return its exit status, its output and whether its whole group ended."""
+    folder = recipe.parent
+    run_dir = Path(yaml.safe_load(recipe.read_text())["trainer"]["default_local_dir"])
+    log_file = folder / "sigterm.log"
+    with log_file.open("w") as log:
+        process = subprocess.Popen(
+            cli_command(recipe, *overrides),
+            cwd=folder,
+            env=cli_env(),
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
+        try:
+            wait_for_step(process, run_dir / "metrics.jsonl", step)
+            process.send_signal(signal.SIGTERM)
+            returncode = process.wait(timeout_s)
+            gone = group_gone(process.pid, timeout_s=30)
+        finally:
+            if process.poll() is None:
+                process.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+    return returncode, log_file.read_text(encoding="utf-8"), gone
 
 
 def read_records(run_dir: Path) -> list[dict[str, Any]]:

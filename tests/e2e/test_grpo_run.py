@@ -8,7 +8,6 @@ import os
 import re
 import signal
 import subprocess
-import time
 
 import pytest
 from e2e_support import (
@@ -19,9 +18,14 @@ from e2e_support import (
     check_ok,
     cli_command,
     cli_env,
+    group_gone,
     read_records,
     reference_recipe,
     run_cli,
+    sigterm_after_step,
+    tiny_recipe,
+    wait_for_step,
+    write_recipe,
 )
 
 pytestmark = pytest.mark.slow
@@ -166,30 +170,6 @@ def test_the_exported_folder_generates_what_the_trained_actor_does(reference_run
 # ---------------------------------------------------------------------------- kill -9, resume
 
 
-def _wait_for_step(process, metrics_file, step, timeout_s=120.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"the run ended (exit {process.returncode}) before step {step}")
-        if metrics_file.exists():
-            for line in metrics_file.read_text(encoding="utf-8").splitlines():
-                if line.startswith(f'{{"step": {step},'):
-                    return
-        time.sleep(0.02)
-    raise AssertionError(f"no step {step} in {metrics_file} after {timeout_s:.0f} s")
-
-
-def _group_gone(pgid, timeout_s=10.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.05)
-    return False
-
-
 @contextlib.contextmanager
 def _run_in_background(recipe, folder):
     """The reference run started by the CLI in a process group of its own, its output in
@@ -219,11 +199,11 @@ def test_a_run_killed_mid_way_resumes_and_logs_what_the_uninterrupted_run_did(
     run_dir = tmp_path / "run"
     with _run_in_background(recipe, tmp_path) as process:
         # step 2 is logged after checkpoint 1 is written (a step is logged, then saved)
-        _wait_for_step(process, run_dir / "metrics.jsonl", step=2)
+        wait_for_step(process, run_dir / "metrics.jsonl", step=2)
         os.kill(process.pid, signal.SIGKILL)
         assert process.wait(30) == -signal.SIGKILL
         # its reward workers die with it
-        assert _group_gone(process.pid), "processes of the killed run are still alive"
+        assert group_gone(process.pid), "processes of the killed run are still alive"
     killed_at = by_step(read_records(run_dir))
     assert max(killed_at) < REFERENCE_STEPS, "the run finished before it was killed"
 
@@ -286,16 +266,35 @@ def test_sigterm_stops_a_run_cleanly_and_it_resumes(reference_run, tiny_task, tm
     recipe = reference_recipe(tiny_task, tmp_path)
     run_dir = tmp_path / "run"
     with _run_in_background(recipe, tmp_path) as process:
-        _wait_for_step(process, run_dir / "metrics.jsonl", step=2)
+        wait_for_step(process, run_dir / "metrics.jsonl", step=2)
         process.send_signal(signal.SIGTERM)
         # stopped as Ctrl-C stops it: an interrupted run, not a kill
         assert process.wait(60) == 1
-        assert _group_gone(process.pid), "processes of the stopped run are still alive"
+        assert group_gone(process.pid), "processes of the stopped run are still alive"
     assert "Aborted!" in (tmp_path / "first.log").read_text()
     assert not [p for p in run_dir.iterdir() if p.name.startswith(".")], "half-written folders"
     check_ok(run_cli(recipe, *REFERENCE_OVERRIDES))
     records = by_step(read_records(run_dir))
     assert sorted(records) == sorted(by_step(read_records(reference_run.run_dir)))
+
+
+def test_sigterm_stops_a_ray_run_as_it_stops_a_local_one(tiny_task, tmp_path):
+    # ray.init used to replace the command's SIGTERM handler: the run ended through Ray's
+    # (a stack dump, then sys.exit wherever the main thread was) and aborted, status 134
+    sections = {"trainer": {"total_training_steps": 30, "save_freq": 1}}
+    recipe = write_recipe(
+        tmp_path / "recipe.yaml", tiny_recipe(tiny_task, tmp_path / "run", **sections)
+    )
+    returncode, log, gone = sigterm_after_step(
+        recipe, 2, "cluster.mode=ray", "trainer.n_gpus_per_node=1"
+    )
+    assert returncode == 1, f"exit {returncode}:\n{log[-3000:]}"
+    assert "Aborted!" in log
+    assert "SIGTERM received" not in log
+    assert gone, "processes of the stopped run are still alive"
+    run_dir = tmp_path / "run"
+    assert not [p for p in run_dir.iterdir() if p.name.startswith(".")], "half-written folders"
+    assert {1, 2} <= set(by_step(read_records(run_dir)))
 
 
 # ---------------------------------------------------------------------------- Ray ranks

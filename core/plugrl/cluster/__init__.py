@@ -95,7 +95,13 @@ def make_worker_group(
 
 def __getattr__(name: str):
     # RayWorkerGroup and ensure_ray without importing Ray for local runs
-    if name in ("RayPlacement", "RayWorkerGroup", "ensure_ray", "in_process_plugin_modules"):
+    if name in (
+        "RayPlacement",
+        "RayWorkerGroup",
+        "ensure_ray",
+        "in_process_plugin_modules",
+        "init_ray",
+    ):
         from plugrl.cluster import ray_group
 
         return getattr(ray_group, name)
@@ -113,6 +119,7 @@ __all__ = [
     "concat_outputs",
     "ensure_ray",
     "in_process_plugin_modules",
+    "init_ray",
     "make_placement",
     "make_worker_group",
     "prepare_backend_once",

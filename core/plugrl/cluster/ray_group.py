@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import threading
 import types
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -42,10 +44,33 @@ def ensure_ray(cluster: ClusterConfig) -> types.ModuleType:
 
     if not ray.is_initialized():
         if cluster.address:
-            ray.init(address=cluster.address, log_to_driver=True)
+            init_ray(address=cluster.address, log_to_driver=True)
         else:
-            ray.init(num_cpus=cluster.num_cpus, include_dashboard=False)
+            init_ray(num_cpus=cluster.num_cpus, include_dashboard=False)
     return ray
+
+
+def init_ray(**kwargs: Any) -> None:
+    """``ray.init(**kwargs)``, keeping the SIGTERM handler the process had.
+
+    ``ray.init`` replaces that handler, in the driver's main thread, with one that calls
+    ``sys.exit``, and the driver's core worker puts its failure-signal handler in front of it:
+    on SIGTERM that handler prints a stack trace, calls ``sys.exit``'s, and about 3 s later
+    aborts the process (status 134) wherever its shutdown is. A run stopped that way skips its
+    interrupt path (the ``plugrl`` command makes SIGTERM stop a run as Ctrl-C does) and dies
+    while closing its actors. Putting the process's handler back removes both; Ray still
+    shuts down at exit. A process without a handler of its own (SIGTERM's default) keeps
+    Ray's.
+    """
+    import ray
+
+    before = signal.getsignal(signal.SIGTERM)
+    ray.init(**kwargs)
+    if (
+        before not in (None, signal.SIG_DFL)
+        and threading.current_thread() is threading.main_thread()
+    ):
+        signal.signal(signal.SIGTERM, before)
 
 
 def actor_death_message(who: str, exc: BaseException) -> str:

@@ -122,6 +122,8 @@ class FullyAsyncScheduler(Scheduler):
                 resubmit = [tuple(key) for key in saved["prompts"]]
                 wall_offset = float(saved.get("wall_clock_s", 0.0))
             account.version = parts.weight_version
+            if account.taken_this_period and step < total:
+                self.start_period_on_resume(parts, account, step)
         if step >= total:
             logger.info(
                 "the run in %s already finished its %d steps; set trainer.resume_mode=disable "
@@ -218,6 +220,27 @@ class FullyAsyncScheduler(Scheduler):
         _print_validation_summary(history)
         return metrics
 
+    @staticmethod
+    def start_period_on_resume(parts: RunParts, account: StalenessAccount, step: int) -> None:
+        """The checkpoint was saved between two syncs: the trainer's weights have moved on
+        from those the engines had as ``weight_version``, and those are lost. The weights the
+        run resumes with become the next version (a version names one set of weights, and
+        the versions of the samples, the lags and the bound are computed on them) and a
+        new period starts here; the checkpoint's outstanding samples are generated again,
+        so none carries an older version."""
+        steps_since_sync = account.taken_this_period // account.required_samples
+        parts.weight_version += 1
+        account.sync()
+        logger.info(
+            "resumed %d step(s) after the last weight sync: the engines get the weights of "
+            "step %d as a new version %d, and the next sync comes %d steps later, at step %d",
+            steps_since_sync,
+            step,
+            account.version,
+            account.trigger_parameter_sync_step,
+            step + account.trigger_parameter_sync_step,
+        )
+
     def partial_mode(self, parts: RunParts) -> str | None:
         if not self.config.partial_rollout:
             return None
@@ -233,7 +256,7 @@ class FullyAsyncScheduler(Scheduler):
         self, parts: RunParts, rollouter: Rollouter, step: int, marks: _Marks
     ) -> dict[str, Any]:
         """One trainer step; empty metrics when the rollouter has no more samples."""
-        recipe, config = self.recipe, self.config
+        recipe = self.recipe
         account = rollouter.account
         timer = StepTimer()
         metrics: dict[str, Any] = {}
@@ -248,7 +271,9 @@ class FullyAsyncScheduler(Scheduler):
                 self.score(parts, batch, metrics)
             self.old_log_probs(parts, batch, timer, metrics)
             metrics.update(update_from_batch(parts, batch, timer))
-            if step % config.trigger_parameter_sync_step == 0:
+            # a period ends once it trained its samples; it starts at a sync, at the run's
+            # start, or at a resume (see start_period_on_resume), not at a multiple of k
+            if account.taken_this_period >= account.samples_per_sync:
                 with timer("param_sync"):
                     metrics.update(rollouter.sync(lambda: self.push_weights(parts)))
         metrics.update(

@@ -9,7 +9,6 @@ import os
 import re
 import signal
 import subprocess
-import time
 
 import pytest
 from click.testing import CliRunner
@@ -20,7 +19,9 @@ from e2e_support import (
     cli_env,
     read_records,
     run_cli,
+    sigterm_after_step,
     tiny_recipe,
+    wait_for_step,
     write_recipe,
 )
 
@@ -65,9 +66,26 @@ def async_recipe(tiny_task, folder, steps, **scheduler):
     return write_recipe(folder / "recipe.yaml", recipe)
 
 
-def check_steps(records, steps, *, sync_every=1):
+def weight_periods(steps, sync_every, resumed_at=0):
+    """The version each step ends with and the steps that sync: every ``sync_every`` steps,
+    and a resume between two syncs pushes a new version and starts a period."""
+    versions, syncs = {}, set()
+    version = since_sync = 0
+    for step in range(1, steps + 1):
+        if step == resumed_at + 1 and since_sync:
+            version, since_sync = version + 1, 0
+        since_sync += 1
+        if since_sync == sync_every:
+            version, since_sync = version + 1, 0
+            syncs.add(step)
+        versions[step] = version
+    return versions, syncs
+
+
+def check_steps(records, steps, *, sync_every=1, resumed_at=0):
     """Every step logged once, with the contract's metrics, within the bound."""
     assert sorted(records) == list(range(steps + 1))
+    versions, syncs = weight_periods(steps, sync_every, resumed_at)
     generated = 0
     wall_clock = 0.0
     for step in range(1, steps + 1):
@@ -75,8 +93,8 @@ def check_steps(records, steps, *, sync_every=1):
         missing = [name for name in CONTRACT if name not in record]
         assert not missing, f"step {step} lacks {missing}"
         assert record["training/global_step"] == step
-        assert ("timing_s/param_sync" in record) == (step % sync_every == 0)
-        assert record["fully_async/count/current_param_version"] == step // sync_every
+        assert ("timing_s/param_sync" in record) == (step in syncs)
+        assert record["fully_async/count/current_param_version"] == versions[step]
         lag = record["fully_async/monitor/max_version_lag"]
         assert 0 <= lag <= record["fully_async/monitor/version_lag_bound"]
         # cumulative counters never restart, not even across a resume
@@ -125,19 +143,6 @@ def test_a_local_run_overlaps_stays_within_the_bound_and_trains_each_sample_once
 # ---------------------------------------------------------------------------- kill -9, resume
 
 
-def _wait_for_step(process, metrics_file, step, timeout_s=120.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"the run ended (exit {process.returncode}) before step {step}")
-        if metrics_file.exists():
-            for line in metrics_file.read_text(encoding="utf-8").splitlines():
-                if line.startswith(f'{{"step": {step},'):
-                    return
-        time.sleep(0.02)
-    raise AssertionError(f"no step {step} in {metrics_file} after {timeout_s:.0f} s")
-
-
 def test_a_run_killed_mid_way_resumes_with_its_counters_and_bound(tiny_task, tmp_path):
     steps = 4
     recipe = async_recipe(
@@ -154,7 +159,7 @@ def test_a_run_killed_mid_way_resumes_with_its_counters_and_bound(tiny_task, tmp
             start_new_session=True,
         )
         try:
-            _wait_for_step(process, run_dir / "metrics.jsonl", step=2)
+            wait_for_step(process, run_dir / "metrics.jsonl", step=2)
             os.kill(process.pid, signal.SIGKILL)
             assert process.wait(30) == -signal.SIGKILL
         finally:
@@ -169,7 +174,9 @@ def test_a_run_killed_mid_way_resumes_with_its_counters_and_bound(tiny_task, tmp
     resumed = re.search(r"resumed from \S+global_step_(\d+) \(step (\d+)\)", rerun.stderr)
     assert resumed, f"the rerun did not resume:\n{rerun.stderr[-2000:]}"
     resumed_step = int(resumed.group(1))
-    records = check_steps(by_step(read_records(run_dir)), steps, sync_every=2)
+    records = check_steps(
+        by_step(read_records(run_dir)), steps, sync_every=2, resumed_at=resumed_step
+    )
     before = killed_at[resumed_step]
     after = records[resumed_step + 1]
     # the counters go on from the checkpoint: the bound holds across the resume
@@ -179,6 +186,24 @@ def test_a_run_killed_mid_way_resumes_with_its_counters_and_bound(tiny_task, tmp
     )
     assert after["fully_async/count/pauses"] >= before["fully_async/count/pauses"]
     assert after["perf/wall_clock_s"] > before["perf/wall_clock_s"]
+
+
+def test_sigterm_stops_a_run_on_ray_as_ctrl_c_does(tiny_task, tmp_path):
+    # the command's handler (SIGTERM interrupts the run) survives ray.init: the rollouter and
+    # the actors are stopped and the run ends as interrupted, not through Ray's handler
+    recipe = async_recipe(tiny_task, tmp_path, steps=30, trigger_parameter_sync_step=2)
+    returncode, log, gone = sigterm_after_step(
+        recipe, 2, "cluster.mode=ray", "trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=1"
+    )
+    assert returncode == 1, f"exit {returncode}:\n{log[-3000:]}"
+    assert "Aborted!" in log
+    assert "SIGTERM received" not in log  # the stack dump of Ray's failure-signal handler
+    assert gone, "processes of the stopped run are still alive"
+    run_dir = tmp_path / "run"
+    assert not [p for p in run_dir.iterdir() if p.name.startswith(".")], "half-written folders"
+    records = by_step(read_records(run_dir))
+    assert {1, 2} <= set(records)
+    assert all("fully_async/count/current_param_version" in records[s] for s in (1, 2))
 
 
 # ---------------------------------------------------------------------------- a dead engine
