@@ -12,9 +12,11 @@ If samples came back in the order they started, that rule alone would keep every
 sample within ``max_version_lag`` versions of the trainer. Responses end out of order (a long
 one can be overtaken by many short ones), so the trainer also checks each sample when it takes
 it and drops (and counts) one whose oldest token is older than the bound. A sample whose oldest
-token is already older than the bound while it is still being generated can never train, so
-the rollouter may end it there (:meth:`abandon`), which counts it as dropped and frees its
-place under the bound for a sample that can train. Every sample that is started is therefore
+token would be older than the bound at the trainer's next take can never train (after the
+last take of a weight period, the next take comes after the sync), so the rollouter may end it
+while it is still being generated (:meth:`abandon`) or drop it once finished
+(:meth:`drop_finished`); either counts it as dropped and frees its place under the bound for a
+sample that can train. Every sample that is started is therefore
 trained once, dropped once, or still outstanding.
 """
 
@@ -56,7 +58,8 @@ class StalenessAccount:
     Events, in any order the run produces them: :meth:`start` (the rollouter sends a prompt;
     only when :meth:`may_start`), :meth:`finish` (its responses ended), :meth:`take` (the
     trainer takes it into a step: trained, or dropped when too old), :meth:`abandon` (instead
-    of finish and take: it ended too old to train), :meth:`sync` (the trainer published a new
+    of finish and take: it ended too old to train), :meth:`drop_finished` (instead of take:
+    it finished too old to train), :meth:`sync` (the trainer published a new
     version).
     """
 
@@ -164,17 +167,39 @@ class StalenessAccount:
         lags more than :attr:`max_version_lag` and is dropped."""
         if self.trained + self.dropped >= self.generated:
             raise RuntimeError("the trainer took a sample that was not generated")
-        if self.too_old(oldest_version):
+        if self.lag(oldest_version) > self.max_version_lag:
             self.dropped += 1
             return False
         self.trained += 1
         self.taken_this_period += 1
         return True
 
+    @property
+    def next_take_version(self) -> int:
+        """The trainer's version when it next takes a sample: once it took the last sample of
+        a weight period, the sync comes first."""
+        return self.version + (1 if self.taken_this_period >= self.samples_per_sync else 0)
+
+    def next_lag(self, oldest_version: int) -> int:
+        """A sample's lag at the trainer's next take."""
+        return self.next_take_version - oldest_version
+
     def too_old(self, oldest_version: int) -> bool:
-        """Whether a sample whose oldest token has ``oldest_version`` can no longer train (its
-        lag only grows from here)."""
-        return self.lag(oldest_version) > self.max_version_lag
+        """Whether a sample whose oldest token has ``oldest_version`` can no longer train: it
+        would lag more than the bound at the trainer's next take (its lag only grows)."""
+        return self.next_lag(oldest_version) > self.max_version_lag
+
+    def drop_finished(self, oldest_version: int) -> None:
+        """A generated sample that is :meth:`too_old` is dropped before the trainer takes it
+        (as :meth:`take` would have dropped it)."""
+        if self.trained + self.dropped >= self.generated:
+            raise RuntimeError("a sample was dropped that was not generated")
+        if not self.too_old(oldest_version):
+            raise RuntimeError(
+                f"a sample of version {oldest_version} was dropped though it may still train "
+                f"at version {self.next_take_version} (bound {self.max_version_lag})"
+            )
+        self.dropped += 1
 
     def abandon(self, oldest_version: int) -> None:
         """The rollouter ended a started sample that is :meth:`too_old` to train; it counts as
@@ -184,7 +209,7 @@ class StalenessAccount:
         if not self.too_old(oldest_version):
             raise RuntimeError(
                 f"a sample of version {oldest_version} was abandoned though it may still train "
-                f"at version {self.version} (bound {self.max_version_lag})"
+                f"at version {self.next_take_version} (bound {self.max_version_lag})"
             )
         self.generated += 1
         self.dropped += 1

@@ -274,7 +274,7 @@ class Rollouter:
                     if abandoned:
                         self.account.abandon(oldest)
                         self.outstanding.pop(sample_id, None)
-                        self._dropped_lags.append(self.account.lag(oldest))
+                        self._dropped_lags.append(self.account.next_lag(oldest))
                     else:
                         self.account.finish()
                         if sample.newest_version != oldest:
@@ -286,11 +286,12 @@ class Rollouter:
             assert sample is not None
             logger.info(
                 "ended sample %d while generating: its oldest token is of weight version %d, "
-                "already more than %d versions behind the trainer's %d, so it could not train",
+                "%d versions behind the trainer's next step, more than the bound of %d, so it "
+                "could not train",
                 sample_id,
                 sample.oldest_version,
+                self.account.next_lag(sample.oldest_version),
                 self.account.max_version_lag,
-                self.account.version,
             )
         elif sample is not None and not self._stopping:
             await asyncio.get_running_loop().run_in_executor(None, self.buffer.put, sample)
@@ -355,6 +356,11 @@ class Rollouter:
             else:
                 dropped.append(lag)
                 self._log_drop(sample, lag)
+        if taken and len(taken) == count:
+            # after the last take of a weight period the next one comes after a sync, so a
+            # sample that would lag too much then is hopeless already: end it now, while the
+            # trainer trains, and let a new sample take its place
+            self._drop_hopeless()
         return taken, dropped
 
     def _log_drop(self, sample: Sample, lag: int) -> None:
@@ -367,17 +373,17 @@ class Rollouter:
         )
 
     def _drop_too_old_fetched(self) -> None:
-        """After a sync: finished samples now too old to train are dropped at once, so that
-        their places under the bound go to new samples now, not when the trainer reaches
-        them (trainer's thread)."""
+        """Finished samples too old to train are dropped at once, so that their places under
+        the bound go to new samples now, not when the trainer reaches them (trainer's
+        thread)."""
         self._fetched.extend(self.buffer.get_all())
         keep = []
         for sample in self._fetched:
             with self.lock:
-                lag = self.account.lag(sample.oldest_version)
+                lag = self.account.next_lag(sample.oldest_version)
                 too_old = self.account.too_old(sample.oldest_version)
                 if too_old:
-                    self.account.take(sample.oldest_version)
+                    self.account.drop_finished(sample.oldest_version)
                     self.outstanding.pop(sample.sample_id, None)
                     self._dropped_lags.append(lag)
             if too_old:
@@ -431,18 +437,27 @@ class Rollouter:
                 self._update_clocks()
                 self.lock.notify_all()
             self._notify()
+        self._drop_hopeless(doomed)
+        return metrics
+
+    def _drop_hopeless(self, doomed: list[int] | None = None) -> None:
+        """End the samples that can no longer train (trainer's thread): abort those in
+        flight, drop the finished ones; their places under the bound go to new samples now."""
+        if doomed is None:
+            with self.lock:
+                doomed = self._too_old_in_flight()
         if doomed:
             self.engines.abort([_request_id(sample_id) for sample_id in doomed])
         self._drop_too_old_fetched()
         self._notify()
-        return metrics
 
     def _too_old_in_flight(self) -> list[int]:
-        """Samples in flight sent with weights already older than the bound allows (lock
+        """Samples in flight sent with weights too old for the trainer's next take (lock
         held): their tokens are at least that old, so they are aborted, and end as dropped
         unless their first token came later than they were sent (then they continue). With
         ``partial="keep"`` only: ``"abort"`` ends everything at a sync and does not continue
-        what is too old, and without partial rollout nothing is in flight at a sync."""
+        what is too old, and without partial rollout a sample in flight has only tokens of
+        the current weights."""
         if self.partial != "keep" or not self.can_abort:
             return []
         doomed = [

@@ -27,6 +27,7 @@ class Simulation:
         self.dropped: list[int] = []
         self.step_samples: list[tuple[int, int]] = []
         self.steps = 0
+        self.sync_due = False
         self.lags: list[int] = []
 
     def start(self) -> bool:
@@ -56,7 +57,26 @@ class Simulation:
         self.dropped.append(sample_id)
         return True
 
+    def drop_finished(self) -> bool:
+        """The trainer drops a finished sample it will not reach in time."""
+        stale = [i for i, (_, version) in enumerate(self.buffer) if self.account.too_old(version)]
+        if not stale:
+            return False
+        sample_id, version = self.buffer.pop(self.random.choice(stale))
+        self.account.drop_finished(version)
+        self.dropped.append(sample_id)
+        return True
+
+    def sync(self) -> bool:
+        if not self.sync_due:
+            return False
+        self.account.sync()
+        self.sync_due = False
+        return True
+
     def take(self) -> bool:
+        if self.sync_due:
+            self.sync()
         if not self.buffer:
             return False
         sample_id, version = self.buffer.pop(0)
@@ -69,8 +89,8 @@ class Simulation:
             if len(self.step_samples) == self.account.required_samples:
                 self.steps += 1
                 self.step_samples = []
-                if self.steps % self.account.trigger_parameter_sync_step == 0:
-                    self.account.sync()
+                # the trainer trains before it syncs: other roles act meanwhile
+                self.sync_due = self.steps % self.account.trigger_parameter_sync_step == 0
         else:
             assert lag > self.account.max_version_lag
             self.dropped.append(sample_id)
@@ -96,19 +116,21 @@ bounds = st.tuples(
 
 
 @settings(max_examples=80, deadline=None)
-@given(bounds, st.lists(st.integers(0, 3), min_size=50, max_size=600))
+@given(bounds, st.lists(st.integers(0, 5), min_size=50, max_size=600))
 def test_no_trained_sample_lags_more_than_the_bound_and_none_is_lost(bound, events):
     required, sync_every, threshold, in_flight, seed = bound
     account = StalenessAccount(required, sync_every, threshold)
     simulation = Simulation(account, in_flight, seed)
     for event in events:
-        # a random timing: whichever role acts next, if it can (3: the rollouter ends a
-        # sample in flight that is too old already)
+        # a random timing: whichever role acts next, if it can (3 and 4: a sample too old
+        # for the trainer's next take is ended in flight, or dropped once finished)
         actions = [
             simulation.start,
             lambda: simulation.finish(fifo=False),
             simulation.take,
             simulation.abandon,
+            simulation.drop_finished,
+            simulation.sync,
         ]
         actions[event]()
         assert account.outstanding >= 0
