@@ -3,11 +3,11 @@ same whichever backend runs (the built-in ``fsdp2`` and plugrl-megatron's ``mega
 
 * the ``actor.optim`` section as an optimizer and a learning-rate schedule: :func:`adamw`,
   :class:`LRSchedule`, :func:`lr_schedule`;
-* an update's mini-batches and micro-batches: :func:`backend_config`, :func:`mini_batch_rows`,
-  :func:`mini_batches`, :func:`fixed_micro_batches`, :func:`check_single_step`,
-  :func:`all_reduced_loss_scale`;
+* an update's batch, mini-batches and micro-batches: :func:`backend_config`,
+  :func:`check_update_batch`, :func:`mini_batch_rows`, :func:`mini_batches`,
+  :func:`fixed_micro_batches`, :func:`check_single_step`, :func:`all_reduced_loss_scale`;
 * log-probs and entropies of responses from a model's logits: :func:`sampling_temperature`,
-  :func:`response_log_probs`, :func:`entropy_for_metrics`;
+  :func:`response_log_probs`, :func:`entropy_for_metrics`, :class:`LogProbRows`;
 * a Hugging Face folder written whole or not at all: :func:`staged_folder`,
   :func:`copy_tokenizer_files`.
 """
@@ -32,10 +32,14 @@ from plugrl.parts.algorithm import LossScale
 
 if TYPE_CHECKING:
     from plugrl.data.batch import Batch
+    from plugrl.parts.algorithm import ActorObjective
     from plugrl.parts.backend import ActorConfig, OptimConfig
     from plugrl.parts.rollout import RolloutConfig
 
 ConfigT = TypeVar("ConfigT", bound="ActorConfig")
+
+SEQUENCE_COLUMNS = ("input_ids", "attention_mask", "position_ids", "responses")
+"""The batch columns every forward of a policy reads (verl's names)."""
 
 # ------------------------------------------------------------------------ optimizer, schedule
 
@@ -124,6 +128,28 @@ def fixed_micro_batches(num_rows: int, size: int | None) -> list[list[int]]:
         return []
     size = num_rows if size is None else size
     return [list(range(start, min(start + size, num_rows))) for start in range(0, num_rows, size)]
+
+
+def check_update_batch(
+    batch: Batch, objective: ActorObjective, config: ActorConfig, n: int, dp_size: int, *, by: str
+) -> bool:
+    """Check that ``batch`` holds the columns an actor update with ``objective`` reads
+    (``by`` names the update in the error); True when it has no ``old_log_probs``, which then
+    come from the update's own forward, allowed for one optimizer step only
+    (:func:`check_single_step`). ``n`` is ``rollout.n``, ``dp_size`` the data-parallel
+    ranks (see :func:`mini_batch_rows`)."""
+    needed = [*SEQUENCE_COLUMNS, "response_mask", "advantages"]
+    if getattr(objective, "needs_ref", False):
+        needed.append("ref_log_prob")
+    on_policy = "old_log_probs" not in batch
+    if on_policy:
+        num_rows = len(batch)
+        mini_rows = mini_batch_rows(config, n, dp_size, num_rows)
+        check_single_step(config.ppo_epochs, num_rows, mini_rows)
+    else:
+        needed.append("old_log_probs")
+    batch.require(*needed, by=by)
+    return on_policy
 
 
 def check_single_step(epochs: int, num_rows: int, mini_rows: int) -> None:
@@ -222,25 +248,26 @@ def entropy_for_metrics(logits: torch.Tensor, log_norm: torch.Tensor) -> torch.T
 
 def response_log_probs(
     logits: torch.Tensor,
-    responses: torch.Tensor,
-    attention_mask: torch.Tensor,
-    *,
+    micro_batch: Batch,
     temperature: float,
+    *,
     with_entropy: bool,
     entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-token log-probs ``[b, R]`` of ``responses [b, R]`` (and entropies when
+    """Per-token log-probs ``[b, R]`` of ``micro_batch``'s ``responses`` (and entropies when
     ``with_entropy``) from float ``logits [b, R', V]``, those of the positions that predict
-    the first ``R'`` response tokens (the columns some row of the micro-batch uses).
+    the first ``R'`` response tokens (the columns some row of the micro-batch uses), divided
+    by the sampling ``temperature``.
 
-    ``attention_mask [b, P+R]`` zeroes padding, so results do not depend on which rows shared
-    a micro-batch; columns past ``R'`` are 0. ``entropy_grad=False`` computes the entropy
-    outside the autograd graph (:func:`entropy_for_metrics`), for a metric only.
+    Its ``attention_mask [b, P+R]`` zeroes padding, so results do not depend on which rows
+    shared a micro-batch; columns past ``R'`` are 0. ``entropy_grad=False`` computes the
+    entropy outside the autograd graph (:func:`entropy_for_metrics`), for a metric only.
     """
     used = logits.shape[1]
     if temperature != 1.0:
         logits = logits / temperature
-    responses = responses.to(logits.device)
+    responses = micro_batch["responses"].to(logits.device)
+    attention_mask = micro_batch["attention_mask"]
     targets = responses[:, :used].unsqueeze(-1)
     log_norm = torch.logsumexp(logits, dim=-1)
     log_prob = logits.gather(-1, targets).squeeze(-1) - log_norm
@@ -255,6 +282,29 @@ def response_log_probs(
             entropy = entropy_for_metrics(logits.detach(), log_norm.detach())
         entropy = F.pad(entropy * attended, (0, pad))
     return F.pad(log_prob * attended, (0, pad)), entropy
+
+
+class LogProbRows:
+    """The result of ``compute_log_prob`` over a batch, filled a micro-batch at a time:
+    float32 ``log_probs`` [B, R] on the CPU and, when asked, ``entropys``."""
+
+    def __init__(self, batch: Batch, *, with_entropy: bool) -> None:
+        shape = batch["responses"].shape
+        self.log_probs = torch.zeros(shape, dtype=torch.float32)
+        self.entropys = torch.zeros(shape, dtype=torch.float32) if with_entropy else None
+
+    def put(self, rows: list[int], log_prob: torch.Tensor, entropy: torch.Tensor | None) -> None:
+        """The results of the micro-batch of ``rows``."""
+        index = torch.tensor(rows)
+        self.log_probs[index] = log_prob.cpu()
+        if self.entropys is not None and entropy is not None:
+            self.entropys[index] = entropy.cpu()
+
+    def result(self) -> dict[str, torch.Tensor]:
+        out = {"log_probs": self.log_probs}
+        if self.entropys is not None:
+            out["entropys"] = self.entropys
+        return out
 
 
 # ------------------------------------------------------------------------------ export

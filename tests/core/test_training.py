@@ -117,6 +117,37 @@ def test_check_single_step():
         assert info.value.key == "actor.reuse_on_policy_log_prob"
 
 
+class NeedsRef:
+    needs_ref = True
+
+
+def update_batch(rows=4, **extra):
+    columns = {name: torch.zeros(rows, 3) for name in training.SEQUENCE_COLUMNS}
+    columns |= {"response_mask": torch.ones(rows, 3), "advantages": torch.zeros(rows, 3)}
+    return Batch(columns | extra)
+
+
+def test_check_update_batch_names_what_the_update_reads():
+    config = ActorConfig(ppo_mini_batch_size=4)
+    old = torch.zeros(4, 3)
+    assert not training.check_update_batch(
+        update_batch(old_log_probs=old), object(), config, 1, 1, by="the x update"
+    )
+    with pytest.raises(KeyError, match="the x update needs batch columns ref_log_prob;"):
+        training.check_update_batch(
+            update_batch(old_log_probs=old), NeedsRef(), config, 1, 1, by="the x update"
+        )
+
+
+def test_without_old_log_probs_the_update_must_be_one_step():
+    assert training.check_update_batch(
+        update_batch(), object(), ActorConfig(ppo_mini_batch_size=4), 1, 1, by="x"
+    )
+    two_steps = ActorConfig(ppo_mini_batch_size=2)
+    with pytest.raises(RecipeError, match="4 sequences on this rank in mini-batches of 2"):
+        training.check_update_batch(update_batch(), object(), two_steps, 1, 1, by="x")
+
+
 def rows_of(batches):
     return [batch["row"].tolist() for batch in batches]
 
@@ -195,13 +226,9 @@ def test_response_log_probs_match_log_softmax(entropy_grad):
     responses = torch.randint(0, 11, (3, 5), generator=generator)
     attention_mask = torch.ones(3, 7, dtype=torch.long)
     attention_mask[0, -2:] = 0  # a shorter response: zeros there
+    micro_batch = Batch({"responses": responses, "attention_mask": attention_mask})
     log_prob, entropy = training.response_log_probs(
-        logits,
-        responses,
-        attention_mask,
-        temperature=0.8,
-        with_entropy=True,
-        entropy_grad=entropy_grad,
+        logits, micro_batch, 0.8, with_entropy=True, entropy_grad=entropy_grad
     )
     expected_log_prob, expected_entropy = reference(logits, responses, attention_mask, 0.8)
     torch.testing.assert_close(log_prob, expected_log_prob)
@@ -209,9 +236,7 @@ def test_response_log_probs_match_log_softmax(entropy_grad):
     assert log_prob.shape == (3, 5) and (log_prob[:, 4] == 0).all() and (log_prob[0, 3:] == 0).all()
     assert log_prob.requires_grad
     assert entropy.requires_grad == entropy_grad
-    without, none = training.response_log_probs(
-        logits, responses, attention_mask, temperature=0.8, with_entropy=False
-    )
+    without, none = training.response_log_probs(logits, micro_batch, 0.8, with_entropy=False)
     assert none is None and torch.equal(without, log_prob)
 
 
@@ -223,6 +248,18 @@ def test_the_metric_entropy_is_computed_in_slices_that_equal_the_whole(monkeypat
     sliced = training.entropy_for_metrics(logits.requires_grad_(), log_norm)
     assert torch.equal(sliced, whole)
     assert not sliced.requires_grad
+
+
+def test_log_prob_rows_put_each_micro_batch_in_its_rows():
+    batch = Batch({"responses": torch.zeros(4, 2, dtype=torch.long)})
+    rows = training.LogProbRows(batch, with_entropy=True)
+    rows.put([2, 0], torch.tensor([[1.0, 2.0], [3.0, 4.0]]), torch.ones(2, 2))
+    result = rows.result()
+    assert result["log_probs"].tolist() == [[3.0, 4.0], [0.0, 0.0], [1.0, 2.0], [0.0, 0.0]]
+    assert result["entropys"][:, 0].tolist() == [1.0, 0.0, 1.0, 0.0]
+    without = training.LogProbRows(batch, with_entropy=False)
+    without.put([1], torch.ones(1, 2), None)
+    assert list(without.result()) == ["log_probs"]
 
 
 # ------------------------------------------------------------------------ export
