@@ -4,7 +4,7 @@ same whichever backend runs (the built-in ``fsdp2`` and plugrl-megatron's ``mega
 * the ``actor.optim`` section as an optimizer and a learning-rate schedule: :func:`adamw`,
   :class:`LRSchedule`, :func:`lr_schedule`;
 * an update's batch, mini-batches and micro-batches: :func:`backend_config`,
-  :func:`check_update_batch`, :func:`mini_batch_rows`, :func:`mini_batches`,
+  :func:`policy_update`, :func:`mini_batch_rows`, :func:`mini_batches`,
   :func:`fixed_micro_batches`, :func:`check_single_step`, :func:`all_reduced_loss_scale`;
 * log-probs and entropies of responses from a model's logits: :func:`sampling_temperature`,
   :func:`response_log_probs`, :func:`entropy_for_metrics`, :class:`LogProbRows`;
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from plugrl.parts.algorithm import ActorObjective
     from plugrl.parts.backend import ActorConfig, OptimConfig
     from plugrl.parts.rollout import RolloutConfig
+    from plugrl.recipe import Recipe
 
 ConfigT = TypeVar("ConfigT", bound="ActorConfig")
 
@@ -130,26 +131,63 @@ def fixed_micro_batches(num_rows: int, size: int | None) -> list[list[int]]:
     return [list(range(start, min(start + size, num_rows))) for start in range(0, num_rows, size)]
 
 
-def check_update_batch(
-    batch: Batch, objective: ActorObjective, config: ActorConfig, n: int, dp_size: int, *, by: str
-) -> bool:
-    """Check that ``batch`` holds the columns an actor update with ``objective`` reads
-    (``by`` names the update in the error); True when it has no ``old_log_probs``, which then
-    come from the update's own forward, allowed for one optimizer step only
-    (:func:`check_single_step`). ``n`` is ``rollout.n``, ``dp_size`` the data-parallel
-    ranks (see :func:`mini_batch_rows`)."""
+@attrs.frozen
+class PolicyUpdate:
+    """How an actor update feeds its objective, from :func:`policy_update`.
+
+    ``temperature``: the sampling temperature log-probs are taken at. ``entropy_in_loss``: the
+    objective reads the entropy, with its gradient (``objective.needs_entropy``).
+    ``derives_old_log_probs``: the batch has no ``old_log_probs``, so each micro-batch gets the
+    detached log-probs of the update's own forward (:meth:`derive_old_log_probs`).
+    """
+
+    temperature: float
+    entropy_in_loss: bool
+    derives_old_log_probs: bool
+
+    @property
+    def with_entropy(self) -> bool:
+        """Whether the forward computes entropies: for the loss, or for the ``actor/entropy``
+        metric that the skipped old_log_prob pass would have reported."""
+        return self.entropy_in_loss or self.derives_old_log_probs
+
+    def derive_old_log_probs(self, micro_batch: Batch, log_prob: torch.Tensor) -> None:
+        """Set ``micro_batch``'s ``old_log_probs`` to ``log_prob`` (detached) when this update
+        derives them: the ratio is then exactly 1 in value and carries the gradient."""
+        if self.derives_old_log_probs:
+            micro_batch["old_log_probs"] = log_prob.detach()
+
+
+def policy_update(
+    batch: Batch,
+    objective: ActorObjective,
+    config: ActorConfig,
+    recipe: Recipe,
+    dp_size: int,
+    *,
+    by: str,
+) -> PolicyUpdate:
+    """Check that ``batch`` holds the columns an actor update with ``objective`` reads (``by``
+    names the update in the error), and say how the update feeds the objective. A batch
+    without ``old_log_probs`` takes them from the update's own forward, which is allowed for
+    one optimizer step only (:func:`check_single_step`; ``dp_size`` data-parallel ranks, see
+    :func:`mini_batch_rows`)."""
     needed = [*SEQUENCE_COLUMNS, "response_mask", "advantages"]
     if getattr(objective, "needs_ref", False):
         needed.append("ref_log_prob")
-    on_policy = "old_log_probs" not in batch
-    if on_policy:
+    derives = "old_log_probs" not in batch
+    if derives:
         num_rows = len(batch)
-        mini_rows = mini_batch_rows(config, n, dp_size, num_rows)
+        mini_rows = mini_batch_rows(config, recipe.rollout.n, dp_size, num_rows)
         check_single_step(config.ppo_epochs, num_rows, mini_rows)
     else:
         needed.append("old_log_probs")
     batch.require(*needed, by=by)
-    return on_policy
+    return PolicyUpdate(
+        temperature=sampling_temperature(batch, recipe.rollout),
+        entropy_in_loss=bool(getattr(objective, "needs_entropy", False)),
+        derives_old_log_probs=derives,
+    )
 
 
 def check_single_step(epochs: int, num_rows: int, mini_rows: int) -> None:
@@ -183,20 +221,19 @@ def mini_batches(
 
 def all_reduced_loss_scale(
     response_mask: torch.Tensor,
-    *,
+    config: ActorConfig,
+    recipe: Recipe,
     dp_size: int,
     device: torch.device,
-    max_response_length: int | None,
-    loss_scale_factor: int | None,
     group: Any = None,
 ) -> LossScale:
     """The :class:`LossScale` of a mini-batch split over ``dp_size`` data-parallel ranks
     (collective over ``group``, the default group when None): this rank's response tokens
     and non-empty responses, summed over the ranks.
 
-    ``max_response_length`` (``data.max_response_length``) and ``loss_scale_factor``
-    (``actor.loss_scale_factor``) make ``seq-mean-token-sum-norm`` divide by a constant of
-    the run, not this mini-batch's padded width.
+    ``seq-mean-token-sum-norm`` then divides by ``actor.loss_scale_factor`` or
+    ``data.max_response_length``, constants of the run, not by this mini-batch's padded
+    width (its longest response).
     """
     per_row = response_mask.sum(dim=-1)
     counts = torch.stack([per_row.sum(), (per_row > 0).sum()]).to(device)
@@ -206,8 +243,8 @@ def all_reduced_loss_scale(
         num_tokens=int(counts[0]),
         num_seqs=int(counts[1]),
         dp_size=dp_size,
-        max_response_length=max_response_length,
-        loss_scale_factor=loss_scale_factor,
+        max_response_length=recipe.data.max_response_length,
+        loss_scale_factor=config.loss_scale_factor,
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import pickle
+from types import SimpleNamespace
 
 import attrs
 import pytest
@@ -117,8 +118,9 @@ def test_check_single_step():
         assert info.value.key == "actor.reuse_on_policy_log_prob"
 
 
-class NeedsRef:
-    needs_ref = True
+class Objective:
+    def __init__(self, needs_ref=False, needs_entropy=False):
+        self.needs_ref, self.needs_entropy = needs_ref, needs_entropy
 
 
 def update_batch(rows=4, **extra):
@@ -127,25 +129,48 @@ def update_batch(rows=4, **extra):
     return Batch(columns | extra)
 
 
-def test_check_update_batch_names_what_the_update_reads():
+RECIPE = SimpleNamespace(rollout=RolloutConfig(n=1, do_sample=True, temperature=0.6))
+
+
+def test_policy_update_names_what_the_update_reads():
     config = ActorConfig(ppo_mini_batch_size=4)
-    old = torch.zeros(4, 3)
-    assert not training.check_update_batch(
-        update_batch(old_log_probs=old), object(), config, 1, 1, by="the x update"
+    batch = update_batch(old_log_probs=torch.zeros(4, 3))
+    update = training.policy_update(batch, Objective(), config, RECIPE, 1, by="the x update")
+    assert update == training.PolicyUpdate(
+        temperature=0.6, entropy_in_loss=False, derives_old_log_probs=False
     )
+    assert not update.with_entropy
     with pytest.raises(KeyError, match="the x update needs batch columns ref_log_prob;"):
-        training.check_update_batch(
-            update_batch(old_log_probs=old), NeedsRef(), config, 1, 1, by="the x update"
+        training.policy_update(
+            batch, Objective(needs_ref=True), config, RECIPE, 1, by="the x update"
         )
-
-
-def test_without_old_log_probs_the_update_must_be_one_step():
-    assert training.check_update_batch(
-        update_batch(), object(), ActorConfig(ppo_mini_batch_size=4), 1, 1, by="x"
+    batch.pop("advantages")
+    with pytest.raises(KeyError, match="the x update needs batch columns advantages;"):
+        training.policy_update(batch, Objective(), config, RECIPE, 1, by="the x update")
+    entropy = training.policy_update(
+        update_batch(old_log_probs=torch.zeros(4, 3)),
+        Objective(needs_entropy=True),
+        config,
+        RECIPE,
+        1,
+        by="x",
     )
+    assert entropy.entropy_in_loss and entropy.with_entropy
+
+
+def test_without_old_log_probs_the_update_derives_them_in_one_step():
+    update = training.policy_update(
+        update_batch(), Objective(), ActorConfig(ppo_mini_batch_size=4), RECIPE, 1, by="x"
+    )
+    assert update.derives_old_log_probs and update.with_entropy and not update.entropy_in_loss
+    micro_batch = update_batch(rows=2)
+    log_prob = torch.randn(2, 3, requires_grad=True)
+    update.derive_old_log_probs(micro_batch, log_prob)
+    assert torch.equal(micro_batch["old_log_probs"], log_prob)
+    assert not micro_batch["old_log_probs"].requires_grad
     two_steps = ActorConfig(ppo_mini_batch_size=2)
     with pytest.raises(RecipeError, match="4 sequences on this rank in mini-batches of 2"):
-        training.check_update_batch(update_batch(), object(), two_steps, 1, 1, by="x")
+        training.policy_update(update_batch(), Objective(), two_steps, RECIPE, 1, by="x")
 
 
 def rows_of(batches):
@@ -185,10 +210,12 @@ def test_shuffled_mini_batches_depend_on_seed_step_and_epoch_only():
 
 def test_loss_scale_counts_tokens_and_non_empty_responses():
     mask = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0]])
-    scale = training.all_reduced_loss_scale(
-        mask, dp_size=1, device=torch.device("cpu"), max_response_length=16, loss_scale_factor=None
+    recipe = SimpleNamespace(data=SimpleNamespace(max_response_length=16))
+    config = ActorConfig(loss_scale_factor=4096)
+    scale = training.all_reduced_loss_scale(mask, config, recipe, 1, torch.device("cpu"))
+    assert scale == LossScale(
+        num_tokens=3, num_seqs=2, dp_size=1, max_response_length=16, loss_scale_factor=4096
     )
-    assert scale == LossScale(num_tokens=3, num_seqs=2, dp_size=1, max_response_length=16)
 
 
 # ------------------------------------------------------------------------ log-probs

@@ -162,11 +162,7 @@ class FSDP2Backend(TrainingBackend):
 
     def _loss_scale(self, mini_batch: Batch) -> LossScale:
         return training.all_reduced_loss_scale(
-            mini_batch["response_mask"],
-            dp_size=self.dp_size,
-            device=self.torch_device,
-            max_response_length=self.recipe.data.max_response_length,
-            loss_scale_factor=self.config.loss_scale_factor,
+            mini_batch["response_mask"], self.config, self.recipe, self.dp_size, self.torch_device
         )
 
     def _on_device(self, batch: Batch, rows: list[int], columns: tuple[str, ...]) -> Batch:
@@ -261,23 +257,18 @@ class FSDP2Backend(TrainingBackend):
 
     def update_policy(self, batch: Batch, objective: ActorObjective) -> dict[str, float]:
         self._require("actor", method="update_policy")
-        n, dp_size = self.recipe.rollout.n, self.dp_size
-        on_policy = training.check_update_batch(
-            batch, objective, self.config, n, dp_size, by="the fsdp2 actor update"
+        update = training.policy_update(
+            batch, objective, self.config, self.recipe, self.dp_size, by="the fsdp2 actor update"
         )
-        temperature = training.sampling_temperature(batch, self.recipe.rollout)
-        entropy_in_loss = bool(getattr(objective, "needs_entropy", False))
 
         def micro_loss(micro_batch: Batch, scale: LossScale) -> tuple[torch.Tensor, dict]:
             log_prob, entropy = self._log_probs(
                 micro_batch,
-                temperature=temperature,
-                # the skipped old_log_prob pass reported actor/entropy; the objective does now
-                with_entropy=entropy_in_loss or on_policy,
-                entropy_grad=entropy_in_loss,
+                temperature=update.temperature,
+                with_entropy=update.with_entropy,
+                entropy_grad=update.entropy_in_loss,
             )
-            if on_policy:
-                micro_batch["old_log_probs"] = log_prob.detach()
+            update.derive_old_log_probs(micro_batch, log_prob)
             return objective(micro_batch, log_prob, entropy, scale)
 
         return self._train(

@@ -240,13 +240,9 @@ class MegatronBackend(TrainingBackend):
 
     def _loss_scale(self, mini_batch: Batch) -> LossScale:
         group = _parallel_state().get_data_parallel_group() if self.dp_size > 1 else None
+        mask = mini_batch["response_mask"]
         return training.all_reduced_loss_scale(
-            mini_batch["response_mask"],
-            dp_size=self.dp_size,
-            device=self.torch_device,
-            max_response_length=self.recipe.data.max_response_length,
-            loss_scale_factor=self.config.loss_scale_factor,
-            group=group,
+            mask, self.config, self.recipe, self.dp_size, self.torch_device, group
         )
 
     # ------------------------------------------------------------------------ forward
@@ -396,12 +392,9 @@ class MegatronBackend(TrainingBackend):
 
     def update_policy(self, batch: Batch, objective: ActorObjective) -> dict[str, float]:
         self._require("actor", method="update_policy")
-        n, dp_size = self.recipe.rollout.n, self.dp_size
-        on_policy = training.check_update_batch(
-            batch, objective, self.config, n, dp_size, by="the megatron actor update"
+        update = training.policy_update(
+            batch, objective, self.config, self.recipe, self.dp_size, by="the megatron actor update"
         )
-        temperature = training.sampling_temperature(batch, self.recipe.rollout)
-        entropy_in_loss = bool(getattr(objective, "needs_entropy", False))
 
         def micro_loss(
             micro_batch: Batch, logits: torch.Tensor, layout: Any, scale: LossScale
@@ -410,13 +403,12 @@ class MegatronBackend(TrainingBackend):
                 logits,
                 layout,
                 micro_batch,
-                temperature=temperature,
-                with_entropy=entropy_in_loss or on_policy,
-                entropy_grad=entropy_in_loss,
+                temperature=update.temperature,
+                with_entropy=update.with_entropy,
+                entropy_grad=update.entropy_in_loss,
             )
             micro_batch = micro_batch.to(self.torch_device)
-            if on_policy:
-                micro_batch["old_log_probs"] = log_prob.detach()
+            update.derive_old_log_probs(micro_batch, log_prob)
             return objective(micro_batch, log_prob, entropy, scale)
 
         return self._train(batch, micro_loss)
