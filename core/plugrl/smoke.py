@@ -5,6 +5,7 @@ step's metrics the same way.
 
 * :func:`check` runs one check and prints one ``PASS name: detail`` or ``FAIL name: why``
   line; a check fails by raising :class:`SmokeFailure`.
+* :func:`parse_run_arguments` gives a script the arguments of a short run and its folder.
 * :func:`run_plugrl` runs ``plugrl run`` in a fresh process; :func:`run_quickstart` runs a few
   GRPO steps of the quickstart that way, :func:`grpo_recipe` is a recipe of a few GRPO steps
   with a KL loss on :func:`~plugrl.quickstart.untrained.build_untrained_task`'s task.
@@ -16,10 +17,12 @@ accelerator machines where pytest need not be installed.
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,6 +46,23 @@ def check(name: str, body: Callable[[], str]) -> bool:
         return False
     print(f"PASS {name}{f': {detail}' if detail else ''}", flush=True)
     return True
+
+
+def parse_run_arguments(
+    parser: argparse.ArgumentParser, argv: list[str] | None, *, prefix: str
+) -> tuple[argparse.Namespace, Path]:
+    """Add the arguments of a short run (``--steps``, ``--workdir``, ``--timeout``) to
+    ``parser``, after the script's own; parse ``argv`` and create the work folder (by default
+    a new temporary one named ``prefix...``)."""
+    parser.add_argument("--steps", type=int, default=2, help="GRPO steps (default: 2)")
+    parser.add_argument("--workdir", default=None, help="default: a new temporary folder")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds for the run")
+    args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error(f"--steps must be at least 1, got {args.steps}")
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix=prefix))
+    workdir.mkdir(parents=True, exist_ok=True)
+    return args, workdir
 
 
 def run_plugrl(

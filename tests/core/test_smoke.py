@@ -120,3 +120,18 @@ def test_run_quickstart_runs_a_short_quickstart_that_writes_only_metrics(tmp_pat
         f"trainer.default_local_dir={run_dir}",
     ):
         assert override in overrides
+
+
+def test_parse_run_arguments_adds_a_short_runs_arguments(tmp_path, capsys):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--engine", default="hf")
+    args, workdir = smoke.parse_run_arguments(
+        parser, ["--workdir", str(tmp_path / "w"), "--engine", "x"], prefix="p-"
+    )
+    assert (args.engine, args.steps, args.timeout) == ("x", 2, 1800)
+    assert workdir == tmp_path / "w" and workdir.is_dir()
+    with pytest.raises(SystemExit):
+        smoke.parse_run_arguments(argparse.ArgumentParser(), ["--steps", "0"], prefix="p-")
+    assert "--steps must be at least 1, got 0" in capsys.readouterr().err

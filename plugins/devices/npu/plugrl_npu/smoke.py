@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from plugrl.metrics import read_metrics
-from plugrl.smoke import SmokeFailure, check, each_step, run_quickstart
+from plugrl.smoke import SmokeFailure, check, each_step, parse_run_arguments, run_quickstart
 
 CHECKED = ("actor/pg_loss", "actor/grad_norm", "critic/score/mean", "response_length/mean")
 MEMORY = "perf/max_memory_allocated_gb"
@@ -83,14 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="fsdp2", choices=sorted(PATCH_LOG))
     parser.add_argument("--engine", default="hf", help="rollout engine (default: hf)")
-    parser.add_argument("--steps", type=int, default=2, help="GRPO steps (default: 2)")
-    parser.add_argument("--workdir", default=None, help="default: a new temporary folder")
-    parser.add_argument("--timeout", type=float, default=1800, help="seconds for the run")
-    args = parser.parse_args(argv)
-    if args.steps < 1:
-        parser.error(f"--steps must be at least 1, got {args.steps}")
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="plugrl-npu-smoke-"))
-    workdir.mkdir(parents=True, exist_ok=True)
+    args, workdir = parse_run_arguments(parser, argv, prefix="plugrl-npu-smoke-")
     print(f"smoke test of the npu device ({args.backend}) in {workdir}", flush=True)
     if not check("npu", npus_present):
         return 1

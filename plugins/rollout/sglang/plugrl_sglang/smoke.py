@@ -15,12 +15,10 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from plugrl.metrics import read_metrics
-from plugrl.smoke import SmokeFailure, check, each_step, run_quickstart
+from plugrl.smoke import SmokeFailure, check, each_step, parse_run_arguments, run_quickstart
 
 CHECKED = ("actor/pg_loss", "actor/grad_norm", "critic/score/mean", "response_length/mean")
 
@@ -81,14 +79,7 @@ def check_steps(records: list[dict[str, Any]], steps: int) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="auto", help="device plugin name (default: auto)")
-    parser.add_argument("--steps", type=int, default=2, help="GRPO steps (default: 2)")
-    parser.add_argument("--workdir", default=None, help="default: a new temporary folder")
-    parser.add_argument("--timeout", type=float, default=1800, help="seconds for the run")
-    args = parser.parse_args(argv)
-    if args.steps < 1:
-        parser.error(f"--steps must be at least 1, got {args.steps}")
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="plugrl-sglang-smoke-"))
-    workdir.mkdir(parents=True, exist_ok=True)
+    args, workdir = parse_run_arguments(parser, argv, prefix="plugrl-sglang-smoke-")
     print(f"smoke test of the sglang rollout engine in {workdir}", flush=True)
     found: dict[str, str] = {}
     if not check("sglang", library_present):
