@@ -67,10 +67,10 @@ def loss_scale_from_mask(
 ) -> LossScale:
     """The :class:`LossScale` of a whole mini-batch, given all of its response mask.
 
-    A data-parallel backend counts its own rows with :func:`count_valid` and all-reduces the
-    two counts instead. Give ``max_response_length`` (``data.max_response_length``) and
-    ``loss_scale_factor`` (``actor.loss_scale_factor``) from the recipe: see
-    :func:`sum_norm_divisor`.
+    A data-parallel backend counts its own rows and all-reduces the two counts instead
+    (:func:`plugrl.training.all_reduced_loss_scale`). Give ``max_response_length``
+    (``data.max_response_length``) and ``loss_scale_factor`` (``actor.loss_scale_factor``)
+    from the recipe: see :func:`sum_norm_divisor`.
     """
     num_tokens, num_seqs = count_valid(response_mask)
     return LossScale(

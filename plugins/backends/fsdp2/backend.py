@@ -9,23 +9,21 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import attrs
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from plugrl import rng
+from plugrl import rng, training
 from plugrl.cluster.distributed import ensure_process_group
 from plugrl.data.batch import Batch
-from plugrl.errors import RecipeError
+from plugrl.metrics import mean_metrics
 from plugrl.parts.algorithm import LossScale
 from plugrl.parts.backend import OptimConfig, TrainingBackend
 from plugrl.parts.rollout import WeightMeta
 from plugrl_plugins.backends.fsdp2 import checkpoint
 from plugrl_plugins.backends.fsdp2.batching import (
-    fixed_micro_batches,
     left_align,
     token_budget_micro_batches,
     valid_lengths,
@@ -49,51 +47,7 @@ if TYPE_CHECKING:
     from plugrl.parts.backend import ActorConfig
     from plugrl.parts.context import PartContext
 
-SEQUENCE_COLUMNS = ("input_ids", "attention_mask", "position_ids", "responses")
 MicroLoss = Callable[[Batch, LossScale], tuple[torch.Tensor, dict[str, float]]]
-
-
-def _fsdp2_config(config: Any) -> FSDP2ActorConfig:
-    """The ``actor`` section as this backend's config (a plain ActorConfig gets the defaults)."""
-    if isinstance(config, FSDP2ActorConfig):
-        return config
-    values = {field.name: getattr(config, field.name) for field in attrs.fields(type(config))}
-    return FSDP2ActorConfig(**values)
-
-
-# tokens per slice when the entropy is only a metric: the probabilities of a slice are a
-# transient copy of its logits, which at a 150k vocabulary is about 600 MB per 1024 tokens
-_ENTROPY_SLICE_TOKENS = 1024
-
-
-@torch.no_grad()
-def _entropy_for_metrics(logits: torch.Tensor, log_norm: torch.Tensor) -> torch.Tensor:
-    """Per-token entropy ``[...]`` of ``logits [..., V]``, without gradient, a slice of tokens
-    at a time: it runs while the update's activations are held, at the step's peak memory."""
-    flat_logits = logits.reshape(-1, logits.shape[-1])
-    flat_norm = log_norm.reshape(-1)
-    entropy = torch.empty_like(flat_norm)
-    for start in range(0, flat_logits.shape[0], _ENTROPY_SLICE_TOKENS):
-        piece = flat_logits[start : start + _ENTROPY_SLICE_TOKENS]
-        expected = (torch.softmax(piece, dim=-1) * piece).sum(dim=-1)
-        entropy[start : start + _ENTROPY_SLICE_TOKENS] = (
-            flat_norm[start : start + _ENTROPY_SLICE_TOKENS] - expected
-        )
-    return entropy.reshape(log_norm.shape)
-
-
-class _MetricMeans:
-    """Means of metric values reported several times (per micro-batch, per step)."""
-
-    def __init__(self) -> None:
-        self.values: dict[str, list[float]] = defaultdict(list)
-
-    def add(self, metrics: dict[str, Any]) -> None:
-        for name, value in metrics.items():
-            self.values[name].append(float(value))
-
-    def means(self) -> dict[str, float]:
-        return {name: sum(vals) / len(vals) for name, vals in self.values.items()}
 
 
 class FSDP2Backend(TrainingBackend):
@@ -115,7 +69,7 @@ class FSDP2Backend(TrainingBackend):
 
     def __init__(self, config: ActorConfig, context: PartContext) -> None:
         super().__init__(config, context)
-        self.config: FSDP2ActorConfig = _fsdp2_config(config)
+        self.config: FSDP2ActorConfig = training.backend_config(config, FSDP2ActorConfig)
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
@@ -194,7 +148,7 @@ class FSDP2Backend(TrainingBackend):
             local = len(token_budget_micro_batches(lengths, budget))
             count, _ = self._agreed_count(local)
             return token_budget_micro_batches(lengths, budget, count)
-        plan = fixed_micro_batches(len(batch), micro_batch_size)
+        plan = training.fixed_micro_batches(len(batch), micro_batch_size)
         largest, smallest = self._agreed_count(len(plan))
         if largest != smallest:
             raise RuntimeError(
@@ -204,49 +158,12 @@ class FSDP2Backend(TrainingBackend):
         return plan
 
     def _mini_batch_rows(self, num_rows: int) -> int:
-        per_step = self.config.mini_batch_rows(self.recipe.rollout.n)
-        ranks = self.dp_size
-        if per_step % ranks:
-            raise RecipeError(
-                f"ppo_mini_batch_size x rollout.n = {per_step} sequences per optimizer step "
-                f"cannot be split evenly over {ranks} ranks; make it a multiple of {ranks}",
-                key="actor.ppo_mini_batch_size",
-            )
-        rows = per_step // ranks
-        if num_rows % rows:
-            raise RecipeError(
-                f"a rank got {num_rows} sequences, not a multiple of its mini-batch share of "
-                f"{rows} (ppo_mini_batch_size {self.config.ppo_mini_batch_size} x rollout.n "
-                f"{self.recipe.rollout.n} / {ranks} ranks); make data.train_batch_size a "
-                "multiple of actor.ppo_mini_batch_size",
-                key="actor.ppo_mini_batch_size",
-            )
-        return rows
+        return training.mini_batch_rows(self.config, self.recipe.rollout.n, self.dp_size, num_rows)
 
     def _loss_scale(self, mini_batch: Batch) -> LossScale:
-        mask = mini_batch["response_mask"]
-        per_row = mask.sum(dim=-1)
-        counts = torch.stack([per_row.sum(), (per_row > 0).sum()]).to(self.torch_device)
-        if self.dist.world_size > 1:
-            dist.all_reduce(counts)
-        # the normaliser of seq-mean-token-sum-norm is a constant of the run, not this
-        # mini-batch's padded width (its longest response)
-        return LossScale(
-            num_tokens=int(counts[0]),
-            num_seqs=int(counts[1]),
-            dp_size=self.dp_size,
-            max_response_length=self.recipe.data.max_response_length,
-            loss_scale_factor=self.config.loss_scale_factor,
+        return training.all_reduced_loss_scale(
+            mini_batch["response_mask"], self.config, self.recipe, self.dp_size, self.torch_device
         )
-
-    def _temperature(self, batch: Batch) -> float:
-        """The sampling temperature the responses were drawn at (log-probs are of that
-        distribution, as the rollout's are)."""
-        temperature = batch.meta.get("temperature")
-        if temperature is None:
-            rollout = self.recipe.rollout
-            temperature = rollout.temperature if rollout.do_sample else 1.0
-        return float(temperature) if temperature and temperature > 0 else 1.0
 
     def _on_device(self, batch: Batch, rows: list[int], columns: tuple[str, ...]) -> Batch:
         """The ``rows`` of the named columns, on this rank's device."""
@@ -286,25 +203,10 @@ class FSDP2Backend(TrainingBackend):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-token log-probs [b, R] (and entropies); ``entropy_grad=False`` computes the
         entropy outside the autograd graph, for a metric only."""
-        logits, used = self._forward(micro_batch)
-        if temperature != 1.0:
-            logits = logits / temperature
-        responses = micro_batch["responses"]
-        targets = responses[:, :used].unsqueeze(-1)
-        log_norm = torch.logsumexp(logits, dim=-1)
-        log_prob = logits.gather(-1, targets).squeeze(-1) - log_norm
-        # zero at padding, so results do not depend on which rows shared a micro-batch
-        attended = micro_batch["attention_mask"][:, -responses.shape[-1] :][:, :used]
-        attended = attended.to(log_prob.dtype)
-        pad = responses.shape[-1] - used
-        entropy = None
-        if with_entropy:
-            if entropy_grad:
-                entropy = log_norm - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
-            else:
-                entropy = _entropy_for_metrics(logits.detach(), log_norm.detach())
-            entropy = F.pad(entropy * attended, (0, pad))
-        return F.pad(log_prob * attended, (0, pad)), entropy
+        logits, _ = self._forward(micro_batch)
+        return training.response_log_probs(
+            logits, micro_batch, temperature, with_entropy=with_entropy, entropy_grad=entropy_grad
+        )
 
     def _values(self, micro_batch: Batch) -> torch.Tensor:
         outputs, used = self._forward(micro_batch)
@@ -319,37 +221,29 @@ class FSDP2Backend(TrainingBackend):
         self, batch: Batch, *, calculate_entropy: bool = False
     ) -> dict[str, torch.Tensor]:
         model = self._require("actor", "ref", method="compute_log_prob")
-        batch.require(*SEQUENCE_COLUMNS, by="fsdp2 compute_log_prob")
-        temperature = self._temperature(batch)
+        batch.require(*training.SEQUENCE_COLUMNS, by="fsdp2 compute_log_prob")
+        temperature = training.sampling_temperature(batch, self.recipe.rollout)
         size = self.config.log_prob_micro_batch_size_per_gpu
         plan = self._plan(batch, size or self.config.ppo_micro_batch_size_per_gpu)
-        shape = batch["responses"].shape
-        log_probs = torch.zeros(shape, dtype=torch.float32)
-        entropys = torch.zeros(shape, dtype=torch.float32) if calculate_entropy else None
+        out = training.LogProbRows(batch, with_entropy=calculate_entropy)
         model.eval()
         for rows in plan:
-            part = self._on_device(batch, rows, SEQUENCE_COLUMNS)
+            part = self._on_device(batch, rows, training.SEQUENCE_COLUMNS)
             log_prob, entropy = self._log_probs(
                 part, temperature=temperature, with_entropy=calculate_entropy
             )
-            index = torch.tensor(rows)
-            log_probs[index] = log_prob.cpu()
-            if entropys is not None and entropy is not None:
-                entropys[index] = entropy.cpu()
-        out = {"log_probs": log_probs}
-        if entropys is not None:
-            out["entropys"] = entropys
-        return out
+            out.put(rows, log_prob, entropy)
+        return out.result()
 
     @torch.no_grad()
     def compute_values(self, batch: Batch) -> torch.Tensor:
         model = self._require("critic", method="compute_values")
-        batch.require(*SEQUENCE_COLUMNS, "response_mask", by="fsdp2 compute_values")
+        batch.require(*training.SEQUENCE_COLUMNS, "response_mask", by="fsdp2 compute_values")
         plan = self._plan(batch, self._critic_micro_batch_size)
         values = torch.zeros(batch["responses"].shape, dtype=torch.float32)
         model.eval()
         for rows in plan:
-            part = self._on_device(batch, rows, (*SEQUENCE_COLUMNS, "response_mask"))
+            part = self._on_device(batch, rows, (*training.SEQUENCE_COLUMNS, "response_mask"))
             values[torch.tensor(rows)] = self._values(part).cpu()
         return values
 
@@ -363,28 +257,18 @@ class FSDP2Backend(TrainingBackend):
 
     def update_policy(self, batch: Batch, objective: ActorObjective) -> dict[str, float]:
         self._require("actor", method="update_policy")
-        needed = [*SEQUENCE_COLUMNS, "response_mask", "advantages"]
-        if getattr(objective, "needs_ref", False):
-            needed.append("ref_log_prob")
-        on_policy = "old_log_probs" not in batch
-        if on_policy:
-            self._check_single_step(len(batch))
-        else:
-            needed.append("old_log_probs")
-        batch.require(*needed, by="the fsdp2 actor update")
-        temperature = self._temperature(batch)
-        entropy_in_loss = bool(getattr(objective, "needs_entropy", False))
+        update = training.policy_update(
+            batch, objective, self.config, self.recipe, self.dp_size, by="the fsdp2 actor update"
+        )
 
         def micro_loss(micro_batch: Batch, scale: LossScale) -> tuple[torch.Tensor, dict]:
             log_prob, entropy = self._log_probs(
                 micro_batch,
-                temperature=temperature,
-                # the skipped old_log_prob pass reported actor/entropy; the objective does now
-                with_entropy=entropy_in_loss or on_policy,
-                entropy_grad=entropy_in_loss,
+                temperature=update.temperature,
+                with_entropy=update.with_entropy,
+                entropy_grad=update.entropy_in_loss,
             )
-            if on_policy:
-                micro_batch["old_log_probs"] = log_prob.detach()
+            update.derive_old_log_probs(micro_batch, log_prob)
             return objective(micro_batch, log_prob, entropy, scale)
 
         return self._train(
@@ -397,22 +281,11 @@ class FSDP2Backend(TrainingBackend):
             grad_clip=self.config.grad_clip,
         )
 
-    def _check_single_step(self, num_rows: int) -> None:
-        """Old log-probs may come from the update's own forward only when that forward is the
-        first and only one before the weights change."""
-        epochs, mini_rows = self.config.ppo_epochs, self._mini_batch_rows(num_rows)
-        if epochs != 1 or mini_rows != num_rows:
-            raise RecipeError(
-                f"the batch has no old_log_probs, but this update takes more than one optimizer "
-                f"step (ppo_epochs {epochs}, {num_rows} sequences on this rank in mini-batches "
-                f"of {mini_rows}), so they cannot come from its own "
-                "forward; the scheduler must compute them with compute_log_prob first",
-                key="actor.reuse_on_policy_log_prob",
-            )
-
     def update_critic(self, batch: Batch) -> dict[str, float]:
         self._require("critic", method="update_critic")
-        batch.require(*SEQUENCE_COLUMNS, "response_mask", "values", "returns", by="fsdp2 critic")
+        batch.require(
+            *training.SEQUENCE_COLUMNS, "response_mask", "values", "returns", by="fsdp2 critic"
+        )
         clip = self.recipe.critic.cliprange_value
 
         def micro_loss(micro_batch: Batch, scale: LossScale) -> tuple[torch.Tensor, dict]:
@@ -445,15 +318,6 @@ class FSDP2Backend(TrainingBackend):
             grad_clip=self.recipe.critic.grad_clip,
         )
 
-    def _row_order(self, num_rows: int, epoch: int) -> torch.Tensor:
-        if not self.config.shuffle:
-            return torch.arange(num_rows)
-        # a generator of its own, so the order depends on the run's seed and position only
-        generator = torch.Generator().manual_seed(
-            self.recipe.trainer.seed + 1_000_003 * self.update_steps + epoch
-        )
-        return torch.randperm(num_rows, generator=generator)
-
     def _train(
         self,
         batch: Batch,
@@ -469,39 +333,39 @@ class FSDP2Backend(TrainingBackend):
         assert model is not None and optimizer is not None and scheduler is not None
         mini_rows = self._mini_batch_rows(len(batch))
         lr = scheduler.get_last_lr()[0]
-        step_metrics = _MetricMeans()
+        step_metrics: list[dict[str, float]] = []
         model.train()
         try:
-            for epoch in range(epochs):
-                order = self._row_order(len(batch), epoch)
-                for start in range(0, len(batch), mini_rows):
-                    mini_batch = batch.select(order[start : start + mini_rows])
-                    scale = self._loss_scale(mini_batch)
-                    plan = self._plan(mini_batch, micro_batch_size)
-                    optimizer.zero_grad(set_to_none=True)
-                    # micro-batch metrics are shares of the mini-batch value, like the loss
-                    mini_metrics: dict[str, float] = defaultdict(float)
-                    step_loss = 0.0
-                    for rows in plan:
-                        micro_batch = mini_batch.select(rows).to(self.torch_device)
-                        loss, metrics = micro_loss(micro_batch, scale)
-                        loss.backward()
-                        step_loss += float(loss.detach())
-                        for name, value in metrics.items():
-                            mini_metrics[name] += float(value)
-                    grad_norm = self._clip_and_step(grad_clip)
-                    step_metrics.add(
-                        {
-                            **mini_metrics,
-                            loss_name: step_loss,
-                            f"{prefix}/grad_norm": grad_norm,
-                        }
-                    )
+            for mini_batch in training.mini_batches(
+                batch,
+                mini_rows,
+                epochs=epochs,
+                shuffle=self.config.shuffle,
+                seed=self.recipe.trainer.seed,
+                update_step=self.update_steps,
+            ):
+                scale = self._loss_scale(mini_batch)
+                plan = self._plan(mini_batch, micro_batch_size)
+                optimizer.zero_grad(set_to_none=True)
+                # micro-batch metrics are shares of the mini-batch value, like the loss
+                mini_metrics: dict[str, float] = defaultdict(float)
+                step_loss = 0.0
+                for rows in plan:
+                    micro_batch = mini_batch.select(rows).to(self.torch_device)
+                    loss, metrics = micro_loss(micro_batch, scale)
+                    loss.backward()
+                    step_loss += float(loss.detach())
+                    for name, value in metrics.items():
+                        mini_metrics[name] += float(value)
+                grad_norm = self._clip_and_step(grad_clip)
+                step_metrics.append(
+                    {**mini_metrics, loss_name: step_loss, f"{prefix}/grad_norm": grad_norm}
+                )
         finally:
             model.eval()
         scheduler.step()
         self.update_steps += 1
-        return {**step_metrics.means(), f"{prefix}/lr": lr}
+        return {**mean_metrics(step_metrics), f"{prefix}/lr": lr}
 
     def _clip_and_step(self, grad_clip: float) -> float:
         """Clip the gradient norm (or only measure it when ``grad_clip`` is 0) and step; a

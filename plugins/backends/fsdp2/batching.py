@@ -17,14 +17,6 @@ import torch
 from plugrl.errors import RecipeError
 
 
-def fixed_micro_batches(num_rows: int, size: int | None) -> list[list[int]]:
-    """Consecutive micro-batches of ``size`` rows (the last may be smaller); ``None``: one."""
-    if num_rows == 0:
-        return []
-    size = num_rows if size is None else size
-    return [list(range(start, min(start + size, num_rows))) for start in range(0, num_rows, size)]
-
-
 def _consecutive_groups(sorted_lengths: Sequence[int], cap: int) -> list[range]:
     """Greedy consecutive groups of rows sorted longest first, each costing at most ``cap``
     (rows x first row's length); the fewest such groups for that cap."""

@@ -2,28 +2,12 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 
-# Files a tokenizer folder may hold; whichever exist are copied next to the weights.
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-    "vocab.txt",
-    "tokenizer.model",
-    "spiece.model",
-    "chat_template.jinja",
-    "chat_template.json",
-    "generation_config.json",
-)
+from plugrl.training import copy_tokenizer_files, staged_folder
 
 
 def write_hf_folder(
@@ -42,10 +26,7 @@ def write_hf_folder(
     The folder is written beside ``path`` and renamed into place, so a reader never sees half
     an export; an existing folder at ``path`` is replaced.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
+    with staged_folder(path) as staging:
         with torch.device("meta"):
             model = model_class._from_config(config, dtype=dtype)
         state = {name: tensor.to(dtype) for name, tensor in weights}
@@ -60,25 +41,7 @@ def write_hf_folder(
         model.tie_weights()
         model.config.dtype = dtype
         model.save_pretrained(staging)
-        copied: set[str] = set()
-        for folder in source_folders:
-            if not folder:
-                continue
-            for name in TOKENIZER_FILES:
-                source = Path(folder) / name
-                if name not in copied and source.is_file():
-                    shutil.copy2(source, staging / name)
-                    copied.add(name)
-        if path.exists():
-            retired = Path(tempfile.mkdtemp(prefix=f".{path.name}.old.", dir=path.parent))
-            path.rename(retired / path.name)
-            staging.rename(path)
-            shutil.rmtree(retired, ignore_errors=True)
-        else:
-            staging.rename(path)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
+        copy_tokenizer_files(staging, source_folders)
 
 
 def _tied_names(model: torch.nn.Module) -> list[str]:

@@ -23,9 +23,6 @@ with ``--device cpu`` so the script itself stays correct where no accelerator is
 from __future__ import annotations
 
 import argparse
-import math
-import os
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
@@ -36,6 +33,14 @@ import yaml
 
 from plugrl.metrics import read_metrics
 from plugrl.quickstart.untrained import UntrainedTask, build_untrained_task
+from plugrl.smoke import (
+    SmokeFailure,
+    check,
+    each_step,
+    grpo_recipe,
+    merge_sections,
+    run_plugrl,
+)
 
 CHECKED_METRICS = ("actor/pg_loss", "actor/grad_norm", "actor/kl_loss", "critic/score/mean")
 MEMORY_METRICS = {
@@ -45,58 +50,9 @@ MEMORY_METRICS = {
 RANK_TOLERANCE = 1e-3
 
 
-class SmokeFailure(Exception):
-    """A check did not hold; the message says what was seen."""
-
-
 def smoke_recipe(task: UntrainedTask, device: str, run_dir: Path) -> dict[str, Any]:
-    """GRPO with a KL loss on the tiny model: 4 prompts x 2 responses of at most 16 tokens."""
-    return {
-        "model": {"path": str(task.model), "dtype": "float32"},
-        "data": {
-            "train_files": [str(task.train_file)],
-            "val_files": [str(task.val_file)],
-            "train_batch_size": 4,
-            "max_prompt_length": 32,
-            "max_response_length": 16,
-        },
-        "device": device,
-        "actor": {
-            "ppo_mini_batch_size": 4,
-            "use_kl_loss": True,
-            "kl_loss_coef": 0.1,
-            "optim": {"lr": 1e-4},
-        },
-        "rollout": {"n": 2},
-        "algorithm": {"adv_estimator": "grpo"},
-        "reward": {"manager": "naive", "custom_function": {"path": str(task.reward_file)}},
-        "trainer": {
-            "total_training_steps": 3,
-            "save_freq": 1,
-            "default_local_dir": str(run_dir),
-            "logger": ["jsonl"],
-            "seed": 1,
-        },
-        "cluster": "local",
-    }
-
-
-def run_plugrl(recipe_file: Path, *overrides: str, timeout: float = 900) -> str:
-    """``plugrl run`` in a fresh process; its stderr, or a failure with the end of it."""
-    try:
-        result = subprocess.run(
-            [sys.executable, "-m", "plugrl.cli", "run", str(recipe_file), *overrides],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            cwd=recipe_file.parent,
-        )
-    except subprocess.TimeoutExpired:
-        raise SmokeFailure(f"plugrl run {recipe_file.name} took over {timeout:.0f} s") from None
-    if result.returncode != 0:
-        raise SmokeFailure(f"plugrl run exited {result.returncode}: {result.stderr[-2000:]}")
-    return result.stderr
+    """GRPO with a KL loss on the tiny model, three steps with a checkpoint each."""
+    return grpo_recipe(task, device, run_dir, trainer={"total_training_steps": 3, "save_freq": 1})
 
 
 def records(run_dir: Path) -> dict[int, dict[str, Any]]:
@@ -110,18 +66,9 @@ def records(run_dir: Path) -> dict[int, dict[str, Any]]:
 
 
 def check_steps(run_dir: Path, steps: range, memory_metric: str | None) -> None:
-    logged = records(run_dir)
-    for step in steps:
-        if step not in logged:
-            raise SmokeFailure(f"no metrics for step {step} in {run_dir}")
-        if not logged[step].get("actor/grad_norm", 0) > 0:
-            raise SmokeFailure(f"step {step}: no gradient (actor/grad_norm is 0)")
-        for name in CHECKED_METRICS:
-            value = logged[step].get(name)
-            # the jsonl logger writes NaN and infinity as strings
-            if not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise SmokeFailure(f"step {step}: {name} is {value!r}")
-        if memory_metric and not logged[step].get(memory_metric, 0) > 0:
+    logged = records(run_dir).values()
+    for step, record in each_step(logged, steps, CHECKED_METRICS, where=f" in {run_dir}"):
+        if memory_metric and not record.get(memory_metric, 0) > 0:
             raise SmokeFailure(f"step {step}: no {memory_metric}")
 
 
@@ -132,21 +79,13 @@ class Smoke:
         self.failures = 0
 
     def check(self, name: str, body: Callable[[], str]) -> None:
-        try:
-            detail = body()
-        except SmokeFailure as exc:
+        if not check(name, body):
             self.failures += 1
-            print(f"FAIL {name}: {exc}", flush=True)
-        else:
-            print(f"PASS {name}{f': {detail}' if detail else ''}", flush=True)
 
     def write(self, name: str, **changes: Any) -> tuple[Path, Path]:
         run_dir = self.workdir / name
         assert self.task is not None, "write recipes after the task is built"
-        recipe = smoke_recipe(self.task, self.device, run_dir)
-        for section, values in changes.items():
-            merge = isinstance(values, dict) and isinstance(recipe.get(section), dict)
-            recipe[section] = {**recipe[section], **values} if merge else values
+        recipe = merge_sections(smoke_recipe(self.task, self.device, run_dir), changes)
         recipe_file = self.workdir / f"{name}.yaml"
         recipe_file.write_text(yaml.safe_dump(recipe, sort_keys=False), encoding="utf-8")
         return recipe_file, run_dir

@@ -15,20 +15,19 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import attrs
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
-from plugrl import rng
+from plugrl import rng, training
 from plugrl.cluster.distributed import ensure_process_group
 from plugrl.data.batch import Batch
 from plugrl.errors import RecipeError
+from plugrl.metrics import mean_metrics
 from plugrl.parts.algorithm import LossScale
 from plugrl.parts.backend import TrainingBackend
 from plugrl.parts.rollout import WeightMeta
 from plugrl_megatron import checkpoint, convert, optim
-from plugrl_megatron.batching import fixed_micro_batches, pack, token_budget_micro_batches
+from plugrl_megatron.batching import pack, token_budget_micro_batches
 from plugrl_megatron.config import MegatronActorConfig
 from plugrl_megatron.convert import DTYPES
 from plugrl_megatron.layout import grid_position
@@ -52,28 +51,7 @@ def _named_parameters(chunks: list[torch.nn.Module]) -> Iterator[tuple[str, torc
     return named_parameters(chunks)
 
 
-SEQUENCE_COLUMNS = ("input_ids", "attention_mask", "position_ids", "responses")
 MicroLoss = Callable[[Batch, torch.Tensor, LossScale], tuple[torch.Tensor, dict[str, float]]]
-
-
-def _megatron_config(config: Any) -> MegatronActorConfig:
-    """The ``actor`` section as this backend's config (a plain ActorConfig gets the defaults)."""
-    if isinstance(config, MegatronActorConfig):
-        return config
-    values = {field.name: getattr(config, field.name) for field in attrs.fields(type(config))}
-    return MegatronActorConfig(**values)
-
-
-class _MetricMeans:
-    def __init__(self) -> None:
-        self.values: dict[str, list[float]] = defaultdict(list)
-
-    def add(self, metrics: dict[str, Any]) -> None:
-        for name, value in metrics.items():
-            self.values[name].append(float(value))
-
-    def means(self) -> dict[str, float]:
-        return {name: sum(vals) / len(vals) for name, vals in self.values.items()}
 
 
 class MegatronBackend(TrainingBackend):
@@ -94,7 +72,7 @@ class MegatronBackend(TrainingBackend):
 
     def __init__(self, config: ActorConfig, context: PartContext) -> None:
         super().__init__(config, context)
-        self.config: MegatronActorConfig = _megatron_config(config)
+        self.config: MegatronActorConfig = training.backend_config(config, MegatronActorConfig)
         c = self.config
         self.grid = grid_position(
             self.dist.rank,
@@ -255,48 +233,17 @@ class MegatronBackend(TrainingBackend):
         if self.config.use_dynamic_bsz:
             lengths = batch["attention_mask"].sum(dim=-1).tolist()
             return token_budget_micro_batches(lengths, self.config.ppo_max_token_len_per_gpu)
-        return fixed_micro_batches(len(batch), micro_batch_size)
+        return training.fixed_micro_batches(len(batch), micro_batch_size)
 
     def _mini_batch_rows(self, num_rows: int) -> int:
-        per_step = self.config.mini_batch_rows(self.recipe.rollout.n)
-        ranks = self.dp_size
-        if per_step % ranks:
-            raise RecipeError(
-                f"ppo_mini_batch_size x rollout.n = {per_step} sequences per optimizer step "
-                f"cannot be split evenly over {ranks} data-parallel ranks; make it a multiple "
-                f"of {ranks}",
-                key="actor.ppo_mini_batch_size",
-            )
-        rows = per_step // ranks
-        if num_rows % rows:
-            raise RecipeError(
-                f"a rank got {num_rows} sequences, not a multiple of its mini-batch share of "
-                f"{rows} (ppo_mini_batch_size {self.config.ppo_mini_batch_size} x rollout.n "
-                f"{self.recipe.rollout.n} / {ranks} ranks); make data.train_batch_size a "
-                "multiple of actor.ppo_mini_batch_size",
-                key="actor.ppo_mini_batch_size",
-            )
-        return rows
+        return training.mini_batch_rows(self.config, self.recipe.rollout.n, self.dp_size, num_rows)
 
     def _loss_scale(self, mini_batch: Batch) -> LossScale:
-        per_row = mini_batch["response_mask"].sum(dim=-1)
-        counts = torch.stack([per_row.sum(), (per_row > 0).sum()]).to(self.torch_device)
-        if self.dp_size > 1:
-            dist.all_reduce(counts, group=_parallel_state().get_data_parallel_group())
-        return LossScale(
-            num_tokens=int(counts[0]),
-            num_seqs=int(counts[1]),
-            dp_size=self.dp_size,
-            max_response_length=self.recipe.data.max_response_length,
-            loss_scale_factor=self.config.loss_scale_factor,
+        group = _parallel_state().get_data_parallel_group() if self.dp_size > 1 else None
+        mask = mini_batch["response_mask"]
+        return training.all_reduced_loss_scale(
+            mask, self.config, self.recipe, self.dp_size, self.torch_device, group
         )
-
-    def _temperature(self, batch: Batch) -> float:
-        temperature = batch.meta.get("temperature")
-        if temperature is None:
-            rollout = self.recipe.rollout
-            temperature = rollout.temperature if rollout.do_sample else 1.0
-        return float(temperature) if temperature and temperature > 0 else 1.0
 
     # ------------------------------------------------------------------------ forward
 
@@ -342,31 +289,12 @@ class MegatronBackend(TrainingBackend):
         entropy_grad: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-token log-probs [b, R] (and entropies) from the packed logits [b, W, V]."""
-        used = layout.used
         vocab = logits.shape[-1]
         predict = layout.predict.to(logits.device)
         logits = logits.gather(1, predict[..., None].expand(-1, -1, vocab)).float()
-        if temperature != 1.0:
-            logits = logits / temperature
-        responses = micro_batch["responses"].to(logits.device)
-        targets = responses[:, :used].unsqueeze(-1)
-        log_norm = torch.logsumexp(logits, dim=-1)
-        log_prob = logits.gather(-1, targets).squeeze(-1) - log_norm
-        attended = micro_batch["attention_mask"][:, -responses.shape[-1] :][:, :used]
-        attended = attended.to(log_prob.device, log_prob.dtype)
-        pad = responses.shape[-1] - used
-        entropy = None
-        if with_entropy:
-            if entropy_grad:
-                entropy = log_norm - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
-            else:
-                with torch.no_grad():
-                    detached = logits.detach()
-                    entropy = log_norm.detach() - (torch.softmax(detached, dim=-1) * detached).sum(
-                        dim=-1
-                    )
-            entropy = F.pad(entropy * attended, (0, pad))
-        return F.pad(log_prob * attended, (0, pad)), entropy
+        return training.response_log_probs(
+            logits, micro_batch, temperature, with_entropy=with_entropy, entropy_grad=entropy_grad
+        )
 
     def _micro_batches(
         self,
@@ -437,13 +365,11 @@ class MegatronBackend(TrainingBackend):
         self, batch: Batch, *, calculate_entropy: bool = False
     ) -> dict[str, torch.Tensor]:
         self._require("actor", "ref", method="compute_log_prob")
-        batch.require(*SEQUENCE_COLUMNS, by="megatron compute_log_prob")
-        temperature = self._temperature(batch)
+        batch.require(*training.SEQUENCE_COLUMNS, by="megatron compute_log_prob")
+        temperature = training.sampling_temperature(batch, self.recipe.rollout)
         size = self.config.log_prob_micro_batch_size_per_gpu
         plan = self._plan(batch, size or self.config.ppo_micro_batch_size_per_gpu)
-        shape = batch["responses"].shape
-        log_probs = torch.zeros(shape, dtype=torch.float32)
-        entropys = torch.zeros(shape, dtype=torch.float32) if calculate_entropy else None
+        out = training.LogProbRows(batch, with_entropy=calculate_entropy)
         results: list[tuple[torch.Tensor, torch.Tensor | None]] = []
 
         def keep(micro_batch: Batch, logits: torch.Tensor, layout: Any) -> tuple:
@@ -459,30 +385,16 @@ class MegatronBackend(TrainingBackend):
         # only the last pipeline stage computes outputs; the others return zeros, which the
         # worker group does not read (is_output_rank)
         for rows, (log_prob, entropy) in zip(plan, results, strict=False):
-            index = torch.tensor(rows)
-            log_probs[index] = log_prob
-            if entropys is not None and entropy is not None:
-                entropys[index] = entropy
-        out = {"log_probs": log_probs}
-        if entropys is not None:
-            out["entropys"] = entropys
-        return out
+            out.put(rows, log_prob, entropy)
+        return out.result()
 
     # ------------------------------------------------------------------------ training
 
     def update_policy(self, batch: Batch, objective: ActorObjective) -> dict[str, float]:
         self._require("actor", method="update_policy")
-        needed = [*SEQUENCE_COLUMNS, "response_mask", "advantages"]
-        if getattr(objective, "needs_ref", False):
-            needed.append("ref_log_prob")
-        on_policy = "old_log_probs" not in batch
-        if on_policy:
-            self._check_single_step(len(batch))
-        else:
-            needed.append("old_log_probs")
-        batch.require(*needed, by="the megatron actor update")
-        temperature = self._temperature(batch)
-        entropy_in_loss = bool(getattr(objective, "needs_entropy", False))
+        update = training.policy_update(
+            batch, objective, self.config, self.recipe, self.dp_size, by="the megatron actor update"
+        )
 
         def micro_loss(
             micro_batch: Batch, logits: torch.Tensor, layout: Any, scale: LossScale
@@ -491,54 +403,38 @@ class MegatronBackend(TrainingBackend):
                 logits,
                 layout,
                 micro_batch,
-                temperature=temperature,
-                with_entropy=entropy_in_loss or on_policy,
-                entropy_grad=entropy_in_loss,
+                temperature=update.temperature,
+                with_entropy=update.with_entropy,
+                entropy_grad=update.entropy_in_loss,
             )
             micro_batch = micro_batch.to(self.torch_device)
-            if on_policy:
-                micro_batch["old_log_probs"] = log_prob.detach()
+            update.derive_old_log_probs(micro_batch, log_prob)
             return objective(micro_batch, log_prob, entropy, scale)
 
         return self._train(batch, micro_loss)
 
-    def _check_single_step(self, num_rows: int) -> None:
-        epochs, mini_rows = self.config.ppo_epochs, self._mini_batch_rows(num_rows)
-        if epochs != 1 or mini_rows != num_rows:
-            raise RecipeError(
-                f"the batch has no old_log_probs, but this update takes more than one optimizer "
-                f"step (ppo_epochs {epochs}, {num_rows} sequences on this rank in mini-batches "
-                f"of {mini_rows}), so they cannot come from its own forward; the scheduler "
-                "must compute them with compute_log_prob first",
-                key="actor.reuse_on_policy_log_prob",
-            )
-
-    def _row_order(self, num_rows: int, epoch: int) -> torch.Tensor:
-        if not self.config.shuffle:
-            return torch.arange(num_rows)
-        generator = torch.Generator().manual_seed(
-            self.recipe.trainer.seed + 1_000_003 * self.update_steps + epoch
-        )
-        return torch.randperm(num_rows, generator=generator)
-
     def _train(self, batch: Batch, micro_loss: Any) -> dict[str, float]:
         mini_rows = self._mini_batch_rows(len(batch))
         lr = self.lr_scheduler.current_lr()
-        step_metrics = _MetricMeans()
+        step_metrics = []
         for module in self.model:
             module.train()
         try:
-            for epoch in range(self.config.ppo_epochs):
-                order = self._row_order(len(batch), epoch)
-                for start in range(0, len(batch), mini_rows):
-                    mini_batch = batch.select(order[start : start + mini_rows])
-                    step_metrics.add(self._optimizer_step(mini_batch, micro_loss))
+            for mini_batch in training.mini_batches(
+                batch,
+                mini_rows,
+                epochs=self.config.ppo_epochs,
+                shuffle=self.config.shuffle,
+                seed=self.recipe.trainer.seed,
+                update_step=self.update_steps,
+            ):
+                step_metrics.append(self._optimizer_step(mini_batch, micro_loss))
         finally:
             for module in self.model:
                 module.eval()
         self.lr_scheduler.step()
         self.update_steps += 1
-        return {**step_metrics.means(), "actor/lr": lr}
+        return {**mean_metrics(step_metrics), "actor/lr": lr}
 
     def _optimizer_step(self, mini_batch: Batch, micro_loss: Any) -> dict[str, float]:
         """One mini-batch: every micro-batch's forward and backward, then one step. Metrics

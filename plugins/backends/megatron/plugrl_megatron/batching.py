@@ -1,4 +1,4 @@
-"""Micro-batch plans and the packed layout megatron's GPTModel runs on.
+"""Token-budget micro-batch plans and the packed layout megatron's GPTModel runs on.
 
 GPTModel applies rotary positions 0..n-1 along the sequence and a causal mask, so each row's
 attended tokens are moved to the left edge (prompt then response, padding after): every
@@ -9,14 +9,6 @@ from __future__ import annotations
 
 import attrs
 import torch
-
-
-def fixed_micro_batches(num_rows: int, size: int | None) -> list[list[int]]:
-    """Consecutive micro-batches of ``size`` rows (the last may be smaller); ``None``: one."""
-    if num_rows == 0:
-        return []
-    size = num_rows if size is None else size
-    return [list(range(start, min(start + size, num_rows))) for start in range(0, num_rows, size)]
 
 
 def token_budget_micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:

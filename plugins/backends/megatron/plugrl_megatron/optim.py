@@ -4,47 +4,18 @@ optimizer, CPU offload), torch's AdamW on megatron's gradient buffers on the cpu
 from __future__ import annotations
 
 import logging
-import math
 from typing import TYPE_CHECKING, Any
 
-import attrs
 import torch
+
+from plugrl.training import LRSchedule, adamw, lr_schedule
 
 if TYPE_CHECKING:
     from megatron.core.transformer import TransformerConfig
 
-    from plugrl.parts.backend import OptimConfig
     from plugrl_megatron.config import MegatronActorConfig
 
 logger = logging.getLogger("plugrl.megatron")
-
-
-@attrs.frozen
-class LRSchedule:
-    """The learning-rate multiplier of each update step (0-based): linear warm-up from 0 over
-    ``warmup_steps``, then 1 (``constant``) or half a cosine down to ``min_lr_ratio``."""
-
-    kind: str
-    warmup_steps: int
-    total_steps: int
-    min_lr_ratio: float = 0.0
-
-    def __call__(self, step: int) -> float:
-        if step < self.warmup_steps:
-            return step / max(1, self.warmup_steps)
-        if self.kind == "constant":
-            return 1.0
-        decay_steps = max(1, self.total_steps - self.warmup_steps)
-        progress = min(1.0, (step - self.warmup_steps) / decay_steps)
-        cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
-        return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * cosine
-
-
-def lr_schedule(config: OptimConfig, total_steps: int) -> LRSchedule:
-    warmup = config.lr_warmup_steps
-    if warmup < 0:
-        warmup = int(config.lr_warmup_steps_ratio * total_steps)
-    return LRSchedule(config.lr_scheduler_type, warmup, total_steps, config.min_lr_ratio)
 
 
 class StepScheduler:
@@ -103,12 +74,7 @@ def build(
                 "distributed optimizer and its offload need CUDA)"
             )
         params = [p for module in model for p in module.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(
-            params,
-            lr=optim_config.lr,
-            betas=tuple(optim_config.betas),
-            weight_decay=optim_config.weight_decay,
-        )
+        optimizer = adamw(params, optim_config)
         return optimizer, StepScheduler(optimizer, optim_config.lr, schedule)
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 

@@ -14,9 +14,6 @@ status 1 when any fails.
 from __future__ import annotations
 
 import argparse
-import math
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -24,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from plugrl.smoke import SmokeFailure, check, check_step, grpo_recipe, run_plugrl
 
 CHECKED_METRICS = ("actor/pg_loss", "actor/grad_norm", "actor/kl_loss", "critic/score/mean")
 
@@ -37,38 +36,25 @@ def device_count(device: str) -> int:
 
 
 def smoke_recipe(task: Any, device: str, run_dir: Path, ranks: int) -> dict[str, Any]:
-    recipe: dict[str, Any] = {
-        "model": {"path": str(task.model), "dtype": "bfloat16" if device != "cpu" else "float32"},
-        "data": {
-            "train_files": [str(task.train_file)],
-            "val_files": [str(task.val_file)],
-            "train_batch_size": 4,
-            "max_prompt_length": 32,
-            "max_response_length": 16,
-        },
-        "device": device,
-        "actor": {
-            "backend": "megatron",
-            "tensor_model_parallel_size": ranks,
-            "ppo_mini_batch_size": 4,
-            "use_kl_loss": True,
-            "kl_loss_coef": 0.1,
-            "optim": {"lr": 1e-4},
-        },
-        "rollout": {"n": 2},
-        "algorithm": {"adv_estimator": "grpo"},
-        "reward": {"manager": "naive", "custom_function": {"path": str(task.reward_file)}},
-        "trainer": {
-            "total_training_steps": 2,
-            "default_local_dir": str(run_dir),
-            "logger": ["jsonl"],
-            "export_hf": True,
-            "n_gpus_per_node": ranks,
-            "seed": 1,
-        },
-        "cluster": "ray" if ranks > 1 else "local",
-    }
-    return recipe
+    """Two steps with the megatron backend at tensor parallelism ``ranks`` (under Ray when
+    above 1), bfloat16 on an accelerator, and an export."""
+    return grpo_recipe(
+        task,
+        device,
+        run_dir,
+        model={"dtype": "bfloat16" if device != "cpu" else "float32"},
+        actor={"backend": "megatron", "tensor_model_parallel_size": ranks},
+        trainer={"total_training_steps": 2, "export_hf": True, "n_gpus_per_node": ranks},
+        cluster="ray" if ranks > 1 else "local",
+    )
+
+
+def megatron_core() -> str:
+    try:
+        import megatron.core
+    except ImportError as exc:
+        raise SmokeFailure(f"{exc}; pip install 'plugrl-megatron[megatron]'") from None
+    return f"version {megatron.core.__version__}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,63 +66,46 @@ def main(argv: list[str] | None = None) -> int:
     from plugrl.quickstart.untrained import build_untrained_task
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="plugrl-megatron-smoke-"))
-    failures = 0
-
-    def report(ok: bool, name: str, detail: str) -> None:
-        nonlocal failures
-        failures += 0 if ok else 1
-        print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)
-
-    try:
-        import megatron.core
-
-        report(True, "megatron-core", f"version {megatron.core.__version__}")
-    except ImportError as exc:
-        report(False, "megatron-core", f"{exc}; pip install 'plugrl-megatron[megatron]'")
+    if not check("megatron-core", megatron_core):
         return 1
     ranks = 2 if device_count(args.device) >= 2 else 1
     task = build_untrained_task(workdir / "task")
     run_dir = workdir / "run"
     recipe_file = workdir / "recipe.yaml"
     recipe_file.write_text(yaml.safe_dump(smoke_recipe(task, args.device, run_dir, ranks)))
-    started = time.perf_counter()
-    result = subprocess.run(
-        [sys.executable, "-m", "plugrl.cli", "run", str(recipe_file)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        cwd=workdir,
-    )
-    seconds = time.perf_counter() - started
-    report(
-        result.returncode == 0,
-        f"two GRPO steps at tensor parallelism {ranks}",
-        f"{seconds:.1f} s" if result.returncode == 0 else result.stderr[-2000:],
-    )
-    if result.returncode != 0:
+
+    def run() -> str:
+        started = time.perf_counter()
+        run_plugrl(recipe_file, cwd=workdir, timeout=None)
+        return f"{time.perf_counter() - started:.1f} s"
+
+    if not check(f"two GRPO steps at tensor parallelism {ranks}", run):
         return 1
     logged = {record["step"]: record for record in read_metrics(run_dir)}
+    passed = True
     for step in (1, 2):
-        record = logged.get(step, {})
-        bad = [
-            name
-            for name in CHECKED_METRICS
-            if not isinstance(record.get(name), (int, float)) or not math.isfinite(record[name])
-        ]
-        moving = record.get("actor/grad_norm", 0) > 0
-        figures = ", ".join(f"{name} {record.get(name)}" for name in CHECKED_METRICS)
-        report(not bad and moving, f"step {step} metrics", f"{figures}; not finite: {bad}")
-    from safetensors.torch import load_file
 
-    exported = load_file(str(run_dir / "hf_model" / "model.safetensors"))
-    initial = load_file(str(Path(task.model) / "model.safetensors"))
-    moved = sum(not exported[name].float().equal(initial[name].float()) for name in initial)
-    report(
-        exported.keys() == initial.keys() and moved > 0,
-        "export",
-        f"{len(exported)} weights in Hugging Face names, {moved} changed by training",
-    )
-    return 1 if failures else 0
+        def metrics(step: int = step) -> str:
+            record = check_step(logged.get(step), step, CHECKED_METRICS)
+            return ", ".join(f"{name} {record[name]}" for name in CHECKED_METRICS)
+
+        passed &= check(f"step {step} metrics", metrics)
+
+    def export() -> str:
+        from safetensors.torch import load_file
+
+        exported = load_file(str(run_dir / "hf_model" / "model.safetensors"))
+        initial = load_file(str(Path(task.model) / "model.safetensors"))
+        moved = sum(not exported[name].float().equal(initial[name].float()) for name in initial)
+        if exported.keys() != initial.keys() or moved == 0:
+            raise SmokeFailure(
+                f"{len(exported)} weights in Hugging Face names ({len(initial)} in the model), "
+                f"{moved} changed by training"
+            )
+        return f"{len(exported)} weights in Hugging Face names, {moved} changed by training"
+
+    passed &= check("export", export)
+    return 0 if passed else 1
 
 
 if __name__ == "__main__":

@@ -14,32 +14,13 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import math
-import os
-import subprocess
 import sys
-import tempfile
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from plugrl.metrics import read_metrics
+from plugrl.smoke import SmokeFailure, check, each_step, parse_run_arguments, run_quickstart
 
 CHECKED = ("actor/pg_loss", "actor/grad_norm", "critic/score/mean", "response_length/mean")
-
-
-class SmokeFailure(Exception):
-    """A check did not hold; the message says what was seen."""
-
-
-def check(name: str, body: Callable[[], str]) -> bool:
-    try:
-        detail = body()
-    except SmokeFailure as exc:
-        print(f"FAIL {name}: {exc}", flush=True)
-        return False
-    print(f"PASS {name}{f': {detail}' if detail else ''}", flush=True)
-    return True
 
 
 def library_present() -> str:
@@ -85,18 +66,8 @@ def step_figures(record: dict[str, Any]) -> str:
 
 def check_steps(records: list[dict[str, Any]], steps: int) -> list[str]:
     """One line of figures per step; a failure when a step is missing or wrong."""
-    by_step = {record["step"]: record for record in records}
     lines = []
-    for step in range(1, steps + 1):
-        record = by_step.get(step)
-        if record is None:
-            raise SmokeFailure(f"no metrics for step {step}")
-        for name in CHECKED:
-            value = record.get(name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise SmokeFailure(f"step {step}: {name} is {value!r}")
-        if not record["actor/grad_norm"] > 0:
-            raise SmokeFailure(f"step {step}: no gradient (actor/grad_norm is 0)")
+    for step, record in each_step(records, range(1, steps + 1), CHECKED):
         if not record["response_length/mean"] > 0:
             raise SmokeFailure(f"step {step}: the engine sampled empty responses")
         if not record.get("perf/weight_sync_megabytes", 0) > 0:
@@ -105,51 +76,10 @@ def check_steps(records: list[dict[str, Any]], steps: int) -> list[str]:
     return lines
 
 
-def run_quickstart(workdir: Path, device: str, steps: int, timeout: float) -> Path:
-    from plugrl.quickstart import prepare_quickstart, quickstart_overrides
-
-    paths = prepare_quickstart(workdir / "assets")
-    run_dir = workdir / "run"
-    overrides = [
-        *quickstart_overrides(paths),
-        f"device.name={device}",
-        "rollout.engine=sglang",
-        f"trainer.total_training_steps={steps}",
-        "trainer.test_freq=-1",
-        "trainer.val_before_train=false",
-        "trainer.save_freq=-1",
-        "trainer.export_hf=false",
-        "trainer.logger=[jsonl]",
-        f"trainer.default_local_dir={run_dir}",
-    ]
-    command = [sys.executable, "-m", "plugrl.cli", "run", "quickstart", *overrides]
-    try:
-        result = subprocess.run(
-            command,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            cwd=workdir,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-    except subprocess.TimeoutExpired:
-        raise SmokeFailure(f"plugrl run took over {timeout:.0f} s") from None
-    if result.returncode != 0:
-        raise SmokeFailure(f"plugrl run exited {result.returncode}: {result.stderr[-2000:]}")
-    return run_dir
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="auto", help="device plugin name (default: auto)")
-    parser.add_argument("--steps", type=int, default=2, help="GRPO steps (default: 2)")
-    parser.add_argument("--workdir", default=None, help="default: a new temporary folder")
-    parser.add_argument("--timeout", type=float, default=1800, help="seconds for the run")
-    args = parser.parse_args(argv)
-    if args.steps < 1:
-        parser.error(f"--steps must be at least 1, got {args.steps}")
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="plugrl-sglang-smoke-"))
-    workdir.mkdir(parents=True, exist_ok=True)
+    args, workdir = parse_run_arguments(parser, argv, prefix="plugrl-sglang-smoke-")
     print(f"smoke test of the sglang rollout engine in {workdir}", flush=True)
     found: dict[str, str] = {}
     if not check("sglang", library_present):
@@ -164,7 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     lines: list[str] = []
 
     def run() -> str:
-        run_dir = run_quickstart(workdir, found["device"], args.steps, args.timeout)
+        run_dir = workdir / "run"
+        overrides = (f"device.name={found['device']}", "rollout.engine=sglang")
+        run_quickstart(workdir, run_dir, args.steps, *overrides, timeout=args.timeout)
         lines.extend(check_steps(list(read_metrics(run_dir)), args.steps))
         return f"{args.steps} steps"
 

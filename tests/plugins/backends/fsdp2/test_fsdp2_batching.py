@@ -2,17 +2,7 @@ import pytest
 import torch
 
 from plugrl.errors import RecipeError
-from plugrl_plugins.backends.fsdp2.batching import (
-    fixed_micro_batches,
-    left_align,
-    token_budget_micro_batches,
-)
-
-
-def test_fixed_micro_batches_cover_rows_in_order():
-    assert fixed_micro_batches(7, 3) == [[0, 1, 2], [3, 4, 5], [6]]
-    assert fixed_micro_batches(4, None) == [[0, 1, 2, 3]]
-    assert fixed_micro_batches(0, 2) == []
+from plugrl_plugins.backends.fsdp2.batching import left_align, token_budget_micro_batches
 
 
 @pytest.mark.parametrize("budget", [9, 20, 33, 100])

@@ -68,17 +68,3 @@ def test_more_than_one_optimizer_step_needs_old_log_probs(tiny_model, actor, why
     with pytest.raises(RecipeError, match=why) as info:
         make_backend(recipe).update_policy(batch, PolicyObjective.from_recipe(recipe))
     assert "compute_log_prob first" in str(info.value)
-
-
-def test_the_metric_entropy_is_computed_in_slices_that_agree_with_the_whole(monkeypatch):
-    import torch
-
-    from plugrl_plugins.backends.fsdp2 import backend
-
-    logits = torch.randn(3, 5, 11)
-    log_norm = torch.logsumexp(logits, dim=-1)
-    whole = log_norm - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
-    monkeypatch.setattr(backend, "_ENTROPY_SLICE_TOKENS", 4)  # 15 tokens: 4 slices
-    sliced = backend._entropy_for_metrics(logits, log_norm)
-    torch.testing.assert_close(sliced, whole)
-    assert not sliced.requires_grad
