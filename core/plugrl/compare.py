@@ -1,8 +1,9 @@
 """``plugrl compare RUN_DIR RUN_DIR ...``: runs side by side, sync or fully-async.
 
 A table, one row per run, of what decides between two schedules (throughput, time per step,
-idle time, staleness, pauses, reward, held-out accuracy), and a PNG of reward and accuracy
-against wall-clock time and against steps. Everything is read from each run folder's
+idle time, staleness, pauses, reward, held-out accuracy), a line per fully-async run saying
+which side held it back and which key to change, and a PNG of reward and accuracy against
+wall-clock time and against steps. Everything is read from each run folder's
 ``metrics.jsonl``; a metric a run did not log shows as ``-``.
 """
 
@@ -154,6 +155,7 @@ def summarize(history: RunHistory) -> dict[str, float | None]:
         values = [v for r in training if (v := _number(r.get(key))) is not None]
         return sum(values) / len(values) if values else None
 
+    old_log_prob, step_total = mean("timing_s/old_log_prob"), mean(STEP_SECONDS_KEY)
     staleness = [v for r in training if (v := _number(r.get(_STALE))) is not None]
     lags = [v for r in training if (v := _number(r.get(_LAG))) is not None]
     last_clock = history.training()[-1][1]
@@ -164,10 +166,16 @@ def summarize(history: RunHistory) -> dict[str, float | None]:
         "generated_tokens_per_s": _rate(history, generated),
         "median_step_s": statistics.median(step_seconds) if step_seconds else None,
         "rollouter_idle": mean("fully_async/rollouter/idle_ratio"),
+        "rollouter_paused": mean("fully_async/rollouter/paused_ratio"),
         "trainer_idle": mean("fully_async/trainer/idle_ratio"),
+        "old_log_prob_share": (
+            old_log_prob / step_total if old_log_prob is not None and step_total else None
+        ),
         "stale_samples": sum(staleness) if staleness else None,
         "dropped_samples": history.last("fully_async/count/dropped_stale_samples"),
+        "generated_samples": history.last("fully_async/count/total_generated_samples"),
         "max_version_lag": max(lags) if lags else None,
+        "lag_bound": history.last("fully_async/monitor/version_lag_bound"),
         "pauses": history.last("fully_async/count/pauses"),
         "reward_last": rewards[-1] if rewards else None,
         "reward_last5": (
@@ -198,6 +206,70 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("val_acc_first", "val acc first", "{:.3f}"),
     ("val_acc_last", "val acc last", "{:.3f}"),
 ]
+
+
+TRAINER_WAITS = 0.2
+"""A fully-async trainer that waited for samples this share of its time or more was held back
+by generation."""
+AT_THE_BOUND = 0.5
+"""A rollouter that started nothing this share of the time or more was held back by the
+staleness bound."""
+OLD_LOG_PROB_SHARE = 0.05
+"""An old log-prob pass taking this share of a trainer-bound step or more is worth naming."""
+DROPPED_SHARE = 0.05
+"""Dropping this share of the generated samples or more is worth a line of its own."""
+
+
+def diagnose(summary: Mapping[str, float | None]) -> list[str]:
+    """What held a fully-async run back, from its mean idle and paused ratios, and the key to
+    change; nothing for a run without the fully-async metrics."""
+    trainer_idle = summary.get("trainer_idle")
+    if trainer_idle is None:
+        return []
+    paused = summary.get("rollouter_paused")
+    engines_idle = summary.get("rollouter_idle")
+    waits = f"the trainer waited for samples {trainer_idle:.0%} of the time"
+    if trainer_idle < TRAINER_WAITS:
+        idle = (
+            "" if engines_idle is None else f" and the engines had nothing to do {engines_idle:.0%}"
+        )
+        share = summary.get("old_log_prob_share")
+        cheaper = (
+            f", or skip the old log-prob pass, {share:.0%} of its step "
+            "(scheduler.use_rollout_log_probs: true)"
+            if share is not None and share >= OLD_LOG_PROB_SHARE
+            else ""
+        )
+        lines = [
+            f"the trainer is the bottleneck: {waits}{idle}; give the trainer more devices "
+            f"(trainer.n_gpus_per_node) and the engines fewer (rollout.n_gpus_per_node){cheaper}; "
+            "a higher staleness_threshold will not help"
+        ]
+    elif paused is not None and paused >= AT_THE_BOUND:
+        lines = [
+            f"the staleness bound holds generation back: {waits} while the rollouter sat at "
+            f"max_required_samples {paused:.0%} of the time; raise "
+            "scheduler.staleness_threshold (older samples) or "
+            "scheduler.trigger_parameter_sync_step (fewer, larger weight periods)"
+        ]
+    else:
+        lines = [
+            f"generation is the bottleneck: {waits} and the staleness bound seldom stopped the "
+            "rollouter; give the engines more devices (rollout.n_gpus_per_node) or raise "
+            "scheduler.max_in_flight_per_engine"
+        ]
+    dropped, generated = summary.get("dropped_samples"), summary.get("generated_samples")
+    if dropped and generated and dropped / generated >= DROPPED_SHARE:
+        bound = summary.get("lag_bound")
+        versions = "" if bound is None else f" of {bound:.0f} weight versions"
+        lines.append(
+            f"{dropped:.0f} of {generated:.0f} generated samples ({dropped / generated:.0%}) were "
+            f"dropped as older than the bound{versions}: long responses outlive it; a "
+            "scheduler.staleness_threshold high enough to raise the bound (about "
+            "ceil(1 + staleness_threshold) versions) or a lower "
+            "data.max_response_length drops fewer"
+        )
+    return lines
 
 
 def run_labels(run_dirs: Sequence[Path]) -> list[str]:
@@ -299,5 +371,13 @@ def compare_runs(
         raise PlugrlError(f"cannot write {out}: its folder does not exist; create it or choose -o")
     histories = read_runs(run_dirs)
     labels = run_labels([history.run_dir for history in histories])
-    table = format_table(labels, [summarize(history) for history in histories])
+    summaries = [summarize(history) for history in histories]
+    table = format_table(labels, summaries)
+    notes = [
+        f"{label}: {line}"
+        for label, summary in zip(labels, summaries, strict=True)
+        for line in diagnose(summary)
+    ]
+    if notes:
+        table = "\n".join([table, "", *notes])
     return table, plot_comparison(histories, out) if out is not None else None

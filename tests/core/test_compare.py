@@ -5,7 +5,14 @@ import pytest
 from click.testing import CliRunner
 
 from plugrl.cli import cli
-from plugrl.compare import RunHistory, compare_runs, format_table, run_labels, summarize
+from plugrl.compare import (
+    RunHistory,
+    compare_runs,
+    diagnose,
+    format_table,
+    run_labels,
+    summarize,
+)
 from plugrl.errors import PlugrlError
 
 VAL = "val-core/plugrl/arithmetic/acc/mean@1"
@@ -122,8 +129,9 @@ def test_the_table_has_a_row_per_run_and_dashes_for_missing_metrics(tmp_path):
     table, png = compare_runs(
         [tmp_path / "sync-2dev", tmp_path / "async-1-1"], tmp_path / "out.png"
     )
-    lines = table.splitlines()
+    lines, verdicts = table.split("\n\n")[0].splitlines(), table.split("\n\n")[1:]
     assert len(lines) == 3
+    assert len(verdicts) == 1 and verdicts[0].startswith("async-1-1: the trainer is the bottleneck")
     assert lines[0].split()[:3] == ["run", "steps", "wall"]
     assert "trained tok/s" in lines[0] and "val acc last" in lines[0]
     sync_row, async_row = lines[1].split(), lines[2].split()
@@ -190,3 +198,58 @@ def test_compare_errors_are_one_line(tmp_path, setup, message):
     assert not (tmp_path / "x.png").exists()
     with pytest.raises(PlugrlError):
         compare_runs([tmp_path / run for run in runs], out if "png" in setup else None)
+
+
+def async_summary(trainer_idle, paused, **extra):
+    return {
+        "trainer_idle": trainer_idle,
+        "rollouter_paused": paused,
+        "rollouter_idle": 0.4,
+        "old_log_prob_share": None,
+        "dropped_samples": 0.0,
+        "generated_samples": 100.0,
+        "lag_bound": 2.0,
+        **extra,
+    }
+
+
+@pytest.mark.parametrize(
+    ("trainer_idle", "paused", "verdict", "key"),
+    [
+        (0.05, 0.9, "the trainer is the bottleneck", "trainer.n_gpus_per_node"),
+        (0.4, 0.9, "the staleness bound holds generation back", "staleness_threshold"),
+        (0.4, 0.1, "generation is the bottleneck", "rollout.n_gpus_per_node"),
+    ],
+)
+def test_a_fully_async_run_is_told_what_held_it_back(trainer_idle, paused, verdict, key):
+    (line,) = diagnose(async_summary(trainer_idle, paused))
+    assert line.startswith(verdict) and key in line
+
+
+def test_the_old_log_prob_pass_is_named_only_when_it_costs_the_trainer():
+    (costly,) = diagnose(async_summary(0.05, 0.9, old_log_prob_share=0.2))
+    assert "use_rollout_log_probs: true" in costly and "20%" in costly
+    (cheap,) = diagnose(async_summary(0.05, 0.9, old_log_prob_share=0.01))
+    assert "use_rollout_log_probs" not in cheap
+
+
+def test_many_dropped_samples_get_a_line_with_the_bound():
+    lines = diagnose(async_summary(0.4, 0.9, dropped_samples=12.0))
+    assert len(lines) == 2
+    assert "12 of 100 generated samples (12%)" in lines[1] and "2 weight versions" in lines[1]
+    assert len(diagnose(async_summary(0.4, 0.9, dropped_samples=2.0))) == 1
+
+
+def test_compare_prints_a_verdict_for_async_runs_only(tmp_path):
+    sync = write_run(tmp_path / "sync", sync_records())
+    records = async_records()
+    for record in records:
+        record["fully_async/rollouter/paused_ratio"] = 0.8
+        record["fully_async/count/total_generated_samples"] = 100
+    run = write_run(tmp_path / "async", records)
+    table, _ = compare_runs([sync, run], out=None)
+    notes = [line for line in table.splitlines() if ": " in line and "bottleneck" in line]
+    # the async run's trainer waited 10%: trainer-bound; its 5 dropped of 100 get a line too
+    assert [line.split(":")[0] for line in notes] == ["async"]
+    assert any(line.startswith("async: 5 of 100 generated samples") for line in table.splitlines())
+    assert not any(line.startswith("sync:") for line in table.splitlines())
