@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -115,34 +116,41 @@ def group_gone(pgid: int, timeout_s: float = 10.0) -> bool:
     return False
 
 
-def sigterm_after_step(
-    recipe: Path, step: int, *overrides: str, timeout_s: float = 60.0
-) -> tuple[int, str, bool]:
-    """Run ``plugrl run RECIPE`` in a process group of its own, send SIGTERM to the driver
-    (what ``kill PID``, Kubernetes and most job runners do) once ``step`` is logged, and
-    return its exit status, its output and whether its whole group ended."""
-    folder = recipe.parent
-    run_dir = Path(yaml.safe_load(recipe.read_text())["trainer"]["default_local_dir"])
-    log_file = folder / "sigterm.log"
+@contextlib.contextmanager
+def background_run(recipe: Path, log_file: Path, *overrides: str) -> Iterator[subprocess.Popen]:
+    """``plugrl run RECIPE`` started in a process group of its own, in the recipe's folder,
+    its output in ``log_file``; whatever is left of the group is killed afterwards."""
     with log_file.open("w") as log:
         process = subprocess.Popen(
             cli_command(recipe, *overrides),
-            cwd=folder,
+            cwd=recipe.parent,
             env=cli_env(),
             stdout=log,
             stderr=log,
             start_new_session=True,
         )
         try:
-            wait_for_step(process, run_dir / "metrics.jsonl", step)
-            process.send_signal(signal.SIGTERM)
-            returncode = process.wait(timeout_s)
-            gone = group_gone(process.pid, timeout_s=30)
+            yield process
         finally:
             if process.poll() is None:
                 process.kill()
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
+
+
+def sigterm_after_step(
+    recipe: Path, step: int, *overrides: str, timeout_s: float = 60.0
+) -> tuple[int, str, bool]:
+    """Run ``plugrl run RECIPE`` in a process group of its own, send SIGTERM to the driver
+    (what ``kill PID``, Kubernetes and most job runners do) once ``step`` is logged, and
+    return its exit status, its output and whether its whole group ended."""
+    run_dir = Path(yaml.safe_load(recipe.read_text())["trainer"]["default_local_dir"])
+    log_file = recipe.parent / "sigterm.log"
+    with background_run(recipe, log_file, *overrides) as process:
+        wait_for_step(process, run_dir / "metrics.jsonl", step)
+        process.send_signal(signal.SIGTERM)
+        returncode = process.wait(timeout_s)
+        gone = group_gone(process.pid, timeout_s=30)
     return returncode, log_file.read_text(encoding="utf-8"), gone
 
 

@@ -3,21 +3,18 @@ checkpoints, export, a kill and resume, and the same run on Ray ranks."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import signal
-import subprocess
 
 import pytest
 from e2e_support import (
     REFERENCE_OVERRIDES,
     REFERENCE_STEPS,
     assert_same_metrics,
+    background_run,
     by_step,
     check_ok,
-    cli_command,
-    cli_env,
     group_gone,
     read_records,
     reference_recipe,
@@ -170,34 +167,12 @@ def test_the_exported_folder_generates_what_the_trained_actor_does(reference_run
 # ---------------------------------------------------------------------------- kill -9, resume
 
 
-@contextlib.contextmanager
-def _run_in_background(recipe, folder):
-    """The reference run started by the CLI in a process group of its own, its output in
-    ``folder/first.log``; whatever is left of it is killed afterwards."""
-    with (folder / "first.log").open("w") as log:
-        process = subprocess.Popen(
-            cli_command(recipe, *REFERENCE_OVERRIDES),
-            cwd=folder,
-            env=cli_env(),
-            stdout=log,
-            stderr=log,
-            start_new_session=True,
-        )
-        try:
-            yield process
-        finally:
-            if process.poll() is None:
-                process.kill()
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-
-
 def test_a_run_killed_mid_way_resumes_and_logs_what_the_uninterrupted_run_did(
     reference_run, tiny_task, tmp_path
 ):
     recipe = reference_recipe(tiny_task, tmp_path)
     run_dir = tmp_path / "run"
-    with _run_in_background(recipe, tmp_path) as process:
+    with background_run(recipe, tmp_path / "first.log", *REFERENCE_OVERRIDES) as process:
         # step 2 is logged after checkpoint 1 is written (a step is logged, then saved)
         wait_for_step(process, run_dir / "metrics.jsonl", step=2)
         os.kill(process.pid, signal.SIGKILL)
@@ -265,7 +240,7 @@ def test_a_run_killed_between_logging_a_step_and_saving_it_logs_the_step_once(
 def test_sigterm_stops_a_run_cleanly_and_it_resumes(reference_run, tiny_task, tmp_path):
     recipe = reference_recipe(tiny_task, tmp_path)
     run_dir = tmp_path / "run"
-    with _run_in_background(recipe, tmp_path) as process:
+    with background_run(recipe, tmp_path / "first.log", *REFERENCE_OVERRIDES) as process:
         wait_for_step(process, run_dir / "metrics.jsonl", step=2)
         process.send_signal(signal.SIGTERM)
         # stopped as Ctrl-C stops it: an interrupted run, not a kill

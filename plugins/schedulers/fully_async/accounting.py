@@ -189,16 +189,19 @@ class StalenessAccount:
         would lag more than the bound at the trainer's next take (its lag only grows)."""
         return self.next_lag(oldest_version) > self.max_version_lag
 
+    def _check_hopeless(self, oldest_version: int, what: str) -> None:
+        if not self.too_old(oldest_version):
+            raise RuntimeError(
+                f"a sample of version {oldest_version} was {what} though it may still train "
+                f"at version {self.next_take_version} (bound {self.max_version_lag})"
+            )
+
     def drop_finished(self, oldest_version: int) -> None:
         """A generated sample that is :meth:`too_old` is dropped before the trainer takes it
         (as :meth:`take` would have dropped it)."""
         if self.trained + self.dropped >= self.generated:
             raise RuntimeError("a sample was dropped that was not generated")
-        if not self.too_old(oldest_version):
-            raise RuntimeError(
-                f"a sample of version {oldest_version} was dropped though it may still train "
-                f"at version {self.next_take_version} (bound {self.max_version_lag})"
-            )
+        self._check_hopeless(oldest_version, "dropped")
         self.dropped += 1
 
     def abandon(self, oldest_version: int) -> None:
@@ -206,11 +209,7 @@ class StalenessAccount:
         generated and dropped, and its place under the bound is free again."""
         if self.generated >= self.started:
             raise RuntimeError("a sample was abandoned that never started")
-        if not self.too_old(oldest_version):
-            raise RuntimeError(
-                f"a sample of version {oldest_version} was abandoned though it may still train "
-                f"at version {self.next_take_version} (bound {self.max_version_lag})"
-            )
+        self._check_hopeless(oldest_version, "abandoned")
         self.generated += 1
         self.dropped += 1
         self.abandoned += 1

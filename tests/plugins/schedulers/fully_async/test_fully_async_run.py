@@ -4,19 +4,16 @@ with -9 and resumed, and on Ray with the engine in a worker of its own that gets
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import re
 import signal
-import subprocess
 
 import pytest
 from click.testing import CliRunner
 from e2e_support import (
+    background_run,
     by_step,
     check_ok,
-    cli_command,
-    cli_env,
     read_records,
     run_cli,
     sigterm_after_step,
@@ -149,24 +146,10 @@ def test_a_run_killed_mid_way_resumes_with_its_counters_and_bound(tiny_task, tmp
         tiny_task, tmp_path, steps=steps, staleness_threshold=0.5, trigger_parameter_sync_step=2
     )
     run_dir = tmp_path / "run"
-    with (tmp_path / "first.log").open("w") as log:
-        process = subprocess.Popen(
-            cli_command(recipe),
-            cwd=tmp_path,
-            env=cli_env(),
-            stdout=log,
-            stderr=log,
-            start_new_session=True,
-        )
-        try:
-            wait_for_step(process, run_dir / "metrics.jsonl", step=2)
-            os.kill(process.pid, signal.SIGKILL)
-            assert process.wait(30) == -signal.SIGKILL
-        finally:
-            if process.poll() is None:
-                process.kill()
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
+    with background_run(recipe, tmp_path / "first.log") as process:
+        wait_for_step(process, run_dir / "metrics.jsonl", step=2)
+        os.kill(process.pid, signal.SIGKILL)
+        assert process.wait(30) == -signal.SIGKILL
     killed_at = by_step(read_records(run_dir))
     assert max(killed_at) < steps, "the run finished before it was killed"
 

@@ -113,6 +113,19 @@ class Stream:
         return {"epoch": 0, "position": self.position}
 
 
+def keep_rollouter(engines, account, *, max_in_flight):
+    """A rollouter with partial rollout by pause-keep, one response per prompt."""
+    return Rollouter(
+        engines=engines,
+        account=account,
+        stream=Stream(),
+        buffer=LocalSampleBuffer(),
+        sampling_params=lambda number: SamplingParams(n=1, max_tokens=40, seed=number),
+        max_in_flight=max_in_flight,
+        partial="keep",
+    )
+
+
 def run(partial, *, steps=8, required=3, sync_every=1, threshold=0.5, lengths=None, n=2):
     engines = SleepingEngines(lengths or (lambda request: 20))
     account = StalenessAccount(required, sync_every, threshold)
@@ -228,15 +241,7 @@ def test_a_response_sent_just_before_a_sync_is_not_ended_for_its_send_version():
 
     engines = SleepingEngines(lambda request: 3)
     account = StalenessAccount(1, 1, 0.0)
-    rollouter = Rollouter(
-        engines=engines,
-        account=account,
-        stream=Stream(),
-        buffer=LocalSampleBuffer(),
-        sampling_params=lambda number: SamplingParams(n=1, max_tokens=40, seed=number),
-        max_in_flight=1,
-        partial="keep",
-    )
+    rollouter = keep_rollouter(engines, account, max_in_flight=1)
     # the engine stays paused (it produces no token) through syncs that make the send
     # version too old
     engines.pause("keep")
@@ -283,15 +288,7 @@ def wait_until(condition, timeout=30.0):
 def test_time_at_the_bound_and_time_with_nothing_to_compute_are_clocked():
     engines = SleepingEngines(lambda request: 20)
     account = StalenessAccount(2, 1, 0.0)
-    rollouter = Rollouter(
-        engines=engines,
-        account=account,
-        stream=Stream(),
-        buffer=LocalSampleBuffer(),
-        sampling_params=lambda number: SamplingParams(n=1, max_tokens=40, seed=number),
-        max_in_flight=8,
-        partial="keep",
-    )
+    rollouter = keep_rollouter(engines, account, max_in_flight=8)
 
     def at_the_bound_with_nothing_in_flight():
         with rollouter.lock:
