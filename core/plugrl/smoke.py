@@ -118,14 +118,7 @@ def grpo_recipe(task: UntrainedTask, device: str, run_dir: Path, **sections: Any
     tokens a step, float32, on one rank of ``device``, metrics in ``run_dir``. Each of
     ``sections`` updates the section it names (see :func:`merge_sections`)."""
     recipe = {
-        "model": {"path": str(task.model), "dtype": "float32"},
-        "data": {
-            "train_files": [str(task.train_file)],
-            "val_files": [str(task.val_file)],
-            "train_batch_size": 4,
-            "max_prompt_length": 32,
-            "max_response_length": 16,
-        },
+        **task.recipe_sections(max_response_length=16),
         "device": device,
         "actor": {
             "ppo_mini_batch_size": 4,
@@ -135,7 +128,6 @@ def grpo_recipe(task: UntrainedTask, device: str, run_dir: Path, **sections: Any
         },
         "rollout": {"n": 2},
         "algorithm": {"adv_estimator": "grpo"},
-        "reward": {"manager": "naive", "custom_function": {"path": str(task.reward_file)}},
         "trainer": {"default_local_dir": str(run_dir), "logger": ["jsonl"], "seed": 1},
         "cluster": "local",
     }

@@ -28,19 +28,11 @@ def tiny_recipe(task: UntrainedTask, run_dir: Path, **sections: dict[str, Any]) 
     of at most 8 tokens, two optimizer steps per training step, float32. ``sections`` are
     merged into it section by section."""
     recipe: dict[str, Any] = {
-        "model": {"path": str(task.model), "dtype": "float32"},
-        "data": {
-            "train_files": [str(task.train_file)],
-            "val_files": [str(task.val_file)],
-            "train_batch_size": 4,
-            "max_prompt_length": 32,
-            "max_response_length": 8,
-        },
+        **task.recipe_sections(max_response_length=8),
         "device": "cpu",
         "actor": {"ppo_mini_batch_size": 2, "optim": {"lr": 1e-3}},
         "rollout": {"n": 2},
         "algorithm": {"adv_estimator": "grpo"},
-        "reward": {"custom_function": {"path": str(task.reward_file)}},
         "trainer": {
             "total_training_steps": 2,
             "default_local_dir": str(run_dir),

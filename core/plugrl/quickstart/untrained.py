@@ -5,6 +5,7 @@ a reward that gives such a model something to learn from."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -21,6 +22,23 @@ class UntrainedTask:
     train_file: Path
     val_file: Path
     reward_file: Path = SPREAD_REWARD_FILE
+
+    def recipe_sections(
+        self, *, max_response_length: int, train_batch_size: int = 4
+    ) -> dict[str, Any]:
+        """The ``model``, ``data`` and ``reward`` sections of a GRPO recipe on this task
+        (float32, prompts of at most 32 tokens); the rest is the caller's."""
+        return {
+            "model": {"path": str(self.model), "dtype": "float32"},
+            "data": {
+                "train_files": [str(self.train_file)],
+                "val_files": [str(self.val_file)],
+                "train_batch_size": train_batch_size,
+                "max_prompt_length": 32,
+                "max_response_length": max_response_length,
+            },
+            "reward": {"custom_function": {"path": str(self.reward_file)}},
+        }
 
 
 def build_untrained_task(root: Path, *, num_train: int = 16, num_val: int = 4) -> UntrainedTask:

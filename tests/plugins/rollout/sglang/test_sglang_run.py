@@ -30,19 +30,11 @@ def test_a_grpo_run_drives_the_engine_through_the_core(
     plugrl_register_plugin(plugrl_sglang)
     recipe = plugrl_recipe(
         {
-            "model": {"path": str(task.model), "dtype": "float32"},
-            "data": {
-                "train_files": [str(task.train_file)],
-                "val_files": [str(task.val_file)],
-                "train_batch_size": 4,
-                "max_prompt_length": 32,
-                "max_response_length": 6,
-            },
+            **task.recipe_sections(max_response_length=6),
             "device": "cpu",
             "actor": {"ppo_mini_batch_size": 4, "optim": {"lr": 1e-3}},
             "rollout": {"engine": "sglang", "n": 2},
             "algorithm": {"adv_estimator": "grpo"},
-            "reward": {"custom_function": {"path": str(task.reward_file)}},
             "trainer": {
                 "total_training_steps": 2,
                 "test_freq": -1,
