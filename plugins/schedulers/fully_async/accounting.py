@@ -16,8 +16,8 @@ token would be older than the bound at the trainer's next take can never train (
 last take of a weight period, the next take comes after the sync), so the rollouter may end it
 while it is still being generated (:meth:`abandon`) or drop it once finished
 (:meth:`drop_finished`); either counts it as dropped and frees its place under the bound for a
-sample that can train. Every sample that is started is therefore
-trained once, dropped once, or still outstanding.
+sample that can train. Every sample that is started is therefore trained once, dropped once,
+or still outstanding.
 """
 
 from __future__ import annotations
@@ -175,10 +175,16 @@ class StalenessAccount:
         return True
 
     @property
+    def period_complete(self) -> bool:
+        """Whether the trainer has taken the last sample of this weight period: the sync is
+        due before it takes another."""
+        return self.taken_this_period >= self.samples_per_sync
+
+    @property
     def next_take_version(self) -> int:
-        """The trainer's version when it next takes a sample: once it took the last sample of
-        a weight period, the sync comes first."""
-        return self.version + (1 if self.taken_this_period >= self.samples_per_sync else 0)
+        """The trainer's version when it next takes a sample (one more once the period is
+        complete: the sync comes first)."""
+        return self.version + (1 if self.period_complete else 0)
 
     def next_lag(self, oldest_version: int) -> int:
         """A sample's lag at the trainer's next take."""

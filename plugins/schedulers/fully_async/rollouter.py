@@ -356,7 +356,9 @@ class Rollouter:
             else:
                 dropped.append(lag)
                 self._log_drop(sample, lag)
-        if taken and len(taken) == count:
+        with self.lock:
+            period_complete = self.account.period_complete
+        if period_complete:
             # after the last take of a weight period the next one comes after a sync, so a
             # sample that would lag too much then is hopeless already: end it now, while the
             # trainer trains, and let a new sample take its place

@@ -273,7 +273,7 @@ class FullyAsyncScheduler(Scheduler):
             metrics.update(update_from_batch(parts, batch, timer))
             # a period ends once it trained its samples; it starts at a sync, at the run's
             # start, or at a resume (see start_period_on_resume), not at a multiple of k
-            if account.taken_this_period >= account.samples_per_sync:
+            if account.period_complete:
                 with timer("param_sync"):
                     metrics.update(rollouter.sync(lambda: self.push_weights(parts)))
         metrics.update(
