@@ -331,6 +331,13 @@ def test_bench_table_shows_lags_against_their_bound(bench):
     assert bench.parse_splits("1:3,2:2", 4) == [(1, 3), (2, 2)]
 
 
+def test_bench_refuses_a_weight_period_that_does_not_divide_the_steps(bench):
+    with pytest.raises(SystemExit, match="--steps 8 is not a multiple of --sync-step 3"):
+        bench.main(["--steps", "8", "--sync-step", "3"])
+    with pytest.raises(SystemExit, match="--sync-step 0: give 1 or more"):
+        bench.main(["--sync-step", "0"])
+
+
 def test_bench_names_a_missing_scheduler(bench, tmp_path, capsys, plugrl_plugin_manager):
     code = bench.main(
         [

@@ -157,6 +157,20 @@ def test_only_a_sample_too_old_to_train_can_be_abandoned():
         account.abandon(0)
 
 
+def test_only_a_finished_sample_too_old_to_train_can_be_dropped_before_it_is_taken():
+    account = StalenessAccount(1, 1, 0.0)
+    with pytest.raises(RuntimeError, match="was dropped that was not generated"):
+        account.drop_finished(0)
+    account.start()
+    account.finish()
+    with pytest.raises(RuntimeError, match="was dropped though it may still train at version 0"):
+        account.drop_finished(0)
+    account.sync()
+    account.sync()
+    account.drop_finished(0)
+    assert (account.dropped, account.abandoned, account.outstanding) == (1, 0, 0)
+
+
 @settings(max_examples=50, deadline=None)
 @given(bounds)
 def test_the_run_never_deadlocks(bound):
