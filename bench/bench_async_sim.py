@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-dir", type=Path, default=None, help="Where runs are written.")
     args = parser.parse_args(argv)
     if args.sync_step < 1:
-        raise SystemExit(f"--sync-step {args.sync_step}: give 1 or more weight syncs' steps")
+        raise SystemExit(f"--sync-step {args.sync_step}: a weight period is 1 step or more")
     if args.steps % args.sync_step:
         raise SystemExit(f"--steps {args.steps} is not a multiple of --sync-step {args.sync_step}")
 

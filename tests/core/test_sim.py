@@ -334,7 +334,7 @@ def test_bench_table_shows_lags_against_their_bound(bench):
 def test_bench_refuses_a_weight_period_that_does_not_divide_the_steps(bench):
     with pytest.raises(SystemExit, match="--steps 8 is not a multiple of --sync-step 3"):
         bench.main(["--steps", "8", "--sync-step", "3"])
-    with pytest.raises(SystemExit, match="--sync-step 0: give 1 or more"):
+    with pytest.raises(SystemExit, match="--sync-step 0: a weight period is 1 step or more"):
         bench.main(["--sync-step", "0"])
 
 
