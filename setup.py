@@ -1,19 +1,34 @@
-"""Package discovery for the two source roots.
+"""Package discovery for the source roots of the ``plugrl`` distribution.
 
-The core lives in ``core/plugrl`` (import name ``plugrl``); the built-in plugins live in
-``plugins/`` (import name ``plugrl_plugins``); the ready recipes in ``recipes/`` are installed
-as ``plugrl_recipes`` so that ``plugrl run NAME`` finds them anywhere. Folders under
-``plugins/`` that are separate distributions (they have their own pyproject and no
-``__init__.py``) are not picked up here.
+* ``core/plugrl``: the core (import name ``plugrl``);
+* ``tools/plugrl_tools``: the command line and the tools built on the core;
+* ``plugins/<kind>/<name>/plugrl_<name>``: each built-in plugin, a package of its own, in the
+  same shape as the plugins that are distributions of their own (those have a
+  ``pyproject.toml`` in ``plugins/<kind>/<name>/`` and are not picked up here);
+* ``recipes``: the ready recipes, installed as ``plugrl_recipes`` so that ``plugrl run NAME``
+  finds them anywhere.
 """
+
+from pathlib import Path
 
 from setuptools import find_packages, setup
 
-core_packages = ["plugrl", *(f"plugrl.{p}" for p in find_packages("core/plugrl"))]
-builtin_packages = ["plugrl_plugins", *(f"plugrl_plugins.{p}" for p in find_packages("plugins"))]
+package_dir = {"plugrl": "core/plugrl", "plugrl_tools": "tools/plugrl_tools"}
+for plugin_folder in sorted(Path("plugins").glob("*/*")):
+    if (plugin_folder / "pyproject.toml").exists():
+        continue  # a distribution of its own
+    for package in plugin_folder.glob("plugrl_*/__init__.py"):
+        package_dir[package.parent.name] = package.parent.as_posix()
+
+packages = [
+    sub
+    for name, folder in package_dir.items()
+    for sub in [name, *(f"{name}.{p}" for p in find_packages(folder))]
+]
+package_dir["plugrl_recipes"] = "recipes"
 
 setup(
-    packages=[*core_packages, *builtin_packages, "plugrl_recipes"],
-    package_dir={"plugrl": "core/plugrl", "plugrl_plugins": "plugins", "plugrl_recipes": "recipes"},
-    package_data={"plugrl_recipes": ["*.yaml", "rewards/*.py"]},
+    packages=[*packages, "plugrl_recipes"],
+    package_dir=package_dir,
+    package_data={"plugrl": ["py.typed"], "plugrl_recipes": ["*.yaml", "rewards/*.py"]},
 )

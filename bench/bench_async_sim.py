@@ -1,6 +1,6 @@
 """Sync against fully-async scheduling on simulated devices, through the real scheduler code.
 
-The parts are :mod:`plugrl.sim`'s (a rollout engine, a training backend and a reward whose
+The parts are :mod:`plugrl_sim`'s (a rollout engine, a training backend and a reward whose
 costs are simulated in milliseconds; registered into the plugin manager here), so the
 schedulers run as ``plugrl run`` runs them (``run_recipe``, one process, ``cluster: local``)
 with time compressed. The workload is GRPO with long-tailed response lengths like the seeds'
@@ -71,9 +71,9 @@ def run_cell(
     recipe_data: dict[str, Any], plugins: Any, label: str, work_dir: Path
 ) -> dict[str, Any]:
     """One run through ``run_recipe``; its summary as ``plugrl compare`` computes it."""
-    from plugrl.compare import RunHistory, summarize
     from plugrl.run import run_recipe
     from plugrl.testing import make_recipe
+    from plugrl_tools.compare import RunHistory, summarize
 
     run_dir = Path(recipe_data["trainer"]["default_local_dir"])
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -218,9 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     import attrs
     import yaml
 
-    import plugrl.sim
+    import plugrl_sim
     from plugrl.plugins import get_plugin_manager
-    from plugrl.sim import SimBackendConfig, SimEngineConfig, build_sim_task, sim_recipe
+    from plugrl_sim.parts import SimBackendConfig, SimEngineConfig, build_sim_task, sim_recipe
 
     splits = parse_splits(args.splits, args.devices)
     staleness = [float(value) for value in filter(None, args.staleness.split(","))]
@@ -232,8 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides[key] = yaml.safe_load(value)
 
     plugins = get_plugin_manager()
-    if not plugins.pm.is_registered(plugrl.sim):
-        plugins.register(plugrl.sim, name="plugrl-sim")
+    if not plugins.pm.is_registered(plugrl_sim):
+        plugins.register(plugrl_sim, name="plugrl-sim")
     schedulers = plugins.registry("schedulers")
     async_missing = args.async_scheduler not in schedulers
     in_flight_key = None

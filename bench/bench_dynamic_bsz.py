@@ -34,8 +34,8 @@ from plugrl.parts.algorithm import LossScale
 from plugrl.parts.backend import OptimConfig
 from plugrl.parts.context import DistInfo, PartContext
 from plugrl.recipe import ModelConfig, Recipe
-from plugrl_plugins.backends.fsdp2.backend import FSDP2Backend
-from plugrl_plugins.backends.fsdp2.config import FSDP2ActorConfig
+from plugrl_fsdp2.backend import FSDP2Backend
+from plugrl_fsdp2.config import FSDP2ActorConfig
 
 VOCAB = 4096
 

@@ -252,8 +252,8 @@ def _trl_rows(settings: BenchSettings) -> tuple[list[dict[str, Any]], list[list[
 
 def _plugrl_reward_function(settings: BenchSettings) -> Any:
     """plugrl's scorer for each row's data source, as a TRL reward function."""
-    from plugrl.compose import make_resolver
     from plugrl.recipe import load_recipe
+    from plugrl.rewards.scoring import make_resolver
 
     resolve = make_resolver(load_recipe(None, settings.plugrl_overrides()))
 
@@ -590,8 +590,8 @@ def main() -> None:
     if args.steps < 1 or args.warmup < 1:
         raise SystemExit("--steps and --warmup must be at least 1 (the first step is set-up)")
 
-    from plugrl.quickstart import DEFAULT_DIR, prepare_quickstart
     from plugrl.recipe import load_recipe
+    from plugrl_tools.quickstart import DEFAULT_DIR, prepare_quickstart
 
     shipped = load_recipe("quickstart").actor
     if not shipped.use_dynamic_bsz or shipped.ppo_max_token_len_per_gpu != QUICKSTART_TOKEN_BUDGET:

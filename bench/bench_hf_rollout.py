@@ -38,12 +38,12 @@ from plugrl.data.batch import left_pad
 from plugrl.data.dataset import PromptDataset, pad_token_id_of
 from plugrl.parts.context import PartContext
 from plugrl.parts.rollout import SamplingParams
-from plugrl.quickstart import DEFAULT_DIR, prepare_quickstart
 from plugrl.recipe import DataConfig, ModelConfig, Recipe, TrainerConfig
-from plugrl_plugins.devices.cpu.device import CpuDevice
-from plugrl_plugins.rollout.hf.config import HFRolloutConfig
-from plugrl_plugins.rollout.hf.engine import HFRolloutEngine
-from plugrl_plugins.rollout.hf.sampler import default_stop_token_ids
+from plugrl_cpu.device import CpuDevice
+from plugrl_hf.config import HFRolloutConfig
+from plugrl_hf.engine import HFRolloutEngine
+from plugrl_hf.sampler import default_stop_token_ids
+from plugrl_tools.quickstart import DEFAULT_DIR, prepare_quickstart
 
 
 def generate_tokens(

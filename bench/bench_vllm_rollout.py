@@ -29,17 +29,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from plugrl_vllm.config import VLLMRolloutConfig
-from plugrl_vllm.engine import VLLMRolloutEngine
 
 from plugrl.data.dataset import PromptDataset
 from plugrl.parts.context import PartContext
 from plugrl.parts.rollout import SamplingParams
-from plugrl.quickstart import DEFAULT_DIR, prepare_quickstart
 from plugrl.recipe import DataConfig, ModelConfig, Recipe, TrainerConfig
-from plugrl_plugins.devices.cpu.device import CpuDevice
-from plugrl_plugins.rollout.hf.config import HFRolloutConfig
-from plugrl_plugins.rollout.hf.engine import HFRolloutEngine
+from plugrl_cpu.device import CpuDevice
+from plugrl_hf.config import HFRolloutConfig
+from plugrl_hf.engine import HFRolloutEngine
+from plugrl_tools.quickstart import DEFAULT_DIR, prepare_quickstart
+from plugrl_vllm.config import VLLMRolloutConfig
+from plugrl_vllm.engine import VLLMRolloutEngine
 
 
 def alternate(

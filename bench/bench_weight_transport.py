@@ -120,7 +120,7 @@ def models(names: list[str], quickstart_dir: str) -> list[tuple[str, Path, str]]
     chosen = []
     for name in names:
         if name == "quickstart":
-            from plugrl.quickstart import prepare_quickstart
+            from plugrl_tools.quickstart import prepare_quickstart
 
             chosen.append((name, prepare_quickstart(quickstart_dir).model_path, "float32"))
         elif name == "qwen2-0.5b":
@@ -140,7 +140,7 @@ def recipes(model_path: Path, dtype: str, mode: str) -> tuple[Any, Any]:
     needs none)."""
     from plugrl.parts.rollout import RolloutConfig
     from plugrl.recipe import ClusterConfig, ModelConfig, Recipe
-    from plugrl_plugins.backends.fsdp2.config import FSDP2ActorConfig
+    from plugrl_fsdp2.config import FSDP2ActorConfig
 
     cluster = ClusterConfig(mode=mode, num_cpus=4)
     trainer = Recipe(
@@ -155,10 +155,10 @@ def recipes(model_path: Path, dtype: str, mode: str) -> tuple[Any, Any]:
 
 
 def transport(name: str, bucket_mib: int, recipe: Any) -> Any:
+    from plugrl.cluster.transports.buckets import LocalTransport, ObjectStoreTransport
+    from plugrl.cluster.transports.collective import CollectiveTransport
     from plugrl.parts.context import PartContext
     from plugrl.parts.rollout import RolloutConfig
-    from plugrl_plugins.transports.buckets import LocalTransport, ObjectStoreTransport
-    from plugrl_plugins.transports.collective import CollectiveTransport
 
     classes = {
         "local": LocalTransport,
@@ -172,8 +172,8 @@ def transport(name: str, bucket_mib: int, recipe: Any) -> Any:
 def run_model(
     name: str, path: Path, dtype: str, args: argparse.Namespace, plugins: Any
 ) -> list[dict]:
-    from plugrl.cluster import make_worker_group
     from plugrl.cluster.engines import make_engine_group
+    from plugrl.cluster.groups import make_worker_group
 
     print(f"\n{name}: starting the trainer and engines ...", flush=True)
     groups = []

@@ -21,17 +21,17 @@ import time
 
 import torch
 
-from plugrl.compose.scoring import Scorer
 from plugrl.data.batch import Batch
 from plugrl.parts.context import PartContext
 from plugrl.parts.reward import RewardConfig
 from plugrl.recipe import Recipe
-from plugrl_plugins.rewards.managers import (
+from plugrl.rewards.scoring import Scorer
+from plugrl_reward_managers.managers import (
     NaiveRewardManager,
     ParallelRewardConfig,
     ParallelRewardManager,
 )
-from plugrl_plugins.rewards.scorers import arithmetic, math_boxed
+from plugrl_scorers import arithmetic, math_boxed
 
 
 class ByteTokenizer:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from support import pip_install_into
+from tests.support import pip_install_into
 
 ROOT = Path(__file__).resolve().parents[1]
 DISTRIBUTIONS = {
@@ -26,7 +26,7 @@ def plugrl(*args: str, path: list[Path], cwd: Path = ROOT) -> subprocess.Complet
     """The ``plugrl`` command with ``path`` in front of the import path."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in path)}
     return subprocess.run(
-        [sys.executable, "-m", "plugrl.cli", *args],
+        [sys.executable, "-m", "plugrl_tools.cli", *args],
         capture_output=True,
         text=True,
         env=env,

@@ -1,6 +1,7 @@
-"""Fixtures of the algorithm tests (the algorithms plugin and the core's composition of it): a
-plugin manager with the algorithms plugin, plus stand-ins for the parts a default recipe names
-that live in other plugins (backend, rollout, reward manager, scheduler)."""
+"""Fixtures of the algorithm tests (the algorithm plugins and the core's composition of them):
+a plugin manager with the estimators, policy losses and KL penalties, plus stand-ins for the
+parts a default recipe names that live in other plugins (backend, rollout, reward manager,
+scheduler)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ from typing import Any
 import pytest
 
 import plugrl
-import plugrl_plugins.algorithms
-import plugrl_plugins.devices.cpu
-import plugrl_plugins.loggers
+import plugrl_console
+import plugrl_cpu
+import plugrl_estimators
+import plugrl_jsonl
+import plugrl_kl_penalties
+import plugrl_policy_losses
 from plugrl.parts.scheduler import Scheduler
 from plugrl.plugins import PluginManager, set_plugin_manager
 from plugrl.recipe import Recipe, apply_overrides, build_recipe
@@ -55,9 +59,11 @@ class StandInParts:
 
 def make_plugins() -> PluginManager:
     manager = PluginManager(environ={})
-    manager.register(plugrl_plugins.algorithms, name="algorithms")
-    manager.register(plugrl_plugins.devices.cpu, name="cpu")
-    manager.register(plugrl_plugins.loggers, name="loggers")
+    for plugin in (plugrl_estimators, plugrl_policy_losses, plugrl_kl_penalties):
+        manager.register(plugin, name=plugin.__name__)
+    manager.register(plugrl_cpu, name="cpu")
+    manager.register(plugrl_console, name="console")
+    manager.register(plugrl_jsonl, name="jsonl")
     manager.register(StandInParts(), name="stand-ins")
     return manager
 

@@ -1,17 +1,48 @@
-"""Shared test setup: quiet Ray, no hub access, shared helpers importable."""
+"""Shared test setup and fixtures: quiet Ray, no hub access, one torch thread per test module."""
 
 import os
-import sys
-from pathlib import Path
+
+import pytest
+import yaml
+
+from tests import fake_parts
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-sys.path.insert(0, str(Path(__file__).parent))
 
-from support import importable_here
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """Run each test module on one intra-op torch thread, then restore the setting.
 
-# shared test helpers (fake_parts, support) import as top-level modules
-importable_here(Path(__file__).parent)
+    The tiny models' operations are small: a second thread gains little, and when other
+    processes keep the cores busy, threads waiting on each other make every operation many
+    times slower.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def fake_parts_manager(plugrl_plugin_manager, plugrl_register_plugin):
+    """The installed plugins plus ``tests.fake_parts``."""
+    plugrl_register_plugin(fake_parts, "fake-parts")
+    return plugrl_plugin_manager
+
+
+@pytest.fixture
+def write_recipe(tmp_path):
+    """write_recipe(data, name="recipe.yaml") -> path; data is a dict or YAML text."""
+
+    def write(data, name="recipe.yaml"):
+        path = tmp_path / name
+        path.write_text(data if isinstance(data, str) else yaml.safe_dump(data), encoding="utf-8")
+        return path
+
+    return write

@@ -33,8 +33,8 @@ import attrs
 import pytest
 
 from plugrl import hookspecs
-from plugrl.compose.scoring import BATCH_PARAMS, SAMPLE_PARAMS
 from plugrl.registry import PART_KINDS, import_object
+from plugrl.rewards.scoring import BATCH_PARAMS, SAMPLE_PARAMS
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "plugins.md"
@@ -44,7 +44,7 @@ DATA_TYPES = (
     "plugrl.parts.context:PartContext",
     "plugrl.parts.context:DistInfo",
     "plugrl.data.batch:Batch",
-    "plugrl.functional:LossAggregator",
+    "plugrl.algorithms.functional:LossAggregator",
     "plugrl.parts.algorithm:LossScale",
     "plugrl.parts.algorithm:ActorObjective",
     "plugrl.parts.reward:RewardOutput",
@@ -399,10 +399,11 @@ def table_rows(text: str, header: str) -> dict[str, str]:
 
 def test_the_test_kit_is_documented_as_it_is():
     from plugrl import testing
+    from plugrl.testing import fixtures as testing_fixtures
 
     text = page_section("Testing a plugin")
     fixtures = set(table_rows(text, "fixture"))
-    assert fixtures == {name for name in vars(testing) if name.startswith("plugrl_")}
+    assert fixtures == {name for name in vars(testing_fixtures) if name.startswith("plugrl_")}
     builders = table_rows(text, "builder")
     assert {cell.partition("(")[0] for cell in builders} == {
         "make_batch",

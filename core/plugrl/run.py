@@ -43,7 +43,7 @@ class RunContext:
 
     :meth:`build_parts` composes the run the recipe describes (data, reward, algorithm pieces,
     trainer worker groups, engine group, weight transport; :mod:`plugrl.compose`); a scheduler
-    that places parts its own way builds them with :func:`plugrl.compose.build_part`.
+    that places parts its own way builds them with :func:`plugrl.compose.build.build_part`.
     """
 
     recipe: Recipe
@@ -64,8 +64,9 @@ class RunContext:
 
     def build_parts(self, engine_needs: Mapping[str, str] | None = None) -> RunParts:
         """Everything the recipe chose, built and checked (see
-        :func:`plugrl.compose.build_run_parts`); ``engine_needs`` are the engine capabilities
-        the scheduler needs, with the reasons. Close the result at the end of the run."""
+        :func:`plugrl.compose.run_parts.build_run_parts`); ``engine_needs`` are the engine
+        capabilities the scheduler needs, with the reasons. Close the result at the end of the
+        run."""
         from plugrl.compose.run_parts import build_run_parts
 
         parts = build_run_parts(self, dict(engine_needs or {}))
@@ -214,19 +215,6 @@ def check_model_folders(recipe: Recipe) -> None:
             )
 
 
-def _plot_if_possible(run_dir: Path) -> None:
-    """The end-of-run PNG of reward and accuracy, when the run logged metrics to jsonl."""
-    from plugrl.errors import PlugrlError
-    from plugrl.plot import plot_run
-
-    if not (run_dir / "metrics.jsonl").exists():
-        return
-    try:
-        logger.info("reward and accuracy per step: %s", plot_run(run_dir))
-    except PlugrlError as exc:
-        logger.info("no plot: %s", exc)
-
-
 def run_recipe(recipe: Recipe, plugins: PluginManager | None = None) -> dict[str, Any]:
     """Run a validated recipe to the end; returns the last step's metrics."""
     plugins = plugins or get_plugin_manager()
@@ -255,7 +243,6 @@ def run_recipe(recipe: Recipe, plugins: PluginManager | None = None) -> dict[str
         metrics = scheduler.run()
         context.record_recipe()  # a scheduler that built its parts its own way
         status = "completed"
-        _plot_if_possible(run_dir)
         return metrics
     except KeyboardInterrupt:
         status = "interrupted"

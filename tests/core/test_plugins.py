@@ -25,7 +25,7 @@ def registers_reward(name):
 
 def test_builtins_are_entry_points_of_the_core_distribution(plugrl_plugin_manager):
     rows = {row["name"]: row for row in plugrl_plugin_manager.describe()}
-    assert {"cpu", "cuda", "loggers"} <= set(rows)
+    assert {"cpu", "cuda", "console", "sync"} <= set(rows)
     cpu = rows["cpu"]
     assert cpu["distribution"] == "plugrl"
     assert cpu["builtin"] is True
@@ -100,10 +100,10 @@ def test_load_plugins_is_an_allow_list(plugrl_fake_entry_point, plugrl_make_plug
 
 
 def test_disabled_plugins_block_builtins_too(plugrl_make_plugin_manager):
-    manager = plugrl_make_plugin_manager(environ={"PLUGRL_DISABLED_PLUGINS": "cuda"})
+    manager = plugrl_make_plugin_manager(environ={"PLUGRL_DISABLED_PLUGINS": "cuda,npu"})
     assert manager.registry("devices").names() == ["cpu"]
     disabled = [r for r in manager.describe(include_all=True) if r["status"] == "disabled"]
-    assert [r["name"] for r in disabled] == ["cuda"]
+    assert [r["name"] for r in disabled] == ["cuda", "npu"]
 
 
 def test_unknown_hook_name_is_reported(plugrl_plugin_manager, caplog):

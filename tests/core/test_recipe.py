@@ -1,6 +1,5 @@
 import pytest
 import yaml
-from fake_parts import BASE_RECIPE, FakeEngineConfig
 
 from plugrl.errors import PluginError, RecipeError, UnknownNameError
 from plugrl.recipe import (
@@ -13,6 +12,7 @@ from plugrl.recipe import (
     parse_override,
     part_args,
 )
+from tests.fake_parts import BASE_RECIPE, FakeEngineConfig
 
 
 @pytest.fixture
@@ -223,11 +223,7 @@ def test_part_args_are_validated_and_structured(base):
         ),
         (
             "device=tpu",
-            "device.name: unknown device 'tpu': did you mean 'cpu'? registered: cpu, cuda",
-        ),
-        (
-            "rollout.engine=vllm",
-            "rollout.engine: rollout engine 'vllm' is not installed: pip install plugrl-vllm",
+            "device.name: unknown device 'tpu': did you mean 'npu'? registered: cpu, cuda, npu",
         ),
         (
             "trainer.logger=[console,wandbb]",
@@ -252,6 +248,16 @@ def test_recipe_errors_are_one_line_naming_key_and_fix(base, override, message):
         assert error.startswith(message.split(" registered:")[0])
     else:
         assert error == message
+
+
+def test_a_part_of_a_distribution_not_installed_names_its_install_command(
+    write_recipe, plugrl_make_plugin_manager
+):
+    plugrl_make_plugin_manager(environ={"PLUGRL_DISABLED_PLUGINS": "vllm"})
+    path = write_recipe({})
+    assert error_of(path, "rollout.engine=vllm") == (
+        "rollout.engine: rollout engine 'vllm' is not installed: pip install plugrl-vllm"
+    )
 
 
 def test_unknown_plugin_in_a_plugin_section_is_an_unknown_name_error(base):

@@ -3,13 +3,13 @@ import os
 import time
 
 import pytest
-from fake_parts import BASE_RECIPE
 
 import plugrl
-from plugrl.cluster import prepare_backend_once
+from plugrl.cluster.worker import prepare_backend_once
 from plugrl.errors import PluginError, RecipeError
 from plugrl.recipe import build_recipe
 from plugrl.run import resolve_device_name, run_recipe
+from tests.fake_parts import BASE_RECIPE
 
 
 class Observer:
@@ -57,7 +57,7 @@ def test_run_hands_parts_to_the_scheduler_and_reports_to_observers(
 def test_a_failing_scheduler_still_ends_the_run(
     tmp_path, fake_parts_manager, plugrl_register_plugin, monkeypatch
 ):
-    import fake_parts
+    from tests import fake_parts
 
     def explode(self):
         self.context.step_end(1, {"critic/score/mean": 0.5})
@@ -88,7 +88,7 @@ def test_detect_device_asks_plugins_first_and_cpu_last(fake_parts_manager, plugr
 
 
 def test_no_device_detected(plugrl_make_plugin_manager, plugrl_register_plugin):
-    import fake_parts
+    from tests import fake_parts
 
     manager = plugrl_make_plugin_manager(environ={"PLUGRL_DISABLED_PLUGINS": "cpu,cuda"})
     manager.register(fake_parts, "fake-parts")
@@ -206,7 +206,7 @@ def test_each_segment_of_a_run_keeps_its_recipe_and_changes_are_named(tmp_path, 
 def test_sigterm_stops_the_cli_as_ctrl_c_does():
     import signal
 
-    from plugrl.cli import _stop_on_sigterm
+    from plugrl_tools.cli import _stop_on_sigterm
 
     before = signal.getsignal(signal.SIGTERM)
     try:

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 import plugrl
+from plugrl.algorithms.functional import LOSS_AGG_MODES, LossAggregator
 from plugrl.config import option
 from plugrl.data.batch import Batch
 from plugrl.errors import RecipeError
-from plugrl.functional import LOSS_AGG_MODES, LossAggregator
 from plugrl.parts.algorithm import PolicyLoss
 from plugrl.testing import make_batch, make_loss_aggregator, make_recipe
 
@@ -98,7 +98,7 @@ def test_make_batch_widths_and_finish_reasons():
 
 
 def test_make_batch_feeds_a_registered_estimator(plugrl_recipe):
-    from plugrl.compose import build_estimator
+    from plugrl.compose.build import build_estimator
 
     recipe = plugrl_recipe({"algorithm.adv_estimator": "grpo", "rollout.n": 4})
     batch = make_batch((3, 4), 2, n=4, scores=[1, 0, 0, 1, 1, 1, 1, 0])
@@ -211,7 +211,7 @@ class _ScaledLossPlugin:
 
 
 def test_plugrl_recipe_sees_the_plugins_of_the_test(plugrl_register_plugin, plugrl_recipe):
-    from plugrl.compose import PolicyObjective
+    from plugrl.algorithms.objective import PolicyObjective
 
     plugrl_register_plugin(_ScaledLossPlugin(), "scaled-loss")
     recipe = plugrl_recipe({"actor.policy_loss": "scaled", "actor.policy_loss_args.factor": 2})

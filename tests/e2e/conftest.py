@@ -4,16 +4,9 @@ from pathlib import Path
 
 import attrs
 import pytest
-from support import (
-    importable_here,
-    one_torch_thread,  # noqa: F401 (autouse: one torch thread here)
-)
 
-from plugrl.quickstart.untrained import UntrainedTask, build_untrained_task
-
-importable_here(Path(__file__).parent)
-
-from e2e_support import (  # noqa: E402
+from plugrl_tools.quickstart.untrained import UntrainedTask, build_untrained_task
+from tests.e2e.e2e_support import (
     REFERENCE_OVERRIDES,
     check_ok,
     reference_recipe,

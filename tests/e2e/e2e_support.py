@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from plugrl.quickstart.untrained import UntrainedTask
+from plugrl_tools.quickstart.untrained import UntrainedTask
 
 # Metrics that measure the machine rather than the run: they differ between two runs of the
 # same recipe.
@@ -56,7 +56,7 @@ def write_recipe(path: Path, recipe: dict[str, Any]) -> Path:
 
 def cli_command(recipe: Path, *overrides: str) -> list[str]:
     """``plugrl run RECIPE KEY=VALUE...`` with this interpreter."""
-    return [sys.executable, "-m", "plugrl.cli", "run", str(recipe), *overrides]
+    return [sys.executable, "-m", "plugrl_tools.cli", "run", str(recipe), *overrides]
 
 
 def cli_env() -> dict[str, str]:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 from click.testing import CliRunner
-from e2e_support import by_step, read_records, tiny_recipe, write_recipe
 
-from plugrl.cli import cli
+from plugrl_tools.cli import cli
+from tests.e2e.e2e_support import by_step, read_records, tiny_recipe, write_recipe
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,8 @@ import re
 import signal
 
 import pytest
-from e2e_support import (
+
+from tests.e2e.e2e_support import (
     REFERENCE_OVERRIDES,
     REFERENCE_STEPS,
     assert_same_metrics,
@@ -107,13 +108,13 @@ def test_the_exported_folder_generates_what_the_trained_actor_does(reference_run
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from plugrl.cluster import make_worker_group
+    from plugrl.cluster.groups import make_worker_group
     from plugrl.data.dataset import PromptDataset
     from plugrl.parts.context import PartContext
     from plugrl.parts.rollout import SamplingParams
     from plugrl.recipe import load_recipe
-    from plugrl_plugins.devices.cpu.device import CpuDevice
-    from plugrl_plugins.rollout.hf.engine import HFRolloutEngine
+    from plugrl_cpu.device import CpuDevice
+    from plugrl_hf.engine import HFRolloutEngine
 
     export = reference_run.run_dir / "hf_model"
     trained = safetensors_weights(export)
@@ -209,7 +210,7 @@ def test_a_run_killed_between_logging_a_step_and_saving_it_logs_the_step_once(
     from click.testing import CliRunner
 
     from plugrl.checkpoint import CheckpointManager
-    from plugrl.cli import cli
+    from plugrl_tools.cli import cli
 
     recipe = reference_recipe(tiny_task, tmp_path)
     save = CheckpointManager.save
@@ -346,7 +347,7 @@ def test_an_engine_with_pushed_weights_samples_what_the_shared_model_does(
 ):
     from click.testing import CliRunner
 
-    from plugrl.cli import cli
+    from plugrl_tools.cli import cli
 
     recipe = reference_recipe(tiny_task, tmp_path)
     result = CliRunner().invoke(

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import pytest
 from click.testing import CliRunner
-from e2e_support import by_step, read_records, tiny_recipe, write_recipe
 
-from plugrl.cli import cli
+from plugrl_tools.cli import cli
+from tests.e2e.e2e_support import by_step, read_records, tiny_recipe, write_recipe
 
 pytestmark = pytest.mark.slow
 
 
 def test_remax_subtracts_the_greedy_responses_score(tiny_task, tmp_path, monkeypatch):
-    from plugrl_plugins.schedulers.sync.scheduler import SyncScheduler
+    from plugrl_sync.scheduler import SyncScheduler
 
     baselines = []
     real = SyncScheduler.greedy_baselines

@@ -7,7 +7,9 @@ import shutil
 
 import pytest
 from click.testing import CliRunner
-from e2e_support import (
+
+from plugrl_tools.cli import cli
+from tests.e2e.e2e_support import (
     REFERENCE_OVERRIDES,
     REFERENCE_STEPS,
     by_step,
@@ -17,8 +19,6 @@ from e2e_support import (
     tiny_recipe,
     write_recipe,
 )
-
-from plugrl.cli import cli
 
 
 def run_in_process(recipe, *overrides):
@@ -46,7 +46,7 @@ def write_rows(path, rows):
 
 
 def arithmetic_rows(count=8):
-    from plugrl.quickstart.arithmetic import make_splits, verl_rows
+    from plugrl_tools.quickstart.arithmetic import make_splits, verl_rows
 
     problems = make_splits(1, num_warm_start=0, num_train=count, num_val=0, carry_fraction=0.5)
     return verl_rows(problems.train, "train")

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from support import pip_install_into
 
 from plugrl.data.batch import Batch
 from plugrl.errors import RecipeError
 from plugrl.plugins import PluginManager, set_plugin_manager
 from plugrl.recipe import build_recipe, load_recipe, part_args
 from plugrl.testing import make_batch, make_loss_aggregator, part_context
+from tests.support import pip_install_into
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "plugins"
@@ -45,7 +45,7 @@ def manager(installed, monkeypatch):
 def test_cli_lists_the_installed_examples(installed):
     env = {**os.environ, "PYTHONPATH": str(installed)}
     result = subprocess.run(
-        [sys.executable, "-m", "plugrl.cli", "plugins", "--json"],
+        [sys.executable, "-m", "plugrl_tools.cli", "plugins", "--json"],
         capture_output=True,
         text=True,
         env=env,
@@ -63,7 +63,7 @@ def test_cli_lists_the_installed_examples(installed):
 
 def run_cli(installed: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "plugrl.cli", *args],
+        [sys.executable, "-m", "plugrl_tools.cli", *args],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": str(installed)},
@@ -102,7 +102,7 @@ def test_each_packages_own_tests_pass_against_the_installed_package(installed, p
 
 
 def test_countdown_options_reach_the_scoring_function_from_a_recipe(manager, tmp_path):
-    from plugrl.compose import make_resolver
+    from plugrl.rewards.scoring import make_resolver
 
     path = tmp_path / "recipe.yaml"
     path.write_text(
@@ -149,7 +149,7 @@ def test_plugrl_explain_shows_the_loss_options(installed):
 
 
 def test_robust_ppo_is_the_loss_of_the_objective_from_a_recipe(manager):
-    from plugrl.compose import PolicyObjective
+    from plugrl.algorithms.objective import PolicyObjective
 
     recipe = build_recipe(
         {
@@ -208,7 +208,7 @@ def test_countdown_scores_by_data_source(manager):
 
 
 def test_median_baseline_is_usable_from_a_recipe(manager):
-    import fake_parts
+    from tests import fake_parts
 
     manager.register(fake_parts, "fake-parts")
     recipe = build_recipe(
@@ -283,11 +283,10 @@ def test_a_plugin_written_from_the_docs_works(tmp_path, monkeypatch):
 
 def test_median_baseline_values_reach_the_policy_loss(manager):
     """A recipe chooses the third-party estimator; its advantages drive the built-in loss."""
-    import fake_parts
-
-    from plugrl.compose import build_estimator
-    from plugrl.compose.objective import PolicyObjective
-    from plugrl.functional import loss_scale_from_mask
+    from plugrl.algorithms.functional import loss_scale_from_mask
+    from plugrl.algorithms.objective import PolicyObjective
+    from plugrl.compose.build import build_estimator
+    from tests import fake_parts
 
     manager.register(fake_parts, "fake-parts")
     recipe = build_recipe(

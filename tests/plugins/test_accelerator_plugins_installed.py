@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from accelerator_plugins import pip_install, plugrl
+
+from tests.accelerator_plugins import pip_install, plugrl
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from accelerator_plugins import ROOT, pip_install, plugrl
 
 from plugrl.plugins import PluginManager
+from tests.accelerator_plugins import ROOT, pip_install, plugrl
 
 RECIPES = ROOT / "recipes" / "npu"
 ON_FSDP2 = ["gsm8k-grpo-qwen2.5-0.5b-npu", "dapo-qwen3-32b-npu"]

@@ -25,7 +25,7 @@ def test_recipe_validates_with_print_config(name):
         [
             sys.executable,
             "-m",
-            "plugrl.cli",
+            "plugrl_tools.cli",
             "run",
             str(ROOT / "recipes" / f"{name}.yaml"),
             "--print-config",
@@ -63,11 +63,8 @@ def test_bare_names_find_shipped_recipes(tmp_path, monkeypatch):
 
 
 def test_multiple_choice_reward():
-    sys.path.insert(0, str(ROOT / "recipes" / "rewards"))
-    try:
-        from multiple_choice import choice_letters, compute_score
-    finally:
-        sys.path.pop(0)
+    from plugrl_recipes.rewards.multiple_choice import choice_letters, compute_score
+
     assert [choice_letters(t) for t in ("BD", "D, B", "D and B", "Answer: C")] == [
         "BD",
         "BD",

@@ -1,128 +1,18 @@
-"""Hosting the ranks of a training backend: in this process, or as Ray actors.
+"""Hosting the parts of a run: backend ranks and rollout engines, in this process or as Ray
+actors, and the weight transports between them.
 
-* :class:`WorkerGroup`: the ranks of one role, driven like one backend (batches split by
-  data-parallel rank, outputs gathered, metrics averaged).
-* :class:`LocalWorkerGroup`: one rank in the driver process (``cluster: local``).
-* :class:`RayWorkerGroup`: N Ray actors placed by the device's Ray resource (``cluster: ray``).
-* :class:`RayPlacement`: the devices the roles of a run share on Ray.
-* :func:`make_worker_group`, :func:`make_placement`: the ones a recipe asks for.
+* :mod:`plugrl.cluster.base`: :class:`~plugrl.cluster.base.WorkerGroup`, the ranks of one
+  role driven like one backend (batches split by data-parallel rank, outputs gathered,
+  metrics averaged);
+* :mod:`plugrl.cluster.local`: one rank in the driver process (``cluster: local``);
+* :mod:`plugrl.cluster.ray_group`: N Ray actors placed by the device's Ray resource
+  (``cluster: ray``), the placement the roles share, and starting Ray (``init_ray``);
+* :mod:`plugrl.cluster.groups`: the group and placement a recipe asks for
+  (``make_worker_group``, ``make_placement``);
+* :mod:`plugrl.cluster.worker`: what a worker process does to host a backend rank;
+* :mod:`plugrl.cluster.engines`: the group of rollout engines;
+* :mod:`plugrl.cluster.transports`: how weights reach the engines.
 
-Ray is imported only when a Ray group is made.
+Nothing here is imported by importing this package: torch and Ray are imported by the modules
+that need them, when a run uses them.
 """
-
-from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
-from plugrl.cluster.base import (
-    WorkerGroup,
-    average_metrics,
-    concat_outputs,
-    split_for_dp,
-    unpad,
-)
-from plugrl.cluster.local import LocalWorkerGroup
-from plugrl.cluster.worker import BackendWorker, build_backend, prepare_backend_once
-
-if TYPE_CHECKING:
-    from collections.abc import Sequence
-
-    from plugrl.cluster.ray_group import RayPlacement
-    from plugrl.parts.backend import Role
-    from plugrl.plugins import PluginManager
-    from plugrl.recipe import Recipe
-
-
-def make_placement(
-    recipe: Recipe,
-    roles: Sequence[Role],
-    *,
-    device_name: str,
-    plugins: PluginManager | None = None,
-) -> RayPlacement | None:
-    """For ``cluster: ray``, the devices the ``roles`` of a run share: one bundle per rank
-    (``trainer.nnodes x trainer.n_gpus_per_node``), rank ``i`` of every role on bundle ``i``.
-    ``None`` for ``cluster: local``. Close it after the groups placed on it."""
-    if recipe.cluster.mode != "ray":
-        return None
-    from plugrl.cluster.ray_group import RayPlacement
-    from plugrl.plugins import get_plugin_manager
-
-    device_cls = (plugins or get_plugin_manager()).registry("devices").load(device_name)
-    return RayPlacement(
-        recipe.cluster,
-        world_size=recipe.trainer.nnodes * recipe.trainer.n_gpus_per_node,
-        resource=device_cls.ray_resource,
-        roles=roles,
-    )
-
-
-def make_worker_group(
-    recipe: Recipe,
-    role: Role,
-    *,
-    device_name: str,
-    world_size: int | None = None,
-    plugins: PluginManager | None = None,
-    placement: RayPlacement | None = None,
-) -> WorkerGroup:
-    """The worker group ``cluster.mode`` asks for. A Ray group has ``world_size`` ranks
-    (default: the placement's, else ``trainer.nnodes x trainer.n_gpus_per_node``), on
-    ``placement`` when given (see :func:`make_placement`); a local one has one."""
-    if recipe.cluster.mode == "ray":
-        from plugrl.cluster.ray_group import RayWorkerGroup
-
-        default = placement.world_size if placement is not None else None
-        ranks = world_size or default or recipe.trainer.nnodes * recipe.trainer.n_gpus_per_node
-        return RayWorkerGroup(
-            recipe,
-            role,
-            world_size=ranks,
-            device_name=device_name,
-            plugins=plugins,
-            placement=placement,
-        )
-    if world_size not in (None, 1):
-        from plugrl.errors import RecipeError
-
-        raise RecipeError(
-            f"'local' runs one rank in this process, not {world_size}; use cluster.mode=ray "
-            "for more",
-            key="cluster.mode",
-        )
-    return LocalWorkerGroup(recipe, role, device_name=device_name, plugins=plugins)
-
-
-def __getattr__(name: str):
-    # RayWorkerGroup and ensure_ray without importing Ray for local runs
-    if name in (
-        "RayPlacement",
-        "RayWorkerGroup",
-        "ensure_ray",
-        "in_process_plugin_modules",
-        "init_ray",
-    ):
-        from plugrl.cluster import ray_group
-
-        return getattr(ray_group, name)
-    raise AttributeError(f"module 'plugrl.cluster' has no attribute {name!r}")
-
-
-__all__ = [
-    "BackendWorker",
-    "LocalWorkerGroup",
-    "RayPlacement",
-    "RayWorkerGroup",
-    "WorkerGroup",
-    "average_metrics",
-    "build_backend",
-    "concat_outputs",
-    "ensure_ray",
-    "in_process_plugin_modules",
-    "init_ray",
-    "make_placement",
-    "make_worker_group",
-    "prepare_backend_once",
-    "split_for_dp",
-    "unpad",
-]

@@ -19,10 +19,10 @@ from plugrl.parts.rollout import Capability, check_capabilities
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from plugrl.cluster import WorkerGroup
+    from plugrl.algorithms.kl_in_reward import KLInReward
+    from plugrl.algorithms.objective import PolicyObjective
+    from plugrl.cluster.base import WorkerGroup
     from plugrl.cluster.engines import EngineGroup
-    from plugrl.compose.kl_reward import KLInReward
-    from plugrl.compose.objective import PolicyObjective
     from plugrl.data.dataset import PromptDataset, PromptLoader
     from plugrl.parts.algorithm import AdvantageEstimator
     from plugrl.parts.device import Device
@@ -78,7 +78,8 @@ class RunParts:
     the scheduler skips the separate pass (see :func:`update_derives_old_log_probs`)."""
     weight_version: int = 0
     placement: Any = None
-    """The Ray devices the roles share (:class:`plugrl.cluster.RayPlacement`), or ``None``."""
+    """The Ray devices the roles share (:class:`plugrl.cluster.ray_group.RayPlacement`), or
+    ``None``."""
 
     # ------------------------------------------------------------------------- weights
 
@@ -275,13 +276,13 @@ def build_run_parts(context: RunContext, engine_needs: dict[str, str] | None = N
     ``engine_needs`` maps the engine capabilities the scheduler needs to the reason (see
     :attr:`Scheduler.engine_needs <plugrl.parts.scheduler.Scheduler.engine_needs>`).
     """
-    from plugrl.cluster import make_placement, make_worker_group
+    from plugrl.algorithms.checks import check_algorithm
+    from plugrl.algorithms.kl_in_reward import KLInReward
+    from plugrl.algorithms.objective import PolicyObjective
     from plugrl.cluster.engines import make_engine_group
+    from plugrl.cluster.groups import make_placement, make_worker_group
     from plugrl.cluster.worker import build_device
     from plugrl.compose.build import build_estimator, check_constructor
-    from plugrl.compose.checks import check_algorithm
-    from plugrl.compose.kl_reward import KLInReward
-    from plugrl.compose.objective import PolicyObjective
     from plugrl.data.dataset import PromptDataset, load_tokenizer, pad_token_id_of
 
     recipe, plugins = context.recipe, context.plugins

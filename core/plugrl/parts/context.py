@@ -3,7 +3,7 @@
 Every part class has the same constructor shape, ``Part(config, context)``: ``config`` is the
 part's own config object (its recipe section, read into the config class it registered) and
 ``context`` a :class:`PartContext` that says where the part runs and holds what the run around
-it provides. Build parts with :func:`plugrl.compose.build_part`, which also checks that the
+it provides. Build parts with :func:`plugrl.compose.build.build_part`, which also checks that the
 class fits its interface.
 """
 

@@ -120,7 +120,7 @@ class RewardManager(ABC):
     """
 
     def __init__(self, config: RewardConfig, context: PartContext) -> None:
-        from plugrl.compose.scoring import make_resolver
+        from plugrl.rewards.scoring import make_resolver
 
         self.config = config
         self.context = context

@@ -10,19 +10,18 @@ The modules, one concern each:
 
 * :mod:`~plugrl.recipe.sections`: the core's sections and :class:`Recipe`;
 * :mod:`~plugrl.recipe.composition`: reading YAML, ``defaults``, overrides, shipped recipes;
-* :mod:`~plugrl.recipe.structuring`: cattrs structuring and its errors;
 * :mod:`~plugrl.recipe.build`: a :class:`Recipe` from a mapping, with the plugins' sections,
   names and options checked;
 * :mod:`~plugrl.recipe.checks`: settings of one section that contradict another;
 * :mod:`~plugrl.recipe.explaining`: ``plugrl explain``;
 * :mod:`~plugrl.recipe.verl_names`: verl's name of each key, the installed plugins' included.
 
+Reading a mapping into a config class, and its one-line errors, is :mod:`plugrl.structuring`.
 The kinds of part, and which recipe key chooses each, are :data:`plugrl.registry.PART_KINDS`.
 """
 
 from plugrl.recipe.build import (
     build_recipe,
-    function_options,
     iter_options,
     load_recipe,
     part_args,
@@ -42,7 +41,6 @@ from plugrl.recipe.composition import (
 )
 from plugrl.recipe.explaining import KeyInfo, explain
 from plugrl.recipe.sections import ClusterConfig, DataConfig, ModelConfig, Recipe, TrainerConfig
-from plugrl.recipe.structuring import check_keys, converter, structure, unknown_key_error
 from plugrl.recipe.verl_names import VerlName, verl_names
 
 __all__ = [
@@ -55,14 +53,11 @@ __all__ = [
     "VerlName",
     "apply_overrides",
     "build_recipe",
-    "check_keys",
     "check_recipe",
     "compose_file",
-    "converter",
     "deep_merge",
     "explain",
     "find_recipe",
-    "function_options",
     "iter_options",
     "load_recipe",
     "normalize_shorthand",
@@ -71,8 +66,6 @@ __all__ = [
     "read_yaml",
     "section_class",
     "shipped_recipes",
-    "structure",
-    "unknown_key_error",
     "validate_names",
     "verl_names",
 ]

@@ -20,9 +20,10 @@ from plugrl.recipe.composition import (
     find_recipe,
     normalize_shorthand,
 )
-from plugrl.recipe.sections import Recipe
-from plugrl.recipe.structuring import describe_value, fields_of, structure, unknown_key_error
+from plugrl.recipe.sections import Recipe, verl_index
 from plugrl.registry import PART_KINDS, PartKind, section_kind
+from plugrl.rewards.scoring import function_options
+from plugrl.structuring import describe_value, fields_of, structure, unknown_key_error
 
 
 def section_class(name: str, raw: Mapping[str, Any], plugins: PluginManager) -> type:
@@ -54,7 +55,7 @@ def build_recipe(raw: Mapping[str, Any], plugins: PluginManager | None = None) -
     recipe_fields = fields_of(Recipe)
     for name, value in raw.items():
         if name not in recipe_fields:
-            raise unknown_key_error(Recipe, str(name), "", value)
+            raise unknown_key_error(Recipe, str(name), "", value, verl_index())
     values: dict[str, Any] = {}
     for name in recipe_fields:
         section_raw = raw.get(name) or {}
@@ -63,7 +64,7 @@ def build_recipe(raw: Mapping[str, Any], plugins: PluginManager | None = None) -
                 f"expected a section of keys, got {describe_value(section_raw)}", key=name
             )
         cls = section_class(name, section_raw, plugins)
-        values[name] = structure(cls, dict(section_raw), name)
+        values[name] = structure(cls, dict(section_raw), name, verl_index())
     recipe = Recipe(**values)
     validate_names(recipe, plugins)
     check_recipe(recipe)
@@ -125,27 +126,6 @@ def validate_names(recipe: Recipe, plugins: PluginManager) -> None:
         structure(config_cls, dict(args), kind.args_key)
     for name in recipe.reward.function_args:
         function_options(recipe, name, plugins)
-
-
-def function_options(recipe: Recipe, name: str, plugins: PluginManager) -> dict[str, Any]:
-    """The options ``reward.function_args`` gives the scoring function registered as ``name``,
-    checked by its config class, as keyword arguments (``{}`` when it has none)."""
-    key = f"reward.function_args.{name}"
-    args = recipe.reward.function_args.get(name)
-    registry = plugins.registry("reward_functions")
-    if name not in registry:
-        raise RecipeError(registry.unknown(name).bare_message, key=key)
-    entry = registry.get(name)
-    config_cls = entry.load_config()
-    if args is None:
-        return {}
-    if config_cls is None:
-        raise RecipeError(
-            f"reward function {name!r} (plugin {entry.plugin!r}) takes no options, got "
-            f"{', '.join(map(str, args)) if isinstance(args, Mapping) else describe_value(args)}",
-            key=key,
-        )
-    return attrs.asdict(structure(config_cls, args, key))
 
 
 def part_args(

@@ -5,7 +5,7 @@ first rollout) or go unnoticed (eight identical greedy responses per prompt, a s
 ignored). :func:`check_recipe` runs in :func:`~plugrl.recipe.build_recipe`, so ``plugrl run
 --print-config`` reports them too. It reads only the recipe: nothing here needs the model, the
 data or the chosen plugins' classes (those checks run at start-up, in
-:mod:`plugrl.compose.checks`).
+:mod:`plugrl.algorithms.checks`).
 
 Contradictions are a :class:`~plugrl.errors.RecipeError` naming the key to change; settings
 that have no effect, or probably not the one meant, are one warning each on the

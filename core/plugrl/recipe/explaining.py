@@ -9,9 +9,9 @@ import attrs
 
 from plugrl.errors import PluginError, RecipeError
 from plugrl.plugins import PluginManager, get_plugin_manager
-from plugrl.recipe.sections import Recipe
-from plugrl.recipe.structuring import fields_of, unknown_key_error
+from plugrl.recipe.sections import Recipe, verl_index
 from plugrl.registry import PART_KINDS, section_kind
+from plugrl.structuring import fields_of, unknown_key_error
 
 
 @attrs.frozen
@@ -69,7 +69,7 @@ def explain(key: str, plugins: PluginManager | None = None) -> KeyInfo:
         return options
     recipe_fields = fields_of(Recipe)
     if parts[0] not in recipe_fields:
-        raise unknown_key_error(Recipe, parts[0], "")
+        raise unknown_key_error(Recipe, parts[0], "", verl_names=verl_index())
     if len(parts) == 1:
         children: list[str] = []
         for cls, _owner in _config_classes(parts[0], plugins):
@@ -160,7 +160,7 @@ def _explain_in(cls: type, parts: list[str], owner: str, plugins: PluginManager)
     for depth, name in enumerate(parts[1:], start=1):
         fields = fields_of(current)
         if name not in fields:
-            raise unknown_key_error(current, name, ".".join(parts[:depth]))
+            raise unknown_key_error(current, name, ".".join(parts[:depth]), verl_names=verl_index())
         field = fields[name]
         ftype = field.type
         if depth == len(parts) - 1:

@@ -8,10 +8,12 @@ each into the chosen plugin's class.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
 import attrs
+import cattrs
 import yaml
 
 from plugrl.config import non_negative, option, positive, section
@@ -21,7 +23,11 @@ from plugrl.parts.device import DeviceConfig
 from plugrl.parts.reward import RewardConfig
 from plugrl.parts.rollout import RolloutConfig
 from plugrl.parts.scheduler import SchedulerConfig
-from plugrl.recipe.structuring import converter
+from plugrl.structuring import fields_of
+
+# a recipe written out (to_dict, to_yaml): the structure hooks of plugrl.structuring
+# read user input and play no part here
+_UNSTRUCTURE = cattrs.Converter()
 
 
 @attrs.define(kw_only=True)
@@ -232,7 +238,7 @@ class Recipe:
     def to_dict(self) -> dict[str, Any]:
         # each section by its runtime class: a plugin's config class adds keys to the base
         return {
-            field.name: converter().unstructure(
+            field.name: _UNSTRUCTURE.unstructure(
                 getattr(self, field.name), unstructure_as=type(getattr(self, field.name))
             )
             for field in attrs.fields(type(self))
@@ -245,3 +251,21 @@ class Recipe:
     def run_dir(self) -> Path:
         t = self.trainer
         return Path(t.default_local_dir or Path("runs") / t.project_name / t.experiment_name)
+
+
+@functools.cache
+def verl_index() -> dict[str, str]:
+    """verl key -> plugrl key, for the core's classes (plugin classes are not indexed here)."""
+    index: dict[str, str] = {}
+
+    def walk(cls: type, prefix: str) -> None:
+        for field in attrs.fields(cls):
+            ftype = fields_of(cls)[field.name].type
+            verl = field.metadata.get("verl")
+            if verl and verl not in index:
+                index[verl] = prefix + field.name
+            if isinstance(ftype, type) and attrs.has(ftype):
+                walk(ftype, prefix + field.name + ".")
+
+    walk(Recipe, "")
+    return index

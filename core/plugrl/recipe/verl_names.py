@@ -17,8 +17,8 @@ import attrs
 from plugrl.errors import PluginError
 from plugrl.plugins import PluginManager, get_plugin_manager
 from plugrl.recipe.sections import Recipe
-from plugrl.recipe.structuring import fields_of
 from plugrl.registry import PART_KINDS
+from plugrl.structuring import fields_of
 
 
 @attrs.frozen

@@ -15,23 +15,27 @@ import plugrl
 from plugrl.errors import CheckpointError
 from plugrl.parts.backend import TrainingBackend
 from plugrl.parts.rollout import WeightMeta
-from plugrl_plugins.devices.cpu.device import CpuDevice
+from plugrl_cpu.device import CpuDevice
 
 PREPARED: list[tuple[str, str]] = []
 
 
 @plugrl.hookimpl
 def register_training_backends(register):
-    register("fake_dp", "cluster_fake_backend:FakeBackend")
-    register("fake_tp", "cluster_fake_backend:FakeTensorParallelBackend")
-    register("fake_pp", "cluster_fake_backend:FakePipelineBackend")
-    register("fake_no_output", "cluster_fake_backend:NoOutputBackend")
-    register("fake_guarded", "cluster_fake_backend:FakeBackend", framework_modules=["json"])
+    register("fake_dp", "tests.core.cluster.cluster_fake_backend:FakeBackend")
+    register("fake_tp", "tests.core.cluster.cluster_fake_backend:FakeTensorParallelBackend")
+    register("fake_pp", "tests.core.cluster.cluster_fake_backend:FakePipelineBackend")
+    register("fake_no_output", "tests.core.cluster.cluster_fake_backend:NoOutputBackend")
+    register(
+        "fake_guarded",
+        "tests.core.cluster.cluster_fake_backend:FakeBackend",
+        framework_modules=["json"],
+    )
 
 
 @plugrl.hookimpl
 def register_devices(register):
-    register("envcpu", "cluster_fake_backend:EnvCpuDevice")
+    register("envcpu", "tests.core.cluster.cluster_fake_backend:EnvCpuDevice")
 
 
 @plugrl.hookimpl

@@ -32,11 +32,11 @@ STEP_SECONDS = 0.002
 
 @plugrl.hookimpl
 def register_rollout_engines(register):
-    register("counting", "cluster_fake_engine:CountingEngine")
-    register("counting_plain", "cluster_fake_engine:PlainEngine")
+    register("counting", "tests.core.cluster.cluster_fake_engine:CountingEngine")
+    register("counting_plain", "tests.core.cluster.cluster_fake_engine:PlainEngine")
     register(
         "counting_guarded",
-        "cluster_fake_engine:CountingEngine",
+        "tests.core.cluster.cluster_fake_engine:CountingEngine",
         framework_modules=["json", "not_a_module_anywhere"],
     )
 

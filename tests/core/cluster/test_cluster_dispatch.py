@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from plugrl.cluster import average_metrics, concat_outputs, split_for_dp, unpad
+from plugrl.cluster.base import average_metrics, concat_outputs, split_for_dp, unpad
 from plugrl.data.batch import Batch
 
 

@@ -8,14 +8,11 @@ import os
 import signal
 import time
 
-import cluster_fake_backend
-import cluster_fake_engine
 import pytest
 import torch
-from support import local_ray
 
-from plugrl.cluster import make_worker_group
 from plugrl.cluster.engines import LocalEngineGroup, RayEngineGroup, make_engine_group
+from plugrl.cluster.groups import make_worker_group
 from plugrl.data.batch import Batch
 from plugrl.errors import PluginError, RecipeError
 from plugrl.parts.backend import ActorConfig
@@ -31,6 +28,8 @@ from plugrl.parts.rollout import (
 )
 from plugrl.plugins import PluginManager
 from plugrl.recipe import ClusterConfig, Recipe
+from tests.core.cluster import cluster_fake_backend, cluster_fake_engine
+from tests.support import local_ray
 
 MAX = 97
 
@@ -272,7 +271,7 @@ def test_an_engine_that_keeps_dying_stops_the_run_with_the_limit(ray_session, pl
 def test_weights_reach_ray_engines_through_the_object_store(ray_session, plugins):
     import ray
 
-    from plugrl_plugins.transports.buckets import ObjectStoreTransport
+    from plugrl.cluster.transports.buckets import ObjectStoreTransport
 
     recipe = ray_recipe()
     trainer = make_worker_group(recipe, "actor", device_name="cpu", plugins=plugins, world_size=2)
@@ -299,7 +298,7 @@ def test_weights_reach_ray_engines_through_the_object_store(ray_session, plugins
 
 @pytest.mark.slow
 def test_colocated_engines_sit_on_the_trainers_devices(ray_session, plugins):
-    from plugrl.cluster import make_placement
+    from plugrl.cluster.groups import make_placement
 
     recipe = ray_recipe(colocate=True)
     placement = make_placement(recipe, ["actor", "rollout"], device_name="cpu", plugins=plugins)

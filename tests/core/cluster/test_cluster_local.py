@@ -1,17 +1,19 @@
 import logging
 import os
 
-import cluster_fake_backend
 import pytest
 import torch
-from cluster_fake_backend import SumRowIds
 
-from plugrl.cluster import LocalWorkerGroup, make_worker_group, worker
+from plugrl.cluster import worker
+from plugrl.cluster.groups import make_worker_group
+from plugrl.cluster.local import LocalWorkerGroup
 from plugrl.data.batch import Batch
 from plugrl.errors import CheckpointError, PluginError, RecipeError
 from plugrl.parts.backend import ActorConfig
 from plugrl.plugins import PluginManager
 from plugrl.recipe import ClusterConfig, Recipe
+from tests.core.cluster import cluster_fake_backend
+from tests.core.cluster.cluster_fake_backend import SumRowIds
 
 
 @pytest.fixture

@@ -2,23 +2,19 @@
 
 import os
 
-import cluster_fake_backend
 import pytest
 import torch
-from cluster_fake_backend import SumRowIds
-from support import local_ray
 
-from plugrl.cluster import (
-    RayPlacement,
-    RayWorkerGroup,
-    in_process_plugin_modules,
-    make_worker_group,
-)
+from plugrl.cluster.groups import make_worker_group
+from plugrl.cluster.ray_group import RayPlacement, RayWorkerGroup, in_process_plugin_modules
 from plugrl.data.batch import Batch
 from plugrl.errors import CheckpointError, RecipeError
 from plugrl.parts.backend import ActorConfig
 from plugrl.plugins import PluginManager
 from plugrl.recipe import ClusterConfig, Recipe, TrainerConfig
+from tests.core.cluster import cluster_fake_backend
+from tests.core.cluster.cluster_fake_backend import SumRowIds
+from tests.support import local_ray
 
 pytestmark = pytest.mark.slow
 
@@ -59,7 +55,7 @@ def group(ray_session, plugins):
 
 
 def test_in_process_plugins_are_forwarded_by_module_name(plugins):
-    assert in_process_plugin_modules(plugins) == ["cluster_fake_backend"]
+    assert in_process_plugin_modules(plugins) == ["tests.core.cluster.cluster_fake_backend"]
 
 
 def test_each_rank_is_an_actor_in_one_process_group(group):

@@ -5,14 +5,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import one_torch_thread  # noqa: F401 (autouse: one torch thread here)
 
 
 @pytest.fixture(scope="session")
 def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from transformers import AutoTokenizer
 
-    from plugrl.quickstart import save_untrained_model
+    from plugrl_tools.quickstart import save_untrained_model
 
     folder = save_untrained_model(tmp_path_factory.mktemp("tiny-model"), seed=0)
     return AutoTokenizer.from_pretrained(folder)

@@ -6,10 +6,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from plugrl.cli import cli
 from plugrl.parts.algorithm import AdvantageEstimator, PolicyLoss
 from plugrl.plugins import set_plugin_manager
-from plugrl_plugins.algorithms import ESTIMATORS, KL_PENALTIES, LOSSES
+from plugrl_estimators import ESTIMATORS
+from plugrl_kl_penalties import KL_PENALTIES
+from plugrl_policy_losses import LOSSES
+from plugrl_tools.cli import cli
 
 EXPECTED_ESTIMATORS = {
     "gae",
@@ -46,8 +48,11 @@ def test_every_part_and_config_loads(plugins):
         assert callable(kl.load(name))
 
 
-def test_registration_module_does_not_import_torch():
-    code = "import sys, plugrl_plugins.algorithms; print('torch' in sys.modules)"
+def test_registration_modules_do_not_import_torch():
+    code = (
+        "import sys, plugrl_estimators, plugrl_policy_losses, plugrl_kl_penalties; "
+        "print('torch' in sys.modules)"
+    )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
@@ -68,12 +73,15 @@ def test_plugrl_plugins_lists_every_name(installed):
     result = CliRunner().invoke(cli, ["plugins", "--json"])
     assert result.exit_code == 0, result.output
     rows = {row["name"]: row for row in json.loads(result.output)}
-    registers = rows["algorithms"]["registers"]
-    assert rows["algorithms"]["builtin"]
-    assert {e["name"] for e in registers["advantage_estimators"]} == EXPECTED_ESTIMATORS
-    assert {e["name"] for e in registers["policy_losses"]} == EXPECTED_LOSSES
-    assert {e["name"] for e in registers["kl_penalties"]} == EXPECTED_KL
-    aliases = {alias for e in registers["kl_penalties"] for alias in e["aliases"]}
+    for plugin in ("estimators", "policy_losses", "kl_penalties"):
+        assert rows[plugin]["builtin"]
+    estimators = rows["estimators"]["registers"]["advantage_estimators"]
+    losses = rows["policy_losses"]["registers"]["policy_losses"]
+    penalties = rows["kl_penalties"]["registers"]["kl_penalties"]
+    assert {e["name"] for e in estimators} == EXPECTED_ESTIMATORS
+    assert {e["name"] for e in losses} == EXPECTED_LOSSES
+    assert {e["name"] for e in penalties} == EXPECTED_KL
+    aliases = {alias for e in penalties for alias in e["aliases"]}
     assert aliases == EXPECTED_KL_ALIASES
     text = CliRunner().invoke(cli, ["plugins"]).output
     for name in EXPECTED_ESTIMATORS | EXPECTED_LOSSES | EXPECTED_KL:

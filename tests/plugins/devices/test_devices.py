@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from plugrl_plugins.devices.cpu.device import CpuDevice
-from plugrl_plugins.devices.cuda.device import CudaDevice
+from plugrl_cpu.device import CpuDevice
+from plugrl_cuda.device import CudaDevice
 
 GIB = 1024**3
 

@@ -1,9 +1,4 @@
-from pathlib import Path
-
 import pytest
-from support import importable_here
-
-importable_here(Path(__file__).parent)  # trackers_testlib
 
 TRACKER_VARIABLES = [
     "TENSORBOARD_DIR",

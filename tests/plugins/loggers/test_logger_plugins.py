@@ -5,10 +5,14 @@ import os
 import subprocess
 import sys
 
-import fake_parts
 import pytest
-from fake_parts import BASE_RECIPE
-from trackers_testlib import (
+
+from plugrl.errors import RecipeError
+from plugrl.recipe import build_recipe
+from plugrl.run import run_recipe
+from tests import fake_parts
+from tests.fake_parts import BASE_RECIPE
+from tests.plugins.loggers.trackers_testlib import (
     mlflow_client,
     swanlab_records,
     swanlab_run_folders,
@@ -16,10 +20,6 @@ from trackers_testlib import (
     wandb_inspect,
     wandb_run_folders,
 )
-
-from plugrl.errors import RecipeError
-from plugrl.recipe import build_recipe
-from plugrl.run import run_recipe
 
 TRACKERS = {
     # logger name: the module it needs, the extra that installs it
@@ -68,7 +68,7 @@ def test_a_missing_library_makes_the_logger_unavailable_with_one_line(
     with pytest.raises(RecipeError) as error:
         build_recipe({"trainer": {"logger": ["console", name]}}, plugrl_plugin_manager)
     assert str(error.value) == (
-        f"trainer.logger: logger {name!r} (plugin 'loggers') is installed but cannot run here: "
+        f"trainer.logger: logger {name!r} (plugin {name!r}) is installed but cannot run here: "
         "it needs "
         f"{TRACKERS[name]} (pip install 'plugrl[{name}]')"
     )
@@ -80,8 +80,11 @@ def test_the_cli_lists_and_refuses_a_logger_whose_library_is_missing(tmp_path):
     (hide / "sitecustomize.py").write_text(
         "import sys\nsys.modules.update(dict.fromkeys(['wandb'], None))\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hide), os.environ["PYTHONPATH"]])}
-    cli = [sys.executable, "-m", "plugrl.cli"]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(hide), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    }
+    cli = [sys.executable, "-m", "plugrl_tools.cli"]
     listing = subprocess.run([*cli, "plugins", "--all"], capture_output=True, text=True, env=env)
     assert "wandb [unavailable: needs wandb (pip install 'plugrl[wandb]')]" in listing.stdout
     refused = subprocess.run(
@@ -93,7 +96,7 @@ def test_the_cli_lists_and_refuses_a_logger_whose_library_is_missing(tmp_path):
     )
     assert refused.returncode == 1
     assert refused.stderr.strip().splitlines() == [
-        "Error: trainer.logger: logger 'wandb' (plugin 'loggers') is installed but cannot run "
+        "Error: trainer.logger: logger 'wandb' (plugin 'wandb') is installed but cannot run "
         "here: it needs wandb (pip install 'plugrl[wandb]')"
     ]
 

@@ -3,8 +3,8 @@ import json
 from plugrl.metrics import read_metrics
 from plugrl.recipe import TrainerConfig
 from plugrl.testing import part_context
-from plugrl_plugins.loggers.console import summary_line
-from plugrl_plugins.loggers.jsonl import JsonlLogger
+from plugrl_console.logger import summary_line
+from plugrl_jsonl.logger import JsonlLogger
 
 
 def test_summary_line_shows_what_people_watch():

@@ -4,7 +4,10 @@ import os
 import sys
 
 import pytest
-from trackers_testlib import (
+
+from plugrl.errors import PluginError
+from plugrl_mlflow.logger import mlflow_key
+from tests.plugins.loggers.trackers_testlib import (
     EXPERIMENT,
     PROJECT,
     make_logger,
@@ -14,9 +17,6 @@ from trackers_testlib import (
     recipe,
     step_metrics,
 )
-
-from plugrl.errors import PluginError
-from plugrl_plugins.loggers.mlflow import mlflow_key
 
 
 def run_id_of(run_dir):

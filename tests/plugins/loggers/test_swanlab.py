@@ -1,5 +1,6 @@
 import yaml
-from trackers_testlib import (
+
+from tests.plugins.loggers.trackers_testlib import (
     EXPERIMENT,
     PROJECT,
     make_logger,

@@ -1,7 +1,8 @@
 import math
 
 import pytest
-from trackers_testlib import make_logger, step_metrics, tensorboard_events
+
+from tests.plugins.loggers.trackers_testlib import make_logger, step_metrics, tensorboard_events
 
 
 def test_scalars_per_step_and_the_recipe_as_text(run_dir, offline_trackers):

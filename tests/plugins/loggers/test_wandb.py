@@ -1,4 +1,4 @@
-from trackers_testlib import (
+from tests.plugins.loggers.trackers_testlib import (
     EXPERIMENT,
     PROJECT,
     make_logger,

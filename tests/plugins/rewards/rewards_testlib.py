@@ -1,14 +1,21 @@
-"""Helpers shared by the reward tests: a character tokenizer and batches in the scheduler's
-column layout."""
+"""Helpers shared by the reward tests (the core's scoring and workers, the reward plugins): a
+character tokenizer, batches in the scheduler's column layout, and the fixtures their
+conftests take from here: recipes built through the real recipe code with stand-ins for the
+non-reward parts, a tokenizer, files holding scoring functions."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from plugrl.data.batch import Batch
+from plugrl.plugins import PluginManager, set_plugin_manager
+from plugrl.recipe import build_recipe
+from tests.plugins.rewards import rewards_stub_parts
 
 PAD = 0
 EOS = 1  # a special token: decoding must skip it
@@ -56,3 +63,59 @@ def make_batch(
             "extra_info": [{"index": i} for i in range(len(texts))],
         },
     )
+
+
+# ------------------------------------------------------------------------------ fixtures
+
+
+@pytest.fixture
+def tokenizer() -> CharTokenizer:
+    return CharTokenizer()
+
+
+@pytest.fixture
+def plugins():
+    """The installed built-in plugins plus stand-ins for the non-reward parts."""
+    manager = PluginManager(environ={"PLUGRL_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    manager.load_entry_points()
+    manager.register(rewards_stub_parts, "rewards-test-stubs")
+    previous = set_plugin_manager(manager)
+    yield manager
+    set_plugin_manager(previous)
+
+
+STUB_SECTIONS = {
+    "device": {"name": "cpu"},
+    "actor": {
+        "backend": "rewards_test_backend",
+        "policy_loss": "rewards_test_loss",
+        "kl_loss_type": "rewards_test_kl",
+    },
+    "rollout": {"engine": "rewards_test_engine"},
+    "algorithm": {"adv_estimator": "rewards_test_estimator", "kl_penalty": "rewards_test_kl"},
+    "scheduler": {"name": "rewards_test_scheduler"},
+}
+
+
+@pytest.fixture
+def make_recipe(plugins) -> Callable[..., Any]:
+    """make_recipe(reward={...}, max_response_length=...) -> a validated Recipe."""
+
+    def make(reward: dict[str, Any] | None = None, max_response_length: int = 64) -> Any:
+        raw = {**STUB_SECTIONS, "reward": reward or {}}
+        raw["data"] = {"max_response_length": max_response_length}
+        return build_recipe(raw, plugins)
+
+    return make
+
+
+@pytest.fixture
+def scorer_file(tmp_path) -> Callable[[str, str], Path]:
+    """scorer_file(code, name="reward.py") -> path of a Python file holding ``code``."""
+
+    def write(code: str, name: str = "reward.py") -> Path:
+        path = tmp_path / name
+        path.write_text(code, encoding="utf-8")
+        return path
+
+    return write

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from plugrl.recipe import explain
-from plugrl_plugins.rewards.scorers import arithmetic
+from plugrl_scorers import arithmetic
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "rewards.md"
 
@@ -41,7 +41,7 @@ def test_the_json_to_parquet_example_runs_and_its_rows_score(tmp_path):
 
 
 def test_the_batch_form_example_is_a_batch_function(make_recipe, tmp_path):
-    from plugrl.compose import make_resolver
+    from plugrl.rewards.scoring import make_resolver
 
     block = next(b for b in code_blocks("python") if "solution_strs" in b)
     path = tmp_path / "batch_reward.py"
@@ -59,7 +59,7 @@ def test_the_batch_form_example_is_a_batch_function(make_recipe, tmp_path):
 
 
 def test_the_flexible_gsm8k_file_from_the_docs(make_recipe, tmp_path):
-    from plugrl.compose import make_resolver
+    from plugrl.rewards.scoring import make_resolver
 
     block = next(b for b in code_blocks("python") if "compute_score_flexible" in b)
     path = tmp_path / "flexible.py"
@@ -71,7 +71,7 @@ def test_the_flexible_gsm8k_file_from_the_docs(make_recipe, tmp_path):
 def test_the_lenient_gsm8k_options_from_the_docs(make_recipe):
     import yaml
 
-    from plugrl.compose import make_resolver
+    from plugrl.rewards.scoring import make_resolver
 
     reward = next(b for b in code_blocks("yaml") if "lenient" in b)
     scorer = make_resolver(make_recipe(yaml.safe_load(reward)["reward"]))("openai/gsm8k")
@@ -82,7 +82,7 @@ def test_the_lenient_gsm8k_options_from_the_docs(make_recipe):
 
 
 def test_a_reward_file_can_pass_the_scorer_its_own_keyword_arguments(make_recipe, tmp_path):
-    from plugrl.compose import make_resolver
+    from plugrl.rewards.scoring import make_resolver
 
     block = next(b for b in code_blocks("python") if b.strip().endswith("import compute_score"))
     path = tmp_path / "gsm8k_reward.py"
@@ -105,25 +105,25 @@ def test_function_args_are_checked_by_the_functions_options(make_recipe):
         make_recipe({"function_args": {"plugrl/arithmetic": {"strict": True}}})
     assert str(info.value) == (
         "reward.function_args.plugrl/arithmetic: reward function 'plugrl/arithmetic' (plugin "
-        "'rewards') takes no options, got strict"
+        "'scorers') takes no options, got strict"
     )
     with pytest.raises(RecipeError, match=r"^reward.function_args.nope: unknown reward function"):
         make_recipe({"function_args": {"nope": {}}})
 
 
 def test_a_glob_registered_function_gets_its_options_for_every_match(make_recipe):
-    from plugrl.compose import make_resolver
+    from plugrl.rewards.scoring import make_resolver
 
     recipe = make_recipe({"function_args": {"aime*": {"strict_box_verify": True}}})
     scorer = make_resolver(recipe)("aime2025")
     assert scorer.kwargs == {"strict_box_verify": True}
 
 
-def test_registering_the_plugin_imports_neither_torch_nor_scorers():
+def test_registering_the_plugins_imports_neither_torch_nor_scorers():
     code = (
-        "import sys, plugrl_plugins.rewards as r; "
+        "import sys, plugrl_reward_managers, plugrl_scorers as r; "
         "assert 'torch' not in sys.modules; "
-        "assert 'plugrl_plugins.rewards.scorers.math_boxed' not in sys.modules; "
+        "assert 'plugrl_scorers.math_boxed' not in sys.modules; "
         "assert 'math_verify' not in sys.modules; print(len(r.REWARD_FUNCTIONS))"
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -132,10 +132,11 @@ def test_registering_the_plugin_imports_neither_torch_nor_scorers():
 
 
 def test_every_registered_target_imports(plugins):
-    for kind in ("reward_functions", "reward_managers"):
-        for entry in plugins.registry(kind):
+    for kind, plugin in (("reward_functions", "scorers"), ("reward_managers", "reward_managers")):
+        entries = [entry for entry in plugins.registry(kind) if entry.plugin == plugin]
+        assert entries
+        for entry in entries:
             assert callable(entry.load()), entry.name
-            assert entry.plugin == "rewards"
 
 
 @pytest.mark.parametrize(
@@ -150,7 +151,7 @@ def test_manager_keys_are_explained(plugins, key, verl):
     info = explain(key, plugins)
     assert info.help
     assert info.verl == verl
-    assert info.owner.endswith("(rewards)")
+    assert info.owner.endswith(("(reward_managers)", "(scorers)"))
 
 
 def test_no_scorer_evaluates_text():
@@ -176,22 +177,22 @@ def test_explain_covers_the_options_of_parts_and_scoring_functions():
     assert (lenient.type, lenient.default, lenient.owner) == (
         "bool",
         False,
-        "reward function openai/gsm8k (rewards)",
+        "reward function openai/gsm8k (scorers)",
     )
     clip = explain("actor.policy_loss_args.clip_cov_ratio", manager)
-    assert clip.owner == "policy loss clip_cov (algorithms)"
+    assert clip.owner == "policy loss clip_cov (policy_losses)"
     assert clip.verl == "actor_rollout_ref.actor.policy_loss.clip_cov_ratio"
     assert explain("algorithm.adv_estimator_args.whiten", manager).default is True
     with pytest.raises(RecipeError) as info:
         explain("actor.policy_loss_args.nope", manager)
     assert str(info.value) == (
         "actor.policy_loss_args.nope: no part's options have it (policy loss clip_cov "
-        "(algorithms): clip_cov_ratio, clip_cov_lb, clip_cov_ub; policy loss kl_cov "
-        "(algorithms): kl_cov_ratio, ppo_kl_coef)"
+        "(policy_losses): clip_cov_ratio, clip_cov_lb, clip_cov_ub; policy loss kl_cov "
+        "(policy_losses): kl_cov_ratio, ppo_kl_coef)"
     )
     with pytest.raises(RecipeError) as info:
         explain("reward.function_args.plugrl/arithmetic.strict", manager)
     assert str(info.value) == (
         "reward.function_args.plugrl/arithmetic: reward function 'plugrl/arithmetic' (plugin "
-        "'rewards') takes no options"
+        "'scorers') takes no options"
     )

@@ -1,15 +1,15 @@
 """Tests of plugrl-countdown, run against the installed package with plugrl's test kit:
 ``pip install .`` then ``pytest`` in this folder."""
 
-import plugrl_countdown
 import pytest
-from plugrl_countdown.scoring import compute_score
 
-from plugrl.compose import make_resolver
+import plugrl_countdown
 from plugrl.compose.run_parts import build_reward_manager
 from plugrl.errors import RecipeError
 from plugrl.recipe import explain
+from plugrl.rewards.scoring import make_resolver
 from plugrl.testing import make_batch
+from plugrl_countdown.scoring import compute_score
 
 TRUTH = {"target": 24, "numbers": [3, 5, 8, 2]}
 

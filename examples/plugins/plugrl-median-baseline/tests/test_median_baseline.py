@@ -1,17 +1,18 @@
 """Tests of plugrl-median-baseline, run against the installed package with plugrl's test kit:
 ``pip install .`` then ``pytest`` in this folder."""
 
-import plugrl_median_baseline
 import pytest
 import torch
-from plugrl_median_baseline.estimator import MedianBaseline
-from plugrl_median_baseline.loss import RobustPPO
-from plugrl_median_baseline.options import RobustPPOConfig
 
-from plugrl.compose import PolicyObjective, build_estimator, build_policy_loss
+import plugrl_median_baseline
+from plugrl.algorithms.objective import PolicyObjective
+from plugrl.compose.build import build_estimator, build_policy_loss
 from plugrl.errors import RecipeError
 from plugrl.recipe import explain
 from plugrl.testing import make_batch, make_loss_aggregator, part_context
+from plugrl_median_baseline.estimator import MedianBaseline
+from plugrl_median_baseline.loss import RobustPPO
+from plugrl_median_baseline.options import RobustPPOConfig
 
 
 def test_the_installed_package_registers_both_parts(plugrl_plugin_manager, plugrl_register_plugin):

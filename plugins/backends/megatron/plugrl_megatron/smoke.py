@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from plugrl.smoke import SmokeFailure, check, check_step, grpo_recipe, run_plugrl
+from plugrl_tools.smoke import SmokeFailure, check, check_step, grpo_recipe, run_plugrl
 
 CHECKED_METRICS = ("actor/pg_loss", "actor/grad_norm", "actor/kl_loss", "critic/score/mean")
 
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args(argv)
     from plugrl.metrics import read_metrics
-    from plugrl.quickstart.untrained import build_untrained_task
+    from plugrl_tools.quickstart.untrained import build_untrained_task
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="plugrl-megatron-smoke-"))
     if not check("megatron-core", megatron_core):

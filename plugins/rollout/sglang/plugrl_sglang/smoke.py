@@ -18,7 +18,7 @@ import sys
 from typing import Any
 
 from plugrl.metrics import read_metrics
-from plugrl.smoke import SmokeFailure, check, each_step, parse_run_arguments, run_quickstart
+from plugrl_tools.smoke import SmokeFailure, check, each_step, parse_run_arguments, run_quickstart
 
 CHECKED = ("actor/pg_loss", "actor/grad_norm", "critic/score/mean", "response_length/mean")
 

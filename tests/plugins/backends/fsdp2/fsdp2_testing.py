@@ -12,9 +12,9 @@ from plugrl.parts.algorithm import LossScale
 from plugrl.parts.backend import CriticConfig, OptimConfig
 from plugrl.parts.context import DistInfo, PartContext
 from plugrl.recipe import ClusterConfig, ModelConfig, Recipe, TrainerConfig
-from plugrl_plugins.backends.fsdp2.backend import FSDP2Backend
-from plugrl_plugins.backends.fsdp2.config import FSDP2ActorConfig
-from plugrl_plugins.devices.cpu.device import CpuDevice
+from plugrl_cpu.device import CpuDevice
+from plugrl_fsdp2.backend import FSDP2Backend
+from plugrl_fsdp2.config import FSDP2ActorConfig
 
 VOCAB = 256
 
@@ -151,7 +151,7 @@ def rank_log_probs_worker(rank: int, world_size: int, port: int, model_dir: str,
     elsewhere loading them fails) and save the log-probs of :func:`make_batch` ``(8)``."""
     import torch.distributed as dist
 
-    import plugrl_plugins.backends.fsdp2.backend as backend_module
+    import plugrl_fsdp2.backend as backend_module
     from plugrl.cluster.distributed import init_process_group
 
     torch.set_num_threads(1)

@@ -4,7 +4,11 @@ import math
 
 import pytest
 import torch
-from fsdp2_testing import (
+
+from plugrl.errors import RecipeError
+from plugrl.structuring import structure
+from plugrl_fsdp2.config import FSDP2ActorConfig
+from tests.plugins.backends.fsdp2.fsdp2_testing import (
     TokenMeanReinforce,
     full_weights,
     make_backend,
@@ -14,10 +18,6 @@ from fsdp2_testing import (
     objective_value,
     plain_log_probs,
 )
-
-from plugrl.errors import RecipeError
-from plugrl.recipe import structure
-from plugrl_plugins.backends.fsdp2.config import FSDP2ActorConfig
 
 
 def test_log_probs_and_entropy_match_the_plain_model(tiny_model):
@@ -333,7 +333,7 @@ SPLITS = [
 
 @pytest.mark.parametrize("split", SPLITS, ids=["micro-batches", "dynamic-bsz"])
 def test_objective_metrics_do_not_depend_on_the_micro_batch_split(tiny_model, split):
-    from plugrl.compose.objective import PolicyObjective
+    from plugrl.algorithms.objective import PolicyObjective
 
     batch = make_batch(8)
     # old log-probs away from the current ones, so that ratios clip and ppo_kl is not zero

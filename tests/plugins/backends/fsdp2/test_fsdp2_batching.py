@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from plugrl.errors import RecipeError
-from plugrl_plugins.backends.fsdp2.batching import left_align, token_budget_micro_batches
+from plugrl_fsdp2.batching import left_align, token_budget_micro_batches
 
 
 @pytest.mark.parametrize("budget", [9, 20, 33, 100])

@@ -1,7 +1,9 @@
 """Checkpoints: what save writes, load restores exactly, and what a broken one says."""
 
 import pytest
-from fsdp2_testing import (
+
+from plugrl.errors import CheckpointError
+from tests.plugins.backends.fsdp2.fsdp2_testing import (
     TokenMeanReinforce,
     full_weights,
     make_backend,
@@ -9,8 +11,6 @@ from fsdp2_testing import (
     make_recipe,
     max_weight_difference,
 )
-
-from plugrl.errors import CheckpointError
 
 FIX = "resume from an earlier global_step_N folder or start fresh with trainer.resume_mode=disable"
 
@@ -129,7 +129,7 @@ def test_corrupt_rank_state(tiny_model, saved, tmp_path):
 
 
 def test_a_checkpoint_of_another_model_is_refused(tiny_model, saved, tmp_path):
-    from fsdp2_testing import save_tiny_qwen2
+    from tests.plugins.backends.fsdp2.fsdp2_testing import save_tiny_qwen2
 
     other_model = save_tiny_qwen2(tmp_path / "other")
     import json

@@ -2,25 +2,20 @@
 the ``collective`` transport (gloo): the engines get exactly ``named_weights()``. The ranks
 also describe the weights without gathering them."""
 
-from pathlib import Path
-
 import pytest
 import torch
-from fsdp2_testing import make_recipe
-from support import importable_here, local_ray
 
-from plugrl.cluster import RayWorkerGroup
 from plugrl.cluster.engines import make_engine_group
+from plugrl.cluster.ray_group import RayWorkerGroup
+from plugrl.cluster.transports.collective import CollectiveTransport
 from plugrl.parts.context import PartContext
 from plugrl.parts.rollout import RolloutConfig, WeightMeta
 from plugrl.plugins import PluginManager
 from plugrl.recipe import ClusterConfig, Recipe
-from plugrl_plugins.transports.collective import CollectiveTransport
+from tests.plugins.backends.fsdp2.fsdp2_testing import make_recipe
+from tests.support import local_ray
 
 pytestmark = pytest.mark.slow
-
-# the counting engine lives with the engine-group tests
-importable_here(Path(__file__).parents[3] / "core" / "cluster")
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +26,7 @@ def ray_session():
 
 @pytest.fixture(scope="module")
 def parts(ray_session, tiny_model):
-    import cluster_fake_engine
+    from tests.core.cluster import cluster_fake_engine
 
     plugins = PluginManager()
     plugins.load_entry_points()

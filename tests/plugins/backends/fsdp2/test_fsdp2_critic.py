@@ -3,7 +3,8 @@
 import pytest
 import torch
 import transformers
-from fsdp2_testing import make_backend, make_batch, make_recipe
+
+from tests.plugins.backends.fsdp2.fsdp2_testing import make_backend, make_batch, make_recipe
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,8 @@ import shutil
 
 import torch
 import transformers
-from fsdp2_testing import (
+
+from tests.plugins.backends.fsdp2.fsdp2_testing import (
     TokenMeanReinforce,
     make_backend,
     make_batch,

@@ -11,14 +11,14 @@ from pathlib import Path
 import attrs
 import pytest
 import torch
-from fsdp2_testing import make_backend, make_batch, make_recipe
 
+from plugrl.algorithms.functional import LossAggregator
 from plugrl.data.batch import Batch
-from plugrl.functional import LossAggregator
 from plugrl.parts.algorithm import LossScale
 from plugrl.parts.context import DistInfo, PartContext
-from plugrl_plugins.backends.fsdp2.backend import FSDP2Backend
-from plugrl_plugins.devices.cpu.device import CpuDevice
+from plugrl_cpu.device import CpuDevice
+from plugrl_fsdp2.backend import FSDP2Backend
+from tests.plugins.backends.fsdp2.fsdp2_testing import make_backend, make_batch, make_recipe
 
 FROZEN = json.loads((Path(__file__).parent / "data" / "verl_agg_loss.json").read_text("utf-8"))
 MAX_LEN = FROZEN["max_response_length"]

@@ -2,10 +2,15 @@
 what the update after a separate old-log-prob pass does."""
 
 import pytest
-from fsdp2_testing import full_weights, make_backend, make_batch, make_recipe
 
-from plugrl.compose.objective import PolicyObjective
+from plugrl.algorithms.objective import PolicyObjective
 from plugrl.errors import RecipeError
+from tests.plugins.backends.fsdp2.fsdp2_testing import (
+    full_weights,
+    make_backend,
+    make_batch,
+    make_recipe,
+)
 
 
 def _two_ways(model_dir, **actor):

@@ -3,9 +3,13 @@
 import pytest
 import torch
 import torch.multiprocessing as mp
-from fsdp2_testing import make_batch, plain_log_probs, rank_log_probs_worker
 
 from plugrl.cluster.distributed import free_port
+from tests.plugins.backends.fsdp2.fsdp2_testing import (
+    make_batch,
+    plain_log_probs,
+    rank_log_probs_worker,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -26,8 +30,8 @@ def test_only_rank0_reads_the_weights_and_every_rank_computes_with_them(tiny_mod
 def test_rank0_without_the_loaded_model_is_refused():
     from plugrl.cluster.distributed import ensure_process_group
     from plugrl.parts.context import DistInfo
-    from plugrl_plugins.backends.fsdp2.model import fill_from_rank0
-    from plugrl_plugins.devices.cpu.device import CpuDevice
+    from plugrl_cpu.device import CpuDevice
+    from plugrl_fsdp2.model import fill_from_rank0
 
     ensure_process_group(CpuDevice(), DistInfo())  # this process is rank 0 of one
     with pytest.raises(ValueError, match=r"^rank 0 must pass the loaded model$"):

@@ -3,7 +3,12 @@
 import pytest
 import torch
 import transformers
-from fsdp2_testing import (
+
+from plugrl.cluster.local import LocalWorkerGroup
+from plugrl.cluster.ray_group import RayWorkerGroup
+from plugrl.errors import CheckpointError
+from plugrl_fsdp2.checkpoint import RESUME_FIX
+from tests.plugins.backends.fsdp2.fsdp2_testing import (
     TokenMeanReinforce,
     full_weights,
     make_backend,
@@ -12,17 +17,14 @@ from fsdp2_testing import (
     max_weight_difference,
 )
 
-from plugrl.cluster import LocalWorkerGroup, RayWorkerGroup
-from plugrl.errors import CheckpointError
-from plugrl_plugins.backends.fsdp2.checkpoint import RESUME_FIX
-
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def ray_session():
-    import fsdp2_testing
     import ray
+
+    from tests.plugins.backends.fsdp2 import fsdp2_testing
 
     # the test objective lives in a test module the workers cannot import: send it by value
     ray.cloudpickle.register_pickle_by_value(fsdp2_testing)
@@ -96,7 +98,7 @@ def test_two_ray_ranks_match_one_local_rank(two_ranks, tiny_model, tmp_path):
 
 
 def test_ranks_derive_on_policy_old_log_probs_as_one_rank_does(two_ranks, tiny_model, tmp_path):
-    from plugrl.compose.objective import PolicyObjective
+    from plugrl.algorithms.objective import PolicyObjective
 
     local = LocalWorkerGroup(
         make_recipe(tiny_model, ppo_micro_batch_size_per_gpu=3), "actor", device_name="cpu"

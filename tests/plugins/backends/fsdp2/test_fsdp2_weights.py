@@ -3,9 +3,9 @@ and how it cuts them into buckets (``weight_buckets``). Two ranks: test_fsdp2_co
 
 import pytest
 import torch
-from fsdp2_testing import make_backend, make_recipe
 
 from plugrl.parts.rollout import WeightMeta
+from tests.plugins.backends.fsdp2.fsdp2_testing import make_backend, make_recipe
 
 
 def described(weights) -> list[WeightMeta]:
@@ -51,13 +51,13 @@ def test_a_tied_weight_is_sent_once_and_ties_again_in_the_engine(tmp_path):
     of its own that receives it has both tied to the trainer's values."""
     import attrs
 
-    from plugrl.cluster import make_worker_group
     from plugrl.cluster.engines import LocalEngineGroup
+    from plugrl.cluster.groups import make_worker_group
+    from plugrl.cluster.transports.buckets import LocalTransport
     from plugrl.plugins import get_plugin_manager
-    from plugrl.quickstart import save_untrained_model
     from plugrl.testing import part_context
-    from plugrl_plugins.rollout.hf.config import HFRolloutConfig
-    from plugrl_plugins.transports.buckets import LocalTransport
+    from plugrl_hf.config import HFRolloutConfig
+    from plugrl_tools.quickstart import save_untrained_model
 
     folder = save_untrained_model(tmp_path / "tied", seed=0)
     recipe = make_recipe(folder)

@@ -10,7 +10,7 @@ import torch
 from plugrl.parts.backend import OptimConfig
 from plugrl.parts.context import DistInfo, PartContext
 from plugrl.recipe import ClusterConfig, ModelConfig, Recipe, TrainerConfig
-from plugrl_plugins.devices.cpu.device import CpuDevice
+from plugrl_cpu.device import CpuDevice
 
 
 def save_tiny_qwen3(folder: Path, seed: int = 0, tie: bool = False) -> Path:
@@ -61,10 +61,10 @@ def rank_update_worker(rank: int, world_size: int, port: int, model_dir: str, ou
     ``make_batch(8)``, one update on that share, the whole weights (rank 0 only), saved
     under ``out`` as ``tp<size>_rank<rank>.pt``."""
     import torch.distributed as dist
-    from fsdp2_testing import TokenMeanReinforce, make_batch
-    from plugrl_megatron import cpu_shims
 
     from plugrl.cluster.distributed import init_process_group
+    from plugrl_megatron import cpu_shims
+    from tests.plugins.backends.fsdp2.fsdp2_testing import TokenMeanReinforce, make_batch
 
     torch.set_num_threads(1)
     cpu_shims.apply()

@@ -8,7 +8,8 @@ import torch
 
 pytest.importorskip("megatron.core")
 
-from fsdp2_testing import (
+from plugrl.errors import CheckpointError, RecipeError
+from tests.plugins.backends.fsdp2.fsdp2_testing import (
     TokenMeanReinforce,
     full_weights,
     make_backend,
@@ -17,9 +18,11 @@ from fsdp2_testing import (
     max_weight_difference,
     plain_log_probs,
 )
-from megatron_testing import make_megatron_backend, megatron_recipe, save_tiny_qwen3
-
-from plugrl.errors import CheckpointError, RecipeError
+from tests.plugins.backends.megatron.megatron_testing import (
+    make_megatron_backend,
+    megatron_recipe,
+    save_tiny_qwen3,
+)
 
 # float32 on CPU: megatron's and Hugging Face's layers differ in operation order only
 LOG_PROB_TOLERANCE = 1e-5
@@ -32,6 +35,7 @@ def cpu_shims():
     """The cpu prepare_backend patches, undone after this module (other tests expect
     torch.cuda to fail without CUDA)."""
     from megatron.core.tensor_parallel import random as megatron_random
+
     from plugrl_megatron import cpu_shims
 
     tracker = megatron_random.CudaRNGStatesTracker
@@ -189,10 +193,9 @@ def test_qwen3_with_qk_norms_and_tied_embeddings_matches_hugging_face(tmp_path, 
     ],
 )
 def test_layouts_this_backend_cannot_run_are_refused_in_one_line(tiny_model, setting, message):
-    from plugrl_megatron.backend import MegatronBackend
-
     from plugrl.parts.context import DistInfo, PartContext
-    from plugrl_plugins.devices.cpu.device import CpuDevice
+    from plugrl_cpu.device import CpuDevice
+    from plugrl_megatron.backend import MegatronBackend
 
     recipe = megatron_recipe(tiny_model, **setting)
     context = PartContext(

@@ -7,12 +7,11 @@ import pytest
 import torch
 
 pytest.importorskip("plugrl_megatron", reason="pip install -e plugins/backends/megatron")
+from plugrl.errors import RecipeError
 from plugrl_megatron import convert
 from plugrl_megatron.batching import pack, token_budget_micro_batches
 from plugrl_megatron.layout import grid_position
 from plugrl_megatron.sharding import shard, unshard
-
-from plugrl.errors import RecipeError
 
 
 def hf_model(kind: str, tie: bool = False):

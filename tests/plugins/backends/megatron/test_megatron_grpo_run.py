@@ -11,11 +11,8 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-from support import importable_here
-
-importable_here(Path(__file__).parents[3] / "e2e")
-
-from e2e_support import (  # noqa: E402
+from plugrl_tools.quickstart.untrained import build_untrained_task
+from tests.e2e.e2e_support import (
     REFERENCE_OVERRIDES,
     REFERENCE_SECTIONS,
     REFERENCE_STEPS,
@@ -26,8 +23,6 @@ from e2e_support import (  # noqa: E402
     tiny_recipe,
     write_recipe,
 )
-
-from plugrl.quickstart.untrained import build_untrained_task  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

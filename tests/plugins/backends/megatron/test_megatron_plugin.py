@@ -53,13 +53,14 @@ def test_the_cli_lists_the_backend_unavailable_when_megatron_core_is_missing(tmp
     hide.mkdir()
     (hide / "sitecustomize.py").write_text("import sys\nsys.modules['megatron'] = None\n")
     env = {"PYTHONPATH": str(hide), "PATH": "/usr/bin:/bin"}
-    cli = [sys.executable, "-m", "plugrl.cli"]
+    cli = [sys.executable, "-m", "plugrl_tools.cli"]
     listing = subprocess.run([*cli, "plugins", "--all"], capture_output=True, text=True, env=env)
     assert f"megatron [unavailable: {NEEDS}]" in listing.stdout
 
 
 def test_the_recipe_keys_carry_verl_names():
     import attrs
+
     from plugrl_megatron.config import MegatronActorConfig
 
     assert MegatronActorConfig(tensor_model_parallel_size=2).tensor_model_parallel_size == 2
@@ -95,9 +96,10 @@ def test_prepare_backend_leaves_other_devices_and_backends_alone():
 
 def test_prepare_backend_on_cpu_says_what_it_patched_once():
     pytest.importorskip("megatron.core")
-    import plugrl_megatron
     import torch
     from megatron.core.tensor_parallel import random as megatron_random
+
+    import plugrl_megatron
 
     tracker = megatron_random.CudaRNGStatesTracker
     saved = (

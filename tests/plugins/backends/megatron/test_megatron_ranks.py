@@ -9,10 +9,14 @@ import torch.multiprocessing as mp
 
 pytest.importorskip("megatron.core")
 
-from fsdp2_testing import TokenMeanReinforce, make_backend, make_batch, make_recipe
-from megatron_testing import rank_update_worker
-
 from plugrl.cluster.distributed import free_port
+from tests.plugins.backends.fsdp2.fsdp2_testing import (
+    TokenMeanReinforce,
+    make_backend,
+    make_batch,
+    make_recipe,
+)
+from tests.plugins.backends.megatron.megatron_testing import rank_update_worker
 
 pytestmark = pytest.mark.slow
 

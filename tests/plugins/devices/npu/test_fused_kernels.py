@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import fake_ascend
-import plugrl_npu
 import pytest
 import torch
-from plugrl_npu.fused_kernels import apply_fused_kernels, remove_fused_kernels
 from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 from transformers.models.qwen2 import modeling_qwen2
+
+import plugrl_npu
+from plugrl_npu.fused_kernels import apply_fused_kernels, remove_fused_kernels
+from tests.plugins.devices.npu import fake_ascend
 
 
 @pytest.fixture

@@ -8,14 +8,14 @@ import logging
 import sys
 from types import SimpleNamespace
 
-import fake_ascend
-import plugrl_npu
 import pytest
-from plugrl_npu.mindspeed import apply_mindspeed, repatch_arguments
 
 import plugrl
+import plugrl_npu
 from plugrl.cluster.worker import prepare_backend_once
 from plugrl.errors import PluginError
+from plugrl_npu.mindspeed import apply_mindspeed, repatch_arguments
+from tests.plugins.devices.npu import fake_ascend
 
 
 @pytest.fixture

@@ -10,14 +10,14 @@ import sys
 import textwrap
 from pathlib import Path
 
-import fake_ascend
-import plugrl_npu
 import pytest
 import torch
-from plugrl_npu.device import NpuDevice, NpuDeviceConfig
 
+import plugrl_npu
 from plugrl.errors import RecipeError
 from plugrl.run import run_recipe
+from plugrl_npu.device import NpuDevice, NpuDeviceConfig
+from tests.plugins.devices.npu import fake_ascend
 
 
 @pytest.fixture
@@ -84,7 +84,7 @@ def test_torch_devices_are_npu_devices(tmp_path):
         import json, sys
         import pytest
         import torch
-        import fake_ascend
+        from tests.plugins.devices.npu import fake_ascend
         from plugrl_npu.device import NpuDevice
 
         fake_ascend.install_torch_npu(pytest.MonkeyPatch(), count=2)

@@ -3,9 +3,10 @@ which this machine lacks)."""
 
 from __future__ import annotations
 
-import fake_ascend
 import pytest
+
 from plugrl_npu import smoke
+from tests.plugins.devices.npu import fake_ascend
 
 GOOD_STEP = {
     "actor/pg_loss": 0.1,

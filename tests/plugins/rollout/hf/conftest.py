@@ -4,7 +4,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import one_torch_thread  # noqa: F401 (autouse: one torch thread here)
 
 
 @pytest.fixture(scope="session")
@@ -18,7 +17,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from plugrl.quickstart import save_untrained_model
+    from plugrl_tools.quickstart import save_untrained_model
 
     folder = save_untrained_model(tmp_path_factory.mktemp("tiny-model"), seed=0)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)

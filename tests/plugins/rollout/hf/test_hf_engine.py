@@ -16,10 +16,10 @@ from plugrl.parts.rollout import (
     WeightMeta,
 )
 from plugrl.recipe import ModelConfig, Recipe, TrainerConfig
-from plugrl_plugins.devices.cpu.device import CpuDevice
-from plugrl_plugins.rollout.hf.config import HFRolloutConfig
-from plugrl_plugins.rollout.hf.engine import HFRolloutEngine
-from plugrl_plugins.rollout.hf.sampler import default_stop_token_ids
+from plugrl_cpu.device import CpuDevice
+from plugrl_hf.config import HFRolloutConfig
+from plugrl_hf.engine import HFRolloutEngine
+from plugrl_hf.sampler import default_stop_token_ids
 
 QUESTIONS = ["What is 12 + 34?", "What is 5 + 6? Show the columns.", "Hi", "What is 99 + 1?"]
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from plugrl_plugins.rollout.hf import kv
+from plugrl_hf import kv
 
 
 def decode_inputs(rows=5, heads=4, kv_heads=2, keys=9, dim=16):

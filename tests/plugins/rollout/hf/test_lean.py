@@ -9,11 +9,11 @@ from plugrl.data.batch import left_pad
 from plugrl.parts.context import PartContext
 from plugrl.parts.rollout import SamplingParams
 from plugrl.recipe import ModelConfig, Recipe, TrainerConfig
-from plugrl_plugins.devices.cpu.device import CpuDevice
-from plugrl_plugins.rollout.hf.config import HFRolloutConfig
-from plugrl_plugins.rollout.hf.engine import HFRolloutEngine
-from plugrl_plugins.rollout.hf.kv import SlotKV
-from plugrl_plugins.rollout.hf.lean import LeanDecoder, lean_unsupported
+from plugrl_cpu.device import CpuDevice
+from plugrl_hf.config import HFRolloutConfig
+from plugrl_hf.engine import HFRolloutEngine
+from plugrl_hf.kv import SlotKV
+from plugrl_hf.lean import LeanDecoder, lean_unsupported
 
 LOGIT_TOLERANCE = 1e-4
 """Float32: fused and separate matrix products may round differently in the last bits."""
@@ -245,7 +245,7 @@ def greedy_generate(model, prompts, max_tokens: int, stop: list[int], pad: int) 
 def test_a_bound_engine_follows_the_trainers_optimizer_steps(tiny_model_dir, tokenizer):
     from transformers import AutoModelForCausalLM
 
-    from plugrl_plugins.rollout.hf.sampler import default_stop_token_ids
+    from plugrl_hf.sampler import default_stop_token_ids
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     engine = bound_engine(model, tokenizer)

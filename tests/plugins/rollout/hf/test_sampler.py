@@ -3,7 +3,7 @@ from __future__ import annotations
 import torch
 
 from plugrl.parts.rollout import SamplingParams
-from plugrl_plugins.rollout.hf.sampler import BatchSampling, UniformStream
+from plugrl_hf.sampler import BatchSampling, UniformStream
 
 
 def reference_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

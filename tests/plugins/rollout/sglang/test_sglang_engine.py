@@ -8,15 +8,15 @@ import asyncio
 import sys
 from types import SimpleNamespace
 
-import fake_sglang
-import plugrl_sglang
 import pytest
 import torch
-from plugrl_sglang.engine import SGLangRolloutEngine, load_sglang_api
 
+import plugrl_sglang
 from plugrl.errors import PluginError
 from plugrl.parts.rollout import Capability, GenerationRequest, SamplingParams, WeightMeta
 from plugrl.testing import part_context
+from plugrl_sglang.engine import SGLangRolloutEngine, load_sglang_api
+from tests.plugins.rollout.sglang import fake_sglang
 
 EOS = 96
 PROMPT = (3, 5, 7)

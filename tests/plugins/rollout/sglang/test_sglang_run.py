@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import sys
 
-import fake_sglang
-import plugrl_sglang
 import pytest
 import torch
 
+import plugrl_sglang
 from plugrl.metrics import read_metrics
-from plugrl.quickstart.untrained import build_untrained_task
 from plugrl.run import run_recipe
+from plugrl_tools.quickstart.untrained import build_untrained_task
+from tests.plugins.rollout.sglang import fake_sglang
 
 
 @pytest.fixture

@@ -3,9 +3,10 @@ accelerator to pass, which this machine lacks)."""
 
 from __future__ import annotations
 
-import fake_sglang
 import pytest
+
 from plugrl_sglang import smoke
+from tests.plugins.rollout.sglang import fake_sglang
 
 GOOD_STEP = {
     "actor/pg_loss": 0.1,

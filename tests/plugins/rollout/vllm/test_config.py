@@ -7,13 +7,13 @@ import os
 
 import pytest
 import torch
-from plugrl_vllm.config import VLLMRolloutConfig, engine_args, resolve_weight_route
-from plugrl_vllm.sampling import sampling_kwargs
-from plugrl_vllm.worker import FusedGroups, layer_of, weight_plan
 
 from plugrl.errors import PluginError, RecipeError
 from plugrl.parts.rollout import SamplingParams
-from plugrl.recipe import structure
+from plugrl.structuring import structure
+from plugrl_vllm.config import VLLMRolloutConfig, engine_args, resolve_weight_route
+from plugrl_vllm.sampling import sampling_kwargs
+from plugrl_vllm.worker import FusedGroups, layer_of, weight_plan
 
 PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
 

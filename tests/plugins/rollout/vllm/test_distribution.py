@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support import pip_install_into
+
+from tests.support import pip_install_into
 
 PLUGIN = Path(__file__).resolve().parents[4] / "plugins" / "rollout" / "vllm"
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -30,7 +31,7 @@ def plugrl(site: Path, *args: str, cwd: Path | None = None) -> subprocess.Comple
     # the installed copy, not the source folder a test conftest may have put on the path
     env = {**os.environ, "PYTHONPATH": str(site)}
     return subprocess.run(
-        [sys.executable, "-m", "plugrl.cli", *args],
+        [sys.executable, "-m", "plugrl_tools.cli", *args],
         capture_output=True,
         text=True,
         env=env,

@@ -21,14 +21,13 @@ import torch
 
 pytest.importorskip("vllm")
 
-from plugrl_vllm.config import VLLMRolloutConfig
-from plugrl_vllm.engine import VLLMRolloutEngine
-
 from plugrl.errors import PluginError, RecipeError
 from plugrl.parts.rollout import GenerationRequest, SamplingParams, WeightMeta
 from plugrl.recipe import DataConfig, ModelConfig, Recipe, TrainerConfig
 from plugrl.testing import make_batch, part_context
-from plugrl_plugins.devices.cpu.device import CpuDevice
+from plugrl_cpu.device import CpuDevice
+from plugrl_vllm.config import VLLMRolloutConfig
+from plugrl_vllm.engine import VLLMRolloutEngine
 
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11], [40, 41, 42, 43, 44, 45], [100, 3]]
 # vLLM's float32 CPU kernels against the trainer's forward of the same weights: measured
@@ -145,8 +144,8 @@ def test_an_unknown_engine_argument_is_named(recipe, tokenizer):
 
 def test_log_probs_match_the_fsdp2_backend_on_the_same_tokens(loop, engine, tiny_model_dir):
     from plugrl.recipe import ClusterConfig
-    from plugrl_plugins.backends.fsdp2.backend import FSDP2Backend
-    from plugrl_plugins.backends.fsdp2.config import FSDP2ActorConfig
+    from plugrl_fsdp2.backend import FSDP2Backend
+    from plugrl_fsdp2.config import FSDP2ActorConfig
 
     push(loop, engine, hf_model(tiny_model_dir), version=1)
     params = SamplingParams(n=2, temperature=0.7, max_tokens=12, seed=3)
@@ -335,7 +334,7 @@ def test_pause_keep_then_a_weight_push_continues_requests_with_the_new_weights(
 def test_a_grpo_run_with_the_vllm_engine(tmp_path):
     import yaml
 
-    from plugrl.quickstart.untrained import build_untrained_task
+    from plugrl_tools.quickstart.untrained import build_untrained_task
 
     task = build_untrained_task(tmp_path / "task")
     run_dir = tmp_path / "run"
@@ -357,7 +356,7 @@ def test_a_grpo_run_with_the_vllm_engine(tmp_path):
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe), encoding="utf-8")
     result = subprocess.run(
-        [sys.executable, "-m", "plugrl.cli", "run", str(path)],
+        [sys.executable, "-m", "plugrl_tools.cli", "run", str(path)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -381,7 +380,7 @@ def test_the_gsm8k_recipe_with_vllm_validates(tmp_path):
         "plugins/rollout/vllm/recipes/gsm8k-grpo-qwen2.5-0.5b-vllm.yaml"
     )
     result = subprocess.run(
-        [sys.executable, "-m", "plugrl.cli", "run", str(recipe), "--print-config"],
+        [sys.executable, "-m", "plugrl_tools.cli", "run", str(recipe), "--print-config"],
         capture_output=True,
         text=True,
         timeout=120,

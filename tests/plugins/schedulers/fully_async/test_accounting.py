@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from plugrl_plugins.schedulers.fully_async.accounting import StalenessAccount
+from plugrl_fully_async.accounting import StalenessAccount
 
 
 class Simulation:

@@ -10,7 +10,10 @@ import signal
 
 import pytest
 from click.testing import CliRunner
-from e2e_support import (
+
+from plugrl_fully_async.rollouter import Rollouter
+from plugrl_tools.cli import cli
+from tests.e2e.e2e_support import (
     background_run,
     by_step,
     check_ok,
@@ -21,9 +24,6 @@ from e2e_support import (
     wait_for_step,
     write_recipe,
 )
-
-from plugrl.cli import cli
-from plugrl_plugins.schedulers.fully_async.rollouter import Rollouter
 
 pytestmark = pytest.mark.slow
 
@@ -194,7 +194,7 @@ def test_sigterm_stops_a_run_on_ray_as_ctrl_c_does(tiny_task, tmp_path):
 
 @pytest.fixture
 def ray_session():
-    from support import local_ray
+    from tests.support import local_ray
 
     with local_ray(num_cpus=2) as ray:
         yield ray

@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-import plugrl.sim
-from plugrl.compose import RunParts
-from plugrl.sim import build_sim_task, sim_recipe
-from plugrl_plugins.schedulers.fully_async.rollouter import Rollouter
+import plugrl_sim
+from plugrl.compose.run_parts import RunParts
+from plugrl_fully_async.rollouter import Rollouter
+from plugrl_sim.parts import build_sim_task, sim_recipe
 
 SYNC_STEP = 3
 REQUIRED = 4
@@ -41,7 +41,7 @@ def test_a_resume_between_syncs_pushes_a_new_version_and_starts_a_period(
 ):
     from plugrl.run import run_recipe
 
-    plugrl_register_plugin(plugrl.sim, "plugrl-sim")
+    plugrl_register_plugin(plugrl_sim, "plugrl-sim")
     pushes: list[tuple[int, int, int]] = []  # (segment, version, trainer steps in the weights)
     taken: list[tuple[int, int, int, int, int]] = []  # (segment, oldest, newest, version, bound)
     segment = [0]  # the run segment going on

@@ -11,9 +11,9 @@ import time
 import pytest
 
 from plugrl.parts.rollout import Capability, Completion, SamplingParams
-from plugrl_plugins.schedulers.fully_async.accounting import StalenessAccount
-from plugrl_plugins.schedulers.fully_async.buffer import LocalSampleBuffer
-from plugrl_plugins.schedulers.fully_async.rollouter import Rollouter, Sample
+from plugrl_fully_async.accounting import StalenessAccount
+from plugrl_fully_async.buffer import LocalSampleBuffer
+from plugrl_fully_async.rollouter import Rollouter, Sample
 
 TOKEN_SECONDS = 0.0005
 TRAIN_SECONDS = 0.01

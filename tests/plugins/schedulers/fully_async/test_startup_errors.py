@@ -6,11 +6,11 @@ from typing import ClassVar
 
 import pytest
 from click.testing import CliRunner
-from e2e_support import tiny_recipe, write_recipe
 
 import plugrl
-from plugrl.cli import cli
 from plugrl.parts.rollout import Capability, RolloutEngine
+from plugrl_tools.cli import cli
+from tests.e2e.e2e_support import tiny_recipe, write_recipe
 
 
 class BatchOnlyEngine(RolloutEngine):

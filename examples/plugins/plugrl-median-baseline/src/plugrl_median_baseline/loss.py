@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from plugrl.functional import masked_mean
+from plugrl.algorithms.functional import masked_mean
 from plugrl.parts.algorithm import Aggregate, PolicyLoss
 
 from .options import RobustPPOConfig

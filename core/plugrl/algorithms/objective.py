@@ -1,0 +1,171 @@
+"""The actor objective: policy loss + KL loss - entropy bonus, with importance weights.
+
+A :class:`PolicyObjective` is built in the driver from a recipe, pickled to the training
+workers and called once per micro-batch by the backend. It holds only the recipe and resolves
+its parts by name from the registry of the process it runs in.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from plugrl.algorithms.functional import LossAggregator, compute_rollout_is_weights
+from plugrl.data.batch import Batch
+from plugrl.errors import DataError, PluginError
+from plugrl.parts.algorithm import KLPenalty, LossScale, PolicyLoss
+from plugrl.plugins import PluginManager, get_plugin_manager
+
+if TYPE_CHECKING:
+    from plugrl.recipe import Recipe
+
+PG_LOSS = "actor/pg_loss"
+
+
+class PolicyObjective:
+    """Implements :class:`plugrl.parts.algorithm.ActorObjective`.
+
+    ``objective(micro_batch, log_prob, entropy, scale) -> (loss, metrics)``: ``micro_batch``
+    holds ``old_log_probs``, ``advantages`` and ``response_mask`` [b, R], plus ``ref_log_prob``
+    when ``needs_ref``, and ``rollout_is_weights`` or ``rollout_log_probs`` when
+    ``algorithm.rollout_is`` is set; ``log_prob`` (and ``entropy`` when ``needs_entropy``)
+    [b, R] carry the gradient.
+
+    The loss is ``pg_loss + kl_loss_coef * kl_loss - entropy_coeff * entropy``, each term
+    aggregated by ``actor.loss_agg_mode`` as this micro-batch's share of the mini-batch.
+    Every metric returned is a share too: summed over the micro-batches of a mini-batch and
+    averaged over data-parallel ranks (the reduction the gradient gets) it is the mini-batch
+    value.
+    """
+
+    def __init__(self, recipe: Recipe, plugins: PluginManager | None = None) -> None:
+        self.recipe = recipe
+        actor = recipe.actor
+        self.needs_entropy = actor.entropy_coeff != 0
+        self.needs_ref = actor.use_kl_loss
+        self._plugins = plugins
+        self._policy_loss: PolicyLoss | None = None
+        self._kl_penalty: KLPenalty | None = None
+
+    @classmethod
+    def from_recipe(cls, recipe: Recipe, plugins: PluginManager | None = None) -> PolicyObjective:
+        """Build and resolve once, so that unknown names or bad options fail in the driver."""
+        objective = cls(recipe, plugins)
+        objective.resolve()
+        return objective
+
+    # ------------------------------------------------------------------------ parts
+
+    def resolve(self) -> None:
+        """Load the policy loss (and KL estimator) from this process's registry."""
+        from plugrl.compose.build import build_policy_loss
+
+        plugins = self._plugins or get_plugin_manager()
+        actor = self.recipe.actor
+        self._policy_loss = build_policy_loss(self.recipe, plugins)
+        if actor.use_kl_loss:
+            self._kl_penalty = plugins.registry("kl_penalties").load(actor.kl_loss_type)
+
+    @property
+    def policy_loss(self) -> PolicyLoss:
+        if self._policy_loss is None:
+            self.resolve()
+        assert self._policy_loss is not None
+        return self._policy_loss
+
+    def __getstate__(self) -> dict[str, Any]:
+        # parts are resolved again in the receiving process, from its own plugins
+        return {"recipe": self.recipe}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["recipe"])  # type: ignore[misc]
+
+    # ------------------------------------------------------------------------ the loss
+
+    def importance_weights(self, micro_batch: Batch, dtype: torch.dtype) -> torch.Tensor | None:
+        """``rollout_is_weights`` of the batch if a scheduler computed them, else truncated IS
+        weights from ``old_log_probs`` and ``rollout_log_probs`` when ``algorithm.rollout_is``
+        is set, else ``None``."""
+        if "rollout_is_weights" in micro_batch:
+            return micro_batch["rollout_is_weights"].to(dtype)
+        algorithm = self.recipe.algorithm
+        if algorithm.rollout_is is None:
+            return None
+        if "rollout_log_probs" not in micro_batch:
+            raise DataError(
+                f"algorithm.rollout_is is {algorithm.rollout_is!r} but the batch has no "
+                "rollout_log_probs; use a rollout engine that returns log-probs or set "
+                "algorithm.rollout_is=null"
+            )
+        weights, _ = compute_rollout_is_weights(
+            micro_batch["old_log_probs"].to(dtype),
+            micro_batch["rollout_log_probs"],
+            micro_batch["response_mask"],
+            algorithm.rollout_is,
+            algorithm.rollout_is_threshold,
+        )
+        return weights
+
+    def __call__(
+        self,
+        micro_batch: Batch,
+        log_prob: torch.Tensor,
+        entropy: torch.Tensor | None,
+        scale: LossScale,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        actor = self.recipe.actor
+        micro_batch.require(
+            "old_log_probs", "advantages", "response_mask", by="the actor objective"
+        )
+        device, dtype = log_prob.device, log_prob.dtype
+
+        def column(name: str) -> torch.Tensor:
+            return micro_batch[name].to(device=device, dtype=dtype)
+
+        mask = column("response_mask")
+        aggregate = LossAggregator(actor.loss_agg_mode, scale)
+        weights = self.importance_weights(micro_batch, dtype)
+        if weights is not None:
+            weights = weights.to(device)
+        loss, pg_metrics = self.policy_loss(
+            old_log_prob=column("old_log_probs"),
+            log_prob=log_prob,
+            advantages=column("advantages"),
+            response_mask=mask,
+            aggregate=aggregate,
+            importance_weights=weights,
+        )
+        # a policy loss reports token means over this micro-batch; weigh them into shares
+        share = aggregate.token_share(mask)
+        metrics = {
+            name: float(value) if name == PG_LOSS else float(value) * share
+            for name, value in pg_metrics.items()
+        }
+        metrics[PG_LOSS] = float(loss.detach())
+        if weights is not None:
+            mean_weight = float((weights * mask).sum()) / max(int((mask != 0).sum()), 1)
+            metrics["rollout_corr/rollout_is_mean"] = mean_weight * share
+
+        if actor.entropy_coeff != 0 and entropy is None:
+            raise PluginError(
+                f"actor.entropy_coeff is {actor.entropy_coeff} but the training backend passed "
+                "no entropy to the objective (it must when objective.needs_entropy is true)"
+            )
+        if entropy is not None:
+            entropy_term = aggregate(entropy.to(dtype), mask)
+            metrics["actor/entropy"] = float(entropy_term.detach())
+            if actor.entropy_coeff != 0:
+                loss = loss - actor.entropy_coeff * entropy_term
+
+        if actor.use_kl_loss:
+            if "ref_log_prob" not in micro_batch:
+                raise DataError(
+                    "actor.use_kl_loss is true but the batch has no ref_log_prob; the "
+                    "scheduler must compute reference log-probs (objective.needs_ref)"
+                )
+            assert self._kl_penalty is not None
+            kl_term = aggregate(self._kl_penalty(log_prob, column("ref_log_prob")), mask)
+            metrics["actor/kl_loss"] = float(kl_term.detach())
+            loss = loss + actor.kl_loss_coef * kl_term
+        return loss, metrics

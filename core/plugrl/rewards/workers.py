@@ -1,0 +1,430 @@
+"""Running scoring functions in worker processes, each call under a deadline.
+
+A Python thread cannot be stopped, so a scorer that hangs (a pathological LaTeX expression, a
+network call without a timeout, an endless loop) is run in a process that can be. The pool
+keeps ``num_workers`` processes alive between batches. The driver sends each worker a *task*
+(a list of calls, run in order) and the worker reports every call's result as it finishes;
+each report starts the clock of the next call. When a call's deadline passes, its worker is
+killed (SIGKILL) and reaped, the call is a timeout, and the task's remaining calls go to a
+fresh worker, so a hung sample costs its own timeout and nothing else.
+
+Workers are fresh interpreters (``python -c``), not forks: they inherit none of the driver's
+threads, locks or GPU state, and unlike multiprocessing's spawn they never re-import the
+driver's ``__main__`` (a training script without an ``if __name__ == "__main__"`` guard works).
+They get the driver's ``sys.path``, so functions the driver can import, they can too. They
+ask the kernel to kill them when the driver dies, and exit on EOF when the pool closes, so
+none outlive the run; a killed worker is always waited for, so none is left a zombie.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Sequence
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+import attrs
+
+from plugrl.errors import PluginError
+from plugrl.rewards.scoring import IMPORT_TIMEOUT_S
+
+logger = logging.getLogger("plugrl.rewards")
+
+# A worker may take this long to import the scoring functions of a task (a first import of
+# SymPy, a custom file) before its calls start being timed: as long as the driver allows.
+LOAD_TIMEOUT_S = IMPORT_TIMEOUT_S
+# After SIGKILL, how long to wait for the process to be reaped.
+REAP_TIMEOUT_S = 10.0
+
+
+@attrs.frozen
+class Call:
+    """One call of a scorer: ``kind`` is ``"sample"`` (``arguments`` are one sample's) or
+    ``"batch"`` (``arguments`` are columns)."""
+
+    scorer: Any
+    arguments: dict[str, Any]
+    timeout_s: float
+    kind: str = "sample"
+
+
+@attrs.frozen
+class Outcome:
+    """How a call ended: ``ok`` (``value`` is ``(score, extras)``, or a list of those for a
+    batch call), ``error`` (``message`` says why) or ``timeout``."""
+
+    status: str
+    value: Any = None
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+# --------------------------------------------------------------------------------------------
+# The worker process
+# --------------------------------------------------------------------------------------------
+
+
+def _die_with_parent() -> None:
+    """Linux: have the kernel SIGKILL this process when its parent exits.
+
+    Strictly, when the parent *thread* that started it exits: a pool used from a thread that
+    ends loses its workers, and the next batch finds them dead and starts new ones.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def run_call(call: Call) -> Outcome:
+    """Run one call in this process, turning any failure into an ``error`` outcome."""
+    try:
+        if call.kind == "batch":
+            value: Any = call.scorer.score_batch(**call.arguments)
+        else:
+            value = call.scorer.score_sample(**call.arguments)
+        return Outcome("ok", value)
+    except (Exception, SystemExit) as exc:
+        return Outcome("error", message=_describe(exc))
+
+
+def _describe(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}{where}" if text else f"{type(exc).__name__}{where}"
+
+
+def worker_main(fd: int) -> None:
+    """The worker's loop on the socket ``fd``: receive the driver's ``sys.path``, then for each
+    pickled task report ``loaded`` and one ``result`` per call. An empty message or EOF ends
+    it."""
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
+    connection = Connection(fd)
+    try:
+        sys.path[:] = pickle.loads(connection.recv_bytes())
+    except (EOFError, OSError):
+        return
+    while True:
+        try:
+            message = connection.recv_bytes()
+        except (EOFError, OSError):
+            return
+        if not message:
+            return
+        try:
+            calls: list[Call] = pickle.loads(message)
+            for scorer in {id(call.scorer): call.scorer for call in calls}.values():
+                scorer.prepare()
+        except (Exception, SystemExit) as exc:
+            connection.send(("load_error", _describe(exc)))
+            continue
+        connection.send(("loaded",))
+        for position, call in enumerate(calls):
+            outcome = run_call(call)
+            try:
+                connection.send(("result", position, outcome))
+            except (BrokenPipeError, EOFError, OSError):
+                return
+            except Exception as exc:  # a result that does not pickle
+                message_text = f"its result cannot be sent back: {_describe(exc)}"
+                connection.send(("result", position, Outcome("error", message=message_text)))
+
+
+# --------------------------------------------------------------------------------------------
+# The driver side
+# --------------------------------------------------------------------------------------------
+
+
+_WORKER_CODE = (
+    "import sys; from plugrl.rewards.workers import worker_main; worker_main(int(sys.argv[1]))"
+)
+
+
+@attrs.define(eq=False)
+class _Worker:
+    process: subprocess.Popen
+    connection: Connection
+    task: int = -1
+    first: int = 0  # position in the task of the first call sent
+    done: int = 0  # calls of this assignment reported so far
+    count: int = 0  # calls in this assignment
+    loaded: bool = False
+    deadline: float = 0.0
+
+    @property
+    def busy(self) -> bool:
+        return self.task >= 0
+
+
+class ProcessPool:
+    """Worker processes that run scoring calls with per-call deadlines (see module doc)."""
+
+    def __init__(self, num_workers: int) -> None:
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        self.num_workers = num_workers
+        self.workers: list[_Worker] = []
+        self.killed = 0  # workers killed for a timeout, over the pool's life
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------------ worker lifecycle
+
+    def _start_worker(self) -> _Worker:
+        parent_end, child_end = socket.socketpair()
+        try:
+            # a process group of its own: killing the worker kills what its scoring functions
+            # started too (it still dies with the driver, by its parent-death signal)
+            process = subprocess.Popen(
+                [sys.executable, "-c", _WORKER_CODE, str(child_end.fileno())],
+                pass_fds=(child_end.fileno(),),
+                stdin=subprocess.DEVNULL,
+                close_fds=True,
+                start_new_session=True,
+            )
+        finally:
+            child_end.close()
+        connection = Connection(parent_end.detach())
+        connection.send_bytes(pickle.dumps(list(sys.path)))
+        worker = _Worker(process, connection)
+        self.workers.append(worker)
+        return worker
+
+    @staticmethod
+    def _alive(worker: _Worker) -> bool:
+        return worker.process.poll() is None
+
+    def _kill(self, worker: _Worker) -> None:
+        """SIGKILL the worker's process group (the worker and any process a scoring function
+        started) and reap the worker: nothing is left running, no zombie behind."""
+        if worker in self.workers:
+            self.workers.remove(worker)
+        with contextlib.suppress(OSError):
+            worker.connection.close()
+        _kill_group(worker.process)
+        try:
+            worker.process.wait(REAP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            logger.warning("reward worker %s did not exit after SIGKILL", worker.process.pid)
+
+    def close(self) -> None:
+        """Stop every worker: idle ones are asked to exit, the others are killed."""
+        with self._lock:
+            for worker in list(self.workers):
+                if not worker.busy:
+                    with contextlib.suppress(OSError):
+                        worker.connection.send_bytes(b"")
+            deadline = time.monotonic() + 2.0
+            for worker in list(self.workers):
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    worker.process.wait(max(0.0, deadline - time.monotonic()))
+                self._kill(worker)
+
+    def pids(self) -> list[int]:
+        return [w.process.pid for w in self.workers]
+
+    # ------------------------------------------------------------------------ running tasks
+
+    def run(self, tasks: Sequence[Sequence[Call]]) -> list[list[Outcome]]:
+        """Run every call; returns the outcomes in the order of ``tasks`` and their calls.
+
+        Calls of one task run in order in one worker (a replacement after a timeout). A task
+        whose functions cannot be loaded in a worker raises :class:`PluginError`.
+        """
+        with self._lock:
+            outcomes: list[list[Outcome | None]] = [[None] * len(task) for task in tasks]
+            queue: deque[tuple[int, int]] = deque(
+                (index, 0) for index, task in enumerate(tasks) if task
+            )
+            try:
+                self._run(tasks, outcomes, queue)
+            except BaseException:
+                for worker in [w for w in self.workers if w.busy]:
+                    self._kill(worker)
+                raise
+            return [[o for o in task if o is not None] for task in outcomes]  # all filled
+
+    def _run(
+        self,
+        tasks: Sequence[Sequence[Call]],
+        outcomes: list[list[Outcome | None]],
+        queue: deque[tuple[int, int]],
+    ) -> None:
+        while True:
+            self._assign(tasks, queue)
+            busy = [w for w in self.workers if w.busy]
+            if not busy:
+                return
+            now = time.monotonic()
+            timeout = max(0.0, min(w.deadline for w in busy) - now)
+            # a dead worker's socket reads EOF, which wakes this wait; the cap covers a worker
+            # whose socket a grandchild process still holds open
+            wait([w.connection for w in busy], min(timeout, 1.0))
+            for worker in busy:
+                self._receive(worker, tasks, outcomes, queue)
+            now = time.monotonic()
+            for worker in [w for w in self.workers if w.busy and now >= w.deadline]:
+                self._expire(worker, tasks, outcomes, queue)
+
+    def _assign(self, tasks: Sequence[Sequence[Call]], queue: deque[tuple[int, int]]) -> None:
+        while queue:
+            idle = [w for w in self.workers if not w.busy and self._alive(w)]
+            for dead in [w for w in self.workers if not w.busy and not self._alive(w)]:
+                self._kill(dead)
+            if idle:
+                worker = idle[0]
+            elif len(self.workers) < self.num_workers:
+                worker = self._start_worker()
+            else:
+                return
+            task, first = queue.popleft()
+            calls = list(tasks[task][first:])
+            try:
+                payload = pickle.dumps(calls)
+            except Exception as exc:
+                raise PluginError(
+                    f"cannot send scoring calls to a worker process: {type(exc).__name__}: "
+                    f"{exc}; scoring functions must be importable module-level functions"
+                ) from None
+            try:
+                worker.connection.send_bytes(payload)
+            except OSError:  # it died while idle: replace it and try again
+                self._kill(worker)
+                queue.appendleft((task, first))
+                continue
+            worker.task, worker.first, worker.done, worker.count = task, first, 0, len(calls)
+            worker.loaded = False
+            worker.deadline = time.monotonic() + LOAD_TIMEOUT_S
+
+    def _current(self, worker: _Worker) -> tuple[int, int]:
+        return worker.task, worker.first + worker.done
+
+    def _receive(
+        self,
+        worker: _Worker,
+        tasks: Sequence[Sequence[Call]],
+        outcomes: list[list[Outcome | None]],
+        queue: deque[tuple[int, int]],
+    ) -> None:
+        while worker.busy:
+            try:
+                if not worker.connection.poll():
+                    break
+                message = worker.connection.recv()
+            except (EOFError, OSError):
+                self._died(worker, tasks, outcomes, queue)
+                return
+            kind = message[0]
+            if kind == "loaded":
+                worker.loaded = True
+                worker.deadline = time.monotonic() + self._timeout_of(worker, tasks)
+            elif kind == "load_error":
+                detail = message[1]
+                worker.task = -1
+                raise PluginError(
+                    f"a scoring worker process could not load the reward functions: {detail}"
+                )
+            elif kind == "result":
+                task, position = self._current(worker)
+                outcomes[task][position] = message[2]
+                worker.done += 1
+                if worker.done == worker.count:
+                    worker.task = -1
+                else:
+                    worker.deadline = time.monotonic() + self._timeout_of(worker, tasks)
+        if worker.busy and not self._alive(worker) and not self._has_data(worker):
+            self._died(worker, tasks, outcomes, queue)
+
+    @staticmethod
+    def _has_data(worker: _Worker) -> bool:
+        try:
+            return worker.connection.poll()
+        except (EOFError, OSError):
+            return False
+
+    def _timeout_of(self, worker: _Worker, tasks: Sequence[Sequence[Call]]) -> float:
+        task, position = self._current(worker)
+        return tasks[task][position].timeout_s
+
+    def _died(
+        self,
+        worker: _Worker,
+        tasks: Sequence[Sequence[Call]],
+        outcomes: list[list[Outcome | None]],
+        queue: deque[tuple[int, int]],
+    ) -> None:
+        try:
+            code = worker.process.wait(REAP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            code = None
+        task, position = self._current(worker)
+        self._kill(worker)
+        reason = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        if not worker.loaded:
+            raise PluginError(
+                f"a scoring worker process died ({reason}) while loading the reward functions"
+            )
+        outcomes[task][position] = Outcome(
+            "error", message=f"the scoring worker process died ({reason}) during this sample"
+        )
+        if position + 1 < len(tasks[task]):
+            queue.appendleft((task, position + 1))
+
+    def _expire(
+        self,
+        worker: _Worker,
+        tasks: Sequence[Sequence[Call]],
+        outcomes: list[list[Outcome | None]],
+        queue: deque[tuple[int, int]],
+    ) -> None:
+        task, position = self._current(worker)
+        loaded = worker.loaded
+        self._kill(worker)
+        self.killed += 1
+        if not loaded:
+            raise PluginError(
+                f"a scoring worker process took over {LOAD_TIMEOUT_S:.0f} s to import the "
+                "reward functions; check what the reward function's module does at import"
+            )
+        call = tasks[task][position]
+        outcomes[task][position] = Outcome(
+            "timeout", message=f"took over {call.timeout_s:g} s (reward.timeout_s)"
+        )
+        if position + 1 < len(tasks[task]):
+            queue.appendleft((task, position + 1))
+
+    def __del__(self) -> None:
+        # a pool dropped without close(): its daemon workers would otherwise live until exit
+        try:
+            for worker in list(self.workers):
+                _kill_group(worker.process)
+                worker.process.wait(REAP_TIMEOUT_S)
+        except Exception:
+            pass
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    """SIGKILL every process of the group ``process`` leads; the group outlives its leader
+    while a child of it runs, so this also ends what an exited worker left behind."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)

@@ -1,0 +1,36 @@
+"""Policy losses with verl's names and formulas: ``vanilla`` (PPO, dual clip), ``gspo``,
+``clip_cov``, ``kl_cov``, ``geo_mean``, ``cispo``, ``reinforce``.
+
+Registration only; the implementations (torch) are imported when a recipe chooses one.
+Formulas: docs/algorithms.md.
+"""
+
+from __future__ import annotations
+
+import plugrl
+
+LOSSES = {
+    "vanilla": ("VanillaPPO", None, "PPO clipped surrogate, asymmetric and dual clip"),
+    "gspo": ("GSPO", None, "PPO clipping of the sequence-level ratio"),
+    "clip_cov": (
+        "ClipCov",
+        "plugrl_policy_losses.options:ClipCovArgs",
+        "PPO clip plus gradient cut of high-covariance tokens",
+    ),
+    "kl_cov": (
+        "KLCov",
+        "plugrl_policy_losses.options:KLCovArgs",
+        "Policy gradient plus KL penalty on high-covariance tokens",
+    ),
+    "geo_mean": ("GeoMean", None, "GMPO: clipped geometric mean of token ratios"),
+    "cispo": ("CISPO", None, "REINFORCE weighted by the clipped, stop-gradient ratio"),
+    "reinforce": ("Reinforce", None, "Plain policy gradient -A * log_prob"),
+}
+
+
+@plugrl.hookimpl
+def register_policy_losses(register):
+    for name, (attr, config, description) in LOSSES.items():
+        register(
+            name, f"plugrl_policy_losses.losses:{attr}", config=config, description=description
+        )

@@ -1,0 +1,322 @@
+"""Policy losses over one micro-batch.
+
+Each loss builds a per-token loss matrix, multiplies it by the importance weights when given,
+and reduces it with the ``aggregate`` it is handed (the micro-batch's share of the global
+mini-batch, see :mod:`.aggregation`). It returns the loss and its metrics:
+``actor/pg_loss`` (the returned loss, itself a share) and the token means over the
+micro-batch's valid tokens ``actor/pg_clipfrac``, ``actor/pg_clipfrac_lower`` and
+``actor/ppo_kl`` (``mean(old_log_prob - log_prob)``). Formulas: docs/algorithms.md.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from plugrl.algorithms.functional import masked_mean
+from plugrl.parts.algorithm import Aggregate, PolicyLoss
+
+from .options import ClipCovArgs, KLCovArgs
+
+LOG_RATIO_CLAMP = 20.0
+GSPO_LOG_RATIO_MAX = 10.0
+
+
+def _metrics(
+    loss: torch.Tensor,
+    clipfrac: torch.Tensor | float,
+    clipfrac_lower: torch.Tensor | float,
+    ppo_kl: torch.Tensor,
+) -> dict[str, float]:
+    return {
+        "actor/pg_loss": float(loss.detach()),
+        "actor/pg_clipfrac": float(clipfrac),
+        "actor/pg_clipfrac_lower": float(clipfrac_lower),
+        "actor/ppo_kl": float(ppo_kl.detach()),
+    }
+
+
+def _weighted(losses: torch.Tensor, importance_weights: torch.Tensor | None) -> torch.Tensor:
+    if importance_weights is None:
+        return losses
+    return losses * importance_weights.detach().to(losses.dtype)
+
+
+class _ClippedLoss(PolicyLoss):
+    name: ClassVar[str] = ""
+
+    @property
+    def clip_low(self) -> float:
+        return self.config.effective_clip_low
+
+    @property
+    def clip_high(self) -> float:
+        return self.config.effective_clip_high
+
+
+class VanillaPPO(_ClippedLoss):
+    """PPO's clipped surrogate with asymmetric clip range and dual clip for A < 0."""
+
+    name = "vanilla"
+    uses_dual_clip: ClassVar[bool] = True
+
+    def __call__(
+        self,
+        *,
+        old_log_prob: torch.Tensor,
+        log_prob: torch.Tensor,
+        advantages: torch.Tensor,
+        response_mask: torch.Tensor,
+        aggregate: Aggregate,
+        importance_weights: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        log_ratio = torch.clamp(log_prob - old_log_prob, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        ratio = log_ratio.exp()
+        unclipped = -advantages * ratio
+        clipped = -advantages * torch.clamp(ratio, 1 - self.clip_low, 1 + self.clip_high)
+        clipped_max = torch.maximum(unclipped, clipped)
+        dual_bound = -advantages * self.config.clip_ratio_c
+        negative = advantages < 0
+        losses = torch.where(negative, torch.minimum(dual_bound, clipped_max), clipped_max)
+        loss = aggregate(_weighted(losses, importance_weights), response_mask)
+        with torch.no_grad():
+            clipfrac = masked_mean((clipped > unclipped).to(log_prob.dtype), response_mask)
+            lower = ((clipped_max > dual_bound) & negative).to(log_prob.dtype)
+            clipfrac_lower = masked_mean(lower, response_mask)
+            ppo_kl = masked_mean(-log_ratio, response_mask)
+        return loss, _metrics(loss, clipfrac, clipfrac_lower, ppo_kl)
+
+
+class GSPO(_ClippedLoss):
+    """Group sequence policy optimisation: PPO clipping of the sequence-level ratio
+    (geometric mean of token ratios), with each token's gradient through its own log-prob."""
+
+    name = "gspo"
+
+    def __call__(
+        self,
+        *,
+        old_log_prob: torch.Tensor,
+        log_prob: torch.Tensor,
+        advantages: torch.Tensor,
+        response_mask: torch.Tensor,
+        aggregate: Aggregate,
+        importance_weights: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        mask = response_mask.to(log_prob.dtype)
+        log_ratio = log_prob - old_log_prob
+        lengths = mask.sum(dim=-1).clamp(min=1)
+        sequence_log_ratio = (log_ratio * mask).sum(dim=-1) / lengths
+        # value: the sequence ratio; gradient: d log_prob of each token
+        token_log_ratio = log_prob - log_prob.detach() + sequence_log_ratio.detach().unsqueeze(-1)
+        ratio = torch.clamp(token_log_ratio, max=GSPO_LOG_RATIO_MAX).exp()
+        unclipped = -advantages * ratio
+        clipped = -advantages * torch.clamp(ratio, 1 - self.clip_low, 1 + self.clip_high)
+        losses = torch.maximum(unclipped, clipped)
+        loss = aggregate(_weighted(losses, importance_weights), response_mask)
+        with torch.no_grad():
+            clipfrac = masked_mean((clipped > unclipped).to(log_prob.dtype), response_mask)
+            ppo_kl = masked_mean(-log_ratio, response_mask)
+        return loss, _metrics(loss, clipfrac, 0.0, ppo_kl)
+
+
+class ClipCov(_ClippedLoss):
+    """Clip-Cov: PPO clipping, plus the gradient of a few tokens with a large covariance of
+    advantage and log-prob set to zero (against entropy collapse).
+
+    The covariance and the number of tokens cut are computed over the micro-batch, as in the
+    method's reference implementation, so this loss depends on the micro-batch split. Tokens are
+    chosen at random among the candidates (torch's global generator).
+    """
+
+    name = "clip_cov"
+
+    @property
+    def options(self) -> ClipCovArgs:
+        return self.args if isinstance(self.args, ClipCovArgs) else ClipCovArgs()
+
+    def __call__(
+        self,
+        *,
+        old_log_prob: torch.Tensor,
+        log_prob: torch.Tensor,
+        advantages: torch.Tensor,
+        response_mask: torch.Tensor,
+        aggregate: Aggregate,
+        importance_weights: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        options = self.options
+        valid = response_mask != 0
+        log_ratio = log_prob - old_log_prob
+        ratio = log_ratio.exp()
+        unclipped = -advantages * ratio
+        clipped = -advantages * torch.clamp(ratio, 1 - self.clip_low, 1 + self.clip_high)
+        with torch.no_grad():
+            detached = log_prob.detach()
+            covariance = (advantages - masked_mean(advantages, response_mask)) * (
+                detached - masked_mean(detached, response_mask)
+            )
+            already_clipped = (clipped > unclipped) & valid
+            candidates = (
+                valid
+                & ~already_clipped
+                & (covariance > options.clip_cov_lb)
+                & (covariance < options.clip_cov_ub)
+            )
+            positions = torch.nonzero(candidates)
+            budget = max(int(options.clip_cov_ratio * int(valid.sum())), 1)
+            if len(positions) > budget:
+                chosen = torch.randperm(len(positions), device=positions.device)[:budget]
+                positions = positions[chosen]
+            keep = torch.ones_like(log_prob)
+            keep[positions[:, 0], positions[:, 1]] = 0
+        losses = torch.maximum(unclipped, clipped) * keep
+        loss = aggregate(_weighted(losses, importance_weights), response_mask)
+        with torch.no_grad():
+            clipfrac = masked_mean((keep == 0).to(log_prob.dtype), response_mask)
+            ppo_kl = masked_mean(-log_ratio, response_mask)
+        return loss, _metrics(loss, clipfrac, 0.0, ppo_kl)
+
+
+class KLCov(PolicyLoss):
+    """KL-Cov: the unclipped policy gradient, plus ``ppo_kl_coef * |log ratio|`` on the tokens
+    with the largest covariance of advantage and log-prob (against entropy collapse).
+
+    The covariance ranking is over the micro-batch, as in the method's reference
+    implementation, so this loss depends on the micro-batch split. ``actor/pg_clipfrac`` is the
+    share of tokens penalised.
+    """
+
+    name = "kl_cov"
+
+    @property
+    def options(self) -> KLCovArgs:
+        return self.args if isinstance(self.args, KLCovArgs) else KLCovArgs()
+
+    def __call__(
+        self,
+        *,
+        old_log_prob: torch.Tensor,
+        log_prob: torch.Tensor,
+        advantages: torch.Tensor,
+        response_mask: torch.Tensor,
+        aggregate: Aggregate,
+        importance_weights: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        options = self.options
+        log_ratio = log_prob - old_log_prob
+        ratio = log_ratio.exp()
+        losses = -advantages * ratio
+        penalised = torch.zeros_like(log_prob, dtype=torch.bool)
+        with torch.no_grad():
+            valid = response_mask != 0
+            count = int(valid.sum())
+            if count:
+                adv = advantages[valid]
+                logp = log_prob.detach()[valid]
+                covariance = (adv - adv.mean()) * (logp - logp.mean())
+                top = torch.topk(covariance, max(1, int(count * options.kl_cov_ratio))).indices
+                flat = torch.zeros(count, dtype=torch.bool, device=log_prob.device)
+                flat[top] = True
+                penalised[valid] = flat
+        losses = torch.where(penalised, losses + options.ppo_kl_coef * log_ratio.abs(), losses)
+        loss = aggregate(_weighted(losses, importance_weights), response_mask)
+        with torch.no_grad():
+            clipfrac = masked_mean(penalised.to(log_prob.dtype), response_mask)
+            ppo_kl = masked_mean(-log_ratio, response_mask)
+        return loss, _metrics(loss, clipfrac, 0.0, ppo_kl)
+
+
+class GeoMean(_ClippedLoss):
+    """GMPO: the geometric mean of token ratios, clipped per token in log space
+    (``log ratio`` within ``[-clip_ratio_low, clip_ratio_high]``, pessimistic side by the sign
+    of the advantage), times the response's mean advantage.
+
+    The loss is per response, so it is always averaged over responses (each response's share is
+    ``1 / num_seqs``), whatever ``actor.loss_agg_mode`` says.
+    """
+
+    name = "geo_mean"
+
+    def __call__(
+        self,
+        *,
+        old_log_prob: torch.Tensor,
+        log_prob: torch.Tensor,
+        advantages: torch.Tensor,
+        response_mask: torch.Tensor,
+        aggregate: Aggregate,
+        importance_weights: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        mask = response_mask.to(log_prob.dtype)
+        log_ratio = log_prob - old_log_prob
+        clamped = torch.clamp(log_ratio, -self.clip_low, self.clip_high)
+        sign = torch.sign(advantages)
+        pessimistic = sign * torch.minimum(sign * log_ratio, sign * clamped)
+        lengths = mask.sum(dim=-1).clamp(min=1)
+        sequence_ratio = torch.exp((pessimistic * mask).sum(dim=-1) / lengths)
+        sequence_advantage = (advantages * mask).sum(dim=-1) / lengths
+        sequence_losses = -sequence_advantage * sequence_ratio
+        if importance_weights is not None:
+            log_weights = torch.log(importance_weights.detach().to(mask.dtype) + 1e-10)
+            sequence_losses = sequence_losses * torch.exp((log_weights * mask).sum(-1) / lengths)
+        per_response = getattr(aggregate, "with_mode", None)
+        reduce = per_response("seq-mean-token-mean") if per_response else aggregate
+        # every token carries its response's loss; the per-response token mean is that loss
+        loss = reduce(sequence_losses.unsqueeze(-1).expand_as(mask), response_mask)
+        with torch.no_grad():
+            was_clipped = (log_ratio != clamped).to(log_prob.dtype)
+            clipfrac = masked_mean(was_clipped * (advantages > 0), response_mask)
+            clipfrac_lower = masked_mean(was_clipped * (advantages < 0), response_mask)
+            ppo_kl = masked_mean(-log_ratio, response_mask)
+        return loss, _metrics(loss, clipfrac, clipfrac_lower, ppo_kl)
+
+
+class CISPO(_ClippedLoss):
+    """CISPO: REINFORCE weighted by the clipped importance ratio, with no gradient through the
+    ratio, so clipped tokens still contribute a gradient."""
+
+    name = "cispo"
+
+    def __call__(
+        self,
+        *,
+        old_log_prob: torch.Tensor,
+        log_prob: torch.Tensor,
+        advantages: torch.Tensor,
+        response_mask: torch.Tensor,
+        aggregate: Aggregate,
+        importance_weights: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        log_ratio = torch.clamp(log_prob - old_log_prob, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        ratio = log_ratio.exp()
+        clipped_ratio = torch.clamp(ratio, 1 - self.clip_low, 1 + self.clip_high).detach()
+        losses = -clipped_ratio * advantages * log_prob
+        loss = aggregate(_weighted(losses, importance_weights), response_mask)
+        with torch.no_grad():
+            clipfrac = masked_mean((ratio != clipped_ratio).to(log_prob.dtype), response_mask)
+            ppo_kl = masked_mean(-log_ratio, response_mask)
+        return loss, _metrics(loss, clipfrac, 0.0, ppo_kl)
+
+
+class Reinforce(PolicyLoss):
+    """Plain policy gradient ``-A * log_prob`` (no ratio, no clipping)."""
+
+    name = "reinforce"
+
+    def __call__(
+        self,
+        *,
+        old_log_prob: torch.Tensor,
+        log_prob: torch.Tensor,
+        advantages: torch.Tensor,
+        response_mask: torch.Tensor,
+        aggregate: Aggregate,
+        importance_weights: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        losses = -advantages * log_prob
+        loss = aggregate(_weighted(losses, importance_weights), response_mask)
+        with torch.no_grad():
+            ppo_kl = masked_mean(old_log_prob - log_prob, response_mask)
+        return loss, _metrics(loss, 0.0, 0.0, ppo_kl)

@@ -1,0 +1,496 @@
+"""One rank of the FSDP2 training backend: a Hugging Face model sharded with ``fully_shard``."""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+
+from plugrl import rng, training
+from plugrl.cluster.distributed import ensure_process_group
+from plugrl.data.batch import Batch
+from plugrl.metrics import mean_metrics
+from plugrl.parts.algorithm import LossScale
+from plugrl.parts.backend import OptimConfig, TrainingBackend
+from plugrl.parts.rollout import WeightMeta
+from plugrl_fsdp2 import checkpoint
+from plugrl_fsdp2.batching import (
+    left_align,
+    token_budget_micro_batches,
+    valid_lengths,
+)
+from plugrl_fsdp2.config import FSDP2ActorConfig
+from plugrl_fsdp2.export import write_hf_folder
+from plugrl_fsdp2.model import (
+    device_mesh,
+    empty_model,
+    enable_checkpointing,
+    fill_from_rank0,
+    load_model,
+    model_path,
+    shard_model,
+    weight_dtypes,
+)
+from plugrl_fsdp2.optim import build_optimizer
+
+if TYPE_CHECKING:
+    from plugrl.parts.algorithm import ActorObjective
+    from plugrl.parts.backend import ActorConfig
+    from plugrl.parts.context import PartContext
+
+MicroLoss = Callable[[Batch, LossScale], tuple[torch.Tensor, dict[str, float]]]
+
+
+class FSDP2Backend(TrainingBackend):
+    """A Hugging Face model for one role (``actor``, ``ref``, ``critic``), sharded over the
+    role's ranks with FSDP2.
+
+    Micro-batches run padded, each row moved to the left edge so that a micro-batch costs its
+    row count times its longest row (``use_dynamic_bsz`` groups rows of similar length).
+    Losses: the objective's return value is backpropagated as is, so it must be this
+    micro-batch's share of the global mini-batch loss (see :class:`LossScale`). Metrics the
+    objective returns are shares too: summed over the micro-batches of a mini-batch, then
+    averaged over optimizer steps and ranks (the ActorObjective contract). The backend adds
+    ``actor/loss`` (the exact mini-batch loss), ``actor/grad_norm`` and ``actor/lr``
+    (``critic/vf_loss``, ``critic/grad_norm``, ``critic/lr`` for the critic).
+    """
+
+    supports_colocated_rollout: ClassVar[bool] = True
+    derives_on_policy_old_log_probs: ClassVar[bool] = True
+
+    def __init__(self, config: ActorConfig, context: PartContext) -> None:
+        super().__init__(config, context)
+        self.config: FSDP2ActorConfig = training.backend_config(config, FSDP2ActorConfig)
+        self.model: torch.nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+        self.update_steps = 0
+        """Completed update calls: the position in the learning-rate schedule."""
+        self.torch_device = self.device.torch_device(self.dist.local_rank)
+        self.param_dtype, self.compute_dtype = weight_dtypes(self.recipe, self.role)
+
+    # ------------------------------------------------------------------------------ set-up
+
+    def setup(self, total_training_steps: int) -> None:
+        ensure_process_group(self.device, self.dist)
+        self.device.set_device(self.dist.local_rank)
+        self.device.manual_seed(self.recipe.trainer.seed)
+        # with several ranks only rank 0 reads the weights; the others build the structure on
+        # the meta device and receive their shards from it after sharding
+        several = self.dist.world_size > 1
+        source = None
+        if not several or self.dist.rank == 0:
+            source = load_model(self.recipe, self.role, self.param_dtype)
+        model = empty_model(self.recipe, self.role, self.param_dtype) if several else source
+        assert model is not None
+        self._hf_class = type(model)
+        self._hf_config = model.config
+        if self.role == "ref":
+            model.requires_grad_(False)
+        elif self.recipe.model.enable_gradient_checkpointing:
+            enable_checkpointing(model)
+        forward_args = inspect.signature(model.forward).parameters
+        self._keep_logits_arg = self.role != "critic" and "logits_to_keep" in forward_args
+        mesh = device_mesh(self.device, self.dist.world_size, self.config.fsdp_size)
+        self.model = shard_model(
+            model,
+            mesh,
+            config=self.config,
+            device=self.device,
+            param_dtype=self.param_dtype,
+            compute_dtype=self.compute_dtype,
+        )
+        if several:
+            offload = self.config.param_offload and self.device.name != "cpu"
+            fill_from_rank0(self.model, source, self.torch_device, offload=offload)
+        del source
+        self.model.eval()
+        if self.role != "ref":
+            self.optimizer, self.lr_scheduler = build_optimizer(
+                self.model.parameters(), self._optim_config, total_training_steps
+            )
+
+    @property
+    def _optim_config(self) -> OptimConfig:
+        return self.recipe.critic.optim if self.role == "critic" else self.config.optim
+
+    def _require(self, *roles: str, method: str) -> torch.nn.Module:
+        if self.model is None:
+            raise RuntimeError(f"call setup() before {method}()")
+        if self.role not in roles:
+            raise RuntimeError(f"{method}() is for the {' or '.join(roles)} role, not {self.role}")
+        return self.model
+
+    # ------------------------------------------------------------------------ batch plans
+
+    def _agreed_count(self, local_count: int) -> tuple[int, int]:
+        """(largest, smallest) micro-batch count over the role's ranks: every rank must run as
+        many forwards as the others, since each forward gathers weights from all of them."""
+        if self.dist.world_size == 1:
+            return local_count, local_count
+        counts = torch.tensor([local_count, -local_count], device=self.torch_device)
+        dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+        return int(counts[0]), -int(counts[1])
+
+    def _plan(self, batch: Batch, micro_batch_size: int | None) -> list[list[int]]:
+        if self.config.use_dynamic_bsz:
+            lengths = valid_lengths(batch["attention_mask"])
+            budget = self.config.ppo_max_token_len_per_gpu
+            local = len(token_budget_micro_batches(lengths, budget))
+            count, _ = self._agreed_count(local)
+            return token_budget_micro_batches(lengths, budget, count)
+        plan = training.fixed_micro_batches(len(batch), micro_batch_size)
+        largest, smallest = self._agreed_count(len(plan))
+        if largest != smallest:
+            raise RuntimeError(
+                f"ranks got different row counts ({len(batch)} here); split batches with "
+                "plugrl.cluster.base.split_for_dp so every rank gets as many rows"
+            )
+        return plan
+
+    def _mini_batch_rows(self, num_rows: int) -> int:
+        return training.mini_batch_rows(self.config, self.recipe.rollout.n, self.dp_size, num_rows)
+
+    def _loss_scale(self, mini_batch: Batch) -> LossScale:
+        return training.all_reduced_loss_scale(
+            mini_batch["response_mask"], self.config, self.recipe, self.dp_size, self.torch_device
+        )
+
+    def _on_device(self, batch: Batch, rows: list[int], columns: tuple[str, ...]) -> Batch:
+        """The ``rows`` of the named columns, on this rank's device."""
+        return Batch({name: batch[name] for name in columns}).select(rows).to(self.torch_device)
+
+    # ------------------------------------------------------------------------ forward
+
+    def _forward(self, micro_batch: Batch) -> tuple[torch.Tensor, int]:
+        """Model outputs at the positions that predict each response token: ``[b, R', ...]``
+        float32, with ``R'`` the response columns some row of the micro-batch uses."""
+        model = self.model
+        assert model is not None
+        layout = left_align(micro_batch["attention_mask"], micro_batch["responses"].shape[-1])
+        position_ids = micro_batch["position_ids"]
+        position_columns = layout.columns
+        if position_ids.dim() == 3:  # one row of positions per rotary section (mrope)
+            position_columns = position_columns[:, None, :].expand(-1, position_ids.shape[1], -1)
+        inputs: dict[str, Any] = {
+            "input_ids": micro_batch["input_ids"].gather(1, layout.columns),
+            "attention_mask": layout.attention_mask,
+            "position_ids": position_ids.gather(-1, position_columns),
+            "use_cache": False,
+        }
+        if self._keep_logits_arg:
+            inputs["logits_to_keep"] = layout.keep
+        outputs = model(**inputs).logits[:, -layout.keep :]
+        index = layout.response_index[..., None].expand(-1, -1, outputs.shape[-1])
+        return outputs.gather(1, index).float(), layout.response_len
+
+    def _log_probs(
+        self,
+        micro_batch: Batch,
+        *,
+        temperature: float,
+        with_entropy: bool,
+        entropy_grad: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Per-token log-probs [b, R] (and entropies); ``entropy_grad=False`` computes the
+        entropy outside the autograd graph, for a metric only."""
+        logits, _ = self._forward(micro_batch)
+        return training.response_log_probs(
+            logits, micro_batch, temperature, with_entropy=with_entropy, entropy_grad=entropy_grad
+        )
+
+    def _values(self, micro_batch: Batch) -> torch.Tensor:
+        outputs, used = self._forward(micro_batch)
+        values = outputs[..., 0]
+        pad = micro_batch["responses"].shape[-1] - used
+        return F.pad(values, (0, pad)) * micro_batch["response_mask"].to(values.dtype)
+
+    # ------------------------------------------------------------------------ inference
+
+    @torch.no_grad()
+    def compute_log_prob(
+        self, batch: Batch, *, calculate_entropy: bool = False
+    ) -> dict[str, torch.Tensor]:
+        model = self._require("actor", "ref", method="compute_log_prob")
+        batch.require(*training.SEQUENCE_COLUMNS, by="fsdp2 compute_log_prob")
+        temperature = training.sampling_temperature(batch, self.recipe.rollout)
+        size = self.config.log_prob_micro_batch_size_per_gpu
+        plan = self._plan(batch, size or self.config.ppo_micro_batch_size_per_gpu)
+        out = training.LogProbRows(batch, with_entropy=calculate_entropy)
+        model.eval()
+        for rows in plan:
+            part = self._on_device(batch, rows, training.SEQUENCE_COLUMNS)
+            log_prob, entropy = self._log_probs(
+                part, temperature=temperature, with_entropy=calculate_entropy
+            )
+            out.put(rows, log_prob, entropy)
+        return out.result()
+
+    @torch.no_grad()
+    def compute_values(self, batch: Batch) -> torch.Tensor:
+        model = self._require("critic", method="compute_values")
+        batch.require(*training.SEQUENCE_COLUMNS, "response_mask", by="fsdp2 compute_values")
+        plan = self._plan(batch, self._critic_micro_batch_size)
+        values = torch.zeros(batch["responses"].shape, dtype=torch.float32)
+        model.eval()
+        for rows in plan:
+            part = self._on_device(batch, rows, (*training.SEQUENCE_COLUMNS, "response_mask"))
+            values[torch.tensor(rows)] = self._values(part).cpu()
+        return values
+
+    # ------------------------------------------------------------------------ training
+
+    @property
+    def _critic_micro_batch_size(self) -> int | None:
+        return self.recipe.critic.ppo_micro_batch_size_per_gpu or (
+            self.config.ppo_micro_batch_size_per_gpu
+        )
+
+    def update_policy(self, batch: Batch, objective: ActorObjective) -> dict[str, float]:
+        self._require("actor", method="update_policy")
+        update = training.policy_update(
+            batch, objective, self.config, self.recipe, self.dp_size, by="the fsdp2 actor update"
+        )
+
+        def micro_loss(micro_batch: Batch, scale: LossScale) -> tuple[torch.Tensor, dict]:
+            log_prob, entropy = self._log_probs(
+                micro_batch,
+                temperature=update.temperature,
+                with_entropy=update.with_entropy,
+                entropy_grad=update.entropy_in_loss,
+            )
+            update.derive_old_log_probs(micro_batch, log_prob)
+            return objective(micro_batch, log_prob, entropy, scale)
+
+        return self._train(
+            batch,
+            micro_loss,
+            prefix="actor",
+            loss_name="actor/loss",
+            epochs=self.config.ppo_epochs,
+            micro_batch_size=self.config.ppo_micro_batch_size_per_gpu,
+            grad_clip=self.config.grad_clip,
+        )
+
+    def update_critic(self, batch: Batch) -> dict[str, float]:
+        self._require("critic", method="update_critic")
+        batch.require(
+            *training.SEQUENCE_COLUMNS, "response_mask", "values", "returns", by="fsdp2 critic"
+        )
+        clip = self.recipe.critic.cliprange_value
+
+        def micro_loss(micro_batch: Batch, scale: LossScale) -> tuple[torch.Tensor, dict]:
+            predicted = self._values(micro_batch)
+            mask = micro_batch["response_mask"].to(predicted.dtype)
+            old = micro_batch["values"].to(predicted.dtype)
+            returns = micro_batch["returns"].to(predicted.dtype)
+            clipped = old + (predicted - old).clamp(-clip, clip)
+            unclipped_error = (predicted - returns) ** 2
+            clipped_error = (clipped - returns) ** 2
+            per_token = 0.5 * torch.maximum(unclipped_error, clipped_error)
+            # token means over the whole mini-batch on every rank, as LossScale describes
+            share = scale.dp_size / max(scale.num_tokens, 1)
+            loss = (per_token * mask).sum() * share
+            clipped_more = (clipped_error > unclipped_error).to(mask.dtype)
+            metrics = {
+                "critic/vf_clipfrac": float((clipped_more * mask).sum()) * share,
+                "critic/vpred_mean": float((predicted.detach() * mask).sum()) * share,
+            }
+            return loss, metrics
+
+        epochs = self.recipe.critic.ppo_epochs or self.config.ppo_epochs
+        return self._train(
+            batch,
+            micro_loss,
+            prefix="critic",
+            loss_name="critic/vf_loss",
+            epochs=epochs,
+            micro_batch_size=self._critic_micro_batch_size,
+            grad_clip=self.recipe.critic.grad_clip,
+        )
+
+    def _train(
+        self,
+        batch: Batch,
+        micro_loss: MicroLoss,
+        *,
+        prefix: str,
+        loss_name: str,
+        epochs: int,
+        micro_batch_size: int | None,
+        grad_clip: float,
+    ) -> dict[str, float]:
+        model, optimizer, scheduler = self.model, self.optimizer, self.lr_scheduler
+        assert model is not None and optimizer is not None and scheduler is not None
+        mini_rows = self._mini_batch_rows(len(batch))
+        lr = scheduler.get_last_lr()[0]
+        step_metrics: list[dict[str, float]] = []
+        model.train()
+        try:
+            for mini_batch in training.mini_batches(
+                batch,
+                mini_rows,
+                epochs=epochs,
+                shuffle=self.config.shuffle,
+                seed=self.recipe.trainer.seed,
+                update_step=self.update_steps,
+            ):
+                scale = self._loss_scale(mini_batch)
+                plan = self._plan(mini_batch, micro_batch_size)
+                optimizer.zero_grad(set_to_none=True)
+                # micro-batch metrics are shares of the mini-batch value, like the loss
+                mini_metrics: dict[str, float] = defaultdict(float)
+                step_loss = 0.0
+                for rows in plan:
+                    micro_batch = mini_batch.select(rows).to(self.torch_device)
+                    loss, metrics = micro_loss(micro_batch, scale)
+                    loss.backward()
+                    step_loss += float(loss.detach())
+                    for name, value in metrics.items():
+                        mini_metrics[name] += float(value)
+                grad_norm = self._clip_and_step(grad_clip)
+                step_metrics.append(
+                    {**mini_metrics, loss_name: step_loss, f"{prefix}/grad_norm": grad_norm}
+                )
+        finally:
+            model.eval()
+        scheduler.step()
+        self.update_steps += 1
+        return {**mean_metrics(step_metrics), f"{prefix}/lr": lr}
+
+    def _clip_and_step(self, grad_clip: float) -> float:
+        """Clip the gradient norm (or only measure it when ``grad_clip`` is 0) and step; a
+        non-finite norm skips the step, as one bad batch must not ruin the weights."""
+        model, optimizer = self.model, self.optimizer
+        assert model is not None and optimizer is not None
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads)
+        if isinstance(norm, DTensor):
+            # each rank holds a partial sum; offloaded gradients sit on the CPU, but the
+            # reduction has to run where the collective backend works
+            norm = norm.to(self.torch_device).full_tensor()
+        grad_norm = float(norm)
+        if math.isfinite(grad_norm):
+            coefficient = grad_clip / (grad_norm + 1e-6)
+            if grad_clip > 0 and coefficient < 1.0:
+                for grad in grads:
+                    grad.mul_(coefficient)
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return grad_norm
+
+    # ------------------------------------------------------------------------ weights
+
+    def _unique_state(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The state dict without the second name of a tied weight (``lm_head.weight`` when
+        it is the embedding): sent once, it ties again where it lands."""
+        model = self._reshard()
+        names = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+        tied = names - {name for name, _ in model.named_parameters()}
+        for name, tensor in model.state_dict().items():
+            if name not in tied:
+                yield name, tensor
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Each full weight in the model's dtype, gathered one at a time (collective; only
+        rank 0 yields, every rank must run the iterator to its end). A tied weight comes once,
+        under its first name."""
+        self._require("actor", "ref", "critic", method="named_weights")
+        for name, tensor in self._unique_state():
+            if isinstance(tensor, DTensor):
+                # offloaded shards live on the CPU, but collectives run on the device
+                full = tensor.to(self.torch_device).full_tensor()
+            else:
+                full = tensor
+            if self.dist.rank == 0:
+                yield name, full.detach().to("cpu", self.compute_dtype)
+
+    def weight_metadata(self) -> list[WeightMeta]:
+        """What :meth:`named_weights` yields, from the shards' global shapes (no gathering)."""
+        self._require("actor", "ref", "critic", method="weight_metadata")
+        dtype = str(self.compute_dtype).removeprefix("torch.")
+        return [
+            WeightMeta(name, tuple(tensor.shape), dtype) for name, tensor in self._unique_state()
+        ]
+
+    def rollout_model(self) -> Any:
+        """The live module when it is whole on this rank (one rank, actor role), else None.
+
+        Its layers then keep their gathered weights after a forward instead of gathering them
+        again for every decoding step (several times faster generation); backward still
+        releases them, so each optimizer step is seen by the next forward.
+        """
+        if self.role != "actor" or self.dist.world_size != 1 or self.model is None:
+            return None
+        self.model.set_reshard_after_forward(False, recurse=True)
+        return self.model
+
+    def _reshard(self) -> torch.nn.Module:
+        """Release gathered weights a forward kept, so the state dict holds the shards."""
+        model = self.model
+        assert model is not None
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
+        return model
+
+    def export_hf(self, path: Path) -> None:
+        self._require("actor", "ref", "critic", method="export_hf")
+        weights = list(self.named_weights())
+        if self.dist.rank == 0:
+            model_folder, _ = model_path(self.recipe, self.role)
+            write_hf_folder(
+                Path(path),
+                model_class=self._hf_class,
+                config=self._hf_config,
+                weights=weights,
+                dtype=self.compute_dtype,
+                source_folders=[self.recipe.model.tokenizer_path, model_folder],
+            )
+        dist.barrier()
+
+    # ------------------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self, path: Path) -> None:
+        self._require("actor", "ref", "critic", method="save_checkpoint")
+        model = self._reshard()
+        extra_state = {
+            "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler else None,
+            "rng": rng.capture(self.device),
+            "update_steps": self.update_steps,
+        }
+        checkpoint.save(
+            Path(path),
+            model=model,
+            optimizer=self.optimizer,
+            extra_state=extra_state,
+            role=self.role,
+            rank=self.dist.rank,
+            world_size=self.dist.world_size,
+        )
+
+    def load_checkpoint(self, path: Path) -> None:
+        self._require("actor", "ref", "critic", method="load_checkpoint")
+        model = self._reshard()
+        extra_state = checkpoint.load(
+            Path(path), model=model, optimizer=self.optimizer, rank=self.dist.rank
+        )
+        if self.lr_scheduler is not None and extra_state.get("lr_scheduler") is not None:
+            self.lr_scheduler.load_state_dict(extra_state["lr_scheduler"])
+        rng.restore(extra_state["rng"], self.device)
+        self.update_steps = int(extra_state["update_steps"])
+
+    def close(self) -> None:
+        self.model = None
+        self.optimizer = None
+        self.lr_scheduler = None
+        self.device.empty_cache()

@@ -1,0 +1,195 @@
+"""Checkpoints of one role: sharded model and optimizer state through torch.distributed.checkpoint
+(so a run can resume on a different number of ranks), plus one small file per rank with the
+learning-rate schedule and random-generator states.
+
+Layout of a checkpoint folder::
+
+    .metadata, __<rank>_0.distcp    model and optimizer shards (torch.distributed.checkpoint)
+    extra_state_rank_<rank>.pt       LR schedule, RNG states, update counter of that rank
+    fsdp2.json                       role and rank count, for error messages
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from plugrl.errors import CheckpointError
+from plugrl_fsdp2.optim import initialize_optimizer_state
+
+FORMAT_VERSION = 1
+MANIFEST = "fsdp2.json"
+RESUME_FIX = (
+    "resume from an earlier global_step_N folder or start fresh with trainer.resume_mode=disable"
+)
+
+
+def extra_state_file(path: Path, rank: int) -> Path:
+    return path / f"extra_state_rank_{rank}.pt"
+
+
+def _written_by(path: Path) -> int | None:
+    """How many ranks wrote the checkpoint, as its manifest says (``None`` if unreadable)."""
+    try:
+        return int(json.loads((path / MANIFEST).read_text(encoding="utf-8"))["world_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _extra_state_to_read(path: Path, rank: int) -> Path:
+    """The extra-state file ``rank`` resumes from. A rank beyond those that wrote the checkpoint
+    (resuming on more ranks) reads rank 0's: the learning-rate schedule and the update count
+    are the same on every rank, and no other rank's random state would be more right."""
+    writers = _written_by(path)
+    if writers is not None and rank >= writers:
+        return extra_state_file(path, 0)
+    return extra_state_file(path, rank)
+
+
+def _sharded_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
+) -> dict[str, Any]:
+    state: dict[str, Any] = {"model": get_model_state_dict(model)}
+    if optimizer is not None:
+        state["optimizer"] = get_optimizer_state_dict(model, optimizer)
+    return state
+
+
+def save(
+    path: Path,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    extra_state: dict[str, Any],
+    role: str,
+    rank: int,
+    world_size: int,
+) -> None:
+    """Write this rank's part of the checkpoint (collective: every rank of the role calls it)."""
+    path.mkdir(parents=True, exist_ok=True)
+    dcp.save(_sharded_state(model, optimizer), checkpoint_id=path)
+    torch.save(extra_state, extra_state_file(path, rank))
+    if rank == 0:
+        manifest = {"format": FORMAT_VERSION, "role": role, "world_size": world_size}
+        (path / MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
+    dist.barrier()
+
+
+def _check_files(path: Path, rank: int) -> None:
+    """Raise a :class:`CheckpointError` naming the first file that is missing or shorter than
+    the checkpoint's own index says, before any rank starts reading."""
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint folder {str(path)!r} does not exist; {RESUME_FIX}")
+    metadata_file = path / ".metadata"
+    if not metadata_file.is_file():
+        raise CheckpointError(
+            f"checkpoint file {str(metadata_file)!r} is missing, so {str(path)!r} is incomplete "
+            f"(the run probably stopped while saving); {RESUME_FIX}"
+        )
+    try:
+        metadata = dcp.FileSystemReader(path).read_metadata()
+    except Exception as exc:
+        raise CheckpointError(
+            f"checkpoint file {str(metadata_file)!r} is corrupt ({type(exc).__name__}); "
+            f"{RESUME_FIX}"
+        ) from exc
+    needed: dict[str, int] = {}
+    for info in (metadata.storage_data or {}).values():
+        end = info.offset + info.length
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), end)
+    for relative, size in sorted(needed.items()):
+        file = path / relative
+        if not file.is_file():
+            raise CheckpointError(f"checkpoint file {str(file)!r} is missing; {RESUME_FIX}")
+        if file.stat().st_size < size:
+            raise CheckpointError(
+                f"checkpoint file {str(file)!r} is truncated ({file.stat().st_size} of {size} "
+                f"bytes); {RESUME_FIX}"
+            )
+    extra = _extra_state_to_read(path, rank)
+    if not extra.is_file():
+        writers = _written_by(path)
+        written_by = f" (the checkpoint was written by {writers} ranks)" if writers else ""
+        raise CheckpointError(
+            f"checkpoint file {str(extra)!r} is missing{written_by}; {RESUME_FIX}"
+        )
+
+
+def load(
+    path: Path,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    rank: int,
+) -> dict[str, Any]:
+    """Read a checkpoint written by :func:`save` into ``model`` and ``optimizer`` (collective);
+    returns this rank's extra state."""
+    problem: CheckpointError | None = None
+    try:
+        _check_files(path, rank)
+    except CheckpointError as exc:
+        problem = exc
+    # every rank must learn of a problem any rank found, or the healthy ones would wait in the
+    # collective read below for ranks that gave up; all of them raise the first rank's message,
+    # so whichever rank's error reaches the driver first names the file and the fix
+    problems: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(problems, str(problem) if problem else None)
+    if problem is not None:
+        raise problem
+    found = next((message for message in problems if message), None)
+    if found is not None:
+        raise CheckpointError(found)
+    extra_file = _extra_state_to_read(path, rank)
+    try:
+        extra_state = torch.load(extra_file, weights_only=True)
+    except Exception as exc:
+        raise CheckpointError(
+            f"checkpoint file {str(extra_file)!r} is corrupt ({type(exc).__name__}: {exc}); "
+            f"{RESUME_FIX}"
+        ) from exc
+    if optimizer is not None:
+        initialize_optimizer_state(optimizer)
+    state = _sharded_state(model, optimizer)
+    if optimizer is not None and "optimizer" not in _saved_keys(path):
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} holds no optimizer state (it was saved by a frozen "
+            f"reference model); {RESUME_FIX}"
+        )
+    try:
+        dcp.load(state, checkpoint_id=path)
+    except (Exception, CheckpointException) as exc:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} could not be read into this model ({_cause(exc)}); is it "
+            f"from a different model? {RESUME_FIX}"
+        ) from exc
+    set_model_state_dict(model, state["model"])
+    if optimizer is not None:
+        set_optimizer_state_dict(model, optimizer, state["optimizer"])
+    return extra_state
+
+
+def _cause(exc: BaseException) -> str:
+    """One line naming what went wrong; torch.distributed.checkpoint wraps each rank's error
+    with its traceback."""
+    if isinstance(exc, CheckpointException) and exc.failures:
+        failure = next(iter(exc.failures.values()))
+        exc = failure[0] if isinstance(failure, tuple) else failure
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def _saved_keys(path: Path) -> set[str]:
+    metadata = dcp.FileSystemReader(path).read_metadata()
+    return {key.split(".", 1)[0] for key in metadata.state_dict_metadata}

@@ -1,0 +1,10 @@
+"""The ``console`` logger: one line per step on standard error."""
+
+from __future__ import annotations
+
+import plugrl
+
+
+@plugrl.hookimpl
+def register_loggers(register):
+    register("console", "plugrl_console.logger:ConsoleLogger")

@@ -1,0 +1,10 @@
+"""The ``jsonl`` logger: every step's metrics as one JSON line in ``metrics.jsonl``."""
+
+from __future__ import annotations
+
+import plugrl
+
+
+@plugrl.hookimpl
+def register_loggers(register):
+    register("jsonl", "plugrl_jsonl.logger:JsonlLogger")

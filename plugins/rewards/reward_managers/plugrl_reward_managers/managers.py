@@ -1,0 +1,505 @@
+"""The built-in reward managers: ``naive``, ``dapo``, ``batch`` and ``parallel``.
+
+Every manager decodes each response's valid tokens, scores them with the function its data
+source resolves to, and puts the score on the response's last valid token. Scoring always runs
+in worker processes (:mod:`plugrl.rewards.workers`) so ``reward.timeout_s`` holds
+even for a scorer that never returns.
+
+Failures: a timeout is scored 0 and counted in ``reward/timeouts``. A scorer that raises (or
+returns something that is not a score, or whose process dies) stops the run with the data
+source, sample index and exception named (``reward.on_error: raise``), or is scored 0 and
+counted in ``reward/errors`` (``score_zero``).
+
+Metrics: ``critic/score/{mean,max,min}`` (per-response totals, shaping included),
+``reward/<data_source>/score`` (mean raw score), ``reward/<data_source>/<field>`` (mean of each
+numeric field a scorer returns, ``acc`` included; a failed sample counts as ``acc`` 0),
+``reward/errors`` and ``reward/timeouts``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from numbers import Real
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import torch
+
+from plugrl.config import non_negative, option, positive, section
+from plugrl.data.batch import Batch
+from plugrl.errors import PluginError, RecipeError
+from plugrl.parts.reward import RewardConfig, RewardManager, RewardOutput
+from plugrl.rewards.scoring import Scorer, ScoringError
+from plugrl.rewards.workers import Call, Outcome, ProcessPool
+
+if TYPE_CHECKING:
+    from plugrl.parts.context import PartContext
+
+logger = logging.getLogger("plugrl.rewards")
+
+
+@attrs.define
+class SampleResult:
+    """One response's score, its extra fields, and how scoring went."""
+
+    score: float = 0.0
+    extras: dict[str, Any] = attrs.field(factory=dict)
+    status: str = "ok"  # ok | error | timeout
+    message: str = ""
+
+
+# --------------------------------------------------------------------------------------------
+# Shared machinery
+# --------------------------------------------------------------------------------------------
+
+
+class ScoringRewardManager(RewardManager):
+    """Decode, score in worker processes, place scores, report metrics. Subclasses choose how
+    samples are grouped into worker calls (:meth:`plan`) and may shape rewards
+    (:meth:`shape`)."""
+
+    name = "naive"
+    accepts_batch_functions = False
+
+    def __init__(self, config: RewardConfig, context: PartContext) -> None:
+        super().__init__(config, context)
+        self._pool: Any = None
+
+    # ------------------------------------------------------------------ start-up checks
+
+    def check_data_sources(self, data_sources: Iterable[str]) -> None:
+        """Every data source resolves to a function this manager can call, in a worker."""
+        for data_source in sorted(set(map(str, data_sources))):
+            self._scorer(data_source)
+
+    def _scorer(self, data_source: str) -> Scorer:
+        scorer = self.resolve(data_source)
+        if not isinstance(scorer, Scorer):  # a resolver that returns plain functions
+            scorer = Scorer.wrap(scorer, f"reward function for data_source {data_source!r}")
+        if scorer.batch and not self.accepts_batch_functions:
+            raise RecipeError(
+                f"{scorer.label} takes whole batches (solution_strs); the {self.name!r} manager "
+                "scores one sample per call: set reward.manager=batch",
+                key="reward.manager",
+            )
+        scorer.check_picklable()
+        return scorer
+
+    # ------------------------------------------------------------------ scoring
+
+    def __call__(self, batch: Batch) -> RewardOutput:
+        batch.require(
+            "responses",
+            "response_mask",
+            "data_source",
+            "ground_truth",
+            by=f"reward manager {self.name!r}",
+        )
+        responses: torch.Tensor = batch["responses"]
+        mask: torch.Tensor = batch["response_mask"]
+        size = responses.shape[0]
+        lengths = mask.sum(dim=-1).to(torch.long)
+        texts = self.decode(responses, mask)
+        data_sources = [str(d) for d in batch["data_source"]]
+        ground_truths = list(batch["ground_truth"])
+        extra_infos = list(batch.get("extra_info", [None] * size))
+        samples = [
+            {
+                "data_source": data_sources[i],
+                "solution_str": texts[i],
+                "ground_truth": ground_truths[i],
+                "extra_info": extra_infos[i],
+            }
+            for i in range(size)
+        ]
+        results = self.score(samples)
+        self._handle_failures(results, data_sources)
+        rewards = [r.score for r in results]
+        shaped, shaping_extra, shaping_metrics = self.shape(rewards, lengths)
+        scores = torch.zeros(responses.shape, dtype=torch.float32)
+        if size:
+            last = (lengths - 1).clamp(min=0)  # an empty response keeps its score on token 0
+            scores[torch.arange(size), last] = torch.tensor(shaped, dtype=torch.float32)
+        extra = _extra_columns(results)
+        extra.update(shaping_extra)
+        metrics = _metrics(results, data_sources, scores.sum(dim=-1))
+        metrics.update(shaping_metrics)
+        return RewardOutput(token_level_scores=scores, extra=extra, metrics=metrics)
+
+    def decode(self, responses: torch.Tensor, mask: torch.Tensor) -> list[str]:
+        """Each response's valid tokens as text (special tokens skipped)."""
+        texts = []
+        for ids, valid in zip(responses, mask, strict=True):
+            tokens = ids[valid.bool()].tolist()
+            texts.append(self.tokenizer.decode(tokens, skip_special_tokens=True))
+        return texts
+
+    def score(self, samples: Sequence[dict[str, Any]]) -> list[SampleResult]:
+        """Score every sample in the worker pool; one result per sample, in order."""
+        if not samples:
+            return []
+        scorers = {ds: self._scorer(ds) for ds in {s["data_source"] for s in samples}}
+        tasks, owners = self.plan(samples, scorers)
+        outcomes = self.pool().run(tasks)
+        results = [SampleResult() for _ in samples]
+        for task_outcomes, task_owners in zip(outcomes, owners, strict=True):
+            for outcome, indices in zip(task_outcomes, task_owners, strict=True):
+                _unpack(outcome, indices, results)
+        return results
+
+    def plan(
+        self, samples: Sequence[dict[str, Any]], scorers: dict[str, Any]
+    ) -> tuple[list[list[Call]], list[list[list[int]]]]:
+        """Worker tasks, and for each call the sample indices its outcome belongs to.
+
+        Here: one task holding one call per sample, run in order by one worker.
+        """
+        calls = [Call(scorers[s["data_source"]], dict(s), self.config.timeout_s) for s in samples]
+        return [calls], [[[i] for i in range(len(samples))]]
+
+    def num_workers(self) -> int:
+        return 1
+
+    def pool(self) -> ProcessPool:
+        if self._pool is None:
+            self._pool = ProcessPool(self.num_workers())
+        return self._pool
+
+    def shape(
+        self, scores: list[float], lengths: torch.Tensor
+    ) -> tuple[list[float], dict[str, list[Any]], dict[str, float]]:
+        """Turn scores into rewards (here: unchanged), with extra columns and metrics."""
+        return scores, {}, {}
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    # ------------------------------------------------------------------ failures
+
+    def _handle_failures(self, results: list[SampleResult], data_sources: list[str]) -> None:
+        errors = [i for i, r in enumerate(results) if r.status == "error"]
+        if errors and self.config.on_error == "raise":
+            first = errors[0]
+            more = f" ({len(errors) - 1} more samples failed)" if len(errors) > 1 else ""
+            raise ScoringError(
+                f"reward function for data_source {data_sources[first]!r} failed on sample "
+                f"{first}: {results[first].message}{more}; fix the function, or set "
+                "reward.on_error=score_zero to score such samples 0 and count them in "
+                "reward/errors"
+            )
+        for status, word in (("error", "failed"), ("timeout", "timed out")):
+            failed = [i for i, r in enumerate(results) if r.status == status]
+            if failed:
+                sources = sorted({data_sources[i] for i in failed})
+                logger.warning(
+                    "reward: %d of %d samples %s and were scored 0 (data sources %s; first: "
+                    "sample %d, %s)",
+                    len(failed),
+                    len(results),
+                    word,
+                    ", ".join(sources),
+                    failed[0],
+                    results[failed[0]].message,
+                )
+
+
+def _unpack(outcome: Outcome, indices: list[int], results: list[SampleResult]) -> None:
+    if outcome.ok:
+        values = outcome.value if isinstance(outcome.value, list) else [outcome.value]
+        for index, (score, extras) in zip(indices, values, strict=True):
+            results[index] = SampleResult(score, extras)
+        return
+    for index in indices:
+        results[index] = SampleResult(0.0, {}, outcome.status, outcome.message)
+
+
+def _extra_columns(results: list[SampleResult]) -> dict[str, list[Any]]:
+    keys: list[str] = []
+    for result in results:
+        keys += [k for k in result.extras if k not in keys]
+    columns = {key: [r.extras.get(key) for r in results] for key in keys}
+    if "score" in columns:  # samples whose scorer returned a bare number have a score too
+        columns["score"] = [r.score if r.status == "ok" else None for r in results]
+    return columns
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, Real) and math.isfinite(float(value))
+
+
+def _metrics(
+    results: list[SampleResult], data_sources: list[str], totals: torch.Tensor
+) -> dict[str, float]:
+    metrics: dict[str, float] = {
+        "reward/errors": float(sum(r.status == "error" for r in results)),
+        "reward/timeouts": float(sum(r.status == "timeout" for r in results)),
+    }
+    if len(results):
+        metrics["critic/score/mean"] = float(totals.mean())
+        metrics["critic/score/max"] = float(totals.max())
+        metrics["critic/score/min"] = float(totals.min())
+    by_source: dict[str, list[SampleResult]] = defaultdict(list)
+    for data_source, result in zip(data_sources, results, strict=True):
+        by_source[data_source].append(result)
+    for data_source, group in sorted(by_source.items()):
+        prefix = f"reward/{data_source}"
+        metrics[f"{prefix}/score"] = sum(r.score for r in group) / len(group)
+        fields: dict[str, list[float]] = defaultdict(list)
+        for result in group:
+            for key, value in result.extras.items():
+                if key != "score" and _is_number(value):
+                    fields[key].append(float(value))
+        for key, values in fields.items():
+            if key == "acc":  # failed samples count as wrong
+                metrics[f"{prefix}/acc"] = sum(values) / len(group)
+            else:
+                metrics[f"{prefix}/{key}"] = sum(values) / len(values)
+    return metrics
+
+
+# --------------------------------------------------------------------------------------------
+# naive
+# --------------------------------------------------------------------------------------------
+
+
+class NaiveRewardManager(ScoringRewardManager):
+    """One call per sample, in order, in one worker process; the score on the last token."""
+
+    name = "naive"
+
+
+# --------------------------------------------------------------------------------------------
+# dapo
+# --------------------------------------------------------------------------------------------
+
+
+@attrs.define(kw_only=True)
+class OverlongBufferConfig:
+    """``reward.overlong_buffer``: DAPO's soft penalty for responses near the length limit."""
+
+    enable: bool = option(
+        False,
+        "Penalise responses longer than max_resp_len - len.",
+        verl="reward_model.overlong_buffer.enable",
+    )
+    len: int = option(
+        0,
+        "Length of the buffer zone, in tokens, at the end of max_resp_len.",
+        verl="reward_model.overlong_buffer.len",
+        validator=non_negative,
+    )
+    penalty_factor: float = option(
+        1.0,
+        "Penalty at max_resp_len; it grows linearly from 0 across the buffer.",
+        verl="reward_model.overlong_buffer.penalty_factor",
+        validator=non_negative,
+    )
+    log: bool = option(
+        False,
+        "Add overlong_reward and overlong columns and reward/overlong/* metrics.",
+        verl="reward_model.overlong_buffer.log",
+    )
+
+
+@attrs.define(kw_only=True)
+class DAPORewardConfig(RewardConfig):
+    """The ``reward`` section for ``manager: dapo``."""
+
+    overlong_buffer: OverlongBufferConfig = section(
+        OverlongBufferConfig,
+        "Overlong reward shaping.",
+        verl="reward_model.overlong_buffer",
+    )
+    max_resp_len: int | None = option(
+        None,
+        "Response length the buffer ends at; unset: data.max_response_length.",
+        verl="reward_model.reward_kwargs.max_resp_len",
+        validator=positive,
+    )
+
+
+def overlong_penalty(
+    length: int | torch.Tensor, max_resp_len: int, buffer_len: int, penalty_factor: float
+) -> Any:
+    """DAPO's soft overlong penalty (<= 0) for a response of ``length`` tokens.
+
+    expected = max_resp_len - buffer_len; exceed = length - expected;
+    penalty = min(-exceed / buffer_len * penalty_factor, 0).
+    """
+    expected = max_resp_len - buffer_len
+    exceed = length - expected
+    penalty = -exceed / buffer_len * penalty_factor
+    if isinstance(penalty, torch.Tensor):
+        return penalty.clamp(max=0.0)
+    return min(penalty, 0.0)
+
+
+class DAPORewardManager(ScoringRewardManager):
+    """``naive`` plus DAPO's overlong buffer: reward = score + overlong penalty."""
+
+    name = "dapo"
+
+    def __init__(self, config: RewardConfig, context: PartContext) -> None:
+        super().__init__(config, context)
+        if not isinstance(config, DAPORewardConfig):
+            raise PluginError(
+                f"the dapo manager got a {type(config).__name__} reward section; build the "
+                "recipe with plugrl.recipe.build_recipe so it is read into DAPORewardConfig"
+            )
+        buffer = config.overlong_buffer
+        self.max_resp_len = config.max_resp_len or self.recipe.data.max_response_length
+        if buffer.enable:
+            if buffer.len <= 0:
+                raise RecipeError(
+                    "must be > 0 when the overlong buffer is enabled (DAPO uses 4096 of 20480)",
+                    key="reward.overlong_buffer.len",
+                )
+            if buffer.len > self.max_resp_len:
+                raise RecipeError(
+                    f"{buffer.len} is longer than max_resp_len {self.max_resp_len}; make it "
+                    "smaller or raise reward.max_resp_len",
+                    key="reward.overlong_buffer.len",
+                )
+
+    def shape(
+        self, scores: list[float], lengths: torch.Tensor
+    ) -> tuple[list[float], dict[str, list[Any]], dict[str, float]]:
+        buffer = self.config.overlong_buffer  # type: ignore[attr-defined]
+        if not buffer.enable:
+            return scores, {}, {}
+        penalties = overlong_penalty(
+            lengths.to(torch.float64), self.max_resp_len, buffer.len, buffer.penalty_factor
+        ).tolist()
+        rewards = [s + p for s, p in zip(scores, penalties, strict=True)]
+        if not buffer.log:
+            return rewards, {}, {}
+        extra = {
+            "overlong_reward": penalties,
+            "overlong": [p < 0 for p in penalties],
+        }
+        count = max(len(penalties), 1)
+        metrics = {
+            "reward/overlong/penalty_mean": sum(penalties) / count,
+            "reward/overlong/ratio": sum(p < 0 for p in penalties) / count,
+        }
+        return rewards, extra, metrics
+
+
+# --------------------------------------------------------------------------------------------
+# batch
+# --------------------------------------------------------------------------------------------
+
+
+@attrs.define(kw_only=True)
+class BatchRewardConfig(RewardConfig):
+    """The ``reward`` section for ``manager: batch``."""
+
+    batch_timeout_s: float = option(
+        300.0,
+        "Seconds one batch call may take; past it every sample of the call is a timeout.",
+        validator=positive,
+    )
+
+
+class BatchRewardManager(ScoringRewardManager):
+    """One call per scoring function for the whole batch: a batch-form function gets lists
+    (``data_sources``, ``solution_strs``, ``ground_truths``, ``extra_infos``); a per-sample
+    function is called for each row inside that one worker call."""
+
+    name = "batch"
+    accepts_batch_functions = True
+
+    def plan(
+        self, samples: Sequence[dict[str, Any]], scorers: dict[str, Any]
+    ) -> tuple[list[list[Call]], list[list[list[int]]]]:
+        groups: dict[int, list[int]] = defaultdict(list)
+        by_id = {}
+        for index, sample in enumerate(samples):
+            scorer = scorers[sample["data_source"]]
+            groups[id(scorer)].append(index)
+            by_id[id(scorer)] = scorer
+        calls, owners = [], []
+        for key, indices in groups.items():
+            columns = {
+                "data_sources": [samples[i]["data_source"] for i in indices],
+                "solution_strs": [samples[i]["solution_str"] for i in indices],
+                "ground_truths": [samples[i]["ground_truth"] for i in indices],
+                "extra_infos": [samples[i]["extra_info"] for i in indices],
+            }
+            timeout = self.config.batch_timeout_s  # type: ignore[attr-defined]
+            calls.append(Call(by_id[key], columns, timeout, kind="batch"))
+            owners.append(indices)
+        return [calls], [owners]
+
+
+# --------------------------------------------------------------------------------------------
+# parallel
+# --------------------------------------------------------------------------------------------
+
+
+@attrs.define(kw_only=True)
+class ParallelRewardConfig(RewardConfig):
+    """The ``reward`` section for ``manager: parallel``."""
+
+    num_workers: int | None = option(
+        None,
+        "Scoring processes (or Ray actors); unset: the CPU count, at most 8.",
+        validator=positive,
+    )
+    chunk_size: int | None = option(
+        None,
+        "Samples sent to a worker at a time; unset: enough for about 4 chunks per worker.",
+        validator=positive,
+    )
+    backend: str = option(
+        "processes",
+        "'processes': local worker processes; 'ray': Ray actors (needs ray, and uses the "
+        "running Ray cluster or starts a local one).",
+        choices=["processes", "ray"],
+    )
+
+
+class ParallelRewardManager(ScoringRewardManager):
+    """Per-sample scoring spread over several worker processes (or Ray actors), for
+    expensive scorers. Each sample still has its own ``reward.timeout_s``."""
+
+    name = "parallel"
+
+    def num_workers(self) -> int:
+        configured = self.config.num_workers  # type: ignore[attr-defined]
+        return configured or max(1, min(os.cpu_count() or 1, 8))
+
+    def pool(self) -> Any:
+        if self._pool is None:
+            if self.config.backend == "ray":  # type: ignore[attr-defined]
+                from plugrl.rewards.ray_pool import RayPool
+
+                self._pool = RayPool(self.num_workers())
+            else:
+                self._pool = ProcessPool(self.num_workers())
+        return self._pool
+
+    def plan(
+        self, samples: Sequence[dict[str, Any]], scorers: dict[str, Any]
+    ) -> tuple[list[list[Call]], list[list[list[int]]]]:
+        size = self.config.chunk_size or max(  # type: ignore[attr-defined]
+            1, math.ceil(len(samples) / (4 * self.num_workers()))
+        )
+        timeout = self.config.timeout_s
+        tasks, owners = [], []
+        for start in range(0, len(samples), size):
+            indices = list(range(start, min(start + size, len(samples))))
+            tasks.append(
+                [
+                    Call(scorers[samples[i]["data_source"]], dict(samples[i]), timeout)
+                    for i in indices
+                ]
+            )
+            owners.append([[i] for i in indices])
+        return tasks, owners

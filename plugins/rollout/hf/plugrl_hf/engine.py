@@ -1,0 +1,625 @@
+"""The ``hf`` rollout engine: continuous batching over a Hugging Face causal LM's forward.
+
+In the trainer's process (``context.model_from_trainer``) it generates with the trainer's live
+module, handed over with :meth:`HFRolloutEngine.bind_model`: no copy and no weight transfer.
+Otherwise it builds its own model from ``model.path`` (dtype ``model.dtype``) and receives new
+weights in the three update phases.
+
+Requests join and leave the running batch at any step (:mod:`~plugrl_hf.batch`,
+:mod:`~plugrl_hf.kv`). The decode loop is an asyncio task on the loop the
+requests arrive on; it yields to the loop between steps, so ``abort``, ``pause``, ``resume``
+and the weight-update calls run between two tokens, and it ends when there is nothing to do.
+
+Sampling is seeded per sample (:mod:`~plugrl_hf.sampler`): a request with
+``params.seed`` samples the same tokens whatever runs beside it; a request without one takes a
+seed from the engine's generator, seeded from ``trainer.seed``, so a run repeats exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import attrs
+import torch
+
+from plugrl.errors import PluginError, RecipeError
+from plugrl.parts.rollout import (
+    Capability,
+    Completion,
+    GenerationRequest,
+    PauseMode,
+    RolloutEngine,
+    WeightMeta,
+    derive_seed,
+)
+from plugrl_hf.batch import DecodeBatch, Row
+from plugrl_hf.config import HFRolloutConfig
+from plugrl_hf.sampler import StopStringMatcher, default_stop_token_ids
+
+if TYPE_CHECKING:
+    from plugrl.parts.context import PartContext
+    from plugrl.recipe import Recipe
+
+logger = logging.getLogger("plugrl.rollout.hf")
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_model(recipe: Recipe, device: torch.device, attn_implementation: str = "sdpa") -> Any:
+    """The model of ``model.path`` in ``model.dtype`` on ``device``, in eval mode."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = recipe.model.path
+    if not path:
+        raise RecipeError(
+            "the hf rollout engine needs a model folder to load its own model; set model.path",
+            key="model.path",
+        )
+    if not Path(path).is_dir():
+        raise RecipeError(
+            f"{path} is not a folder; set a local Hugging Face model folder", "model.path"
+        )
+    trust = recipe.model.trust_remote_code
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust)
+    for name, value in recipe.model.override_config.items():
+        setattr(config, name, value)
+    model = AutoModelForCausalLM.from_pretrained(
+        path,
+        config=config,
+        dtype=DTYPES[recipe.model.dtype],
+        attn_implementation=attn_implementation,
+        trust_remote_code=trust,
+    )
+    return model.to(device).eval()
+
+
+class _Request:
+    """A request in flight: its samples, those admitted so far, and its future."""
+
+    __slots__ = (
+        "admitted",
+        "completions",
+        "future",
+        "matcher",
+        "request",
+        "rows",
+        "seed",
+        "stop_ids",
+        "unfinished",
+    )
+
+    def __init__(
+        self,
+        request: GenerationRequest,
+        future: asyncio.Future,
+        seed: int,
+        stop_ids: frozenset[int],
+        matcher: StopStringMatcher | None,
+    ) -> None:
+        self.request = request
+        self.future = future
+        self.seed = seed
+        self.stop_ids = stop_ids
+        self.matcher = matcher
+        self.admitted = 0
+        self.unfinished = request.params.n
+        self.rows: list[Row] = []
+        self.completions: list[Completion | None] = [None] * request.params.n
+
+
+@attrs.define
+class _WeightUpdate:
+    version: int
+    announced: dict[str, WeightMeta]
+    storages: dict[str, int]
+    """Announced name -> storage of its target (tied weights share one)."""
+    received: set[int] = attrs.field(factory=set)
+
+
+class HFRolloutEngine(RolloutEngine):
+    """Samples with a Hugging Face causal LM's forward and a KV cache; requests join and leave
+    the running batch at any step."""
+
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+        {
+            Capability.STREAM,
+            Capability.ABORT,
+            Capability.PAUSE_KEEP,
+            Capability.WEIGHT_UPDATE,
+            Capability.SLEEP,
+            Capability.SHARE_MODEL,
+        }
+    )
+
+    def __init__(self, config: HFRolloutConfig, context: PartContext) -> None:
+        super().__init__(config, context)
+        self.config: HFRolloutConfig = config
+        self.recipe = context.recipe
+        self.tokenizer = context.tokenizer
+        self.torch_device = (
+            context.device.torch_device() if context.device is not None else torch.device("cpu")
+        )
+        pad = getattr(self.tokenizer, "pad_token_id", None)
+        self.pad_token_id: int = pad if pad is not None else self.tokenizer.eos_token_id
+        self._seeds = torch.Generator().manual_seed(self.recipe.trainer.seed)
+        self.model: Any = None
+        self.owns_model = False
+        self._batch: DecodeBatch | None = None
+        self._default_stop_ids: frozenset[int] = frozenset()
+        self._waiting: deque[_Request] = deque()
+        self._in_flight: dict[str, list[_Request]] = {}
+        self._paused = False
+        self._update: _WeightUpdate | None = None
+        self._no_weights: str | None = None
+        """Why the model's weights cannot be used until a weight update (None: they can)."""
+        self._asleep: set[str] = set()
+        self._sleep_level = 0
+        self._sleeps = self.torch_device.type != "cpu"
+        """Whether sleep moves anything (on the CPU it is a no-op)."""
+        self._param_shapes: dict[str, tuple[torch.Size, torch.dtype]] = {}
+        self._task: asyncio.Task | None = None
+        self._task_loop: asyncio.AbstractEventLoop | None = None
+        self._restore_training = False
+        if not context.model_from_trainer:
+            model = load_model(self.recipe, self.torch_device, config.attn_implementation)
+            self._use_model(model, owns=True)
+
+    # ------------------------------------------------------------------------------- requests
+
+    async def generate_request(self, request: GenerationRequest) -> list[Completion]:
+        params = request.params
+        params.check()
+        if not request.prompt_ids:
+            raise ValueError(
+                f"the prompt of request {request.request_id!r} is empty; every prompt needs at "
+                "least one token"
+            )
+        self._check_ready()
+        loop = asyncio.get_running_loop()
+        seed = params.seed if params.seed is not None else self._draw_seed()
+        if params.max_tokens == 0:
+            return [
+                Completion(
+                    token_ids=[],
+                    log_probs=[],
+                    finish_reason="length",
+                    weight_version=self.weight_version,
+                    request_id=request.request_id,
+                    sample_index=index,
+                )
+                for index in range(params.n)
+            ]
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need the run's tokenizer; the engine has none")
+        matcher = StopStringMatcher(params.stop, self._decode) if params.stop else None
+        stop_ids = self._default_stop_ids | frozenset(params.stop_token_ids)
+        state = _Request(request, loop.create_future(), seed, stop_ids, matcher)
+        self._in_flight.setdefault(request.request_id, []).append(state)
+        self._waiting.append(state)
+        self._kick(loop)
+        try:
+            return await state.future
+        except asyncio.CancelledError:
+            # the caller gave up: the request leaves the engine
+            self._end_request(state, finish=False)
+            raise
+
+    async def abort(self, request_ids: Sequence[str]) -> None:
+        for request_id in request_ids:
+            for state in list(self._in_flight.get(request_id, ())):
+                self._abort_request(state)
+
+    async def pause(self, mode: PauseMode = "keep") -> None:
+        if mode not in ("keep", "abort"):
+            raise ValueError(f"pause mode must be 'keep' or 'abort', got {mode!r}")
+        # the decode loop runs on this event loop, so no step is under way now: it sees the
+        # flag before its next step
+        self._paused = True
+        if mode == "abort":
+            for states in list(self._in_flight.values()):
+                for state in list(states):
+                    self._abort_request(state)
+
+    async def resume(self) -> None:
+        self._paused = False
+        self._kick()
+
+    # -------------------------------------------------------------------------------- weights
+
+    async def begin_weight_update(self, version: int, weights: Sequence[WeightMeta]) -> None:
+        self._require_own_model()
+        if self._sleep_level == 2 and "weights" in self._asleep:
+            raise RuntimeError(
+                "the hf rollout engine dropped its weights in sleep(level=2); call "
+                "wake_up(tags=['weights']) before begin_weight_update"
+            )
+        if self._update is not None:
+            logger.warning(
+                "begin_weight_update(%d) while the update to version %d was not finished; "
+                "starting over",
+                version,
+                self._update.version,
+            )
+        targets = self.model.state_dict()
+        path = self.recipe.model.path
+        announced: dict[str, WeightMeta] = {}
+        for meta in weights:
+            target = targets.get(meta.name)
+            if target is None:
+                raise PluginError(
+                    f"begin_weight_update announced {meta.name!r}, which the rollout model of "
+                    f"{path} does not have; push weights under Hugging Face names of the same "
+                    "architecture"
+                )
+            if tuple(target.shape) != tuple(meta.shape):
+                raise PluginError(
+                    f"begin_weight_update announced {meta.name!r} of shape {tuple(meta.shape)}, "
+                    f"the rollout model's is {tuple(target.shape)}; push full (unsharded) weights"
+                )
+            announced[meta.name] = meta
+        storages = {name: _storage(targets[name]) for name in announced}
+        covered = set(storages.values())
+        missing = [name for name, target in targets.items() if _storage(target) not in covered]
+        if missing:
+            raise PluginError(
+                f"begin_weight_update announced {len(targets) - len(missing)} of {len(targets)} "
+                f"weights; missing {', '.join(missing[:3])}"
+                + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+                + "; push every weight with each version"
+            )
+        # generation waits until finish_weight_update: no token comes from a mix of versions
+        self._update = _WeightUpdate(version, announced, storages)
+
+    async def load_weights(self, bucket: Sequence[tuple[str, torch.Tensor]]) -> None:
+        update = self._update
+        if update is None:
+            raise RuntimeError(
+                "load_weights without begin_weight_update; announce the weights of the new "
+                "version first"
+            )
+        targets = self.model.state_dict()
+        with torch.no_grad():
+            for name, tensor in bucket:
+                meta = update.announced.get(name)
+                if meta is None:
+                    raise PluginError(
+                        f"load_weights got {name!r}, which begin_weight_update did not announce; "
+                        "announce every weight of the version"
+                    )
+                target = targets[name]
+                if tuple(tensor.shape) != tuple(target.shape):
+                    raise PluginError(
+                        f"load_weights got {name!r} of shape {tuple(tensor.shape)}, the rollout "
+                        f"model's is {tuple(target.shape)}; push full (unsharded) weights"
+                    )
+                # the model holds a mix of versions until every weight has arrived
+                self._no_weights = "the last weight update did not finish"
+                target.copy_(tensor.detach())
+                update.received.add(update.storages[name])
+
+    async def finish_weight_update(self) -> None:
+        update = self._update
+        if update is None:
+            raise RuntimeError("finish_weight_update without begin_weight_update")
+        self._update = None
+        missing = [n for n, s in update.storages.items() if s not in update.received]
+        if missing:
+            self._no_weights = "the last weight update did not finish"
+            raise PluginError(
+                f"finish_weight_update: {len(update.storages) - len(missing)} of "
+                f"{len(update.storages)} announced weights arrived; missing "
+                f"{', '.join(missing[:3])}"
+                + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+                + "; push the version again from begin_weight_update, every announced weight "
+                "through load_weights"
+            )
+        self._no_weights = None
+        assert self._batch is not None
+        self._batch.kv.weights_changed()
+        self._new_version(update.version)
+        self._kick()
+
+    def bind_model(self, model: Any, version: int) -> None:
+        """Generate with the trainer's live ``model`` from now on, as ``version``. Rows in flight
+        continue: their caches are recomputed with it before their next token. Call it between
+        steps (the engine idle or paused), not from another thread while it generates."""
+        if model is not self.model:
+            self._use_model(model, owns=False)
+        elif self._batch is not None:
+            # the trainer changed the weights since (copies of them are stale)
+            self._batch.kv.weights_changed()
+        self._no_weights = None
+        if version != self.weight_version:
+            self._new_version(version)
+
+    def _new_version(self, version: int) -> None:
+        self.weight_version = version
+        if self._batch is not None:
+            for row in self._batch.rows:
+                row.mark_version(version)
+            # the cache of rows in flight was computed with the old weights
+            self._batch.invalidate()
+
+    # ------------------------------------------------------------------------------ lifecycle
+
+    async def sleep(self, level: int = 1) -> None:
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, got {level}")
+        if not self._sleeps:
+            return
+        if self._batch is not None:
+            self._batch.invalidate(free=True)
+        if self.owns_model and "weights" not in self._asleep:
+            if level == 1:
+                self.model.to("cpu")
+            else:
+                with torch.no_grad():
+                    for parameter in self.model.parameters():
+                        parameter.data = parameter.data.new_empty(0)
+                self._no_weights = "the hf rollout engine dropped its weights in sleep(level=2)"
+            self._sleep_level = level
+        self._asleep = {"weights", "kv_cache"}
+        if self.context.device is not None:
+            self.context.device.empty_cache()
+
+    async def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        if not self._sleeps:
+            return
+        tags = set(tags or ("weights", "kv_cache"))
+        unknown = tags - {"weights", "kv_cache"}
+        if unknown:
+            raise ValueError(f"wake_up tags are 'weights' and 'kv_cache', got {sorted(unknown)}")
+        if "weights" in tags and "weights" in self._asleep and self.owns_model:
+            if self._sleep_level == 2:
+                with torch.no_grad():
+                    for name, parameter in self.model.named_parameters():
+                        shape, dtype = self._param_shapes[name]
+                        parameter.data = torch.empty(shape, dtype=dtype, device=self.torch_device)
+            else:
+                self.model.to(self.torch_device)
+        self._asleep -= tags
+        if not self._asleep:
+            self._sleep_level = 0
+        self._kick()
+
+    def close(self) -> None:
+        for states in list(self._in_flight.values()):
+            for state in list(states):
+                self._abort_request(state)
+        self.model = None
+        self.owns_model = False
+        self._batch = None
+
+    # ---------------------------------------------------------------------------- checkpoints
+
+    def rng_state(self) -> torch.Tensor:
+        """The state of the generator unseeded requests take their seeds from."""
+        return self._seeds.get_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        """Restore :meth:`rng_state`, so a resumed run samples what the original would have."""
+        self._seeds.set_state(state)
+
+    # ------------------------------------------------------------------------ the decode loop
+
+    def _can_step(self) -> bool:
+        batch = self._batch
+        return (
+            batch is not None
+            and not self._paused
+            and self._update is None
+            and self._no_weights is None
+            and not self._asleep
+            and bool(batch.rows or (self._waiting and batch.free_slots))
+        )
+
+    def _kick(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """Start the decode loop on this event loop when there is work and it is not running."""
+        if not self._can_step():
+            return
+        loop = loop or asyncio.get_running_loop()
+        task = self._task
+        if task is not None and not task.done():
+            if self._task_loop is loop:
+                return
+            if self._task_loop is not None and not self._task_loop.is_closed():
+                raise RuntimeError(
+                    "the hf rollout engine is generating on another event loop; drive one "
+                    "engine from one loop"
+                )
+        self._task_loop = loop
+        self._task = loop.create_task(self._run())
+
+    async def _run(self) -> None:
+        try:
+            while self._can_step():
+                self._iteration()
+                if not self._can_step():
+                    break
+                # let abort, pause and weight calls in between two tokens
+                await asyncio.sleep(0)
+        except Exception as error:
+            self._fail_all(error)
+        finally:
+            if self._restore_training and self.model is not None:
+                self.model.train()
+            self._restore_training = False
+
+    def _iteration(self) -> None:
+        """Admit waiting requests into free slots, then one decode step."""
+        batch = self._batch
+        assert batch is not None
+        # grad mode is per thread: set it here, where the model runs
+        with torch.no_grad():
+            if self.model.training:
+                self.model.eval()
+                self._restore_training = True
+            if self._waiting and batch.free_slots:
+                batch.admit(self._take_waiting(batch.free_slots))
+            if batch.rows:
+                for row in batch.step():
+                    self._row_done(row)
+
+    def _take_waiting(self, free: int) -> list[Row]:
+        rows = []
+        while self._waiting and free:
+            state = self._waiting[0]
+            params = state.request.params
+            take = min(free, params.n - state.admitted)
+            for index in range(state.admitted, state.admitted + take):
+                row = Row(
+                    owner=state,
+                    sample_index=index,
+                    prompt=state.request.prompt_ids,
+                    params=params,
+                    seed=derive_seed(state.seed, index),
+                    stop_ids=state.stop_ids,
+                    matcher=state.matcher,
+                    version=self.weight_version,
+                )
+                state.rows.append(row)
+                rows.append(row)
+            state.admitted += take
+            free -= take
+            if state.admitted == params.n:
+                self._waiting.popleft()
+        return rows
+
+    def _row_done(self, row: Row) -> None:
+        state: _Request = row.owner
+        state.rows.remove(row)
+        state.completions[row.sample_index] = Completion(
+            token_ids=row.tokens,
+            log_probs=row.log_probs,
+            finish_reason=row.finish_reason or "aborted",  # type: ignore[arg-type]
+            token_versions=row.token_versions(),
+            weight_version=self.weight_version,
+            request_id=state.request.request_id,
+            sample_index=row.sample_index,
+        )
+        state.unfinished -= 1
+        if state.unfinished == 0:
+            self._end_request(state, finish=True)
+
+    def _abort_request(self, state: _Request) -> None:
+        """End a request now: running samples keep their tokens, the others are empty."""
+        if self._batch is not None and state.rows:
+            self._batch.remove(state.rows)
+        if state in self._waiting:
+            self._waiting.remove(state)
+        for index in range(state.admitted, state.request.params.n):
+            state.completions[index] = Completion(
+                token_ids=[],
+                log_probs=[],
+                finish_reason="aborted",
+                weight_version=self.weight_version,
+                request_id=state.request.request_id,
+                sample_index=index,
+            )
+            state.unfinished -= 1
+        state.admitted = state.request.params.n
+        if not state.rows:
+            self._end_request(state, finish=True)
+        for row in list(state.rows):
+            row.finish_reason = "aborted"
+            self._row_done(row)  # the last one ends the request
+
+    def _end_request(self, state: _Request, *, finish: bool) -> None:
+        if state in self._waiting:
+            self._waiting.remove(state)
+        if self._batch is not None and state.rows:
+            self._batch.remove(state.rows)
+        state.rows.clear()
+        states = self._in_flight.get(state.request.request_id, [])
+        if state in states:
+            states.remove(state)
+            if not states:
+                del self._in_flight[state.request.request_id]
+        if finish and _waited_on(state.future):
+            state.future.set_result(list(state.completions))
+
+    def _fail_all(self, error: Exception) -> None:
+        logger.error("the hf rollout engine failed while generating: %s", error)
+        if self._batch is not None:
+            self._batch.rows.clear()
+            self._batch.invalidate(free=True)
+        for states in list(self._in_flight.values()):
+            for state in list(states):
+                state.rows.clear()
+                self._end_request(state, finish=False)
+                if _waited_on(state.future):
+                    state.future.set_exception(error)
+
+    # -------------------------------------------------------------------------------- helpers
+
+    def _use_model(self, model: Any, *, owns: bool) -> None:
+        rows = self._batch.rows if self._batch is not None else []
+        self.model = model
+        self.owns_model = owns
+        parameter = next(iter(model.parameters()), None)
+        if parameter is not None and parameter.device != self.torch_device:
+            # sample where the model lives (the trainer's rank device)
+            self.torch_device = parameter.device
+            self._sleeps = self.torch_device.type != "cpu"
+        self._param_shapes = {name: (p.shape, p.dtype) for name, p in model.named_parameters()}
+        self._default_stop_ids = frozenset(default_stop_token_ids(model, self.tokenizer))
+        self._batch = DecodeBatch(
+            model,
+            device=self.torch_device,
+            pad_token_id=self.pad_token_id,
+            max_rows=self.config.max_num_seqs,
+            prefill_tokens=self.config.max_prefill_tokens,
+            lean_decode=self.config.lean_decode,
+        )
+        if self._batch.fallback_reason:
+            logger.info(
+                "hf rollout engine: %s, so requests join only when the running batch is empty "
+                "(no continuous batching for this model)",
+                self._batch.fallback_reason,
+            )
+        lean_unsupported = getattr(self._batch.kv, "lean_unsupported", None)
+        if self.config.lean_decode and lean_unsupported:
+            logger.info(
+                "hf rollout engine: decode steps and prompt passes run the model's own forward: %s",
+                lean_unsupported,
+            )
+        self._batch.adopt(rows)
+
+    def _check_ready(self) -> None:
+        if self.model is None:
+            raise RuntimeError(
+                "the hf rollout engine has no model yet: it was built to share the trainer's "
+                "(context.model_from_trainer), so call bind_model(model, version) first"
+            )
+        if self._no_weights is not None and self._update is None:
+            raise RuntimeError(
+                f"{self._no_weights}; load new weights (begin_weight_update, load_weights, "
+                "finish_weight_update) before generating"
+            )
+
+    def _require_own_model(self) -> None:
+        if not self.owns_model:
+            raise RuntimeError(
+                "this hf rollout engine generates with the trainer's own model (bind_model); "
+                "there are no weights to push, call bind_model(model, version)"
+            )
+
+    def _draw_seed(self) -> int:
+        return int(torch.randint(0, 2**62, (1,), generator=self._seeds))
+
+    def _decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=False)
+
+
+def _waited_on(future: asyncio.Future) -> bool:
+    """Whether someone can still receive the future's result (its loop may have ended)."""
+    return not future.done() and not future.get_loop().is_closed()
+
+
+def _storage(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage().data_ptr()

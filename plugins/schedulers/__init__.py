@@ -1,1 +1,0 @@
-"""Built-in schedulers (the training loop) and the part-building they share."""

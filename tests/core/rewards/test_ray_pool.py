@@ -1,0 +1,60 @@
+"""``parallel`` with ``backend: ray``: Ray actors with the same per-sample timeouts."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from plugrl.compose.run_parts import build_reward_manager
+from tests.plugins.rewards.rewards_testlib import make_batch
+
+ray = pytest.importorskip("ray")
+
+SCORER = """
+import os
+import time
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    if solution_str == "hang":
+        time.sleep(3600)
+    if solution_str == "raise":
+        raise KeyError("missing field")
+    return {"score": float(solution_str == ground_truth), "pid": os.getpid()}
+"""
+
+
+@pytest.fixture
+def ray_cluster(monkeypatch):
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.mark.slow
+def test_ray_actors_score_time_out_and_fail_per_sample(
+    ray_cluster, make_recipe, tokenizer, plugins, scorer_file
+):
+    reward = {
+        "manager": "parallel",
+        "backend": "ray",
+        "num_workers": 2,
+        "timeout_s": 2.0,
+        "on_error": "score_zero",
+        "custom_function": {"path": str(scorer_file(SCORER))},
+    }
+    manager = build_reward_manager(make_recipe(reward), tokenizer, plugins)
+    try:
+        manager(make_batch(tokenizer, ["a", "a"], "x", ["a", "a"]))  # start the actors
+        texts = ["a", "hang", "b", "raise", "a"]
+        start = time.monotonic()
+        output = manager(make_batch(tokenizer, texts, "x", ["a"] * 5))
+        elapsed = time.monotonic() - start
+    finally:
+        manager.close()
+    assert elapsed < 6.0
+    assert output.token_level_scores.sum(-1).tolist() == [1.0, 0.0, 0.0, 0.0, 1.0]
+    assert output.metrics["reward/timeouts"] == 1.0
+    assert output.metrics["reward/errors"] == 1.0
+    assert len({pid for pid in output.extra["pid"] if pid is not None}) >= 1

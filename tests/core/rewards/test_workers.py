@@ -1,0 +1,207 @@
+"""The worker pool: deadlines, crashed workers, and no processes left behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from plugrl.errors import PluginError
+from plugrl.rewards.scoring import FileFunction, Scorer
+from plugrl.rewards.workers import Call, ProcessPool
+
+BEHAVIOURS = """
+import os
+import time
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    if solution_str == "hang":
+        while True:
+            time.sleep(1)
+    if solution_str == "spin":
+        while True:
+            pass
+    if solution_str == "raise":
+        raise ValueError("cannot parse " + ground_truth)
+    if solution_str == "exit":
+        os._exit(3)
+    if solution_str == "pid":
+        return {"score": 0.0, "pid": os.getpid()}
+    if solution_str.startswith("spawn "):
+        import subprocess
+        child = subprocess.Popen(["sleep", "300"])
+        with open(solution_str[len("spawn "):], "w") as file:
+            file.write(str(child.pid))
+        while True:
+            time.sleep(1)
+    return float(solution_str == ground_truth)
+"""
+
+
+@pytest.fixture
+def scorer(scorer_file):
+    return Scorer.wrap(FileFunction(str(scorer_file(BEHAVIOURS)), "compute_score"), "behaviours")
+
+
+@pytest.fixture
+def pool():
+    pools = []
+
+    def make(workers=1):
+        pools.append(ProcessPool(workers))
+        return pools[-1]
+
+    yield make
+    for p in pools:
+        p.close()
+
+
+def call(scorer, text, timeout=1.0):
+    sample = {"data_source": "d", "solution_str": text, "ground_truth": "a", "extra_info": None}
+    return Call(scorer, sample, timeout)
+
+
+def gone(pid: int) -> bool:
+    """The process no longer exists: not running and not a zombie waiting to be reaped."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_hung_samples_cost_their_timeout_and_the_rest_still_score(scorer, pool):
+    workers = pool(1)
+    texts = ["a", "hang", "b", "spin", "a"]
+    start = time.monotonic()
+    outcomes = workers.run([[call(scorer, t, timeout=0.5) for t in texts]])[0]
+    elapsed = time.monotonic() - start
+    assert [o.status for o in outcomes] == ["ok", "timeout", "ok", "timeout", "ok"]
+    assert [o.value[0] for o in outcomes if o.ok] == [1.0, 0.0, 1.0]
+    assert outcomes[1].message == "took over 0.5 s (reward.timeout_s)"
+    assert workers.killed == 2
+    assert elapsed < 5.0  # two timeouts of 0.5 s plus two worker restarts
+
+
+def test_a_killed_worker_is_reaped(scorer, pool):
+    workers = pool(1)
+    first = workers.run([[call(scorer, "pid")]])[0][0].value[1]["pid"]
+    outcomes = workers.run([[call(scorer, "hang", timeout=0.3), call(scorer, "pid")]])[0]
+    second = outcomes[1].value[1]["pid"]
+    assert outcomes[0].status == "timeout"
+    assert second != first
+    assert gone(first)  # killed and waited for: no zombie
+
+
+def test_close_leaves_no_worker_processes(scorer, pool):
+    workers = pool(3)
+    workers.run([[call(scorer, "a")] for _ in range(3)])
+    pids = workers.pids()
+    assert len(pids) == 3
+    workers.close()
+    assert workers.pids() == []
+    assert all(gone(pid) for pid in pids)
+
+
+def test_an_exception_is_an_error_outcome_naming_it(scorer, pool):
+    outcome = pool(1).run([[call(scorer, "raise")]])[0][0]
+    assert outcome.status == "error"
+    assert outcome.message.startswith("ValueError: cannot parse a (at reward.py:")
+
+
+def test_a_worker_that_dies_fails_only_its_sample(scorer, pool):
+    outcomes = pool(1).run([[call(scorer, "exit"), call(scorer, "a")]])[0]
+    assert outcomes[0].status == "error"
+    assert outcomes[0].message == "the scoring worker process died (exit code 3) during this sample"
+    assert outcomes[1].ok and outcomes[1].value[0] == 1.0
+
+
+def test_tasks_spread_over_workers_and_keep_order(scorer, pool):
+    workers = pool(2)
+    tasks = [[call(scorer, "pid") for _ in range(3)], [call(scorer, "pid") for _ in range(3)]]
+    outcomes = workers.run(tasks)
+    assert [len(t) for t in outcomes] == [3, 3]
+    pids = {o.value[1]["pid"] for task in outcomes for o in task}
+    assert len(pids) == 2  # both workers were used
+
+
+def test_parallel_hangs_overlap(scorer, pool):
+    """Two hung samples in two workers cost one timeout, not two."""
+    workers = pool(2)
+    start = time.monotonic()
+    outcomes = workers.run([[call(scorer, "hang", 3.0)], [call(scorer, "hang", 3.0)]])
+    assert [task[0].status for task in outcomes] == ["timeout", "timeout"]
+    # one after the other they would take at least 6 s; the margin absorbs a loaded machine
+    assert time.monotonic() - start < 5.0
+
+
+def test_a_function_the_worker_cannot_import(pool, tmp_path):
+    path = tmp_path / "once.py"
+    path.write_text("def compute_score(solution_str, ground_truth):\n    return 1.0\n")
+    scorer = Scorer.wrap(FileFunction(str(path), "compute_score"), "once")
+    path.unlink()  # the driver checked it, then it went away
+    with pytest.raises(PluginError) as error:
+        pool(1).run([[call(scorer, "a")]])
+    assert str(error.value).startswith(
+        "a scoring worker process could not load the reward functions: RecipeError: "
+        "reward.custom_function.path: reward function file"
+    )
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (a dead orphan may wait for a reaper that never comes)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+DRIVER = """
+import sys, threading, time
+from plugrl.rewards.workers import Call, ProcessPool
+from plugrl.rewards.scoring import FileFunction, Scorer
+
+scorer = Scorer.wrap(FileFunction(sys.argv[1], "compute_score"), "behaviours")
+pool = ProcessPool(1)
+sample = {"data_source": "d", "solution_str": "hang", "ground_truth": "a", "extra_info": None}
+threading.Thread(target=pool.run, args=([[Call(scorer, sample, 600.0)]],), daemon=True).start()
+time.sleep(1.0)
+print(pool.pids()[0], flush=True)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux's")
+def test_workers_die_with_a_driver_that_dies(scorer_file, tmp_path):
+    path = scorer_file(BEHAVIOURS)
+    (tmp_path / "driver.py").write_text(DRIVER)
+    # the driver exits abruptly (no close, no atexit) while its worker is stuck in a sample
+    driver = subprocess.Popen(
+        [sys.executable, str(tmp_path / "driver.py"), str(path)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    worker = int(driver.stdout.readline())
+    driver.wait(30)
+    driver.stdout.close()
+    deadline = time.monotonic() + 5
+    while running(worker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not running(worker)
+
+
+def test_a_timed_out_call_leaves_no_process_it_started(scorer, pool, tmp_path):
+    """A scoring function that starts a child process and hangs: the child is killed with
+    the worker, not left running after the run."""
+    pid_file = tmp_path / "child.pid"
+    workers = pool(1)
+    (outcome,) = workers.run([[call(scorer, f"spawn {pid_file}", 2.0)]])[0]
+    assert outcome.status == "timeout"
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while not gone(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert gone(child), "the child of the timed-out scoring function still runs"

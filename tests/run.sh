@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it, from a fresh clone:
+#   1. .venv: plugrl with its test extras, and every plugin distribution of this repository
+#      (megatron-core comes with plugrl-megatron, which is tested for real on the CPU);
+#   2. the main suite in .venv;
+#   3. the vLLM suite in .venv-vllm (vLLM's CPU build pins its own transformers), built on
+#      first use by plugins/rollout/vllm/test-env.sh.
+# Both suites run even when the first fails; the exit status is 1 when either failed.
+# Arguments are passed to the main suite's pytest (tests/run.sh -m "not slow" for the fast tier).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+phase() { printf '\n== %s (%s)\n' "$1" "$(date +%H:%M:%S)"; }
+started=$SECONDS
+
+phase "1/3 installing the test environment into .venv (about 2 minutes from the package cache, up to 12 without it)"
+python3 -m venv .venv || exit 1
+.venv/bin/pip install --progress-bar off -c constraints/cpu.txt \
+    -e ".[test]" \
+    -e "./plugins/backends/megatron[megatron]" \
+    -e ./plugins/rollout/vllm \
+    -e ./plugins/rollout/sglang \
+    -e ./plugins/devices/npu \
+    | grep --line-buffered -E '^(Collecting|Successfully|ERROR)'
+[[ ${PIPESTATUS[0]} -eq 0 ]] || { echo "installing the test environment failed" >&2; exit 1; }
+
+phase "2/3 the main suite (about 11 minutes on 2 cores)"
+.venv/bin/python -m pytest -q "$@"
+main=$?
+
+phase "3/3 the vLLM suite in .venv-vllm (first run: about 3 minutes to install vLLM's CPU build)"
+plugins/rollout/vllm/test-env.sh
+vllm=$?
+
+phase "done in $(( (SECONDS - started) / 60 )) min $(( (SECONDS - started) % 60 )) s"
+echo "main suite: $([[ $main -eq 0 ]] && echo passed || echo "FAILED (exit $main)")"
+echo "vLLM suite: $([[ $vllm -eq 0 ]] && echo passed || echo "FAILED (exit $vllm)")"
+(( main == 0 && vllm == 0 ))

@@ -1,0 +1,232 @@
+"""The shape of the code: the kernel has no import circle and never imports the tools or a
+plugin; no plugin imports another; every package lives in a folder of its own name.
+
+Imports are read from the source (every ``import`` and ``from ... import``, those inside
+functions included); only imports under ``if TYPE_CHECKING:`` are left out, since they never
+run. Packages are found the way Python finds them: a folder with an ``__init__.py`` inside a
+source root is a subpackage, and a module's name is its path from the root. Importing
+``a.b.c`` runs ``a/__init__.py`` and ``a/b/__init__.py`` first, so a module that imports
+``a.b.c`` depends on those too: a package whose ``__init__`` imports its own modules closes a
+circle with any of them that a module it imports reaches.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable
+from pathlib import Path
+
+import tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+KERNEL, TOOLS = "plugrl", "plugrl_tools"
+SOURCE_ROOTS = {KERNEL: ROOT / "core" / KERNEL, TOOLS: ROOT / "tools" / TOOLS}
+
+
+def plugin_packages() -> dict[str, Path]:
+    """Every plugin package, built-in or a distribution of its own: ``plugins/<kind>/<name>/``
+    holds the package ``plugrl_<name>`` (plus, for a distribution, its ``pyproject.toml``)."""
+    return {
+        init.parent.name: init.parent
+        for init in sorted((ROOT / "plugins").glob("*/*/plugrl_*/__init__.py"))
+    }
+
+
+def modules_of(package: str, folder: Path) -> dict[str, Path]:
+    found = {}
+    for path in sorted(folder.rglob("*.py")):
+        if "build" in path.relative_to(folder).parts:
+            continue
+        parts = list(path.relative_to(folder).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join([package, *parts])] = path
+    return found
+
+
+def all_modules() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for package, folder in {**SOURCE_ROOTS, **plugin_packages()}.items():
+        found.update(modules_of(package, folder))
+    return found
+
+
+def imports_of(module: str, path: Path) -> list[tuple[int, str]]:
+    """``(line, absolute name)`` of every import that runs, relative ones resolved; for
+    ``from a import b`` both ``a`` and ``a.b`` (``b`` may be a submodule)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    type_only: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            type_only.update(id(inner) for inner in ast.walk(node))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parts = parts[: len(parts) - (node.level - 1)]
+                base = ".".join([*parts, *([node.module] if node.module else [])])
+            found.append((node.lineno, base))
+            found += [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
+    return found
+
+
+def owner(name: str, packages: Iterable[str]) -> str | None:
+    top = name.partition(".")[0]
+    return top if top in packages else None
+
+
+def known(name: str, modules: dict[str, Path]) -> str | None:
+    """The module ``name`` is, or lies in (``a.b.C`` -> ``a.b``)."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """module -> the modules importing it runs: each one it imports, and the packages above
+    each of those (their ``__init__`` runs first)."""
+    graph: dict[str, set[str]] = {module: set() for module in modules}
+    for module, path in modules.items():
+        for _, name in imports_of(module, path):
+            target = known(name, modules)
+            while target:
+                if target in modules and target != module and not module.startswith(target + "."):
+                    graph[module].add(target)
+                target = target.rpartition(".")[0]
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected parts of ``graph`` with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in sorted(graph[node]):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            part = []
+            while True:
+                other = stack.pop()
+                on_stack.discard(other)
+                part.append(other)
+                if other == node:
+                    break
+            if len(part) > 1:
+                found.append(sorted(part))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_kernel_has_no_import_circle():
+    kernel = modules_of(KERNEL, SOURCE_ROOTS[KERNEL])
+    assert circles(import_graph(kernel)) == []
+
+
+def test_the_check_finds_a_circle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert circles(graph) == [["a", "b", "c"]]
+
+
+def test_a_package_init_that_imports_its_modules_is_in_the_graph(tmp_path):
+    """``low`` imports ``pkg.leaf``, which runs ``pkg/__init__``, which imports ``pkg.top``,
+    which imports ``low``: a circle, though no module imports another in a ring."""
+    (tmp_path / "pkg").mkdir()
+    files = {
+        "low.py": "from x.pkg.leaf import value\n",
+        "pkg/__init__.py": "from x.pkg.top import top\n",
+        "pkg/leaf.py": "value = 1\n",
+        "pkg/top.py": "from x.low import value\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    assert circles(import_graph(modules_of("x", tmp_path))) == [["x.low", "x.pkg", "x.pkg.top"]]
+
+
+def test_the_kernel_imports_neither_the_tools_nor_a_plugin():
+    plugins = set(plugin_packages())
+    violations = [
+        f"{path.relative_to(ROOT)}:{line} imports {name}"
+        for module, path in modules_of(KERNEL, SOURCE_ROOTS[KERNEL]).items()
+        for line, name in imports_of(module, path)
+        if name.partition(".")[0] == TOOLS or owner(name, plugins)
+    ]
+    assert violations == []
+
+
+def test_no_plugin_imports_another():
+    plugins = plugin_packages()
+    violations = [
+        f"{path.relative_to(ROOT)}:{line} imports {name}"
+        for package, folder in plugins.items()
+        for module, path in modules_of(package, folder).items()
+        for line, name in imports_of(module, path)
+        if owner(name, plugins) not in (None, package)
+    ]
+    assert violations == []
+
+
+def test_the_checks_see_relative_and_absolute_imports(tmp_path):
+    module = tmp_path / "plugrl_x" / "part.py"
+    module.parent.mkdir()
+    module.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "from . import sibling\n"
+        "from plugrl_y.loss import Loss\n"
+        "if TYPE_CHECKING:\n"
+        "    from plugrl_z import Z\n"
+        "def later():\n"
+        "    import plugrl_tools.cli\n"
+    )
+    names = [name for _, name in imports_of("plugrl_x.part", module)]
+    assert "plugrl_x.sibling" in names
+    assert owner("plugrl_y.loss.Loss", ["plugrl_x", "plugrl_y"]) == "plugrl_y"
+    assert "plugrl_tools.cli" in names
+    assert not any(name.startswith("plugrl_z") for name in names)
+
+
+def test_every_plugin_folder_holds_one_package_of_its_name():
+    """``plugins/<kind>/<name>/`` holds ``plugrl_<name>/`` and nothing else that imports."""
+    for folder in sorted((ROOT / "plugins").glob("*/*")):
+        if not folder.is_dir():
+            continue
+        packages = sorted(p.parent.name for p in folder.glob("*/__init__.py"))
+        assert packages == [f"plugrl_{folder.name}"], folder.relative_to(ROOT)
+        assert not list(folder.glob("*.py")), folder.relative_to(ROOT)
+
+
+def test_the_builtin_plugins_are_the_entry_points_of_the_core_distribution():
+    """Each built-in plugin package (one without a pyproject.toml of its own) is an entry
+    point of the ``plugrl`` distribution, and nothing else is, except the cluster's weight
+    transports."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    entry_points = pyproject["project"]["entry-points"]["plugrl"]
+    builtin = {
+        name: path
+        for name, path in plugin_packages().items()
+        if not (path.parent / "pyproject.toml").exists()
+    }
+    assert {name: f"plugrl_{name}" for name in entry_points if name != "transports"} == {
+        name.removeprefix("plugrl_"): name for name in builtin
+    }
+    assert entry_points["transports"] == "plugrl.cluster.transports"

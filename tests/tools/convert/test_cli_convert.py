@@ -1,0 +1,187 @@
+"""``plugrl convert verl`` as a user runs it: the recipe on stdout or in a file, the report on
+stderr, and each error as one line with exit status 1."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+SCRIPTS = Path(__file__).parent / "scripts"
+GSM8K = str(SCRIPTS / "gsm8k_grpo_qwen2.5_0.5b.sh")
+
+
+ACCELERATOR_DISTRIBUTIONS = "megatron,vllm,sglang,npu"
+
+
+def plugrl(*args, cwd, disabled=ACCELERATOR_DISTRIBUTIONS):
+    """The command as a user runs it where the accelerator plugins are not installed (their
+    entry points disabled), or with ``disabled=""`` as this test environment has them."""
+    return subprocess.run(
+        [sys.executable, "-m", "plugrl_tools.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=120,
+        env={**os.environ, "PLUGRL_DISABLED_PLUGINS": disabled},
+    )
+
+
+def write_script(folder, *overrides, before=""):
+    path = folder / "run.sh"
+    lines = " \\\n".join(f"    {o}" for o in overrides)
+    path.write_text(f"{before}python3 -m verl.trainer.main_ppo \\\n{lines}\n")
+    return str(path)
+
+
+def test_help_explains_the_command(tmp_path):
+    result = plugrl("convert", "verl", "--help", cwd=tmp_path)
+    assert result.returncode == 0
+    for phrase in (
+        "Convert a verl launch SCRIPT (bash) into a plugrl recipe.",
+        "The script is read, never run",
+        "-o, --output FILE",
+        "-e, --env NAME=VALUE",
+        "plugrl-megatron",
+    ):
+        assert phrase in result.stdout
+    assert "verl" in plugrl("convert", "--help", cwd=tmp_path).stdout
+
+
+def test_convert_to_a_file_then_run_what_the_report_says(tmp_path):
+    result = plugrl("convert", "verl", GSM8K, "-o", "grpo.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == ""
+    written = (tmp_path / "grpo.yaml").read_text()
+    assert written.startswith(
+        "# Converted by `plugrl convert verl` from gsm8k_grpo_qwen2.5_0.5b.sh "
+        "(verl.trainer.main_ppo, line 19).\n"
+    )
+    assert yaml.safe_load(written)["rollout"] == {
+        "engine": "vllm",
+        "n": 8,
+        "gpu_memory_utilization": 0.7,
+    }
+    report = result.stderr.splitlines()
+    assert report[0] == (
+        "gsm8k_grpo_qwen2.5_0.5b.sh, line 19 (verl.trainer.main_ppo): 40 overrides, "
+        "36 converted, 4 not"
+    )
+    assert "keys of parts not installed here or not chosen (1):" in report
+    assert (
+        "  line 41: actor_rollout_ref.rollout.enable_chunked_prefill=False: a key of rollout "
+        "engine 'vllm', which is not installed here (pip install plugrl-vllm)"
+    ) in report
+    assert report[-3:] == [
+        "not usable here: device.name: device 'npu' is not installed: pip install plugrl-npu",
+        "not usable here: rollout.engine: rollout engine 'vllm' is not installed: "
+        "pip install plugrl-vllm",
+        "the rest validates: plugrl run grpo.yaml device.name=auto rollout.engine=hf "
+        "--print-config",
+    ]
+    check = plugrl(*report[-1].split(": ", 1)[1].split()[1:], cwd=tmp_path)
+    assert check.returncode == 0, check.stderr
+    assert yaml.safe_load(check.stdout)["actor"]["ppo_mini_batch_size"] == 64
+
+
+def test_a_part_installed_without_its_library_is_named_and_the_rest_validates(tmp_path):
+    """Here plugrl-npu and plugrl-vllm are installed, torch_npu and vllm are not."""
+    result = plugrl("convert", "verl", GSM8K, "-o", "grpo.yaml", cwd=tmp_path, disabled="")
+    assert result.returncode == 0, result.stderr
+    report = result.stderr.splitlines()
+    assert report[-3:-1] == [
+        "not usable here: device.name: device 'npu' (plugin 'npu') is installed but cannot run "
+        "here: it needs torch_npu (pip install torch-npu matching your torch and Ascend CANN; "
+        "see plugrl-npu's README)",
+        "not usable here: rollout.engine: rollout engine 'vllm' (plugin 'vllm') is installed "
+        "but cannot run here: it needs vllm (pip install 'plugrl-vllm[vllm]', or "
+        "'plugrl-vllm[cpu]' on a CPU)",
+    ]
+    assert report[-1].startswith("the rest validates: plugrl run grpo.yaml device.name=auto ")
+
+
+def test_convert_to_stdout_with_env(tmp_path):
+    script = write_script(
+        tmp_path, "actor_rollout_ref.model.path=$MODEL", "trainer.logger=['console','wandb']"
+    )
+    result = plugrl("convert", "verl", script, "--env", "MODEL=/models/qwen", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    recipe = yaml.safe_load(result.stdout)
+    assert recipe == {
+        "model": {"path": "/models/qwen"},
+        "trainer": {"logger": ["console", "wandb"]},
+        "cluster": "ray",
+    }
+    assert (
+        result.stderr.splitlines()[-1]
+        == "the recipe validates: plugrl run RECIPE.yaml --print-config"
+    )
+
+
+def test_unresolved_variables_point_to_env(tmp_path):
+    script = write_script(tmp_path, "actor_rollout_ref.model.path=$MODEL")
+    result = plugrl("convert", "verl", script, cwd=tmp_path)
+    assert result.returncode == 0
+    assert result.stderr.splitlines()[1:4] == [
+        "value unresolvable (1):",
+        "  line 2: actor_rollout_ref.model.path=$MODEL: $MODEL is not set in the script",
+        "  (give variables the script does not set with --env NAME=VALUE)",
+    ]
+
+
+def test_a_recipe_that_does_not_validate_is_written_and_the_key_named(tmp_path):
+    script = write_script(
+        tmp_path,
+        "trainer.n_gpus_per_node=2",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+    )
+    result = plugrl("convert", "verl", script, "-o", "out.yaml", cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1] == (
+        "Error: the converted recipe does not validate: rollout.tensor_model_parallel_size: "
+        "engines that span several devices cannot yet share the trainer's devices on Ray; set "
+        "rollout.colocate=false (engines on devices of their own) or "
+        "rollout.tensor_model_parallel_size=1"
+    )
+    assert yaml.safe_load((tmp_path / "out.yaml").read_text())["rollout"] == {
+        "tensor_model_parallel_size": 2
+    }
+
+
+@pytest.mark.parametrize(
+    ("args", "script", "message"),
+    [
+        (["nope.sh"], None, "Error: script 'nope.sh' not found; check the path"),
+        (["run.sh", "--env", "NOVALUE"], "", "Error: --env 'NOVALUE' is not NAME=VALUE"),
+        (
+            ["run.sh"],
+            "echo hi\n",
+            "Error: run.sh: no verl training command found; expected python3 -m "
+            "verl.trainer.main_ppo (or recipe.dapo.main_dapo, or a fully_async_main) followed "
+            "by its overrides",
+        ),
+        (["run.sh"], "A=1\nB='open\n", "Error: line 2: a ' quote is never closed"),
+        (
+            ["run.sh", "-o", "exists.yaml"],
+            "python3 -m verl.trainer.main_ppo\n",
+            "Error: exists.yaml exists; pass --force to overwrite it",
+        ),
+    ],
+)
+def test_errors_are_one_line(tmp_path, args, script, message):
+    if script is not None:
+        (tmp_path / "run.sh").write_text(script)
+    (tmp_path / "exists.yaml").write_text("kept: true\n")
+    result = plugrl("convert", "verl", *args, cwd=tmp_path)
+    assert (result.returncode, result.stderr.strip()) == (1, message)
+    assert (tmp_path / "exists.yaml").read_text() == "kept: true\n"
+
+
+def test_force_overwrites(tmp_path):
+    (tmp_path / "out.yaml").write_text("old\n")
+    script = write_script(tmp_path, "trainer.nnodes=1")
+    result = plugrl("convert", "verl", script, "-o", "out.yaml", "--force", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert yaml.safe_load((tmp_path / "out.yaml").read_text()) == {"cluster": "ray"}

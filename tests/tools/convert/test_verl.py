@@ -1,0 +1,711 @@
+"""Converting verl launch scripts: the three fixture scripts (shaped like the scripts people
+run: sync GRPO on GSM8K, DAPO with a custom reward, fully-async on NPU with Megatron and vLLM),
+then each mapping rule on a small script, then the errors."""
+
+import pytest
+
+from plugrl.errors import ConvertError
+from plugrl.recipe import build_recipe, normalize_shorthand
+from plugrl_tools.convert.output import recipe_yaml, validate
+from plugrl_tools.convert.verl import convert_script
+
+
+def unmapped(conversion, category=None):
+    """{override: reason} of what was not converted (of one category)."""
+    return {
+        item.override: item.reason
+        for item in conversion.unmapped
+        if category is None or item.category == category
+    }
+
+
+VLLM = "a key of rollout engine 'vllm', which is not installed here (pip install plugrl-vllm)"
+MEGATRON = (
+    "a key of training backend 'megatron', which is not installed here "
+    "(pip install plugrl-megatron)"
+)
+FULLY_ASYNC_UNKNOWN = (
+    "scheduler 'fully_async' has no such key (plugrl explain scheduler lists the keys)"
+)
+
+
+# ------------------------------------------------------------- sync GRPO on GSM8K
+
+
+def test_gsm8k_grpo_recipe(script_text, plugrl_plugin_manager):
+    conversion = convert_script(script_text("gsm8k_grpo_qwen2.5_0.5b.sh"), "gsm8k.sh")
+    data = "/home/ma-user/work/data/gsm8k"
+    assert conversion.module == "verl.trainer.main_ppo"
+    assert conversion.recipe == {
+        "model": {
+            "path": "/home/ma-user/work/models/Qwen2.5-0.5B-Instruct",
+            "enable_gradient_checkpointing": True,
+        },
+        "data": {
+            "train_files": [f"{data}/train.parquet"],
+            "val_files": [f"{data}/test.parquet"],
+            "max_prompt_length": 2048,
+            "max_response_length": 3072,
+            "train_batch_size": 128,
+            "filter_overlong_prompts": True,
+        },
+        "device": "npu",
+        "actor": {
+            "use_kl_loss": True,
+            "entropy_coeff": 0.001,
+            "ppo_mini_batch_size": 64,
+            "ppo_micro_batch_size_per_gpu": 2,
+            "log_prob_micro_batch_size_per_gpu": 2,
+            "optim": {"lr": 5e-7},
+        },
+        "rollout": {"engine": "vllm", "n": 8, "gpu_memory_utilization": 0.7},
+        "trainer": {
+            "project_name": "verl_grpo_example_gsm8k",
+            "experiment_name": "qwen2_7b_function_rm",
+            "test_freq": 5,
+            "logger": ["console"],
+            "n_gpus_per_node": 2,
+        },
+        "cluster": "ray",
+    }
+    assert (conversion.overrides, len(conversion.unmapped)) == (40, 4)
+
+
+def test_gsm8k_grpo_not_converted(script_text, plugrl_plugin_manager):
+    conversion = convert_script(script_text("gsm8k_grpo_qwen2.5_0.5b.sh"), "gsm8k.sh")
+    assert unmapped(conversion, "plugin") == {
+        "actor_rollout_ref.rollout.enable_chunked_prefill=False": VLLM
+    }
+    assert unmapped(conversion, "dropped") == {
+        "actor_rollout_ref.model.use_remove_padding=False": (
+            "plugrl has no switch: its fsdp2 backend computes only the token columns a "
+            "micro-batch's rows use"
+        ),
+        "actor_rollout_ref.ref.fsdp_config.param_offload=True": (
+            "plugrl's reference model takes the actor's settings: actor.param_offload is False "
+            "(from actor_rollout_ref.actor.fsdp_config.param_offload)"
+        ),
+        "trainer.critic_warmup=0": "plugrl has no critic warm-up, as 0 asks",
+    }
+    assert conversion.notes == [
+        "the command passes on the script's arguments ($@): give them to plugrl run as "
+        "KEY=VALUE overrides in plugrl's names",
+        "environment of the run, not part of a recipe: VLLM_ASCEND_ENABLE_NZ, "
+        "VLLM_ATTENTION_BACKEND; export what plugrl's run needs before plugrl run",
+    ]
+
+
+def test_gsm8k_grpo_validates_but_for_the_npu_and_vllm_plugins(script_text, plugrl_plugin_manager):
+    conversion = convert_script(script_text("gsm8k_grpo_qwen2.5_0.5b.sh"), "gsm8k.sh")
+    validation = validate(conversion.recipe)
+    assert validation.missing == (
+        ("device.name", "device 'npu' is not installed: pip install plugrl-npu", "auto"),
+        ("rollout.engine", "rollout engine 'vllm' is not installed: pip install plugrl-vllm", "hf"),
+    )
+    assert validation.error is None
+
+
+def test_gsm8k_grpo_validates_with_its_plugins(script_text, stand_ins):
+    conversion = convert_script(script_text("gsm8k_grpo_qwen2.5_0.5b.sh"), "gsm8k.sh")
+    # the vllm engine declares the verl name of this key, so it is converted now
+    assert conversion.recipe["rollout"]["enable_chunked_prefill"] is False
+    assert unmapped(conversion, "plugin") == {}
+    validation = validate(conversion.recipe)
+    assert (validation.missing, validation.error) == ((), None)
+
+
+# --------------------------------------------------------- DAPO with a custom reward
+
+
+def test_dapo_recipe(script_text, plugrl_plugin_manager):
+    conversion = convert_script(script_text("dapo_qwen3_8b_custom_reward.sh"), "dapo.sh")
+    recipe = conversion.recipe
+    assert conversion.module == "recipe.dapo.main_dapo"
+    assert "scheduler" not in recipe  # DAPO's trainer is the sync loop with dynamic sampling
+    assert recipe["data"] == {
+        "train_files": ["/path/to/train.parquet"],
+        "val_files": ["/path/to/train.parquet"],
+        "max_prompt_length": 1024,
+        "max_response_length": 10000,
+        "train_batch_size": 128,
+        "gen_batch_size": 256,
+        "filter_overlong_prompts": True,
+    }
+    assert recipe["actor"] == {
+        "clip_ratio_low": 0.2,
+        "clip_ratio_high": 0.28,
+        "clip_ratio_c": 10.0,
+        "use_kl_loss": True,
+        "ppo_mini_batch_size": 32,
+        "ppo_micro_batch_size_per_gpu": 2,
+        "use_dynamic_bsz": True,
+        "ppo_max_token_len_per_gpu": 11024,  # $(((1024 + 10000) / 1))
+        "optim": {"lr_warmup_steps": 10},
+        "param_offload": True,
+    }
+    assert recipe["algorithm"] == {"filter_groups": {"enable": True, "max_num_gen_batches": 5}}
+    assert recipe["reward"] == {
+        "manager": "dapo",
+        "custom_function": {"path": "recipes/rewards/multiple_choice.py"},
+        "overlong_buffer": {"enable": True, "len": 2048},
+    }
+    assert recipe["trainer"] == {
+        "project_name": "DAPO",
+        "experiment_name": "Qwen3-8B-dapo",
+        "total_epochs": 5,
+        "val_before_train": False,
+        "save_freq": 5,
+        "default_local_dir": "/path/to/checkpoints/Qwen3-8B-dapo",
+        "max_ckpt_to_keep": 2,
+        "logger": ["console", "wandb"],
+        "n_gpus_per_node": 16,
+    }
+    assert "line 43: actor_rollout_ref.actor.strategy=fsdp becomes actor.backend: fsdp2" in (
+        conversion.notes
+    )
+
+
+def test_dapo_not_converted(script_text, plugrl_plugin_manager):
+    conversion = convert_script(script_text("dapo_qwen3_8b_custom_reward.sh"), "dapo.sh")
+    assert unmapped(conversion, "plugin") == {
+        "actor_rollout_ref.rollout.max_num_batched_tokens=11024": VLLM,
+        "actor_rollout_ref.rollout.enforce_eager=False": VLLM,
+    }
+    assert conversion.recipe["trainer"]["logger"] == ["console", "wandb"]
+    assert set(unmapped(conversion, "dropped")) == {
+        "actor_rollout_ref.actor.use_torch_compile=False",
+        "actor_rollout_ref.model.use_remove_padding=True",
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size=1",
+        "trainer.critic_warmup=0",
+    }
+    # settings verl keeps apart and plugrl shares are converted when they agree
+    for agreeing in (
+        "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True",
+        "actor_rollout_ref.ref.fsdp_config.param_offload=True",
+        "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True",
+        "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True",
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=11024",
+        "trainer.max_critic_ckpt_to_keep=2",
+    ):
+        assert agreeing not in unmapped(conversion)
+    assert len(conversion.unmapped) == 6
+
+
+def test_dapo_validates_but_for_the_npu_and_vllm_plugins(script_text, plugrl_plugin_manager):
+    conversion = convert_script(script_text("dapo_qwen3_8b_custom_reward.sh"), "dapo.sh")
+    validation = validate(conversion.recipe)
+    assert [key for key, _, _ in validation.missing] == ["device.name", "rollout.engine"]
+    assert validation.error is None
+    assert validation.warnings == (
+        "actor.ppo_micro_batch_size_per_gpu: 2 is ignored: actor.use_dynamic_bsz packs "
+        "micro-batches by actor.ppo_max_token_len_per_gpu tokens instead",
+    )
+
+
+def test_dapo_validates_with_its_plugins(script_text, stand_ins):
+    conversion = convert_script(script_text("dapo_qwen3_8b_custom_reward.sh"), "dapo.sh")
+    assert conversion.recipe["rollout"]["max_num_batched_tokens"] == 11024
+    assert "actor_rollout_ref.rollout.enforce_eager=False" not in unmapped(conversion)
+    validation = validate(conversion.recipe)
+    assert (validation.missing, validation.error) == ((), None)
+
+
+# ------------------------------------------------- fully-async on NPU, Megatron, vLLM
+
+
+def test_fully_async_recipe(script_text, plugrl_plugin_manager):
+    conversion = convert_script(script_text("fully_async_npu_megatron.sh"), "async.sh")
+    recipe = conversion.recipe
+    assert conversion.module == "recipe.fully_async_policy.fully_async_main"
+    assert recipe["scheduler"] == {
+        "name": "fully_async",
+        "staleness_threshold": 0.2,
+        "trigger_parameter_sync_step": 4,
+        "use_rollout_log_probs": True,
+        "total_rollout_steps": 51200,
+    }  # require_batches=1 and partial_rollout=True are the scheduler's defaults
+    assert recipe["device"] == "npu"
+    assert recipe["model"] == {
+        "path": "/home/ma-user/work/models/Qwen2.5-0.5B-Instruct",
+        "override_config": {"max_position_embeddings": 5120},
+    }
+    assert recipe["data"]["truncation"] == "left"
+    assert "train_batch_size" not in recipe["data"]
+    actor = recipe["actor"]
+    assert next(iter(actor)) == "backend"  # the key choosing the section's part comes first
+    assert actor["backend"] == "megatron"  # from --config-name fully_async_ppo_megatron_trainer
+    assert (actor["use_dynamic_bsz"], actor["ppo_max_token_len_per_gpu"]) == (True, 5120)
+    assert actor["log_prob_micro_batch_size_per_gpu"] == 64
+    assert actor["optim"] == {"weight_decay": 0.1, "lr_warmup_steps": 10}
+    assert recipe["rollout"] == {
+        "engine": "vllm",
+        "n": 8,
+        "colocate": False,
+        "gpu_memory_utilization": 0.8,
+        "val_kwargs": {"do_sample": True, "temperature": 1.0, "top_p": 0.7},
+    }
+    assert recipe["algorithm"] == {"kl_ctrl": {"kl_coef": 0.0}}
+    assert recipe["reward"] == {
+        "manager": "dapo",
+        "overlong_buffer": {"enable": True, "len": 512},
+        "max_resp_len": 3072,
+    }
+    assert recipe["cluster"] == "ray"
+
+
+def test_fully_async_not_converted(script_text, plugrl_plugin_manager):
+    conversion = convert_script(script_text("fully_async_npu_megatron.sh"), "async.sh")
+    plugins = unmapped(conversion, "plugin")
+    assert {o for o, r in plugins.items() if r == MEGATRON} == {
+        "+actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_cpu_offload=True",
+        "actor_rollout_ref.actor.megatron.use_mbridge=False",
+        "actor_rollout_ref.actor.megatron.use_dist_checkpointing=False",
+        "actor_rollout_ref.actor.megatron.param_offload=false",
+        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1",
+        "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=1",
+        "actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=null",
+        "+actor_rollout_ref.actor.megatron.override_transformer_config.use_flash_attn=True",
+        "actor_rollout_ref.ref.megatron.param_offload=false",
+        "actor_rollout_ref.ref.megatron.tensor_model_parallel_size=1",
+    }
+    assert {o for o, r in plugins.items() if r == VLLM} == {
+        "actor_rollout_ref.rollout.enable_chunked_prefill=True",
+        "actor_rollout_ref.rollout.max_num_batched_tokens=5120",
+        "actor_rollout_ref.rollout.enforce_eager=True",
+    }
+    # the fully_async scheduler takes verl's async_training keys; these two it has not
+    assert unmapped(conversion, "unknown") == {
+        "rollout.total_epochs=1": FULLY_ASYNC_UNKNOWN,
+        "rollout.test_freq=20": FULLY_ASYNC_UNKNOWN,
+    }
+    dropped = unmapped(conversion, "dropped")
+    assert dropped["data.train_batch_size=0"].startswith(
+        "0 tells verl's fully-async trainer to ignore it"
+    )
+    assert set(dropped) == {
+        "data.train_batch_size=0",
+        "data.return_raw_chat=True",  # set inside `if [ "$rollout_mode" = "async" ]`
+        "actor_rollout_ref.model.use_fused_kernels=False",
+        "actor_rollout_ref.actor.optim.lr_decay_steps=51200",
+        "actor_rollout_ref.rollout.mode=async",
+        "actor_rollout_ref.rollout.calculate_log_probs=True",
+    }
+    assert len(conversion.unmapped) == 21 and conversion.overrides == 90
+    assert conversion.notes[1:] == [
+        "environment of the run, not part of a recipe: PYTHONPATH, VLLM_USE_V1; export what "
+        "plugrl's run needs before plugrl run",
+        "recipe.fully_async_policy.fully_async_main runs as plugrl's fully_async scheduler",
+        "--config-name fully_async_ppo_megatron_trainer.yaml trains with actor.backend megatron",
+        "not set by the script, so verl used its defaults, which plugrl's differ from: "
+        "model.enable_gradient_checkpointing (verl True, plugrl False); set them where the run "
+        "relied on verl's",
+    ]
+
+
+def test_fully_async_names_the_missing_plugins_and_the_rest_validates(
+    script_text, plugrl_plugin_manager
+):
+    conversion = convert_script(script_text("fully_async_npu_megatron.sh"), "async.sh")
+    validation = validate(conversion.recipe)
+    assert validation.missing == (
+        ("device.name", "device 'npu' is not installed: pip install plugrl-npu", "auto"),
+        (
+            "actor.backend",
+            "training backend 'megatron' is not installed: pip install plugrl-megatron",
+            "fsdp2",
+        ),
+        ("rollout.engine", "rollout engine 'vllm' is not installed: pip install plugrl-vllm", "hf"),
+    )
+    assert validation.error is None
+
+
+def test_fully_async_validates_with_its_plugins(script_text, stand_ins):
+    conversion = convert_script(script_text("fully_async_npu_megatron.sh"), "async.sh")
+    recipe = conversion.recipe
+    assert recipe["scheduler"]["staleness_threshold"] == 0.2
+    assert recipe["trainer"]["logger"] == ["console", "tensorboard"]
+    assert "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1" not in unmapped(
+        conversion
+    )
+    assert unmapped(conversion)["actor_rollout_ref.actor.megatron.use_mbridge=False"] == (
+        "training backend 'megatron' has no such key (plugrl explain actor lists the keys)"
+    )
+    validation = validate(recipe)
+    assert (validation.missing, validation.error) == ((), None)
+    resolved = build_recipe(normalize_shorthand(recipe))
+    assert (resolved.scheduler.staleness_threshold, resolved.actor.backend) == (0.2, "megatron")
+
+
+def test_written_recipe_reads_back_as_converted(script_text, plugrl_plugin_manager):
+    import yaml
+
+    conversion = convert_script(script_text("fully_async_npu_megatron.sh"), "async.sh")
+    text = recipe_yaml(conversion)
+    assert text.startswith(
+        "# Converted by `plugrl convert verl` from async.sh "
+        "(recipe.fully_async_policy.fully_async_main, line 82).\n"
+    )
+    assert "  train_files: [/home/ma-user/work/data/gsm8k/train.parquet]\n" in text
+    assert yaml.safe_load(text) == conversion.recipe
+    assert list(yaml.safe_load(text)) == [
+        "model",
+        "data",
+        "device",
+        "actor",
+        "rollout",
+        "algorithm",
+        "reward",
+        "scheduler",
+        "trainer",
+        "cluster",
+    ]
+
+
+# ---------------------------------------------------------------- mapping rules
+
+
+def convert(*overrides, env=None, module="verl.trainer.main_ppo", before=""):
+    text = before + f"python3 -m {module} \\\n" + " \\\n".join(f"    {o}" for o in overrides)
+    return convert_script(text + "\n", "run.sh", env)
+
+
+def test_values_take_the_type_of_the_plugrl_key(plugrl_plugin_manager):
+    conversion = convert(
+        'trainer.nnodes="2"',
+        "trainer.n_gpus_per_node=4",
+        "actor_rollout_ref.actor.optim.lr=3e-6",
+        "data.train_files=/data/train.parquet",
+        "data.val_files=\"['/data/a.parquet', '/data/b.parquet']\"",
+        "trainer.logger=console",
+        "actor_rollout_ref.rollout.do_sample=False",
+        "actor_rollout_ref.rollout.temperature=1",
+        "algorithm.rollout_is=null",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+    )
+    recipe = conversion.recipe
+    assert recipe["trainer"] == {"logger": ["console"], "nnodes": 2, "n_gpus_per_node": 4}
+    assert recipe["actor"] == {"ppo_mini_batch_size": 64, "optim": {"lr": 3e-6}}
+    assert recipe["data"] == {
+        "train_files": ["/data/train.parquet"],
+        "val_files": ["/data/a.parquet", "/data/b.parquet"],
+    }
+    assert recipe["rollout"] == {"do_sample": False}  # temperature 1.0 is the default
+    assert isinstance(recipe["actor"]["optim"]["lr"], float)
+    assert conversion.unmapped == []
+
+
+def test_keys_inside_a_mapping_option(plugrl_plugin_manager):
+    conversion = convert(
+        "+actor_rollout_ref.model.override_config.attention_dropout=0.",
+        "+actor_rollout_ref.model.override_config.model_config.rope_theta=1000000",
+        "custom_reward_function.path=reward.py",
+        "+custom_reward_function.reward_kwargs.strict=True",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=clip_cov",
+        "actor_rollout_ref.actor.policy_loss.clip_cov_ratio=0.001",
+    )
+    recipe = conversion.recipe
+    assert recipe["model"] == {"override_config": {"attention_dropout": 0.0, "rope_theta": 1000000}}
+    assert recipe["reward"] == {
+        "custom_function": {"path": "reward.py", "kwargs": {"strict": True}}
+    }
+    assert recipe["actor"] == {
+        "policy_loss": "clip_cov",
+        "policy_loss_args": {"clip_cov_ratio": 0.001},
+    }
+    assert validate(recipe).error is None
+
+
+def test_renamed_verl_keys(plugrl_plugin_manager):
+    conversion = convert(
+        "actor_rollout_ref.actor.optim.lr_decay_style=cosine",
+        "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True",
+        "reward_model.reward_manager=dapo",
+        "+ray_kwargs.ray_init.num_cpus=8",
+        "critic.optim.lr=1e-5",
+    )
+    assert conversion.recipe["actor"] == {"optim": {"lr_scheduler_type": "cosine"}}
+    assert conversion.recipe["reward"] == {"manager": "dapo", "overlong_buffer": {"enable": True}}
+    assert conversion.recipe["cluster"] == {"mode": "ray", "num_cpus": 8}
+    assert "critic" not in conversion.recipe  # 1e-5 is plugrl's default for the critic
+    assert convert("ray_init.num_cpus=4").recipe["cluster"] == {"mode": "ray", "num_cpus": 4}
+
+
+def test_shared_keys_that_disagree_are_reported(plugrl_plugin_manager):
+    conversion = convert(
+        "actor_rollout_ref.actor.fsdp_config.param_offload=False",
+        "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
+    )
+    assert unmapped(conversion, "dropped") == {
+        "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True": (
+            "plugrl offloads parameters, gradients and optimizer state together: "
+            "actor.param_offload is False "
+            "(from actor_rollout_ref.actor.fsdp_config.param_offload)"
+        ),
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4": (
+            "plugrl's reference model takes the actor's settings: "
+            "actor.log_prob_micro_batch_size_per_gpu is None (the default)"
+        ),
+    }
+
+
+def test_the_critic_shares_the_actors_backend(plugrl_plugin_manager):
+    conversion = convert(
+        "actor_rollout_ref.actor.fsdp_config.param_offload=True",
+        "critic.model.fsdp_config.param_offload=True",
+        "critic.strategy=fsdp",
+        "critic.model.fsdp_config.fsdp_size=4",
+    )
+    assert conversion.recipe["actor"] == {"param_offload": True}
+    assert unmapped(conversion) == {
+        "critic.model.fsdp_config.fsdp_size=4": (
+            "plugrl's backend settings apply to every model it builds, the critic's too: "
+            "actor.fsdp_size is -1 (the default)"
+        )
+    }
+
+
+def test_keys_of_a_part_the_script_does_not_choose(plugrl_plugin_manager):
+    conversion = convert(
+        "reward_model.overlong_buffer.enable=True",
+        "actor_rollout_ref.actor.policy_loss.clip_cov_ratio=0.001",
+        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+    )
+    assert unmapped(conversion, "plugin") == {
+        "reward_model.overlong_buffer.enable=True": (
+            "a key of reward manager 'dapo', but the script chooses 'naive'"
+        ),
+        "actor_rollout_ref.actor.policy_loss.clip_cov_ratio=0.001": (
+            "a key of policy loss 'clip_cov', but the script chooses 'vanilla'"
+        ),
+        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2": (
+            "a key of training backend 'megatron', which is not installed here "
+            "(pip install plugrl-megatron), but the script chooses 'fsdp2'"
+        ),
+    }
+
+
+def test_unknown_of_a_missing_part_names_it(plugrl_plugin_manager):
+    conversion = convert(
+        "actor_rollout_ref.rollout.name=sglang",
+        "actor_rollout_ref.rollout.some_engine_knob=1",
+        "actor_rollout_ref.actor.strategy=megatron",
+        "actor_rollout_ref.actor.some_backend_knob=1",
+    )
+    assert unmapped(conversion) == {
+        "actor_rollout_ref.rollout.some_engine_knob=1": (
+            "not a key of plugrl's core; it may be one of rollout engine 'sglang', which is not "
+            "installed here (pip install plugrl-sglang)"
+        ),
+        "actor_rollout_ref.actor.some_backend_knob=1": (
+            "not a key of plugrl's core; it may be one of training backend 'megatron', which is "
+            "not installed here (pip install plugrl-megatron)"
+        ),
+    }
+
+
+def test_engine_keys_with_the_hf_engine(plugrl_plugin_manager):
+    conversion = convert(
+        "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.enforce_eager=True"
+    )
+    assert unmapped(conversion) == {
+        "actor_rollout_ref.rollout.enforce_eager=True": (
+            "a key of the vllm and sglang engines; the script's engine, hf, has none"
+        )
+    }
+
+
+@pytest.mark.parametrize(
+    ("override", "category", "reason"),
+    [
+        (
+            "trainer.foo=1",
+            "unknown",
+            "no plugrl key has this meaning (plugrl explain trainer lists that section's keys)",
+        ),
+        (
+            "actor_rollout_ref.ref.bar=1",
+            "unknown",
+            "no plugrl key has this meaning (plugrl explain actor lists that section's keys)",
+        ),
+        ("something_else=1", "unknown", "no plugrl key has this meaning"),
+        (
+            "actor_rollout_ref.actor.ulysses_sequence_parallel_size=4",
+            "unknown",
+            "plugrl has no sequence parallelism",
+        ),
+        (
+            "trainer.balance_batch=True",
+            "unknown",
+            "plugrl does not reorder a batch to balance tokens across ranks",
+        ),
+        (
+            "trainer.balance_batch=False",
+            "dropped",
+            "plugrl does not reorder a batch to balance tokens across ranks, as False asks",
+        ),
+        (
+            "hydra.run.dir=outputs",
+            "dropped",
+            "a setting of Hydra itself, which plugrl does not use",
+        ),
+        ("~trainer.logger", "dropped", "deletes a key of verl's config; plugrl has none"),
+        (
+            "trainer.project_name='${data.x}'",
+            "unresolved",
+            "'${data.x}' is a Hydra interpolation, which reads verl's own config; write the value",
+        ),
+        ("actor_rollout_ref.model.path=$MODEL", "unresolved", "$MODEL is not set in the script"),
+        (
+            "data.truncation=sideways",
+            "invalid",
+            "data.truncation: must be one of error, left, right, middle, got 'sideways'",
+        ),
+        (
+            "data.train_batch_size=abc",
+            "invalid",
+            "data.train_batch_size: expected an integer, got 'abc'",
+        ),
+        (
+            "actor_rollout_ref.rollout.top_p=1.5",
+            "invalid",
+            "rollout.top_p: must be between 0 and 1, got 1.5",
+        ),
+        ("data.train_batch_size=0", "invalid", "data.train_batch_size: must be > 0, got 0"),
+        ("trainer.logger=[console", "invalid", "'[' is never closed by ']' in '[console'"),
+        (
+            "actor_rollout_ref.rollout.n",
+            "invalid",
+            "'actor_rollout_ref.rollout.n' has no value; write actor_rollout_ref.rollout.n=VALUE",
+        ),
+    ],
+)
+def test_why_an_override_is_not_converted(plugrl_plugin_manager, override, category, reason):
+    conversion = convert(override)
+    ((item),) = conversion.unmapped
+    assert (item.category, item.reason, item.line) == (category, reason, 2)
+
+
+def test_env_gives_what_the_script_does_not_set(plugrl_plugin_manager):
+    conversion = convert("actor_rollout_ref.model.path=$MODEL", env={"MODEL": "/m"})
+    assert conversion.recipe["model"] == {"path": "/m"}
+
+
+def test_the_last_of_a_key_given_twice_counts(plugrl_plugin_manager):
+    conversion = convert("actor_rollout_ref.rollout.n=4", "actor_rollout_ref.rollout.n=8")
+    assert conversion.recipe["rollout"] == {"n": 8}
+    assert conversion.notes[0] == (
+        "line 3: actor_rollout_ref.rollout.n is given twice; the last value, 8, counts "
+        "(as in Hydra)"
+    )
+
+
+def test_config_names(plugrl_plugin_manager):
+    megatron = convert("--config-name=ppo_megatron_trainer", "trainer.nnodes=1")
+    assert megatron.recipe["actor"] == {"backend": "megatron"}
+    custom = convert("--config-path", "/my/configs", "--config-name", "my_run", "trainer.nnodes=1")
+    assert custom.notes[0] == (
+        "--config-name my_run: only the command line is converted; what my_run.yaml changes "
+        "from verl's defaults is not"
+    )
+
+
+def test_a_logger_no_plugin_registers_is_dropped_and_named(plugrl_plugin_manager):
+    conversion = convert("trainer.logger=[console,clearml]")
+    assert conversion.recipe["trainer"]["logger"] == ["console"]
+    (reason,) = unmapped(conversion, "plugin").values()
+    assert reason.startswith("logger 'clearml': no installed plugin registers it (installed: ")
+    assert reason.endswith("); kept: console")
+
+
+def test_verl_defaults_the_script_relies_on_are_noted(plugrl_plugin_manager):
+    conversion = convert("algorithm.adv_estimator=grpo", "trainer.total_epochs=2")
+    assert conversion.notes == [
+        "not set by the script, so verl used its defaults, which plugrl's differ from: "
+        "model.enable_gradient_checkpointing (verl True, plugrl False), "
+        "rollout.tensor_model_parallel_size (verl 2, plugrl 1), trainer.n_gpus_per_node "
+        "(verl 8, plugrl 1), trainer.logger (verl ['console', 'wandb'], plugrl ['console', "
+        "'jsonl']); set them where the run relied on verl's"
+    ]
+    assert "algorithm" not in conversion.recipe  # grpo is plugrl's default
+
+
+def test_commands_around_verl(plugrl_plugin_manager):
+    text = (
+        "ray job submit --address=http://head:8265 -- python3 -u -m verl.trainer.main_ppo "
+        "trainer.nnodes=2 &\n"
+    )
+    assert convert_script(text, "run.sh").recipe["trainer"] == {"nnodes": 2}
+    text = "nohup python3 verl/trainer/main_ppo.py trainer.nnodes=3 > log 2>&1\n"
+    assert convert_script(text, "run.sh").recipe["trainer"] == {"nnodes": 3}
+
+
+# -------------------------------------------------------------------------- errors
+
+
+def test_no_verl_command():
+    with pytest.raises(ConvertError) as error:
+        convert_script("echo hello\npython3 -m other.module a=1\n", "run.sh")
+    assert str(error.value) == (
+        "run.sh: no verl training command found; expected python3 -m verl.trainer.main_ppo "
+        "(or recipe.dapo.main_dapo, or a fully_async_main) followed by its overrides"
+    )
+
+
+def test_two_verl_commands():
+    text = "python3 -m verl.trainer.main_ppo a.b=1\nsleep 1\npython3 -m verl.trainer.main_ppo\n"
+    with pytest.raises(ConvertError) as error:
+        convert_script(text, "run.sh")
+    assert str(error.value) == (
+        "run.sh: 2 verl training commands (lines 1, 3); convert one at a time, from a copy of "
+        "the script that keeps only that one"
+    )
+
+
+def test_a_recipe_that_does_not_validate_names_the_key(plugrl_plugin_manager):
+    conversion = convert(
+        "trainer.n_gpus_per_node=2",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+    )
+    assert validate(conversion.recipe).error == (
+        "rollout.tensor_model_parallel_size: engines that span several devices cannot yet share "
+        "the trainer's devices on Ray; set rollout.colocate=false (engines on devices of their "
+        "own) or rollout.tensor_model_parallel_size=1"
+    )
+
+
+def test_the_worked_example_of_the_docs_is_what_convert_prints(plugrl_plugin_manager):
+    import re
+    from pathlib import Path
+
+    from plugrl_tools.convert.output import report
+
+    docs = Path(__file__).parents[3] / "docs" / "migrating-from-verl.md"
+    example = docs.read_text().split("## A worked example", 1)[1]
+    script, recipe, printed = (
+        re.search(rf"```{kind}\n(.*?)```", example, re.DOTALL).group(1)
+        for kind in ("bash", "yaml", "text")
+    )
+    conversion = convert_script(script, "run_gsm8k_grpo.sh")
+    assert recipe_yaml(conversion) == recipe
+    lines = report(conversion, validate(conversion.recipe), "gsm8k-grpo.yaml")
+    assert "\n".join(lines) + "\n" == printed
+
+
+def test_the_installed_megatron_backend_takes_the_scripts_megatron_keys(
+    script_text, plugrl_make_plugin_manager
+):
+    pytest.importorskip("plugrl_megatron")
+    plugrl_make_plugin_manager()  # every installed plugin, plugrl-megatron among them
+    conversion = convert_script(script_text("fully_async_npu_megatron.sh"), "async.sh")
+    actor = conversion.recipe["actor"]
+    assert actor["backend"] == "megatron"
+    assert actor["override_transformer_config"] == {"use_flash_attn": True}
+    assert actor["optimizer_cpu_offload"] is True
+    not_converted = unmapped(conversion)
+    assert MEGATRON not in not_converted.values()
+    # 1 is the backend's default, so the key converts and the recipe leaves it out
+    assert "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1" not in not_converted
+    assert not_converted["actor_rollout_ref.actor.megatron.use_mbridge=False"] == (
+        "training backend 'megatron' has no such key (plugrl explain actor lists the keys)"
+    )

@@ -1,0 +1,386 @@
+"""The ``plugrl`` command line.
+
+Errors a user can fix (:class:`plugrl.errors.PlugrlError`) print as one line, without a
+traceback, and exit 1. Nothing heavy (torch, transformers, ray) is imported until a command
+needs it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import signal
+import sys
+import threading
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import click
+
+from plugrl import __version__
+from plugrl.errors import PlugrlError
+
+
+class _Group(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except PlugrlError as exc:
+            raise click.ClickException(str(exc)) from None
+
+
+def _let_idle_cpu_threads_sleep() -> None:
+    """Make torch's OpenMP threads sleep instead of spinning once they run out of work.
+
+    Spinning threads of two torch processes on the same cores (another job, a notebook)
+    burn each other's time slices: two quickstart runs at once on 2 cores took 8.2-8.7 s per
+    step with spinning threads and 4.4-4.8 s with sleeping ones; alone, both take 2.5-2.7 s.
+    OpenMP reads the setting when torch loads, so it is set before any import of torch, and
+    never over a value the user chose.
+    """
+    if "torch" not in sys.modules:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def _stop_on_sigterm() -> None:
+    """Make SIGTERM (what Slurm, Kubernetes and ``kill`` send) stop a run as Ctrl-C does: the
+    run ends as interrupted, workers and Ray actors are shut down, half-written folders are
+    removed."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, interrupt)
+
+
+def _setup_logging(verbose: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    root = logging.getLogger("plugrl")
+    root.handlers[:] = [handler]
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    root.propagate = False
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="plugrl")
+@click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
+def cli(verbose: bool) -> None:
+    """plugrl: RL post-training for LLMs (PPO, GRPO, DAPO) where every part is a plugin.
+
+    \b
+    Start with:
+      plugrl plugins              what is installed
+      plugrl run RECIPE.yaml      run a recipe (add key=value overrides)
+      plugrl explain actor        what the keys of a section mean
+    """
+    _setup_logging(verbose)
+    _let_idle_cpu_threads_sleep()
+    _stop_on_sigterm()
+
+
+@cli.command(context_settings={"ignore_unknown_options": False})
+@click.argument("recipe", type=click.Path(dir_okay=False, path_type=str))
+@click.argument("overrides", nargs=-1)
+@click.option(
+    "--print-config",
+    is_flag=True,
+    help="Print the resolved recipe as YAML and exit without running.",
+)
+def run(recipe: str, overrides: tuple[str, ...], print_config: bool) -> None:
+    """Run RECIPE (a YAML file), with KEY=VALUE overrides (actor.optim.lr=1e-6)."""
+    from plugrl.recipe import load_recipe
+
+    resolved = load_recipe(recipe, overrides)
+    if print_config:
+        click.echo(resolved.to_yaml(), nl=False)
+        return
+    from plugrl.run import run_recipe
+
+    run_recipe(resolved)
+    _plot_if_possible(resolved.run_dir)
+
+
+@cli.command(context_settings={"ignore_unknown_options": False})
+@click.argument("overrides", nargs=-1)
+@click.option(
+    "--assets",
+    default=None,
+    metavar="DIR",
+    help="Where the tiny model and data are built (once, then reused); default "
+    "runs/quickstart-assets.",
+)
+def quickstart(overrides: tuple[str, ...], assets: str | None) -> None:
+    """GRPO on CPU in minutes: build a tiny Qwen2-architecture model and an arithmetic task
+    here (nothing is downloaded), then run the quickstart recipe and print held-out accuracy
+    before and after. KEY=VALUE overrides apply to the recipe."""
+    from plugrl.recipe import load_recipe
+    from plugrl.run import run_recipe
+    from plugrl_tools.quickstart import describe, prepare_quickstart, quickstart_overrides
+    from plugrl_tools.quickstart.build import DEFAULT_DIR
+
+    paths = prepare_quickstart(assets or DEFAULT_DIR)
+    click.echo(describe(paths), err=True)
+    recipe = load_recipe("quickstart", [*quickstart_overrides(paths), *overrides])
+    run_recipe(recipe)
+    _plot_if_possible(recipe.run_dir)
+
+
+def _plot_if_possible(run_dir: Path) -> None:
+    """The PNG of reward and accuracy per step at the end of a run, when it logged metrics to
+    jsonl."""
+    from plugrl_tools.plot import plot_run
+
+    if not (run_dir / "metrics.jsonl").exists():
+        return
+    try:
+        logging.getLogger("plugrl.run").info("reward and accuracy per step: %s", plot_run(run_dir))
+    except PlugrlError as exc:
+        logging.getLogger("plugrl.run").info("no plot: %s", exc)
+
+
+@cli.command()
+@click.option(
+    "--all",
+    "show_all",
+    is_flag=True,
+    help="Also hooks, unavailable parts, and plugins that failed or are disabled.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def plugins(show_all: bool, as_json: bool) -> None:
+    """List installed plugins and the parts they register."""
+    from plugrl.plugins import get_plugin_manager
+
+    manager = get_plugin_manager()
+    rows = manager.describe(include_all=show_all or as_json)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    for row in rows:
+        if row["status"] != "loaded":
+            reason = row.get("error") or "disabled by PLUGRL_DISABLED_PLUGINS"
+            click.echo(f"{row['name']}  [{row['status']}]  {reason}")
+            continue
+        dist = row["distribution"] or "in-process"
+        version = f" {row['version']}" if row.get("version") else ""
+        click.echo(f"{row['name']}  ({dist}{version})")
+        for kind, entries in row["registers"].items():
+            names = []
+            for entry in entries:
+                label = entry["name"]
+                if not entry["available"]:
+                    label += f" [unavailable: {entry['unavailable_reason']}]"
+                names.append(label)
+            click.echo(f"    {kind}: {', '.join(names)}")
+        if show_all:
+            click.echo(f"    hooks: {', '.join(row['hooks']) or '-'}")
+    if not show_all and manager.failures:
+        click.echo(
+            f"{len(manager.failures)} plugin(s) failed to load; see plugrl plugins --all", err=True
+        )
+
+
+@cli.command()
+@click.argument("key")
+def explain(key: str) -> None:
+    """What a recipe KEY (or section) means: type, default, choices, verl name."""
+    from plugrl.recipe import explain as explain_key
+
+    info = explain_key(key)
+    click.echo(info.key)
+    if info.help:
+        click.echo(f"  {info.help}")
+    if info.is_section:
+        click.echo(f"  keys: {', '.join(info.children)}")
+    else:
+        click.echo(f"  type:    {info.type}")
+        click.echo(f"  default: {json.dumps(info.default)}")
+        if info.choices is not None:
+            listed = ", ".join("null" if c is None else str(c) for c in info.choices)
+            click.echo(f"  choices: {listed}")
+    if info.verl:
+        click.echo(f"  verl:    {info.verl}")
+    if info.owner != "core":
+        click.echo(f"  from:    {info.owner}")
+
+
+@cli.group()
+def convert() -> None:
+    """Turn another framework's launch script into a plugrl recipe."""
+
+
+@convert.command("verl", context_settings={"max_content_width": 100})
+@click.argument("script", type=click.Path(dir_okay=False, path_type=str))
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=str),
+    help="Write the recipe to FILE instead of stdout.",
+)
+@click.option(
+    "-e",
+    "--env",
+    "env",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="A variable the script reads but does not set (repeatable).",
+)
+@click.option("--force", is_flag=True, help="Overwrite FILE if it exists.")
+def convert_verl(script: str, output: str | None, env: tuple[str, ...], force: bool) -> None:
+    """Convert a verl launch SCRIPT (bash) into a plugrl recipe.
+
+    \b
+    The script is read, never run: its variables (NAME=value, ${NAME:-default},
+    $((arithmetic)), export) are evaluated, its verl command found (python3 -m
+    verl.trainer.main_ppo, recipe.dapo.main_dapo or a fully_async_main), and each
+    Hydra override (key=value, +key=value, ++key=value) mapped to the plugrl key of
+    the same meaning, its value converted to that key's type.
+
+    \b
+    The recipe (only keys that differ from plugrl's defaults) goes to stdout or
+    FILE. The report goes to stderr: every override not converted, grouped by why
+    (unknown to plugrl, a key of a part not installed here such as plugrl-megatron
+    or plugrl-vllm, dropped because plugrl does it differently, a value that cannot
+    be resolved without running the script, a value plugrl does not accept), then
+    notes, then whether the recipe validates here. Parts the recipe chooses that are
+    not installed here are named, and the rest is validated without them.
+
+    \b
+    Exit status 1, with the key named, when the recipe does not validate for another
+    reason (it is written all the same, to be fixed by hand).
+
+    \b
+    Example:
+      plugrl convert verl run_qwen_grpo.sh -o grpo.yaml --env HOME=/home/me
+    docs/migrating-from-verl.md says what maps how.
+    """
+    from pathlib import Path
+
+    from plugrl.errors import ConvertError
+    from plugrl_tools.convert.output import recipe_yaml, report, validate
+    from plugrl_tools.convert.verl import convert_script
+
+    variables: dict[str, str] = {}
+    for item in env:
+        name, sep, value = item.partition("=")
+        if not sep or not name.isidentifier():
+            raise ConvertError(f"--env {item!r} is not NAME=VALUE")
+        variables[name] = value
+    path = Path(script)
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        raise ConvertError(f"script {script!r} not found; check the path") from None
+    except OSError as exc:
+        raise ConvertError(f"cannot read script {script!r}: {exc.strerror}") from None
+    if output and Path(output).exists() and not force:
+        raise ConvertError(f"{output} exists; pass --force to overwrite it")
+    conversion = convert_script(text, path.name, variables)
+    written = recipe_yaml(conversion)
+    if output:
+        Path(output).write_text(written, encoding="utf-8")
+    else:
+        click.echo(written, nl=False)
+    validation = validate(conversion.recipe)
+    for line in report(conversion, validation, output or "RECIPE.yaml"):
+        click.echo(line, err=True)
+    if validation.error:
+        raise ConvertError(f"the converted recipe does not validate: {validation.error}")
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(file_okay=False, path_type=str))
+@click.option(
+    "-o", "--out", type=click.Path(dir_okay=False), help="PNG path; default RUN_DIR/progress.png."
+)
+def plot(run_dir: str, out: str | None) -> None:
+    """Draw reward and validation accuracy per step of a run folder as a PNG."""
+    from plugrl_tools.plot import plot_run
+
+    click.echo(str(plot_run(run_dir, out)))
+
+
+@cli.command()
+@click.argument("run_dirs", nargs=-1, type=click.Path(path_type=str))
+@click.option(
+    "-o",
+    "--out",
+    type=click.Path(dir_okay=False),
+    default="compare.png",
+    show_default=True,
+    help="PNG of reward and validation accuracy against wall-clock time and steps.",
+)
+def compare(run_dirs: tuple[str, ...], out: str) -> None:
+    """Compare RUN_DIRS (two or more run folders, sync or fully-async): a table of
+    throughput, time per step, idle ratios, staleness, pauses, final reward and validation
+    accuracy, and a PNG of reward and accuracy per wall-clock second and per step."""
+    from plugrl_tools.compare import compare_runs
+
+    table, png = compare_runs(run_dirs, out)
+    click.echo(table)
+    click.echo(f"plot: {png}", err=True)
+
+
+DOCTOR_LIBRARIES = [
+    ("torch", "torch"),
+    ("transformers", "transformers"),
+    ("ray", "ray"),
+    ("vllm", "vllm"),
+    ("sglang", "sglang"),
+    ("torch-npu", "torch_npu"),
+    ("megatron-core", "megatron.core"),
+    ("mindspeed", "mindspeed"),
+]
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+@cli.command()
+def doctor() -> None:
+    """Python, torch and device libraries here, and which parts can run here and why not."""
+    from plugrl.plugins import get_plugin_manager
+
+    click.echo(f"python        {platform.python_version()} ({sys.executable})")
+    click.echo(f"plugrl        {__version__}")
+    for dist, _module in DOCTOR_LIBRARIES:
+        click.echo(f"{dist:<13} {_dist_version(dist) or 'not installed'}")
+    try:
+        import torch
+
+        gpus = f"yes, {torch.cuda.device_count()} device(s)" if torch.cuda.is_available() else "no"
+        click.echo(f"cuda          {gpus} (torch built for cuda {torch.version.cuda or '-'})")
+    except Exception as exc:  # a broken torch is exactly what doctor should report
+        click.echo(f"torch import  failed: {type(exc).__name__}: {exc}")
+    manager = get_plugin_manager()
+    click.echo("")
+    click.echo("parts:")
+    for kind, registry in manager.registries().items():
+        for entry in registry:
+            status = "ok"
+            if not entry.available:
+                status = f"unavailable: {entry.unavailable_reason}"
+            elif kind == "devices":
+                try:
+                    status = "ok" if entry.load().is_available() else "no hardware detected"
+                except PlugrlError as exc:
+                    status = str(exc)
+            click.echo(f"  {registry.human_name:<20} {entry.name:<28} {status}")
+    for failure in manager.failures:
+        click.echo(f"  broken plugin: {failure.message()}")
+
+
+def main() -> None:
+    cli(prog_name="plugrl")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,157 @@
+"""What ``plugrl convert`` prints: the recipe as YAML, whether it validates here, and the
+report of every override that was not converted and why."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any
+
+import attrs
+import yaml
+
+from plugrl.errors import PlugrlError
+from plugrl.plugins import PluginManager, get_plugin_manager
+from plugrl.recipe.build import build_recipe
+from plugrl.recipe.composition import normalize_shorthand
+from plugrl.registry import KNOWN_EXTERNAL, PART_KINDS
+from plugrl_tools.convert.verl import CATEGORIES, Conversion
+
+
+class _Dumper(yaml.SafeDumper):
+    """Lists of plain values on one line (``logger: [console, jsonl]``)."""
+
+
+def _represent_list(dumper: yaml.SafeDumper, data: list[Any]) -> yaml.Node:
+    flat = all(not isinstance(item, (dict, list)) for item in data)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flat)
+
+
+_Dumper.add_representer(list, _represent_list)
+
+
+def recipe_yaml(conversion: Conversion) -> str:
+    """The recipe, with a header that names the script, one blank line between sections."""
+    header = (
+        f"# Converted by `plugrl convert verl` from {conversion.source} "
+        f"({conversion.module}, line {conversion.line}).\n"
+        "# Only keys that differ from plugrl's defaults are set (plugrl run RECIPE "
+        "--print-config\n# shows them all); the conversion report lists what was not "
+        "converted, and why.\n"
+    )
+    sections = [
+        yaml.dump({name: body}, Dumper=_Dumper, sort_keys=False, allow_unicode=True)
+        for name, body in conversion.recipe.items()
+    ]
+    return header + "\n" + "\n".join(sections)
+
+
+@attrs.frozen
+class Validation:
+    """Whether a converted recipe validates with the plugins installed here."""
+
+    missing: tuple[tuple[str, str, Any], ...] = ()
+    """(key, message, plugrl's default) for each part the recipe chooses that is not
+    installed here, or is installed but cannot run here (its library is missing)."""
+    error: str | None = None
+    """The first error of the recipe with those keys at plugrl's defaults; ``None``: it
+    validates."""
+    warnings: tuple[str, ...] = ()
+    """What the recipe checks warn of (a setting that has no effect)."""
+
+
+def validate(recipe: dict[str, Any], plugins: PluginManager | None = None) -> Validation:
+    """Build the recipe as ``plugrl run --print-config`` does. Parts that are not installed
+    here, or cannot run here, are named, and the rest is validated with plugrl's default parts
+    in their place: a recipe for an NPU cluster converted on a laptop still validates."""
+    plugins = plugins or get_plugin_manager()
+    rest = normalize_shorthand(copy.deepcopy(recipe))
+    missing: list[tuple[str, str, Any]] = []
+    for kind in PART_KINDS.values():
+        section = rest.get(kind.section)
+        if kind.section_config is None or not isinstance(section, dict):
+            continue
+        name = section.get(kind.selector)
+        registry = plugins.registry(kind.name)
+        if not isinstance(name, str) or (kind.accepts_auto and name == "auto"):
+            continue
+        if name in registry:
+            entry = registry.get(name)
+            if entry.available:
+                continue
+            message = (
+                f"{kind.human_name} {name!r} (plugin {entry.plugin!r}) is installed but cannot "
+                f"run here: it {entry.unavailable_reason}"
+            )
+            # its own keys (rollout.enable_chunked_prefill of vllm) are not the default part's
+            own = entry.load_config()
+            base_keys = {field.name for field in attrs.fields(kind.section_base())}
+            for key in [field.name for field in attrs.fields(own)] if own else []:
+                if key not in base_keys:
+                    section.pop(key, None)
+        else:
+            install = KNOWN_EXTERNAL.get((kind.name, name))
+            where = f": {install}" if install else "; no installed plugin registers it"
+            message = f"{kind.human_name} {name!r} is not installed{where}"
+        default = getattr(kind.section_base()(), kind.selector)
+        missing.append((kind.recipe_key, message, default))
+        del section[kind.selector]
+    checks = logging.getLogger("plugrl.recipe")
+    collected = _Collect()
+    propagates = checks.propagate
+    checks.addHandler(collected)
+    checks.propagate = False
+    try:
+        build_recipe(rest, plugins)
+    except PlugrlError as exc:
+        return Validation(tuple(missing), str(exc), tuple(collected.messages))
+    finally:
+        checks.removeHandler(collected)
+        checks.propagate = propagates
+    return Validation(tuple(missing), None, tuple(collected.messages))
+
+
+class _Collect(logging.Handler):
+    """Keeps the warnings of the recipe checks for the report, instead of printing them
+    before it."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def report(conversion: Conversion, validation: Validation, recipe_name: str) -> list[str]:
+    """The lines of the report: what was not converted, by reason; notes; validation."""
+    unmapped = conversion.unmapped
+    lines = [
+        f"{conversion.source}, line {conversion.line} ({conversion.module}): "
+        f"{conversion.overrides} overrides, {conversion.overrides - len(unmapped)} converted, "
+        f"{len(unmapped)} not"
+    ]
+    for category, title in CATEGORIES.items():
+        items = sorted((u for u in unmapped if u.category == category), key=lambda u: u.line)
+        if items:
+            lines.append(f"{title} ({len(items)}):")
+            lines += [f"  line {u.line}: {u.override}: {u.reason}" for u in items]
+    if any("is not set in the script" in u.reason for u in unmapped):
+        lines.append("  (give variables the script does not set with --env NAME=VALUE)")
+    if conversion.notes:
+        lines.append("notes:")
+        lines += [f"  {note}" for note in conversion.notes]
+    if validation.warnings:
+        lines.append("warnings of plugrl's recipe checks:")
+        lines += [f"  {warning}" for warning in validation.warnings]
+    for key, message, _ in validation.missing:
+        lines.append(f"not usable here: {key}: {message}")
+    if validation.error is None:
+        with_defaults = " ".join(f"{key}={default}" for key, _, default in validation.missing)
+        if validation.missing:
+            lines.append(
+                f"the rest validates: plugrl run {recipe_name} {with_defaults} --print-config"
+            )
+        else:
+            lines.append(f"the recipe validates: plugrl run {recipe_name} --print-config")
+    return lines

@@ -1,0 +1,744 @@
+"""A verl launch script as a plugrl recipe.
+
+The script is read without running it (:mod:`plugrl_tools.convert.shell`), its verl command found
+(``python3 -m verl.trainer.main_ppo``, ``recipe.dapo.main_dapo`` or a ``fully_async_main``),
+and each of its Hydra overrides mapped to the plugrl key of the same meaning: through the verl
+names the options of the core and of the installed plugins declare
+(:func:`plugrl.recipe.verl_names.verl_names`), and through the rules below where verl's layout
+differs from plugrl's. Values are converted to the option's type. Every override that cannot
+be mapped is kept, with the reason, in :attr:`Conversion.unmapped`.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import typing
+from collections.abc import Mapping
+from pathlib import PurePath
+from typing import Any
+
+import attrs
+
+from plugrl.config import ConfigValueError
+from plugrl.errors import ConvertError, PluginError
+from plugrl.plugins import PluginManager, get_plugin_manager
+from plugrl.recipe.sections import Recipe
+from plugrl.recipe.verl_names import VerlName, verl_names
+from plugrl.registry import KNOWN_EXTERNAL, PART_KINDS, section_kind
+from plugrl.structuring import converter, describe_value, fields_of
+from plugrl_tools.convert.overrides import Override, OverrideError, parse_override
+from plugrl_tools.convert.shell import Command, Script, Word, read_script
+
+ENTRY_POINTS = {"main_ppo": "sync", "main_dapo": "sync", "fully_async_main": "fully_async"}
+"""The last part of a verl trainer module -> the plugrl scheduler that runs the same loop."""
+
+CATEGORIES = {
+    "unknown": "unknown to plugrl",
+    "plugin": "keys of parts not installed here or not chosen",
+    "dropped": "dropped on purpose: plugrl does it differently",
+    "unresolved": "value unresolvable",
+    "invalid": "value plugrl does not accept",
+}
+"""Why an override was not mapped, in the order the report lists them."""
+
+# --------------------------------------------------------------------------------- rules
+# Beyond the verl names the options declare: where verl's layout differs from plugrl's.
+
+_SCHEDULE = "actor_rollout_ref.actor.optim.lr_scheduler_type"
+
+ALIASES = {
+    # verl nests the model's config under model_config for Megatron; plugrl has one mapping
+    "actor_rollout_ref.model.override_config.model_config.": (
+        "actor_rollout_ref.model.override_config."
+    ),
+    # newer verl passes DAPO's overlong buffer to the reward manager as reward_kwargs
+    "reward_model.reward_kwargs.overlong_buffer_cfg.": "reward_model.overlong_buffer.",
+    # the Megatron optimizer's and older verl's names of the schedule
+    "actor_rollout_ref.actor.optim.lr_decay_style": _SCHEDULE,
+    "actor_rollout_ref.actor.optim.warmup_style": _SCHEDULE,
+    "ray_init.": "ray_kwargs.ray_init.",
+}
+"""verl key (or prefix, ending in a dot) -> the verl key it means."""
+
+_REFERENCE = "plugrl's reference model takes the actor's settings"
+_LOG_PROB = "plugrl's log-prob passes form micro-batches as training does"
+
+SHARED = {
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload": (
+        "actor_rollout_ref.actor.fsdp_config.param_offload",
+        "plugrl offloads parameters, gradients and optimizer state together",
+    ),
+    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": (
+        "actor_rollout_ref.actor.use_dynamic_bsz",
+        _LOG_PROB,
+    ),
+    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": (
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+        _LOG_PROB,
+    ),
+    "trainer.max_critic_ckpt_to_keep": (
+        "trainer.max_actor_ckpt_to_keep",
+        "plugrl keeps one count of checkpoints for all models",
+    ),
+    # prefixes: the reference model's and the critic's settings are the actor's in plugrl
+    "actor_rollout_ref.ref.log_prob_": ("actor_rollout_ref.rollout.log_prob_", _REFERENCE),
+    "actor_rollout_ref.ref.": ("actor_rollout_ref.actor.", _REFERENCE),
+    "critic.model.fsdp_config.": (
+        "actor_rollout_ref.actor.fsdp_config.",
+        "plugrl's backend settings apply to every model it builds, the critic's too",
+    ),
+    "critic.strategy": (
+        "actor_rollout_ref.actor.strategy",
+        "plugrl's critic trains with the actor's backend",
+    ),
+}
+"""verl keys (or prefixes, ending in a dot or underscore) whose meaning plugrl covers with the
+key of another: (that verl key, why). The value is carried over when it agrees with that key's,
+and reported when it does not."""
+
+DROPPED = {
+    "actor_rollout_ref.model.use_remove_padding": (
+        "plugrl has no switch: its fsdp2 backend computes only the token columns a "
+        "micro-batch's rows use"
+    ),
+    "actor_rollout_ref.model.use_fused_kernels": (
+        "plugrl has no switch: log-probs come from the model's own logits"
+    ),
+    "actor_rollout_ref.actor.use_torch_compile": "plugrl does not compile the model",
+    "actor_rollout_ref.rollout.mode": (
+        "plugrl has one engine interface (requests in, completions out, continuous batching); "
+        "verl's sync and async rollout modes have no counterpart"
+    ),
+    "actor_rollout_ref.rollout.calculate_log_probs": (
+        "plugrl's engines return the log-prob of every sampled token with each completion"
+    ),
+    "data.return_raw_chat": (
+        "plugrl's dataset applies the chat template for every engine (data.apply_chat_template)"
+    ),
+    "actor_rollout_ref.actor.optim.lr_decay_steps": (
+        "plugrl's cosine schedule decays over the run's training steps "
+        "(actor.optim.lr_scheduler_type)"
+    ),
+}
+"""verl keys plugrl covers in its own way, with what it does instead."""
+
+NEUTRAL = {
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": (
+        1,
+        "plugrl has no sequence parallelism",
+    ),
+    "trainer.critic_warmup": (0, "plugrl has no critic warm-up"),
+    "trainer.balance_batch": (
+        False,
+        "plugrl does not reorder a batch to balance tokens across ranks",
+    ),
+}
+"""verl features plugrl lacks: (the value that turns them off, what plugrl does). At that
+value the override is dropped as having no effect; at another it is unknown to plugrl."""
+
+PART_KEYS = [
+    # (verl prefix or key, kind, part): keys that belong to one part's own config
+    ("actor_rollout_ref.actor.megatron.", "training_backends", "megatron"),
+    ("actor_rollout_ref.actor.optim.override_optimizer_config.", "training_backends", "megatron"),
+    ("critic.megatron.", "training_backends", "megatron"),
+    ("async_training.", "schedulers", "fully_async"),
+    ("rollout.total_rollout_steps", "schedulers", "fully_async"),
+    ("rollout.total_epochs", "schedulers", "fully_async"),
+    ("rollout.test_freq", "schedulers", "fully_async"),
+]
+
+ENGINE_KEYS = {
+    "enforce_eager",
+    "enable_chunked_prefill",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "load_format",
+    "disable_log_stats",
+    "enable_prefix_caching",
+    "engine_kwargs",
+    "cudagraph_capture_sizes",
+    "layered_summon",
+}
+"""``actor_rollout_ref.rollout.*`` keys of vLLM and SGLang engines, not of plugrl's core."""
+
+PART_PREFIXES = {
+    "actor_rollout_ref.actor.": "training_backends",
+    "actor_rollout_ref.rollout.": "rollout_engines",
+    "reward_model.": "reward_managers",
+}
+"""Where an unknown key may belong to the chosen part's own config."""
+
+VERL_DEFAULTS = {
+    "algorithm.adv_estimator": "gae",
+    "actor_rollout_ref.model.enable_gradient_checkpointing": True,
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": 2,
+    "trainer.total_epochs": 30,
+    "trainer.n_gpus_per_node": 8,
+    "trainer.logger": ["console", "wandb"],
+}
+"""Defaults of verl's ppo_trainer.yaml that differ from plugrl's. A script that leaves one
+unset ran with verl's value; the report says so, and the recipe keeps plugrl's."""
+
+VALUE_RENAMES = {"actor.backend": {"fsdp": "fsdp2"}}
+"""plugrl key -> {verl value: plugrl value} where verl's value names a part plugrl calls
+otherwise (verl's FSDP1 strategy runs as fsdp2)."""
+
+
+# ---------------------------------------------------------------------------- results
+
+
+@attrs.frozen
+class Unmapped:
+    """An override that is not in the recipe, and why."""
+
+    override: str
+    """As verl receives it (``actor_rollout_ref.model.use_remove_padding=True``)."""
+    line: int
+    category: str
+    """A key of :data:`CATEGORIES`."""
+    reason: str
+
+
+@attrs.define
+class Conversion:
+    """A converted script."""
+
+    source: str
+    module: str
+    line: int
+    recipe: dict[str, Any]
+    """The recipe's sections in plugrl's order, only keys that differ from the defaults."""
+    overrides: int
+    unmapped: list[Unmapped]
+    notes: list[str]
+
+
+@attrs.frozen
+class _Target:
+    name: VerlName
+    subpath: tuple[str, ...] = ()
+    """Keys inside an option that is a mapping (``model.override_config``)."""
+    shared: tuple[str, str] | None = None
+    """(verl key, why) when plugrl's key is that verl key's too."""
+
+
+@attrs.frozen
+class _Skip:
+    category: str
+    reason: str
+
+
+# ---------------------------------------------------------------------------- convert
+
+
+def convert_script(
+    text: str,
+    source: str = "script.sh",
+    env: Mapping[str, str] | None = None,
+    plugins: PluginManager | None = None,
+) -> Conversion:
+    """Convert the text of a verl launch script (``source`` names it in messages)."""
+    script = read_script(text, env)
+    command, index = _verl_command(script, source)
+    return _Converter(plugins or get_plugin_manager()).convert(script, command, index, source)
+
+
+def _verl_command(script: Script, source: str) -> tuple[Command, int]:
+    """The command that starts verl's trainer, and the index of its module word."""
+    found: list[tuple[Command, int]] = []
+    for command in script.commands:
+        texts = [word.text for word in command.words]
+        for i, text in enumerate(texts):
+            if not re.fullmatch(r"python[0-9.]*", PurePath(text).name):
+                continue
+            module_at = i + 1
+            while module_at < len(texts) and texts[module_at] in ("-u", "-O", "-B"):
+                module_at += 1
+            if texts[module_at : module_at + 1] == ["-m"]:
+                module_at += 1
+            module = texts[module_at] if module_at < len(texts) else ""
+            if _entry_point(module):
+                found.append((command, module_at))
+            break
+    if not found:
+        raise ConvertError(
+            f"{source}: no verl training command found; expected python3 -m "
+            "verl.trainer.main_ppo (or recipe.dapo.main_dapo, or a fully_async_main) followed "
+            "by its overrides"
+        )
+    if len(found) > 1:
+        lines = ", ".join(str(command.line) for command, _ in found)
+        raise ConvertError(
+            f"{source}: {len(found)} verl training commands (lines {lines}); convert one at a "
+            "time, from a copy of the script that keeps only that one"
+        )
+    return found[0]
+
+
+def _entry_point(module: str) -> str | None:
+    """The scheduler of a verl trainer module (``verl.trainer.main_ppo`` -> ``sync``)."""
+    name = module.removesuffix(".py").replace("/", ".").rsplit(".", 1)[-1]
+    return ENTRY_POINTS.get(name)
+
+
+class _Converter:
+    def __init__(self, plugins: PluginManager) -> None:
+        self.plugins = plugins
+        self.config_name: str | None = None
+        self.index = verl_names(plugins)
+        self.chosen: dict[str, Any] = {}
+        self.defaults: dict[tuple[str, ...], Any] = {}
+        self.unmapped: list[Unmapped] = []
+        self.notes: list[str] = []
+
+    # ------------------------------------------------------------ the command
+
+    def convert(self, script: Script, command: Command, index: int, source: str) -> Conversion:
+        module = command.words[index].text
+        overrides = self._arguments(command.words[index + 1 :])
+        self._describe_command(script, command, module)
+        parsed = self._parse(overrides)
+        values: dict[tuple[str, ...], tuple[Any, str]] = {}
+        scheduler = _entry_point(module) or "sync"
+        if scheduler != "sync":
+            values[("scheduler", "name")] = (scheduler, module)
+            self.notes.append(f"{module} runs as plugrl's {scheduler} scheduler")
+        self._choose_parts(parsed, values)
+        shared: list[tuple[Word, Override, _Target]] = []
+        for word, override in parsed:
+            self._map(word, override, values, shared)
+        for word, override, target in shared:
+            self._map_shared(word, override, target, values)
+        # verl runs on Ray always; so does the recipe
+        values[("cluster", "mode")] = ("ray", "")
+        self._note_verl_defaults({_alias(override.key) for _, override in parsed})
+        written = {
+            path: value
+            for path, value in values.items()
+            if path not in self.defaults or value[0] != self.defaults[path]
+        }
+        recipe = _assemble(written, self._section_classes())
+        total = len(overrides)
+        return Conversion(source, module, command.line, recipe, total, self.unmapped, self.notes)
+
+    def _arguments(self, words: tuple[Word, ...]) -> list[Word]:
+        """The Hydra overrides among the arguments; Hydra's own options are noted."""
+        overrides: list[Word] = []
+        pending: str | None = None
+        for word in words:
+            text = word.text
+            if pending:
+                if pending in ("--config-name", "-cn"):
+                    self.config_name = text
+                pending = None
+            elif text in ("--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd"):
+                pending = text
+            elif re.match(r"--config-(path|name|dir)=", text):
+                if text.startswith("--config-name="):
+                    self.config_name = text.partition("=")[2]
+            elif text.startswith("-"):
+                self.notes.append(f"line {word.line}: option {word.source!r} is not converted")
+            else:  # Hydra reads every other argument as an override
+                overrides.append(word)
+        return overrides
+
+    def _describe_command(self, script: Script, command: Command, module: str) -> None:
+        if self.config_name:
+            name = PurePath(self.config_name).stem
+            if not re.fullmatch(r"(fully_async_)?(ppo|dapo)(_megatron)?_trainer", name):
+                self.notes.append(
+                    f"--config-name {self.config_name}: only the command line is converted; "
+                    f"what {name}.yaml changes from verl's defaults is not"
+                )
+        for line in command.comment_lines:
+            self.notes.append(
+                f"line {line}: a comment line inside the command; bash ends the command there, "
+                "so the overrides after it never reached verl (converted here as if they had)"
+            )
+        if command.passes_arguments:
+            self.notes.append(
+                "the command passes on the script's arguments ($@): give them to plugrl run as "
+                "KEY=VALUE overrides in plugrl's names"
+            )
+        if command.conditional:
+            self.notes.append(
+                f"line {command.line}: the command runs under a condition or in a loop that "
+                "cannot be decided here"
+            )
+        environment = [*dict.fromkeys([*script.exported, *(n for n, _ in command.environment)])]
+        if environment:
+            self.notes.append(
+                f"environment of the run, not part of a recipe: {', '.join(environment)}; "
+                "export what plugrl's run needs before plugrl run"
+            )
+        self.notes.extend(script.notes)
+
+    def _note_verl_defaults(self, given: set[str]) -> None:
+        differ = [
+            f"{(self.index[verl][0].key)} (verl {describe_value(value)}, plugrl "
+            f"{describe_value(self.index[verl][0].default)})"
+            for verl, value in VERL_DEFAULTS.items()
+            if verl not in given and verl in self.index
+        ]
+        if differ:
+            self.notes.append(
+                f"not set by the script, so verl used its defaults, which plugrl's differ from: "
+                f"{', '.join(differ)}; set them where the run relied on verl's"
+            )
+
+    def _parse(self, words: list[Word]) -> list[tuple[Word, Override]]:
+        parsed: dict[str, tuple[Word, Override]] = {}
+        for word in words:
+            if word.unresolved:
+                self._skip(word, "unresolved", "; ".join(word.unresolved))
+                continue
+            try:
+                override = parse_override(word.text)
+            except OverrideError as exc:
+                category = "unresolved" if "interpolation" in str(exc) else "invalid"
+                self._skip(word, category, str(exc))
+                continue
+            if override.prefix == "~":
+                self._skip(word, "dropped", "deletes a key of verl's config; plugrl has none")
+                continue
+            earlier = parsed.pop(override.key, None)
+            if earlier and earlier[1].value != override.value:
+                self.notes.append(
+                    f"line {word.line}: {override.key} is given twice; the last value, "
+                    f"{describe_value(override.value)}, counts (as in Hydra)"
+                )
+            parsed[override.key] = (word, override)
+        return list(parsed.values())
+
+    # ----------------------------------------------------------- choosing parts
+
+    def _choose_parts(
+        self,
+        parsed: list[tuple[Word, Override]],
+        values: dict[tuple[str, ...], tuple[Any, str]],
+    ) -> None:
+        """The parts the script chooses (backend, engine, manager, ...), which decide whose
+        keys the other overrides may set."""
+        selectors = {kind.recipe_key: kind.name for kind in PART_KINDS.values()}
+        defaults = Recipe()
+        for kind in PART_KINDS.values():
+            section = getattr(defaults, kind.section, None)
+            if section is not None and hasattr(section, kind.selector):
+                self.chosen[kind.name] = getattr(section, kind.selector)
+        if ("scheduler", "name") in values:
+            self.chosen["schedulers"] = values[("scheduler", "name")][0]
+        if self.config_name and "megatron" in self.config_name:
+            self.chosen["training_backends"] = "megatron"
+            values[("actor", "backend")] = ("megatron", f"--config-name {self.config_name}")
+            self.notes.append(
+                f"--config-name {self.config_name} trains with actor.backend megatron"
+            )
+        for _word, override in parsed:
+            target = self._declared(_alias(override.key))
+            value = override.value
+            if (
+                isinstance(target, _Target)
+                and target.name.key in selectors
+                and isinstance(value, str)
+            ):
+                renamed = VALUE_RENAMES.get(target.name.key, {})
+                self.chosen[selectors[target.name.key]] = renamed.get(value, value)
+
+    def _part(self, kind: str, name: str) -> str:
+        """``rollout engine 'vllm', which is not installed here (pip install plugrl-vllm)``."""
+        human = PART_KINDS[kind].human_name
+        if name in self.plugins.registry(kind):
+            return f"{human} {name!r}"
+        install = KNOWN_EXTERNAL.get((kind, name))
+        if install:
+            return f"{human} {name!r}, which is not installed here ({install})"
+        return f"{human} {name!r}, which no installed plugin registers"
+
+    # ----------------------------------------------------------------- mapping
+
+    def _map(
+        self,
+        word: Word,
+        override: Override,
+        values: dict[tuple[str, ...], tuple[Any, str]],
+        shared: list[tuple[Word, Override, _Target]],
+    ) -> None:
+        resolved = self._resolve(override.key, override.value)
+        if isinstance(resolved, _Skip):
+            self._skip(word, resolved.category, resolved.reason)
+            return
+        if resolved.shared:
+            shared.append((word, override, resolved))
+            return
+        typed = self._typed(word, override, resolved)
+        if typed is _INVALID:
+            return
+        path = (*resolved.name.key.split("."), *resolved.subpath)
+        values[path] = (typed, override.key)
+        if not resolved.subpath:
+            self.defaults[path] = resolved.name.default
+
+    def _map_shared(
+        self,
+        word: Word,
+        override: Override,
+        target: _Target,
+        values: dict[tuple[str, ...], tuple[Any, str]],
+    ) -> None:
+        typed = self._typed(word, override, target)
+        if typed is _INVALID:
+            return
+        path = tuple(target.name.key.split("."))
+        current, origin = values.get(path, (target.name.default, ""))
+        if typed != current:
+            assert target.shared is not None
+            set_by = f"from {origin}" if origin else "the default"
+            self._skip(
+                word,
+                "dropped",
+                f"{target.shared[1]}: {target.name.key} is {describe_value(current)} ({set_by})",
+            )
+
+    def _typed(self, word: Word, override: Override, target: _Target) -> Any:
+        """The value as the option's type, or ``_INVALID`` (reported)."""
+        if target.subpath:
+            return override.value
+        field = target.name.field
+        key = target.name.key
+        value = override.value
+        if key in VALUE_RENAMES and value in VALUE_RENAMES[key]:
+            renamed = VALUE_RENAMES[key][value]
+            self.notes.append(f"line {word.line}: {override.key}={value} becomes {key}: {renamed}")
+            value = renamed
+        if key == "trainer.logger":
+            value = self._loggers(word, value)
+        if key == "data.train_batch_size" and value == 0 and self.chosen["schedulers"] != "sync":
+            self._skip(
+                word,
+                "dropped",
+                "0 tells verl's fully-async trainer to ignore it (a step trains on "
+                "async_training.require_batches x ppo_mini_batch_size prompts); plugrl's "
+                "fully_async scheduler has its own keys",
+            )
+            return _INVALID
+        try:
+            typed = converter().structure(value, field.type)
+        except Exception as exc:
+            message = str(exc.args[0]) if isinstance(exc, TypeError) and exc.args else str(exc)
+            self._skip(word, "invalid", f"{key}: {message}")
+            return _INVALID
+        choices = field.metadata.get("choices")
+        try:
+            if choices is not None and typed not in choices:
+                listed = ", ".join("null" if c is None else str(c) for c in choices)
+                raise ConfigValueError(field.name, f"must be one of {listed}, got {typed!r}")
+            if field.validator is not None:
+                field.validator(None, field, typed)
+        except ConfigValueError as exc:
+            self._skip(word, "invalid", f"{key}: {exc.message}")
+            return _INVALID
+        except Exception:  # a validator that reads other options: the recipe check runs it
+            pass
+        return typed
+
+    def _loggers(self, word: Word, value: Any) -> Any:
+        names = [value] if isinstance(value, str) else value
+        if not isinstance(names, list):
+            return value
+        registry = self.plugins.registry("loggers")
+        missing = [name for name in names if name not in registry]
+        if missing:
+            kept = [name for name in names if name in registry]
+            self._skip(
+                word,
+                "plugin",
+                f"logger {', '.join(map(repr, missing))}: no installed plugin registers it "
+                f"(installed: {', '.join(registry.names())}); kept: {', '.join(kept) or 'none'}",
+            )
+        return [name for name in names if name in registry]
+
+    def _resolve(self, key: str, value: Any) -> _Target | _Skip:
+        key = _alias(key)
+        if key in DROPPED:
+            return _Skip("dropped", DROPPED[key])
+        if key in NEUTRAL:
+            neutral, what = NEUTRAL[key]
+            if value == neutral:
+                return _Skip("dropped", f"{what}, as {describe_value(value)} asks")
+            return _Skip("unknown", what)
+        if key.startswith("hydra."):
+            return _Skip("dropped", "a setting of Hydra itself, which plugrl does not use")
+        shared = _match(SHARED, key)
+        if shared:
+            (primary, why), rest = shared
+            return self._via(primary + rest, value, why)
+        declared = self._declared(key)
+        if declared is not None:
+            return declared
+        for prefix, kind, part in PART_KEYS:
+            if key == prefix or (prefix.endswith(".") and key.startswith(prefix)):
+                return self._elsewhere(kind, part)
+        engine_key = key.removeprefix("actor_rollout_ref.rollout.").split(".")[0]
+        if key.startswith("actor_rollout_ref.rollout.") and engine_key in ENGINE_KEYS:
+            engine = self.chosen["rollout_engines"]
+            if engine in ("vllm", "sglang"):
+                return self._elsewhere("rollout_engines", engine)
+            return _Skip(
+                "plugin",
+                f"a key of the vllm and sglang engines; the script's engine, {engine}, has none",
+            )
+        for prefix, kind in PART_PREFIXES.items():
+            chosen = self.chosen[kind]
+            if key.startswith(prefix) and chosen not in self.plugins.registry(kind):
+                return _Skip(
+                    "plugin",
+                    f"not a key of plugrl's core; it may be one of {self._part(kind, chosen)}",
+                )
+        section = _section_of(key)
+        return _Skip(
+            "unknown",
+            "no plugrl key has this meaning"
+            + (f" (plugrl explain {section} lists that section's keys)" if section else ""),
+        )
+
+    def _via(self, key: str, value: Any, why: str) -> _Target | _Skip:
+        """A key plugrl covers with the plugrl key of verl ``key``."""
+        resolved = self._resolve(key, value)
+        if isinstance(resolved, _Target) and not resolved.subpath:
+            return attrs.evolve(resolved, shared=(key, why))
+        return resolved
+
+    def _declared(self, key: str) -> _Target | _Skip | None:
+        """The option that declares ``key`` as its verl name (or a mapping option above it)."""
+        names = self.index.get(key)
+        if names:
+            return self._owned(names)
+        parts = key.split(".")
+        for cut in range(len(parts) - 1, 0, -1):
+            for name in self.index.get(".".join(parts[:cut]), []):
+                if typing.get_origin(name.field.type) is dict:
+                    owned = self._owned([name])
+                    if isinstance(owned, _Skip):
+                        return owned
+                    return _Target(name, tuple(parts[cut:]))
+        return None
+
+    def _owned(self, names: list[VerlName]) -> _Target | _Skip:
+        """Of the options declaring a verl name, the core's or the chosen part's."""
+        for name in names:
+            if name.kind is None or self.chosen.get(name.kind) == name.part:
+                return _Target(name)
+        name = names[0]
+        assert name.kind is not None and name.part is not None
+        chosen = self.chosen.get(name.kind, "?")
+        return _Skip(
+            "plugin",
+            f"a key of {self._part(name.kind, name.part)}, but the script chooses {chosen!r}",
+        )
+
+    def _elsewhere(self, kind: str, part: str) -> _Skip:
+        """A key that belongs to ``part``'s own config (which did not declare it)."""
+        chosen = self.chosen.get(kind)
+        if chosen == part and part in self.plugins.registry(kind):
+            section = PART_KINDS[kind].section
+            return _Skip(
+                "unknown",
+                f"{self._part(kind, part)} has no such key (plugrl explain {section} lists "
+                "the keys)",
+            )
+        but = f", but the script chooses {chosen!r}" if chosen != part else ""
+        return _Skip("plugin", f"a key of {self._part(kind, part)}{but}")
+
+    def _skip(self, word: Word, category: str, reason: str) -> None:
+        self.unmapped.append(Unmapped(word.text, word.line, category, reason))
+
+    def _section_classes(self) -> dict[str, type]:
+        """Each section's config class: the chosen part's where it is installed."""
+        classes: dict[str, type] = {}
+        for name, field in fields_of(Recipe).items():
+            kind = section_kind(name)
+            cls = field.type
+            if kind is not None:
+                chosen = self.chosen.get(kind.name)
+                registry = self.plugins.registry(kind.name)
+                if chosen in registry:
+                    try:
+                        loaded = registry.get(chosen).load_config()
+                    except PluginError:
+                        loaded = None
+                    cls = loaded if isinstance(loaded, type) and attrs.has(loaded) else cls
+            classes[name] = cls
+        return classes
+
+
+_INVALID = object()
+
+SHORT_FORMS = ("device", "scheduler", "cluster")
+"""Sections written as their short form (``device: npu``) when they hold only that choice."""
+
+
+def _match(table: Mapping[str, Any], key: str) -> tuple[Any, str] | None:
+    """The entry of ``table`` for ``key`` (an entry ending in a dot or underscore is a prefix),
+    and the rest of the key after it."""
+    for entry, value in table.items():
+        if key == entry or (entry[-1] in "._" and key.startswith(entry)):
+            return value, key[len(entry) :]
+    return None
+
+
+def _alias(key: str) -> str:
+    """The verl key that ``key`` is another name of (itself when none)."""
+    found = _match(ALIASES, key)
+    return found[0] + found[1] if found else key
+
+
+def _section_of(key: str) -> str | None:
+    """The plugrl section a verl key's first part suggests, for the hint of an unknown key."""
+    head = key.split(".")[0]
+    if key.startswith("actor_rollout_ref."):
+        head = key.split(".")[1] if key.count(".") > 1 else head
+    head = {"ref": "actor", "reward_model": "reward", "custom_reward_function": "reward"}.get(
+        head, head
+    )
+    return head if head in fields_of(Recipe) else None
+
+
+def _assemble(values: dict[tuple[str, ...], tuple[Any, str]], classes: dict[str, type]) -> dict:
+    """Nested sections in the recipe's order, keys in their class's order; a section that
+    holds only the key choosing its part becomes the short form (``device: npu``)."""
+    nested: dict[str, Any] = {}
+    for path, (value, _origin) in values.items():
+        node = nested
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = copy.deepcopy(value)
+    recipe: dict[str, Any] = {}
+    for section, cls in classes.items():
+        if section not in nested:
+            continue
+        kind = section_kind(section)
+        selector = "mode" if section == "cluster" else kind.selector if kind else None
+        body = _ordered(nested[section], cls, selector)
+        short = section in SHORT_FORMS and list(body) == [selector]
+        recipe[section] = body[selector] if short else body
+    return recipe
+
+
+def _ordered(body: dict[str, Any], cls: type | None, first: str | None = None) -> dict[str, Any]:
+    """``body`` in the order of ``cls``'s options, ``first`` (the key that chooses the
+    section's part) at the top."""
+    if cls is None or not attrs.has(cls):
+        return body
+    fields = fields_of(cls)
+    order = {name: i for i, name in enumerate(fields)}
+    if first in order:
+        order[first] = -1
+    out: dict[str, Any] = {}
+    for name in sorted(body, key=lambda n: order.get(n, len(order))):
+        field_type = fields[name].type if name in fields else None
+        value = body[name]
+        if isinstance(value, dict) and isinstance(field_type, type) and attrs.has(field_type):
+            value = _ordered(value, field_type)
+        out[name] = value
+    return out

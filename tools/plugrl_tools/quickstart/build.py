@@ -1,0 +1,243 @@
+"""Build everything the quickstart run needs, here, from a seed: tokenizer, warm-started tiny
+model, and the arithmetic task's train/validation parquet files."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from plugrl_tools.quickstart import arithmetic
+
+logger = logging.getLogger("plugrl_tools.quickstart")
+
+# Bump when anything below changes what gets built; a cached folder of another version is
+# rebuilt.
+QUICKSTART_VERSION = "1"
+MANIFEST = "quickstart.json"
+# Where the quickstart keeps its model and data unless told otherwise (beside the run folders).
+DEFAULT_DIR = Path("runs") / "quickstart-assets"
+
+
+@attrs.frozen
+class QuickstartSettings:
+    """The task's size and difficulty and the warm start's length."""
+
+    num_warm_start: int = 600
+    num_train: int = 2048
+    num_val: int = 256
+    carry_fraction: float = 0.75
+    forget_carry_probability: float = 0.65
+    warm_start_epochs: int = 10
+    warm_start_batch_size: int = 32
+    warm_start_lr: float = 1e-3
+    vocab_size: int = 512
+    max_prompt_length: int = 32
+    max_response_length: int = 48
+
+
+@attrs.frozen
+class QuickstartPaths:
+    """Where the quickstart's files are, and what the warm start measured."""
+
+    root: Path
+    model_path: Path
+    train_file: Path
+    val_file: Path
+    manifest: dict[str, Any]
+
+    @property
+    def warm_start_accuracy(self) -> float:
+        """Greedy accuracy of the warm-started model on the validation prompts."""
+        return float(self.manifest["warm_start"]["val_accuracy_greedy"])
+
+
+def _paths(root: Path, manifest: dict[str, Any]) -> QuickstartPaths:
+    return QuickstartPaths(
+        root=root,
+        model_path=root / "model",
+        train_file=root / "data" / "train.parquet",
+        val_file=root / "data" / "val.parquet",
+        manifest=manifest,
+    )
+
+
+def _cached(root: Path, seed: int, settings: QuickstartSettings) -> QuickstartPaths | None:
+    try:
+        manifest = json.loads((root / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if (
+        manifest.get("version") != QUICKSTART_VERSION
+        or manifest.get("seed") != seed
+        or manifest.get("settings") != attrs.asdict(settings)
+    ):
+        return None
+    paths = _paths(root, manifest)
+    needed = [paths.model_path / "config.json", paths.train_file, paths.val_file]
+    return paths if all(p.exists() for p in needed) else None
+
+
+def _task(
+    seed: int, settings: QuickstartSettings
+) -> tuple[arithmetic.TaskSplits, list[tuple[str, str]], Any]:
+    """The problems, the warm-start examples, and the tokenizer trained on those examples."""
+    from plugrl_tools.quickstart.tokenizer import train_tokenizer
+
+    splits = arithmetic.make_splits(
+        seed,
+        num_warm_start=settings.num_warm_start,
+        num_train=settings.num_train,
+        num_val=settings.num_val,
+        carry_fraction=settings.carry_fraction,
+    )
+    examples = arithmetic.warm_start_examples(
+        splits.warm_start, seed, forget_carry_probability=settings.forget_carry_probability
+    )
+    tokenizer = train_tokenizer(
+        [text for example in examples for text in example], vocab_size=settings.vocab_size
+    )
+    return splits, examples, tokenizer
+
+
+def build_into(
+    root: Path, seed: int, settings: QuickstartSettings = QuickstartSettings()
+) -> dict[str, Any]:
+    """Build the quickstart in ``root`` (an empty folder) and return its manifest."""
+    import torch
+
+    from plugrl_tools.quickstart.model import build_tiny_model
+    from plugrl_tools.quickstart.warmstart import accuracy, supervised_fine_tune
+
+    started = time.perf_counter()
+    splits, examples, tokenizer = _task(seed, settings)
+    model = build_tiny_model(tokenizer, seed)
+    num_parameters = sum(p.numel() for p in model.parameters())
+    # the warm start is short and runs where the user is: keep it reproducible for a seed
+    torch.manual_seed(seed)
+    stats = supervised_fine_tune(
+        model,
+        tokenizer,
+        examples,
+        epochs=settings.warm_start_epochs,
+        batch_size=settings.warm_start_batch_size,
+        lr=settings.warm_start_lr,
+        seed=seed,
+    )
+    eval_started = time.perf_counter()
+    greedy = accuracy(model, tokenizer, splits.val)
+    sampled = accuracy(model, tokenizer, splits.val, temperature=1.0, seed=seed)
+    eval_seconds = time.perf_counter() - eval_started
+
+    model_dir = root / "model"
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    arithmetic.write_parquet(splits.train, "train", root / "data" / "train.parquet")
+    arithmetic.write_parquet(splits.val, "val", root / "data" / "val.parquet")
+    manifest = {
+        "version": QUICKSTART_VERSION,
+        "seed": seed,
+        "settings": attrs.asdict(settings),
+        "data_source": arithmetic.DATA_SOURCE,
+        "model": {"parameters": num_parameters, "vocab_size": len(tokenizer)},
+        "warm_start": {
+            "examples": len(examples),
+            "steps": stats.steps,
+            "first_loss": stats.first_loss,
+            "last_loss": stats.last_loss,
+            "train_seconds": round(stats.seconds, 2),
+            "val_accuracy_greedy": greedy,
+            "val_accuracy_sampled_t1": sampled,
+            "eval_seconds": round(eval_seconds, 2),
+        },
+        "build_seconds": round(time.perf_counter() - started, 2),
+    }
+    (root / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    return manifest
+
+
+def prepare_quickstart(
+    out_dir: str | Path,
+    *,
+    seed: int = 0,
+    force: bool = False,
+    settings: QuickstartSettings = QuickstartSettings(),
+) -> QuickstartPaths:
+    """The quickstart's model and data under ``out_dir``, built unless a build of the same
+    version, seed and settings is already there (``force`` rebuilds).
+
+    The folder is written whole or not at all: the build happens in a sibling temporary folder
+    that replaces ``out_dir`` at the end.
+    """
+    root = Path(out_dir)
+    if not force:
+        cached = _cached(root, seed, settings)
+        if cached is not None:
+            return cached
+    if root.exists() and any(root.iterdir()) and not (root / MANIFEST).exists():
+        raise FileExistsError(
+            f"{root} exists and is not a quickstart folder; choose an empty or new folder"
+        )
+    root.parent.mkdir(parents=True, exist_ok=True)
+    logger.info("building the quickstart model and data in %s (about a minute or two)", root)
+    staging = Path(tempfile.mkdtemp(prefix=f".{root.name}-", dir=root.parent))
+    try:
+        manifest = build_into(staging, seed, settings)
+        if root.exists():
+            shutil.rmtree(root)
+        os.replace(staging, root)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return _paths(root, manifest)
+
+
+def quickstart_overrides(paths: QuickstartPaths) -> list[str]:
+    """Recipe overrides that point a run at the quickstart's model and data."""
+    settings = paths.manifest["settings"]
+    return [
+        f"model.path={paths.model_path}",
+        "model.dtype=float32",
+        f"data.train_files={paths.train_file}",
+        f"data.val_files={paths.val_file}",
+        f"data.max_prompt_length={settings['max_prompt_length']}",
+        f"data.max_response_length={settings['max_response_length']}",
+    ]
+
+
+def describe(paths: QuickstartPaths) -> str:
+    """A few lines for the console: where things are and how good the warm start is."""
+    warm = paths.manifest["warm_start"]
+    return "\n".join(
+        [
+            f"quickstart folder: {paths.root}",
+            f"  model:      {paths.model_path} ({paths.manifest['model']['parameters']:,} params)",
+            f"  train data: {paths.train_file}",
+            f"  val data:   {paths.val_file}",
+            f"  warm start: {warm['examples']} examples, {warm['steps']} steps, "
+            f"{warm['train_seconds']:.0f} s; validation accuracy {warm['val_accuracy_greedy']:.1%}"
+            f" greedy, {warm['val_accuracy_sampled_t1']:.1%} sampled at temperature 1",
+        ]
+    )
+
+
+def save_untrained_model(
+    out_dir: str | Path, seed: int = 0, settings: QuickstartSettings = QuickstartSettings()
+) -> Path:
+    """The quickstart's tokenizer and a freshly initialised (not warm-started) model, saved as a
+    Hugging Face folder: a second-scale fixture for tests of parts that need a real model."""
+    from plugrl_tools.quickstart.model import build_tiny_model
+
+    _splits, _examples, tokenizer = _task(seed, settings)
+    model = build_tiny_model(tokenizer, seed)
+    path = Path(out_dir)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

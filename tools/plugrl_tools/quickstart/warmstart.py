@@ -1,0 +1,144 @@
+"""Warm start: a short supervised fine-tune so the model writes the task's format, and the
+accuracy check that says how much room it leaves for reinforcement learning."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from plugrl_tools.quickstart.arithmetic import Problem, score
+
+
+def render_prompt(tokenizer: Any, question: str) -> str:
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False
+    )
+
+
+@attrs.frozen
+class FineTuneStats:
+    steps: int
+    first_loss: float
+    last_loss: float
+    seconds: float
+
+
+def supervised_fine_tune(
+    model: Any,
+    tokenizer: Any,
+    examples: Sequence[tuple[str, str]],
+    *,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+) -> FineTuneStats:
+    """Train on (question, response) pairs with the loss on response tokens only (the
+    response ends with the eos token, so the model learns to stop)."""
+    import time
+
+    import torch
+
+    start = time.perf_counter()
+    pad_id = tokenizer.pad_token_id
+    eos = tokenizer.eos_token
+    sequences: list[tuple[list[int], int]] = []
+    for question, response in examples:
+        prompt_ids = tokenizer(render_prompt(tokenizer, question), add_special_tokens=False)
+        response_ids = tokenizer(response + eos, add_special_tokens=False)
+        ids = prompt_ids["input_ids"] + response_ids["input_ids"]
+        sequences.append((ids, len(prompt_ids["input_ids"])))
+
+    total_steps = epochs * math.ceil(len(sequences) / batch_size)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    warmup = max(1, total_steps // 10)
+
+    def lr_factor(step: int) -> float:
+        # linear warm-up, then cosine down to a tenth
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total_steps - warmup)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+    rng = random.Random(seed)
+    model.train()
+    losses: list[float] = []
+    for _epoch in range(epochs):
+        order = list(range(len(sequences)))
+        rng.shuffle(order)
+        for begin in range(0, len(order), batch_size):
+            chunk = [sequences[i] for i in order[begin : begin + batch_size]]
+            width = max(len(ids) for ids, _ in chunk)
+            input_ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+            labels = torch.full((len(chunk), width), -100, dtype=torch.long)
+            attention_mask = torch.zeros((len(chunk), width), dtype=torch.long)
+            for row, (ids, prompt_len) in enumerate(chunk):
+                input_ids[row, : len(ids)] = torch.tensor(ids)
+                labels[row, prompt_len : len(ids)] = torch.tensor(ids[prompt_len:])
+                attention_mask[row, : len(ids)] = 1
+            loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            schedule.step()
+            losses.append(float(loss.detach()))
+    model.eval()
+    return FineTuneStats(
+        steps=len(losses),
+        first_loss=losses[0] if losses else math.nan,
+        last_loss=losses[-1] if losses else math.nan,
+        seconds=time.perf_counter() - start,
+    )
+
+
+def generate_responses(
+    model: Any,
+    tokenizer: Any,
+    questions: Sequence[str],
+    *,
+    max_new_tokens: int = 48,
+    batch_size: int = 128,
+    temperature: float = 0.0,
+    seed: int = 0,
+) -> list[str]:
+    """Responses with ``model.generate`` (greedy at temperature 0), left-padded batches."""
+    import torch
+
+    torch.manual_seed(seed)
+    tokenizer.padding_side = "left"
+    responses: list[str] = []
+    for begin in range(0, len(questions), batch_size):
+        prompts = [render_prompt(tokenizer, q) for q in questions[begin : begin + batch_size]]
+        encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        sampling = {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0}
+        with torch.no_grad():
+            output = model.generate(
+                **encoded,
+                max_new_tokens=max_new_tokens,
+                **(sampling if temperature > 0 else {"do_sample": False}),
+            )
+        new_tokens = output[:, encoded["input_ids"].shape[1] :]
+        responses += tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
+    return responses
+
+
+def accuracy(
+    model: Any,
+    tokenizer: Any,
+    problems: Sequence[Problem],
+    *,
+    temperature: float = 0.0,
+    seed: int = 0,
+) -> float:
+    """Fraction of problems whose response ends with the right ``Answer:`` line."""
+    responses = generate_responses(
+        model, tokenizer, [p.question for p in problems], temperature=temperature, seed=seed
+    )
+    scores = [score(r, str(p.answer)) for r, p in zip(responses, problems, strict=True)]
+    return sum(scores) / max(1, len(scores))
