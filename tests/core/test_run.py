@@ -149,7 +149,7 @@ def test_a_run_in_one_process_takes_the_device_environment_the_user_did_not_set(
 
 
 def test_a_run_folder_that_cannot_be_made_is_one_line(tmp_path):
-    from plugrl.run import prepare_run_dir
+    from plugrl.run_folder import prepare_run_dir
 
     blocker = tmp_path / "a-file"
     blocker.write_text("")
@@ -163,7 +163,7 @@ def test_a_run_folder_that_cannot_be_made_is_one_line(tmp_path):
 
 
 def test_a_model_folder_without_a_model_or_tokenizer_is_one_line(tmp_path):
-    from plugrl.run import check_model_folders
+    from plugrl.run_folder import check_model_folders
 
     folder = tmp_path / "model"
     folder.mkdir()
@@ -185,7 +185,7 @@ def test_a_model_folder_without_a_model_or_tokenizer_is_one_line(tmp_path):
 def test_each_segment_of_a_run_keeps_its_recipe_and_changes_are_named(tmp_path, caplog):
     import logging
 
-    from plugrl.run import record_recipe
+    from plugrl.run_folder import record_recipe
 
     actor = {"ppo_mini_batch_size": 8}
     first = build_recipe({"data": {"train_batch_size": 8}, "actor": actor})
