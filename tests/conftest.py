@@ -29,6 +29,15 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture(scope="session")
+def sim_task(tmp_path_factory):
+    """A tokenizer and prompts for runs of the simulated parts (``plugrl_sim``): real
+    schedulers, the core's loop, no model."""
+    from plugrl_sim.parts import build_sim_task
+
+    return build_sim_task(tmp_path_factory.mktemp("sim-task"), num_train=32, num_val=4)
+
+
 @pytest.fixture
 def fake_parts_manager(plugrl_plugin_manager, plugrl_register_plugin):
     """The installed plugins plus ``tests.fake_parts``."""

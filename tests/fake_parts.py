@@ -31,14 +31,14 @@ class FakeSchedulerConfig(SchedulerConfig):
 
 
 class CountingScheduler(Scheduler):
-    """Reports ``steps`` steps whose metric is the step number, through the real context."""
+    """Trains nothing: ``steps`` steps, step N reporting ``critic/score/mean`` N / 10, through
+    the core's run loop (with the simulated parts of ``plugrl_sim``, see tests/core/test_run.py)."""
 
-    def run(self):
-        metrics = {}
-        for step in range(1, self.config.steps + 1):
-            metrics = {"critic/score/mean": step / 10, "timing_s/step": 0.0}
-            self.context.step_end(step, metrics)
-        return metrics
+    def total_steps(self, parts):
+        return self.config.steps
+
+    def train_step(self, parts, step):
+        return {"critic/score/mean": step / 10, "timing_s/step": 0.0}
 
 
 class NotAConfig:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from plugrl.errors import PluginError, RecipeError
+from plugrl.loop import run_loop
 from plugrl.parts.context import PartContext
 from plugrl.parts.logger import MetricLogger
 from plugrl.parts.scheduler import Scheduler
@@ -40,11 +41,12 @@ def resolve_device_name(recipe: Recipe, plugins: PluginManager) -> str:
 
 @attrs.define
 class RunContext:
-    """What a scheduler gets: the recipe, the run folder, the plugins, and the observers.
+    """The run around a scheduler: the recipe, the run folder, the plugins, and the
+    observers (loggers and ``on_step_end`` hooks).
 
     :meth:`build_parts` composes the run the recipe describes (data, reward, algorithm pieces,
-    trainer worker groups, engine group, weight transport; :mod:`plugrl.compose`); a scheduler
-    that places parts its own way builds them with :func:`plugrl.compose.build.build_part`.
+    trainer worker groups, engine group, weight transport; :mod:`plugrl.compose`); the run
+    loop (:func:`plugrl.loop.run_loop`) calls it once.
     """
 
     recipe: Recipe
@@ -132,9 +134,7 @@ def run_recipe(recipe: Recipe, plugins: PluginManager | None = None) -> dict[str
         scheduler: Scheduler = build_part(
             "schedulers", recipe.scheduler.name, recipe.scheduler, context
         )
-        plugins.hook.on_run_start(recipe=recipe, run_dir=run_dir)
-        metrics = scheduler.run()
-        context.record_recipe()  # a scheduler that built its parts its own way
+        metrics = run_loop(context, scheduler)
         status = "completed"
         return metrics
     except KeyboardInterrupt:

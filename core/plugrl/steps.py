@@ -1,5 +1,20 @@
-"""The parts of a training step every scheduler shares, whatever order it generates in: the
-update from a scored batch, and validation."""
+"""The pieces of a training step every scheduler shares, whatever order it runs them in:
+sampling (a seed per step, a batch from the engines), scoring, the old-log-prob pass, the
+update from a scored batch, the step's metrics, and validation.
+
+A synchronous step is, in order::
+
+    params = sampling_params(recipe, step)
+    batch = generate(parts, parts.train_loader.next_batch(), params)
+    metrics = score(parts, batch)
+    parts.before_training()
+    if not parts.old_log_probs_from_update:
+        metrics |= compute_old_log_probs(parts, batch, timer)
+    metrics |= update_from_batch(parts, batch, timer)
+    parts.weight_version += 1
+    metrics |= parts.sync_weights()
+    metrics |= step_metrics(parts, batch, timer, step)
+"""
 
 from __future__ import annotations
 
@@ -11,13 +26,90 @@ if TYPE_CHECKING:
     from plugrl.compose.run_parts import RunParts
     from plugrl.data.batch import Batch
     from plugrl.metrics import StepTimer
+    from plugrl.parts.rollout import SamplingParams
     from plugrl.recipe import Recipe
 
 logger = logging.getLogger("plugrl.run")  # where a run's progress lines go
 
 VALIDATION_SEED = 1
-"""The stream of :func:`plugrl.compose.run_parts.sampling_seed` validation samples with, apart from
-training's."""
+"""The stream of :func:`sampling_seed` validation samples with, apart from training's (0)."""
+
+
+def sampling_seed(seed: int, step: int, stream: int = 0) -> int:
+    """A seed per (run seed, step, stream): a resumed run samples exactly what the
+    uninterrupted one did, without saving the engines' generators. Streams keep apart what is
+    sampled for different purposes at the same step (training rounds, validation)."""
+    return (seed * 1_000_003 + step * 7919 + stream) % (2**63 - 1)
+
+
+def sampling_params(recipe: Recipe, step: int, stream: int = 0) -> SamplingParams:
+    """The recipe's training sampling (``rollout.n``, ``temperature``, ``top_p``, ...,
+    ``data.max_response_length`` new tokens at most) seeded for ``step`` and ``stream``."""
+    params = recipe.rollout.sampling_params(recipe.data.max_response_length)
+    params.seed = sampling_seed(recipe.trainer.seed, step, stream)
+    return params
+
+
+def generate(parts: RunParts, prompts: Batch, params: SamplingParams) -> Batch:
+    """``params.n`` responses to each prompt of ``prompts`` (a batch of the prompt loader)
+    from the engines, as a batch in verl's layout: the prompts' columns repeated per response,
+    ``responses``, ``response_mask``, ``input_ids``, ``attention_mask``, ``position_ids``,
+    ``rollout_log_probs``, and ``meta["temperature"]``, the temperature log-probs are
+    recomputed at."""
+    from plugrl.data.rollout_batch import build_rollout_batch
+
+    completions = parts.engines.generate(list(prompts["raw_prompt_ids"]), params)
+    batch = build_rollout_batch(prompts, completions, n=params.n, pad_token_id=parts.pad_token_id)
+    batch.meta["temperature"] = params.temperature or 1.0
+    return batch
+
+
+def score(parts: RunParts, batch: Batch) -> dict[str, Any]:
+    """Score every response with the run's reward manager: ``token_level_scores`` [B, R], and
+    the manager's extra per-response columns (``acc``, ...) that the batch lacks. Returns the
+    manager's metrics."""
+    output = parts.reward(batch)
+    batch["token_level_scores"] = output.token_level_scores
+    for name, values in output.extra.items():
+        if len(values) == len(batch) and name not in batch:
+            batch[name] = values
+    return dict(output.metrics)
+
+
+def compute_old_log_probs(parts: RunParts, batch: Batch, timer: StepTimer) -> dict[str, Any]:
+    """``old_log_probs``: the actor's log-probs of the sampled tokens on its current weights
+    (``timing_s/old_log_prob``, ``actor/entropy``). A synchronous step skips this pass when
+    the update derives them from its own forward, on the same weights
+    (:attr:`RunParts.old_log_probs_from_update
+    <plugrl.compose.run_parts.RunParts.old_log_probs_from_update>`)."""
+    metrics: dict[str, Any] = {}
+    with timer("old_log_prob"):
+        computed = parts.actor.compute_log_prob(batch, calculate_entropy=True)
+        batch["old_log_probs"] = computed["log_probs"]
+        if "entropys" in computed:
+            mask = batch["response_mask"].bool()
+            metrics["actor/entropy"] = computed["entropys"][mask].mean().item()
+    return metrics
+
+
+def step_metrics(parts: RunParts, batch: Batch, timer: StepTimer, step: int) -> dict[str, Any]:
+    """What every step logs of the batch it trained on: scores, rewards, advantages and
+    lengths (``critic/*``, ``response_length/*``, ``prompt_length/*``), the timer's phases
+    (``timing_s/*``, ``step`` included: call this after the timed step ends), throughput,
+    device memory, ``training/global_step`` and ``training/epoch``."""
+    from plugrl.metrics import compute_data_metrics, compute_throughput_metrics
+
+    data = parts.recipe.data
+    metrics = compute_data_metrics(batch, data.max_response_length, data.max_prompt_length)
+    metrics.update(timer.metrics())
+    num_tokens = int(batch["attention_mask"].sum().item())
+    metrics.update(
+        compute_throughput_metrics(num_tokens, timer.seconds["step"], parts.actor.world_size)
+    )
+    metrics.update(parts.device.memory_metrics())
+    metrics["training/global_step"] = step
+    metrics["training/epoch"] = parts.train_loader.epoch
+    return metrics
 
 
 def update_from_batch(parts: RunParts, batch: Batch, timer: StepTimer) -> dict[str, Any]:
@@ -52,9 +144,7 @@ def validate(parts: RunParts, recipe: Recipe, step: int) -> dict[str, float]:
     ``trainer.log_val_generations`` samples are logged."""
     import numpy as np
 
-    from plugrl.compose.run_parts import sampling_seed
     from plugrl.data.dataset import PromptLoader
-    from plugrl.data.rollout_batch import build_rollout_batch
 
     loader = PromptLoader.for_validation(parts.val_data, recipe.data, parts.pad_token_id)
     params = recipe.rollout.sampling_params(recipe.data.max_response_length, validate=True)
@@ -62,10 +152,7 @@ def validate(parts: RunParts, recipe: Recipe, step: int) -> dict[str, float]:
     values: dict[tuple[str, str], list[float]] = defaultdict(list)
     samples_left = recipe.trainer.log_val_generations
     for prompts in loader:
-        completions = parts.engines.generate(list(prompts["raw_prompt_ids"]), params)
-        batch = build_rollout_batch(
-            prompts, completions, n=params.n, pad_token_id=parts.pad_token_id
-        )
+        batch = generate(parts, prompts, params)
         output = parts.reward(batch)
         scores = output.token_level_scores.sum(dim=-1).tolist()
         accuracy = output.extra.get("acc")

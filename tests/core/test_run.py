@@ -29,46 +29,51 @@ class Observer:
         self.calls.append(("end", status, dict(metrics)))
 
 
-def recipe_in(tmp_path, **trainer):
-    return build_recipe(
-        {**BASE_RECIPE, "trainer": {"default_local_dir": str(tmp_path / "run"), **trainer}}
-    )
+def counting_run(sim_task, tmp_path):
+    """The counting scheduler of tests.fake_parts on the simulated parts, two steps."""
+    from plugrl_sim.parts import sim_recipe
+
+    data = sim_recipe(sim_task, tmp_path / "run", scheduler="fakescheduler", steps=2)
+    data["scheduler"]["steps"] = 2
+    data["trainer"]["save_freq"] = 1
+    return build_recipe(data)
 
 
 def test_run_hands_parts_to_the_scheduler_and_reports_to_observers(
-    tmp_path, fake_parts_manager, plugrl_register_plugin
+    sim_task, tmp_path, fake_parts_manager, plugrl_register_plugin
 ):
     observer = Observer()
     plugrl_register_plugin(observer, "observer")
-    metrics = run_recipe(recipe_in(tmp_path))
+    metrics = run_recipe(counting_run(sim_task, tmp_path))
     assert metrics["critic/score/mean"] == 0.2
-    assert observer.calls == [
-        ("start", 2, "run"),
-        ("step", 1, 0.1),
-        ("step", 2, 0.2),
-        ("end", "completed", {"critic/score/mean": 0.2, "timing_s/step": 0.0}),
-    ]
+    assert observer.calls[:3] == [("start", 2, "run"), ("step", 1, 0.1), ("step", 2, 0.2)]
+    (_, status, last), *others = observer.calls[3:]
+    assert (status, last["critic/score/mean"], others) == ("completed", 0.2, [])
+    assert last["perf/wall_clock_s"] > 0  # the core's loop adds the run's clock
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2]
-    # the resolved recipe is saved and can be read back
+    # the resolved recipe is saved and can be read back, and each step was checkpointed
     assert "fakescheduler" in (tmp_path / "run" / "recipe.yaml").read_text()
+    assert (tmp_path / "run" / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
 
 
 def test_a_failing_scheduler_still_ends_the_run(
-    tmp_path, fake_parts_manager, plugrl_register_plugin, monkeypatch
+    sim_task, tmp_path, fake_parts_manager, plugrl_register_plugin, monkeypatch
 ):
     from tests import fake_parts
 
-    def explode(self):
-        self.context.step_end(1, {"critic/score/mean": 0.5})
-        raise RuntimeError("scheduler broke")
+    def explode(self, parts, step):
+        if step == 2:
+            raise RuntimeError("scheduler broke")
+        return {"critic/score/mean": 0.5}
 
-    monkeypatch.setattr(fake_parts.CountingScheduler, "run", explode)
+    monkeypatch.setattr(fake_parts.CountingScheduler, "train_step", explode)
     observer = Observer()
     plugrl_register_plugin(observer, "observer")
     with pytest.raises(RuntimeError, match="scheduler broke"):
-        run_recipe(recipe_in(tmp_path))
-    assert observer.calls[-1] == ("end", "failed", {"critic/score/mean": 0.5})
+        run_recipe(counting_run(sim_task, tmp_path))
+    (_, status, last) = observer.calls[-1]
+    assert (status, last["critic/score/mean"]) == ("failed", 0.5)
 
 
 def test_detect_device_asks_plugins_first_and_cpu_last(fake_parts_manager, plugrl_register_plugin):

@@ -82,8 +82,8 @@ def test_the_run_logs_every_step_once_with_verl_metrics(reference_run):
 def test_validation_runs_before_training_and_after_the_last_step(reference_run):
     records = by_step(read_records(reference_run.run_dir))
     before, last = records[0], records[REFERENCE_STEPS]
-    # the record of step 0 is validation alone
-    assert set(before) == {"step", VAL_CORE, VAL_SCORE}
+    # the record of step 0 is validation alone, at the run's clock
+    assert set(before) == {"step", VAL_CORE, VAL_SCORE, "perf/wall_clock_s"}
     assert VAL_CORE in last and VAL_SCORE in last
     for step in range(1, REFERENCE_STEPS):
         assert VAL_CORE not in records[step]  # trainer.test_freq is -1

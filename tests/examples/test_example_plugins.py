@@ -28,7 +28,12 @@ EXAMPLES = ROOT / "examples" / "plugins"
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     target = tmp_path_factory.mktemp("site")
-    pip_install_into(target, EXAMPLES / "plugrl-countdown", EXAMPLES / "plugrl-median-baseline")
+    pip_install_into(
+        target,
+        EXAMPLES / "plugrl-countdown",
+        EXAMPLES / "plugrl-median-baseline",
+        EXAMPLES / "plugrl-regenerate",
+    )
     return target
 
 
@@ -55,6 +60,7 @@ def test_cli_lists_the_installed_examples(installed):
     assert rows["countdown"]["distribution"] == "plugrl-countdown"
     assert rows["countdown"]["registers"]["reward_functions"][0]["name"] == "countdown"
     assert rows["median_baseline"]["version"] == "0.2.0"
+    assert rows["regenerate"]["registers"]["schedulers"][0]["name"] == "regenerate"
     assert rows["median_baseline"]["registers"]["advantage_estimators"][0]["name"] == (
         "median_baseline"
     )
@@ -72,7 +78,8 @@ def run_cli(installed: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize(
-    ("package", "tests"), [("plugrl-countdown", 15), ("plugrl-median-baseline", 12)]
+    ("package", "tests"),
+    [("plugrl-countdown", 15), ("plugrl-median-baseline", 12), ("plugrl-regenerate", 5)],
 )
 def test_each_packages_own_tests_pass_against_the_installed_package(installed, package, tests):
     """As the author runs them: the package pip-installed (not editable), pytest in its folder
@@ -325,3 +332,15 @@ def test_median_baseline_values_reach_the_policy_loss(manager):
     # ratio 1 everywhere: loss = -token-mean(A) = 0, gradient = -A / num_tokens
     assert torch.allclose(log_prob.grad, -advantages / 8)
     assert metrics["actor/pg_loss"] == pytest.approx(0.0)
+
+
+def test_the_scheduler_in_the_docs_is_the_example_scheduler():
+    """docs/plugins.md shows the example's scheduler whole: the page and the package, whose
+    own tests run it, say the same thing."""
+    page = (ROOT / "docs" / "plugins.md").read_text(encoding="utf-8")
+    section = page.split("## Writing a scheduler\n", 1)[1].split("\n## ", 1)[0]
+    shown = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+    source = (
+        EXAMPLES / "plugrl-regenerate" / "src" / "plugrl_regenerate" / "scheduler.py"
+    ).read_text(encoding="utf-8")
+    assert shown.strip() in source

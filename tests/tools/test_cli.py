@@ -132,19 +132,23 @@ def test_print_config_shows_the_recipe_warnings(tmp_path, fake_parts_env):
     assert yaml.safe_load(result.stdout)["actor"]["kl_loss_coef"] == 0.05
 
 
-def test_print_config_and_run(tmp_path, fake_parts_env):
+def test_print_config_and_run(tmp_path, fake_parts_env, sim_task):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(BASE_RECIPE))
     printed = plugrl("run", str(recipe), "rollout.n=4", "--print-config", env_extra=fake_parts_env)
     assert printed.returncode == 0, printed.stderr
     resolved = yaml.safe_load(printed.stdout)
     assert resolved["rollout"]["n"] == 4 and resolved["rollout"]["engine_option"] == 7
+    # a run of the fake parts' counting scheduler on the simulated parts
+    from plugrl_sim.parts import sim_recipe
+
     run_dir = tmp_path / "run"
+    recipe.write_text(yaml.safe_dump(sim_recipe(sim_task, run_dir, scheduler="fakescheduler")))
     result = plugrl(
         "run",
         str(recipe),
-        f"trainer.default_local_dir={run_dir}",
         "scheduler.steps=3",
+        "trainer.logger=[console,jsonl]",
         env_extra=fake_parts_env,
     )
     assert result.returncode == 0, result.stderr

@@ -39,12 +39,6 @@ logger = logging.getLogger("plugrl.run")
 AUTO_TRANSPORTS = ("local", "collective", "object_store")
 
 
-def sampling_seed(seed: int, step: int, purpose: int = 0) -> int:
-    """A seed per (run seed, step): a resumed run samples exactly what the uninterrupted one
-    did, without saving the engines' generators."""
-    return (seed * 1_000_003 + step * 7919 + purpose) % (2**63 - 1)
-
-
 @attrs.define
 class RunParts:
     """The built parts of a run, shared by the schedulers."""

@@ -1,4 +1,9 @@
-"""Schedulers: the loop that drives a run (generate, score, estimate, update, sync weights)."""
+"""Schedulers: what one training step does (generate, score, estimate, update, sync weights).
+
+The core owns the run around the steps (:func:`plugrl.loop.run_loop`): building the parts,
+resuming, the first weight sync, validation, logging, checkpoints, export. A scheduler only
+says what a step is.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import attrs
 from plugrl.config import option
 
 if TYPE_CHECKING:
+    from plugrl.compose.run_parts import RunParts
     from plugrl.run import RunContext
 
 
@@ -27,10 +33,20 @@ class SchedulerConfig:
 
 
 class Scheduler(ABC):
-    """Owns the training loop. Built in the driver as ``Scheduler(config, context)``: ``config``
-    is the ``scheduler`` section read into the scheduler's config class, ``context`` the
-    :class:`~plugrl.run.RunContext`, whose :meth:`~plugrl.run.RunContext.build_parts` composes
-    everything else the recipe chose (:mod:`plugrl.compose`)."""
+    """What one training step does. Built in the driver as ``Scheduler(config, context)``:
+    ``config`` is the ``scheduler`` section read into the scheduler's config class,
+    ``context`` the :class:`~plugrl.run.RunContext`. Raise a
+    :class:`~plugrl.errors.RecipeError` in ``__init__`` for a recipe the scheduler cannot
+    run: nothing is built or written yet.
+
+    The core's run loop (:func:`plugrl.loop.run_loop`) builds the run's parts (with the engine
+    capabilities :meth:`needed_capabilities` asks for), loads the checkpoint, calls
+    :meth:`start`, gives the engines the actor's weights, validates, then calls
+    :meth:`train_step` for each step until :meth:`total_steps` are done or it returns
+    ``None``; after each step it validates (``trainer.test_freq``), logs, and saves a
+    checkpoint holding :meth:`checkpoint_state` (``trainer.save_freq``); at the end it exports
+    the actor and calls :meth:`close`, also when the run fails.
+    """
 
     provides: ClassVar[frozenset[str] | None] = None
     """Optional batch columns this scheduler produces when an advantage estimator ``requires``
@@ -51,7 +67,30 @@ class Scheduler(ABC):
         """The engine capabilities this run of the scheduler needs, with reasons."""
         return dict(self.engine_needs)
 
+    def total_steps(self, parts: RunParts) -> int:
+        """How many training steps the run takes: ``trainer.total_training_steps``, or
+        ``trainer.total_epochs`` of ``data.train_batch_size`` prompts a step."""
+        return parts.total_training_steps
+
+    def start(self, parts: RunParts, step: int, saved: dict[str, Any] | None) -> None:
+        """Called once, after the checkpoint (if any) is loaded and before the engines get
+        the actor's weights. ``step`` is the last step done (0 on a fresh run); ``saved`` is
+        what :meth:`checkpoint_state` returned when that checkpoint was written, ``None`` on
+        a fresh run. Restore your own state here."""
+
     @abstractmethod
-    def run(self) -> dict[str, Any]:
-        """Train until ``trainer.total_training_steps`` (or epochs) are done; return the last
-        step's metrics. Call ``context.step_end(step, metrics)`` after every step."""
+    def train_step(self, parts: RunParts, step: int) -> dict[str, Any] | None:
+        """Train step ``step`` (counted from 1) and return its metrics (verl's names,
+        scalars), or ``None`` when there are no more samples to train on (the run then ends
+        at the step before). After training, give the engines the new weights
+        (``parts.weight_version += 1; parts.sync_weights()``) when the next step samples
+        from them."""
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of this scheduler (plain values: numbers, strings, lists,
+        dicts), handed back to :meth:`start` on resume."""
+        return {}
+
+    def close(self) -> None:
+        """Stop what the scheduler started (threads, queues); called once at the end of the
+        run, also a failed one, before the parts are closed."""

@@ -5,31 +5,38 @@ while the trainer trains on what they generated, within a bound on staleness (DE
 from __future__ import annotations
 
 import logging
-import math
-import sys
 import time
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from plugrl.algorithms.functional import compute_rollout_is_weights
-from plugrl.compose.run_parts import RunParts, sampling_seed
 from plugrl.data.batch import Batch
 from plugrl.data.rollout_batch import build_rollout_batch
 from plugrl.errors import RecipeError
-from plugrl.metrics import StepTimer, compute_data_metrics, compute_throughput_metrics
+from plugrl.metrics import StepTimer
 from plugrl.parts.rollout import Capability, SamplingParams
 from plugrl.parts.scheduler import Scheduler
-from plugrl.steps import update_from_batch, validate
+from plugrl.steps import (
+    compute_old_log_probs,
+    sampling_params,
+    score,
+    step_metrics,
+    update_from_batch,
+)
 
 from .accounting import StalenessAccount
 from .buffer import make_buffer
 from .config import FullyAsyncConfig
 from .rollouter import PromptStream, Rollouter, Sample
 
+if TYPE_CHECKING:
+    from plugrl.compose.run_parts import RunParts
+    from plugrl.run import RunContext
+
 logger = logging.getLogger("plugrl.run")
 
-_ROLLOUT_SEED = 2  # a stream of sampling seeds apart from validation's (plugrl.compose)
+_ROLLOUT_SEED = 2  # a stream of sampling seeds apart from validation's (plugrl.steps)
 
 
 class FullyAsyncScheduler(Scheduler):
@@ -41,13 +48,23 @@ class FullyAsyncScheduler(Scheduler):
     scores them, computes old log-probs (or uses the rollout's), advantages, and updates the
     actor; every ``trigger_parameter_sync_step`` steps it publishes new weights to every
     engine (``timing_s/param_sync``). :class:`StalenessAccount` bounds how far the rollouter
-    runs ahead and drops any sample older than the bound.
+    runs ahead and drops any sample older than the bound. The core's run loop does the
+    rest (resume, validation, logs, checkpoints holding the rollouter's snapshot, export).
     """
 
     provides: ClassVar[frozenset[str] | None] = frozenset({"values"})
     config: FullyAsyncConfig
 
     # ------------------------------------------------------------------ start-up
+
+    def __init__(self, config: FullyAsyncConfig, context: RunContext) -> None:
+        super().__init__(config, context)
+        self.check_recipe()
+        self.account: StalenessAccount
+        self.rollouter: Rollouter | None = None
+        self.buffer: Any = None
+        self.resubmit: list[Any] = []
+        self.marks: _Marks
 
     def needed_capabilities(self) -> dict[str, str]:
         needs = {Capability.STREAM.value: "scheduler fully_async (prompts streamed one at a time)"}
@@ -96,42 +113,23 @@ class FullyAsyncScheduler(Scheduler):
         per_epoch = max(1, len(parts.train_data) // self.required_samples)
         return per_epoch * trainer.total_epochs
 
-    def run(self) -> dict[str, Any]:
-        self.check_recipe()
-        parts = self.context.build_parts(self.needed_capabilities())
-        try:
-            return self._train(parts)
-        finally:
-            parts.close()
-
-    # ------------------------------------------------------------------ the loop
-
-    def _train(self, parts: RunParts) -> dict[str, Any]:
-        recipe, config, trainer = self.recipe, self.config, self.recipe.trainer
-        total = self.total_steps(parts)
+    def start(self, parts: RunParts, step: int, saved: dict[str, Any] | None) -> None:
+        """The staleness account, the data position and the prompts a checkpoint kept (they
+        are generated again); a checkpoint written between two weight syncs starts a new
+        weight period (see :meth:`start_period_on_resume`)."""
+        config = self.config
         account = StalenessAccount(
             self.required_samples, config.trigger_parameter_sync_step, config.staleness_threshold
         )
-        state = parts.resume()
-        step, history, resubmit, wall_offset = 0, [], [], 0.0
-        if state:
-            step = state["step"]
-            history = list(state.get("validation", []))
-            saved = state.get("fully_async")
-            if saved:
-                account.load_state_dict(saved["account"])
-                resubmit = [tuple(key) for key in saved["prompts"]]
-                wall_offset = float(saved.get("wall_clock_s", 0.0))
-            account.version = parts.weight_version
-            if account.taken_this_period and step < total:
-                self.start_period_on_resume(parts, account, step)
-        if step >= total:
-            logger.info(
-                "the run in %s already finished its %d steps; set trainer.resume_mode=disable "
-                "(or another trainer.default_local_dir) to train again",
-                self.context.run_dir,
-                total,
-            )
+        if saved:
+            account.load_state_dict(saved["account"])
+            self.resubmit = [tuple(key) for key in saved["prompts"]]
+            # the position the rollouter had when the kept prompts were listed
+            parts.train_loader.load_state_dict(saved["dataloader"])
+        account.version = parts.weight_version
+        if account.taken_this_period and step < self.total_steps(parts):
+            self.start_period_on_resume(parts, account, step)
+        self.account = account
         logger.info(
             "fully_async: %d prompts per step, weights synced every %d steps, at most %d "
             "samples ahead (max_required_samples), trained samples at most %d versions old",
@@ -140,86 +138,44 @@ class FullyAsyncScheduler(Scheduler):
             account.max_required_samples,
             account.max_version_lag,
         )
-        parts.sync_weights()
-        run_start = time.monotonic()
-        if step == 0 and trainer.val_before_train and parts.val_data is not None:
-            before = self.validate(parts, step)
-            before["perf/wall_clock_s"] = wall_offset + time.monotonic() - run_start
-            history.append(before)
-            self.context.step_end(0, before)
 
-        buffer = make_buffer(recipe.cluster.mode)
+    def start_rollouter(self, parts: RunParts) -> Rollouter:
+        """The rollouter streaming prompts into the engines, started at the first trainer
+        step (after validation before training, which uses the same engines)."""
+        config = self.config
+        self.buffer = make_buffer(self.recipe.cluster.mode)
         rollouter = Rollouter(
             engines=parts.engines,
-            account=account,
+            account=self.account,
             stream=PromptStream(parts.train_loader),
-            buffer=buffer,
+            buffer=self.buffer,
             sampling_params=self.sampling_params,
             max_in_flight=config.max_in_flight_per_engine * parts.engines.num_engines,
             partial=self.partial_mode(parts),
             stop_after=config.total_rollout_steps,
-            resubmit=resubmit,
+            resubmit=self.resubmit,
         )
-        metrics: dict[str, Any] = {}
-        marks = _Marks(
+        self.marks = _Marks(
             time.monotonic(),
             rollouter.idle_seconds(),
             rollouter.paused_seconds(),
             0,
-            account.pauses,
+            self.account.pauses,
         )
-        progress = _progress(total, step)
-        if step < total:
-            rollouter.start()
-        try:
-            while step < total:
-                step += 1
-                metrics = self.train_step(parts, rollouter, step, marks)
-                if not metrics:
-                    step -= 1
-                    logger.info(
-                        "the rollouter generated its scheduler.total_rollout_steps=%s prompts "
-                        "and too few are left for step %d; the run ends at step %d",
-                        config.total_rollout_steps,
-                        step + 1,
-                        step,
-                    )
-                    break
-                last = step == total
-                if parts.val_data is not None and (
-                    last or (trainer.test_freq > 0 and step % trainer.test_freq == 0)
-                ):
-                    validation = self.validate(parts, step)
-                    history.append(validation)
-                    metrics.update(validation)
-                wall_clock = wall_offset + time.monotonic() - run_start
-                metrics["perf/wall_clock_s"] = wall_clock
-                # logged before the checkpoint that covers it: a run killed between the two
-                # resumes from the checkpoint before and logs the step again in its place
-                self.context.step_end(step, metrics)
-                if last or (trainer.save_freq > 0 and step % trainer.save_freq == 0):
-                    snapshot = rollouter.snapshot()
-                    parts.save_checkpoint(
-                        step,
-                        {
-                            "validation": history,
-                            "dataloader": snapshot.pop("dataloader"),
-                            "fully_async": {**snapshot, "wall_clock_s": wall_clock},
-                        },
-                    )
-                if progress is not None:
-                    progress.update(1)
-        finally:
-            if progress is not None:
-                progress.close()
-            rollouter.close()
-            buffer.close()
-        if trainer.export_hf:
-            export_dir = self.context.run_dir / "hf_model"
-            parts.actor.export_hf(export_dir)
-            logger.info("exported the trained actor to %s", export_dir)
-        _print_validation_summary(history)
-        return metrics
+        rollouter.start()
+        self.rollouter = rollouter
+        return rollouter
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The rollouter's snapshot: the account, the data position and the prompts of every
+        sample not yet trained on, taken together so that none is lost or repeated."""
+        return self.rollouter.snapshot() if self.rollouter is not None else {}
+
+    def close(self) -> None:
+        if self.rollouter is not None:
+            self.rollouter.close()
+        if self.buffer is not None:
+            self.buffer.close()
 
     @staticmethod
     def start_period_on_resume(parts: RunParts, account: StalenessAccount, step: int) -> None:
@@ -248,16 +204,14 @@ class FullyAsyncScheduler(Scheduler):
         return "keep" if Capability.PAUSE_KEEP in parts.engines.capabilities else "abort"
 
     def sampling_params(self, sample_number: int) -> SamplingParams:
-        recipe = self.recipe
-        params = recipe.rollout.sampling_params(recipe.data.max_response_length)
-        params.seed = sampling_seed(recipe.trainer.seed, sample_number, _ROLLOUT_SEED)
-        return params
+        """Each sample is seeded by its number in the run, on a stream of its own."""
+        return sampling_params(self.recipe, sample_number, _ROLLOUT_SEED)
 
-    def train_step(
-        self, parts: RunParts, rollouter: Rollouter, step: int, marks: _Marks
-    ) -> dict[str, Any]:
-        """One trainer step; empty metrics when the rollouter has no more samples."""
-        recipe = self.recipe
+    def train_step(self, parts: RunParts, step: int) -> dict[str, Any] | None:
+        """Take ``required_samples`` finished samples from the rollouter, score them, compute
+        old log-probs, update; at the end of a weight period publish new weights. ``None``
+        when the rollouter has no more samples (``scheduler.total_rollout_steps``)."""
+        rollouter = self.rollouter or self.start_rollouter(parts)
         account = rollouter.account
         timer = StepTimer()
         metrics: dict[str, Any] = {}
@@ -265,32 +219,26 @@ class FullyAsyncScheduler(Scheduler):
             with timer("gen"):
                 samples, dropped_lags = rollouter.take(self.required_samples)
             if len(samples) < self.required_samples:
-                return {}
+                logger.info(
+                    "the rollouter generated its scheduler.total_rollout_steps=%s prompts and "
+                    "too few are left for step %d",
+                    self.config.total_rollout_steps,
+                    step,
+                )
+                return None
             version = account.version
             batch = self.assemble(parts, samples)
             with timer("reward"):
-                self.score(parts, batch, metrics)
-            self.old_log_probs(parts, batch, timer, metrics)
+                metrics.update(score(parts, batch))
+            metrics.update(self.old_log_probs(parts, batch, timer))
             metrics.update(update_from_batch(parts, batch, timer))
             # a period ends once it trained its samples; it starts at a sync, at the run's
             # start, or at a resume (see start_period_on_resume), not at a multiple of k
             if account.period_complete:
                 with timer("param_sync"):
                     metrics.update(rollouter.sync(lambda: self.push_weights(parts)))
-        metrics.update(
-            compute_data_metrics(
-                batch, recipe.data.max_response_length, recipe.data.max_prompt_length
-            )
-        )
-        metrics.update(timer.metrics())
-        num_tokens = int(batch["attention_mask"].sum().item())
-        metrics.update(
-            compute_throughput_metrics(num_tokens, timer.seconds["step"], parts.actor.world_size)
-        )
-        metrics.update(parts.device.memory_metrics())
-        metrics.update(self.async_metrics(rollouter, samples, version, dropped_lags, timer, marks))
-        metrics["training/global_step"] = step
-        metrics["training/epoch"] = parts.train_loader.epoch
+        metrics.update(step_metrics(parts, batch, timer, step))
+        metrics.update(self.async_metrics(rollouter, samples, version, dropped_lags, timer))
         return metrics
 
     @staticmethod
@@ -310,29 +258,24 @@ class FullyAsyncScheduler(Scheduler):
         batch.meta["temperature"] = self.recipe.rollout.temperature or 1.0
         return batch
 
-    def old_log_probs(
-        self, parts: RunParts, batch: Batch, timer: StepTimer, metrics: dict[str, Any]
-    ) -> None:
+    def old_log_probs(self, parts: RunParts, batch: Batch, timer: StepTimer) -> dict[str, Any]:
         """``use_rollout_log_probs``: the engines' log-probs are the old ones (verl's meaning).
         Otherwise the trainer's current weights give them (recomputed, or taken by an exactly
         on-policy update from its own forward) and ``algorithm.rollout_is`` weighs each token
         by how much likelier the trainer finds it than the engine that sampled it."""
         if self.config.use_rollout_log_probs:
             batch["old_log_probs"] = batch["rollout_log_probs"].clone()
-            return
+            return {}
         algorithm = self.recipe.algorithm
+        # the flag is computed for data.train_batch_size; a step here trains
+        # ppo_mini_batch_size x require_batches prompts, one optimizer step only if it is 1
         if (
             parts.old_log_probs_from_update
             and self.config.require_batches == 1
             and algorithm.rollout_is is None
         ):
-            return
-        with timer("old_log_prob"):
-            computed = parts.actor.compute_log_prob(batch, calculate_entropy=True)
-            batch["old_log_probs"] = computed["log_probs"]
-            if "entropys" in computed:
-                mask = batch["response_mask"].bool()
-                metrics["actor/entropy"] = computed["entropys"][mask].mean().item()
+            return {}
+        metrics = compute_old_log_probs(parts, batch, timer)
         if algorithm.rollout_is is not None:
             weights, is_metrics = compute_rollout_is_weights(
                 batch["old_log_probs"],
@@ -343,15 +286,7 @@ class FullyAsyncScheduler(Scheduler):
             )
             batch["rollout_is_weights"] = weights
             metrics.update(is_metrics)
-
-    @staticmethod
-    def score(parts: RunParts, batch: Batch, metrics: dict[str, Any]) -> None:
-        output = parts.reward(batch)
-        batch["token_level_scores"] = output.token_level_scores
-        for name, values in output.extra.items():
-            if len(values) == len(batch) and name not in batch:
-                batch[name] = values
-        metrics.update(output.metrics)
+        return metrics
 
     def async_metrics(
         self,
@@ -360,9 +295,8 @@ class FullyAsyncScheduler(Scheduler):
         version: int,
         dropped_lags: list[int],
         timer: StepTimer,
-        marks: _Marks,
     ) -> dict[str, float]:
-        account = rollouter.account
+        account, marks = rollouter.account, self.marks
         now = time.monotonic()
         wall = max(now - marks.time, 1e-9)
         idle, paused = rollouter.idle_seconds(), rollouter.paused_seconds()
@@ -403,13 +337,6 @@ class FullyAsyncScheduler(Scheduler):
         marks.tokens, marks.pauses = tokens, pauses
         return metrics
 
-    # ------------------------------------------------------------------ validation
-
-    def validate(self, parts: RunParts, step: int) -> dict[str, float]:
-        """Validation runs on the engines beside the rollouter's requests, on the weights
-        they have now."""
-        return validate(parts, self.recipe, step)
-
 
 class _Marks:
     """The rollouter's counters at the end of the previous step (rates are per step)."""
@@ -417,25 +344,3 @@ class _Marks:
     def __init__(self, time_: float, idle: float, paused: float, tokens: int, pauses: int) -> None:
         self.time, self.idle, self.paused = time_, idle, paused
         self.tokens, self.pauses = tokens, pauses
-
-
-def _progress(total: int, done: int) -> Any:
-    if not sys.stderr.isatty():
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=done, desc="training", unit="step", dynamic_ncols=True)
-
-
-def _print_validation_summary(history: list[dict[str, float]]) -> None:
-    if len(history) < 2:
-        return
-    first, last = history[0], history[-1]
-    for key in sorted(last):
-        if key.startswith("val-core/") and key in first and not math.isnan(first[key]):
-            before, after = first[key], last[key]
-            print(
-                f"{key}: {before:.3f} -> {after:.3f} ({(after - before) * 100:+.1f} points)",
-                file=sys.stderr,
-                flush=True,
-            )

@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 import plugrl_sim
 from plugrl.compose.run_parts import RunParts
 from plugrl_fully_async.rollouter import Rollouter
-from plugrl_sim.parts import build_sim_task, sim_recipe
+from plugrl_sim.parts import sim_recipe
 
 SYNC_STEP = 3
 REQUIRED = 4
@@ -24,11 +22,6 @@ SEGMENTS = ((4, 0), (7, 4), (9, 7), (12, 9))
 SYNC_STEPS = {3, 7, 12}
 VERSIONS = {1: 0, 2: 0, 3: 1, 4: 1, 5: 2, 6: 2, 7: 3, 8: 3, 9: 3, 10: 4, 11: 4, 12: 5}
 RESUME_PUSHES = {4: 2, 7: 3, 9: 4}
-
-
-@pytest.fixture
-def sim_task(tmp_path_factory):
-    return build_sim_task(tmp_path_factory.mktemp("sim-task"), num_train=32, num_val=4)
 
 
 def test_a_resume_between_syncs_pushes_a_new_version_and_starts_a_period(
