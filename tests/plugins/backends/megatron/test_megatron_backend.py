@@ -157,7 +157,9 @@ def test_a_checkpoint_of_another_layout_or_a_missing_one_is_refused(actor, tmp_p
 def test_export_writes_a_folder_transformers_loads_with_the_same_weights(actor, tmp_path):
     import transformers
 
+    (tmp_path / ".hf.k1ll3d_9").mkdir()  # the staging folder of an export killed with -9
     actor.export_hf(tmp_path / "hf")
+    assert [p.name for p in tmp_path.iterdir()] == ["hf"]
     model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
     sent = dict(actor.named_weights())
     for name, tensor in model.state_dict().items():
