@@ -15,6 +15,7 @@ from plugrl.checkpoint import (
     CheckpointManager,
 )
 from plugrl.errors import CheckpointError
+from tests.crafted import SYSTEM, plant_in_torch_file, runs_when_unpickled
 
 
 def writer(value):
@@ -258,27 +259,18 @@ def test_an_interrupt_a_distributed_save_wraps_is_still_an_interrupt(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-class RunsACommand:
-    """Unpickling it runs a shell command that creates ``marker``."""
-
-    def __init__(self, marker):
-        self.marker = marker
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.marker}",))
-
-
 def test_a_crafted_trainer_state_is_refused_without_running_it(tmp_path):
     manager = CheckpointManager(tmp_path)
     path = save(manager, 1)
     marker = tmp_path / "ran"
-    torch.save({"step": 1, "payload": RunsACommand(marker)}, path / "trainer_state.pt")
+    plant_in_torch_file(path / "trainer_state.pt", marker)
+    assert runs_when_unpickled(path / "trainer_state.pt", marker)
     quiet = CheckpointManager(tmp_path, checksums=False)
     with pytest.raises(CheckpointError) as info:
         quiet.load_trainer_state(path)
     assert str(info.value) == (
         f"checkpoint file '{path / 'trainer_state.pt'}' holds something other than a "
-        f"checkpoint's data (it refers to {os.system.__module__}.system), so the run did not "
+        f"checkpoint's data (it refers to {SYSTEM}), so the run did not "
         "load it; delete that folder to resume from an earlier checkpoint, or set "
         "trainer.resume_mode=disable"
     )
