@@ -82,7 +82,10 @@ def test_saving_the_same_step_again_replaces_it(tmp_path):
     manager = CheckpointManager(tmp_path)
     save(manager, 3)
     manager.save(3, writer(30), {})
-    assert torch.load(tmp_path / "global_step_3" / "actor" / "model.pt")["w"][0] == 30
+    assert (
+        torch.load(tmp_path / "global_step_3" / "actor" / "model.pt", weights_only=True)["w"][0]
+        == 30
+    )
 
 
 def test_max_to_keep_prunes_the_oldest(tmp_path):
