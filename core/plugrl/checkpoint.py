@@ -25,6 +25,7 @@ Layout of one checkpoint (the backend writes its own files under ``actor/``, ``c
 from __future__ import annotations
 
 import errno
+import io
 import json
 import logging
 import os
@@ -42,8 +43,9 @@ LATEST_FILE = "latest_checkpointed_iteration.txt"
 MANIFEST_FILE = "plugrl_checkpoint.json"
 TRAINER_STATE_FILE = "trainer_state.pt"
 TRAINER_STATE_FORMAT = 1
-"""The format number written into ``trainer_state.pt`` (key ``format``); a trainer state
-written before format numbers has none."""
+"""The format number written into ``trainer_state.pt`` (key ``format``, which the manager
+owns: a run's own ``format`` key would be lost); a trainer state written before format
+numbers has none."""
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 # the key and value types of a trainer state that the core reads when it resumes
 _TRAINER_STATE_KEYS: dict[str, tuple[type, str]] = {
@@ -186,17 +188,20 @@ def load_weights_only(
                 return torch.load(source, map_location="cpu", weights_only=True, mmap=True)
             return torch.load(source, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        # torch names the global it refused as "GLOBAL module.name"; other unpickling errors
-        # are a file that is not a torch file at all, for the caller to call corrupt
-        refused = re.search(r"GLOBAL ([\w.]+\w)", str(exc))
+        refused = _refused_global(exc)
         if refused is None:
             raise
         name = file if file is not None else source
         raise refused_file_error(
-            name if isinstance(name, (str, Path)) else "<stream>",
-            f"it refers to {refused.group(1)}",
-            fix,
+            name if isinstance(name, (str, Path)) else "<stream>", f"it refers to {refused}", fix
         ) from None
+
+
+def _refused_global(exc: pickle.UnpicklingError) -> str | None:
+    """The ``module.name`` a weights-only load refused; ``None`` for other unpickling errors
+    (a file that is not a torch file at all, for the caller to call corrupt)."""
+    refused = re.search(r"GLOBAL ([\w.]+\w)", str(exc))
+    return refused.group(1) if refused else None
 
 
 class CheckpointManager:
@@ -232,8 +237,11 @@ class CheckpointManager:
         # not an Exception, and an interrupted save must not leave half a folder either
         try:
             write(tmp)
-            state = {"format": TRAINER_STATE_FORMAT, "step": step, **trainer_state}
-            torch.save(state, tmp / TRAINER_STATE_FILE)
+            state = {"step": step, **trainer_state, "format": TRAINER_STATE_FORMAT}
+            buffer = io.BytesIO()
+            torch.save(state, buffer)
+            _check_plain_trainer_state(buffer.getvalue(), step)
+            (tmp / TRAINER_STATE_FILE).write_bytes(buffer.getvalue())
             files: dict[str, dict[str, Any]] = {}
             for path in sorted(tmp.rglob("*")):
                 if path.is_file():
@@ -444,6 +452,22 @@ class CheckpointManager:
             )
         state.pop("format", None)
         return state
+
+
+def _check_plain_trainer_state(data: bytes, step: int) -> None:
+    """Refuse to save a trainer state that its resume would refuse: one holding objects
+    other than tensors and plain values."""
+    import torch
+
+    try:
+        torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        refused = _refused_global(exc) or "something a weights-only load cannot read"
+        raise CheckpointError(
+            f"the trainer state of checkpoint {step} holds {refused}, which a resume would "
+            "refuse to load: keep it to tensors, numbers, strings, lists, tuples and dicts (a "
+            "scheduler's saved state included)"
+        ) from None
 
 
 def _trainer_state_problem(state: Any) -> str | None:

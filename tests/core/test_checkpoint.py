@@ -385,6 +385,29 @@ def test_a_trainer_state_of_another_version_is_named_with_the_fix(tmp_path, rewr
     )
 
 
+def test_a_trainer_state_its_resume_would_refuse_is_not_saved(tmp_path):
+    import datetime
+
+    manager = CheckpointManager(tmp_path)
+    save(manager, 1)
+    state = trainer_state(2) | {"scheduler": {"started": datetime.date(2025, 1, 1)}}
+    with pytest.raises(CheckpointError) as info:
+        manager.save(2, writer(2), state)
+    assert str(info.value) == (
+        "the trainer state of checkpoint 2 holds datetime.date, which a resume would refuse to "
+        "load: keep it to tensors, numbers, strings, lists, tuples and dicts (a scheduler's "
+        "saved state included)"
+    )
+    assert manager.steps() == [1] and not list(tmp_path.glob(".global_step_*"))
+
+
+def test_a_run_s_own_format_key_does_not_replace_the_format_number(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    path = manager.save(1, writer(1), trainer_state(1) | {"format": 99})
+    assert torch.load(path / "trainer_state.pt", weights_only=True)["format"] == 1
+    assert "format" not in manager.load_trainer_state(path)
+
+
 def test_the_rng_state_a_capture_gives_passes_its_check_and_restores():
     state = rng.capture()
     assert rng.state_problem(state) is None
