@@ -476,11 +476,13 @@ def _trainer_state_problem(state: Any) -> str | None:
 
     if not isinstance(state, dict):
         return f"holds a {type(state).__name__}, not a dict"
-    version = state.get("format", 0)  # 0: written before format numbers, read as format 1
-    if isinstance(version, bool) or not isinstance(version, int):
-        return f"has format {version!r}, not a format number"
-    if version > TRAINER_STATE_FORMAT:
-        return f"is in format {version}"
+    # without a format number: written before there were any, and read as format 1
+    if "format" in state:
+        version = state["format"]
+        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+            return f"has format {version!r}, not a format number"
+        if version > TRAINER_STATE_FORMAT:
+            return f"is in format {version}"
     for key, (kind, described) in _TRAINER_STATE_KEYS.items():
         if key not in state:
             return f"has no {key!r}"

@@ -319,6 +319,10 @@ OTHER_VERSIONS = {
         _rewritten(lambda s: s.update(format="1.0")),
         "has format '1.0', not a format number",
     ),
+    "format zero": (
+        _rewritten(lambda s: s.update(format=0)),
+        "has format 0, not a format number",
+    ),
     "no step": (_rewritten(lambda s: s.pop("step")), "has no 'step'"),
     "no weight version": (_rewritten(lambda s: s.pop("weight_version")), "has no 'weight_version'"),
     "step as text": (
