@@ -1,5 +1,6 @@
 """Checks on the repository itself: CI runs the README's command, and the code is lint-clean."""
 
+import ast
 import re
 import shutil
 import subprocess
@@ -77,3 +78,61 @@ def test_ruff_is_clean():
     assert check.returncode == 0, check.stdout
     fmt = subprocess.run([ruff, "format", "--check", "."], cwd=ROOT, capture_output=True, text=True)
     assert fmt.returncode == 0, fmt.stdout
+
+
+# where code may unpickle with torch.load(weights_only=False): nowhere but the test helper that
+# proves a planted payload is live
+UNSAFE_LOAD_ALLOWED = {"tests/crafted.py"}
+
+
+def _torch_loads(path: Path) -> list[tuple[int, str]]:
+    """``(line, problem)`` of each ``torch.load`` in ``path`` that is not weights-only, and of
+    each ``weights_only=False`` anywhere."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if not isinstance(node, ast.Call):
+            continue
+        weights_only = next((k.value for k in node.keywords if k.arg == "weights_only"), None)
+        if isinstance(weights_only, ast.Constant) and weights_only.value is False:
+            found.append((node.lineno, "weights_only=False"))
+            continue
+        func = node.func
+        is_torch_load = (
+            isinstance(func, ast.Attribute)
+            and func.attr == "load"
+            and isinstance(func.value, ast.Name)
+            and func.value.id == "torch"
+        )
+        # torch's default can be turned off from the environment: say it
+        if is_torch_load and not (
+            isinstance(weights_only, ast.Constant) and weights_only.value is True
+        ):
+            found.append((node.lineno, "torch.load without weights_only=True"))
+    return found
+
+
+def test_nothing_unpickles_checkpoint_files_the_unsafe_way():
+    problems = []
+    for folder in ("core", "tools", "plugins", "examples", "bench", "tests"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            relative = path.relative_to(ROOT).as_posix()
+            if relative in UNSAFE_LOAD_ALLOWED or "/.venv/" in f"/{relative}":
+                continue
+            problems += [f"{relative}:{line}: {what}" for line, what in _torch_loads(path)]
+    assert problems == []
+
+
+def test_the_unsafe_load_check_finds_what_it_looks_for(tmp_path):
+    source = tmp_path / "loads.py"
+    source.write_text(
+        "import torch\n"
+        "torch.load('a.pt', weights_only=False)\n"
+        "torch.load('b.pt')\n"
+        "torch.load('c.pt', weights_only=True)\n"
+        "helper('d.pt', weights_only = False)\n"
+    )
+    assert _torch_loads(source) == [
+        (2, "weights_only=False"),
+        (3, "torch.load without weights_only=True"),
+        (5, "weights_only=False"),
+    ]

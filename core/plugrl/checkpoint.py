@@ -6,7 +6,13 @@ file is replaced atomically after that. A run killed at any moment therefore lea
 previous checkpoint or the new one, never a half-written folder that looks complete.
 Verification against the manifest catches files removed, cut short or changed afterwards (the
 checksums cost one read of the checkpoint per save and per resume; ``checksums=False`` records
-and checks sizes only).
+and checks sizes only). A save first checks that the device has as much free space as the last
+checkpoint took.
+
+Nothing a resume reads may run code: :func:`load_weights_only` reads a torch file as tensors and
+plain values only, and refuses, with one line naming the file, one that refers to anything else
+(a crafted checkpoint's pickled payload). The trainer state carries a format number
+(:data:`TRAINER_STATE_FORMAT`), and the keys the core reads are checked when it is loaded.
 
 Layout of one checkpoint (the backend writes its own files under ``actor/``, ``critic/``...)::
 
@@ -19,22 +25,46 @@ Layout of one checkpoint (the backend writes its own files under ``actor/``, ``c
 from __future__ import annotations
 
 import errno
+import io
 import json
 import logging
 import os
+import pickle
 import re
 import shutil
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from plugrl.errors import CheckpointError
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 MANIFEST_FILE = "plugrl_checkpoint.json"
 TRAINER_STATE_FILE = "trainer_state.pt"
+TRAINER_STATE_FORMAT = 1
+"""The format number written into ``trainer_state.pt`` (key ``format``, which the manager
+owns: a run's own ``format`` key would be lost); a trainer state written before format
+numbers has none."""
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
+# the key and value types of a trainer state that the core reads when it resumes
+_TRAINER_STATE_KEYS: dict[str, tuple[type, str]] = {
+    "step": (int, "a number"),
+    "dataloader": (dict, "a dict"),
+    "weight_version": (int, "a number"),
+    "rng": (dict, "a dict"),
+}
+_OTHER_VERSION_FIX = (
+    "resume with the plugrl version that wrote it, or start fresh with "
+    "trainer.resume_mode=disable or another trainer.default_local_dir"
+)
+# a full device in the words of an error that carries no errno (one a worker sent as text)
+_NO_SPACE = re.compile(r"No space left on device|\[Errno 28\]|\bENOSPC\b")
+# what torch raises when its writer cannot write a file: it loses the OSError (and its ENOSPC)
+# of a full device, when writing a path from C++
+_TORCH_WRITE_FAILURE = re.compile(
+    r"unexpected pos \d+ vs \d+|PytorchStreamWriter failed[^\n]*|basic_ios::clear: iostream error"
+)
 
 logger = logging.getLogger("plugrl.checkpoint")
 
@@ -95,16 +125,83 @@ def _causes(exc: BaseException) -> list[BaseException]:
     return list(seen.values())
 
 
-def _out_of_space(exc: BaseException) -> bool:
-    return any(
-        getattr(error, "errno", None) == errno.ENOSPC or "No space left on device" in str(error)
-        for error in _causes(exc)
-    )
+def _out_of_space(exc: BaseException) -> str | None:
+    """How ``exc`` says the device is full: ``""`` for an ENOSPC, torch's words for a write
+    failure that hides it (see ``_TORCH_WRITE_FAILURE``), ``None`` when it does not."""
+    causes = _causes(exc)
+    if any(
+        getattr(error, "errno", None) == errno.ENOSPC or _NO_SPACE.search(str(error))
+        for error in causes
+    ):
+        return ""
+    for error in causes:
+        match = _TORCH_WRITE_FAILURE.search(str(error))
+        if match:
+            return match.group(0)
+    return None
+
+
+def _size(count: int) -> str:
+    """A byte count for people: ``512 B``, ``3.2 MiB``, ``1.5 GiB``."""
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count} B"
 
 
 def _interrupted(exc: BaseException) -> bool:
     """Ctrl-C or SIGTERM during a save, which torch's distributed checkpoint re-wraps."""
     return any(isinstance(error, KeyboardInterrupt) for error in _causes(exc))
+
+
+def refused_file_error(file: str | Path, reason: str, fix: str) -> CheckpointError:
+    """The one-line error for checkpoint ``file`` refused unread because it holds something
+    other than a checkpoint's data (``reason`` says what, e.g. the code it refers to)."""
+    return CheckpointError(
+        f"checkpoint file {str(file)!r} holds something other than a checkpoint's data "
+        f"({reason}), so the run did not load it; {fix}"
+    )
+
+
+def load_weights_only(
+    source: str | Path | IO[bytes],
+    *,
+    fix: str,
+    file: str | Path | None = None,
+    allowed: Sequence[Any] = (),
+    mmap: bool = False,
+) -> Any:
+    """Read a file ``torch.save`` wrote, on the CPU, as tensors and plain values (numbers,
+    strings, lists, tuples, dicts) plus the ``allowed`` classes, so that reading it cannot run
+    code: ``torch.load(..., weights_only=True)``.
+
+    A file that refers to anything else (a pickled object whose loading would call it) raises
+    :func:`refused_file_error` naming ``file`` (``source`` by default) and ending with
+    ``fix``; other failures (a missing or cut file) propagate as torch raises them.
+    ``mmap=True`` maps a file's tensors instead of reading them.
+    """
+    import torch
+
+    try:
+        with torch.serialization.safe_globals(list(allowed)):
+            if mmap:
+                return torch.load(source, map_location="cpu", weights_only=True, mmap=True)
+            return torch.load(source, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        refused = _refused_global(exc)
+        if refused is None:
+            raise
+        name = file if file is not None else source
+        raise refused_file_error(
+            name if isinstance(name, (str, Path)) else "<stream>", f"it refers to {refused}", fix
+        ) from None
+
+
+def _refused_global(exc: pickle.UnpicklingError) -> str | None:
+    """The ``module.name`` a weights-only load refused; ``None`` for other unpickling errors
+    (a file that is not a torch file at all, for the caller to call corrupt)."""
+    refused = re.search(r"GLOBAL ([\w.]+\w)", str(exc))
+    return refused.group(1) if refused else None
 
 
 class CheckpointManager:
@@ -121,11 +218,16 @@ class CheckpointManager:
 
     def save(self, step: int, write: Callable[[Path], None], trainer_state: dict[str, Any]) -> Path:
         """Write checkpoint ``step``: ``write(folder)`` stores the parts' files, then the
-        trainer state and the manifest; the folder appears under its final name only when
-        complete. Returns the final path."""
+        trainer state (with :data:`TRAINER_STATE_FORMAT`) and the manifest; the folder
+        appears under its final name only when complete. Returns the final path.
+
+        Refused before writing anything when the device has less free space than the last
+        checkpoint took; a save that fills the device anyway removes its half-written folder
+        and keeps the previous checkpoint."""
         import torch
 
         self.root.mkdir(parents=True, exist_ok=True)
+        self._check_free_space(step)
         final = self.root / step_dir_name(step)
         tmp = self.root / f".{step_dir_name(step)}.tmp"
         if tmp.exists():
@@ -135,7 +237,11 @@ class CheckpointManager:
         # not an Exception, and an interrupted save must not leave half a folder either
         try:
             write(tmp)
-            torch.save({"step": step, **trainer_state}, tmp / TRAINER_STATE_FILE)
+            state = {"step": step, **trainer_state, "format": TRAINER_STATE_FORMAT}
+            buffer = io.BytesIO()
+            torch.save(state, buffer)
+            _check_plain_trainer_state(buffer.getvalue(), step)
+            (tmp / TRAINER_STATE_FILE).write_bytes(buffer.getvalue())
             files: dict[str, dict[str, Any]] = {}
             for path in sorted(tmp.rglob("*")):
                 if path.is_file():
@@ -147,12 +253,19 @@ class CheckpointManager:
             _write_atomic(tmp / MANIFEST_FILE, manifest)
         except BaseException as exc:
             shutil.rmtree(tmp, ignore_errors=True)
-            if _out_of_space(exc):
+            full = _out_of_space(exc)
+            if full is not None:
                 kept = self.steps()
                 previous = f"the checkpoint of step {kept[-1]} is kept" if kept else "none is kept"
+                what = (
+                    f"writing checkpoint {step} under {self.root} failed as it does on a full "
+                    f"device (torch: {full})"
+                    if full
+                    else f"no space left on the device while writing checkpoint {step} under "
+                    f"{self.root}"
+                )
                 raise CheckpointError(
-                    f"no space left on the device while writing checkpoint {step} under "
-                    f"{self.root}; {previous} and the half-written one removed; free space, or "
+                    f"{what}; {previous} and the half-written one removed; free space, or "
                     "keep fewer checkpoints with trainer.max_ckpt_to_keep"
                 ) from None
             if _interrupted(exc) and not isinstance(exc, KeyboardInterrupt):
@@ -171,6 +284,29 @@ class CheckpointManager:
         _write_atomic(self.root / LATEST_FILE, f"{step}\n")
         self.prune()
         return final
+
+    def _check_free_space(self, step: int) -> None:
+        """Refuse to start checkpoint ``step`` when the device has less free space than the
+        last checkpoint took: the save would fail midway, after a long write."""
+        kept = self.steps()
+        if not kept:
+            return
+        last = self.root / step_dir_name(kept[-1])
+        needed = sum(file.stat().st_size for file in last.rglob("*") if file.is_file())
+        try:
+            free = shutil.disk_usage(self.root).free
+        except OSError:  # no figure to compare with: let the write find out
+            return
+        if free < needed:
+            told = (_size(free), _size(needed))
+            if told[0] == told[1]:  # rounded to the same: the bytes tell them apart
+                told = (f"{free} B", f"{needed} B")
+            raise CheckpointError(
+                f"only {told[0]} free under {self.root}, and the last checkpoint (step "
+                f"{kept[-1]}) took {told[1]}: checkpoint {step} was not written, that of "
+                f"step {kept[-1]} is kept; free space, or keep fewer checkpoints with "
+                "trainer.max_ckpt_to_keep"
+            )
 
     def steps(self) -> list[int]:
         """Steps of the complete-looking checkpoint folders, ascending."""
@@ -287,17 +423,73 @@ class CheckpointManager:
         return manifest
 
     def load_trainer_state(self, path: Path) -> dict[str, Any]:
-        """The trainer state saved with a checkpoint (step, dataloader, RNG, controllers)."""
-        import torch
+        """The trainer state saved with a checkpoint (step, dataloader, RNG, controllers), as
+        the run saved it (without the format number).
 
+        Read as plain data only (:func:`load_weights_only`); a state of another format, or
+        without the keys the core reads, raises a :class:`CheckpointError` saying which."""
+        file = path / TRAINER_STATE_FILE
+        fix = (
+            "delete that folder to resume from an earlier checkpoint, or set "
+            "trainer.resume_mode=disable"
+        )
         try:
-            # plain data only (tensors, numbers, strings, lists, dicts): unpickling anything
-            # else could run code from a crafted checkpoint
-            return torch.load(path / TRAINER_STATE_FILE, weights_only=True)
+            state = load_weights_only(file, fix=fix)
+        except CheckpointError:
+            raise
         except Exception as exc:
             reason = (str(exc).strip().splitlines() or [""])[0]
             raise CheckpointError(
                 f"checkpoint {path}: cannot read {TRAINER_STATE_FILE} as plain data "
-                f"({type(exc).__name__}: {reason}); delete that folder to resume from an "
-                "earlier checkpoint, or set trainer.resume_mode=disable"
+                f"({type(exc).__name__}: {reason}); {fix}"
             ) from None
+        problem = _trainer_state_problem(state)
+        if problem is not None:
+            raise CheckpointError(
+                f"checkpoint {path}: {TRAINER_STATE_FILE} {problem}, so another plugrl version "
+                f"wrote it (this one reads trainer state format {TRAINER_STATE_FORMAT}); "
+                f"{_OTHER_VERSION_FIX}"
+            )
+        state.pop("format", None)
+        return state
+
+
+def _check_plain_trainer_state(data: bytes, step: int) -> None:
+    """Refuse to save a trainer state that its resume would refuse: one holding objects
+    other than tensors and plain values."""
+    import torch
+
+    try:
+        torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        refused = _refused_global(exc) or "something a weights-only load cannot read"
+        raise CheckpointError(
+            f"the trainer state of checkpoint {step} holds {refused}, which a resume would "
+            "refuse to load: keep it to tensors, numbers, strings, lists, tuples and dicts (a "
+            "scheduler's saved state included)"
+        ) from None
+
+
+def _trainer_state_problem(state: Any) -> str | None:
+    """What keeps the core from resuming with ``state``, or ``None``."""
+    from plugrl import rng
+
+    if not isinstance(state, dict):
+        return f"holds a {type(state).__name__}, not a dict"
+    # without a format number: written before there were any, and read as format 1
+    if "format" in state:
+        version = state["format"]
+        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+            return f"has format {version!r}, not a format number"
+        if version > TRAINER_STATE_FORMAT:
+            return f"is in format {version}"
+    for key, (kind, described) in _TRAINER_STATE_KEYS.items():
+        if key not in state:
+            return f"has no {key!r}"
+        value = state[key]
+        if isinstance(value, bool) or not isinstance(value, kind):
+            return f"holds {key!r} as a {type(value).__name__}, not {described}"
+    rng_problem = rng.state_problem(state["rng"])
+    if rng_problem is not None:
+        return f"holds an 'rng' that {rng_problem}"
+    return None

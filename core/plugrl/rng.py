@@ -2,7 +2,8 @@
 
 :func:`capture` holds Python's, NumPy's and torch's generator states, and the device's
 (:meth:`Device.rng_state <plugrl.parts.device.Device.rng_state>`), as tensors, numbers and
-lists only, so a checkpoint that stores them loads with ``torch.load(weights_only=True)``.
+lists only, so a checkpoint that stores them loads with ``torch.load(weights_only=True)``;
+:func:`state_problem` checks that what a checkpoint holds has the shape :func:`restore` reads.
 """
 
 from __future__ import annotations
@@ -33,6 +34,39 @@ def capture(device: Device | None = None) -> dict[str, Any]:
             "cached": float(cached),
         },
     }
+
+
+_NUMPY_KEYS = ("kind", "keys", "position", "has_gauss", "cached")
+
+
+def state_problem(state: Any) -> str | None:
+    """What keeps :func:`restore` from reading ``state`` (``"has no 'numpy'"``...), or
+    ``None`` when it has the shape :func:`capture` gives."""
+    if not isinstance(state, dict):
+        return f"is a {type(state).__name__}, not a dict"
+    for key in ("torch", "python", "numpy"):
+        if key not in state:
+            return f"has no {key!r}"
+    if not isinstance(state["torch"], torch.Tensor) or state["torch"].dtype != torch.uint8:
+        return "has a 'torch' that is not a byte tensor"
+    python = state["python"]
+    if not (
+        isinstance(python, (list, tuple))
+        and len(python) == 3
+        and isinstance(python[1], (list, tuple))
+    ):
+        return "has a 'python' that is not [version, internal state, gauss]"
+    numpy_state = state["numpy"]
+    if not isinstance(numpy_state, dict):
+        return "has a 'numpy' that is not a dict"
+    for key in _NUMPY_KEYS:
+        if key not in numpy_state:
+            return f"has a 'numpy' without {key!r}"
+    if not isinstance(numpy_state["keys"], torch.Tensor):
+        return "has a 'numpy' whose 'keys' is not a tensor"
+    if not isinstance(state.get("device", {}), dict):
+        return "has a 'device' that is not a dict"
+    return None
 
 
 def restore(state: dict[str, Any], device: Device | None = None) -> None:

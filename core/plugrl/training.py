@@ -15,6 +15,7 @@ same whichever backend runs (the built-in ``fsdp2`` and plugrl-megatron's ``mega
 from __future__ import annotations
 
 import math
+import re
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -363,13 +364,40 @@ TOKENIZER_FILES = (
 """Files a tokenizer folder may hold; :func:`copy_tokenizer_files` copies whichever exist."""
 
 
+def _clear_stale_staging(path: Path) -> None:
+    """Remove the hidden folders a killed :func:`staged_folder` for ``path`` left behind: its
+    staging folder and its retired old copy (``.<name>.`` or ``.<name>.old.`` then the 8
+    letters, digits or ``_`` of ``tempfile.mkdtemp``).
+
+    A process killed between the two renames leaves ``path`` missing and the previous folder
+    in the retired copy: that copy is put back first, so a new write that fails does not lose
+    the one before.
+    """
+    names = re.compile(rf"^\.{re.escape(path.name)}\.(old\.)?[a-z0-9_]{{8}}$")
+    leftovers: dict[Path, bool] = {}  # folder -> whether it is a retired copy
+    for entry in path.parent.iterdir():
+        match = names.match(entry.name)
+        if match and entry.is_dir():
+            leftovers[entry] = match.group(1) is not None
+    retired = [entry / path.name for entry, old in leftovers.items() if old]
+    if not path.exists() and len(retired) == 1 and retired[0].is_dir():
+        retired[0].rename(path)
+    for leftover in leftovers:
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
 @contextmanager
 def staged_folder(path: Path) -> Iterator[Path]:
     """A new hidden folder beside ``path`` to write a folder's files into, renamed to
     ``path`` when the block ends (an existing folder there is replaced) and deleted when it
-    raises: a reader never sees half a folder."""
+    raises: a reader never sees half a folder.
+
+    Hidden folders of an earlier write to the same ``path`` that was killed before it could
+    clean up are removed first (one writer per ``path`` at a time is assumed).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    _clear_stale_staging(path)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
         yield staging

@@ -1,3 +1,4 @@
+import errno
 import json
 import os
 import shutil
@@ -7,8 +8,14 @@ import pytest
 import torch
 
 from plugrl import rng
-from plugrl.checkpoint import LATEST_FILE, MANIFEST_FILE, CheckpointManager
+from plugrl.checkpoint import (
+    LATEST_FILE,
+    MANIFEST_FILE,
+    TRAINER_STATE_FORMAT,
+    CheckpointManager,
+)
 from plugrl.errors import CheckpointError
+from tests.crafted import SYSTEM, plant_in_torch_file, runs_when_unpickled
 
 
 def writer(value):
@@ -19,12 +26,21 @@ def writer(value):
     return write
 
 
+def trainer_state(step):
+    """What the run loop saves besides the step."""
+    return {
+        "dataloader": {"epoch": 0, "position": step},
+        "weight_version": step,
+        "rng": rng.capture(),
+        "kl_in_reward": None,
+        "validation": [{"val/score": 0.5}],
+        "wall_clock_s": 12.5,
+        "scheduler": {},
+    }
+
+
 def save(manager, step):
-    return manager.save(
-        step,
-        writer(step),
-        {"dataloader": {"epoch": 0, "position": step}, "rng": rng.capture()},
-    )
+    return manager.save(step, writer(step), trainer_state(step))
 
 
 def test_save_layout_latest_and_trainer_state(tmp_path):
@@ -66,7 +82,10 @@ def test_saving_the_same_step_again_replaces_it(tmp_path):
     manager = CheckpointManager(tmp_path)
     save(manager, 3)
     manager.save(3, writer(30), {})
-    assert torch.load(tmp_path / "global_step_3" / "actor" / "model.pt")["w"][0] == 30
+    assert (
+        torch.load(tmp_path / "global_step_3" / "actor" / "model.pt", weights_only=True)["w"][0]
+        == 30
+    )
 
 
 def test_max_to_keep_prunes_the_oldest(tmp_path):
@@ -243,24 +262,305 @@ def test_an_interrupt_a_distributed_save_wraps_is_still_an_interrupt(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-class RunsACommand:
-    def __init__(self, marker):
-        self.marker = marker
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.marker}",))
-
-
 def test_a_crafted_trainer_state_is_refused_without_running_it(tmp_path):
     manager = CheckpointManager(tmp_path)
     path = save(manager, 1)
     marker = tmp_path / "ran"
-    torch.save({"step": 1, "payload": RunsACommand(marker)}, path / "trainer_state.pt")
+    plant_in_torch_file(path / "trainer_state.pt", marker)
+    assert runs_when_unpickled(path / "trainer_state.pt", marker)
     quiet = CheckpointManager(tmp_path, checksums=False)
     with pytest.raises(CheckpointError) as info:
         quiet.load_trainer_state(path)
-    assert str(info.value).startswith(
-        f"checkpoint {path}: cannot read trainer_state.pt as plain data (UnpicklingError: "
+    assert str(info.value) == (
+        f"checkpoint file '{path / 'trainer_state.pt'}' holds something other than a "
+        f"checkpoint's data (it refers to {SYSTEM}), so the run did not "
+        "load it; delete that folder to resume from an earlier checkpoint, or set "
+        "trainer.resume_mode=disable"
     )
-    assert "\n" not in str(info.value)
     assert not marker.exists(), "loading the checkpoint ran its command"
+
+
+# ------------------------------------------------------------------ trainer state format
+
+
+def test_the_trainer_state_carries_its_format_and_loads_as_saved(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    path = save(manager, 3)
+    raw = torch.load(path / "trainer_state.pt", weights_only=True)
+    assert raw["format"] == TRAINER_STATE_FORMAT == 1
+    state = manager.load_trainer_state(path)
+    expected = {"step": 3, **trainer_state(3)}
+    assert set(state) == set(expected)  # the format number is the manager's, not the run's
+    for key in ("step", "dataloader", "weight_version", "validation", "wall_clock_s"):
+        assert state[key] == expected[key]
+    assert torch.equal(state["rng"]["torch"], expected["rng"]["torch"])
+
+
+def test_a_trainer_state_written_before_format_numbers_loads(tmp_path):
+    manager = CheckpointManager(tmp_path, checksums=False)
+    path = save(manager, 2)
+    raw = torch.load(path / "trainer_state.pt", weights_only=True)
+    del raw["format"]
+    torch.save(raw, path / "trainer_state.pt")
+    assert manager.load_trainer_state(path)["weight_version"] == 2
+
+
+def _rewritten(change):
+    def rewrite(state):
+        change(state)
+        return state
+
+    return rewrite
+
+
+OTHER_VERSIONS = {
+    "newer format": (_rewritten(lambda s: s.update(format=2)), "is in format 2"),
+    "format not a number": (
+        _rewritten(lambda s: s.update(format="1.0")),
+        "has format '1.0', not a format number",
+    ),
+    "format zero": (
+        _rewritten(lambda s: s.update(format=0)),
+        "has format 0, not a format number",
+    ),
+    "no step": (_rewritten(lambda s: s.pop("step")), "has no 'step'"),
+    "no weight version": (_rewritten(lambda s: s.pop("weight_version")), "has no 'weight_version'"),
+    "step as text": (
+        _rewritten(lambda s: s.update(step="3")),
+        "holds 'step' as a str, not a number",
+    ),
+    "dataloader as a list": (
+        _rewritten(lambda s: s.update(dataloader=[0, 3])),
+        "holds 'dataloader' as a list, not a dict",
+    ),
+    "weight version as a bool": (
+        _rewritten(lambda s: s.update(weight_version=True)),
+        "holds 'weight_version' as a bool, not a number",
+    ),
+    "rng as a list": (
+        _rewritten(lambda s: s.update(rng=[1, 2])),
+        "holds 'rng' as a list, not a dict",
+    ),
+    "rng without numpy": (
+        _rewritten(lambda s: s["rng"].pop("numpy")),
+        "holds an 'rng' that has no 'numpy'",
+    ),
+    "rng of floats": (
+        _rewritten(lambda s: s["rng"].update(torch=torch.zeros(3))),
+        "holds an 'rng' that has a 'torch' that is not a byte tensor",
+    ),
+    "rng python state cut": (
+        _rewritten(lambda s: s["rng"].update(python=[3])),
+        "holds an 'rng' that has a 'python' that is not [version, internal state, gauss]",
+    ),
+    "rng numpy state as a tuple": (
+        _rewritten(lambda s: s["rng"].update(numpy=("MT19937", [1, 2]))),
+        "holds an 'rng' that has a 'numpy' that is not a dict",
+    ),
+    "rng numpy state without keys": (
+        _rewritten(lambda s: s["rng"]["numpy"].pop("keys")),
+        "holds an 'rng' that has a 'numpy' without 'keys'",
+    ),
+    "rng numpy keys as a list": (
+        _rewritten(lambda s: s["rng"]["numpy"].update(keys=[1, 2])),
+        "holds an 'rng' that has a 'numpy' whose 'keys' is not a tensor",
+    ),
+    "rng device state as a list": (
+        _rewritten(lambda s: s["rng"].update(device=[0])),
+        "holds an 'rng' that has a 'device' that is not a dict",
+    ),
+    "a list, not a state": (lambda state: [state], "holds a list, not a dict"),
+}
+
+
+@pytest.mark.parametrize("rewrite, problem", OTHER_VERSIONS.values(), ids=OTHER_VERSIONS)
+def test_a_trainer_state_of_another_version_is_named_with_the_fix(tmp_path, rewrite, problem):
+    manager = CheckpointManager(tmp_path, checksums=False)
+    path = save(manager, 3)
+    file = path / "trainer_state.pt"
+    torch.save(rewrite(torch.load(file, weights_only=True)), file)
+    with pytest.raises(CheckpointError) as info:
+        manager.load_trainer_state(path)
+    assert str(info.value) == (
+        f"checkpoint {path}: trainer_state.pt {problem}, so another plugrl version wrote it "
+        "(this one reads trainer state format 1); resume with the plugrl version that wrote "
+        "it, or start fresh with trainer.resume_mode=disable or another "
+        "trainer.default_local_dir"
+    )
+
+
+def test_a_trainer_state_its_resume_would_refuse_is_not_saved(tmp_path):
+    import datetime
+
+    manager = CheckpointManager(tmp_path)
+    save(manager, 1)
+    state = trainer_state(2) | {"scheduler": {"started": datetime.date(2025, 1, 1)}}
+    with pytest.raises(CheckpointError) as info:
+        manager.save(2, writer(2), state)
+    assert str(info.value) == (
+        "the trainer state of checkpoint 2 holds datetime.date, which a resume would refuse to "
+        "load: keep it to tensors, numbers, strings, lists, tuples and dicts (a scheduler's "
+        "saved state included)"
+    )
+    assert manager.steps() == [1] and not list(tmp_path.glob(".global_step_*"))
+
+
+def test_a_run_s_own_format_key_does_not_replace_the_format_number(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    path = manager.save(1, writer(1), trainer_state(1) | {"format": 99})
+    assert torch.load(path / "trainer_state.pt", weights_only=True)["format"] == 1
+    assert "format" not in manager.load_trainer_state(path)
+
+
+def test_the_rng_state_a_capture_gives_passes_its_check_and_restores():
+    state = rng.capture()
+    assert rng.state_problem(state) is None
+    first = torch.rand(2)
+    rng.restore(state)
+    assert torch.equal(torch.rand(2), first)
+
+
+# ------------------------------------------------------------------------- full disk
+
+
+def _disk_with(free):
+    real = shutil.disk_usage
+
+    def disk_usage(path):
+        return real(path)._replace(free=free)
+
+    return disk_usage
+
+
+def _size_of(folder):
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def test_a_save_is_refused_when_less_is_free_than_the_last_checkpoint_took(tmp_path, monkeypatch):
+    manager = CheckpointManager(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", _disk_with(0))
+    first = save(manager, 1)  # no checkpoint yet: nothing to measure against
+    taken = _size_of(first)
+    monkeypatch.setattr(shutil, "disk_usage", _disk_with(taken - 1))
+    called = []
+    with pytest.raises(CheckpointError) as info:
+        manager.save(2, lambda folder: called.append(folder), trainer_state(2))
+    assert str(info.value) == (
+        f"only {taken - 1} B free under {tmp_path}, and the last checkpoint (step 1) took "
+        f"{taken} B: checkpoint 2 was not written, that of step 1 is kept; free space, or keep "
+        "fewer checkpoints with trainer.max_ckpt_to_keep"
+    )
+    assert called == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([LATEST_FILE, "global_step_1"])
+    assert manager.resolve("auto") == first
+    monkeypatch.setattr(shutil, "disk_usage", _disk_with(taken))
+    assert save(manager, 2) == tmp_path / "global_step_2"
+
+
+def test_the_free_space_is_told_in_units_people_read(tmp_path, monkeypatch):
+    manager = CheckpointManager(tmp_path)
+    save(manager, 1)
+    big = tmp_path / "global_step_1" / "actor" / "shard.bin"
+    with big.open("wb") as file:
+        file.truncate(3 * (1 << 30) // 2)  # 1.5 GiB that take no room (a sparse file)
+    monkeypatch.setattr(shutil, "disk_usage", _disk_with(200 * (1 << 20)))
+    with pytest.raises(
+        CheckpointError,
+        match=r"^only 200\.0 MiB free under .*, and the last "
+        r"checkpoint \(step 1\) took 1\.5 GiB: checkpoint 2 was not written",
+    ):
+        save(manager, 2)
+
+
+def test_without_a_free_space_figure_the_save_goes_on(tmp_path, monkeypatch):
+    manager = CheckpointManager(tmp_path)
+    save(manager, 1)
+
+    def unavailable(path):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(shutil, "disk_usage", unavailable)
+    assert save(manager, 2) == tmp_path / "global_step_2"
+
+
+TORCH_WRITE_FAILURES = {
+    "unexpected pos": (
+        RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"),
+        "unexpected pos 704 vs 598",
+    ),
+    "stream writer": (
+        RuntimeError(
+            "[enforce fail at inline_container.cc:859] . PytorchStreamWriter failed writing "
+            "file data/3: file write failed"
+        ),
+        "PytorchStreamWriter failed writing file data/3: file write failed",
+    ),
+    "iostream": (
+        RuntimeError("basic_ios::clear: iostream error"),
+        "basic_ios::clear: iostream error",
+    ),
+}
+
+
+@pytest.mark.parametrize("error, words", TORCH_WRITE_FAILURES.values(), ids=TORCH_WRITE_FAILURES)
+@pytest.mark.parametrize("wrapped", [False, True], ids=["raised", "rank failure"])
+def test_torch_write_failures_read_as_a_full_disk(tmp_path, error, words, wrapped):
+    manager = CheckpointManager(tmp_path)
+    save(manager, 1)
+
+    def fails(folder):
+        writer(2)(folder)
+        raise distributed_checkpoint_failure(error) if wrapped else error
+
+    with pytest.raises(CheckpointError) as info:
+        manager.save(2, fails, trainer_state(2))
+    assert str(info.value) == (
+        f"writing checkpoint 2 under {tmp_path} failed as it does on a full device (torch: "
+        f"{words}); the checkpoint of step 1 is kept and the half-written one removed; free "
+        "space, or keep fewer checkpoints with trainer.max_ckpt_to_keep"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([LATEST_FILE, "global_step_1"])
+    assert manager.resolve("auto") == tmp_path / "global_step_1"
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "worker 1 failed: OSError: [Errno 28] No space left on device",
+        "rank 0: write failed (ENOSPC)",
+    ],
+)
+def test_a_full_disk_told_as_text_reads_as_one(tmp_path, message):
+    manager = CheckpointManager(tmp_path)
+    save(manager, 1)
+
+    def fails(folder):
+        raise RuntimeError(message)
+
+    with pytest.raises(CheckpointError, match=r"^no space left on the device while writing "):
+        manager.save(2, fails, trainer_state(2))
+    assert manager.resolve("auto") == tmp_path / "global_step_1"
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full")
+def test_torch_writing_to_a_full_device_for_real(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    save(manager, 1)
+
+    def fills_the_device(folder):
+        (folder / "actor").mkdir()
+        # every write to /dev/full fails with ENOSPC, which torch's C++ writer does not pass on
+        (folder / "actor" / "model.pt").symlink_to("/dev/full")
+        torch.save({"w": torch.zeros(100_000)}, folder / "actor" / "model.pt")
+
+    with pytest.raises(CheckpointError) as info:
+        manager.save(2, fills_the_device, trainer_state(2))
+    assert str(info.value).startswith(
+        f"writing checkpoint 2 under {tmp_path} failed as it does on a full device (torch: "
+    )
+    assert str(info.value).endswith(
+        "the checkpoint of step 1 is kept and the half-written one removed; free space, or "
+        "keep fewer checkpoints with trainer.max_ckpt_to_keep"
+    )
+    assert manager.resolve("auto") == tmp_path / "global_step_1"
+    assert not list(tmp_path.glob(".global_step_*"))

@@ -312,6 +312,40 @@ def test_a_failed_staged_folder_leaves_the_old_one(tmp_path):
     assert list((tmp_path / "nested").iterdir()) == []
 
 
+def test_an_export_killed_midway_leaves_staging_that_the_next_one_removes(tmp_path):
+    target = tmp_path / "hf_model"
+    target.mkdir()
+    (target / "model.safetensors").write_text("previous export")
+    # kill -9 in the middle of the write: its staging folders stay, empty or half-written
+    (tmp_path / ".hf_model.k3_9xq2a").mkdir()
+    (tmp_path / ".hf_model.0abcdefg").mkdir()
+    (tmp_path / ".hf_model.0abcdefg" / "model.safetensors").write_text("half")
+    (tmp_path / ".hf_model.old.zz1y2x3w" / "hf_model").mkdir(parents=True)
+    # what is not a staging folder of this target stays
+    keep = [".hf_model_2.k3_9xq2a", ".hf_model.notes", ".other.k3_9xq2a", "hf_model.k3_9xq2a"]
+    for name in keep:
+        (tmp_path / name).mkdir()
+    (tmp_path / ".hf_model.abcd1234").write_text("a file, not a staging folder")
+    with training.staged_folder(target) as staging:
+        (staging / "model.safetensors").write_text("new export")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["hf_model", ".hf_model.abcd1234", *keep]
+    )
+    assert (target / "model.safetensors").read_text() == "new export"
+
+
+def test_an_export_killed_between_its_renames_gets_the_previous_folder_back(tmp_path):
+    target = tmp_path / "hf_model"
+    retired = tmp_path / ".hf_model.old.q1w2e3r4" / "hf_model"
+    retired.mkdir(parents=True)
+    (retired / "model.safetensors").write_text("previous export")
+    (tmp_path / ".hf_model.a1s2d3f4").mkdir()  # the finished staging folder, never renamed
+    with pytest.raises(RuntimeError, match="out of memory"), training.staged_folder(target):
+        raise RuntimeError("out of memory")
+    assert [p.name for p in tmp_path.iterdir()] == ["hf_model"]
+    assert (target / "model.safetensors").read_text() == "previous export"
+
+
 def test_tokenizer_files_come_from_the_first_folder_that_has_them(tmp_path):
     first, second, out = tmp_path / "a", tmp_path / "b", tmp_path / "out"
     for folder in (first, second, out):

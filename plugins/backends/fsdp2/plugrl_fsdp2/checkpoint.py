@@ -7,18 +7,33 @@ Layout of a checkpoint folder::
     .metadata, __<rank>_0.distcp    model and optimizer shards (torch.distributed.checkpoint)
     extra_state_rank_<rank>.pt       LR schedule, RNG states, update counter of that rank
     fsdp2.json                       role and rank count, for error messages
+
+Reading one runs no code from it: torch's reader unpickles ``.metadata`` and the non-tensor
+entries of the ``.distcp`` files (an optimizer's hyper-parameters) as any pickle, so
+:class:`PlainDataReader` reads the first with an unpickler that knows exactly the classes
+torch writes there, and :class:`PlainDataLoadPlanner` the entries weights-only, as
+``extra_state_rank_<rank>.pt`` is read; a file that refers to anything else is refused.
 """
 
 from __future__ import annotations
 
+import io
 import json
+import pathlib
+import pickle
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import metadata as dcp_metadata
+from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.planner import ReadItem
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
@@ -26,6 +41,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from plugrl.checkpoint import load_weights_only, refused_file_error
 from plugrl.errors import CheckpointError
 from plugrl_fsdp2.optim import initialize_optimizer_state
 
@@ -56,6 +72,94 @@ def _extra_state_to_read(path: Path, rank: int) -> Path:
     if writers is not None and rank >= writers:
         return extra_state_file(path, 0)
     return extra_state_file(path, rank)
+
+
+@cache
+def _metadata_globals() -> dict[tuple[str, str], Any]:
+    """The classes and functions a ``.metadata`` file refers to, by (module, name): torch's
+    checkpoint metadata classes, ``torch.Size``, dtypes and layouts, the checkpoint's path."""
+    allowed: list[Any] = [
+        dcp_metadata.Metadata,
+        dcp_metadata.MetadataIndex,
+        dcp_metadata.StorageMeta,
+        dcp_metadata.TensorProperties,
+        dcp_metadata.TensorStorageMetadata,
+        dcp_metadata.BytesStorageMetadata,
+        dcp_metadata.ChunkStorageMetadata,
+        dcp_metadata._MEM_FORMAT_ENCODING,
+        _StorageInfo,
+        torch.Size,
+        torch.serialization._get_layout,  # a layout by its name
+        pathlib.PosixPath,
+        pathlib.WindowsPath,
+        pathlib.PurePosixPath,
+        pathlib.PureWindowsPath,
+    ]
+    named = {(item.__module__, item.__qualname__): item for item in allowed}
+    dtypes = {
+        ("torch", name): value
+        for name, value in vars(torch).items()
+        if isinstance(value, torch.dtype)
+    }
+    return named | dtypes
+
+
+class _RefusedGlobal(pickle.UnpicklingError):
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles a ``.metadata`` file, creating nothing but what :func:`_metadata_globals`
+    allows."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        found = _metadata_globals().get((module, name))
+        if found is None:
+            raise _RefusedGlobal(f"{module}.{name}")
+        return found
+
+
+class PlainDataReader(dcp.FileSystemReader):
+    """torch's file-system checkpoint reader, reading ``.metadata`` with an unpickler that
+    refuses anything but the classes torch writes there (:class:`CheckpointError`)."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> dcp_metadata.Metadata:
+        rank = kwargs.get("rank")
+        file = Path(self.path) / (".metadata" if rank is None else f"__{rank}.metadata")
+        with file.open("rb") as stream:
+            try:
+                metadata = _MetadataUnpickler(stream).load()
+            except _RefusedGlobal as refused:
+                raise refused_file_error(file, f"it refers to {refused.name}", RESUME_FIX) from None
+        if not isinstance(metadata, dcp_metadata.Metadata):
+            raise CheckpointError(
+                f"checkpoint file {str(file)!r} holds a {type(metadata).__name__}, not a "
+                f"checkpoint's metadata; {RESUME_FIX}"
+            )
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = dcp_metadata.StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class PlainDataLoadPlanner(DefaultLoadPlanner):
+    """torch's load planner, reading the non-tensor entries of ``path``'s ``.distcp`` files
+    weights-only (:func:`plugrl.checkpoint.load_weights_only`)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        assert self.metadata is not None and self.metadata.storage_data is not None
+        relative = self.metadata.storage_data[read_item.storage_index].relative_path
+        loaded = load_weights_only(value, file=self.path / relative, fix=RESUME_FIX)
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = loaded
 
 
 def _sharded_state(
@@ -99,7 +203,9 @@ def _check_files(path: Path, rank: int) -> None:
             f"(the run probably stopped while saving); {RESUME_FIX}"
         )
     try:
-        metadata = dcp.FileSystemReader(path).read_metadata()
+        metadata = PlainDataReader(path).read_metadata()
+    except CheckpointError:
+        raise
     except Exception as exc:
         raise CheckpointError(
             f"checkpoint file {str(metadata_file)!r} is corrupt ({type(exc).__name__}); "
@@ -137,8 +243,10 @@ def load(
     """Read a checkpoint written by :func:`save` into ``model`` and ``optimizer`` (collective);
     returns this rank's extra state."""
     problem: CheckpointError | None = None
+    extra_state: dict[str, Any] = {}
     try:
         _check_files(path, rank)
+        extra_state = _read_extra_state(path, rank)
     except CheckpointError as exc:
         problem = exc
     # every rank must learn of a problem any rank found, or the healthy ones would wait in the
@@ -151,14 +259,6 @@ def load(
     found = next((message for message in problems if message), None)
     if found is not None:
         raise CheckpointError(found)
-    extra_file = _extra_state_to_read(path, rank)
-    try:
-        extra_state = torch.load(extra_file, weights_only=True)
-    except Exception as exc:
-        raise CheckpointError(
-            f"checkpoint file {str(extra_file)!r} is corrupt ({type(exc).__name__}: {exc}); "
-            f"{RESUME_FIX}"
-        ) from exc
     if optimizer is not None:
         initialize_optimizer_state(optimizer)
     state = _sharded_state(model, optimizer)
@@ -168,8 +268,16 @@ def load(
             f"reference model); {RESUME_FIX}"
         )
     try:
-        dcp.load(state, checkpoint_id=path)
+        dcp.load(
+            state,
+            checkpoint_id=path,
+            storage_reader=PlainDataReader(path),
+            planner=PlainDataLoadPlanner(path),
+        )
     except (Exception, CheckpointException) as exc:
+        refused = _refusal(exc)
+        if refused is not None:
+            raise CheckpointError(str(refused)) from None
         raise CheckpointError(
             f"checkpoint {str(path)!r} could not be read into this model ({_cause(exc)}); is it "
             f"from a different model? {RESUME_FIX}"
@@ -178,6 +286,32 @@ def load(
     if optimizer is not None:
         set_optimizer_state_dict(model, optimizer, state["optimizer"])
     return extra_state
+
+
+def _read_extra_state(path: Path, rank: int) -> dict[str, Any]:
+    file = _extra_state_to_read(path, rank)
+    try:
+        return load_weights_only(file, fix=RESUME_FIX)
+    except CheckpointError:
+        raise
+    except Exception as exc:
+        reason = (str(exc).strip().splitlines() or [""])[0]
+        raise CheckpointError(
+            f"checkpoint file {str(file)!r} is corrupt ({type(exc).__name__}: {reason}); "
+            f"{RESUME_FIX}"
+        ) from exc
+
+
+def _refusal(exc: BaseException) -> CheckpointError | None:
+    """The refusal of a file (:class:`PlainDataLoadPlanner`) that a rank's failure carries."""
+    if isinstance(exc, CheckpointError):
+        return exc
+    if isinstance(exc, CheckpointException):
+        for failure in exc.failures.values():
+            failed = failure[0] if isinstance(failure, tuple) else failure
+            if isinstance(failed, CheckpointError):
+                return failed
+    return None
 
 
 def _cause(exc: BaseException) -> str:
@@ -191,5 +325,5 @@ def _cause(exc: BaseException) -> str:
 
 
 def _saved_keys(path: Path) -> set[str]:
-    metadata = dcp.FileSystemReader(path).read_metadata()
+    metadata = PlainDataReader(path).read_metadata()
     return {key.split(".", 1)[0] for key in metadata.state_dict_metadata}

@@ -3,8 +3,14 @@ learning-rate schedule, random state), so a run resumes on the same parallel lay
 
 Layout of a checkpoint folder::
 
-    megatron_rank_<rank>.pt    that rank's state
-    megatron.json              role, rank count and parallel sizes, checked when resuming
+    megatron_rank_<rank>.pt                    that rank's state
+    distributed_optimizer_tp<t>_pp<p>.pt       megatron's distributed optimizer state of one
+                                               model shard (with use_distributed_optimizer)
+    megatron.json                              role, rank count and parallel sizes, checked
+                                               when resuming
+
+Every file is read weights-only (tensors and plain values), so a crafted checkpoint cannot
+run code on resume: a file that refers to anything else is refused, named in one line.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from plugrl.checkpoint import load_weights_only
 from plugrl.errors import CheckpointError
 
 MANIFEST = "megatron.json"
@@ -92,17 +99,56 @@ def load(
             f"this run has {', '.join(f'{k}={layout[k]!r}' for k in changed)}; the megatron "
             f"backend resumes on the layout it saved with; {RESUME_FIX}"
         )
-    file = rank_file(path, rank)
+    uses_shard_file = optimizer is not None and hasattr(optimizer, "load_parameter_state")
+    shard_file = distributed_optimizer_file(path, model_shard)
+    problem: CheckpointError | None = None
+    state: dict[str, Any] = {}
     try:
-        state = torch.load(file, map_location="cpu", weights_only=False)
-    except Exception as exc:
-        raise CheckpointError(
-            f"{file} is missing or corrupt ({type(exc).__name__}: {exc}); {RESUME_FIX}"
-        ) from exc
+        state = _read_rank_file(rank_file(path, rank))
+        if uses_shard_file and state["optimizer"] is not None and shard_file.exists():
+            # megatron reads this file itself with torch.load's default, which the
+            # environment (TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD) can make unsafe: it is checked
+            # here first, its tensors mapped rather than read (a distributed optimizer only
+            # writes it; without, megatron reads nothing)
+            _read(shard_file, mmap=True)
+    except CheckpointError as exc:
+        problem = exc
+    # every rank learns of a file any rank refused, or the others would wait for it in
+    # megatron's collective reads
+    problems: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(problems, str(problem) if problem else None)
+    if problem is not None:
+        raise problem
+    found = next((message for message in problems if message), None)
+    if found is not None:
+        raise CheckpointError(found)
     for chunk, chunk_state in zip(chunks, state["model"], strict=True):
         chunk.load_state_dict(chunk_state)
     if optimizer is not None and state["optimizer"] is not None:
         optimizer.load_state_dict(state["optimizer"])
-        if hasattr(optimizer, "load_parameter_state"):
-            optimizer.load_parameter_state(str(distributed_optimizer_file(path, model_shard)))
+        if uses_shard_file:
+            optimizer.load_parameter_state(str(shard_file))
     return state["extra_state"]
+
+
+def _read(file: Path, *, mmap: bool = False) -> Any:
+    try:
+        return load_weights_only(file, fix=RESUME_FIX, mmap=mmap)
+    except CheckpointError:
+        raise
+    except Exception as exc:
+        reason = (str(exc).strip().splitlines() or [""])[0]
+        raise CheckpointError(
+            f"{file} is missing or corrupt ({type(exc).__name__}: {reason}); {RESUME_FIX}"
+        ) from exc
+
+
+def _read_rank_file(file: Path) -> dict[str, Any]:
+    state = _read(file)
+    if not isinstance(state, dict) or not {"model", "optimizer", "extra_state"} <= set(state):
+        held = sorted(state) if isinstance(state, dict) else type(state).__name__
+        raise CheckpointError(
+            f"{file} is not a megatron rank file (it holds {held}, not model, optimizer and "
+            f"extra_state); {RESUME_FIX}"
+        )
+    return state

@@ -36,6 +36,9 @@ if TYPE_CHECKING:
     from plugrl.parts.context import PartContext
 
 _CHECKPOINT_FILE = "sim_backend.pt"
+_RESUME_FIX = (
+    "resume from an earlier global_step_N folder or start fresh with trainer.resume_mode=disable"
+)
 _MAX_CATCH_UP_S = 0.01
 
 
@@ -535,15 +538,18 @@ class SimBackend(TrainingBackend):
         torch.save(state, path / _CHECKPOINT_FILE)
 
     def load_checkpoint(self, path: Path) -> None:
-        import torch
+        from plugrl.checkpoint import load_weights_only
 
         file = path / _CHECKPOINT_FILE
         try:
-            state = torch.load(file, weights_only=True)
+            state = load_weights_only(file, fix=_RESUME_FIX)
         except FileNotFoundError:
             raise CheckpointError(f"{file} is missing; the checkpoint is incomplete") from None
+        except CheckpointError:
+            raise
         except Exception as exc:
-            raise CheckpointError(f"{file} cannot be read ({exc}); it is corrupt") from None
+            reason = (str(exc).strip().splitlines() or [""])[0]
+            raise CheckpointError(f"{file} cannot be read ({reason}); it is corrupt") from None
         self.weights = state["weights"]
         self.shift = float(state["shift"])
         self.update_steps = int(state["update_steps"])

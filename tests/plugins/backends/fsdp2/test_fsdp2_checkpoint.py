@@ -1,8 +1,21 @@
-"""Checkpoints: what save writes, load restores exactly, and what a broken one says."""
+"""Checkpoints: what save writes, load restores exactly, and what a broken or crafted one
+says."""
+
+import contextlib
 
 import pytest
+import torch
+import torch.distributed.checkpoint as dcp
 
 from plugrl.errors import CheckpointError
+from plugrl_fsdp2.checkpoint import PlainDataLoadPlanner, PlainDataReader, _sharded_state
+from tests.crafted import (
+    SYSTEM,
+    plant_in_dcp_bytes,
+    plant_in_dcp_metadata,
+    plant_in_torch_file,
+    runs_when_unpickled,
+)
 from tests.plugins.backends.fsdp2.fsdp2_testing import (
     TokenMeanReinforce,
     full_weights,
@@ -150,3 +163,79 @@ def test_a_checkpoint_of_another_model_is_refused(tiny_model, saved, tmp_path):
         "mismatch between saved torch.Size([128, 64]) and current: torch.Size([96, 64]) for "
         f"model.model.layers.0.mlp.gate_proj.weight); is it from a different model? {FIX}"
     )
+
+
+# ------------------------------------------------------------------ crafted checkpoints
+
+
+def _refused(file, reason=f"it refers to {SYSTEM}"):
+    return (
+        f"checkpoint file {str(file)!r} holds something other than a checkpoint's data "
+        f"({reason}), so the run did not load it; {FIX}"
+    )
+
+
+def test_a_crafted_metadata_file_is_refused_without_running_it(tiny_model, saved, tmp_path):
+    path = _copy(saved, tmp_path)
+    marker = tmp_path / "ran"
+    file = plant_in_dcp_metadata(path, marker)
+    # torch's own reader runs it
+    dcp.FileSystemReader(path).read_metadata()
+    assert marker.exists()
+    marker.unlink()
+    assert _load_error(tiny_model, path) == _refused(file)
+    assert not marker.exists(), "loading the checkpoint ran its command"
+
+
+def test_a_crafted_entry_in_a_data_file_is_refused_without_running_it(tiny_model, saved, tmp_path):
+    path = _copy(saved, tmp_path)
+    marker = tmp_path / "ran"
+    file = plant_in_dcp_bytes(path, marker)
+    assert file.name == "__0_0.distcp"
+    # torch's own planner runs it: an optimizer's hyper-parameters are pickles
+    backend = make_backend(_recipe(tiny_model))
+    with contextlib.suppress(Exception):
+        dcp.load(_sharded_state(backend.model, backend.optimizer), checkpoint_id=path)
+    assert marker.exists()
+    marker.unlink()
+    assert _load_error(tiny_model, path) == _refused(file)
+    assert not marker.exists(), "loading the checkpoint ran its command"
+
+
+def test_a_crafted_rank_state_is_refused_without_running_it(tiny_model, saved, tmp_path):
+    path = _copy(saved, tmp_path)
+    marker = tmp_path / "ran"
+    extra = path / "extra_state_rank_0.pt"
+    plant_in_torch_file(extra, marker)
+    assert runs_when_unpickled(extra, marker)
+    assert _load_error(tiny_model, path) == _refused(extra)
+    assert not marker.exists(), "loading the checkpoint ran its command"
+
+
+def test_metadata_of_something_else_is_refused(tiny_model, saved, tmp_path):
+    import pickle
+
+    path = _copy(saved, tmp_path)
+    (path / ".metadata").write_bytes(pickle.dumps({"not": "metadata"}))
+    assert _load_error(tiny_model, path) == (
+        f"checkpoint file {str(path / '.metadata')!r} holds a dict, not a checkpoint's metadata; "
+        f"{FIX}"
+    )
+
+
+def test_the_plain_data_reader_and_planner_read_back_what_torch_writes(tmp_path):
+    """Sizes, dtypes, layouts and plain values round-trip (two ranks' shards: see
+    test_fsdp2_ray.py)."""
+    state = {"weights": torch.arange(12, dtype=torch.bfloat16).reshape(3, 4), "lr": 0.5}
+    dcp.save(state, checkpoint_id=tmp_path)
+    metadata = PlainDataReader(tmp_path).read_metadata()
+    assert metadata.state_dict_metadata["weights"].size == torch.Size([3, 4])
+    assert metadata.state_dict_metadata["weights"].properties.dtype == torch.bfloat16
+    loaded = {"weights": torch.zeros(3, 4, dtype=torch.bfloat16), "lr": 0.0}
+    dcp.load(
+        loaded,
+        checkpoint_id=tmp_path,
+        storage_reader=PlainDataReader(tmp_path),
+        planner=PlainDataLoadPlanner(tmp_path),
+    )
+    assert torch.equal(loaded["weights"], state["weights"]) and loaded["lr"] == 0.5

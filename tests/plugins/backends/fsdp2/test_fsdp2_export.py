@@ -19,6 +19,7 @@ def test_export_loads_with_automodel_and_gives_the_same_logits(tiny_model, tmp_p
     backend = make_backend(make_recipe(tiny_model, lr=1e-2))
     batch = make_batch(8)
     backend.update_policy(batch, TokenMeanReinforce())  # export trained, not initial, weights
+    (tmp_path / ".hf.k1ll3d_9").mkdir()  # the staging folder of an export killed with -9
     backend.export_hf(tmp_path / "hf")
     exported = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
     assert (tmp_path / "hf" / "model.safetensors").is_file()

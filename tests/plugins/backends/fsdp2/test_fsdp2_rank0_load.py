@@ -23,7 +23,7 @@ def test_only_rank0_reads_the_weights_and_every_rank_computes_with_them(tiny_mod
     )
     expected, _ = plain_log_probs(tiny_model, make_batch(8))
     for rank in (0, 1):
-        log_probs = torch.load(tmp_path / f"rank{rank}.pt")
+        log_probs = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
         torch.testing.assert_close(log_probs, expected, atol=1e-5, rtol=0)
 
 

@@ -3,12 +3,15 @@ Face model and the fsdp2 backend on the same weights."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 pytest.importorskip("megatron.core")
 
 from plugrl.errors import CheckpointError, RecipeError
+from tests.crafted import SYSTEM, plant_in_torch_file, runs_when_unpickled
 from tests.plugins.backends.fsdp2.fsdp2_testing import (
     TokenMeanReinforce,
     full_weights,
@@ -154,10 +157,99 @@ def test_a_checkpoint_of_another_layout_or_a_missing_one_is_refused(actor, tmp_p
     assert "was written with world_size=2, this run has world_size=1" in str(error.value)
 
 
+FIX = "resume from an earlier global_step_N folder or start fresh with trainer.resume_mode=disable"
+
+
+def _refused(file):
+    return (
+        f"checkpoint file {str(file)!r} holds something other than a checkpoint's data (it "
+        f"refers to {SYSTEM}), so the run did not load it; {FIX}"
+    )
+
+
+def test_a_crafted_rank_file_is_refused_without_running_it(actor, tmp_path):
+    actor.save_checkpoint(tmp_path / "ckpt")
+    marker = tmp_path / "ran"
+    file = tmp_path / "ckpt" / "megatron_rank_0.pt"
+    plant_in_torch_file(file, marker)
+    assert runs_when_unpickled(file, marker)
+    with pytest.raises(CheckpointError) as error:
+        actor.load_checkpoint(tmp_path / "ckpt")
+    assert str(error.value) == _refused(file)
+    assert not marker.exists(), "loading the checkpoint ran its command"
+
+
+def test_a_rank_file_of_something_else_is_refused(actor, tmp_path):
+    actor.save_checkpoint(tmp_path / "ckpt")
+    file = tmp_path / "ckpt" / "megatron_rank_0.pt"
+    torch.save({"model": []}, file)
+    with pytest.raises(CheckpointError) as error:
+        actor.load_checkpoint(tmp_path / "ckpt")
+    assert str(error.value) == (
+        f"{file} is not a megatron rank file (it holds ['model'], not model, optimizer and "
+        f"extra_state); {FIX}"
+    )
+    file.write_bytes(b"cut")
+    with pytest.raises(CheckpointError, match=r"megatron_rank_0\.pt is missing or corrupt \("):
+        actor.load_checkpoint(tmp_path / "ckpt")
+
+
+class DistributedOptimizerStandIn:
+    """What megatron's distributed optimizer offers a checkpoint; records what it was given."""
+
+    def __init__(self):
+        self.calls = []
+
+    def load_state_dict(self, state):
+        self.calls.append(("load_state_dict", state))
+
+    def load_parameter_state(self, filename):
+        self.calls.append(("load_parameter_state", filename))
+
+
+def test_the_distributed_optimizer_file_is_checked_before_megatron_reads_it(actor, tmp_path):
+    from plugrl_megatron import checkpoint
+
+    layout = {"role": "actor", "world_size": 1}
+    (tmp_path / "megatron.json").write_text(json.dumps(layout))
+    torch.save(
+        {"model": [], "optimizer": {"param_groups": []}, "extra_state": {"step": 1}},
+        checkpoint.rank_file(tmp_path, 0),
+    )
+    shard = checkpoint.distributed_optimizer_file(tmp_path, "tp0_pp0")
+    torch.save(
+        {"buckets_coalesced": True, 0: {(torch.bfloat16, torch.float32): {"param": torch.ones(4)}}},
+        shard,
+    )
+
+    def load(optimizer):
+        return checkpoint.load(
+            tmp_path, chunks=[], optimizer=optimizer, layout=layout, rank=0, model_shard="tp0_pp0"
+        )
+
+    optimizer = DistributedOptimizerStandIn()
+    assert load(optimizer) == {"step": 1}
+    assert optimizer.calls == [
+        ("load_state_dict", {"param_groups": []}),
+        ("load_parameter_state", str(shard)),
+    ]
+    marker = tmp_path / "ran"
+    plant_in_torch_file(shard, marker)
+    assert runs_when_unpickled(shard, marker)
+    optimizer = DistributedOptimizerStandIn()
+    with pytest.raises(CheckpointError) as error:
+        load(optimizer)
+    assert str(error.value) == _refused(shard)
+    assert optimizer.calls == []  # nothing was loaded from a checkpoint with a crafted file
+    assert not marker.exists(), "loading the checkpoint ran its command"
+
+
 def test_export_writes_a_folder_transformers_loads_with_the_same_weights(actor, tmp_path):
     import transformers
 
+    (tmp_path / ".hf.k1ll3d_9").mkdir()  # the staging folder of an export killed with -9
     actor.export_hf(tmp_path / "hf")
+    assert [p.name for p in tmp_path.iterdir()] == ["hf"]
     model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
     sent = dict(actor.named_weights())
     for name, tensor in model.state_dict().items():

@@ -52,7 +52,7 @@ def test_two_ranks_give_the_one_rank_log_probs_and_update(tiny_model, tmp_path, 
 
 def check_ranks(folder, tp, layout, one_rank_update):
     expected_log_probs, expected_metrics, expected_weights = one_rank_update
-    results = [torch.load(folder / f"tp{tp}_rank{rank}.pt", weights_only=False) for rank in (0, 1)]
+    results = [torch.load(folder / f"tp{tp}_rank{rank}.pt", weights_only=True) for rank in (0, 1)]
     assert [tuple(int(v) for v in result["dp"]) for result in results] == layout
     for result in results:
         torch.testing.assert_close(
