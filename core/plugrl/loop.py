@@ -3,7 +3,8 @@
 Build the parts, resume from the checkpoint ``trainer.resume_mode`` names, start the scheduler,
 give the engines the actor's weights, validate before training, then one
 :meth:`Scheduler.train_step <plugrl.parts.scheduler.Scheduler.train_step>` after another, each
-followed by validation (``trainer.test_freq`` and the last step), the step's log line and
+followed by validation (``trainer.test_freq`` and the last step), the run's clock and the
+driver's memory (``perf/wall_clock_s``, ``perf/driver_rss_gb``), the step's log line and
 observers, and a checkpoint (``trainer.save_freq`` and the last step); at the end the actor is
 exported (``trainer.export_hf``) and the validation summary printed.
 """
@@ -16,6 +17,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from plugrl.metrics import resident_memory_gb
 from plugrl.steps import validate
 
 if TYPE_CHECKING:
@@ -96,6 +98,9 @@ def _train(
                 history.append(validation)
                 metrics.update(validation)
             metrics["perf/wall_clock_s"] = clock()
+            resident = resident_memory_gb()
+            if resident is not None:
+                metrics["perf/driver_rss_gb"] = resident
             # logged before the checkpoint that covers it: a run killed between the two
             # resumes from the checkpoint before and logs the step again in its place
             context.step_end(step, metrics)

@@ -4,6 +4,8 @@
 * ``response_length/{mean,max,min,clip_ratio}``, ``prompt_length/{mean,max,min,clip_ratio}``
 * ``timing_s/<phase>`` from :class:`StepTimer`
 * ``perf/{total_num_tokens,time_per_step,throughput}``
+* ``perf/driver_rss_gb``: the driver process's resident memory now (not its peak), which tells
+  a leak (it keeps growing) from an allocator that grew once and holds its memory
 """
 
 from __future__ import annotations
@@ -22,6 +24,19 @@ if TYPE_CHECKING:
     import torch
 
     from plugrl.data.batch import Batch
+
+
+def resident_memory_gb() -> float | None:
+    """This process's resident memory now, in GiB; ``None`` where the system does not say
+    (it is read from ``/proc/self/statm``, on Linux)."""
+    import os
+
+    try:
+        with open("/proc/self/statm", encoding="ascii") as statm:
+            resident_pages = int(statm.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return resident_pages * os.sysconf("SC_PAGE_SIZE") / 1024**3
 
 
 def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:

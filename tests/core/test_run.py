@@ -50,6 +50,7 @@ def test_run_hands_parts_to_the_scheduler_and_reports_to_observers(
     (_, status, last), *others = observer.calls[3:]
     assert (status, last["critic/score/mean"], others) == ("completed", 0.2, [])
     assert last["perf/wall_clock_s"] > 0  # the core's loop adds the run's clock
+    assert 0.01 < last["perf/driver_rss_gb"] < 64  # and this process's resident memory
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2]
     # the resolved recipe is saved and can be read back, and each step was checkpointed
@@ -239,3 +240,17 @@ def test_a_dead_ray_actor_is_one_line():
         "connection error code 2.); its output is in Ray's worker logs (`ray logs` lists them), "
         "often an out-of-memory kill"
     )
+
+
+def test_resident_memory_follows_what_the_process_holds():
+    """Resident memory now, not the peak: it goes down when memory is given back."""
+    from plugrl.metrics import resident_memory_gb
+
+    before = resident_memory_gb()
+    block = bytearray(512 * 1024**2)  # touched page by page: resident
+    block[::4096] = b"x" * len(range(0, len(block), 4096))
+    held = resident_memory_gb()
+    del block
+    after = resident_memory_gb()
+    assert held - before > 0.4
+    assert held - after > 0.4
