@@ -14,6 +14,7 @@ from plugrl.registry import PART_KINDS, import_object
 
 if TYPE_CHECKING:
     from plugrl.parts.algorithm import AdvantageEstimator, PolicyLoss
+    from plugrl.parts.device import Device
     from plugrl.plugins import PluginManager
     from plugrl.recipe import Recipe
     from plugrl.registry import Entry
@@ -90,6 +91,32 @@ def _check_method(who: str, cls: type, interface: type, method: str, expected: A
             f"{who}: {cls.__qualname__}.{method}{have} does not fit the interface, which has "
             f"{interface.__name__}.{method}{want} ({problem}); fix it (see docs/plugins.md)"
         )
+
+
+def check_torch_device_type(entry: Entry, device: Device) -> None:
+    """Raise a one-line :class:`PluginError` when torch cannot make a device of the built
+    ``device``'s :attr:`~plugrl.parts.device.Device.torch_device_type` (checked once the device
+    is built: a torch extension such as torch_npu adds its type when the device imports it)."""
+    import torch
+
+    device_type = getattr(device, "torch_device_type", None)
+    name = type(device).__qualname__
+    who = f"{entry.human_name} {entry.name!r} from plugin {entry.plugin!r}"
+    if not isinstance(device_type, str) or not device_type:
+        raise PluginError(
+            f"{who}: {name}.torch_device_type is {device_type!r}; set it to the device type "
+            "torch knows the device by ('cuda', 'npu', 'cpu', or the type its torch extension "
+            "registers)"
+        )
+    try:
+        torch.device(device_type)
+    except (RuntimeError, ValueError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise PluginError(
+            f"{who}: torch.device({device_type!r}) fails ({reason}); set "
+            f"{name}.torch_device_type to the device type torch knows it by (the one its torch "
+            "extension registers, imported when the device is built), not the registered name"
+        ) from None
 
 
 def build_part(kind: str, name: str, config: Any, context: Any) -> Any:

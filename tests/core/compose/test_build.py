@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 import plugrl
+from plugrl.cluster.worker import build_device
 from plugrl.compose.build import build_part
 from plugrl.errors import PluginError
+from plugrl.parts.device import Device
 from plugrl.parts.rollout import RolloutEngine
 from plugrl.plugins import PluginManager
 from plugrl.recipe import Recipe
@@ -112,3 +115,88 @@ def test_a_class_that_does_not_fit_is_named_with_what_is_expected(context, name,
 def test_a_renamed_keyword_of_an_optional_method_is_caught(context):
     with pytest.raises(PluginError, match=r"WrongKeyword\.pause\(self, how='keep'\)"):
         build("wrongkeyword", context)
+
+
+# ------------------------------------------------------------------------ torch device types
+
+
+class MyXpu(Device):
+    """A device whose torch extension drives it as torch's private backend."""
+
+    name = "myxpu"
+    dist_backend = "gloo"
+
+    @classmethod
+    def is_available(cls):
+        return True
+
+    def device_count(self):
+        return 1
+
+    def torch_device(self, local_rank=0):
+        return torch.device(self.torch_device_type)
+
+    def manual_seed(self, seed):
+        torch.manual_seed(seed)
+
+
+class MyXpuOnCpu(MyXpu):
+    name = "myxpu_cpu"
+    torch_device_type = "cpu"
+
+
+class MyXpuOnCpuToo(MyXpuOnCpu):
+    name = "myxpu_cpu_too"
+
+
+class NoType(MyXpu):
+    name = "notype"
+    torch_device_type = ""
+
+
+class Devices:
+    @plugrl.hookimpl
+    def register_devices(self, register):
+        for cls in (MyXpu, MyXpuOnCpu, MyXpuOnCpuToo, NoType):
+            register(cls.name, cls)
+
+
+def test_the_torch_device_type_is_the_name_unless_a_device_says_otherwise():
+    assert MyXpu.torch_device_type == "myxpu"
+    assert MyXpuOnCpu.torch_device_type == "cpu"
+    assert MyXpuOnCpuToo.torch_device_type == "cpu"  # a subclass drives what its parent does
+
+
+@pytest.fixture
+def devices(plugrl_register_plugin, plugrl_plugin_manager):
+    plugrl_register_plugin(Devices(), "my-devices")
+    return plugrl_plugin_manager
+
+
+def test_a_device_torch_knows_is_built(devices):
+    for name in ("myxpu_cpu", "myxpu_cpu_too"):
+        device = build_device(devices, name, Recipe())
+        assert torch.device(device.torch_device_type).type == "cpu"
+
+
+def test_a_device_type_torch_does_not_know_stops_at_start_up(devices):
+    with pytest.raises(RuntimeError) as torch_error:
+        torch.device("myxpu")
+    with pytest.raises(PluginError) as info:
+        build_device(devices, "myxpu", Recipe())
+    assert str(info.value) == (
+        f"device 'myxpu' from plugin 'my-devices': torch.device('myxpu') fails "
+        f"({torch_error.value}); set MyXpu.torch_device_type to the device type torch knows it "
+        "by (the one its torch extension registers, imported when the device is built), not "
+        "the registered name"
+    )
+
+
+def test_an_empty_device_type_stops_at_start_up(devices):
+    with pytest.raises(PluginError) as info:
+        build_device(devices, "notype", Recipe())
+    assert str(info.value) == (
+        "device 'notype' from plugin 'my-devices': NoType.torch_device_type is ''; set it to "
+        "the device type torch knows the device by ('cuda', 'npu', 'cpu', or the type its "
+        "torch extension registers)"
+    )
