@@ -122,9 +122,7 @@ class VLLMRolloutEngine(RolloutEngine):
         self.config: VLLMRolloutConfig = config
         recipe = context.recipe
         # vLLM's platforms and the weight routes below go by torch's device type
-        self.device_name = (
-            context.device.torch_device_type if context.device is not None else "cpu"
-        )
+        self.device_name = context.device.torch_device_type if context.device is not None else "cpu"
         self.weight_route = resolve_weight_route(config, self.device_name)
         args = engine_args(config, recipe, self.device_name)
         args.setdefault("worker_extension_cls", WORKER_EXTENSION)
