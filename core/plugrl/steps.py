@@ -7,6 +7,8 @@ import logging
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
+from plugrl.compose.boundaries import check_estimator_output, check_reward_output
+
 if TYPE_CHECKING:
     from plugrl.compose.run_parts import RunParts
     from plugrl.data.batch import Batch
@@ -36,7 +38,9 @@ def update_from_batch(parts: RunParts, batch: Batch, timer: StepTimer) -> dict[s
             metrics.update(parts.kl_in_reward(batch))
         else:
             batch["token_level_rewards"] = batch["token_level_scores"]
-        batch["advantages"], batch["returns"] = parts.estimator.compute(batch)
+        batch["advantages"], batch["returns"] = check_estimator_output(
+            parts.estimator.compute(batch), batch, parts.recipe.algorithm.adv_estimator
+        )
     if parts.critic is not None:
         with timer("update_critic"):
             metrics.update(parts.critic.update_critic(batch))
@@ -66,7 +70,7 @@ def validate(parts: RunParts, recipe: Recipe, step: int) -> dict[str, float]:
         batch = build_rollout_batch(
             prompts, completions, n=params.n, pad_token_id=parts.pad_token_id
         )
-        output = parts.reward(batch)
+        output = check_reward_output(parts.reward(batch), batch, recipe.reward.manager)
         scores = output.token_level_scores.sum(dim=-1).tolist()
         accuracy = output.extra.get("acc")
         for row, data_source in enumerate(batch["data_source"]):
