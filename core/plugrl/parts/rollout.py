@@ -19,7 +19,7 @@ engine can all do:
   start-up with one line.
 
 Request and control methods are coroutines: an engine lives on one asyncio event loop (a Ray
-actor's, or the loop thread of :class:`plugrl.cluster.LocalEngineGroup`). Schedulers drive
+actor's, or the loop thread of :class:`plugrl.cluster.engines.LocalEngineGroup`). Schedulers drive
 engines through an engine group (:mod:`plugrl.cluster.engines`), never directly.
 """
 
