@@ -443,6 +443,165 @@ def test_the_documented_unit_tests_of_parts_pass(tmp_path):
     assert f"{count} passed" in result.stdout
 
 
+def run_documented_files(text: str, tmp_path: Path) -> None:
+    """Write every ``python`` block of ``text`` whose first line names a file (``# name.py``)
+    into ``tmp_path`` and run the test files among them, as their reader would."""
+    files = {}
+    for block in re.findall(r"```python\n(.*?)```", text, re.S):
+        first = block.splitlines()[0]
+        if re.fullmatch(r"# \w+\.py", first):
+            files[first[2:]] = block
+    tests = sorted(name for name in files if name.startswith("test_"))
+    assert tests, "no block names a test file (# test_....py)"
+    for name, block in files.items():
+        (tmp_path / name).write_text(block, encoding="utf-8")
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    count = sum(len(re.findall(r"^def test_", files[name], re.M)) for name in tests)
+    assert f"{count} passed" in result.stdout
+
+
+def doc_section(path: Path, title: str) -> str:
+    text = path.read_text(encoding="utf-8")
+    match = re.search(rf"^## {re.escape(title)}.*?$(.*?)(?=^## |\Z)", text, re.M | re.S)
+    assert match, f"{path.name} has no section '## {title}'"
+    return match.group(1)
+
+
+def test_the_documented_reward_manager_and_its_test_pass(tmp_path):
+    run_documented_files(
+        doc_section(ROOT / "docs" / "rewards.md", "Writing a reward manager"), tmp_path
+    )
+
+
+def test_the_documented_end_to_end_test_passes(tmp_path):
+    run_documented_files(page_section("Testing a plugin"), tmp_path)
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [kind for kind in PART_KINDS.values() if kind.section_config],
+    ids=lambda kind: kind.name,
+)
+def test_every_section_base_config_is_named_with_its_import_path(kind):
+    module, _, name = kind.section_config.partition(":")
+    assert f"`{module}.{name}`" in page_section("Registering parts"), (
+        f"docs/plugins.md does not name {module}.{name}, the base of a {kind.human_name}'s "
+        "config, with its import path"
+    )
+
+
+# ------------------------------------------------------------------------------ imports
+
+# Top-level packages of this repository besides plugrl: plugins, tools and example plugins, and
+# the name the plugins had before each became a package of its own.
+REPOSITORY_PACKAGES = frozenset(
+    {path.parent.name for path in ROOT.glob("plugins/**/plugrl_*/__init__.py")}
+    | {path.parent.name for path in ROOT.glob("examples/plugins/*/src/*/__init__.py")}
+    | {path.parent.name for path in ROOT.glob("tools/*/__init__.py")}
+    | {"plugrl_plugins"}
+)
+DOCUMENTS = sorted(
+    {
+        *ROOT.glob("*.md"),
+        *ROOT.glob("docs/*.md"),
+        *ROOT.glob("plugins/**/README.md"),
+        *ROOT.glob("examples/plugins/*/README.md"),
+        *ROOT.glob("recipes/**/README.md"),
+    }
+)
+
+
+def documented_packages(document: Path) -> set[str]:
+    """The repository packages a document documents: those in the folder of a plugin's own
+    README (``plugins/rollout/vllm/README.md`` documents ``plugrl_vllm``)."""
+    folder = document.parent
+    if document.name != "README.md" or folder in (ROOT, ROOT / "docs", ROOT / "plugins"):
+        return set()
+    return {path.parent.name for path in folder.glob("**/__init__.py")} & REPOSITORY_PACKAGES
+
+
+def code_imports(document: Path) -> list[tuple[str, str, str]]:
+    """``(heading, block start, module)`` for every import of every ``python`` block."""
+    found = []
+    heading = ""
+    text = document.read_text(encoding="utf-8")
+    for match in re.finditer(r"^(#+ [^\n]*)$|^```python\n(.*?)^```", text, re.M | re.S):
+        if match.group(1):
+            heading = match.group(1)
+            continue
+        block = match.group(2)
+        first_line = block.splitlines()[0]
+        found += [(heading, first_line, name.split(".")[0]) for name in imported(block)]
+    return found
+
+
+def imported(block: str) -> list[str]:
+    """The modules a block imports; a block that is not valid Python (a signature) is read
+    line by line."""
+    try:
+        tree = ast.parse(block)
+    except SyntaxError:
+        return re.findall(r"^\s*(?:from|import)\s+([\w.]+)", block, re.M)
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module)
+    return names
+
+
+def foreign_imports(document: Path) -> list[str]:
+    """The imports of repository packages that ``document`` does not document."""
+    allowed = documented_packages(document)
+    return [
+        f"{heading!r}: a block ({first!r}) imports {module}"
+        for heading, first, module in code_imports(document)
+        if module in REPOSITORY_PACKAGES and module not in allowed and f"`{module}`" not in heading
+    ]
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda path: str(path.relative_to(ROOT)))
+def test_code_in_the_docs_imports_plugrl_not_another_plugin(document):
+    """A reader copies these blocks: they import ``plugrl`` (and the standard library or
+    third-party libraries), never a plugin's or a tool's modules, whose layout is not an API;
+    only a section about a package (its name in the heading, or the package's own README)
+    imports that package."""
+    problems = foreign_imports(document)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_import_check_finds_a_plugin_import(tmp_path):
+    document = tmp_path / "page.md"
+    document.write_text(
+        "## Scoring\n\n```python\nimport json\nfrom plugrl.plugins import load_part\n"
+        "from plugrl_scorers.gsm8k import compute_score\n```\n\n"
+        "## The simulator (`plugrl_sim`)\n\n```python\nfrom plugrl_sim.parts import "
+        "sim_recipe\n```\n",
+        encoding="utf-8",
+    )
+    assert foreign_imports(document) == [
+        "'## Scoring': a block ('import json') imports plugrl_scorers"
+    ]
+
+
+def test_the_import_check_sees_every_package_kind():
+    assert {
+        "plugrl_scorers",
+        "plugrl_sim",
+        "plugrl_tools",
+        "plugrl_countdown",
+    } <= REPOSITORY_PACKAGES
+    assert "plugrl" not in REPOSITORY_PACKAGES
+
+
 # ------------------------------------------------------------------------------ the checker
 
 

@@ -1,7 +1,8 @@
 """plugrl: reinforcement-learning post-training for LLMs where every part is a plugin.
 
-Plugin authors need only two names from here: :data:`hookimpl`, to mark hook implementations,
-and the ``plugrl.parts`` interfaces their classes implement.
+A plugin author needs one name from this module, :data:`hookimpl`, to mark hook
+implementations, and the interfaces of :mod:`plugrl.parts` that their classes implement
+(docs/plugins.md).
 """
 
 from importlib.metadata import PackageNotFoundError, version

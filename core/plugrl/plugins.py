@@ -12,7 +12,8 @@ Environment controls (read when the manager loads):
   distribution names). Set but empty: none.
 * ``PLUGRL_DISABLED_PLUGINS=a,b``: never load these, built-ins included.
 * ``PLUGRL_STRICT_PLUGINS=1``: a plugin that fails to import, or implements a hook that does
-  not exist, raises instead of being skipped with a warning.
+  not exist, raises. Without it, the first is skipped with a warning, and the second loads
+  with a warning: the functions that are not plugrl hooks are never called.
 """
 
 from __future__ import annotations
@@ -73,11 +74,14 @@ class LoadFailure:
     error: str
 
     def message(self) -> str:
-        dist = f"{self.distribution} {self.version}" if self.distribution else "no distribution"
-        return (
-            f"plugin {self.name!r} ({self.entry_point or 'in-process'}, from {dist}) "
-            f"skipped: {self.error}"
-        )
+        source = PluginSource(self.name, self.distribution, self.version, self.entry_point)
+        return f"plugin {self.name!r} ({_origin(source)}) skipped: {self.error}"
+
+
+def _origin(source: PluginSource) -> str:
+    """``entry point, from distribution version`` for messages about a plugin."""
+    dist = f"{source.distribution} {source.version}" if source.distribution else "no distribution"
+    return f"{source.entry_point or 'in-process'}, from {dist}"
 
 
 def iter_entry_points() -> Iterable[Any]:
@@ -94,6 +98,9 @@ class PluginManager:
         self.pm.add_hookspecs(hookspecs)
         self.sources: dict[str, PluginSource] = {}
         self.failures: list[LoadFailure] = []
+        self.warnings: dict[str, list[str]] = {}
+        """What is wrong with plugins that loaded anyway, by plugin name (hooks plugrl does not
+        define, which are never called)."""
         self.blocked: list[str] = []
         self._registries: dict[str, Registry] = {}
         self.prepared: dict[tuple[str, str, str], list[str]] = {}
@@ -171,6 +178,7 @@ class PluginManager:
     def unregister(self, name: str) -> None:
         self.pm.unregister(name=name)
         self.sources.pop(name, None)
+        self.warnings.pop(name, None)
         self._registries.clear()
 
     def _check_unknown_hooks(self, name: str, plugin: object, source: PluginSource) -> None:
@@ -192,21 +200,27 @@ class PluginManager:
             if (close := difflib.get_close_matches(name, known, n=1, cutoff=0.75))
         ]
         hint = f"did you mean {', '.join(guesses)}? " if guesses else ""
-        error = (
-            f"implements {', '.join(unknown)}, which plugrl {_plugrl_version()} does not "
-            f"define; {hint}hooks: {', '.join(known)}"
+        functions = "that function is" if len(unknown) == 1 else "those functions are"
+        problem = (
+            f"implements {', '.join(unknown)}, which plugrl {_plugrl_version()} does not define"
         )
-        self._fail(source, error, PluginError(error), unregister=False)
+        where = _origin(source)
+        if self.strict:
+            raise PluginError(
+                f"plugin {source.name!r} ({where}) failed: {problem}; {hint}hooks: "
+                f"{', '.join(known)}"
+            )
+        warning = f"{problem}: {functions} never called; {hint}hooks: {', '.join(known)}"
+        self.warnings.setdefault(source.name, []).append(warning)
+        logger.warning("warning: plugin %r (%s) loads, but %s", source.name, where, warning)
 
-    def _fail(
-        self, source: PluginSource, error: str, exc: BaseException, *, unregister: bool = True
-    ) -> None:
+    def _fail(self, source: PluginSource, error: str, exc: BaseException) -> None:
         failure = LoadFailure(
             source.name, source.distribution, source.version, source.entry_point, error
         )
         if self.strict:
             raise PluginError(failure.message().replace("skipped", "failed")) from exc
-        if unregister and self.pm.has_plugin(source.name):
+        if self.pm.has_plugin(source.name):
             self.unregister(source.name)
         self.failures.append(failure)
         logger.warning("warning: %s", failure.message())
@@ -262,6 +276,7 @@ class PluginManager:
                     "entry_point": source.entry_point,
                     "builtin": source.builtin,
                     "status": "loaded",
+                    "warnings": list(self.warnings.get(name, [])),
                     "hooks": hooks,
                     "registers": parts,
                     "available": all(entry["available"] for entry in entries),

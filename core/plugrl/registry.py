@@ -195,7 +195,9 @@ KNOWN_EXTERNAL: dict[tuple[str, str], str] = {
 
 
 def import_object(path: str) -> Any:
-    """Import ``"package.module:attr.sub"`` and return the attribute."""
+    """Import ``"package.module:attr.sub"`` and return the attribute: the one parser of the
+    ``module:attr`` paths plugins register (and :class:`plugrl.testing.FakeEntryPoint`
+    loads)."""
     module_name, sep, qualname = path.partition(":")
     if not sep or not module_name or not qualname:
         raise PluginError(f"bad import path {path!r}: expected 'package.module:attribute'")

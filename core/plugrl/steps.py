@@ -22,10 +22,13 @@ import logging
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
+from plugrl.compose.boundaries import check_estimator_output, check_reward_output
+
 if TYPE_CHECKING:
     from plugrl.compose.run_parts import RunParts
     from plugrl.data.batch import Batch
     from plugrl.metrics import StepTimer
+    from plugrl.parts.reward import RewardOutput
     from plugrl.parts.rollout import SamplingParams
     from plugrl.recipe import Recipe
 
@@ -64,11 +67,18 @@ def generate(parts: RunParts, prompts: Batch, params: SamplingParams) -> Batch:
     return batch
 
 
+def reward_output(parts: RunParts, batch: Batch) -> RewardOutput:
+    """What the run's reward manager says of every response of ``batch``, checked: scores of
+    the wrong shape or type stop the run with one line naming the manager
+    (:func:`plugrl.compose.boundaries.check_reward_output`)."""
+    return check_reward_output(parts.reward(batch), batch, parts.recipe.reward.manager)
+
+
 def score(parts: RunParts, batch: Batch) -> dict[str, Any]:
     """Score every response with the run's reward manager: ``token_level_scores`` [B, R], and
     the manager's extra per-response columns (``acc``, ...) that the batch lacks. Returns the
     manager's metrics."""
-    output = parts.reward(batch)
+    output = reward_output(parts, batch)
     batch["token_level_scores"] = output.token_level_scores
     for name, values in output.extra.items():
         if len(values) == len(batch) and name not in batch:
@@ -128,7 +138,9 @@ def update_from_batch(parts: RunParts, batch: Batch, timer: StepTimer) -> dict[s
             metrics.update(parts.kl_in_reward(batch))
         else:
             batch["token_level_rewards"] = batch["token_level_scores"]
-        batch["advantages"], batch["returns"] = parts.estimator.compute(batch)
+        batch["advantages"], batch["returns"] = check_estimator_output(
+            parts.estimator.compute(batch), batch, parts.recipe.algorithm.adv_estimator
+        )
     if parts.critic is not None:
         with timer("update_critic"):
             metrics.update(parts.critic.update_critic(batch))
@@ -153,7 +165,7 @@ def validate(parts: RunParts, recipe: Recipe, step: int) -> dict[str, float]:
     samples_left = recipe.trainer.log_val_generations
     for prompts in loader:
         batch = generate(parts, prompts, params)
-        output = parts.reward(batch)
+        output = reward_output(parts, batch)
         scores = output.token_level_scores.sum(dim=-1).tolist()
         accuracy = output.extra.get("acc")
         for row, data_source in enumerate(batch["data_source"]):

@@ -110,13 +110,34 @@ def test_unknown_hook_name_is_reported(plugrl_plugin_manager, caplog):
     typo = plugin_module("typo", register_reward_function=lambda register: None)
     with caplog.at_level(logging.WARNING, logger="plugrl.plugins"):
         plugrl_plugin_manager.register(typo, "typo")
-    assert (
-        "plugin 'typo' (in-process, from no distribution) skipped: implements "
-        "register_reward_function, which plugrl" in caplog.text
+    hooks = ", ".join(
+        name
+        for name in sorted(dir(plugrl_plugin_manager.pm.hook))
+        if not name.startswith("_") and getattr(plugrl_plugin_manager.pm.hook, name).has_spec()
     )
-    assert (
-        "does not define; did you mean register_reward_function -> register_reward_functions? "
-        "hooks: detect_device, " in caplog.text
+    warning = (
+        f"implements register_reward_function, which plugrl {plugrl.__version__} does not "
+        "define: that function is never called; did you mean register_reward_function -> "
+        f"register_reward_functions? hooks: {hooks}"
+    )
+    assert [record.getMessage() for record in caplog.records] == [
+        f"warning: plugin 'typo' (in-process, from no distribution) loads, but {warning}"
+    ]
+    # it loads, and is listed once: loaded, with the warning
+    assert plugrl_plugin_manager.failures == []
+    rows = [r for r in plugrl_plugin_manager.describe(include_all=True) if r["name"] == "typo"]
+    assert [(r["status"], r["warnings"]) for r in rows] == [("loaded", [warning])]
+
+
+def test_unknown_hook_name_is_an_error_in_strict_mode(plugrl_make_plugin_manager):
+    manager = plugrl_make_plugin_manager(environ={"PLUGRL_STRICT_PLUGINS": "1"})
+    typo = plugin_module("typo", register_reward_function=lambda register: None)
+    with pytest.raises(PluginError) as info:
+        manager.register(typo, "typo")
+    assert str(info.value).startswith(
+        "plugin 'typo' (in-process, from no distribution) failed: implements "
+        f"register_reward_function, which plugrl {plugrl.__version__} does not define; did you "
+        "mean register_reward_function -> register_reward_functions? hooks: detect_device, "
     )
 
 

@@ -1,17 +1,20 @@
 """The test kit's builders (plugrl.testing): batches, loss aggregators and recipes as the core
 makes them, for plugin authors' unit tests."""
 
+import os.path
+
 import attrs
 import pytest
 import torch
 
 import plugrl
+from plugrl import registry
 from plugrl.algorithms.functional import LOSS_AGG_MODES, LossAggregator
 from plugrl.config import option
 from plugrl.data.batch import Batch
-from plugrl.errors import RecipeError
+from plugrl.errors import PluginError, RecipeError
 from plugrl.parts.algorithm import PolicyLoss
-from plugrl.testing import make_batch, make_loss_aggregator, make_recipe
+from plugrl.testing import make_batch, make_fake_entry_point, make_loss_aggregator, make_recipe
 
 # ------------------------------------------------------------------------------ make_batch
 
@@ -223,3 +226,13 @@ def test_plugrl_recipe_sees_the_plugins_of_the_test(plugrl_register_plugin, plug
     assert float(loss.detach()) == pytest.approx(2.0)
     with pytest.raises(RecipeError, match=r"^actor.policy_loss_args.factr: unknown key"):
         plugrl_recipe({"actor.policy_loss": "scaled", "actor.policy_loss_args.factr": 2})
+
+
+def test_a_fake_entry_point_loads_its_target_as_the_registry_imports_paths():
+    assert make_fake_entry_point("a", "os.path:join").load() is os.path.join
+    assert make_fake_entry_point("b", "os.path").load() is os.path
+    assert make_fake_entry_point("c", registry).load() is registry
+    with pytest.raises(ModuleNotFoundError):
+        make_fake_entry_point("d", "plugrl_no_such_module").load()
+    with pytest.raises(PluginError, match=r"^bad import path 'os.path:'"):
+        make_fake_entry_point("e", "os.path:").load()

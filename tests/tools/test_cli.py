@@ -86,6 +86,24 @@ def test_broken_plugin_leaves_the_cli_working(tmp_path):
     assert "Error: plugin 'broken'" in strict.stderr
 
 
+def test_a_plugin_with_an_unknown_hook_is_listed_once_loaded_with_its_warning(tmp_path):
+    write_distribution(tmp_path, "plugrl-typo", "0.1", {"typo": "plugrl_typo_module"})
+    (tmp_path / "plugrl_typo_module.py").write_text(
+        "import plugrl\n\n\n@plugrl.hookimpl\ndef register_reward_function(register):\n    pass\n"
+    )
+    listing = plugrl("plugins", "--all", env_extra={"PYTHONPATH": str(tmp_path)})
+    assert listing.returncode == 0, listing.stderr
+    lines = listing.stdout.splitlines()
+    assert [line for line in lines if line.startswith("typo")] == ["typo  (plugrl-typo 0.1)"]
+    warning = lines[lines.index("typo  (plugrl-typo 0.1)") + 1]
+    assert warning.startswith("    warning: implements register_reward_function, which plugrl ")
+    assert warning.split(" does not define: ", 1)[1].startswith(
+        "that function is never called; did you mean register_reward_function -> "
+        "register_reward_functions? hooks: "
+    )
+    assert "1 plugin(s) failed" not in listing.stderr
+
+
 @pytest.mark.parametrize(
     ("override", "expected"),
     [

@@ -168,6 +168,8 @@ def plugins(show_all: bool, as_json: bool) -> None:
         dist = row["distribution"] or "in-process"
         version = f" {row['version']}" if row.get("version") else ""
         click.echo(f"{row['name']}  ({dist}{version})")
+        for warning in row.get("warnings", []):
+            click.echo(f"    warning: {warning}")
         for kind, entries in row["registers"].items():
             names = []
             for entry in entries:

@@ -82,12 +82,16 @@ def prepare_backend_once(
 
 
 def build_device(plugins: PluginManager, device_name: str, recipe: Recipe) -> Device:
-    from plugrl.compose.build import check_constructor
+    """The device ``device_name`` names, checked against its interface and, once built (a
+    torch extension registers its device type then), against torch."""
+    from plugrl.compose.build import check_constructor, check_torch_device_type
 
     entry = plugins.registry("devices").get(device_name)
     device_cls = entry.load()
     check_constructor(entry, device_cls)
-    return device_cls(recipe.device, PartContext(recipe=recipe, plugins=plugins))
+    device = device_cls(recipe.device, PartContext(recipe=recipe, plugins=plugins))
+    check_torch_device_type(entry, device)
+    return device
 
 
 def build_backend(

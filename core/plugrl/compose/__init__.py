@@ -6,4 +6,7 @@
 * :mod:`plugrl.compose.run_parts`: everything a recipe chose, built and checked up front
   (:func:`~plugrl.compose.run_parts.build_run_parts`), as
   :class:`~plugrl.compose.run_parts.RunParts`.
+* :mod:`plugrl.compose.boundaries`: what a reward manager or an estimator hands back, checked
+  where the core receives it (:func:`~plugrl.compose.boundaries.check_reward_output`,
+  :func:`~plugrl.compose.boundaries.check_estimator_output`).
 """

@@ -246,7 +246,7 @@ def choose_transport(
             for name in AUTO_TRANSPORTS
             if name in registry
             and registry.get(name).available
-            and not (name == "collective" and device.name == "cpu")
+            and not (name == "collective" and device.torch_device_type == "cpu")
             and registry.load(name).unusable_reason(actor, engines) is None
         ]
     if names:

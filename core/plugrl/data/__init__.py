@@ -1,1 +1,3 @@
-"""Data: the ``Batch`` container, parquet datasets in verl's schema, prompt rendering."""
+"""Data: the ``Batch`` container (:mod:`plugrl.data.batch`), parquet datasets in verl's schema
+and their prompt batches (:mod:`plugrl.data.dataset`), and a rollout's completions in verl's
+batch layout (:mod:`plugrl.data.rollout_batch`)."""

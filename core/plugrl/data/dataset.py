@@ -125,6 +125,107 @@ def _render(tokenizer: Any, messages: list[dict[str, str]], use_template: bool) 
     return "\n".join(message["content"] for message in messages)
 
 
+def _uses_chat_template(tokenizer: Any, config: DataConfig, files_key: str) -> bool:
+    """``data.apply_chat_template``, refused when the tokenizer has no template."""
+    if config.apply_chat_template and not getattr(tokenizer, "chat_template", None):
+        raise DataError(
+            f"the tokenizer has no chat template to render {files_key}; use a tokenizer "
+            "with one (model.tokenizer_path) or set data.apply_chat_template=false"
+        )
+    return config.apply_chat_template
+
+
+_REQUIRED_COLUMNS = (
+    ("data_source", "add it: it names the reward function that scores each row"),
+    ("reward_model", "add it with a ground_truth field for every row"),
+)
+
+
+@attrs.frozen
+class _FileRows:
+    """The columns of one parquet file that a dataset reads, one value per row."""
+
+    path: Path
+    prompts: list[Any]
+    data_sources: list[Any]
+    rewards: list[Any]
+    extra_infos: list[Any]
+    abilities: list[Any]
+
+    @classmethod
+    def read(cls, path: Path, config: DataConfig, files_key: str) -> _FileRows:
+        """The file's rows; one line naming the file when it is unreadable or a column it
+        needs is missing (the optional ``extra_info`` and ``ability`` are ``None`` then)."""
+        table = _read_table(path, files_key)
+        columns = table.column_names
+        required = (
+            (config.prompt_key, "set data.prompt_key to the column with the chat messages"),
+            *_REQUIRED_COLUMNS,
+        )
+        for name, fix in required:
+            if name not in columns:
+                raise DataError(
+                    f"{path} has no column {name!r} (it has {', '.join(columns)}); {fix}"
+                )
+
+        def column(name: str) -> list[Any]:
+            if name in columns:
+                return table.column(name).to_pylist()
+            return [None] * table.num_rows
+
+        return cls(
+            path,
+            prompts=column(config.prompt_key),
+            data_sources=column("data_source"),
+            rewards=column("reward_model"),
+            extra_infos=column("extra_info"),
+            abilities=column("ability"),
+        )
+
+    @property
+    def origins(self) -> list[str]:
+        """``<file> row <n>`` of each row, for messages."""
+        return [f"{self.path} row {row}" for row in range(len(self.prompts))]
+
+    def encode(self, tokenizer: Any, config: DataConfig, use_template: bool) -> list[list[int]]:
+        """Every prompt's token ids, rendered with the chat template when ``use_template``
+        (which adds the special tokens itself)."""
+        texts = [
+            _render(tokenizer, _messages(prompt, origin, config.prompt_key), use_template)
+            for prompt, origin in zip(self.prompts, self.origins, strict=True)
+        ]
+        if not texts:
+            return []
+        return tokenizer(texts, add_special_tokens=not use_template)["input_ids"]
+
+
+def _fit_length(ids: list[int], origin: str, config: DataConfig) -> list[int] | None:
+    """A prompt within ``data.max_prompt_length``: as it is, truncated as
+    ``data.truncation`` says, or ``None`` when ``data.filter_overlong_prompts`` drops it; one
+    line naming the row when ``data.truncation`` is ``error``."""
+    limit = config.max_prompt_length
+    if len(ids) <= limit:
+        return ids
+    if config.filter_overlong_prompts:
+        return None
+    if config.truncation == "error":
+        raise DataError(
+            f"{origin}: prompt is {len(ids)} tokens, over data.max_prompt_length={limit}; raise "
+            "data.max_prompt_length, set data.truncation to left, right or middle, or set "
+            "data.filter_overlong_prompts=true"
+        )
+    return truncate(ids, limit, config.truncation)
+
+
+def _data_source(value: Any, origin: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise DataError(
+            f"{origin}: data_source is {value!r}; every row needs the name of its data source "
+            "(it chooses the reward function)"
+        )
+    return value
+
+
 class PromptDataset:
     """The rows of one or more parquet files, tokenized and checked against ``data``."""
 
@@ -143,79 +244,37 @@ class PromptDataset:
             raise DataError(
                 f"{files_key} is empty; set it to one or more parquet files in verl's schema"
             )
-        use_template = config.apply_chat_template
-        if use_template and not getattr(tokenizer, "chat_template", None):
-            raise DataError(
-                f"the tokenizer has no chat template to render {files_key}; use a tokenizer "
-                "with one (model.tokenizer_path) or set data.apply_chat_template=false"
-            )
-        limit = config.max_prompt_length
+        use_template = _uses_chat_template(tokenizer, config, files_key)
         records: list[PromptRecord] = []
         filtered = 0
         for path in self.files:
-            table = _read_table(path, files_key)
-            columns = table.column_names
-            for required, fix in (
-                (config.prompt_key, "set data.prompt_key to the column with the chat messages"),
-                ("data_source", "add it: it names the reward function that scores each row"),
-                ("reward_model", "add it with a ground_truth field for every row"),
-            ):
-                if required not in columns:
-                    raise DataError(
-                        f"{path} has no column {required!r} (it has {', '.join(columns)}); {fix}"
-                    )
-            prompts = table.column(config.prompt_key).to_pylist()
-            sources = table.column("data_source").to_pylist()
-            rewards = table.column("reward_model").to_pylist()
-            extras = (
-                table.column("extra_info").to_pylist()
-                if "extra_info" in columns
-                else [None] * len(prompts)
-            )
-            abilities = (
-                table.column("ability").to_pylist()
-                if "ability" in columns
-                else [None] * len(prompts)
-            )
-            origins = [f"{path} row {row}" for row in range(len(prompts))]
-            texts = [
-                _render(tokenizer, _messages(p, origin, config.prompt_key), use_template)
-                for p, origin in zip(prompts, origins, strict=True)
-            ]
-            truths = [_ground_truth(r, o) for r, o in zip(rewards, origins, strict=True)]
-            encoded = (
-                tokenizer(texts, add_special_tokens=not use_template)["input_ids"] if texts else []
-            )
+            rows = _FileRows.read(path, config, files_key)
+            encoded = rows.encode(tokenizer, config, use_template)
+            truths = [_ground_truth(r, o) for r, o in zip(rows.rewards, rows.origins, strict=True)]
             for row, ids in enumerate(encoded):
-                if len(ids) > limit:
-                    if config.filter_overlong_prompts:
-                        filtered += 1
-                        continue
-                    if config.truncation == "error":
-                        raise DataError(
-                            f"{origins[row]}: prompt is {len(ids)} tokens, over "
-                            f"data.max_prompt_length={limit}; raise data.max_prompt_length, set "
-                            "data.truncation to left, right or middle, or set "
-                            "data.filter_overlong_prompts=true"
-                        )
-                    ids = truncate(ids, limit, config.truncation)
-                source = sources[row]
-                if not isinstance(source, str) or not source:
-                    raise DataError(
-                        f"{origins[row]}: data_source is {source!r}; every row needs the name "
-                        "of its data source (it chooses the reward function)"
-                    )
+                fitted = _fit_length(ids, rows.origins[row], config)
+                if fitted is None:
+                    filtered += 1
+                    continue
                 records.append(
                     PromptRecord(
                         index=len(records),
-                        prompt_ids=tuple(ids),
-                        data_source=source,
+                        prompt_ids=tuple(fitted),
+                        data_source=_data_source(rows.data_sources[row], rows.origins[row]),
                         ground_truth=truths[row],
-                        extra_info=extras[row],
-                        ability=abilities[row],
-                        origin=origins[row],
+                        extra_info=rows.extra_infos[row],
+                        ability=rows.abilities[row],
+                        origin=rows.origins[row],
                     )
                 )
+        self._check_filtered(records, filtered)
+        self.records = records
+        self.num_filtered = filtered
+
+    def _check_filtered(self, records: list[PromptRecord], filtered: int) -> None:
+        """Log the prompts ``data.filter_overlong_prompts`` dropped; refuse a dataset left
+        without any."""
+        limit, files_key = self.config.max_prompt_length, self.files_key
         if filtered:
             logger.info(
                 "%s: dropped %d prompts longer than data.max_prompt_length=%d "
@@ -224,19 +283,18 @@ class PromptDataset:
                 filtered,
                 limit,
             )
-        if not records:
-            if filtered:
-                raise DataError(
-                    f"{files_key}: all {filtered} prompts are longer than "
-                    f"data.max_prompt_length={limit}; raise it or set "
-                    "data.filter_overlong_prompts=false with a data.truncation mode"
-                )
+        if records:
+            return
+        if filtered:
             raise DataError(
-                f"{files_key}: {', '.join(map(str, self.files))} hold no rows; point "
-                f"{files_key} at files with prompts"
+                f"{files_key}: all {filtered} prompts are longer than "
+                f"data.max_prompt_length={limit}; raise it or set "
+                "data.filter_overlong_prompts=false with a data.truncation mode"
             )
-        self.records = records
-        self.num_filtered = filtered
+        raise DataError(
+            f"{files_key}: {', '.join(map(str, self.files))} hold no rows; point "
+            f"{files_key} at files with prompts"
+        )
 
     @classmethod
     def train(cls, config: DataConfig, tokenizer: Any) -> PromptDataset:

@@ -39,13 +39,26 @@ class Device(ABC):
     """
 
     name: ClassVar[str]
-    """Registered name, also the torch device type (``"cuda"``, ``"npu"``, ``"cpu"``)."""
+    """Registered name: what ``device.name`` says in a recipe (``"cuda"``, ``"npu"``, ``"cpu"``)."""
+    torch_device_type: ClassVar[str]
+    """The device type torch knows this device by: what ``torch.device(...)``, device meshes
+    and FSDP are given (``"cuda"``, ``"npu"``, ``"cpu"``; a torch extension's own type, such
+    as the one it renames ``privateuseone`` to). Default: :attr:`name`, set on the first class
+    that names itself; a subclass of a device keeps its parent's. Checked at start-up:
+    ``torch.device(torch_device_type)`` must work once the device is built."""
     dist_backend: ClassVar[str]
     """torch.distributed backend for collectives between ranks (``gloo``, ``nccl``, ``hccl``)."""
     ray_resource: ClassVar[str | None] = None
     """Ray resource that places one rank (``"GPU"``, ``"NPU"``); ``None`` places by CPU."""
     visible_devices_env: ClassVar[str | None] = None
     """Environment variable that restricts the devices a process sees (``CUDA_VISIBLE_DEVICES``)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # the registered name is the torch type unless the class, or a device it extends,
+        # says otherwise
+        if "name" in vars(cls) and getattr(cls, "torch_device_type", None) is None:
+            cls.torch_device_type = cls.name
 
     def __init__(self, config: DeviceConfig | None = None, context: PartContext | None = None):
         self.config = config or DeviceConfig(name=self.name)

@@ -19,7 +19,7 @@ engine can all do:
   start-up with one line.
 
 Request and control methods are coroutines: an engine lives on one asyncio event loop (a Ray
-actor's, or the loop thread of :class:`plugrl.cluster.LocalEngineGroup`). Schedulers drive
+actor's, or the loop thread of :class:`plugrl.cluster.engines.LocalEngineGroup`). Schedulers drive
 engines through an engine group (:mod:`plugrl.cluster.engines`), never directly.
 """
 
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import inspect
 import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -272,16 +273,50 @@ CAPABILITY_TEXT: Mapping[Capability, str] = {
 }
 
 
+CAPABILITY_METHODS: Mapping[Capability, tuple[str, ...]] = {
+    Capability.STREAM: (),
+    Capability.ABORT: ("abort", "pause", "resume"),
+    Capability.PAUSE_KEEP: ("pause", "resume"),
+    Capability.WEIGHT_UPDATE: ("begin_weight_update", "load_weights", "finish_weight_update"),
+    Capability.SLEEP: ("sleep", "wake_up"),
+    Capability.SHARE_MODEL: ("bind_model",),
+}
+"""The :class:`RolloutEngine` methods an engine that declares a capability must override: the
+core calls them once it sees the capability (``pause(mode="abort")`` comes with ``ABORT``)."""
+
+
+def unimplemented_capabilities(engine_cls: type) -> list[tuple[Capability, list[str]]]:
+    """Each capability ``engine_cls`` declares with the methods of
+    :data:`CAPABILITY_METHODS` it leaves as :class:`RolloutEngine` has them, in declaration
+    order of :class:`Capability`; empty when every declared capability is implemented."""
+    declared = frozenset(getattr(engine_cls, "capabilities", frozenset()))
+    missing = []
+    for capability in Capability:
+        if capability not in declared:
+            continue
+        methods = [
+            method
+            for method in CAPABILITY_METHODS[capability]
+            if inspect.getattr_static(engine_cls, method, None)
+            is inspect.getattr_static(RolloutEngine, method)
+        ]
+        if methods:
+            missing.append((capability, methods))
+    return missing
+
+
 def check_capabilities(engine_name: str, engine_cls: type, needs: Mapping[Capability, str]) -> None:
     """Raise a one-line :class:`RecipeError` when the engine lacks a capability that ``needs``
     maps to the reason (``{Capability.PAUSE_KEEP: "scheduler.partial_rollout=true"}``)."""
     has = frozenset(getattr(engine_cls, "capabilities", frozenset()))
     for capability, reason in needs.items():
         if capability not in has:
+            declare = f"Capability.{capability.name}"
             raise RecipeError(
                 f"rollout engine {engine_name!r} cannot {CAPABILITY_TEXT[capability]}, which "
-                f"{reason} needs; choose an engine that can (plugrl plugins lists them) or "
-                "change that setting",
+                f"{reason} needs: its class {getattr(engine_cls, '__qualname__', engine_cls)} "
+                f"does not declare {declare} in its capabilities; set rollout.engine to an "
+                f"engine that declares {declare}, or change what needs it",
                 key="rollout.engine",
             )
 

@@ -291,10 +291,20 @@ class Scorer:
         _unwrap(self.function)
 
     def score_sample(self, **sample: Any) -> tuple[float, dict[str, Any]]:
+        """Score one response: ``sample`` holds the keyword arguments ``data_source``,
+        ``solution_str`` (the decoded response), ``ground_truth`` and ``extra_info`` (the
+        row's ``reward_model.ground_truth`` and ``extra_info``). The function gets those it
+        declares, plus its ``reward.function_args`` options (or
+        ``reward.custom_function.kwargs``). Returns ``(score, extras)``: a finite float and
+        the other fields of a dict result (``{}`` for a bare number); a :class:`ScoringError`
+        when the result is no score."""
         return normalize_result(self(**sample), self.label)
 
     def score_batch(self, **columns: Sequence[Any]) -> list[tuple[float, dict[str, Any]]]:
-        """Score a batch, calling a per-sample function once per row."""
+        """Score a batch: ``columns`` holds the keyword arguments ``data_sources``,
+        ``solution_strs``, ``ground_truths`` and ``extra_infos``, one list each. A batch
+        function is called once, a per-sample one once per row; one ``(score, extras)`` per
+        row, in order."""
         size = len(columns["solution_strs"])
         if not self.batch:
             pairs = list(zip(SAMPLE_PARAMS, BATCH_PARAMS, strict=True))

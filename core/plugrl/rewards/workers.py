@@ -50,8 +50,14 @@ REAP_TIMEOUT_S = 10.0
 
 @attrs.frozen
 class Call:
-    """One call of a scorer: ``kind`` is ``"sample"`` (``arguments`` are one sample's) or
-    ``"batch"`` (``arguments`` are columns)."""
+    """One call of a scorer, run in a worker under ``timeout_s``.
+
+    ``scorer`` is a :class:`~plugrl.rewards.scoring.Scorer` (``RewardManager.resolve``
+    returns one). ``kind`` is ``"sample"``, where ``arguments`` are the keyword arguments of
+    :meth:`~plugrl.rewards.scoring.Scorer.score_sample` (``data_source``, ``solution_str``,
+    ``ground_truth``, ``extra_info``), or ``"batch"``, where they are those of
+    :meth:`~plugrl.rewards.scoring.Scorer.score_batch` (the same names in the plural, one
+    list each)."""
 
     scorer: Any
     arguments: dict[str, Any]
@@ -178,7 +184,11 @@ class _Worker:
 
 
 class ProcessPool:
-    """Worker processes that run scoring calls with per-call deadlines (see module doc)."""
+    """Worker processes that run scoring calls with per-call deadlines (see module doc).
+
+    A reward manager keeps one for its life and closes it in its ``close()``; as a context
+    manager it closes itself. :meth:`map` runs calls spread over the workers, :meth:`run`
+    runs tasks (lists of calls each run in order by one worker)."""
 
     def __init__(self, num_workers: int) -> None:
         if num_workers < 1:
@@ -240,8 +250,21 @@ class ProcessPool:
                     worker.process.wait(max(0.0, deadline - time.monotonic()))
                 self._kill(worker)
 
+    def __enter__(self) -> ProcessPool:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     def pids(self) -> list[int]:
+        """The process ids of the workers alive now (they start on first use)."""
         return [w.process.pid for w in self.workers]
+
+    def map(self, calls: Sequence[Call]) -> list[Outcome]:
+        """Run every call, each on whichever worker is free, under its own deadline; one
+        :class:`Outcome` per call, in order. A call that times out costs its own deadline and
+        a new worker, nothing else."""
+        return [outcomes[0] for outcomes in self.run([[call] for call in calls])]
 
     # ------------------------------------------------------------------------ running tasks
 

@@ -299,13 +299,15 @@ class FakeEntryPoint:
         return f"{getattr(self.target, '__module__', '?')}:{getattr(self.target, '__name__', '?')}"
 
     def load(self) -> Any:
+        """The target; a ``"module"`` or ``"module:attr"`` path is imported now (a module
+        that does not exist fails as a broken plugin's import does)."""
+        from plugrl.registry import import_object
+
         if not isinstance(self.target, str):
             return self.target
-        module_name, _, attr = self.target.partition(":")
-        obj: Any = importlib.import_module(module_name)
-        for part in filter(None, attr.split(".")):
-            obj = getattr(obj, part)
-        return obj
+        if ":" not in self.target:
+            return importlib.import_module(self.target)
+        return import_object(self.target)
 
 
 def make_fake_entry_point(

@@ -174,8 +174,10 @@ def test_a_scheduler_needing_what_an_engine_lacks_stops_at_start_up():
         )
     assert str(info.value) == (
         "rollout.engine: rollout engine 'counting_plain' cannot pause requests in flight and "
-        "continue them after a weight update, which scheduler.partial_rollout=true needs; "
-        "choose an engine that can (plugrl plugins lists them) or change that setting"
+        "continue them after a weight update, which scheduler.partial_rollout=true needs: its "
+        "class PlainEngine does not declare Capability.PAUSE_KEEP in its capabilities; set "
+        "rollout.engine to an engine that declares Capability.PAUSE_KEEP, or change what needs "
+        "it"
     )
     check_capabilities("counting", cluster_fake_engine.CountingEngine, {Capability.ABORT: "x"})
 

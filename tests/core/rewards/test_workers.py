@@ -205,3 +205,18 @@ def test_a_timed_out_call_leaves_no_process_it_started(scorer, pool, tmp_path):
     while not gone(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert gone(child), "the child of the timed-out scoring function still runs"
+
+
+def test_map_gives_one_outcome_per_call_in_order_and_the_pool_closes_itself(scorer):
+    texts = ["a", "hang", "raise", "b", "a"]
+    with ProcessPool(2) as workers:
+        outcomes = workers.map([call(scorer, text, timeout=0.5) for text in texts])
+        pids = workers.pids()
+    assert [outcome.status for outcome in outcomes] == ["ok", "timeout", "error", "ok", "ok"]
+    assert [outcome.value for outcome in outcomes if outcome.ok] == [
+        (1.0, {}),
+        (0.0, {}),
+        (1.0, {}),
+    ]
+    assert outcomes[2].message.startswith("ValueError: cannot parse a")
+    assert workers.workers == [] and all(gone(pid) for pid in pids)

@@ -11,6 +11,10 @@ from plugrl_cuda.device import CudaDevice
 GIB = 1024**3
 
 
+def test_cpu_and_cuda_are_torch_device_types_of_their_names():
+    assert (CpuDevice.torch_device_type, CudaDevice.torch_device_type) == ("cpu", "cuda")
+
+
 def test_the_cpu_device():
     device = CpuDevice()
     assert (device.name, device.dist_backend, device.ray_resource) == ("cpu", "gloo", None)

@@ -61,7 +61,7 @@ def test_the_batch_form_example_is_a_batch_function(make_recipe, tmp_path):
 def test_the_flexible_gsm8k_file_from_the_docs(make_recipe, tmp_path):
     from plugrl.rewards.scoring import make_resolver
 
-    block = next(b for b in code_blocks("python") if "compute_score_flexible" in b)
+    block = next(b for b in code_blocks("python") if 'method="flexible"' in b)
     path = tmp_path / "flexible.py"
     path.write_text(block, encoding="utf-8")
     scorer = make_resolver(make_recipe({"custom_function": {"path": str(path)}}))("openai/gsm8k")
@@ -84,12 +84,23 @@ def test_the_lenient_gsm8k_options_from_the_docs(make_recipe):
 def test_a_reward_file_can_pass_the_scorer_its_own_keyword_arguments(make_recipe, tmp_path):
     from plugrl.rewards.scoring import make_resolver
 
-    block = next(b for b in code_blocks("python") if b.strip().endswith("import compute_score"))
+    block = next(
+        b
+        for b in code_blocks("python")
+        if b.strip().endswith('compute_score = load_part("reward_functions", "openai/gsm8k")')
+    )
     path = tmp_path / "gsm8k_reward.py"
     path.write_text(block, encoding="utf-8")
-    custom = {"custom_function": {"path": str(path), "kwargs": {"lenient": True}}}
+    custom = {"custom_function": {"path": str(path), "kwargs": {"method": "flexible"}}}
     scorer = make_resolver(make_recipe(custom))("openai/gsm8k")
-    assert scorer("openai/gsm8k", "#### $72.0", "72")["score"] == 1.0
+    assert scorer("openai/gsm8k", "so she has 72 clips", "72")["score"] == 1.0
+    plain = {"custom_function": {"path": str(path)}}
+    assert (
+        make_resolver(make_recipe(plain))("openai/gsm8k")(
+            "openai/gsm8k", "so she has 72 clips", "72"
+        )["score"]
+        == 0.0
+    )
 
 
 def test_function_args_are_checked_by_the_functions_options(make_recipe):

@@ -2,10 +2,25 @@
 
 Each loss builds a per-token loss matrix, multiplies it by the importance weights when given,
 and reduces it with the ``aggregate`` it is handed (the micro-batch's share of the global
-mini-batch, see :mod:`.aggregation`). It returns the loss and its metrics:
-``actor/pg_loss`` (the returned loss, itself a share) and the token means over the
+mini-batch, see :class:`plugrl.algorithms.functional.LossAggregator`). It returns the loss and
+its metrics: ``actor/pg_loss`` (the returned loss, itself a share) and the token means over the
 micro-batch's valid tokens ``actor/pg_clipfrac``, ``actor/pg_clipfrac_lower`` and
 ``actor/ppo_kl`` (``mean(old_log_prob - log_prob)``). Formulas: docs/algorithms.md.
+
+Where the log ratio ``log_prob - old_log_prob`` is bounded follows verl 0.9.1's
+``core_algos.py`` loss by loss, so that every loss gives verl's numbers (the tests hold each
+to them), extreme ratios included:
+
+* ``vanilla`` and ``cispo`` clamp it to ±20 before ``exp``, as verl does: the ratio would
+  overflow to ``inf`` for a token whose log-prob moved by more than about 88, and the clipped
+  surrogate takes the ratio itself;
+* ``gspo`` caps the sequence-level log ratio at 10 (from above only), as verl does;
+* ``geo_mean`` clips it per token to ``[-clip_ratio_low, clip_ratio_high]`` in log space as
+  part of its formula, so it needs no other bound (verl leaves the ±20 clamp commented out);
+* ``clip_cov`` and ``kl_cov`` take it unbounded, as verl does: ``clip_cov``'s PPO clip and
+  ``kl_cov``'s ``|log ratio|`` penalty are verl's formulas on the raw ratio, and a bound would
+  change which tokens count as clipped or penalised;
+* ``reinforce`` uses no ratio.
 """
 
 from __future__ import annotations
@@ -20,7 +35,9 @@ from plugrl.parts.algorithm import Aggregate, PolicyLoss
 from .options import ClipCovArgs, KLCovArgs
 
 LOG_RATIO_CLAMP = 20.0
+"""verl's bound on the token log ratio of the losses that clamp it (see the module doc)."""
 GSPO_LOG_RATIO_MAX = 10.0
+"""verl's cap on GSPO's sequence log ratio."""
 
 
 def _metrics(
@@ -71,6 +88,7 @@ class VanillaPPO(_ClippedLoss):
         aggregate: Aggregate,
         importance_weights: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
+        # clamped as verl's vanilla loss clamps it: exp of an unbounded log ratio overflows
         log_ratio = torch.clamp(log_prob - old_log_prob, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
         ratio = log_ratio.exp()
         unclipped = -advantages * ratio
@@ -110,6 +128,7 @@ class GSPO(_ClippedLoss):
         sequence_log_ratio = (log_ratio * mask).sum(dim=-1) / lengths
         # value: the sequence ratio; gradient: d log_prob of each token
         token_log_ratio = log_prob - log_prob.detach() + sequence_log_ratio.detach().unsqueeze(-1)
+        # capped from above only, as verl's gspo caps the sequence log ratio
         ratio = torch.clamp(token_log_ratio, max=GSPO_LOG_RATIO_MAX).exp()
         unclipped = -advantages * ratio
         clipped = -advantages * torch.clamp(ratio, 1 - self.clip_low, 1 + self.clip_high)
@@ -148,7 +167,7 @@ class ClipCov(_ClippedLoss):
     ) -> tuple[torch.Tensor, dict[str, float]]:
         options = self.options
         valid = response_mask != 0
-        log_ratio = log_prob - old_log_prob
+        log_ratio = log_prob - old_log_prob  # unbounded, as in verl's clip_cov
         ratio = log_ratio.exp()
         unclipped = -advantages * ratio
         clipped = -advantages * torch.clamp(ratio, 1 - self.clip_low, 1 + self.clip_high)
@@ -205,7 +224,7 @@ class KLCov(PolicyLoss):
         importance_weights: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         options = self.options
-        log_ratio = log_prob - old_log_prob
+        log_ratio = log_prob - old_log_prob  # unbounded, as in verl's kl_cov
         ratio = log_ratio.exp()
         losses = -advantages * ratio
         penalised = torch.zeros_like(log_prob, dtype=torch.bool)
@@ -250,7 +269,7 @@ class GeoMean(_ClippedLoss):
         importance_weights: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         mask = response_mask.to(log_prob.dtype)
-        log_ratio = log_prob - old_log_prob
+        log_ratio = log_prob - old_log_prob  # bounded by the clip below, as in verl's geo_mean
         clamped = torch.clamp(log_ratio, -self.clip_low, self.clip_high)
         sign = torch.sign(advantages)
         pessimistic = sign * torch.minimum(sign * log_ratio, sign * clamped)
@@ -289,6 +308,7 @@ class CISPO(_ClippedLoss):
         aggregate: Aggregate,
         importance_weights: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
+        # clamped as verl's cispo loss clamps it (the ratio only weighs, without gradient)
         log_ratio = torch.clamp(log_prob - old_log_prob, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
         ratio = log_ratio.exp()
         clipped_ratio = torch.clamp(ratio, 1 - self.clip_low, 1 + self.clip_high).detach()

@@ -110,7 +110,7 @@ class FSDP2Backend(TrainingBackend):
             compute_dtype=self.compute_dtype,
         )
         if several:
-            offload = self.config.param_offload and self.device.name != "cpu"
+            offload = self.config.param_offload and self.device.torch_device_type != "cpu"
             fill_from_rank0(self.model, source, self.torch_device, offload=offload)
         del source
         self.model.eval()

@@ -144,16 +144,19 @@ def enable_checkpointing(model: torch.nn.Module) -> None:
 
 
 def device_mesh(device: Device, world_size: int, fsdp_size: int) -> DeviceMesh:
-    """1-D mesh over all ranks, or 2-D ``(replicate, shard)`` for hybrid sharding."""
+    """1-D mesh over all ranks, or 2-D ``(replicate, shard)`` for hybrid sharding, on the
+    device's torch type (not its registered name, which torch need not know)."""
     if fsdp_size in (-1, world_size):
-        return init_device_mesh(device.name, (world_size,), mesh_dim_names=("fsdp",))
+        return init_device_mesh(device.torch_device_type, (world_size,), mesh_dim_names=("fsdp",))
     if fsdp_size > world_size or world_size % fsdp_size:
         raise RecipeError(
             f"must divide the {world_size} ranks of the role (or be -1), got {fsdp_size}",
             key="actor.fsdp_size",
         )
     return init_device_mesh(
-        device.name, (world_size // fsdp_size, fsdp_size), mesh_dim_names=("replicate", "fsdp")
+        device.torch_device_type,
+        (world_size // fsdp_size, fsdp_size),
+        mesh_dim_names=("replicate", "fsdp"),
     )
 
 
@@ -173,7 +176,7 @@ def shard_model(
         options["mp_policy"] = MixedPrecisionPolicy(
             param_dtype=compute_dtype, reduce_dtype=DTYPES[config.reduce_dtype]
         )
-    if config.param_offload and device.name != "cpu":
+    if config.param_offload and device.torch_device_type != "cpu":
         options["offload_policy"] = CPUOffloadPolicy()
     layer_classes = set(getattr(model, "_no_split_modules", None) or [])
     layers = [m for m in model.modules() if type(m).__name__ in layer_classes]

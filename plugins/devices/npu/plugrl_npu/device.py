@@ -47,6 +47,7 @@ class NpuDevice(Device):
     """One NPU per rank; collectives use hccl; Ray places ranks by the ``NPU`` resource."""
 
     name: ClassVar[str] = "npu"
+    torch_device_type: ClassVar[str] = "npu"  # the type torch_npu registers, once imported
     dist_backend: ClassVar[str] = "hccl"
     ray_resource: ClassVar[str | None] = "NPU"
     visible_devices_env: ClassVar[str | None] = "ASCEND_RT_VISIBLE_DEVICES"

@@ -4,7 +4,9 @@ torch functions.
 A decode step of the Hugging Face model runs a few hundred small modules per token for a model
 of a few layers; at the batch sizes of a rollout on a CPU their Python (module calls, mask and
 cache bookkeeping, shape checks) costs as much as a large part of the arithmetic. This step
-computes the same thing directly on the module's weights and :class:`~.kv.SlotKV`'s buffers:
+computes the same thing directly on the module's weights and a key/value store's buffers
+(:class:`KVBuffers`, which :class:`plugrl_hf.kv.SlotKV` provides; this module imports nothing
+of it, ``kv`` builds the decoder):
 
 * one matrix product for the query, key and value projections and one for the gate and up
   projections of every layer, with their weights concatenated ("fused") once and rebuilt
@@ -12,7 +14,8 @@ computes the same thing directly on the module's weights and :class:`~.kv.SlotKV
   place, which bumps the tensors' version counters; a new tensor has a new address);
 * RMSNorm with :func:`torch.nn.functional.rms_norm`, rotary embedding for queries and keys in
   one operation, the model's own rotary module for the angles (so every RoPE scaling type the
-  model supports stays correct), and the one-token attention kernel of :mod:`~.kv`.
+  model supports stays correct), and one batched matrix product per layer for a decode
+  step's attention over the masked slot columns.
 
 A prompt pass (rows joining the batch) runs the same way over all its tokens at once, with
 ``scaled_dot_product_attention`` under the pass's causal mask, and writes only keys and
@@ -32,14 +35,30 @@ beside Qwen2.5-0.5B's 0.99 GB in bfloat16). ``rollout.lean_decode: false`` saves
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-if TYPE_CHECKING:
-    from plugrl_hf.kv import SlotKV
+
+class KVBuffers(Protocol):
+    """What the decoder reads and writes of a key/value store: per layer, key and value
+    buffers ``[slots, kv_heads, columns, head_dim]``; the columns ``[begin, end]`` a decode
+    step attends to (it writes its token at ``end``) and their additive mask ``table``; and
+    ``write``, which stores a prompt pass's keys and values where the store's current target
+    says and returns the keys and values those queries attend to."""
+
+    keys: list[torch.Tensor | None]
+    values: list[torch.Tensor | None]
+    begin: int
+    end: int
+    table: torch.Tensor | None
+
+    def write(
+        self, layer: int, keys: torch.Tensor, values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
 
 LEAN_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 _QK_NORM_TYPES = ("qwen3",)
@@ -195,7 +214,9 @@ class LeanDecoder:
 
     # ------------------------------------------------------------------------ one step
 
-    def decode(self, kv: SlotKV, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def decode(
+        self, kv: KVBuffers, input_ids: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
         """Feed one token per row of ``kv`` (its keys and values are written at column
         ``kv.end``); the logits of the next token per row."""
         self._refresh()
@@ -254,13 +275,13 @@ class LeanDecoder:
 
     def prefill(
         self,
-        kv: SlotKV,
+        kv: KVBuffers,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         allowed: torch.Tensor,
     ) -> None:
         """Compute the keys and values of ``input_ids`` ``[rows, width]`` into ``kv`` where
-        its current target says (:meth:`SlotKV.write`); ``allowed`` ``[rows, width, keys]``
+        its current target says (:meth:`KVBuffers.write`); ``allowed`` ``[rows, width, keys]``
         says which of the target's columns each query attends to.
 
         A prompt pass keeps only keys and values (the next token comes from the decode step

@@ -96,8 +96,8 @@ def engine_arguments(config: SGLangRolloutConfig, context: PartContext) -> dict[
         "skip_tokenizer_init": not config.stop,
         "disable_cuda_graph": config.enforce_eager,
     }
-    if context.device is not None and context.device.name != "cpu":
-        arguments["device"] = context.device.name
+    if context.device is not None and context.device.torch_device_type != "cpu":
+        arguments["device"] = context.device.torch_device_type
     if sleeps(config):
         arguments["enable_memory_saver"] = True
         # sleep(level=1) keeps the weights in host memory, as the interface promises

@@ -121,7 +121,8 @@ class VLLMRolloutEngine(RolloutEngine):
         super().__init__(config, context)
         self.config: VLLMRolloutConfig = config
         recipe = context.recipe
-        self.device_name = context.device.name if context.device is not None else "cpu"
+        # vLLM's platforms and the weight routes below go by torch's device type
+        self.device_name = context.device.torch_device_type if context.device is not None else "cpu"
         self.weight_route = resolve_weight_route(config, self.device_name)
         args = engine_args(config, recipe, self.device_name)
         args.setdefault("worker_extension_cls", WORKER_EXTENSION)

@@ -10,6 +10,7 @@ from plugrl.parts.scheduler import Scheduler
 from plugrl.steps import (
     compute_old_log_probs,
     generate,
+    reward_output,
     sampling_params,
     score,
     step_metrics,
@@ -90,5 +91,5 @@ class SyncScheduler(Scheduler):
         """ReMax's baseline: the score of each prompt's greedy response, once per sample."""
         greedy_params = self.recipe.rollout.greedy_params(self.recipe.data.max_response_length)
         greedy = generate(parts, prompts, greedy_params)
-        scores = parts.reward(greedy).token_level_scores.sum(dim=-1)
+        scores = reward_output(parts, greedy).token_level_scores.sum(dim=-1)
         return scores.repeat_interleave(params.n)

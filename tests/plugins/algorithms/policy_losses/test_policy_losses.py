@@ -90,6 +90,24 @@ def test_vanilla_log_ratio_is_clamped():
     assert metrics["actor/ppo_kl"] == pytest.approx(-20.0)
 
 
+@pytest.mark.parametrize(
+    ("cls", "options", "bounded"),
+    [
+        (L.VanillaPPO, None, True),
+        (L.CISPO, None, True),
+        (L.ClipCov, ClipCovArgs(), False),
+        (L.KLCov, KLCovArgs(), False),
+        (L.GeoMean, None, False),
+    ],
+    ids=lambda value: getattr(value, "__name__", None),
+)
+def test_the_token_log_ratio_is_clamped_where_verl_clamps_it(cls, options, bounded):
+    # a log ratio of 30: verl clamps it to 20 in vanilla and cispo only (see losses.py)
+    value, _, metrics = call(build(cls, CONFIG, options), [-31.0], [-1.0], [1.0], [1])
+    assert math.isfinite(value)
+    assert metrics["actor/ppo_kl"] == pytest.approx(-20.0 if bounded else -30.0)
+
+
 def test_gspo_clips_the_sequence_ratio():
     # row 0: token ratios 1.2, 1.2 -> sequence ratio 1.2 (inside); row 1: 2 and 1 ->
     # sqrt(2) = 1.414 > 1.28, A > 0: clipped

@@ -37,6 +37,7 @@ def test_registered_as_npu_with_its_requirement(plugrl_register_plugin, plugrl_p
 
 def test_the_device_says_how_ranks_are_placed_and_talk():
     assert NpuDevice.name == "npu"
+    assert NpuDevice.torch_device_type == "npu"
     assert NpuDevice.dist_backend == "hccl"
     assert NpuDevice.ray_resource == "NPU"
     assert NpuDevice.visible_devices_env == "ASCEND_RT_VISIBLE_DEVICES"
@@ -90,6 +91,10 @@ def test_torch_devices_are_npu_devices(tmp_path):
         fake_ascend.install_torch_npu(pytest.MonkeyPatch(), count=2)
         torch.utils.rename_privateuse1_backend("npu")
         device = NpuDevice()
+        # the start-up check of the device's torch type passes once torch_npu registered it
+        from plugrl.compose.build import check_torch_device_type
+        from plugrl.registry import Entry
+        check_torch_device_type(Entry("devices", "npu", NpuDevice, "npu"), device)
         device.set_device(3)
         print(json.dumps({
             "devices": [str(device.torch_device(rank)) for rank in range(3)],

@@ -356,3 +356,23 @@ def test_the_engine_says_why_a_model_runs_its_own_forward(tokenizer, caplog):
         "hf rollout engine: decode steps and prompt passes run the model's own forward: its "
         "modules have forward hooks (FSDP, an adapter or instrumentation)"
     ) in caplog.text
+
+
+def test_the_lean_module_imports_nothing_of_the_kv_store_that_builds_it():
+    import ast
+    import inspect
+
+    import plugrl_hf.lean
+
+    tree = ast.parse(inspect.getsource(plugrl_hf.lean))
+    imported = {
+        node.module
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module is not None
+    } | {
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    }
+    assert not {name for name in imported if name.startswith("plugrl_hf")}

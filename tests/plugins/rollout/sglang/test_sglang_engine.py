@@ -15,7 +15,7 @@ import plugrl_sglang
 from plugrl.errors import PluginError
 from plugrl.parts.rollout import Capability, GenerationRequest, SamplingParams, WeightMeta
 from plugrl.testing import part_context
-from plugrl_sglang.engine import SGLangRolloutEngine, load_sglang_api
+from plugrl_sglang.engine import SGLangRolloutEngine, engine_arguments, load_sglang_api
 from tests.plugins.rollout.sglang import fake_sglang
 
 EOS = 96
@@ -376,3 +376,15 @@ def test_an_answer_without_log_probs_is_an_error(make_engine, monkeypatch):
     monkeypatch.setattr(fake_engine, "async_generate", no_log_probs)
     with pytest.raises(PluginError, match="no output_token_logprobs or no finish_reason"):
         asyncio.run(engine.generate_request(request()))
+
+
+def test_sglang_is_given_the_torch_device_type_not_the_registered_name(
+    fake, plugrl_register_plugin, plugrl_recipe
+):
+    plugrl_register_plugin(plugrl_sglang)
+    recipe = plugrl_recipe({"model": {"path": "/models/tiny"}, "rollout": {"engine": "sglang"}})
+    device = SimpleNamespace(name="my_ascend", torch_device_type="npu")
+    arguments = engine_arguments(recipe.rollout, part_context(recipe, device=device))
+    assert arguments["device"] == "npu"
+    on_cpu = SimpleNamespace(name="my_cpu", torch_device_type="cpu")
+    assert "device" not in engine_arguments(recipe.rollout, part_context(recipe, device=on_cpu))

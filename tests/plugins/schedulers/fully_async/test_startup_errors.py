@@ -23,6 +23,16 @@ class BatchOnlyEngine(RolloutEngine):
     async def generate_request(self, request):
         raise AssertionError("the run must stop before generating")
 
+    # the weight update it declares (the run stops before calling them)
+    async def begin_weight_update(self, version, weights):
+        raise AssertionError("the run must stop before a weight update")
+
+    async def load_weights(self, bucket):
+        raise AssertionError("the run must stop before a weight update")
+
+    async def finish_weight_update(self):
+        raise AssertionError("the run must stop before a weight update")
+
 
 class BatchOnlyPlugin:
     @plugrl.hookimpl
@@ -61,8 +71,9 @@ def test_partial_rollout_needs_an_engine_that_can_pause_or_abort(
     line = error_line(tiny_task, tmp_path, rollout={"engine": "batch_only"})
     assert line == (
         "Error: rollout.engine: rollout engine 'batch_only' cannot abort requests in flight, "
-        "which scheduler.partial_rollout=true needs; choose an engine that can (plugrl plugins "
-        "lists them) or change that setting"
+        "which scheduler.partial_rollout=true needs: its class BatchOnlyEngine does not "
+        "declare Capability.ABORT in its capabilities; set rollout.engine to an engine that "
+        "declares Capability.ABORT, or change what needs it"
     )
 
 
