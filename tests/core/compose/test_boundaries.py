@@ -298,6 +298,7 @@ def validation_parts(recipe, manager):
         engines=Engines(),
         reward=build_part("reward_managers", manager, recipe.reward, part_context(recipe)),
         tokenizer=None,
+        recipe=recipe,
     )
 
 
