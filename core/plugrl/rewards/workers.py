@@ -11,7 +11,9 @@ fresh worker, so a hung sample costs its own timeout and nothing else.
 Workers are fresh interpreters (``python -c``), not forks: they inherit none of the driver's
 threads, locks or GPU state, and unlike multiprocessing's spawn they never re-import the
 driver's ``__main__`` (a training script without an ``if __name__ == "__main__"`` guard works).
-They get the driver's ``sys.path``, so functions the driver can import, they can too. They
+They get the driver's ``sys.path``, so functions the driver can import, they can too, and
+their working folder is not on it before then (a folder named ``plugrl`` there does not
+shadow plugrl). They
 ask the kernel to kill them when the driver dies, and exit on EOF when the pool closes, so
 none outlive the run; a killed worker is always waited for, so none is left a zombie.
 """
@@ -156,8 +158,17 @@ def worker_main(fd: int) -> None:
 # --------------------------------------------------------------------------------------------
 
 
+# `python -c` puts the working folder first on the import path ('' in sys.path[0]), where a
+# folder named plugrl (a checkout, a run's output) would shadow the installed one; it is
+# dropped before plugrl is imported. -P would do it too, but only from Python 3.11 on, and -I
+# would drop PYTHONPATH as well. The driver's sys.path, the worker's next message, then
+# replaces the whole path.
 _WORKER_CODE = (
-    "import sys; from plugrl.rewards.workers import worker_main; worker_main(int(sys.argv[1]))"
+    "import sys\n"
+    "if sys.path and sys.path[0] == '':\n"
+    "    del sys.path[0]\n"
+    "from plugrl.rewards.workers import worker_main\n"
+    "worker_main(int(sys.argv[1]))\n"
 )
 
 

@@ -205,3 +205,35 @@ def test_a_timed_out_call_leaves_no_process_it_started(scorer, pool, tmp_path):
     while not gone(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert gone(child), "the child of the timed-out scoring function still runs"
+
+
+def test_a_plugrl_folder_in_the_working_folder_is_not_imported(scorer, pool, tmp_path, monkeypatch):
+    # a checkout, or anything else named plugrl, where the run is started: `python -c` would
+    # put the working folder first on the worker's import path
+    impostor = tmp_path / "work" / "plugrl"
+    impostor.mkdir(parents=True)
+    (impostor / "__init__.py").write_text("raise ImportError('the wrong plugrl was imported')\n")
+    monkeypatch.chdir(impostor.parent)
+    outcomes = pool(1).run([[call(scorer, "a"), call(scorer, "b")]])[0]
+    assert [(o.status, o.value[0]) for o in outcomes] == [("ok", 1.0), ("ok", 0.0)]
+
+
+def test_a_module_on_pythonpath_reaches_the_worker(pool, tmp_path, monkeypatch):
+    """A reward module importable through PYTHONPATH: the worker finds it by name, from a
+    working folder that holds a plugrl folder too."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "lab_reward.py").write_text(
+        "def compute_score(solution_str, ground_truth):\n"
+        "    return float(solution_str == ground_truth)\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    monkeypatch.syspath_prepend(str(site))  # as the driver started with it would have it
+    import lab_reward
+
+    (tmp_path / "work" / "plugrl").mkdir(parents=True)
+    (tmp_path / "work" / "plugrl" / "__init__.py").write_text("raise ImportError('wrong')\n")
+    monkeypatch.chdir(tmp_path / "work")
+    scorer = Scorer.wrap(lab_reward.compute_score, "lab")
+    outcomes = pool(1).run([[call(scorer, "a"), call(scorer, "b")]])[0]
+    assert [(o.status, o.value[0]) for o in outcomes] == [("ok", 1.0), ("ok", 0.0)]
