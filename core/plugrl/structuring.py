@@ -1,12 +1,21 @@
 """Reading mappings into attrs config classes with cattrs, and turning what goes wrong into
 one :class:`~plugrl.errors.RecipeError` that names the dotted key: an unknown key (with the
-closest name, or plugrl's name for a verl key), a value of the wrong type, a value a validator
-rejects."""
+closest name, or plugrl's name for a verl key), a value of the wrong type, a number that is not
+finite, a value a validator rejects.
+
+No option takes ``nan`` or an infinity: a float field refuses them whether the recipe spells
+them ``.nan`` (YAML), ``nan``, ``inf`` or ``1e400``, and so does every other value a section
+holds (a free-form mapping such as ``model.override_config``, a field without a type), since a
+non-finite number passes every ``>``/``<`` validator and only fails, or silently disables
+something, in the middle of a run.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
+import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -20,14 +29,47 @@ from plugrl.errors import RecipeError
 def _structure_float(value: Any, _: Any) -> float:
     if isinstance(value, bool):
         raise TypeError(f"expected a number, got {value!r}")
+    number: float | None = None
     if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
         try:
-            return float(value)
-        except ValueError:
-            pass
-    raise TypeError(f"expected a number, got {value!r}")
+            number = float(value)
+        except OverflowError:  # an integer beyond the floats, as good as infinite
+            number = math.inf if value > 0 else -math.inf
+    elif isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            number = float(value)
+    if number is None:
+        raise TypeError(f"expected a number, got {value!r}")
+    if not math.isfinite(number):
+        raise TypeError(non_finite_message(number, value))
+    return number
+
+
+_NON_FINITE_SPELLINGS = ("nan", "inf", "infinity")
+
+
+def non_finite_message(number: float, given: Any = None) -> str:
+    """The error of an option set to ``nan`` or an infinity; ``given`` is the value as the
+    recipe wrote it, quoted when it is a number too large for a float (``1e400``)."""
+    message = f"expected a finite number, got {number!r}"
+    spelled = str(given).strip().lower().lstrip("+-").lstrip(".")
+    if given is not None and not isinstance(given, float) and spelled not in _NON_FINITE_SPELLINGS:
+        message += f" ({describe_value(given)} is beyond the largest float)"
+    return message
+
+
+def check_finite(raw: Any, key: str) -> None:
+    """Raise a :class:`RecipeError` naming the dotted key of the first ``nan`` or infinity in
+    ``raw`` (mappings and lists are searched): values that no field's type converts, such as
+    those of a free-form mapping, are refused as the float fields refuse them."""
+    if isinstance(raw, float) and not math.isfinite(raw):
+        raise RecipeError(non_finite_message(raw), key=key or None)
+    if isinstance(raw, Mapping):
+        for name, value in raw.items():
+            check_finite(value, f"{key}.{name}" if key else str(name))
+    elif isinstance(raw, (list, tuple)):
+        for value in raw:
+            check_finite(value, key)
 
 
 def _structure_int(value: Any, _: Any) -> int:
@@ -94,10 +136,12 @@ def describe_value(value: Any) -> str:
 
 
 def structure(cls: type, raw: Any, key: str, verl_names: Mapping[str, str] | None = None) -> Any:
-    """Read ``raw`` (a mapping) into ``cls``: unknown keys, wrong types and invalid values give
-    a :class:`RecipeError` naming the dotted key. ``verl_names`` (verl key -> plugrl key) turns
-    an unknown key that is verl's name into a hint naming plugrl's."""
+    """Read ``raw`` (a mapping) into ``cls``: unknown keys, wrong types, numbers that are not
+    finite and invalid values give a :class:`RecipeError` naming the dotted key.
+    ``verl_names`` (verl key -> plugrl key) turns an unknown key that is verl's name into a
+    hint naming plugrl's."""
     check_keys(cls, raw, key, verl_names)
+    check_finite(raw, key)
     try:
         return converter().structure(raw, cls)
     except Exception as exc:

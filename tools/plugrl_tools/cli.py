@@ -7,6 +7,7 @@ needs it.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -45,12 +46,26 @@ def _let_idle_cpu_threads_sleep() -> None:
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+def _ignore_sigterm_while_exiting() -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def _stop_on_sigterm() -> None:
     """Make SIGTERM (what Slurm, Kubernetes and ``kill`` send) stop a run as Ctrl-C does: the
     run ends as interrupted, workers and Ray actors are shut down, half-written folders are
-    removed."""
+    removed.
+
+    After a SIGTERM, once the interpreter runs its exit handlers, SIGTERM is ignored: the
+    process is already ending, and a repeated signal (a job runner that signals the process
+    group, a second ``kill``) would otherwise raise in whichever handler runs then (torch's,
+    Ray's) and print its traceback. Until then every SIGTERM interrupts, so one that lands
+    where the interruption is swallowed (a ``__del__``) can be sent again."""
 
     def interrupt(signum: int, frame: Any) -> None:
+        # exit handlers run last-registered first: registered now, after those of the
+        # libraries the run imported, this one runs before them
+        atexit.unregister(_ignore_sigterm_while_exiting)
+        atexit.register(_ignore_sigterm_while_exiting)
         raise KeyboardInterrupt(f"signal {signum}")
 
     if threading.current_thread() is threading.main_thread():

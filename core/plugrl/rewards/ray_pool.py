@@ -2,7 +2,8 @@
 
 Same contract as :class:`~plugrl.rewards.workers.ProcessPool`: each call has its own
 deadline; an actor whose call runs past it is killed (Ray ends its process) and replaced. Calls
-go to idle actors only, so a call's clock starts when it is sent.
+go to idle actors only, so a call's clock starts when it is sent. The pool grows as a process
+pool does, while the calls wait rather than compute (:class:`~plugrl.rewards.workers.PoolSizing`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from plugrl.errors import PluginError
-from plugrl.rewards.workers import LOAD_TIMEOUT_S, Call, Outcome, run_call
+from plugrl.rewards.workers import LOAD_TIMEOUT_S, Call, Outcome, check_pool_size, run_call
 
 
 class ScoringActor:
@@ -29,9 +30,11 @@ class ScoringActor:
 
 
 class RayPool:
-    """``num_workers`` Ray actors that run scoring calls under per-call deadlines."""
+    """``num_workers`` Ray actors (up to ``max_workers`` while the calls wait rather than
+    compute) that run scoring calls under per-call deadlines."""
 
-    def __init__(self, num_workers: int) -> None:
+    def __init__(self, num_workers: int, max_workers: int | None = None) -> None:
+        self.sizing = check_pool_size(num_workers, max_workers)
         try:
             import ray
         except ImportError:
@@ -51,10 +54,17 @@ class RayPool:
         self.actors: list[Any] = []
         self.prepared: dict[int, set[str]] = {}
         self.killed = 0
+        self.started = 0  # actors started, over the pool's life
+
+    @property
+    def target_workers(self) -> int:
+        """The actors the pool runs now: ``num_workers``, or more for calls that wait."""
+        return self.sizing.target()
 
     def _new_actor(self) -> Any:
         actor = self.actor_class.remote()
         self.actors.append(actor)
+        self.started += 1
         self.prepared[id(actor)] = set()
         return actor
 
@@ -80,9 +90,12 @@ class RayPool:
         outcomes: list[list[Outcome | None]] = [[None] * len(task) for task in tasks]
         queue = deque((t, p) for t, task in enumerate(tasks) for p in range(len(task)))
         running: dict[Any, tuple[Any, tuple[int, int], float]] = {}  # ref -> actor, key, deadline
+        self.sizing.next_batch()
+        for extra in self.actors[self.sizing.target() :]:
+            self._kill(extra)  # the calls got busier than when it started
         idle = [a for a in self.actors]
         while queue or running:
-            while queue and (idle or len(self.actors) < self.num_workers):
+            while queue and (idle or len(self.actors) < self.sizing.target()):
                 actor = idle.pop() if idle else self._new_actor()
                 task, position = queue.popleft()
                 call = tasks[task][position]
@@ -96,7 +109,8 @@ class RayPool:
             for ref in ready:
                 actor, (task, position), _ = running.pop(ref)
                 try:
-                    outcomes[task][position] = self.ray.get(ref)
+                    outcomes[task][position] = outcome = self.ray.get(ref)
+                    self.sizing.record(outcome)
                     idle.append(actor)
                 except Exception as exc:  # the actor process died
                     outcomes[task][position] = Outcome(

@@ -123,7 +123,9 @@ def _import_file(path: str) -> Any:
         sys.modules[module_name] = module
         try:
             _run_with_deadline(spec.loader.exec_module, module, path)
-        except RecipeError:
+        except (RecipeError, KeyboardInterrupt):
+            # an interruption (Ctrl-C, or SIGTERM as the CLI turns it) stops the run while it
+            # waits for the import: it is the user's, not something the file did
             sys.modules.pop(module_name, None)
             raise
         except BaseException as exc:

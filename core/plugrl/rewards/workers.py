@@ -8,10 +8,19 @@ each report starts the clock of the next call. When a call's deadline passes, it
 killed (SIGKILL) and reaped, the call is a timeout, and the task's remaining calls go to a
 fresh worker, so a hung sample costs its own timeout and nothing else.
 
+A pool may grow (``max_workers`` above ``num_workers``): a scorer that waits (a remote check,
+a sandbox, a sleep) leaves the cores idle, so while the calls measured spend most of their time
+neither computing nor waiting for a core, the pool starts more workers, up to as many as keep
+``num_workers`` cores busy (:class:`PoolSizing`). A call's time on or waiting for a core is
+measured in the worker; as long as the cores are taken (by the scorers, or by anything else on
+the machine) the calls wait for them and the pool does not grow.
+
 Workers are fresh interpreters (``python -c``), not forks: they inherit none of the driver's
 threads, locks or GPU state, and unlike multiprocessing's spawn they never re-import the
 driver's ``__main__`` (a training script without an ``if __name__ == "__main__"`` guard works).
-They get the driver's ``sys.path``, so functions the driver can import, they can too. They
+They get the driver's ``sys.path``, so functions the driver can import, they can too, and
+their working folder is not on it before then (a folder named ``plugrl`` there does not
+shadow plugrl). They
 ask the kernel to kill them when the driver dies, and exit on EOF when the pool closes, so
 none outlive the run; a killed worker is always waited for, so none is left a zombie.
 """
@@ -68,15 +77,108 @@ class Call:
 @attrs.frozen
 class Outcome:
     """How a call ended: ``ok`` (``value`` is ``(score, extras)``, or a list of those for a
-    batch call), ``error`` (``message`` says why) or ``timeout``."""
+    batch call), ``error`` (``message`` says why) or ``timeout``. ``wall_s`` is the call's
+    time in the worker, ``busy_s`` the part of it spent computing (in the worker and the
+    processes it waited for) or waiting for a core; both 0 for a timeout or an error, and
+    ``busy_s`` = ``wall_s`` when the call was too quick to measure (:data:`QUICK_CALL_S`)."""
 
     status: str
     value: Any = None
     message: str = ""
+    wall_s: float = 0.0
+    busy_s: float = 0.0
 
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+
+class _BusyClock:
+    """Seconds this process spent computing or waiting for a core, since an arbitrary start.
+
+    CPU time counts this process and the children it waited for (a scorer that runs a
+    sandbox with ``subprocess.run`` computes in the child). Waiting for a core is the
+    scheduler's run-queue time from ``/proc/self/schedstat`` (Linux); without it, only CPU
+    time counts, and a machine whose cores are all taken looks like a scorer that waits.
+    A reading costs about 5 us."""
+
+    def __init__(self) -> None:
+        try:
+            self._schedstat: int | None = os.open("/proc/self/schedstat", os.O_RDONLY)
+        except OSError:
+            self._schedstat = None
+
+    def _queued_s(self) -> float:
+        if self._schedstat is None:
+            return 0.0
+        try:
+            # kept open and read with pread: about 2 us, against 30 us for open and read
+            return int(os.pread(self._schedstat, 64, 0).split()[1]) / 1e9
+        except (OSError, ValueError, IndexError):
+            return 0.0
+
+    def read(self) -> float:
+        # process_time to the nanosecond; children only in clock ticks (10 ms), which is
+        # enough for the subprocesses worth counting
+        children = os.times()
+        cpu = time.process_time() + children.children_user + children.children_system
+        return cpu + self._queued_s()
+
+
+_BUSY_CLOCK: _BusyClock | None = None
+
+
+def _busy_clock() -> _BusyClock:
+    global _BUSY_CLOCK
+    if _BUSY_CLOCK is None:
+        _BUSY_CLOCK = _BusyClock()
+    return _BUSY_CLOCK
+
+
+QUICK_CALL_S = 0.001
+"""A call shorter than this is counted as computing, and the call after it is not measured
+(``busy_s`` = ``wall_s``): two readings of the busy clock would cost as much as the call, and
+no pool grows for calls this quick. A longer call's end reading times the next call."""
+
+
+@attrs.define
+class PoolSizing:
+    """How many workers a pool runs: ``base``, or, when ``maximum`` is larger and the calls
+    measured spend most of their time neither computing nor waiting for a core (they wait
+    on I/O, a remote service, a sleep), as many as keep ``base`` cores busy:
+    ``round(base / busy_fraction)``, at most ``maximum``.
+
+    Each batch halves the weight of the calls measured before it, so the size follows a
+    scorer whose latency changes (a remote service under load).
+    """
+
+    base: int
+    maximum: int
+    wall_s: float = 0.0
+    busy_s: float = 0.0
+
+    def record(self, outcome: Outcome) -> None:
+        """Count a finished call (timeouts and errors are not measured)."""
+        if outcome.ok and outcome.wall_s > 0:
+            self.wall_s += outcome.wall_s
+            self.busy_s += min(outcome.busy_s, outcome.wall_s)
+
+    def next_batch(self) -> None:
+        self.wall_s /= 2
+        self.busy_s /= 2
+
+    @property
+    def busy_fraction(self) -> float | None:
+        """The share of the measured calls' time spent computing or waiting for a core;
+        ``None`` before any call was measured."""
+        return self.busy_s / self.wall_s if self.wall_s > 0 else None
+
+    def target(self) -> int:
+        fraction = self.busy_fraction
+        if self.maximum <= self.base or fraction is None:
+            return self.base
+        wanted = round(self.base / max(fraction, self.base / self.maximum))
+        return min(self.maximum, max(self.base, wanted))
 
 
 # --------------------------------------------------------------------------------------------
@@ -102,15 +204,31 @@ def _die_with_parent() -> None:
 
 
 def run_call(call: Call) -> Outcome:
-    """Run one call in this process, turning any failure into an ``error`` outcome."""
+    """Run one call in this process, turning any failure into an ``error`` outcome; an ``ok``
+    outcome carries the call's times."""
+    return _run_timed(call, time.perf_counter(), _busy_clock().read())[0]
+
+
+def _run_timed(
+    call: Call, wall_start: float, busy_start: float | None
+) -> tuple[Outcome, float, float | None]:
+    """:func:`run_call` timed from the readings ``wall_start`` and ``busy_start`` (``None``:
+    not measured, after a quick call, see :data:`QUICK_CALL_S`); also returns the readings
+    the next call is timed from."""
     try:
         if call.kind == "batch":
             value: Any = call.scorer.score_batch(**call.arguments)
         else:
             value = call.scorer.score_sample(**call.arguments)
-        return Outcome("ok", value)
     except (Exception, SystemExit) as exc:
-        return Outcome("error", message=_describe(exc))
+        return Outcome("error", message=_describe(exc)), time.perf_counter(), None
+    wall_end = time.perf_counter()
+    wall = wall_end - wall_start
+    if wall < QUICK_CALL_S:
+        return Outcome("ok", value, wall_s=wall, busy_s=wall), wall_end, None
+    busy_end = _busy_clock().read()
+    busy = wall if busy_start is None else busy_end - busy_start
+    return Outcome("ok", value, wall_s=wall, busy_s=busy), wall_end, busy_end
 
 
 def _describe(exc: BaseException) -> str:
@@ -146,8 +264,11 @@ def worker_main(fd: int) -> None:
             connection.send(("load_error", _describe(exc)))
             continue
         connection.send(("loaded",))
+        # each call is timed from the end of the one before: sending that one's result is
+        # counted in it, which is microseconds
+        wall_mark, busy_mark = time.perf_counter(), _busy_clock().read()
         for position, call in enumerate(calls):
-            outcome = run_call(call)
+            outcome, wall_mark, busy_mark = _run_timed(call, wall_mark, busy_mark)
             try:
                 connection.send(("result", position, outcome))
             except (BrokenPipeError, EOFError, OSError):
@@ -162,8 +283,17 @@ def worker_main(fd: int) -> None:
 # --------------------------------------------------------------------------------------------
 
 
+# `python -c` puts the working folder first on the import path ('' in sys.path[0]), where a
+# folder named plugrl (a checkout, a run's output) would shadow the installed one; it is
+# dropped before plugrl is imported. -P would do it too, but only from Python 3.11 on, and -I
+# would drop PYTHONPATH as well. The driver's sys.path, the worker's next message, then
+# replaces the whole path.
 _WORKER_CODE = (
-    "import sys; from plugrl.rewards.workers import worker_main; worker_main(int(sys.argv[1]))"
+    "import sys\n"
+    "if sys.path and sys.path[0] == '':\n"
+    "    del sys.path[0]\n"
+    "from plugrl.rewards.workers import worker_main\n"
+    "worker_main(int(sys.argv[1]))\n"
 )
 
 
@@ -183,20 +313,37 @@ class _Worker:
         return self.task >= 0
 
 
+def check_pool_size(num_workers: int, max_workers: int | None) -> PoolSizing:
+    """The sizing of a pool of ``num_workers`` that may grow to ``max_workers``."""
+    if num_workers < 1:
+        raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+    if max_workers is not None and max_workers < num_workers:
+        raise ValueError(f"max_workers must be >= num_workers {num_workers}, got {max_workers}")
+    return PoolSizing(num_workers, max_workers or num_workers)
+
+
 class ProcessPool:
-    """Worker processes that run scoring calls with per-call deadlines (see module doc).
+    """Worker processes that run scoring calls with per-call deadlines; ``num_workers`` of
+    them, growing up to ``max_workers`` while the calls wait rather than compute (see module
+    doc).
 
     A reward manager keeps one for its life and closes it in its ``close()``; as a context
     manager it closes itself. :meth:`map` runs calls spread over the workers, :meth:`run`
     runs tasks (lists of calls each run in order by one worker)."""
 
-    def __init__(self, num_workers: int) -> None:
-        if num_workers < 1:
-            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+    def __init__(self, num_workers: int, max_workers: int | None = None) -> None:
+        self.sizing = check_pool_size(num_workers, max_workers)
         self.num_workers = num_workers
         self.workers: list[_Worker] = []
         self.killed = 0  # workers killed for a timeout, over the pool's life
+        self.started = 0  # worker processes started, over the pool's life
         self._lock = threading.Lock()
+        self._announced = num_workers
+
+    @property
+    def target_workers(self) -> int:
+        """The workers the pool runs now: ``num_workers``, or more for calls that wait."""
+        return self.sizing.target()
 
     # ------------------------------------------------------------------------ worker lifecycle
 
@@ -218,6 +365,7 @@ class ProcessPool:
         connection.send_bytes(pickle.dumps(list(sys.path)))
         worker = _Worker(process, connection)
         self.workers.append(worker)
+        self.started += 1
         return worker
 
     @staticmethod
@@ -275,6 +423,8 @@ class ProcessPool:
         whose functions cannot be loaded in a worker raises :class:`PluginError`.
         """
         with self._lock:
+            self.sizing.next_batch()
+            self._shrink()
             outcomes: list[list[Outcome | None]] = [[None] * len(task) for task in tasks]
             queue: deque[tuple[int, int]] = deque(
                 (index, 0) for index, task in enumerate(tasks) if task
@@ -286,6 +436,35 @@ class ProcessPool:
                     self._kill(worker)
                 raise
             return [[o for o in task if o is not None] for task in outcomes]  # all filled
+
+    def _shrink(self) -> None:
+        """Stop idle workers beyond the target: the calls got busier than when they started."""
+        target = self.sizing.target()
+        extra = len(self.workers) - target
+        if extra <= 0:
+            return
+        for worker in [w for w in self.workers if not w.busy][:extra]:
+            self._kill(worker)
+        self._announced = target  # growing again is news again
+
+    def _grow(self) -> bool:
+        """Whether a worker may be added, saying so once per size beyond ``num_workers``."""
+        target = self.sizing.target()
+        if len(self.workers) >= target:
+            return False
+        if len(self.workers) >= self._announced:
+            self._announced = target
+            fraction = self.sizing.busy_fraction or 0.0
+            logger.info(
+                "reward: scoring calls spend %.0f%% of their time waiting (I/O, a remote "
+                "service, a sleep), not computing; %d workers score at once to keep %d cores "
+                "busy (at most reward.max_workers=%d)",
+                100 * (1 - fraction),
+                target,
+                self.num_workers,
+                self.sizing.maximum,
+            )
+        return True
 
     def _run(
         self,
@@ -316,7 +495,7 @@ class ProcessPool:
                 self._kill(dead)
             if idle:
                 worker = idle[0]
-            elif len(self.workers) < self.num_workers:
+            elif self._grow():
                 worker = self._start_worker()
             else:
                 return
@@ -370,6 +549,7 @@ class ProcessPool:
             elif kind == "result":
                 task, position = self._current(worker)
                 outcomes[task][position] = message[2]
+                self.sizing.record(message[2])
                 worker.done += 1
                 if worker.done == worker.count:
                     worker.task = -1

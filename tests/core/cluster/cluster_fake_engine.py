@@ -73,6 +73,9 @@ class CountingEngine(RolloutEngine):
         self._abort_on_pause = False
         self.sleeping = False
         self.events: list[str] = []
+        self.in_flight = 0
+        self.most_in_flight = 0
+        """The most samples generating at once so far."""
 
     async def generate_request(self, request: GenerationRequest) -> list[Completion]:
         params = request.params
@@ -85,15 +88,20 @@ class CountingEngine(RolloutEngine):
     async def _sample(self, request: GenerationRequest, index: int, seed: int) -> Completion:
         tokens, versions = [], []
         reason = "length"
-        for position in range(request.params.max_tokens):
-            await asyncio.sleep(STEP_SECONDS)
-            while self._paused and not self._abort_on_pause:
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            for position in range(request.params.max_tokens):
                 await asyncio.sleep(STEP_SECONDS)
-            if request.request_id in self._aborted or (self._paused and self._abort_on_pause):
-                reason = "aborted"
-                break
-            tokens.append(self.offset + (seed + position) % 97)
-            versions.append(self.weight_version)
+                while self._paused and not self._abort_on_pause:
+                    await asyncio.sleep(STEP_SECONDS)
+                if request.request_id in self._aborted or (self._paused and self._abort_on_pause):
+                    reason = "aborted"
+                    break
+                tokens.append(self.offset + (seed + position) % 97)
+                versions.append(self.weight_version)
+        finally:
+            self.in_flight -= 1
         return Completion(
             token_ids=tokens,
             log_probs=[-1.0] * len(tokens),

@@ -121,12 +121,12 @@ def test_a_batch_comes_back_grouped_by_prompt_and_seeded_per_prompt(local_group)
 
 
 def test_many_requests_are_in_flight_at_once(local_group):
-    start = time.perf_counter()
     futures = [local_group.submit(request(f"r{i}", 50)) for i in range(20)]
     results = [future.result() for future in futures]
-    # one after another they would take 20 x 50 steps
-    assert time.perf_counter() - start < 20 * 50 * cluster_fake_engine.STEP_SECONDS / 2
     assert [r[0].request_id for r in results] == [f"r{i}" for i in range(20)]
+    # submitted together, they generate together, not one after another: a request's 50
+    # steps outlast the submission of the other 19 by far
+    assert local_group.engine.most_in_flight >= 10
 
 
 def test_abort_ends_the_named_requests_with_the_tokens_they_have(local_group):

@@ -256,3 +256,31 @@ def test_a_file_whose_import_hangs_stops_the_run_at_a_deadline(
         "file does at import (a download, a lock, a prompt for input) and move it into the "
         "function"
     )
+
+
+def test_an_interruption_during_the_import_is_not_blamed_on_the_file(
+    make_recipe, scorer_file, tmp_path
+):
+    import _thread
+    import sys
+    import threading
+
+    from plugrl.rewards import scoring
+
+    started = tmp_path / "started"
+    path = scorer_file(
+        f"import pathlib, time\npathlib.Path({str(started)!r}).touch()\ntime.sleep(3)\n" + SYNC,
+        name="slow.py",
+    )
+
+    def interrupt_once_importing() -> None:
+        while not started.exists():
+            threading.Event().wait(0.01)
+        _thread.interrupt_main()  # what Ctrl-C, or SIGTERM through the CLI, raises
+
+    threading.Thread(target=interrupt_once_importing, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        make_resolver(make_recipe(custom(path)))
+    # nothing of the half-imported file is kept: a later run imports it afresh
+    assert str(path.resolve()) not in scoring._FILE_MODULES
+    assert not [name for name in sys.modules if name.startswith("plugrl_reward_file_slow_")]

@@ -13,7 +13,13 @@ counted in ``reward/errors`` (``score_zero``).
 Metrics: ``critic/score/{mean,max,min}`` (per-response totals, shaping included),
 ``reward/<data_source>/score`` (mean raw score), ``reward/<data_source>/<field>`` (mean of each
 numeric field a scorer returns, ``acc`` included; a failed sample counts as ``acc`` 0),
-``reward/errors`` and ``reward/timeouts``.
+``reward/errors`` and ``reward/timeouts``; and, measured on the machine,
+``perf/reward_workers`` (worker processes after the batch) and ``perf/reward_busy_fraction``
+(the share of the scoring calls' time spent computing or waiting for a core: near 0 for a
+scorer that waits on I/O or sleeps).
+
+A batch whose scoring took over a second, its calls mostly waiting, with no more workers to
+give, logs once which key would score more samples at a time.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from numbers import Real
@@ -68,6 +75,9 @@ class ScoringRewardManager(RewardManager):
     def __init__(self, config: RewardConfig, context: PartContext) -> None:
         super().__init__(config, context)
         self._pool: Any = None
+        self._said_calls_wait = False
+        self.last_scoring: dict[str, float] = {}
+        """Machine measurements of the last :meth:`score`, as ``perf/`` metrics."""
 
     # ------------------------------------------------------------------ start-up checks
 
@@ -128,6 +138,7 @@ class ScoringRewardManager(RewardManager):
         extra.update(shaping_extra)
         metrics = _metrics(results, data_sources, scores.sum(dim=-1))
         metrics.update(shaping_metrics)
+        metrics.update(self.last_scoring)
         return RewardOutput(token_level_scores=scores, extra=extra, metrics=metrics)
 
     def decode(self, responses: torch.Tensor, mask: torch.Tensor) -> list[str]:
@@ -144,7 +155,20 @@ class ScoringRewardManager(RewardManager):
             return []
         scorers = {ds: self._scorer(ds) for ds in {s["data_source"] for s in samples}}
         tasks, owners = self.plan(samples, scorers)
-        outcomes = self.pool().run(tasks)
+        pool = self.pool()
+        workers_started = getattr(pool, "started", 0)
+        started = time.monotonic()
+        outcomes = pool.run(tasks)
+        seconds = time.monotonic() - started
+        measured = [o for task in outcomes for o in task if o.ok and o.wall_s > 0]
+        wall = sum(o.wall_s for o in measured)
+        self.last_scoring = {"perf/reward_workers": float(len(pool_members(pool)))}
+        if wall > 0:
+            busy = sum(min(o.busy_s, o.wall_s) for o in measured) / wall
+            self.last_scoring["perf/reward_busy_fraction"] = busy
+            # a batch that started workers spent part of its time on their start-up
+            if getattr(pool, "started", 0) == workers_started:
+                self._say_if_calls_wait(seconds, busy, len(tasks))
         results = [SampleResult() for _ in samples]
         for task_outcomes, task_owners in zip(outcomes, owners, strict=True):
             for outcome, indices in zip(task_outcomes, task_owners, strict=True):
@@ -168,6 +192,30 @@ class ScoringRewardManager(RewardManager):
         if self._pool is None:
             self._pool = ProcessPool(self.num_workers())
         return self._pool
+
+    def more_at_once(self, tasks: int) -> str | None:
+        """What would score more samples at a time, when the pool cannot: here, a manager
+        that spreads them over workers."""
+        return (
+            f"the {self.name} manager scores one sample at a time; reward.manager=parallel "
+            "scores samples concurrently"
+        )
+
+    def _say_if_calls_wait(self, seconds: float, busy: float, tasks: int) -> None:
+        # a second of scoring matters in a step; less is not worth a line
+        if self._said_calls_wait or seconds < 1.0 or busy >= 0.5:
+            return
+        advice = self.more_at_once(tasks)
+        if advice is None:
+            return
+        self._said_calls_wait = True
+        logger.warning(
+            "reward: scoring a batch took %.1f s, its calls waiting %.0f%% of their time (I/O, "
+            "a remote service, a sleep) rather than computing; %s",
+            seconds,
+            100 * (1 - busy),
+            advice,
+        )
 
     def shape(
         self, scores: list[float], lengths: torch.Tensor
@@ -207,6 +255,11 @@ class ScoringRewardManager(RewardManager):
                     failed[0],
                     results[failed[0]].message,
                 )
+
+
+def pool_members(pool: Any) -> list[Any]:
+    """The processes (or Ray actors) a pool runs now."""
+    return list(getattr(pool, "workers", None) or getattr(pool, "actors", None) or [])
 
 
 def _unpack(outcome: Outcome, indices: list[int], results: list[SampleResult]) -> None:
@@ -367,6 +420,9 @@ class DAPORewardManager(ScoringRewardManager):
                     key="reward.overlong_buffer.len",
                 )
 
+    def more_at_once(self, tasks: int) -> str | None:
+        return None  # the parallel manager has no overlong shaping to offer instead
+
     def shape(
         self, scores: list[float], lengths: torch.Tensor
     ) -> tuple[list[float], dict[str, list[Any]], dict[str, float]]:
@@ -415,6 +471,9 @@ class BatchRewardManager(ScoringRewardManager):
     name = "batch"
     accepts_batch_functions = True
 
+    def more_at_once(self, tasks: int) -> str | None:
+        return None  # a batch function decides itself how much it does at once
+
     def plan(
         self, samples: Sequence[dict[str, Any]], scorers: dict[str, Any]
     ) -> tuple[list[list[Call]], list[list[list[int]]]]:
@@ -449,7 +508,15 @@ class ParallelRewardConfig(RewardConfig):
 
     num_workers: int | None = option(
         None,
-        "Scoring processes (or Ray actors); unset: the CPU count, at most 8.",
+        "Scoring processes (or Ray actors), fixed. Unset: the CPU count (at most 8), growing "
+        "while the scoring calls wait rather than compute (a remote check, a sandbox, a "
+        "sleep) to as many as keep that many cores busy, up to reward.max_workers.",
+        validator=positive,
+    )
+    max_workers: int = option(
+        32,
+        "Most scoring processes (or Ray actors) when reward.num_workers is unset and the "
+        "calls wait rather than compute; each is a Python process with the scorer's imports.",
         validator=positive,
     )
     chunk_size: int | None = option(
@@ -472,24 +539,47 @@ class ParallelRewardManager(ScoringRewardManager):
     name = "parallel"
 
     def num_workers(self) -> int:
+        """The workers the pool starts with (and keeps, when ``reward.num_workers`` is set)."""
         configured = self.config.num_workers  # type: ignore[attr-defined]
         return configured or max(1, min(os.cpu_count() or 1, 8))
+
+    def max_workers(self) -> int:
+        """The most workers the pool grows to while the calls wait."""
+        if self.config.num_workers:  # type: ignore[attr-defined]
+            return self.config.num_workers  # type: ignore[attr-defined]
+        return max(self.num_workers(), self.config.max_workers)  # type: ignore[attr-defined]
 
     def pool(self) -> Any:
         if self._pool is None:
             if self.config.backend == "ray":  # type: ignore[attr-defined]
                 from plugrl.rewards.ray_pool import RayPool
 
-                self._pool = RayPool(self.num_workers())
+                self._pool = RayPool(self.num_workers(), self.max_workers())
             else:
-                self._pool = ProcessPool(self.num_workers())
+                self._pool = ProcessPool(self.num_workers(), self.max_workers())
         return self._pool
+
+    def more_at_once(self, tasks: int) -> str | None:
+        workers = len(pool_members(self._pool))
+        if tasks <= workers:
+            return None  # every chunk had a worker already
+        configured = self.config.num_workers  # type: ignore[attr-defined]
+        if configured:
+            return (
+                f"reward.num_workers={configured} caps the workers scoring at once; raise it, "
+                "or unset it to let the pool grow while the calls wait"
+            )
+        if workers >= self.max_workers():
+            return f"the pool is at reward.max_workers={self.max_workers()}; raise it"
+        return None  # it is still growing
 
     def plan(
         self, samples: Sequence[dict[str, Any]], scorers: dict[str, Any]
     ) -> tuple[list[list[Call]], list[list[list[int]]]]:
+        # about 4 chunks per worker the pool runs now: enough to spread over workers it adds
+        # during the batch, few enough that a round trip to a worker is paid per chunk
         size = self.config.chunk_size or max(  # type: ignore[attr-defined]
-            1, math.ceil(len(samples) / (4 * self.num_workers()))
+            1, math.ceil(len(samples) / (4 * self.pool().target_workers))
         )
         timeout = self.config.timeout_s
         tasks, owners = [], []

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import logging
+import math
+from typing import TYPE_CHECKING
+
 import attrs
 
 from plugrl.config import non_negative, option, positive
 from plugrl.parts.scheduler import SchedulerConfig
+
+if TYPE_CHECKING:
+    from plugrl.recipe import Recipe
+
+# the logger of the recipe's own warnings (plugrl.recipe.checks): these are warnings about the
+# recipe too, only ones that need the run's length
+logger = logging.getLogger("plugrl.recipe")
 
 
 @attrs.define(kw_only=True)
@@ -64,3 +75,61 @@ class FullyAsyncConfig(SchedulerConfig):
         "an engine's batch fuller, fewer makes samples fresher.",
         validator=positive,
     )
+
+
+def warn_meaningless_bounds(
+    config: FullyAsyncConfig, recipe: Recipe, total_steps: int, dataset_size: int | None = None
+) -> None:
+    """Warn (logger ``plugrl.recipe``, one line each) about keys whose value makes their bound
+    mean nothing for a run of ``total_steps`` trainer steps over ``dataset_size`` prompts
+    (``None``: unknown):
+
+    * ``staleness_threshold`` so large that ``max_required_samples`` exceeds the samples the
+      whole run trains (or the dataset): the rollouter is never paused, and may generate the
+      run (or an epoch) ahead of the trainer on old weights;
+    * ``trigger_parameter_sync_step`` at or past the run's last step: no weight sync comes
+      before the last step, so the engines generate every sample with the initial weights.
+
+    A run of one step gets neither: all it trains was generated with the initial weights.
+
+    Call it once the run's length is known, before training starts.
+    """
+    if total_steps <= 1:
+        return  # one step trains the first weights' samples whatever the keys say
+    required = recipe.actor.ppo_mini_batch_size * config.require_batches
+    sync_step = config.trigger_parameter_sync_step
+    threshold = config.staleness_threshold
+    # verl's int() of the product; a threshold near the largest float makes it infinite
+    product = required * (1 + threshold) * sync_step
+    max_required = int(product) if math.isfinite(product) else math.inf
+    run_samples = total_steps * required
+    limits = [
+        (
+            run_samples,
+            f"the {run_samples} samples the whole run trains ({total_steps} steps x "
+            f"required_samples {required})",
+        )
+    ]
+    if dataset_size is not None:
+        limits.append((dataset_size, f"the {dataset_size} prompts of the training data"))
+    limit, what = min(limits)
+    # blamed on the threshold only when one weight period alone fits: a period as long as
+    # the run is the sync step's doing, warned about below
+    if required * sync_step < limit < max_required:
+        shown = str(max_required) if max_required < 1e15 else f"{max_required:.3g}"
+        logger.warning(
+            "%s: %s",
+            "scheduler.staleness_threshold",
+            f"{threshold:g} lets max_required_samples = int(required_samples {required} x (1 + "
+            f"{threshold:g}) x trigger_parameter_sync_step {sync_step}) = {shown} exceed "
+            f"{what}, so the bound never pauses the rollouter and samples may train on weights "
+            "many versions old; lower it for the bound to hold",
+        )
+    if sync_step >= total_steps:
+        logger.warning(
+            "%s: %s",
+            "scheduler.trigger_parameter_sync_step",
+            f"{sync_step} is not below the run's {total_steps} trainer steps, so no weight "
+            "sync comes before the last step and the engines generate every sample with the "
+            f"initial weights; set it below {total_steps}",
+        )
