@@ -27,6 +27,9 @@ from typing import Any
 
 import attrs
 
+UNBOUNDED = 2**62
+"""``max_required_samples`` of a threshold too large to mean a bound."""
+
 
 @attrs.frozen
 class PauseReason:
@@ -94,12 +97,14 @@ class StalenessAccount:
     @property
     def max_required_samples(self) -> int:
         """verl's bound: ``int(required_samples x (1 + staleness_threshold) x
-        trigger_parameter_sync_step)``."""
-        return int(
+        trigger_parameter_sync_step)``; a threshold so large that the product is no longer a
+        float gives :data:`UNBOUNDED` (the rollouter is never held back)."""
+        product = (
             self.required_samples
             * (1 + self.staleness_threshold)
             * self.trigger_parameter_sync_step
         )
+        return int(product) if product < UNBOUNDED else UNBOUNDED
 
     @property
     def max_version_lag(self) -> int:

@@ -27,7 +27,7 @@ from plugrl.steps import (
 
 from .accounting import StalenessAccount
 from .buffer import make_buffer
-from .config import FullyAsyncConfig
+from .config import FullyAsyncConfig, warn_meaningless_bounds
 from .rollouter import PromptStream, Rollouter, Sample
 
 if TYPE_CHECKING:
@@ -127,6 +127,7 @@ class FullyAsyncScheduler(Scheduler):
             # the position the rollouter had when the kept prompts were listed
             parts.train_loader.load_state_dict(saved["dataloader"])
         account.version = parts.weight_version
+        warn_meaningless_bounds(config, self.recipe, self.total_steps(parts), len(parts.train_data))
         if account.taken_this_period and step < self.total_steps(parts):
             self.start_period_on_resume(parts, account, step)
         self.account = account

@@ -304,3 +304,11 @@ def test_events_out_of_order_are_refused():
     account.start()
     with pytest.raises(RuntimeError, match="max_required_samples"):
         account.start()
+
+
+def test_a_threshold_too_large_for_a_bound_leaves_the_rollouter_unbounded():
+    from plugrl_fully_async.accounting import UNBOUNDED
+
+    account = StalenessAccount(4, 1, 1e308)  # finite, but 4 x (1 + 1e308) is not
+    assert account.max_required_samples == UNBOUNDED
+    assert account.may_start()

@@ -99,3 +99,22 @@ def test_non_finite_thresholds_are_refused_when_the_recipe_is_read(plugrl_plugin
     assert str(info.value) == (
         f"scheduler.staleness_threshold: expected a finite number, got {value}"
     )
+
+
+def test_a_run_warns_of_a_meaningless_bound_when_it_starts(
+    sim_task, tmp_path, plugrl_recipe, plugrl_plugin_manager, caplog
+):
+    """The scheduler checks its bounds once the run's length and data are known, and the run
+    goes on under the unbounded rollouter."""
+    import logging
+
+    from plugrl.run import run_recipe
+    from plugrl_sim.parts import sim_recipe
+
+    data = sim_recipe(sim_task, tmp_path / "run", scheduler="fully_async", colocate=False, steps=2)
+    data["scheduler"]["staleness_threshold"] = 1e308
+    with caplog.at_level(logging.WARNING, logger="plugrl.recipe"):
+        run_recipe(plugrl_recipe(data), plugrl_plugin_manager)
+    warned = [r.getMessage() for r in caplog.records if r.name == "plugrl.recipe"]
+    assert any(line.startswith("scheduler.staleness_threshold: ") for line in warned), warned
+    assert (tmp_path / "run" / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
