@@ -34,26 +34,28 @@ from plugrl.parts.algorithm import LossScale
 from plugrl.parts.backend import OptimConfig
 from plugrl.parts.context import DistInfo, PartContext
 from plugrl.recipe import ModelConfig, Recipe
+from plugrl.testing import save_tiny_model
 from plugrl_fsdp2.backend import FSDP2Backend
 from plugrl_fsdp2.config import FSDP2ActorConfig
 
 VOCAB = 4096
 
 
-def save_model(folder: Path) -> Path:
-    import transformers
-
-    config = transformers.Qwen2Config(
+def save_model(folder: Path, max_length: int) -> Path:
+    """A tiny Qwen2 model (hidden 256, 4 layers, a vocabulary of VOCAB, untied embeddings)
+    that takes sequences of ``max_length`` tokens."""
+    return save_tiny_model(
+        folder,
+        seed=0,
+        vocab_size=VOCAB,
         hidden_size=256,
+        intermediate_size=768,
         num_hidden_layers=4,
         num_attention_heads=4,
         num_key_value_heads=2,
-        intermediate_size=768,
-        vocab_size=VOCAB,
+        max_position_embeddings=max_length,
+        tie_word_embeddings=False,
     )
-    torch.manual_seed(0)
-    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    return folder
 
 
 def make_batch(rows: int, max_prompt: int, max_response: int, seed: int = 0) -> Batch:
@@ -183,7 +185,7 @@ def main() -> None:
     batch = make_batch(args.rows, args.max_prompt, args.max_response)
     real_tokens = int(batch["attention_mask"].sum())
     with tempfile.TemporaryDirectory() as folder:
-        model_dir = save_model(Path(folder))
+        model_dir = save_model(Path(folder), args.max_prompt + args.max_response)
         ways = {
             f"fixed micro-batch {args.micro}": build(
                 model_dir, args.device, args.rows, ppo_micro_batch_size_per_gpu=args.micro

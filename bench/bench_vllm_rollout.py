@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import statistics
 import time
 from collections.abc import Callable
@@ -38,8 +39,11 @@ from plugrl_cpu.device import CpuDevice
 from plugrl_hf.config import HFRolloutConfig
 from plugrl_hf.engine import HFRolloutEngine
 from plugrl_tools.quickstart import DEFAULT_DIR, prepare_quickstart
-from plugrl_vllm.config import VLLMRolloutConfig
-from plugrl_vllm.engine import VLLMRolloutEngine
+
+NEEDS_VLLM = (
+    "bench_vllm_rollout needs vLLM and plugrl-vllm: run it with .venv-vllm/bin/python "
+    "(plugins/rollout/vllm/test-env.sh builds .venv-vllm)"
+)
 
 
 def alternate(
@@ -55,7 +59,7 @@ def alternate(
     return timings
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quickstart-dir", default=str(DEFAULT_DIR))
     parser.add_argument("--prompts", type=int, default=64)
@@ -63,9 +67,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    # checked before the quickstart is built (minutes): the engine imports vLLM only on start
+    if not all(importlib.util.find_spec(name) for name in ("vllm", "plugrl_vllm")):
+        raise SystemExit(NEEDS_VLLM)
 
     from transformers import AutoTokenizer
+
+    from plugrl_vllm.config import VLLMRolloutConfig
+    from plugrl_vllm.engine import VLLMRolloutEngine
 
     paths = prepare_quickstart(Path(args.quickstart_dir))
     tokenizer = AutoTokenizer.from_pretrained(paths.model_path)

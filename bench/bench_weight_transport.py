@@ -25,6 +25,7 @@ bytes, per engine, over those seconds).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import time
@@ -44,7 +45,7 @@ QWEN2_05B = {
     "num_attention_heads": 14,
     "num_key_value_heads": 2,
     "intermediate_size": 4864,
-    "vocab_size": 151936,
+    "vocab_size": 151936,  # the embedding's rows; the tiny tokenizer uses the first few
     "tie_word_embeddings": True,
     "max_position_embeddings": 32768,
 }
@@ -102,16 +103,13 @@ class ReceivingEngine(RolloutEngine):
 
 def qwen2_05b(folder: Path) -> Path:
     """A random bfloat16 Qwen2 model of Qwen2.5-0.5B's shapes under ``folder`` (reused)."""
-    import transformers
+    from plugrl.testing import save_tiny_model
 
     if (folder / "config.json").exists():
         return folder
     print(f"building a random Qwen2.5-0.5B-shaped model in {folder} ...", flush=True)
-    config = transformers.Qwen2Config(**QWEN2_05B)
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     staging = folder.with_name(folder.name + ".tmp")
-    model.save_pretrained(staging)
+    save_tiny_model(staging, seed=0, dtype="bfloat16", **QWEN2_05B)
     staging.rename(folder)
     return folder
 
@@ -261,7 +259,13 @@ def print_table(rows: list[dict]) -> None:
         )
 
 
-def main() -> None:
+NEEDS_RAY = (
+    "bench_weight_transport needs Ray for its object_store and collective cases: "
+    "pip install -c constraints/cpu.txt -e '.[ray]'"
+)
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quickstart-dir", default="runs/quickstart-assets")
     parser.add_argument("--models", default="quickstart,qwen2-0.5b")
@@ -269,7 +273,9 @@ def main() -> None:
     parser.add_argument("--engines", default="1,2", help="engine workers pushed to")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads in this process")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if importlib.util.find_spec("ray") is None:
+        raise SystemExit(NEEDS_RAY)
     args.buckets = [int(b) for b in args.buckets.split(",")]
     args.engines = [int(e) for e in args.engines.split(",")]
     # the Ray actors run one torch thread each (one CPU each); so does the local case

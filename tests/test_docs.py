@@ -405,11 +405,11 @@ def test_the_test_kit_is_documented_as_it_is():
     fixtures = set(table_rows(text, "fixture"))
     assert fixtures == {name for name in vars(testing_fixtures) if name.startswith("plugrl_")}
     builders = table_rows(text, "builder")
-    assert {cell.partition("(")[0] for cell in builders} == {
-        "make_batch",
-        "make_loss_aggregator",
-        "make_recipe",
-        "part_context",
+    documented = {cell.partition("(")[0] for cell in builders}
+    assert documented == set(testing.__all__) - {
+        "FakeDistribution",
+        "FakeEntryPoint",
+        "make_fake_entry_point",  # behind the plugrl_fake_entry_point fixture
     }
     for cell in builders:
         name, _, rest = cell.partition("(")
@@ -424,22 +424,22 @@ def test_the_test_kit_is_documented_as_it_is():
 
 
 def test_the_documented_unit_tests_of_parts_pass(tmp_path):
-    """The example under "Builders" runs as a plugin author would run it."""
+    """The examples under "Builders" run as a plugin author would run them."""
     text = page_section("Testing a plugin")
     builders = text[text.index("### Builders") :]
-    block = re.search(r"```python\n(.*?)```", builders, re.S)
-    assert block is not None
-    test_file = tmp_path / "test_my_parts.py"
-    test_file.write_text(block.group(1), encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", builders, re.S)
+    assert len(blocks) == 2  # unit tests of parts; a test with a tiny model
+    for index, block in enumerate(blocks):
+        (tmp_path / f"test_documented_{index}.py").write_text(block, encoding="utf-8")
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test_file)],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=300,
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    count = len(re.findall(r"^def test_", block.group(1), re.M))
+    count = sum(len(re.findall(r"^def test_", block, re.M)) for block in blocks)
     assert f"{count} passed" in result.stdout
 
 

@@ -13,6 +13,12 @@ Builders, for unit tests of parts:
   whole mini-batch.
 * :func:`make_recipe`: a validated :class:`~plugrl.recipe.Recipe` from a mapping of overrides.
 
+Builders of a tiny model (:mod:`plugrl.testing.tiny`), for parts that need a real one:
+
+* :func:`save_tiny_model`: a Hugging Face folder with a tokenizer and a Qwen2-architecture
+  model of about 4M parameters, written from a seed without touching the network.
+* :func:`make_tiny_tokenizer`, :func:`make_tiny_model`: the two, in memory.
+
 Example::
 
     def test_my_reward_is_used(plugrl_register_plugin):
@@ -29,6 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from plugrl.testing.tiny import make_tiny_model, make_tiny_tokenizer, save_tiny_model
+
 if TYPE_CHECKING:
     import torch
 
@@ -36,6 +44,19 @@ if TYPE_CHECKING:
     from plugrl.data.batch import Batch
     from plugrl.plugins import PluginManager
     from plugrl.recipe import Recipe
+
+__all__ = [
+    "FakeDistribution",
+    "FakeEntryPoint",
+    "make_batch",
+    "make_fake_entry_point",
+    "make_loss_aggregator",
+    "make_recipe",
+    "make_tiny_model",
+    "make_tiny_tokenizer",
+    "part_context",
+    "save_tiny_model",
+]
 
 
 def part_context(recipe: Any = None, **fields: Any) -> Any:

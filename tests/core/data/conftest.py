@@ -6,14 +6,16 @@ from typing import Any
 
 import pytest
 
+from plugrl.testing import make_tiny_tokenizer
+
 
 @pytest.fixture(scope="session")
 def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A tiny Qwen2 tokenizer with a ChatML template, saved and loaded back as a run loads it."""
     from transformers import AutoTokenizer
 
-    from plugrl_tools.quickstart import save_untrained_model
-
-    folder = save_untrained_model(tmp_path_factory.mktemp("tiny-model"), seed=0)
+    folder = tmp_path_factory.mktemp("tiny-tokenizer")
+    make_tiny_tokenizer().save_pretrained(folder)
     return AutoTokenizer.from_pretrained(folder)
 
 

@@ -89,7 +89,7 @@ def _task(
     seed: int, settings: QuickstartSettings
 ) -> tuple[arithmetic.TaskSplits, list[tuple[str, str]], Any]:
     """The problems, the warm-start examples, and the tokenizer trained on those examples."""
-    from plugrl_tools.quickstart.tokenizer import train_tokenizer
+    from plugrl_tools.quickstart.model import train_tokenizer
 
     splits = arithmetic.make_splits(
         seed,

@@ -585,18 +585,18 @@ class SimTask:
 
 
 def build_sim_task(root: str | Path, *, num_train: int = 256, num_val: int = 16) -> SimTask:
-    """Write a tokenizer (the quickstart's, trained here) and ``num_train`` / ``num_val``
-    prompts of data source ``plugrl/sim`` under ``root``."""
+    """Write a tokenizer (a tiny one of :mod:`plugrl.testing.tiny`, trained here) and
+    ``num_train`` / ``num_val`` prompts of data source ``plugrl/sim`` under ``root``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from plugrl_tools.quickstart.tokenizer import GENERAL_TEXT, train_tokenizer
+    from plugrl.testing import make_tiny_tokenizer
 
     root = Path(root)
     task = SimTask(root, root / "tokenizer", root / "train.parquet", root / "val.parquet")
     root.mkdir(parents=True, exist_ok=True)
     if not (task.tokenizer / "tokenizer_config.json").exists():
-        train_tokenizer([*GENERAL_TEXT] * 4, vocab_size=300).save_pretrained(task.tokenizer)
+        make_tiny_tokenizer(vocab_size=300).save_pretrained(task.tokenizer)
     for path, count, split in (
         (task.train_file, num_train, "train"),
         (task.val_file, num_val, "val"),

@@ -12,27 +12,30 @@ from plugrl.parts.algorithm import LossScale
 from plugrl.parts.backend import CriticConfig, OptimConfig
 from plugrl.parts.context import DistInfo, PartContext
 from plugrl.recipe import ClusterConfig, ModelConfig, Recipe, TrainerConfig
+from plugrl.testing import save_tiny_model
 from plugrl_cpu.device import CpuDevice
 from plugrl_fsdp2.backend import FSDP2Backend
 from plugrl_fsdp2.config import FSDP2ActorConfig
 
-VOCAB = 256
+VOCAB = 320
+"""The tiny model's vocabulary (even, so tensor parallelism can cut it in two)."""
 
 
 def save_tiny_qwen2(folder: Path, seed: int = 0) -> Path:
-    import transformers
-
-    config = transformers.Qwen2Config(
+    """A Qwen2 model small enough for several backends per test: hidden 64, 2 layers, separate
+    input and output embeddings (the case a backend must not tie), with its tokenizer."""
+    return save_tiny_model(
+        folder,
+        seed=seed,
+        tokenizer_vocab_size=VOCAB,
+        vocab_size=VOCAB,
         hidden_size=64,
+        intermediate_size=128,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        intermediate_size=128,
-        vocab_size=VOCAB,
+        tie_word_embeddings=False,
     )
-    torch.manual_seed(seed)
-    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    return folder
 
 
 def make_recipe(

@@ -11,7 +11,6 @@ from tests.plugins.backends.fsdp2.fsdp2_testing import (
     make_backend,
     make_batch,
     make_recipe,
-    save_tiny_qwen2,
 )
 
 
@@ -34,14 +33,28 @@ def test_export_loads_with_automodel_and_gives_the_same_logits(tiny_model, tmp_p
     expected = torch.log_softmax(logits, -1).gather(-1, batch["responses"].unsqueeze(-1))
     got = backend.compute_log_prob(batch)["log_probs"]
     torch.testing.assert_close(got, expected.squeeze(-1) * mask, atol=1e-5, rtol=0)
-    # no tokenizer in the model folder: none is invented
-    assert not (tmp_path / "hf" / "tokenizer.json").exists()
+    # the model folder's tokenizer travels with the weights
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (tmp_path / "hf" / name).read_bytes() == (tiny_model / name).read_bytes()
 
 
-def test_export_copies_tokenizer_files_and_replaces_an_old_export(tmp_path):
+def model_without_tokenizer(tiny_model, folder):
+    transformers.AutoModelForCausalLM.from_pretrained(tiny_model).save_pretrained(folder)
+    return folder
+
+
+def test_a_model_folder_without_tokenizer_exports_none(tiny_model, tmp_path):
+    model_dir = model_without_tokenizer(tiny_model, tmp_path / "model")
+    make_backend(make_recipe(model_dir)).export_hf(tmp_path / "hf")
+    assert (tmp_path / "hf" / "model.safetensors").is_file()
+    assert not (tmp_path / "hf" / "tokenizer.json").exists(), "none is invented"
+    assert not (tmp_path / "hf" / "tokenizer_config.json").exists()
+
+
+def test_export_copies_tokenizer_files_and_replaces_an_old_export(tiny_model, tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    model_dir = save_tiny_qwen2(tmp_path / "model")
+    model_dir = model_without_tokenizer(tiny_model, tmp_path / "model")
     vocab = {f"t{i}": i for i in range(255)} | {"<unk>": 255}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()

@@ -10,25 +10,28 @@ import torch
 from plugrl.parts.backend import OptimConfig
 from plugrl.parts.context import DistInfo, PartContext
 from plugrl.recipe import ClusterConfig, ModelConfig, Recipe, TrainerConfig
+from plugrl.testing import save_tiny_model
 from plugrl_cpu.device import CpuDevice
+from tests.plugins.backends.fsdp2.fsdp2_testing import VOCAB
 
 
 def save_tiny_qwen3(folder: Path, seed: int = 0, tie: bool = False) -> Path:
-    import transformers
-
-    config = transformers.Qwen3Config(
+    """The fsdp2 tests' tiny model as a Qwen3 (per-head query/key norms, a head size other than
+    hidden / heads), its embeddings tied or not."""
+    return save_tiny_model(
+        folder,
+        seed=seed,
+        model_type="qwen3",
+        head_dim=32,
+        tokenizer_vocab_size=VOCAB,
+        vocab_size=VOCAB,
         hidden_size=64,
+        intermediate_size=128,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        head_dim=32,
-        intermediate_size=128,
-        vocab_size=256,
         tie_word_embeddings=tie,
     )
-    torch.manual_seed(seed)
-    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    return folder
 
 
 def megatron_recipe(model_dir: Path, *, lr: float = 1e-3, **actor: Any) -> Recipe:

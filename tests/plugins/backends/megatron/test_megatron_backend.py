@@ -128,7 +128,10 @@ def test_micro_batches_recompute_and_on_policy_old_log_probs_give_the_same_updat
     on_policy.pop("old_log_probs")
     metrics = split.update_policy(on_policy, TokenMeanReinforce())
     assert "actor/pg_loss" in metrics
-    assert max_weight_difference(full_weights(split), full_weights(whole)) < 1e-6
+    # the same sums in another order: Adam divides each gradient by its own size, so a weight
+    # whose gradient is rounding noise (a key bias's is zero in exact arithmetic) moves by up to
+    # lr x noise / eps, a few 1e-6, differently in the two runs
+    assert max_weight_difference(full_weights(split), full_weights(whole)) < 1e-5
 
 
 def test_a_checkpoint_restores_weights_optimizer_and_schedule(tiny_model, tmp_path):

@@ -9,6 +9,7 @@ from plugrl.data.batch import left_pad
 from plugrl.parts.context import PartContext
 from plugrl.parts.rollout import SamplingParams
 from plugrl.recipe import ModelConfig, Recipe, TrainerConfig
+from plugrl.testing import make_tiny_model
 from plugrl_cpu.device import CpuDevice
 from plugrl_hf.config import HFRolloutConfig
 from plugrl_hf.engine import HFRolloutEngine
@@ -22,20 +23,28 @@ PROMPTS = [[5, 17, 9, 33, 2, 8, 41], [12, 7, 7], [3] * 11 + [19, 25]]
 
 
 def build(kind: str, vocab_size: int = 320, **extra):
-    """A small random model of ``kind`` with the features its family has: Qwen2's attention
-    bias, Qwen3's per-head query/key norm and a head size other than hidden / heads, Llama's
-    optional biases and llama3 RoPE scaling."""
-    from transformers import (
-        LlamaConfig,
-        LlamaForCausalLM,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-        Qwen3Config,
-        Qwen3ForCausalLM,
-    )
-
-    torch.manual_seed(0)
-    common = dict(
+    """A small model of ``kind`` with the features its family has: Qwen2's attention bias,
+    Qwen3's per-head query/key norm and a head size other than hidden / heads, Llama's optional
+    biases and llama3 RoPE scaling. Its weights have a large spread (varied, context-dependent
+    tokens instead of near-flat logits) and no norm scale or bias sits at one or zero."""
+    family: dict[str, dict] = {
+        "qwen2": {},
+        "qwen3": {"head_dim": 24},
+        "llama": {
+            "attention_bias": True,
+            "mlp_bias": True,
+            "rope_parameters": {
+                "rope_type": "llama3",
+                "rope_theta": 10000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            },
+        },
+    }
+    model = make_tiny_model(
+        model_type=kind,
         vocab_size=vocab_size,
         hidden_size=64,
         intermediate_size=160,
@@ -43,28 +52,11 @@ def build(kind: str, vocab_size: int = 320, **extra):
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=256,
+        tie_word_embeddings=False,
+        weight_std=0.2,
         attn_implementation="sdpa",
+        **{**family[kind], **extra},
     )
-    common.update(extra)
-    if kind == "qwen2":
-        model = Qwen2ForCausalLM(Qwen2Config(**common))
-    elif kind == "qwen3":
-        model = Qwen3ForCausalLM(Qwen3Config(head_dim=24, **common))
-    else:
-        rope = {
-            "rope_type": "llama3",
-            "rope_theta": 10000.0,
-            "factor": 8.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 32,
-        }
-        config = LlamaConfig(attention_bias=True, mlp_bias=True, rope_parameters=rope, **common)
-        model = LlamaForCausalLM(config)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            # a large spread: varied, context-dependent tokens instead of near-flat logits
-            parameter.normal_(0.0, 0.2)
     return model.eval()
 
 
