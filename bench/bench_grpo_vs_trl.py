@@ -218,9 +218,10 @@ def _trl_rows(settings: BenchSettings) -> tuple[list[dict[str, Any]], list[list[
     import pyarrow.parquet as pq
 
     from plugrl.data.dataset import PromptDataset, PromptLoader, load_tokenizer, pad_token_id_of
+    from plugrl.plugins import get_plugin_manager
     from plugrl.recipe import load_recipe
 
-    recipe = load_recipe(None, settings.plugrl_overrides())
+    recipe = load_recipe(None, settings.plugrl_overrides(), get_plugin_manager())
     tokenizer = load_tokenizer(recipe.model)
     dataset = PromptDataset.train(recipe.data, tokenizer)
     messages = pq.read_table(settings.train_file, columns=["prompt"]).column("prompt").to_pylist()
@@ -252,10 +253,12 @@ def _trl_rows(settings: BenchSettings) -> tuple[list[dict[str, Any]], list[list[
 
 def _plugrl_reward_function(settings: BenchSettings) -> Any:
     """plugrl's scorer for each row's data source, as a TRL reward function."""
+    from plugrl.plugins import get_plugin_manager
     from plugrl.recipe import load_recipe
     from plugrl.rewards.scoring import make_resolver
 
-    resolve = make_resolver(load_recipe(None, settings.plugrl_overrides()))
+    plugins = get_plugin_manager()
+    resolve = make_resolver(load_recipe(None, settings.plugrl_overrides(), plugins), plugins)
 
     def plugrl_scorer(
         prompts: list[Any],
@@ -590,10 +593,11 @@ def main() -> None:
     if args.steps < 1 or args.warmup < 1:
         raise SystemExit("--steps and --warmup must be at least 1 (the first step is set-up)")
 
+    from plugrl.plugins import get_plugin_manager
     from plugrl.recipe import load_recipe
     from plugrl_tools.quickstart import DEFAULT_DIR, prepare_quickstart
 
-    shipped = load_recipe("quickstart").actor
+    shipped = load_recipe("quickstart", (), get_plugin_manager()).actor
     if not shipped.use_dynamic_bsz or shipped.ppo_max_token_len_per_gpu != QUICKSTART_TOKEN_BUDGET:
         raise SystemExit(
             "recipes/quickstart.yaml no longer batches by a token budget of "

@@ -206,7 +206,9 @@ def test_the_checks_see_relative_and_absolute_imports(tmp_path):
 
 
 def test_every_plugin_folder_holds_one_package_of_its_name():
-    """``plugins/<kind>/<name>/`` holds ``plugrl_<name>/`` and nothing else that imports."""
+    """``plugins/<kind>/<name>/`` holds ``plugrl_<name>/`` and nothing else that imports; a
+    kind's folder holds plugin folders only."""
+    assert sorted((ROOT / "plugins").glob("*.py")) + sorted((ROOT / "plugins").glob("*/*.py")) == []
     for folder in sorted((ROOT / "plugins").glob("*/*")):
         if not folder.is_dir():
             continue
@@ -230,3 +232,24 @@ def test_the_builtin_plugins_are_the_entry_points_of_the_core_distribution():
         name.removeprefix("plugrl_"): name for name in builtin
     }
     assert entry_points["transports"] == "plugrl.cluster.transports"
+
+
+def test_the_kernel_reaches_the_plugin_manager_only_through_the_run():
+    """The process's plugin manager (``get_plugin_manager``) is taken only where a program
+    starts: the command line (a tool), a worker process starting, a test (``plugrl.testing``).
+    Everything else receives it from the run (``RunContext.plugins``, ``RunParts.plugins``,
+    ``PartContext.plugins``) or from its caller."""
+    allowed = {
+        "plugrl.plugins",
+        "plugrl.cluster.worker",
+        "plugrl.testing",
+        "plugrl.testing.fixtures",
+    }
+    callers = sorted(
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for module, path in modules_of(KERNEL, SOURCE_ROOTS[KERNEL]).items()
+        if module not in allowed
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("get_plugin_manager")
+    )
+    assert callers == []

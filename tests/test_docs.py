@@ -428,7 +428,8 @@ def test_the_documented_unit_tests_of_parts_pass(tmp_path):
     text = page_section("Testing a plugin")
     builders = text[text.index("### Builders") :]
     blocks = re.findall(r"```python\n(.*?)```", builders, re.S)
-    assert len(blocks) == 2  # unit tests of parts; a test with a tiny model
+    # unit tests of parts; a test with a tiny model; a scheduler's run on the simulated parts
+    assert len(blocks) == 3
     for index, block in enumerate(blocks):
         (tmp_path / f"test_documented_{index}.py").write_text(block, encoding="utf-8")
     result = subprocess.run(

@@ -15,7 +15,7 @@ from plugrl.loop import run_loop
 from plugrl.parts.context import PartContext
 from plugrl.parts.logger import MetricLogger
 from plugrl.parts.scheduler import Scheduler
-from plugrl.plugins import PluginManager, get_plugin_manager
+from plugrl.plugins import PluginManager
 from plugrl.recipe import Recipe
 from plugrl.run_folder import check_model_folders, prepare_run_dir, record_recipe
 
@@ -110,9 +110,9 @@ def apply_device_env(device_cls: Any, recipe: Recipe) -> None:
                 logger.info("%s=%s (for the %s device)", key, value, device_cls.name)
 
 
-def run_recipe(recipe: Recipe, plugins: PluginManager | None = None) -> dict[str, Any]:
-    """Run a validated recipe to the end; returns the last step's metrics."""
-    plugins = plugins or get_plugin_manager()
+def run_recipe(recipe: Recipe, plugins: PluginManager) -> dict[str, Any]:
+    """Run a validated recipe to the end with the parts ``plugins`` registers; returns the last
+    step's metrics."""
     device_name = resolve_device_name(recipe, plugins)
     device_entry = plugins.registry("devices").get(device_name)
     device_entry.check_available()

@@ -71,7 +71,9 @@ def reward_output(parts: RunParts, batch: Batch) -> RewardOutput:
     """What the run's reward manager says of every response of ``batch``, checked: scores of
     the wrong shape or type stop the run with one line naming the manager
     (:func:`plugrl.compose.boundaries.check_reward_output`)."""
-    return check_reward_output(parts.reward(batch), batch, parts.recipe.reward.manager)
+    return check_reward_output(
+        parts.reward(batch), batch, parts.recipe.reward.manager, parts.plugins
+    )
 
 
 def score(parts: RunParts, batch: Batch) -> dict[str, Any]:
@@ -139,7 +141,10 @@ def update_from_batch(parts: RunParts, batch: Batch, timer: StepTimer) -> dict[s
         else:
             batch["token_level_rewards"] = batch["token_level_scores"]
         batch["advantages"], batch["returns"] = check_estimator_output(
-            parts.estimator.compute(batch), batch, parts.recipe.algorithm.adv_estimator
+            parts.estimator.compute(batch),
+            batch,
+            parts.recipe.algorithm.adv_estimator,
+            parts.plugins,
         )
     if parts.critic is not None:
         with timer("update_critic"):

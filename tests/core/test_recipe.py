@@ -2,6 +2,7 @@ import pytest
 import yaml
 
 from plugrl.errors import PluginError, RecipeError, UnknownNameError
+from plugrl.plugins import get_plugin_manager
 from plugrl.recipe import (
     Recipe,
     apply_overrides,
@@ -21,7 +22,7 @@ def base(write_recipe, fake_parts_manager):
 
 
 def load(path, *overrides):
-    return load_recipe(path, overrides)
+    return load_recipe(path, overrides, get_plugin_manager())
 
 
 def error_of(path, *overrides) -> str:
@@ -68,7 +69,7 @@ def test_a_shipped_recipe_is_a_default_by_name(tmp_path):
     )
     manager = PluginManager(environ={"PLUGRL_DISABLE_PLUGIN_AUTOLOAD": "1"})
     manager.load_entry_points()
-    recipe = load_recipe(path, plugins=manager)
+    recipe = load_recipe(path, (), manager)
     assert recipe.trainer.total_training_steps == 5
     assert recipe.trainer.test_freq == 10  # from the shipped quickstart recipe
     assert recipe.rollout.n == 8
@@ -81,7 +82,7 @@ def test_a_shipped_recipe_with_dots_in_its_name_is_a_default_by_name(tmp_path):
     path.write_text("defaults: [gsm8k-grpo-qwen2.5-0.5b]\nrollout: {n: 4}\n")
     manager = PluginManager(environ={"PLUGRL_DISABLE_PLUGIN_AUTOLOAD": "1"})
     manager.load_entry_points()
-    recipe = load_recipe(path, plugins=manager)
+    recipe = load_recipe(path, (), manager)
     assert recipe.rollout.n == 4
     assert recipe.data.max_response_length == 3072  # from the shipped GSM8K recipe
 
@@ -158,7 +159,7 @@ def test_print_config_round_trips(base, write_recipe):
 
 
 def test_a_recipe_with_no_file_is_all_defaults(fake_parts_manager):
-    recipe = build_recipe(BASE_RECIPE)
+    recipe = build_recipe(BASE_RECIPE, get_plugin_manager())
     assert recipe.data.max_prompt_length == 512
     assert recipe.run_dir.as_posix() == "runs/plugrl/run"
 
@@ -169,7 +170,7 @@ def test_part_args_are_validated_and_structured(base):
         "algorithm.adv_estimator=fakeestimator_with_args",
         "algorithm.adv_estimator_args.steps=5",
     )
-    assert part_args(recipe, "algorithm", "adv_estimator_args").steps == 5
+    assert part_args(recipe, "algorithm", "adv_estimator_args", get_plugin_manager()).steps == 5
     assert error_of(
         base,
         "algorithm.adv_estimator=fakeestimator_with_args",
@@ -314,7 +315,7 @@ def test_every_core_key_is_documented():
 
 
 def test_explain_a_key(fake_parts_manager):
-    info = explain("actor.optim.lr")
+    info = explain("actor.optim.lr", get_plugin_manager())
     assert (info.type, info.default, info.verl) == (
         "float",
         1e-6,
@@ -324,20 +325,20 @@ def test_explain_a_key(fake_parts_manager):
 
 
 def test_loss_scale_factor_is_verls_key(fake_parts_manager):
-    info = explain("actor.loss_scale_factor")
+    info = explain("actor.loss_scale_factor", get_plugin_manager())
     assert (info.default, info.verl) == (None, "actor_rollout_ref.actor.loss_scale_factor")
     assert "data.max_response_length" in info.help
 
 
 def test_explain_lists_registered_choices(fake_parts_manager):
-    info = explain("algorithm.adv_estimator")
+    info = explain("algorithm.adv_estimator", get_plugin_manager())
     assert {"fakeestimator", "fakeestimator_with_args"} <= set(info.choices)
 
 
 def test_explain_a_section_and_plugin_keys(fake_parts_manager):
-    section = explain("rollout")
+    section = explain("rollout", get_plugin_manager())
     assert section.is_section and "engine_option" in section.children and "n" in section.children
-    info = explain("rollout.engine_option")
+    info = explain("rollout.engine_option", get_plugin_manager())
     assert info.owner == "fakeengine (fake-parts)" and info.default == 7
 
 
@@ -347,6 +348,6 @@ def test_explain_unknown_key(fake_parts_manager):
         match=r"actor.optim.lrr: unknown key; did you mean "
         r"'actor.optim.lr'\?",
     ):
-        explain("actor.optim.lrr")
+        explain("actor.optim.lrr", get_plugin_manager())
     with pytest.raises(RecipeError, match="'lr' is an option, not a section"):
-        explain("actor.optim.lr.x")
+        explain("actor.optim.lr.x", get_plugin_manager())

@@ -7,13 +7,14 @@ from pathlib import Path
 import pytest
 
 from plugrl.errors import RecipeError
+from plugrl.plugins import get_plugin_manager
 from plugrl.recipe import apply_overrides, build_recipe, load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def build(*overrides):
-    return build_recipe(apply_overrides({}, overrides))
+    return build_recipe(apply_overrides({}, overrides), get_plugin_manager())
 
 
 def error_of(*overrides) -> str:
@@ -48,7 +49,7 @@ def test_the_default_recipe_passes_without_warnings(caplog):
 @pytest.mark.parametrize("name", sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml")))
 def test_the_shipped_recipes_pass_without_warnings(caplog, name):
     with caplog.at_level(logging.WARNING, logger="plugrl.recipe"):
-        load_recipe(ROOT / "recipes" / f"{name}.yaml")
+        load_recipe(ROOT / "recipes" / f"{name}.yaml", (), get_plugin_manager())
     assert [r.getMessage() for r in caplog.records if r.name == "plugrl.recipe"] == []
 
 
@@ -283,7 +284,9 @@ def test_each_warning_is_logged_once_per_recipe(caplog):
 
 def test_custom_function_kwargs_without_a_path_are_refused():
     with pytest.raises(RecipeError) as info:
-        build_recipe({"reward": {"custom_function": {"kwargs": {"binary": True}}}})
+        build_recipe(
+            {"reward": {"custom_function": {"kwargs": {"binary": True}}}}, get_plugin_manager()
+        )
     assert str(info.value) == (
         "reward.custom_function.kwargs: set without reward.custom_function.path, so no function "
         "receives them; set the path of the file that defines the function, or give a "

@@ -6,6 +6,7 @@ import attrs
 import plugrl
 from plugrl.config import option
 from plugrl.parts.rollout import RolloutConfig
+from plugrl.plugins import get_plugin_manager
 from plugrl.recipe.verl_names import verl_names
 
 
@@ -15,7 +16,7 @@ def only(index, verl):
 
 
 def test_core_options(plugrl_plugin_manager):
-    index = verl_names()
+    index = verl_names(get_plugin_manager())
     lr = only(index, "actor_rollout_ref.actor.optim.lr")
     assert (lr.key, lr.kind, lr.part, lr.default) == ("actor.optim.lr", None, None, 1e-6)
     assert only(index, "trainer.device").key == "device.name"
@@ -23,13 +24,13 @@ def test_core_options(plugrl_plugin_manager):
 
 
 def test_a_section_class_used_twice_takes_the_name_of_its_place(plugrl_plugin_manager):
-    critic_lr = only(verl_names(), "critic.optim.lr")
+    critic_lr = only(verl_names(get_plugin_manager()), "critic.optim.lr")
     # the critic's optimizer is the actor's class with its own default
     assert (critic_lr.key, critic_lr.default) == ("critic.optim.lr", 1e-5)
 
 
 def test_options_of_installed_parts(plugrl_plugin_manager):
-    index = verl_names()
+    index = verl_names(get_plugin_manager())
     offload = only(index, "actor_rollout_ref.actor.fsdp_config.param_offload")
     assert (offload.key, offload.kind, offload.part, offload.plugin) == (
         "actor.param_offload",
@@ -59,10 +60,10 @@ class _EnginePlugin:
 
 def test_a_key_several_parts_declare(plugrl_plugin_manager, plugrl_register_plugin):
     plugrl_register_plugin(_EnginePlugin(), "engines")
-    names = verl_names()["actor_rollout_ref.rollout.enforce_eager"]
+    names = verl_names(get_plugin_manager())["actor_rollout_ref.rollout.enforce_eager"]
     assert [(n.key, n.part, n.plugin) for n in names if n.plugin == "engines"] == [
         ("rollout.enforce_eager", "one", "engines"),
         ("rollout.enforce_eager", "two", "engines"),
     ]
     # the base class's keys are the core's, not each engine's
-    assert len(verl_names()["actor_rollout_ref.rollout.n"]) == 1
+    assert len(verl_names(get_plugin_manager())["actor_rollout_ref.rollout.n"]) == 1

@@ -7,6 +7,7 @@ import pytest
 import plugrl
 from plugrl.cluster.worker import prepare_backend_once
 from plugrl.errors import PluginError, RecipeError
+from plugrl.plugins import get_plugin_manager
 from plugrl.recipe import build_recipe
 from plugrl.run import resolve_device_name, run_recipe
 from tests.fake_parts import BASE_RECIPE
@@ -36,7 +37,7 @@ def counting_run(sim_task, tmp_path):
     data = sim_recipe(sim_task, tmp_path / "run", scheduler="fakescheduler", steps=2)
     data["scheduler"]["steps"] = 2
     data["trainer"]["save_freq"] = 1
-    return build_recipe(data)
+    return build_recipe(data, get_plugin_manager())
 
 
 def test_run_hands_parts_to_the_scheduler_and_reports_to_observers(
@@ -44,7 +45,7 @@ def test_run_hands_parts_to_the_scheduler_and_reports_to_observers(
 ):
     observer = Observer()
     plugrl_register_plugin(observer, "observer")
-    metrics = run_recipe(counting_run(sim_task, tmp_path))
+    metrics = run_recipe(counting_run(sim_task, tmp_path), get_plugin_manager())
     assert metrics["critic/score/mean"] == 0.2
     assert observer.calls[:3] == [("start", 2, "run"), ("step", 1, 0.1), ("step", 2, 0.2)]
     (_, status, last), *others = observer.calls[3:]
@@ -72,13 +73,13 @@ def test_a_failing_scheduler_still_ends_the_run(
     observer = Observer()
     plugrl_register_plugin(observer, "observer")
     with pytest.raises(RuntimeError, match="scheduler broke"):
-        run_recipe(counting_run(sim_task, tmp_path))
+        run_recipe(counting_run(sim_task, tmp_path), get_plugin_manager())
     (_, status, last) = observer.calls[-1]
     assert (status, last["critic/score/mean"]) == ("failed", 0.5)
 
 
 def test_detect_device_asks_plugins_first_and_cpu_last(fake_parts_manager, plugrl_register_plugin):
-    recipe = build_recipe({**BASE_RECIPE, "device": "auto"})
+    recipe = build_recipe({**BASE_RECIPE, "device": "auto"}, get_plugin_manager())
     expected = (
         "cuda" if fake_parts_manager.registry("devices").load("cuda").is_available() else "cpu"
     )
@@ -107,14 +108,15 @@ def test_unavailable_device_is_a_recipe_error(tmp_path, fake_parts_manager):
     if fake_parts_manager.registry("devices").load("cuda").is_available():
         pytest.skip("this machine has a GPU")
     recipe = build_recipe(
-        {**BASE_RECIPE, "device": "cuda", "trainer": {"default_local_dir": str(tmp_path)}}
+        {**BASE_RECIPE, "device": "cuda", "trainer": {"default_local_dir": str(tmp_path)}},
+        get_plugin_manager(),
     )
     with pytest.raises(
         RecipeError,
         match=r"device.name: device 'cuda' is not available on this "
         r"machine \(no hardware or driver\); use device.name=cpu or auto",
     ):
-        run_recipe(recipe)
+        run_recipe(recipe, get_plugin_manager())
 
 
 def test_prepare_backend_runs_before_the_backend_with_resolved_names(
@@ -128,7 +130,9 @@ def test_prepare_backend_runs_before_the_backend_with_resolved_names(
             seen.append((device, backend, recipe.actor.ppo_epochs))
 
     plugrl_register_plugin(Patcher(), "patcher")
-    recipe = build_recipe({**BASE_RECIPE, "actor": {**BASE_RECIPE["actor"], "ppo_epochs": 2}})
+    recipe = build_recipe(
+        {**BASE_RECIPE, "actor": {**BASE_RECIPE["actor"], "ppo_epochs": 2}}, get_plugin_manager()
+    )
     prepare_backend_once(fake_parts_manager, "cpu", recipe.actor.backend, recipe)
     prepare_backend_once(fake_parts_manager, "cpu", recipe.actor.backend, recipe)
     assert seen == [("cpu", "fakebackend", 2)]  # once per process
@@ -159,7 +163,9 @@ def test_a_run_folder_that_cannot_be_made_is_one_line(tmp_path):
 
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    recipe = build_recipe({"trainer": {"default_local_dir": str(blocker / "run")}})
+    recipe = build_recipe(
+        {"trainer": {"default_local_dir": str(blocker / "run")}}, get_plugin_manager()
+    )
     with pytest.raises(RecipeError) as info:
         prepare_run_dir(recipe)
     assert str(info.value) == (
@@ -173,7 +179,7 @@ def test_a_model_folder_without_a_model_or_tokenizer_is_one_line(tmp_path):
 
     folder = tmp_path / "model"
     folder.mkdir()
-    recipe = build_recipe({"model": {"path": str(folder)}})
+    recipe = build_recipe({"model": {"path": str(folder)}}, get_plugin_manager())
     with pytest.raises(RecipeError) as info:
         check_model_folders(recipe)
     assert str(info.value) == (
@@ -194,11 +200,11 @@ def test_each_segment_of_a_run_keeps_its_recipe_and_changes_are_named(tmp_path, 
     from plugrl.run_folder import record_recipe
 
     actor = {"ppo_mini_batch_size": 8}
-    first = build_recipe({"data": {"train_batch_size": 8}, "actor": actor})
+    first = build_recipe({"data": {"train_batch_size": 8}, "actor": actor}, get_plugin_manager())
     assert record_recipe(first, tmp_path) == tmp_path / "recipe.yaml"
     # the same recipe again (a plain resume) writes nothing
     assert record_recipe(first, tmp_path) == tmp_path / "recipe.yaml"
-    second = build_recipe({"data": {"train_batch_size": 16}, "actor": actor})
+    second = build_recipe({"data": {"train_batch_size": 16}, "actor": actor}, get_plugin_manager())
     with caplog.at_level(logging.WARNING, logger="plugrl.run"):
         assert record_recipe(second, tmp_path) == tmp_path / "recipe.2.yaml"
     assert (tmp_path / "recipe.yaml").read_text() == first.to_yaml()

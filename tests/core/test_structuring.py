@@ -14,6 +14,7 @@ import plugrl
 from plugrl.config import option
 from plugrl.errors import RecipeError
 from plugrl.parts.rollout import RolloutConfig
+from plugrl.plugins import get_plugin_manager
 from plugrl.recipe import load_recipe
 from plugrl.structuring import check_finite, structure
 from tests.fake_parts import BASE_RECIPE
@@ -21,7 +22,7 @@ from tests.fake_parts import BASE_RECIPE
 
 def error_of(path, *overrides: str) -> str:
     with pytest.raises(RecipeError) as info:
-        load_recipe(path, overrides)
+        load_recipe(path, overrides, get_plugin_manager())
     message = str(info.value)
     assert "\n" not in message
     return message
@@ -74,7 +75,9 @@ def test_an_integer_beyond_the_floats_is_refused_for_a_float_key(fake_parts_mana
 
 
 def test_absurd_but_finite_numbers_still_read(base):
-    recipe = load_recipe(base, ["actor.optim.lr=1e30", "rollout.temperature=1e-300"])
+    recipe = load_recipe(
+        base, ["actor.optim.lr=1e30", "rollout.temperature=1e-300"], get_plugin_manager()
+    )
     assert recipe.actor.optim.lr == 1e30
     assert recipe.rollout.temperature == 1e-300
 
@@ -139,7 +142,9 @@ def test_a_parts_args_refuse_non_finite_numbers(plain):
 
 def test_a_string_nan_in_a_free_form_mapping_stays_a_string(plain):
     # only numbers are checked: a string is the function's to read
-    recipe = load_recipe(plain, ["rollout.engine=plainengine", "rollout.table.word=nan"])
+    recipe = load_recipe(
+        plain, ["rollout.engine=plainengine", "rollout.table.word=nan"], get_plugin_manager()
+    )
     assert recipe.rollout.table == {"word": "nan"}
 
 
@@ -186,7 +191,7 @@ def test_the_installed_plugins_keys_refuse_non_finite_numbers(
     plugrl_plugin_manager, overrides, message
 ):
     with pytest.raises(RecipeError) as info:
-        load_recipe(None, overrides)
+        load_recipe(None, overrides, get_plugin_manager())
     assert str(info.value) == message
 
 

@@ -14,6 +14,7 @@ from plugrl.config import option
 from plugrl.data.batch import Batch
 from plugrl.errors import PluginError, RecipeError
 from plugrl.parts.algorithm import PolicyLoss
+from plugrl.plugins import get_plugin_manager
 from plugrl.testing import make_batch, make_fake_entry_point, make_loss_aggregator, make_recipe
 
 # ------------------------------------------------------------------------------ make_batch
@@ -105,7 +106,7 @@ def test_make_batch_feeds_a_registered_estimator(plugrl_recipe):
 
     recipe = plugrl_recipe({"algorithm.adv_estimator": "grpo", "rollout.n": 4})
     batch = make_batch((3, 4), 2, n=4, scores=[1, 0, 0, 1, 1, 1, 1, 0])
-    advantages, _ = build_estimator(recipe).compute(batch)
+    advantages, _ = build_estimator(recipe, get_plugin_manager()).compute(batch)
     per_row = advantages[:, 0]
     assert per_row[:4].sum() == pytest.approx(0, abs=1e-5)
     assert per_row[0] > 0 > per_row[1]
@@ -220,7 +221,7 @@ def test_plugrl_recipe_sees_the_plugins_of_the_test(plugrl_register_plugin, plug
     recipe = plugrl_recipe({"actor.policy_loss": "scaled", "actor.policy_loss_args.factor": 2})
     batch = make_batch((2,), [2, 2], advantages=[1.0, 1.0], log_probs=True)
     log_prob = torch.full((2, 2), -1.0, requires_grad=True)
-    loss, _ = PolicyObjective.from_recipe(recipe)(
+    loss, _ = PolicyObjective.from_recipe(recipe, get_plugin_manager())(
         batch, log_prob, None, make_loss_aggregator(batch, recipe=recipe).scale
     )
     assert float(loss.detach()) == pytest.approx(2.0)

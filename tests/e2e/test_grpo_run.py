@@ -9,6 +9,7 @@ import signal
 
 import pytest
 
+from plugrl.plugins import get_plugin_manager
 from tests.e2e.e2e_support import (
     REFERENCE_OVERRIDES,
     REFERENCE_STEPS,
@@ -124,14 +125,14 @@ def test_the_exported_folder_generates_what_the_trained_actor_does(reference_run
 
     exported_model = AutoModelForCausalLM.from_pretrained(export).eval()
     tokenizer = AutoTokenizer.from_pretrained(export)
-    recipe = load_recipe(reference_run.recipe, REFERENCE_OVERRIDES)
+    recipe = load_recipe(reference_run.recipe, REFERENCE_OVERRIDES, get_plugin_manager())
     prompts = [
         list(record.prompt_ids) for record in PromptDataset.validation(recipe.data, tokenizer)
     ]
 
     # the actor as the trainer holds it: an FSDP2 rank loaded from the last checkpoint,
     # generating through the colocated engine
-    actor = make_worker_group(recipe, "actor", device_name="cpu")
+    actor = make_worker_group(recipe, "actor", device_name="cpu", plugins=get_plugin_manager())
     try:
         actor.setup(REFERENCE_STEPS)
         actor.load_checkpoint(reference_run.run_dir / f"global_step_{REFERENCE_STEPS}" / "actor")

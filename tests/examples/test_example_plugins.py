@@ -16,7 +16,7 @@ import torch
 
 from plugrl.data.batch import Batch
 from plugrl.errors import RecipeError
-from plugrl.plugins import PluginManager, set_plugin_manager
+from plugrl.plugins import PluginManager, get_plugin_manager, set_plugin_manager
 from plugrl.recipe import build_recipe, load_recipe, part_args
 from plugrl.testing import make_batch, make_loss_aggregator, part_context
 from tests.support import pip_install_into
@@ -115,21 +115,28 @@ def test_countdown_options_reach_the_scoring_function_from_a_recipe(manager, tmp
     path.write_text(
         "reward:\n  function_args:\n    countdown: {format_score: 0.25, use_all_numbers: false}\n"
     )
-    recipe = load_recipe(path, ["reward.function_args.countdown.correct_score=2"])
-    scorer = make_resolver(recipe)("countdown")
+    recipe = load_recipe(
+        path, ["reward.function_args.countdown.correct_score=2"], get_plugin_manager()
+    )
+    scorer = make_resolver(recipe, get_plugin_manager())("countdown")
     assert scorer.kwargs == {"correct_score": 2.0, "format_score": 0.25, "use_all_numbers": False}
     truth = {"target": 24, "numbers": [3, 5, 8, 2]}
     assert scorer("countdown", "<answer>3 * 8</answer>", truth)["score"] == 2.0  # 5, 2 unused
     assert scorer("countdown", "<answer>3 * 8 * 1</answer>", truth)["score"] == 0.25
     assert scorer("countdown", "no answer", truth)["score"] == 0.0
     # without options, the function's defaults
-    default = make_resolver(load_recipe())("countdown")
+    default = make_resolver(load_recipe(None, (), get_plugin_manager()), get_plugin_manager())(
+        "countdown"
+    )
     assert default("countdown", "<answer>3 * 8</answer>", truth)["score"] == pytest.approx(0.1)
 
 
 def test_a_bad_countdown_option_fails_in_one_line_naming_the_key(manager, installed):
     with pytest.raises(RecipeError) as info:
-        build_recipe({"reward": {"function_args": {"countdown": {"format_score": 2.0}}}})
+        build_recipe(
+            {"reward": {"function_args": {"countdown": {"format_score": 2.0}}}},
+            get_plugin_manager(),
+        )
     assert str(info.value) == (
         "reward.function_args.countdown.format_score: must be below correct_score (1.0), got 2.0"
     )
@@ -165,9 +172,10 @@ def test_robust_ppo_is_the_loss_of_the_objective_from_a_recipe(manager):
                 "policy_loss_args": {"max_advantage": 1.5},
                 "loss_agg_mode": "seq-mean-token-mean",
             }
-        }
+        },
+        get_plugin_manager(),
     )
-    objective = PolicyObjective.from_recipe(recipe)
+    objective = PolicyObjective.from_recipe(recipe, get_plugin_manager())
     assert type(objective.policy_loss).__name__ == "RobustPPO"
     assert objective.policy_loss.args.max_advantage == 1.5
     batch = make_batch((2, 4), [2, 1, 3, 2], advantages=[4.0, -1.0, 0.0, -3.0], log_probs=True)
@@ -185,6 +193,7 @@ def test_robust_ppo_is_the_loss_of_the_objective_from_a_recipe(manager):
     import pickle
 
     again = pickle.loads(pickle.dumps(objective))
+    again.attach(manager)  # as a trainer worker attaches its own plugins
     assert type(again.policy_loss).__name__ == "RobustPPO"
 
 
@@ -226,9 +235,10 @@ def test_median_baseline_is_usable_from_a_recipe(manager):
                 "kl_penalty": "fakekl",
                 "adv_estimator_args": {"scale_by_mad": True},
             },
-        }
+        },
+        get_plugin_manager(),
     )
-    args = part_args(recipe, "algorithm", "adv_estimator_args")
+    args = part_args(recipe, "algorithm", "adv_estimator_args", get_plugin_manager())
     estimator_cls = manager.registry("advantage_estimators").load("median_baseline")
     estimator = estimator_cls(recipe.algorithm, part_context(recipe, options=args))
     rewards = torch.zeros(5, 3)
@@ -305,7 +315,8 @@ def test_median_baseline_values_reach_the_policy_loss(manager):
                 "loss_agg_mode": "token-mean",
             },
             "algorithm": {"adv_estimator": "median_baseline"},
-        }
+        },
+        get_plugin_manager(),
     )
     rewards = torch.zeros(4, 2)
     rewards[:, 1] = torch.tensor([3.0, 1.0, 0.0, 5.0])
@@ -314,7 +325,7 @@ def test_median_baseline_values_reach_the_policy_loss(manager):
         tensors={"token_level_rewards": rewards, "response_mask": mask},
         columns={"uid": ["a", "a", "b", "b"]},
     )
-    advantages, _ = build_estimator(recipe).compute(batch)
+    advantages, _ = build_estimator(recipe, get_plugin_manager()).compute(batch)
     # medians: group a (3, 1) -> 2, group b (0, 5) -> 2.5
     assert advantages[:, 0].tolist() == [1.0, -1.0, -2.5, 2.5]
     log_prob = torch.zeros(4, 2, requires_grad=True)
@@ -325,7 +336,7 @@ def test_median_baseline_values_reach_the_policy_loss(manager):
             "response_mask": mask,
         }
     )
-    loss, metrics = PolicyObjective.from_recipe(recipe)(
+    loss, metrics = PolicyObjective.from_recipe(recipe, get_plugin_manager())(
         micro, log_prob, None, loss_scale_from_mask(mask)
     )
     loss.backward()

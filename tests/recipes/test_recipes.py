@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from plugrl.errors import RecipeError
+from plugrl.plugins import get_plugin_manager
 from plugrl.recipe import find_recipe, load_recipe, shipped_recipes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,7 +41,7 @@ def test_recipe_validates_with_print_config(name):
 
 
 def test_dapo_recipe_keeps_the_seed_settings():
-    recipe = load_recipe(ROOT / "recipes" / "dapo-qwen3-8b.yaml")
+    recipe = load_recipe(ROOT / "recipes" / "dapo-qwen3-8b.yaml", (), get_plugin_manager())
     assert (recipe.actor.clip_ratio_low, recipe.actor.clip_ratio_high) == (0.2, 0.28)
     assert recipe.algorithm.filter_groups.enable and recipe.data.gen_batch_size == 256
     assert recipe.reward.manager == "dapo" and recipe.reward.overlong_buffer.len == 2048
@@ -51,7 +52,10 @@ def test_dapo_recipe_keeps_the_seed_settings():
 def test_bare_names_find_shipped_recipes(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert find_recipe("quickstart") == shipped_recipes()["quickstart"]
-    assert load_recipe("quickstart").trainer.experiment_name == "grpo-arithmetic"
+    assert (
+        load_recipe("quickstart", (), get_plugin_manager()).trainer.experiment_name
+        == "grpo-arithmetic"
+    )
     (tmp_path / "quickstart").write_text("not used: a bare name that exists is a file")
     assert find_recipe("quickstart") == Path("quickstart")
     with pytest.raises(

@@ -108,15 +108,17 @@ def cli(verbose: bool) -> None:
 )
 def run(recipe: str, overrides: tuple[str, ...], print_config: bool) -> None:
     """Run RECIPE (a YAML file), with KEY=VALUE overrides (actor.optim.lr=1e-6)."""
+    from plugrl.plugins import get_plugin_manager
     from plugrl.recipe import load_recipe
 
-    resolved = load_recipe(recipe, overrides)
+    plugins = get_plugin_manager()
+    resolved = load_recipe(recipe, overrides, plugins)
     if print_config:
         click.echo(resolved.to_yaml(), nl=False)
         return
     from plugrl.run import run_recipe
 
-    run_recipe(resolved)
+    run_recipe(resolved, plugins)
     _plot_if_possible(resolved.run_dir)
 
 
@@ -133,6 +135,7 @@ def quickstart(overrides: tuple[str, ...], assets: str | None) -> None:
     """GRPO on CPU in minutes: build a tiny Qwen2-architecture model and an arithmetic task
     here (nothing is downloaded), then run the quickstart recipe and print held-out accuracy
     before and after. KEY=VALUE overrides apply to the recipe."""
+    from plugrl.plugins import get_plugin_manager
     from plugrl.recipe import load_recipe
     from plugrl.run import run_recipe
     from plugrl_tools.quickstart import describe, prepare_quickstart, quickstart_overrides
@@ -140,8 +143,9 @@ def quickstart(overrides: tuple[str, ...], assets: str | None) -> None:
 
     paths = prepare_quickstart(assets or DEFAULT_DIR)
     click.echo(describe(paths), err=True)
-    recipe = load_recipe("quickstart", [*quickstart_overrides(paths), *overrides])
-    run_recipe(recipe)
+    plugins = get_plugin_manager()
+    recipe = load_recipe("quickstart", [*quickstart_overrides(paths), *overrides], plugins)
+    run_recipe(recipe, plugins)
     _plot_if_possible(recipe.run_dir)
 
 
@@ -205,9 +209,10 @@ def plugins(show_all: bool, as_json: bool) -> None:
 @click.argument("key")
 def explain(key: str) -> None:
     """What a recipe KEY (or section) means: type, default, choices, verl name."""
+    from plugrl.plugins import get_plugin_manager
     from plugrl.recipe import explain as explain_key
 
-    info = explain_key(key)
+    info = explain_key(key, get_plugin_manager())
     click.echo(info.key)
     if info.help:
         click.echo(f"  {info.help}")
@@ -296,13 +301,16 @@ def convert_verl(script: str, output: str | None, env: tuple[str, ...], force: b
         raise ConvertError(f"cannot read script {script!r}: {exc.strerror}") from None
     if output and Path(output).exists() and not force:
         raise ConvertError(f"{output} exists; pass --force to overwrite it")
-    conversion = convert_script(text, path.name, variables)
+    from plugrl.plugins import get_plugin_manager
+
+    plugins = get_plugin_manager()
+    conversion = convert_script(text, path.name, variables, plugins=plugins)
     written = recipe_yaml(conversion)
     if output:
         Path(output).write_text(written, encoding="utf-8")
     else:
         click.echo(written, nl=False)
-    validation = validate(conversion.recipe)
+    validation = validate(conversion.recipe, plugins)
     for line in report(conversion, validation, output or "RECIPE.yaml"):
         click.echo(line, err=True)
     if validation.error:

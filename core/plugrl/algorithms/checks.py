@@ -13,7 +13,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from plugrl.errors import RecipeError
-from plugrl.plugins import PluginManager, get_plugin_manager
+from plugrl.plugins import PluginManager
 
 if TYPE_CHECKING:
     from plugrl.recipe import Recipe
@@ -39,10 +39,9 @@ ALWAYS_PRESENT = frozenset(
 """Columns every run's batch has by the time advantages are computed."""
 
 
-def check_algorithm(recipe: Recipe, plugins: PluginManager | None = None) -> None:
+def check_algorithm(recipe: Recipe, plugins: PluginManager) -> None:
     """Raise a :class:`RecipeError` naming the key to change when the chosen estimator, loss
     and KL settings cannot work together with the rest of the recipe."""
-    plugins = plugins or get_plugin_manager()
     _check_estimator(recipe, plugins)
     _check_policy_loss(recipe, plugins)
 

@@ -14,7 +14,7 @@ from plugrl.algorithms.functional import masked_mean
 from plugrl.data.batch import Batch
 from plugrl.errors import RecipeError
 from plugrl.parts.algorithm import KLControlConfig
-from plugrl.plugins import PluginManager, get_plugin_manager
+from plugrl.plugins import PluginManager
 
 if TYPE_CHECKING:
     from plugrl.recipe import Recipe
@@ -124,8 +124,7 @@ class KLInReward:
         self.controller = controller
 
     @classmethod
-    def from_recipe(cls, recipe: Recipe, plugins: PluginManager | None = None) -> KLInReward:
-        plugins = plugins or get_plugin_manager()
+    def from_recipe(cls, recipe: Recipe, plugins: PluginManager) -> KLInReward:
         algorithm = recipe.algorithm
         penalty = plugins.registry("kl_penalties").load(algorithm.kl_penalty)
         return cls(penalty, make_kl_controller(algorithm.kl_ctrl))

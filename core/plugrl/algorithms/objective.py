@@ -15,7 +15,7 @@ from plugrl.algorithms.functional import LossAggregator, compute_rollout_is_weig
 from plugrl.data.batch import Batch
 from plugrl.errors import DataError, PluginError
 from plugrl.parts.algorithm import KLPenalty, LossScale, PolicyLoss
-from plugrl.plugins import PluginManager, get_plugin_manager
+from plugrl.plugins import PluginManager
 
 if TYPE_CHECKING:
     from plugrl.recipe import Recipe
@@ -49,7 +49,7 @@ class PolicyObjective:
         self._kl_penalty: KLPenalty | None = None
 
     @classmethod
-    def from_recipe(cls, recipe: Recipe, plugins: PluginManager | None = None) -> PolicyObjective:
+    def from_recipe(cls, recipe: Recipe, plugins: PluginManager) -> PolicyObjective:
         """Build and resolve once, so that unknown names or bad options fail in the driver."""
         objective = cls(recipe, plugins)
         objective.resolve()
@@ -57,11 +57,23 @@ class PolicyObjective:
 
     # ------------------------------------------------------------------------ parts
 
+    def attach(self, plugins: PluginManager) -> None:
+        """Resolve the parts from ``plugins`` from now on: a worker process attaches its own
+        plugin manager to an objective it received (parts do not travel with it)."""
+        if plugins is not self._plugins:
+            self._plugins = plugins
+            self._policy_loss = self._kl_penalty = None
+
     def resolve(self) -> None:
-        """Load the policy loss (and KL estimator) from this process's registry."""
+        """Load the policy loss (and KL estimator) from the attached plugin manager."""
         from plugrl.compose.build import build_policy_loss
 
-        plugins = self._plugins or get_plugin_manager()
+        plugins = self._plugins
+        if plugins is None:
+            raise ValueError(
+                "a PolicyObjective resolves its policy loss from a plugin manager: build it "
+                "with one, or attach() the process's before use"
+            )
         actor = self.recipe.actor
         self._policy_loss = build_policy_loss(self.recipe, plugins)
         if actor.use_kl_loss:

@@ -85,7 +85,7 @@ class EngineWorker:
         from plugrl.compose.build import build_part
         from plugrl.data.dataset import load_tokenizer
 
-        plugins = plugins or worker_plugin_manager(self.plugin_modules)
+        self.plugins = plugins = plugins or worker_plugin_manager(self.plugin_modules)
         device = build_device(plugins, self.device_name, self.recipe)
         device.set_device(0)
         name = self.recipe.rollout.engine
@@ -146,12 +146,11 @@ class EngineWorker:
     async def transport_receive(self, transport_name: str, session: Any) -> Any:
         """Run the worker side of a weight transport in this engine worker."""
         from plugrl.compose.build import build_part
-        from plugrl.plugins import get_plugin_manager
 
         engine = self._engine()
         context = PartContext(
             recipe=self.recipe,
-            plugins=engine.context.plugins or get_plugin_manager(),
+            plugins=self.plugins,
             device=engine.context.device,
         )
         transport = build_part("weight_transports", transport_name, self.recipe.rollout, context)

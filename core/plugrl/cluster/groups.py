@@ -21,7 +21,7 @@ def make_placement(
     roles: Sequence[Role],
     *,
     device_name: str,
-    plugins: PluginManager | None = None,
+    plugins: PluginManager,
 ) -> RayPlacement | None:
     """For ``cluster: ray``, the devices the ``roles`` of a run share: one bundle per rank
     (``trainer.nnodes x trainer.n_gpus_per_node``), rank ``i`` of every role on bundle ``i``.
@@ -29,9 +29,8 @@ def make_placement(
     if recipe.cluster.mode != "ray":
         return None
     from plugrl.cluster.ray_group import RayPlacement
-    from plugrl.plugins import get_plugin_manager
 
-    device_cls = (plugins or get_plugin_manager()).registry("devices").load(device_name)
+    device_cls = plugins.registry("devices").load(device_name)
     return RayPlacement(
         recipe.cluster,
         world_size=recipe.trainer.nnodes * recipe.trainer.n_gpus_per_node,
@@ -46,7 +45,7 @@ def make_worker_group(
     *,
     device_name: str,
     world_size: int | None = None,
-    plugins: PluginManager | None = None,
+    plugins: PluginManager,
     placement: RayPlacement | None = None,
 ) -> WorkerGroup:
     """The worker group ``cluster.mode`` asks for. A Ray group has ``world_size`` ranks

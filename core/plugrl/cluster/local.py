@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from plugrl.cluster.base import WorkerGroup
 from plugrl.cluster.worker import BackendWorker
 from plugrl.parts.context import DistInfo
-from plugrl.plugins import PluginManager, get_plugin_manager
+from plugrl.plugins import PluginManager
 
 if TYPE_CHECKING:
     from plugrl.parts.backend import Role, TrainingBackend
@@ -28,14 +28,14 @@ class LocalWorkerGroup(WorkerGroup):
         role: Role,
         *,
         device_name: str,
-        plugins: PluginManager | None = None,
+        plugins: PluginManager,
     ) -> None:
         self.recipe = recipe
         self.role = role
         self.world_size = 1
         self.in_process = True
         self.worker = BackendWorker(recipe, role, device_name, DistInfo())
-        dp_rank, _, holds_outputs = self.worker.start(plugins=plugins or get_plugin_manager())
+        dp_rank, _, holds_outputs = self.worker.start(plugins=plugins)
         self.dp_ranks = [dp_rank]
         self.output_ranks = [bool(holds_outputs)]
         self._check_output_ranks()

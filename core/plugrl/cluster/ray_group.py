@@ -14,7 +14,7 @@ from plugrl.cluster.base import WorkerGroup
 from plugrl.cluster.worker import BackendWorker
 from plugrl.errors import PluginError, PlugrlError, RecipeError
 from plugrl.parts.context import DistInfo
-from plugrl.plugins import PluginManager, get_plugin_manager
+from plugrl.plugins import PluginManager
 
 if TYPE_CHECKING:
     from plugrl.parts.backend import Role
@@ -213,7 +213,7 @@ class RayWorkerGroup(WorkerGroup):
         *,
         world_size: int,
         device_name: str,
-        plugins: PluginManager | None = None,
+        plugins: PluginManager,
         num_cpus_per_rank: float = 1,
         placement_timeout_s: float = 300,
         placement: RayPlacement | None = None,
@@ -224,7 +224,6 @@ class RayWorkerGroup(WorkerGroup):
         self.role = role
         self.world_size = world_size
         self.ray = ray = ensure_ray(recipe.cluster)
-        plugins = plugins or get_plugin_manager()
         self._owns_placement = placement is None
         if placement is None:
             resource = plugins.registry("devices").load(device_name).ray_resource

@@ -193,7 +193,13 @@ class BackendWorker:
         return self.backend
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Run a backend method; iterators (``named_weights``) come back as lists."""
+        """Run a backend method; iterators (``named_weights``) come back as lists. An actor
+        objective among the arguments resolves its parts from this worker's plugins."""
+        from plugrl.algorithms.objective import PolicyObjective
+
+        for argument in (*args, *kwargs.values()):
+            if isinstance(argument, PolicyObjective):
+                argument.attach(self.plugins)
         result = getattr(self._backend(), method)(*args, **kwargs)
         if method == "named_weights":
             result = list(result)
@@ -208,7 +214,7 @@ class BackendWorker:
         """Run the worker side of a weight transport in this trainer rank."""
         from plugrl.compose.build import build_part
 
-        plugins = getattr(self, "plugins", None) or get_plugin_manager()
+        plugins = self.plugins
         backend = self._backend()
         context = PartContext(recipe=self.recipe, plugins=plugins, device=backend.device)
         transport = build_part("weight_transports", transport_name, self.recipe.rollout, context)

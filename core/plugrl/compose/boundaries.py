@@ -31,7 +31,7 @@ _SHAPE_MEANING = "one row per response and one column per response token"
 
 
 def check_reward_output(
-    output: Any, batch: Batch, manager: str, plugins: PluginManager | None = None
+    output: Any, batch: Batch, manager: str, plugins: PluginManager
 ) -> RewardOutput:
     """``output``, what the reward manager registered as ``manager`` returned for ``batch``,
     once checked: a one-line :class:`~plugrl.errors.PluginError` naming the manager and its
@@ -65,7 +65,7 @@ def check_reward_output(
 
 
 def check_estimator_output(
-    result: Any, batch: Batch, estimator: str, plugins: PluginManager | None = None
+    result: Any, batch: Batch, estimator: str, plugins: PluginManager
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(advantages, returns)``, what the advantage estimator registered as ``estimator``
     returned for ``batch``, once checked: a one-line :class:`~plugrl.errors.PluginError`
@@ -124,14 +124,13 @@ def _kind(value: Any) -> str:
     return "None" if value is None else type(value).__name__
 
 
-def _who(kind: str, name: str, plugins: PluginManager | None) -> str:
+def _who(kind: str, name: str, plugins: PluginManager) -> str:
     """``reward manager 'x' (plugin 'y')``: the part at fault and where it comes from."""
-    from plugrl.plugins import get_plugin_manager
     from plugrl.registry import PART_KINDS
 
     label = f"{PART_KINDS[kind].human_name} {name!r}"
     try:
-        plugin = (plugins or get_plugin_manager()).registry(kind).get(name).plugin
+        plugin = plugins.registry(kind).get(name).plugin
     except PluginError:  # a part built outside the registry (a test, a script)
         return label
     return f"{label} (plugin {plugin!r})"

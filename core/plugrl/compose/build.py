@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 
 from plugrl.errors import PluginError
 from plugrl.parts.context import PartContext
-from plugrl.plugins import get_plugin_manager
 from plugrl.recipe import part_args
 from plugrl.registry import PART_KINDS, import_object
 
@@ -245,19 +244,22 @@ def check_torch_device_type(entry: Entry, device: Device) -> None:
 
 def build_part(kind: str, name: str, config: Any, context: Any) -> Any:
     """The part registered as ``name`` of ``kind``, built as ``cls(config, context)`` with the
-    registry of ``context.plugins`` (the process's plugin manager when unset). ``context`` is
+    registry of ``context.plugins``, the run's plugin manager. ``context`` is
     a :class:`PartContext`, or the :class:`~plugrl.run.RunContext` for a scheduler."""
-    plugins = context.plugins or get_plugin_manager()
+    plugins = context.plugins
+    if plugins is None:
+        raise ValueError(
+            f"building the {kind} {name!r} needs the run's plugin manager in context.plugins"
+        )
     entry = plugins.registry(kind).get(name)
     cls = entry.load()
     check_constructor(entry, cls)
     return cls(config, context)
 
 
-def build_estimator(recipe: Recipe, plugins: PluginManager | None = None) -> AdvantageEstimator:
+def build_estimator(recipe: Recipe, plugins: PluginManager) -> AdvantageEstimator:
     """The estimator ``algorithm.adv_estimator`` names, with its
     ``algorithm.adv_estimator_args``."""
-    plugins = plugins or get_plugin_manager()
     options = part_args(recipe, "algorithm", "adv_estimator_args", plugins)
     context = PartContext(recipe=recipe, plugins=plugins, options=options)
     return build_part(
@@ -265,9 +267,8 @@ def build_estimator(recipe: Recipe, plugins: PluginManager | None = None) -> Adv
     )
 
 
-def build_policy_loss(recipe: Recipe, plugins: PluginManager | None = None) -> PolicyLoss:
+def build_policy_loss(recipe: Recipe, plugins: PluginManager) -> PolicyLoss:
     """The loss ``actor.policy_loss`` names, with its ``actor.policy_loss_args``."""
-    plugins = plugins or get_plugin_manager()
     options = part_args(recipe, "actor", "policy_loss_args", plugins)
     context = PartContext(recipe=recipe, plugins=plugins, options=options)
     return build_part("policy_losses", recipe.actor.policy_loss, recipe.actor, context)

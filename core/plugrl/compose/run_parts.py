@@ -44,6 +44,8 @@ class RunParts:
     """The built parts of a run, shared by the schedulers."""
 
     recipe: Recipe
+    plugins: PluginManager
+    """The run's plugin manager (the driver's)."""
     device: Device
     tokenizer: Any
     pad_token_id: int
@@ -206,9 +208,7 @@ def update_derives_old_log_probs(
     )
 
 
-def build_reward_manager(
-    recipe: Recipe, tokenizer: Any, plugins: PluginManager | None = None
-) -> RewardManager:
+def build_reward_manager(recipe: Recipe, tokenizer: Any, plugins: PluginManager) -> RewardManager:
     """The reward manager ``reward.manager`` names. Call its ``check_data_sources`` with the
     data's ``data_source`` values before generating, and ``close()`` at the end of the run."""
     from plugrl.compose.build import build_part
@@ -365,6 +365,7 @@ def build_run_parts(context: RunContext, engine_needs: dict[str, str] | None = N
         raise
     parts = RunParts(
         recipe=recipe,
+        plugins=plugins,
         device=device,
         tokenizer=tokenizer,
         pad_token_id=pad_token_id,

@@ -12,7 +12,7 @@ from typing import Any
 import attrs
 
 from plugrl.errors import PluginError, RecipeError
-from plugrl.plugins import PluginManager, get_plugin_manager
+from plugrl.plugins import PluginManager
 from plugrl.recipe.checks import check_recipe
 from plugrl.recipe.composition import (
     apply_overrides,
@@ -47,10 +47,9 @@ def section_class(name: str, raw: Mapping[str, Any], plugins: PluginManager) -> 
     return config_cls
 
 
-def build_recipe(raw: Mapping[str, Any], plugins: PluginManager | None = None) -> Recipe:
+def build_recipe(raw: Mapping[str, Any], plugins: PluginManager) -> Recipe:
     """Validate a composed recipe mapping into a :class:`Recipe`, resolving plugin sections,
     then check that its settings fit together (:func:`check_recipe`)."""
-    plugins = plugins or get_plugin_manager()
     raw = normalize_shorthand(raw)
     recipe_fields = fields_of(Recipe)
     for name, value in raw.items():
@@ -72,11 +71,10 @@ def build_recipe(raw: Mapping[str, Any], plugins: PluginManager | None = None) -
 
 
 def load_recipe(
-    path: str | Path | None = None,
-    overrides: Sequence[str] = (),
-    plugins: PluginManager | None = None,
+    path: str | Path | None, overrides: Sequence[str], plugins: PluginManager
 ) -> Recipe:
-    """Read a recipe file (or none: all defaults), apply overrides, validate."""
+    """Read a recipe file (or none: all defaults), apply overrides, validate with the
+    parts ``plugins`` registers."""
     raw = compose_file(find_recipe(path)) if path is not None else {}
     return build_recipe(apply_overrides(raw, overrides), plugins)
 
@@ -128,12 +126,9 @@ def validate_names(recipe: Recipe, plugins: PluginManager) -> None:
         function_options(recipe, name, plugins)
 
 
-def part_args(
-    recipe: Recipe, section_name: str, args_key: str, plugins: PluginManager | None = None
-) -> Any:
+def part_args(recipe: Recipe, section_name: str, args_key: str, plugins: PluginManager) -> Any:
     """The chosen part's args (``algorithm.adv_estimator_args``) as its config object, or
     ``None`` when the part registered no config class."""
-    plugins = plugins or get_plugin_manager()
     dotted = f"{section_name}.{args_key}"
     kind = next((k for k in PART_KINDS.values() if k.args_key == dotted), None)
     if kind is None:

@@ -8,7 +8,7 @@ from typing import Any
 import attrs
 
 from plugrl.errors import PluginError, RecipeError
-from plugrl.plugins import PluginManager, get_plugin_manager
+from plugrl.plugins import PluginManager
 from plugrl.recipe.sections import Recipe, verl_index
 from plugrl.registry import PART_KINDS, section_kind
 from plugrl.structuring import fields_of, unknown_key_error
@@ -60,9 +60,8 @@ def _config_classes(section_name: str, plugins: PluginManager) -> list[tuple[typ
     return classes
 
 
-def explain(key: str, plugins: PluginManager | None = None) -> KeyInfo:
+def explain(key: str, plugins: PluginManager) -> KeyInfo:
     """Describe a dotted recipe key (or a section): meaning, type, default, verl name."""
-    plugins = plugins or get_plugin_manager()
     parts = key.split(".")
     options = _explain_part_options(parts, plugins)
     if options is not None:

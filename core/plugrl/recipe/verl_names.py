@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 
 from plugrl.errors import PluginError
-from plugrl.plugins import PluginManager, get_plugin_manager
+from plugrl.plugins import PluginManager
 from plugrl.recipe.sections import Recipe
 from plugrl.registry import PART_KINDS
 from plugrl.structuring import fields_of
@@ -42,11 +42,10 @@ class VerlName:
     """The plugin that registered that part."""
 
 
-def verl_names(plugins: PluginManager | None = None) -> dict[str, list[VerlName]]:
+def verl_names(plugins: PluginManager) -> dict[str, list[VerlName]]:
     """verl key -> the recipe keys that declare it: the core's first, then those of the
     installed plugins' parts (a key several parts declare, such as an engine setting, has one
     entry per part)."""
-    plugins = plugins or get_plugin_manager()
     index: dict[str, list[VerlName]] = {}
     for name in _leaves(Recipe(), ""):
         index.setdefault(name.verl, []).append(name)

@@ -419,7 +419,7 @@ def load_custom_function(config: Any) -> Scorer:
     return scorer
 
 
-def make_resolver(recipe: Any, plugins: PluginManager | None = None) -> Callable[[str], Scorer]:
+def make_resolver(recipe: Any, plugins: PluginManager) -> Callable[[str], Scorer]:
     """``resolve(data_source) -> Scorer`` for a recipe: the custom function when
     ``reward.custom_function.path`` is set, else the registered function whose name (or glob
     pattern) matches the data source. Unknown data sources raise a one-line
@@ -432,10 +432,6 @@ def make_resolver(recipe: Any, plugins: PluginManager | None = None) -> Callable
     if custom.path:
         scorer = load_custom_function(custom)
         return _FixedResolver(scorer)
-    if plugins is None:
-        from plugrl.plugins import get_plugin_manager
-
-        plugins = get_plugin_manager()
     options = {name: function_options(recipe, name, plugins) for name in _function_args(recipe)}
     return _RegistryResolver(plugins.registry("reward_functions"), options)
 

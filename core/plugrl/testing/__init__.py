@@ -62,10 +62,14 @@ __all__ = [
 def part_context(recipe: Any = None, **fields: Any) -> Any:
     """A :class:`~plugrl.parts.context.PartContext` around ``recipe`` (a default
     :class:`~plugrl.recipe.Recipe` when ``None``) with ``fields`` set (``options``, ``device``,
-    ``tokenizer``, ...), for constructing a part directly in a test."""
+    ``tokenizer``, ...), for constructing a part directly in a test. ``plugins`` defaults to
+    the process's plugin manager (in a test with the ``plugrl_plugin_manager`` fixture, that
+    one): a test is an edge of the program, as the command line is."""
     from plugrl.parts.context import PartContext
+    from plugrl.plugins import get_plugin_manager
     from plugrl.recipe import Recipe
 
+    fields.setdefault("plugins", get_plugin_manager())
     return PartContext(recipe=recipe if recipe is not None else Recipe(), **fields)
 
 
@@ -99,7 +103,9 @@ def make_recipe(
         for part in reversed(path):
             update = {part: update}
         raw = deep_merge(raw, normalize_shorthand(update))
-    return build_recipe(raw, plugins)
+    from plugrl.plugins import get_plugin_manager
+
+    return build_recipe(raw, plugins or get_plugin_manager())
 
 
 def make_batch(

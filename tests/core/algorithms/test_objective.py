@@ -179,6 +179,13 @@ def test_pickles_without_its_parts_and_resolves_them_in_the_receiver(recipe_from
     assert b"VanillaPPO" not in payload
     received = pickle.loads(payload)
     assert received.needs_ref and not received.needs_entropy
+    with pytest.raises(ValueError) as error:
+        run(received)  # parts are resolved from the receiver's plugins, not the sender's
+    assert str(error.value) == (
+        "a PolicyObjective resolves its policy loss from a plugin manager: build it with one, "
+        "or attach() the process's before use"
+    )
+    received.attach(global_plugins)  # as a backend worker does with its own
     assert run(received)[0] == pytest.approx(run(objective)[0])
 
 
@@ -201,7 +208,10 @@ def test_metrics_are_shares_of_the_mini_batch(recipe_from, plugins):
 
 
 def _loss_in_a_fresh_process(payload: bytes) -> float:
+    from plugrl.cluster.worker import worker_plugin_manager
+
     objective = pickle.loads(payload)
+    objective.attach(worker_plugin_manager())  # what a backend worker does when it starts
     return run(objective)[0]
 
 

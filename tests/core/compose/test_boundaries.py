@@ -17,6 +17,7 @@ from plugrl.metrics import StepTimer
 from plugrl.parts.algorithm import AdvantageEstimator
 from plugrl.parts.reward import RewardManager, RewardOutput
 from plugrl.parts.rollout import Completion
+from plugrl.plugins import get_plugin_manager
 from plugrl.steps import update_from_batch, validate
 from plugrl.testing import make_batch, part_context
 
@@ -132,7 +133,7 @@ def batch():
 def scored(name, batch, plugrl_recipe):
     recipe = plugrl_recipe({"reward.manager": name})
     manager = build_part("reward_managers", name, recipe.reward, part_context(recipe))
-    return check_reward_output(manager(batch), batch, name)
+    return check_reward_output(manager(batch), batch, name, get_plugin_manager())
 
 
 def test_a_reward_output_of_the_right_shape_passes(plugins, batch, plugrl_recipe):
@@ -187,7 +188,12 @@ def test_a_reward_output_of_the_wrong_shape_names_the_manager(
 
 def estimated(name, batch, plugrl_recipe):
     recipe = plugrl_recipe({"algorithm.adv_estimator": name})
-    return check_estimator_output(build_estimator(recipe).compute(batch), batch, name)
+    return check_estimator_output(
+        build_estimator(recipe, get_plugin_manager()).compute(batch),
+        batch,
+        name,
+        get_plugin_manager(),
+    )
 
 
 def test_advantages_of_the_right_shape_pass(plugins, batch, plugrl_recipe):
@@ -227,7 +233,9 @@ def test_advantages_of_the_wrong_shape_name_the_estimator(
 
 def test_a_part_built_outside_the_registry_is_named_without_a_plugin(batch):
     with pytest.raises(PluginError) as info:
-        check_estimator_output((torch.zeros(B), torch.zeros(B)), batch, "in_a_script")
+        check_estimator_output(
+            (torch.zeros(B), torch.zeros(B)), batch, "in_a_script", get_plugin_manager()
+        )
     assert str(info.value).startswith(
         f"advantage estimator 'in_a_script' returned advantages of shape ({B},); expected"
     )
@@ -245,16 +253,19 @@ def test_the_update_checks_what_the_estimator_returns(plugins, batch, plugrl_rec
     recipe = plugrl_recipe({"algorithm.adv_estimator": "perresponseadvantages"})
     parts = SimpleNamespace(
         recipe=recipe,
+        plugins=get_plugin_manager(),
         ref=None,
         critic=None,
         kl_in_reward=None,
-        estimator=build_estimator(recipe),
+        estimator=build_estimator(recipe, get_plugin_manager()),
         actor=Actor(),
         objective=None,
     )
     with pytest.raises(PluginError, match=r"^advantage estimator 'perresponseadvantages' \("):
         update_from_batch(parts, batch, StepTimer())
-    parts.estimator = build_estimator(plugrl_recipe({"algorithm.adv_estimator": "grpo"}))
+    parts.estimator = build_estimator(
+        plugrl_recipe({"algorithm.adv_estimator": "grpo"}), get_plugin_manager()
+    )
     assert update_from_batch(parts, batch, StepTimer()) == {"actor/pg_loss": 0.0}
 
 
@@ -299,6 +310,7 @@ def validation_parts(recipe, manager):
         reward=build_part("reward_managers", manager, recipe.reward, part_context(recipe)),
         tokenizer=None,
         recipe=recipe,
+        plugins=get_plugin_manager(),
     )
 
 

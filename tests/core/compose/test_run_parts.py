@@ -1,6 +1,7 @@
 import pytest
 
 from plugrl.compose.run_parts import training_loader, update_derives_old_log_probs
+from plugrl.plugins import get_plugin_manager
 from plugrl.recipe import build_recipe
 
 
@@ -16,7 +17,8 @@ def recipe_with(**data):
             "actor": {"ppo_mini_batch_size": 4},
             "rollout": {"n": 2},
             "algorithm": {"filter_groups": {"enable": filter_groups}},
-        }
+        },
+        get_plugin_manager(),
     )
 
 
@@ -58,7 +60,7 @@ def on_policy_recipe(**sections):
     }
     for name, values in sections.items():
         base[name] = {**base.get(name, {}), **values}
-    return build_recipe(base)
+    return build_recipe(base, get_plugin_manager())
 
 
 def test_an_exactly_on_policy_update_derives_its_old_log_probs():

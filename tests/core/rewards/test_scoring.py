@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from plugrl.errors import DataError, PluginError, RecipeError
+from plugrl.plugins import get_plugin_manager
 from plugrl.rewards.scoring import (
     FileFunction,
     Scorer,
@@ -45,7 +46,7 @@ def custom(path, name="compute_score", kwargs=None):
 
 def test_sync_file_function_is_used_for_every_data_source(make_recipe, scorer_file):
     recipe = make_recipe(custom(scorer_file(SYNC)))
-    resolve = make_resolver(recipe)
+    resolve = make_resolver(recipe, get_plugin_manager())
     scorer = resolve("anything/at_all")
     assert resolve("other") is scorer
     assert scorer("anything", " 4 ", "4") == 1.0
@@ -54,7 +55,7 @@ def test_sync_file_function_is_used_for_every_data_source(make_recipe, scorer_fi
 
 def test_async_file_function_with_kwargs(make_recipe, scorer_file):
     recipe = make_recipe(custom(scorer_file(ASYNC), kwargs={"bonus": 0.5}))
-    scorer = make_resolver(recipe)("x")
+    scorer = make_resolver(recipe, get_plugin_manager())("x")
     score, extras = scorer.score_sample(
         data_source="x", solution_str="4", ground_truth="4", extra_info=None
     )
@@ -63,7 +64,7 @@ def test_async_file_function_with_kwargs(make_recipe, scorer_file):
 
 
 def test_batch_file_function_is_detected_by_its_parameters(make_recipe, scorer_file):
-    scorer = make_resolver(make_recipe(custom(scorer_file(BATCH))))("x")
+    scorer = make_resolver(make_recipe(custom(scorer_file(BATCH))), get_plugin_manager())("x")
     assert scorer.batch
     results = scorer.score_batch(
         data_sources=["x", "x"],
@@ -75,13 +76,13 @@ def test_batch_file_function_is_detected_by_its_parameters(make_recipe, scorer_f
 
 
 def test_a_function_gets_only_the_parameters_it_declares(make_recipe, scorer_file):
-    scorer = make_resolver(make_recipe(custom(scorer_file(TWO_PARAMS))))("x")
+    scorer = make_resolver(make_recipe(custom(scorer_file(TWO_PARAMS))), get_plugin_manager())("x")
     assert scorer.params == ("solution_str", "ground_truth")
     assert scorer("x", "the answer is 7", "7", {"id": 1}) == 1.0
 
 
 def test_per_sample_function_scores_a_batch_row_by_row(make_recipe, scorer_file):
-    scorer = make_resolver(make_recipe(custom(scorer_file(SYNC))))("x")
+    scorer = make_resolver(make_recipe(custom(scorer_file(SYNC))), get_plugin_manager())("x")
     results = scorer.score_batch(
         data_sources=["x"] * 3,
         solution_strs=["1", "2", "3"],
@@ -103,7 +104,7 @@ def test_file_function_pickles_as_path_and_name(scorer_file):
 
 def test_missing_file(make_recipe, tmp_path):
     with pytest.raises(RecipeError) as error:
-        make_resolver(make_recipe(custom(tmp_path / "nope.py")))
+        make_resolver(make_recipe(custom(tmp_path / "nope.py")), get_plugin_manager())
     message = str(error.value)
     assert message.startswith("reward.custom_function.path: reward function file ")
     assert "nope.py' not found; set it to the Python file" in message
@@ -113,7 +114,7 @@ def test_missing_file(make_recipe, tmp_path):
 def test_file_that_fails_to_import(make_recipe, scorer_file):
     path = scorer_file("import math\n\nvalue = undefined_name + 1\n")
     with pytest.raises(RecipeError) as error:
-        make_resolver(make_recipe(custom(path)))
+        make_resolver(make_recipe(custom(path)), get_plugin_manager())
     message = str(error.value)
     assert f"{path} failed to import (line 3): NameError: name 'undefined_name'" in message
     assert f"(python {path} shows the traceback)" in message
@@ -123,13 +124,13 @@ def test_file_that_fails_to_import(make_recipe, scorer_file):
 def test_file_with_a_syntax_error(make_recipe, scorer_file):
     path = scorer_file("def compute_score(:\n    pass\n")
     with pytest.raises(RecipeError, match=r"failed to import \(line 1\): SyntaxError"):
-        make_resolver(make_recipe(custom(path)))
+        make_resolver(make_recipe(custom(path)), get_plugin_manager())
 
 
 def test_missing_function_lists_what_the_file_defines(make_recipe, scorer_file):
     path = scorer_file(SYNC)
     with pytest.raises(RecipeError) as error:
-        make_resolver(make_recipe(custom(path, name="score")))
+        make_resolver(make_recipe(custom(path, name="score")), get_plugin_manager())
     assert str(error.value) == (
         f"reward.custom_function.name: {path} has no function 'score' (it defines "
         "compute_score); set reward.custom_function.name"
@@ -139,13 +140,13 @@ def test_missing_function_lists_what_the_file_defines(make_recipe, scorer_file):
 def test_name_that_is_not_a_function(make_recipe, scorer_file):
     path = scorer_file("compute_score = 3\n")
     with pytest.raises(RecipeError, match=r"'compute_score' in .* is a int, not a function"):
-        make_resolver(make_recipe(custom(path)))
+        make_resolver(make_recipe(custom(path)), get_plugin_manager())
 
 
 def test_kwargs_the_function_does_not_take(make_recipe, scorer_file):
     recipe = make_recipe(custom(scorer_file(SYNC), kwargs={"temperature": 2}))
     with pytest.raises(RecipeError) as error:
-        make_resolver(recipe)
+        make_resolver(recipe, get_plugin_manager())
     assert str(error.value).startswith("reward.custom_function.kwargs: reward function")
     assert "takes no parameter 'temperature'; remove it from" in str(error.value)
 
@@ -153,17 +154,17 @@ def test_kwargs_the_function_does_not_take(make_recipe, scorer_file):
 def test_a_required_parameter_plugrl_does_not_pass(make_recipe, scorer_file):
     path = scorer_file("def compute_score(solution_str, reference):\n    return 0.0\n")
     with pytest.raises(RecipeError, match="needs parameter 'reference', which plugrl does not"):
-        make_resolver(make_recipe(custom(path)))
+        make_resolver(make_recipe(custom(path)), get_plugin_manager())
 
 
 def test_a_function_without_solution_str(make_recipe, scorer_file):
     path = scorer_file("def compute_score(text=None, ground_truth=None):\n    return 0.0\n")
     with pytest.raises(RecipeError, match="has no 'solution_str' parameter; scoring functions"):
-        make_resolver(make_recipe(custom(path)))
+        make_resolver(make_recipe(custom(path)), get_plugin_manager())
 
 
 def test_unknown_data_source_lists_registered_ones_and_how_to_add(make_recipe):
-    resolve = make_resolver(make_recipe())
+    resolve = make_resolver(make_recipe(), get_plugin_manager())
     with pytest.raises(DataError) as error:
         resolve("my_lab/puzzles")
     message = str(error.value)
@@ -175,7 +176,7 @@ def test_unknown_data_source_lists_registered_ones_and_how_to_add(make_recipe):
 
 
 def test_registry_resolution_by_exact_name_and_pattern(make_recipe):
-    resolve = make_resolver(make_recipe())
+    resolve = make_resolver(make_recipe(), get_plugin_manager())
     assert resolve("aime2024").label == "reward function 'aime*' (plugin 'scorers')"
     assert resolve("openai/gsm8k")("openai/gsm8k", "#### 3", "3")["score"] == 1.0
 
@@ -223,7 +224,7 @@ def test_batch_function_returning_the_wrong_number_of_scores(scorer_file, make_r
         "def compute_score(data_sources, solution_strs, ground_truths, extra_infos):\n"
         "    return [1.0]\n"
     )
-    scorer = make_resolver(make_recipe(custom(path)))("x")
+    scorer = make_resolver(make_recipe(custom(path)), get_plugin_manager())("x")
     with pytest.raises(ScoringError, match="returned 1 scores for a batch of 2; return one per"):
         scorer.score_batch(
             data_sources=["x"] * 2,
@@ -250,7 +251,7 @@ def test_a_file_whose_import_hangs_stops_the_run_at_a_deadline(
     monkeypatch.setattr(scoring, "IMPORT_TIMEOUT_S", 0.5)
     path = scorer_file("import time\ntime.sleep(30)\n" + SYNC, name="hangs.py")
     with pytest.raises(RecipeError) as info:
-        make_resolver(make_recipe(custom(path)))
+        make_resolver(make_recipe(custom(path)), get_plugin_manager())
     assert str(info.value) == (
         f"reward.custom_function.path: importing {path} did not finish in 0.5 s; check what the "
         "file does at import (a download, a lock, a prompt for input) and move it into the "
@@ -280,7 +281,7 @@ def test_an_interruption_during_the_import_is_not_blamed_on_the_file(
 
     threading.Thread(target=interrupt_once_importing, daemon=True).start()
     with pytest.raises(KeyboardInterrupt):
-        make_resolver(make_recipe(custom(path)))
+        make_resolver(make_recipe(custom(path)), get_plugin_manager())
     # nothing of the half-imported file is kept: a later run imports it afresh
     assert str(path.resolve()) not in scoring._FILE_MODULES
     assert not [name for name in sys.modules if name.startswith("plugrl_reward_file_slow_")]

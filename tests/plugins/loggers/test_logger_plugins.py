@@ -8,10 +8,10 @@ import sys
 import pytest
 
 from plugrl.errors import RecipeError
+from plugrl.plugins import get_plugin_manager
 from plugrl.recipe import build_recipe
 from plugrl.run import run_recipe
 from tests import fake_parts
-from tests.fake_parts import BASE_RECIPE
 from tests.plugins.loggers.trackers_testlib import (
     mlflow_client,
     swanlab_records,
@@ -101,20 +101,21 @@ def test_the_cli_lists_and_refuses_a_logger_whose_library_is_missing(tmp_path):
     ]
 
 
-def run_with_trackers(tmp_path, steps=2):
-    recipe = build_recipe(
-        {
-            **BASE_RECIPE,
-            "scheduler": {"name": "fakescheduler", "steps": steps},
-            "trainer": {
-                "default_local_dir": str(tmp_path / "run"),
-                "project_name": "plugrl-tests",
-                "experiment_name": "e2e",
-                "logger": ["console", "jsonl", *sorted(TRACKERS)],
-            },
-        }
+def run_with_trackers(tmp_path, sim_task, steps=2):
+    """The counting scheduler of tests.fake_parts (step N scores N / 10) on the simulated
+    parts, logging to every tracker."""
+    from plugrl_sim.parts import sim_recipe
+
+    data = sim_recipe(sim_task, tmp_path / "run", scheduler="fakescheduler", steps=steps)
+    data["scheduler"]["steps"] = steps
+    data["trainer"].update(
+        project_name="plugrl-tests",
+        experiment_name="e2e",
+        logger=["console", "jsonl", *sorted(TRACKERS)],
     )
-    return recipe, run_recipe(recipe)
+    plugins = get_plugin_manager()
+    recipe = build_recipe(data, plugins)
+    return recipe, run_recipe(recipe, plugins)
 
 
 def tracker_outcomes(run_dir):
@@ -133,8 +134,8 @@ def tracker_outcomes(run_dir):
     }
 
 
-def test_a_run_logs_to_every_tracker_and_ends_their_runs(tmp_path, fake_parts_manager):
-    run_with_trackers(tmp_path, steps=2)
+def test_a_run_logs_to_every_tracker_and_ends_their_runs(tmp_path, fake_parts_manager, sim_task):
+    run_with_trackers(tmp_path, sim_task, steps=2)
     assert tracker_outcomes(tmp_path / "run") == {
         "tensorboard": [1, 2],
         "wandb": ("finished", 2),
@@ -143,14 +144,17 @@ def test_a_run_logs_to_every_tracker_and_ends_their_runs(tmp_path, fake_parts_ma
     }
 
 
-def test_a_failed_run_ends_every_tracker_run_as_failed(tmp_path, fake_parts_manager, monkeypatch):
-    def explode(self):
-        self.context.step_end(1, {"critic/score/mean": 0.5})
-        raise RuntimeError("scheduler broke")
+def test_a_failed_run_ends_every_tracker_run_as_failed(
+    tmp_path, fake_parts_manager, monkeypatch, sim_task
+):
+    def explode(self, parts, step):
+        if step == 2:
+            raise RuntimeError("scheduler broke")
+        return {"critic/score/mean": 0.5}
 
-    monkeypatch.setattr(fake_parts.CountingScheduler, "run", explode)
+    monkeypatch.setattr(fake_parts.CountingScheduler, "train_step", explode)
     with pytest.raises(RuntimeError, match="scheduler broke"):
-        run_with_trackers(tmp_path)
+        run_with_trackers(tmp_path, sim_task)
     assert tracker_outcomes(tmp_path / "run") == {
         "tensorboard": [1],
         "wandb": ("failed", 1),

@@ -10,6 +10,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from plugrl.plugins import get_plugin_manager
 from plugrl.recipe import explain
 from plugrl_scorers import arithmetic
 
@@ -47,7 +48,7 @@ def test_the_batch_form_example_is_a_batch_function(make_recipe, tmp_path):
     path = tmp_path / "batch_reward.py"
     path.write_text(re.sub(r"(?m)^  ", "", block), encoding="utf-8")
     recipe = make_recipe({"manager": "batch", "custom_function": {"path": str(path)}})
-    scorer = make_resolver(recipe)("x")
+    scorer = make_resolver(recipe, get_plugin_manager())("x")
     assert scorer.batch
     results = scorer.score_batch(
         data_sources=["x", "x"],
@@ -64,7 +65,9 @@ def test_the_flexible_gsm8k_file_from_the_docs(make_recipe, tmp_path):
     block = next(b for b in code_blocks("python") if 'method="flexible"' in b)
     path = tmp_path / "flexible.py"
     path.write_text(block, encoding="utf-8")
-    scorer = make_resolver(make_recipe({"custom_function": {"path": str(path)}}))("openai/gsm8k")
+    scorer = make_resolver(
+        make_recipe({"custom_function": {"path": str(path)}}), get_plugin_manager()
+    )("openai/gsm8k")
     assert scorer("openai/gsm8k", "so she has 72 clips", "72")["score"] == 1.0
 
 
@@ -74,10 +77,12 @@ def test_the_lenient_gsm8k_options_from_the_docs(make_recipe):
     from plugrl.rewards.scoring import make_resolver
 
     reward = next(b for b in code_blocks("yaml") if "lenient" in b)
-    scorer = make_resolver(make_recipe(yaml.safe_load(reward)["reward"]))("openai/gsm8k")
+    scorer = make_resolver(make_recipe(yaml.safe_load(reward)["reward"]), get_plugin_manager())(
+        "openai/gsm8k"
+    )
     assert scorer("openai/gsm8k", "#### $72.0", "72")["score"] == 1.0
     # without them, verl's strict parse has no answer there
-    registered = make_resolver(make_recipe())("openai/gsm8k")
+    registered = make_resolver(make_recipe(), get_plugin_manager())("openai/gsm8k")
     assert registered("openai/gsm8k", "#### $72.0", "72")["score"] == 0.0
 
 
@@ -92,11 +97,11 @@ def test_a_reward_file_can_pass_the_scorer_its_own_keyword_arguments(make_recipe
     path = tmp_path / "gsm8k_reward.py"
     path.write_text(block, encoding="utf-8")
     custom = {"custom_function": {"path": str(path), "kwargs": {"method": "flexible"}}}
-    scorer = make_resolver(make_recipe(custom))("openai/gsm8k")
+    scorer = make_resolver(make_recipe(custom), get_plugin_manager())("openai/gsm8k")
     assert scorer("openai/gsm8k", "so she has 72 clips", "72")["score"] == 1.0
     plain = {"custom_function": {"path": str(path)}}
     assert (
-        make_resolver(make_recipe(plain))("openai/gsm8k")(
+        make_resolver(make_recipe(plain), get_plugin_manager())("openai/gsm8k")(
             "openai/gsm8k", "so she has 72 clips", "72"
         )["score"]
         == 0.0
@@ -126,7 +131,7 @@ def test_a_glob_registered_function_gets_its_options_for_every_match(make_recipe
     from plugrl.rewards.scoring import make_resolver
 
     recipe = make_recipe({"function_args": {"aime*": {"strict_box_verify": True}}})
-    scorer = make_resolver(recipe)("aime2025")
+    scorer = make_resolver(recipe, get_plugin_manager())("aime2025")
     assert scorer.kwargs == {"strict_box_verify": True}
 
 

@@ -5,6 +5,7 @@ then each mapping rule on a small script, then the errors."""
 import pytest
 
 from plugrl.errors import ConvertError
+from plugrl.plugins import get_plugin_manager
 from plugrl.recipe import build_recipe, normalize_shorthand
 from plugrl_tools.convert.output import recipe_yaml, validate
 from plugrl_tools.convert.verl import convert_script
@@ -33,7 +34,9 @@ FULLY_ASYNC_UNKNOWN = (
 
 
 def test_gsm8k_grpo_recipe(script_text, plugrl_plugin_manager):
-    conversion = convert_script(script_text("gsm8k_grpo_qwen2.5_0.5b.sh"), "gsm8k.sh")
+    conversion = convert_script(
+        script_text("gsm8k_grpo_qwen2.5_0.5b.sh"), "gsm8k.sh", plugins=get_plugin_manager()
+    )
     data = "/home/ma-user/work/data/gsm8k"
     assert conversion.module == "verl.trainer.main_ppo"
     assert conversion.recipe == {
@@ -72,7 +75,9 @@ def test_gsm8k_grpo_recipe(script_text, plugrl_plugin_manager):
 
 
 def test_gsm8k_grpo_not_converted(script_text, plugrl_plugin_manager):
-    conversion = convert_script(script_text("gsm8k_grpo_qwen2.5_0.5b.sh"), "gsm8k.sh")
+    conversion = convert_script(
+        script_text("gsm8k_grpo_qwen2.5_0.5b.sh"), "gsm8k.sh", plugins=get_plugin_manager()
+    )
     assert unmapped(conversion, "plugin") == {
         "actor_rollout_ref.rollout.enable_chunked_prefill=False": VLLM
     }
@@ -96,8 +101,10 @@ def test_gsm8k_grpo_not_converted(script_text, plugrl_plugin_manager):
 
 
 def test_gsm8k_grpo_validates_but_for_the_npu_and_vllm_plugins(script_text, plugrl_plugin_manager):
-    conversion = convert_script(script_text("gsm8k_grpo_qwen2.5_0.5b.sh"), "gsm8k.sh")
-    validation = validate(conversion.recipe)
+    conversion = convert_script(
+        script_text("gsm8k_grpo_qwen2.5_0.5b.sh"), "gsm8k.sh", plugins=get_plugin_manager()
+    )
+    validation = validate(conversion.recipe, get_plugin_manager())
     assert validation.missing == (
         ("device.name", "device 'npu' is not installed: pip install plugrl-npu", "auto"),
         ("rollout.engine", "rollout engine 'vllm' is not installed: pip install plugrl-vllm", "hf"),
@@ -106,11 +113,13 @@ def test_gsm8k_grpo_validates_but_for_the_npu_and_vllm_plugins(script_text, plug
 
 
 def test_gsm8k_grpo_validates_with_its_plugins(script_text, stand_ins):
-    conversion = convert_script(script_text("gsm8k_grpo_qwen2.5_0.5b.sh"), "gsm8k.sh")
+    conversion = convert_script(
+        script_text("gsm8k_grpo_qwen2.5_0.5b.sh"), "gsm8k.sh", plugins=get_plugin_manager()
+    )
     # the vllm engine declares the verl name of this key, so it is converted now
     assert conversion.recipe["rollout"]["enable_chunked_prefill"] is False
     assert unmapped(conversion, "plugin") == {}
-    validation = validate(conversion.recipe)
+    validation = validate(conversion.recipe, get_plugin_manager())
     assert (validation.missing, validation.error) == ((), None)
 
 
@@ -118,7 +127,9 @@ def test_gsm8k_grpo_validates_with_its_plugins(script_text, stand_ins):
 
 
 def test_dapo_recipe(script_text, plugrl_plugin_manager):
-    conversion = convert_script(script_text("dapo_qwen3_8b_custom_reward.sh"), "dapo.sh")
+    conversion = convert_script(
+        script_text("dapo_qwen3_8b_custom_reward.sh"), "dapo.sh", plugins=get_plugin_manager()
+    )
     recipe = conversion.recipe
     assert conversion.module == "recipe.dapo.main_dapo"
     assert "scheduler" not in recipe  # DAPO's trainer is the sync loop with dynamic sampling
@@ -166,7 +177,9 @@ def test_dapo_recipe(script_text, plugrl_plugin_manager):
 
 
 def test_dapo_not_converted(script_text, plugrl_plugin_manager):
-    conversion = convert_script(script_text("dapo_qwen3_8b_custom_reward.sh"), "dapo.sh")
+    conversion = convert_script(
+        script_text("dapo_qwen3_8b_custom_reward.sh"), "dapo.sh", plugins=get_plugin_manager()
+    )
     assert unmapped(conversion, "plugin") == {
         "actor_rollout_ref.rollout.max_num_batched_tokens=11024": VLLM,
         "actor_rollout_ref.rollout.enforce_eager=False": VLLM,
@@ -192,8 +205,10 @@ def test_dapo_not_converted(script_text, plugrl_plugin_manager):
 
 
 def test_dapo_validates_but_for_the_npu_and_vllm_plugins(script_text, plugrl_plugin_manager):
-    conversion = convert_script(script_text("dapo_qwen3_8b_custom_reward.sh"), "dapo.sh")
-    validation = validate(conversion.recipe)
+    conversion = convert_script(
+        script_text("dapo_qwen3_8b_custom_reward.sh"), "dapo.sh", plugins=get_plugin_manager()
+    )
+    validation = validate(conversion.recipe, get_plugin_manager())
     assert [key for key, _, _ in validation.missing] == ["device.name", "rollout.engine"]
     assert validation.error is None
     assert validation.warnings == (
@@ -203,10 +218,12 @@ def test_dapo_validates_but_for_the_npu_and_vllm_plugins(script_text, plugrl_plu
 
 
 def test_dapo_validates_with_its_plugins(script_text, stand_ins):
-    conversion = convert_script(script_text("dapo_qwen3_8b_custom_reward.sh"), "dapo.sh")
+    conversion = convert_script(
+        script_text("dapo_qwen3_8b_custom_reward.sh"), "dapo.sh", plugins=get_plugin_manager()
+    )
     assert conversion.recipe["rollout"]["max_num_batched_tokens"] == 11024
     assert "actor_rollout_ref.rollout.enforce_eager=False" not in unmapped(conversion)
-    validation = validate(conversion.recipe)
+    validation = validate(conversion.recipe, get_plugin_manager())
     assert (validation.missing, validation.error) == ((), None)
 
 
@@ -214,7 +231,9 @@ def test_dapo_validates_with_its_plugins(script_text, stand_ins):
 
 
 def test_fully_async_recipe(script_text, plugrl_plugin_manager):
-    conversion = convert_script(script_text("fully_async_npu_megatron.sh"), "async.sh")
+    conversion = convert_script(
+        script_text("fully_async_npu_megatron.sh"), "async.sh", plugins=get_plugin_manager()
+    )
     recipe = conversion.recipe
     assert conversion.module == "recipe.fully_async_policy.fully_async_main"
     assert recipe["scheduler"] == {
@@ -254,7 +273,9 @@ def test_fully_async_recipe(script_text, plugrl_plugin_manager):
 
 
 def test_fully_async_not_converted(script_text, plugrl_plugin_manager):
-    conversion = convert_script(script_text("fully_async_npu_megatron.sh"), "async.sh")
+    conversion = convert_script(
+        script_text("fully_async_npu_megatron.sh"), "async.sh", plugins=get_plugin_manager()
+    )
     plugins = unmapped(conversion, "plugin")
     assert {o for o, r in plugins.items() if r == MEGATRON} == {
         "+actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_cpu_offload=True",
@@ -305,8 +326,10 @@ def test_fully_async_not_converted(script_text, plugrl_plugin_manager):
 def test_fully_async_names_the_missing_plugins_and_the_rest_validates(
     script_text, plugrl_plugin_manager
 ):
-    conversion = convert_script(script_text("fully_async_npu_megatron.sh"), "async.sh")
-    validation = validate(conversion.recipe)
+    conversion = convert_script(
+        script_text("fully_async_npu_megatron.sh"), "async.sh", plugins=get_plugin_manager()
+    )
+    validation = validate(conversion.recipe, get_plugin_manager())
     assert validation.missing == (
         ("device.name", "device 'npu' is not installed: pip install plugrl-npu", "auto"),
         (
@@ -320,7 +343,9 @@ def test_fully_async_names_the_missing_plugins_and_the_rest_validates(
 
 
 def test_fully_async_validates_with_its_plugins(script_text, stand_ins):
-    conversion = convert_script(script_text("fully_async_npu_megatron.sh"), "async.sh")
+    conversion = convert_script(
+        script_text("fully_async_npu_megatron.sh"), "async.sh", plugins=get_plugin_manager()
+    )
     recipe = conversion.recipe
     assert recipe["scheduler"]["staleness_threshold"] == 0.2
     assert recipe["trainer"]["logger"] == ["console", "tensorboard"]
@@ -330,16 +355,18 @@ def test_fully_async_validates_with_its_plugins(script_text, stand_ins):
     assert unmapped(conversion)["actor_rollout_ref.actor.megatron.use_mbridge=False"] == (
         "training backend 'megatron' has no such key (plugrl explain actor lists the keys)"
     )
-    validation = validate(recipe)
+    validation = validate(recipe, get_plugin_manager())
     assert (validation.missing, validation.error) == ((), None)
-    resolved = build_recipe(normalize_shorthand(recipe))
+    resolved = build_recipe(normalize_shorthand(recipe), get_plugin_manager())
     assert (resolved.scheduler.staleness_threshold, resolved.actor.backend) == (0.2, "megatron")
 
 
 def test_written_recipe_reads_back_as_converted(script_text, plugrl_plugin_manager):
     import yaml
 
-    conversion = convert_script(script_text("fully_async_npu_megatron.sh"), "async.sh")
+    conversion = convert_script(
+        script_text("fully_async_npu_megatron.sh"), "async.sh", plugins=get_plugin_manager()
+    )
     text = recipe_yaml(conversion)
     assert text.startswith(
         "# Converted by `plugrl convert verl` from async.sh "
@@ -366,7 +393,7 @@ def test_written_recipe_reads_back_as_converted(script_text, plugrl_plugin_manag
 
 def convert(*overrides, env=None, module="verl.trainer.main_ppo", before=""):
     text = before + f"python3 -m {module} \\\n" + " \\\n".join(f"    {o}" for o in overrides)
-    return convert_script(text + "\n", "run.sh", env)
+    return convert_script(text + "\n", "run.sh", env, plugins=get_plugin_manager())
 
 
 def test_values_take_the_type_of_the_plugrl_key(plugrl_plugin_manager):
@@ -412,7 +439,7 @@ def test_keys_inside_a_mapping_option(plugrl_plugin_manager):
         "policy_loss": "clip_cov",
         "policy_loss_args": {"clip_cov_ratio": 0.001},
     }
-    assert validate(recipe).error is None
+    assert validate(recipe, get_plugin_manager()).error is None
 
 
 def test_renamed_verl_keys(plugrl_plugin_manager):
@@ -635,9 +662,13 @@ def test_commands_around_verl(plugrl_plugin_manager):
         "ray job submit --address=http://head:8265 -- python3 -u -m verl.trainer.main_ppo "
         "trainer.nnodes=2 &\n"
     )
-    assert convert_script(text, "run.sh").recipe["trainer"] == {"nnodes": 2}
+    assert convert_script(text, "run.sh", plugins=get_plugin_manager()).recipe["trainer"] == {
+        "nnodes": 2
+    }
     text = "nohup python3 verl/trainer/main_ppo.py trainer.nnodes=3 > log 2>&1\n"
-    assert convert_script(text, "run.sh").recipe["trainer"] == {"nnodes": 3}
+    assert convert_script(text, "run.sh", plugins=get_plugin_manager()).recipe["trainer"] == {
+        "nnodes": 3
+    }
 
 
 # -------------------------------------------------------------------------- errors
@@ -645,7 +676,9 @@ def test_commands_around_verl(plugrl_plugin_manager):
 
 def test_no_verl_command():
     with pytest.raises(ConvertError) as error:
-        convert_script("echo hello\npython3 -m other.module a=1\n", "run.sh")
+        convert_script(
+            "echo hello\npython3 -m other.module a=1\n", "run.sh", plugins=get_plugin_manager()
+        )
     assert str(error.value) == (
         "run.sh: no verl training command found; expected python3 -m verl.trainer.main_ppo "
         "(or recipe.dapo.main_dapo, or a fully_async_main) followed by its overrides"
@@ -655,7 +688,7 @@ def test_no_verl_command():
 def test_two_verl_commands():
     text = "python3 -m verl.trainer.main_ppo a.b=1\nsleep 1\npython3 -m verl.trainer.main_ppo\n"
     with pytest.raises(ConvertError) as error:
-        convert_script(text, "run.sh")
+        convert_script(text, "run.sh", plugins=get_plugin_manager())
     assert str(error.value) == (
         "run.sh: 2 verl training commands (lines 1, 3); convert one at a time, from a copy of "
         "the script that keeps only that one"
@@ -667,7 +700,7 @@ def test_a_recipe_that_does_not_validate_names_the_key(plugrl_plugin_manager):
         "trainer.n_gpus_per_node=2",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
     )
-    assert validate(conversion.recipe).error == (
+    assert validate(conversion.recipe, get_plugin_manager()).error == (
         "rollout.tensor_model_parallel_size: engines that span several devices cannot yet share "
         "the trainer's devices on Ray; set rollout.colocate=false (engines on devices of their "
         "own) or rollout.tensor_model_parallel_size=1"
@@ -686,9 +719,9 @@ def test_the_worked_example_of_the_docs_is_what_convert_prints(plugrl_plugin_man
         re.search(rf"```{kind}\n(.*?)```", example, re.DOTALL).group(1)
         for kind in ("bash", "yaml", "text")
     )
-    conversion = convert_script(script, "run_gsm8k_grpo.sh")
+    conversion = convert_script(script, "run_gsm8k_grpo.sh", plugins=get_plugin_manager())
     assert recipe_yaml(conversion) == recipe
-    lines = report(conversion, validate(conversion.recipe), "gsm8k-grpo.yaml")
+    lines = report(conversion, validate(conversion.recipe, get_plugin_manager()), "gsm8k-grpo.yaml")
     assert "\n".join(lines) + "\n" == printed
 
 
@@ -697,7 +730,9 @@ def test_the_installed_megatron_backend_takes_the_scripts_megatron_keys(
 ):
     pytest.importorskip("plugrl_megatron")
     plugrl_make_plugin_manager()  # every installed plugin, plugrl-megatron among them
-    conversion = convert_script(script_text("fully_async_npu_megatron.sh"), "async.sh")
+    conversion = convert_script(
+        script_text("fully_async_npu_megatron.sh"), "async.sh", plugins=get_plugin_manager()
+    )
     actor = conversion.recipe["actor"]
     assert actor["backend"] == "megatron"
     assert actor["override_transformer_config"] == {"use_flash_attn": True}

@@ -11,7 +11,7 @@ import attrs
 import yaml
 
 from plugrl.errors import PlugrlError
-from plugrl.plugins import PluginManager, get_plugin_manager
+from plugrl.plugins import PluginManager
 from plugrl.recipe.build import build_recipe
 from plugrl.recipe.composition import normalize_shorthand
 from plugrl.registry import KNOWN_EXTERNAL, PART_KINDS
@@ -60,11 +60,10 @@ class Validation:
     """What the recipe checks warn of (a setting that has no effect)."""
 
 
-def validate(recipe: dict[str, Any], plugins: PluginManager | None = None) -> Validation:
+def validate(recipe: dict[str, Any], plugins: PluginManager) -> Validation:
     """Build the recipe as ``plugrl run --print-config`` does. Parts that are not installed
     here, or cannot run here, are named, and the rest is validated with plugrl's default parts
     in their place: a recipe for an NPU cluster converted on a laptop still validates."""
-    plugins = plugins or get_plugin_manager()
     rest = normalize_shorthand(copy.deepcopy(recipe))
     missing: list[tuple[str, str, Any]] = []
     for kind in PART_KINDS.values():

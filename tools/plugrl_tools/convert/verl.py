@@ -22,7 +22,7 @@ import attrs
 
 from plugrl.config import ConfigValueError
 from plugrl.errors import ConvertError, PluginError
-from plugrl.plugins import PluginManager, get_plugin_manager
+from plugrl.plugins import PluginManager
 from plugrl.recipe.sections import Recipe
 from plugrl.recipe.verl_names import VerlName, verl_names
 from plugrl.registry import KNOWN_EXTERNAL, PART_KINDS, section_kind
@@ -236,12 +236,14 @@ def convert_script(
     text: str,
     source: str = "script.sh",
     env: Mapping[str, str] | None = None,
-    plugins: PluginManager | None = None,
+    *,
+    plugins: PluginManager,
 ) -> Conversion:
-    """Convert the text of a verl launch script (``source`` names it in messages)."""
+    """Convert the text of a verl launch script (``source`` names it in messages) to the keys
+    of the parts ``plugins`` registers."""
     script = read_script(text, env)
     command, index = _verl_command(script, source)
-    return _Converter(plugins or get_plugin_manager()).convert(script, command, index, source)
+    return _Converter(plugins).convert(script, command, index, source)
 
 
 def _verl_command(script: Script, source: str) -> tuple[Command, int]:

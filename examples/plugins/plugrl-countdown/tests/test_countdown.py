@@ -6,6 +6,7 @@ import pytest
 import plugrl_countdown
 from plugrl.compose.run_parts import build_reward_manager
 from plugrl.errors import RecipeError
+from plugrl.plugins import get_plugin_manager
 from plugrl.recipe import explain
 from plugrl.rewards.scoring import make_resolver
 from plugrl.testing import make_batch
@@ -51,12 +52,12 @@ def test_options_reach_the_function_from_the_recipe(plugrl_recipe):
             }
         }
     )
-    scorer = make_resolver(recipe)("countdown")
+    scorer = make_resolver(recipe, get_plugin_manager())("countdown")
     assert scorer.kwargs == {"correct_score": 2.0, "format_score": 0.5, "use_all_numbers": False}
     # use_all_numbers false: 3 * 8 may leave 5 and 2 out, but no number may be used twice
     assert scorer("countdown", "<answer>3 * 8</answer>", TRUTH)["score"] == 2.0
     assert scorer("countdown", "<answer>3 * 8 * 8</answer>", TRUTH)["score"] == 0.5
-    assert make_resolver(plugrl_recipe())("countdown")(
+    assert make_resolver(plugrl_recipe(), get_plugin_manager())("countdown")(
         "countdown", "<answer>3 * 8</answer>", TRUTH
     )["score"] == pytest.approx(0.1)
 
@@ -112,7 +113,7 @@ def test_a_reward_manager_scores_a_batch_with_the_options(plugrl_recipe):
         ground_truths=[TRUTH, TRUTH],
     )
     recipe = plugrl_recipe({"reward.function_args.countdown.format_score": 0.25})
-    manager = build_reward_manager(recipe, tokenizer)
+    manager = build_reward_manager(recipe, tokenizer, get_plugin_manager())
     try:
         manager.check_data_sources(["countdown"])
         output = manager(batch)

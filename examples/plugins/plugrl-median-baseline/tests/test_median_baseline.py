@@ -8,6 +8,7 @@ import plugrl_median_baseline
 from plugrl.algorithms.objective import PolicyObjective
 from plugrl.compose.build import build_estimator, build_policy_loss
 from plugrl.errors import RecipeError
+from plugrl.plugins import get_plugin_manager
 from plugrl.recipe import explain
 from plugrl.testing import make_batch, make_loss_aggregator, part_context
 from plugrl_median_baseline.estimator import MedianBaseline
@@ -31,7 +32,7 @@ def test_the_installed_package_registers_both_parts(plugrl_plugin_manager, plugr
 def test_advantages_are_the_score_minus_the_group_median(plugrl_recipe):
     recipe = plugrl_recipe({"algorithm.adv_estimator": "median_baseline", "rollout.n": 3})
     batch = make_batch((4, 2), [3, 2, 1, 2, 2, 2], n=3, scores=[1, 0, 4, 2, 2, 2])
-    advantages, returns = build_estimator(recipe).compute(batch)
+    advantages, returns = build_estimator(recipe, get_plugin_manager()).compute(batch)
     # group 0: scores 1, 0, 4, median 1; group 1: all 2
     assert advantages.tolist() == [
         [0.0, 0.0, 0.0],
@@ -54,7 +55,7 @@ def test_scale_by_mad_from_the_recipe(plugrl_recipe):
         }
     )
     batch = make_batch((3,), [2, 2, 2], n=3, scores=[1, 0, 4])
-    advantages, _ = build_estimator(recipe).compute(batch)
+    advantages, _ = build_estimator(recipe, get_plugin_manager()).compute(batch)
     # deviations from the median 1: 0, 1, 3 -> MAD 1
     assert advantages[:, 0].tolist() == pytest.approx([0.0, -1 / 1.5, 3 / 1.5])
 
@@ -69,7 +70,7 @@ def test_without_options_the_estimator_uses_the_defaults():
 
 
 def robust_loss(recipe, batch, rows, log_prob, advantages=None):
-    loss = build_policy_loss(recipe)
+    loss = build_policy_loss(recipe, get_plugin_manager())
     micro = batch.select(rows)
     return loss(
         old_log_prob=micro["old_log_probs"],
@@ -130,7 +131,7 @@ def test_the_objective_uses_the_loss_and_its_options(plugrl_recipe):
             }
         }
     )
-    objective = PolicyObjective.from_recipe(recipe)
+    objective = PolicyObjective.from_recipe(recipe, get_plugin_manager())
     assert isinstance(objective.policy_loss, RobustPPO)
     assert objective.policy_loss.options == RobustPPOConfig(max_advantage=2.0)
     batch = make_batch((3, 3), [2, 2, 2, 2], advantages=[10.0, -1.0, 0.0, 1.0], log_probs=True)

@@ -8,6 +8,7 @@ import pytest
 
 import plugrl_regenerate
 from plugrl.errors import RecipeError
+from plugrl.plugins import get_plugin_manager
 from plugrl.run import run_recipe
 from plugrl.testing import make_batch
 from plugrl_regenerate.scheduler import RegenerateScheduler, flat_groups
@@ -34,7 +35,7 @@ def task(tmp_path_factory):
 def run(task, folder, plugrl_recipe, max_rounds):
     data = sim_recipe(task, folder, scheduler="regenerate", steps=3, n=2, train_batch_size=8)
     data["scheduler"]["max_rounds"] = max_rounds
-    run_recipe(plugrl_recipe(data))
+    run_recipe(plugrl_recipe(data), get_plugin_manager())
     lines = (folder / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines]
 

@@ -35,10 +35,12 @@ def _records(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def run_steps(args: argparse.Namespace, paths: Any, run_dir: Path) -> list[tuple[bool, str]]:
+    from plugrl.plugins import get_plugin_manager
     from plugrl.recipe import load_recipe
     from plugrl.run import run_recipe
     from plugrl_tools.quickstart import quickstart_overrides
 
+    plugins = get_plugin_manager()  # a script's edge: the process's plugins
     recipe = load_recipe(
         "quickstart",
         [
@@ -53,11 +55,12 @@ def run_steps(args: argparse.Namespace, paths: Any, run_dir: Path) -> list[tuple
             f"trainer.default_local_dir={run_dir}",
             *args.overrides,
         ],
+        plugins,
     )
     results = []
     started = time.perf_counter()
     try:
-        run_recipe(recipe)
+        run_recipe(recipe, plugins)
         results.append((True, f"GRPO run finished in {time.perf_counter() - started:.1f} s"))
     except Exception as error:
         results.append((False, f"GRPO run failed: {type(error).__name__}: {error}"))
@@ -103,6 +106,7 @@ def check_engine(args: argparse.Namespace, paths: Any) -> list[tuple[bool, str]]
             "rollout.engine=vllm",
             "rollout.gpu_memory_utilization=0.3",
         ],
+        plugins,
     )
     device = build_device(plugins, resolve_device_name(recipe, plugins), recipe)
     device.set_device(0)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from plugrl.errors import RecipeError
+from plugrl.plugins import get_plugin_manager
 from plugrl.structuring import structure
 from plugrl_fsdp2.config import FSDP2ActorConfig
 from tests.plugins.backends.fsdp2.fsdp2_testing import (
@@ -344,7 +345,9 @@ def test_objective_metrics_do_not_depend_on_the_micro_batch_split(tiny_model, sp
 
     def metrics_of(**actor):
         recipe = make_recipe(tiny_model, entropy_coeff=0.01, **actor)
-        return make_backend(recipe).update_policy(batch, PolicyObjective.from_recipe(recipe))
+        return make_backend(recipe).update_policy(
+            batch, PolicyObjective.from_recipe(recipe, get_plugin_manager())
+        )
 
     whole, parts = metrics_of(), metrics_of(**split)
     assert whole["actor/pg_clipfrac"] > 0.05 and abs(whole["actor/ppo_kl"]) > 1e-3

@@ -5,6 +5,7 @@ import pytest
 
 from plugrl.algorithms.objective import PolicyObjective
 from plugrl.errors import RecipeError
+from plugrl.plugins import get_plugin_manager
 from tests.plugins.backends.fsdp2.fsdp2_testing import (
     full_weights,
     make_backend,
@@ -16,7 +17,7 @@ from tests.plugins.backends.fsdp2.fsdp2_testing import (
 def _two_ways(model_dir, **actor):
     """The same single-step update, once after compute_log_prob and once without it."""
     recipe = make_recipe(model_dir, **actor)
-    objective = PolicyObjective.from_recipe(recipe)
+    objective = PolicyObjective.from_recipe(recipe, get_plugin_manager())
     batch = make_batch(8)
     batch.pop("old_log_probs")
 
@@ -71,5 +72,7 @@ def test_more_than_one_optimizer_step_needs_old_log_probs(tiny_model, actor, why
     batch = make_batch(8)
     batch.pop("old_log_probs")
     with pytest.raises(RecipeError, match=why) as info:
-        make_backend(recipe).update_policy(batch, PolicyObjective.from_recipe(recipe))
+        make_backend(recipe).update_policy(
+            batch, PolicyObjective.from_recipe(recipe, get_plugin_manager())
+        )
     assert "compute_log_prob first" in str(info.value)

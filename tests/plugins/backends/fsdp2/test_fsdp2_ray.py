@@ -7,6 +7,7 @@ import transformers
 from plugrl.cluster.local import LocalWorkerGroup
 from plugrl.cluster.ray_group import RayWorkerGroup
 from plugrl.errors import CheckpointError
+from plugrl.plugins import get_plugin_manager
 from plugrl_fsdp2.checkpoint import RESUME_FIX
 from tests.plugins.backends.fsdp2.fsdp2_testing import (
     TokenMeanReinforce,
@@ -42,7 +43,14 @@ def two_ranks(ray_session, tiny_model):
         tiny_model, cluster="ray", use_dynamic_bsz=True, ppo_max_token_len_per_gpu=40
     )
     # half a CPU per rank leaves room for the hybrid-sharding group below
-    group = RayWorkerGroup(recipe, "actor", world_size=2, device_name="cpu", num_cpus_per_rank=0.5)
+    group = RayWorkerGroup(
+        recipe,
+        "actor",
+        world_size=2,
+        device_name="cpu",
+        num_cpus_per_rank=0.5,
+        plugins=get_plugin_manager(),
+    )
     group.setup(10)
     yield group
     group.close()
@@ -51,7 +59,10 @@ def two_ranks(ray_session, tiny_model):
 def test_two_ray_ranks_match_one_local_rank(two_ranks, tiny_model, tmp_path):
     batch = make_batch(16, seed=3)
     local = LocalWorkerGroup(
-        make_recipe(tiny_model, ppo_micro_batch_size_per_gpu=3), "actor", device_name="cpu"
+        make_recipe(tiny_model, ppo_micro_batch_size_per_gpu=3),
+        "actor",
+        device_name="cpu",
+        plugins=get_plugin_manager(),
     )
     local.setup(10)
     assert two_ranks.dp_ranks == [0, 1]
@@ -101,14 +112,17 @@ def test_ranks_derive_on_policy_old_log_probs_as_one_rank_does(two_ranks, tiny_m
     from plugrl.algorithms.objective import PolicyObjective
 
     local = LocalWorkerGroup(
-        make_recipe(tiny_model, ppo_micro_batch_size_per_gpu=3), "actor", device_name="cpu"
+        make_recipe(tiny_model, ppo_micro_batch_size_per_gpu=3),
+        "actor",
+        device_name="cpu",
+        plugins=get_plugin_manager(),
     )
     local.setup(10)
     local.save_checkpoint(tmp_path / "start")
     two_ranks.load_checkpoint(tmp_path / "start")
     batch = make_batch(8, seed=5)  # one mini-batch: one optimizer step
     batch.pop("old_log_probs")
-    objective = PolicyObjective.from_recipe(local.recipe)
+    objective = PolicyObjective.from_recipe(local.recipe, get_plugin_manager())
     ray_metrics = two_ranks.update_policy(batch, objective)
     local_metrics = local.update_policy(batch, objective)
     for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy"):
@@ -159,6 +173,7 @@ def test_hybrid_sharding_replicates_and_matches_one_rank(ray_session, two_ranks,
         world_size=2,
         device_name="cpu",
         num_cpus_per_rank=0.5,
+        plugins=get_plugin_manager(),
     )
     try:
         hybrid.setup(10)
@@ -178,7 +193,12 @@ def test_a_critic_on_two_ranks_matches_one_local_critic(ray_session, two_ranks, 
     batch = make_batch(8, seed=6)
     recipe = make_recipe(tiny_model, cluster="ray", critic={"cliprange_value": 0.05})
     critics = RayWorkerGroup(
-        recipe, "critic", world_size=2, device_name="cpu", num_cpus_per_rank=0.5
+        recipe,
+        "critic",
+        world_size=2,
+        device_name="cpu",
+        num_cpus_per_rank=0.5,
+        plugins=get_plugin_manager(),
     )
     try:
         critics.setup(10)

@@ -62,7 +62,7 @@ def test_a_tied_weight_is_sent_once_and_ties_again_in_the_engine(tmp_path):
     folder = save_untrained_model(tmp_path / "tied", seed=0)
     recipe = make_recipe(folder)
     recipe = attrs.evolve(recipe, rollout=HFRolloutConfig(colocate=False))
-    trainer = make_worker_group(recipe, "actor", device_name="cpu")
+    trainer = make_worker_group(recipe, "actor", device_name="cpu", plugins=get_plugin_manager())
     engines = LocalEngineGroup(recipe, device_name="cpu", plugins=get_plugin_manager())
     try:
         trainer.setup(1)

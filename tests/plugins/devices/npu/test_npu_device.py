@@ -15,6 +15,7 @@ import torch
 
 import plugrl_npu
 from plugrl.errors import RecipeError
+from plugrl.plugins import get_plugin_manager
 from plugrl.run import run_recipe
 from plugrl_npu.device import NpuDevice, NpuDeviceConfig
 from tests.plugins.devices.npu import fake_ascend
@@ -130,4 +131,4 @@ def test_a_run_on_npu_without_npus_says_so(npu, plugrl_register_plugin, plugrl_r
     plugrl_register_plugin(plugrl_npu)
     recipe = plugrl_recipe({"device": "npu"})
     with pytest.raises(RecipeError, match="device 'npu' is not available on this machine"):
-        run_recipe(recipe)
+        run_recipe(recipe, get_plugin_manager())

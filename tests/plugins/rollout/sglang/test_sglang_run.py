@@ -12,6 +12,7 @@ import torch
 
 import plugrl_sglang
 from plugrl.metrics import read_metrics
+from plugrl.plugins import get_plugin_manager
 from plugrl.run import run_recipe
 from plugrl_tools.quickstart.untrained import build_untrained_task
 from tests.plugins.rollout.sglang import fake_sglang
@@ -48,7 +49,7 @@ def test_a_grpo_run_drives_the_engine_through_the_core(
         }
     )
     assert "sglang" not in sys.modules  # the core prepares the engine before its import
-    metrics = run_recipe(recipe)
+    metrics = run_recipe(recipe, get_plugin_manager())
     (engine,) = fake.instances
     names = [name for name, _ in engine.calls]
     assert names[0] == "Engine" and names[-1] == "shutdown"

@@ -8,6 +8,7 @@ import logging
 import pytest
 
 from plugrl.errors import RecipeError
+from plugrl.plugins import get_plugin_manager
 from plugrl.recipe import load_recipe
 from plugrl_fully_async.config import FullyAsyncConfig, warn_meaningless_bounds
 
@@ -17,7 +18,7 @@ ASYNC += ["data.train_batch_size=4"]
 
 
 def warnings_of(caplog, overrides, total_steps, dataset_size=None) -> list[str]:
-    recipe = load_recipe(None, [*ASYNC, *overrides])
+    recipe = load_recipe(None, [*ASYNC, *overrides], get_plugin_manager())
     assert isinstance(recipe.scheduler, FullyAsyncConfig)
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="plugrl.recipe"):
@@ -95,7 +96,7 @@ def test_a_sync_step_at_or_past_the_last_step_warns(caplog, plugrl_plugin_manage
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
 def test_non_finite_thresholds_are_refused_when_the_recipe_is_read(plugrl_plugin_manager, value):
     with pytest.raises(RecipeError) as info:
-        load_recipe(None, [*ASYNC, f"scheduler.staleness_threshold={value}"])
+        load_recipe(None, [*ASYNC, f"scheduler.staleness_threshold={value}"], get_plugin_manager())
     assert str(info.value) == (
         f"scheduler.staleness_threshold: expected a finite number, got {value}"
     )

@@ -13,6 +13,7 @@ import plugrl_sim
 from plugrl.errors import CheckpointError, PluginError, PlugrlError
 from plugrl.parts.context import DistInfo
 from plugrl.parts.rollout import GenerationRequest, SamplingParams, WeightMeta
+from plugrl.plugins import get_plugin_manager
 from plugrl.testing import make_batch, part_context
 from plugrl_sim.parts import (
     SimBackend,
@@ -217,7 +218,7 @@ def test_backend_trains_its_offset_through_the_objective(plugrl_recipe):
     sim.config.optim.lr = 0.5
     batch = make_batch(advantages=[1.0, 1.0, 1.0, 1.0], log_probs=True)
     before = sim.weights["model.norm.weight"].clone()
-    metrics = sim.update_policy(batch, PolicyObjective.from_recipe(recipe))
+    metrics = sim.update_policy(batch, PolicyObjective.from_recipe(recipe, get_plugin_manager()))
     # positive advantages raise the log-probability of the sampled tokens
     assert sim.shift > 0
     assert "actor/pg_loss" in metrics and metrics["actor/grad_norm"] > 0
