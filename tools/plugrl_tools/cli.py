@@ -59,12 +59,15 @@ def _stop_on_sigterm() -> None:
 
 
 def _setup_logging(verbose: bool) -> None:
+    """The messages of the kernel and its plugins (``plugrl.*``) and of the tools
+    (``plugrl_tools.*``: the quickstart's build phases), one line each on stderr."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
-    root = logging.getLogger("plugrl")
-    root.handlers[:] = [handler]
-    root.setLevel(logging.DEBUG if verbose else logging.INFO)
-    root.propagate = False
+    for name in ("plugrl", "plugrl_tools"):
+        root = logging.getLogger(name)
+        root.handlers[:] = [handler]
+        root.setLevel(logging.DEBUG if verbose else logging.INFO)
+        root.propagate = False
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
