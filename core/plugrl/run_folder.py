@@ -155,8 +155,10 @@ def describe_changes(
     return ", ".join(shown) + (f" and {more} more" if more > 0 else "")
 
 
-def _last_recorded(run_dir: Path) -> dict[str, Any] | None:
-    files = _recipe_files(run_dir)
+def recorded_recipe(run_dir: str | Path) -> dict[str, Any] | None:
+    """The recipe ``run_dir`` recorded last (its latest segment's), as a mapping; ``None``
+    when it recorded none."""
+    files = _recipe_files(Path(run_dir))
     if not files:
         return None
     return yaml.safe_load(files[-1].read_text(encoding="utf-8")) or {}
@@ -195,7 +197,7 @@ def check_resume(recipe: Recipe, run_dir: Path) -> None:
     if recipe.trainer.resume_mode != "auto":
         return
     checkpoint = latest_checkpoint(run_dir)
-    recorded = _last_recorded(run_dir) if checkpoint is not None else None
+    recorded = recorded_recipe(run_dir) if checkpoint is not None else None
     if checkpoint is None or recorded is None:
         return
     now = recipe.to_dict()

@@ -314,19 +314,22 @@ def plot(run_dir: str, out: str | None) -> None:
     "-o",
     "--out",
     type=click.Path(dir_okay=False),
-    default="compare.png",
-    show_default=True,
-    help="PNG of reward and validation accuracy against wall-clock time and steps.",
+    default=None,
+    metavar="PNG",
+    help="Also draw reward and validation accuracy against wall-clock time and steps, one "
+    "line per run, into this PNG file.",
 )
-def compare(run_dirs: tuple[str, ...], out: str) -> None:
+def compare(run_dirs: tuple[str, ...], out: str | None) -> None:
     """Compare RUN_DIRS (two or more run folders, sync or fully-async): a table of
     throughput, time per step, idle ratios, staleness, pauses, final reward and validation
-    accuracy, and a PNG of reward and accuracy per wall-clock second and per step."""
+    accuracy, with advice for the fully-async ones; with -o PNG, a plot of reward and
+    accuracy per wall-clock second and per step too. Nothing else is written."""
     from plugrl_tools.compare import compare_runs
 
     table, png = compare_runs(run_dirs, out)
     click.echo(table)
-    click.echo(f"plot: {png}", err=True)
+    if png is not None:
+        click.echo(f"plot: {png}", err=True)
 
 
 DOCTOR_LIBRARIES = [
