@@ -124,7 +124,7 @@ def recipe_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[
     old, new = _flat(before), _flat(after)
     changed = []
     for key in [*new, *(key for key in old if key not in new)]:
-        if key in NOT_EXPERIMENT_KEYS:
+        if key in NOT_EXPERIMENT_KEYS or _named_below(key, old if key in new else new):
             continue
         was, now = old.get(key, _ABSENT), new.get(key, _ABSENT)
         if key in PATH_KEYS:
@@ -132,6 +132,12 @@ def recipe_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[
         if was != now:
             changed.append(key)
     return changed
+
+
+def _named_below(key: str, flat: Mapping[str, Any]) -> bool:
+    """Whether ``flat`` has keys below ``key``: a mapping that was empty on one side and not
+    on the other, whose keys below are named instead."""
+    return key not in flat and any(other.startswith(f"{key}.") for other in flat)
 
 
 def _shown(value: Any) -> str:
@@ -181,6 +187,7 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 
 def _another_folder(run_dir: Path) -> Path:
+    run_dir = run_dir if run_dir.name else run_dir.resolve()
     number = 2
     while run_dir.with_name(f"{run_dir.name}-{number}").exists():
         number += 1

@@ -3,6 +3,7 @@ another one stops before anything starts, with the keys that differ and the ways
 
 import json
 import logging
+from pathlib import Path
 
 import pytest
 
@@ -187,3 +188,24 @@ def _flat_keys(data, prefix=""):
             yield from _flat_keys(value, f"{prefix}{key}.")
         else:
             yield f"{prefix}{key}"
+
+
+def test_a_mapping_given_keys_is_named_by_its_keys_once():
+    before = build_recipe({}).to_dict()
+    after = build_recipe({"model": {"override_config": {"rope_theta": 500000.0}}}).to_dict()
+    changed = recipe_changes(before, after)
+    assert changed == ["model.override_config.rope_theta"]
+    assert describe_changes(before, after, changed) == (
+        "model.override_config.rope_theta (unset) -> 500000.0"
+    )
+    assert recipe_changes(after, before) == ["model.override_config.rope_theta"]
+
+
+def test_the_folder_suggested_for_another_experiment_is_a_new_one(tmp_path, monkeypatch):
+    from plugrl.run_folder import _another_folder
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run-2").mkdir()
+    assert _another_folder(tmp_path / "run") == tmp_path / "run-3"
+    monkeypatch.chdir(tmp_path / "run")
+    assert _another_folder(Path(".")) == tmp_path / "run-3"
