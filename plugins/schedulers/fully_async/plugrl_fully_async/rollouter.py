@@ -131,8 +131,8 @@ class Rollouter:
         self.engines = engines
         recipe = getattr(engines, "recipe", None)
         self.cluster_mode = cluster_mode or (recipe.cluster.mode if recipe else "local")
-        """Whose advice the pause line gives (``cluster.mode``: the engine group's recipe's
-        unless given)."""
+        """The run's ``cluster.mode``, which the pause line's advice fits: the engine group's
+        recipe's unless given."""
         self.account = account
         self.stream = stream
         self.buffer = buffer
