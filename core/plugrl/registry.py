@@ -176,6 +176,9 @@ PART_KINDS: dict[str, PartKind] = {
 the recipe reader consult."""
 
 
+_FROM_THE_REPOSITORY = "from the root of plugrl's repository"
+
+
 def section_kind(section: str) -> PartKind | None:
     """The kind whose chosen part owns recipe section ``section`` (``"rollout"``), if any."""
     for kind in PART_KINDS.values():
@@ -185,12 +188,24 @@ def section_kind(section: str) -> PartKind | None:
 
 
 # Parts that live in their own distribution: when one is asked for but not installed, the error
-# says how to get it instead of only "unknown name".
+# says how to get it instead of only "unknown name". The distributions are not on a package
+# index: they install from their folders in plugrl's repository (the plugins' own hints for
+# their libraries say the same).
 KNOWN_EXTERNAL: dict[tuple[str, str], str] = {
-    ("devices", "npu"): "pip install plugrl-npu",
-    ("training_backends", "megatron"): "pip install plugrl-megatron",
-    ("rollout_engines", "vllm"): "pip install plugrl-vllm",
-    ("rollout_engines", "sglang"): "pip install plugrl-sglang",
+    ("devices", "npu"): (
+        f"pip install ./plugins/devices/npu {_FROM_THE_REPOSITORY}, then torch-npu "
+        "(see plugins/devices/npu/README.md)"
+    ),
+    ("training_backends", "megatron"): (
+        f"pip install './plugins/backends/megatron[megatron]' {_FROM_THE_REPOSITORY}"
+    ),
+    ("rollout_engines", "vllm"): (
+        "pip install './plugins/rollout/vllm[vllm]', or './plugins/rollout/vllm[cpu]' on a CPU, "
+        f"{_FROM_THE_REPOSITORY}"
+    ),
+    ("rollout_engines", "sglang"): (
+        f"pip install './plugins/rollout/sglang[sglang]' {_FROM_THE_REPOSITORY}"
+    ),
 }
 
 

@@ -17,7 +17,7 @@ from plugrl.parts.logger import MetricLogger
 from plugrl.parts.scheduler import Scheduler
 from plugrl.plugins import PluginManager
 from plugrl.recipe import Recipe
-from plugrl.run_folder import check_model_folders, prepare_run_dir, record_recipe
+from plugrl.run_folder import check_model_folders, check_resume, prepare_run_dir, record_recipe
 
 if TYPE_CHECKING:
     from plugrl.compose.run_parts import RunParts
@@ -125,6 +125,7 @@ def run_recipe(recipe: Recipe, plugins: PluginManager) -> dict[str, Any]:
     check_model_folders(recipe)
     apply_device_env(device_entry.load(), recipe)
     run_dir = prepare_run_dir(recipe)
+    check_resume(recipe, run_dir)
     context = RunContext(recipe, run_dir, plugins, device_name)
     status, error = "failed", None
     try:

@@ -1,23 +1,90 @@
 """The run folder: created and checked before anything is written, the model folders checked
-before anything starts, and the recipe of each segment of a run kept beside its checkpoints."""
+before anything starts, a resume of the folder's checkpoint by a recipe of another experiment
+stopped before anything starts, and the recipe of each segment of a run kept beside its
+checkpoints."""
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from plugrl.checkpoint import LATEST_FILE, CheckpointManager, step_dir_name
 from plugrl.errors import RecipeError
 from plugrl.recipe import Recipe
 
 logger = logging.getLogger("plugrl.run")
 
 
-# Keys whose change between two segments of one run makes the resumed run another experiment.
-WATCHED_ON_RESUME = ("data.train_batch_size", "rollout.n", "actor.optim.lr")
 RECIPE_FILE = "recipe.yaml"
+
+# What a run may change when it continues the run of its folder, and why that keeps it one
+# experiment. Any other key that differs from the recipe the folder recorded last (plugins'
+# keys included) makes it another experiment: :func:`check_resume` stops such a run.
+NOT_EXPERIMENT_KEYS: dict[str, str] = {
+    # how long and where: the steps already taken stay what they were
+    "trainer.total_training_steps": "how long the run trains (raise it to train further)",
+    "trainer.total_epochs": "how long the run trains (raise it to train further)",
+    "scheduler.total_rollout_steps": "how long a fully-async run trains",
+    "trainer.default_local_dir": "the run folder itself (a relative or absolute path to it)",
+    "trainer.resume_mode": "how the run continues, not what it trains",
+    # what is recorded and how often
+    "trainer.project_name": "a name for the trackers",
+    "trainer.experiment_name": "a name for the trackers",
+    "trainer.logger": "where metrics go",
+    "trainer.test_freq": "how often the run validates",
+    "trainer.val_before_train": "whether the run validates before its first step",
+    "trainer.log_val_generations": "how many validation responses are logged",
+    "trainer.save_freq": "how often the run saves checkpoints",
+    "trainer.max_ckpt_to_keep": "how many checkpoints are kept",
+    "trainer.checkpoint_checksums": "how checkpoints are checked",
+    "trainer.export_hf": "whether the trained model is exported at the end",
+    "data.val_batch_size": "how validation prompts are batched, not which",
+    # where the run computes: the same updates on other devices or processes
+    "cluster.mode": "one process or Ray: the same run, placed differently",
+    "cluster.address": "which Ray cluster hosts the run",
+    "cluster.num_cpus": "the CPUs of a local Ray",
+    "device.name": "the device kind the run moves to",
+    "trainer.nnodes": "the ranks the global batch is split over (its loss is the same)",
+    "trainer.n_gpus_per_node": "the ranks the global batch is split over (its loss is the same)",
+    "rollout.nnodes": "the devices of the engines",
+    "rollout.n_gpus_per_node": "the devices of the engines",
+    # memory and speed: what lets a run that ran out of memory continue
+    "actor.ppo_micro_batch_size_per_gpu": "micro-batches accumulate to the same gradient",
+    "actor.log_prob_micro_batch_size_per_gpu": "micro-batches of the log-prob pass",
+    "critic.ppo_micro_batch_size_per_gpu": "micro-batches accumulate to the same gradient",
+    "actor.use_dynamic_bsz": "micro-batches packed by tokens: the same gradient",
+    "actor.ppo_max_token_len_per_gpu": "the size of packed micro-batches",
+    "actor.param_offload": "where the weights wait between steps",
+    "actor.reshard_after_forward": "memory against speed of the sharded model",
+    "model.enable_gradient_checkpointing": "memory against speed of the backward pass",
+    "rollout.gpu_memory_utilization": "the engines' memory",
+    "rollout.free_cache_engine": "whether colocated engines free memory while training",
+    "rollout.weight_transport": "how weights reach the engines, not what they are",
+    "rollout.update_weights_bucket_megabytes": "how weights reach the engines",
+    "rollout.update_weights_timeout_s": "how long a weight push may take",
+    "rollout.max_engine_restarts": "how often a dead engine is replaced",
+}
+
+# Keys holding file paths: compared as absolute paths, so that runs/x and ./runs/x agree.
+PATH_KEYS = (
+    "model.path",
+    "model.tokenizer_path",
+    "critic.model_path",
+    "data.train_files",
+    "data.val_files",
+    "reward.custom_function.path",
+)
+
+SHOWN_CHANGES = 3
+"""Differing keys a message names before it says how many more there are."""
+
+_ABSENT = object()
+"""The value of a key one of two recipes lacks (a key of a plugin the other did not choose)."""
 
 
 def _recipe_files(run_dir: Path) -> list[Path]:
@@ -31,43 +98,159 @@ def _recipe_files(run_dir: Path) -> list[Path]:
     return files + [path for _, path in sorted(numbered)]
 
 
-def _dotted(data: Mapping[str, Any], key: str) -> Any:
-    value: Any = data
-    for part in key.split("."):
-        value = value.get(part) if isinstance(value, Mapping) else None
+def _flat(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Dotted keys of the leaves of a nested mapping (an empty mapping is a leaf)."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, Mapping) and value:
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _as_absolute(value: Any) -> Any:
+    if isinstance(value, str):
+        return os.path.abspath(value)
+    if isinstance(value, list):
+        return [_as_absolute(item) for item in value]
     return value
+
+
+def recipe_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+    """The dotted keys whose values differ between two recipes (as :meth:`Recipe.to_dict`
+    gives them), in ``after``'s order, except :data:`NOT_EXPERIMENT_KEYS`; paths are compared
+    as absolute paths."""
+    old, new = _flat(before), _flat(after)
+    changed = []
+    for key in [*new, *(key for key in old if key not in new)]:
+        if key in NOT_EXPERIMENT_KEYS or _named_below(key, old if key in new else new):
+            continue
+        was, now = old.get(key, _ABSENT), new.get(key, _ABSENT)
+        if key in PATH_KEYS:
+            was, now = _as_absolute(was), _as_absolute(now)
+        if was != now:
+            changed.append(key)
+    return changed
+
+
+def _named_below(key: str, flat: Mapping[str, Any]) -> bool:
+    """Whether ``flat`` has keys below ``key``: a mapping that was empty on one side and not
+    on the other, whose keys below are named instead."""
+    return key not in flat and any(other.startswith(f"{key}.") for other in flat)
+
+
+def _shown(value: Any) -> str:
+    if value is _ABSENT:
+        return "(unset)"
+    text = yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
+    text = text.removesuffix("\n...").strip()
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def describe_changes(
+    before: Mapping[str, Any], after: Mapping[str, Any], keys: Sequence[str]
+) -> str:
+    """``key old -> new`` for the first :data:`SHOWN_CHANGES` keys, then ``and N more``."""
+    old, new = _flat(before), _flat(after)
+    shown = [
+        f"{key} {_shown(old.get(key, _ABSENT))} -> {_shown(new.get(key, _ABSENT))}"
+        for key in keys[:SHOWN_CHANGES]
+    ]
+    more = len(keys) - SHOWN_CHANGES
+    return ", ".join(shown) + (f" and {more} more" if more > 0 else "")
+
+
+def recorded_recipe(run_dir: str | Path) -> dict[str, Any] | None:
+    """The recipe ``run_dir`` recorded last (its latest segment's), as a mapping; ``None``
+    when it recorded none."""
+    files = _recipe_files(Path(run_dir))
+    if not files:
+        return None
+    return yaml.safe_load(files[-1].read_text(encoding="utf-8")) or {}
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The checkpoint an ``auto`` resume of ``run_dir`` starts from, found without reading it
+    (``latest_checkpointed_iteration.txt``, or when that names a missing folder the newest
+    one), or ``None`` when the folder holds no checkpoint."""
+    latest_file = run_dir / LATEST_FILE
+    if not latest_file.exists():
+        return None
+    text = latest_file.read_text(encoding="utf-8").strip()
+    named = run_dir / step_dir_name(int(text)) if text.isdigit() else None
+    if named is not None and named.is_dir():
+        return named
+    steps = CheckpointManager(run_dir).steps()
+    # an unreadable latest file is the resume's to report
+    return run_dir / step_dir_name(steps[-1]) if steps else named
+
+
+def _another_folder(run_dir: Path) -> Path:
+    run_dir = run_dir if run_dir.name else run_dir.resolve()
+    number = 2
+    while run_dir.with_name(f"{run_dir.name}-{number}").exists():
+        number += 1
+    return run_dir.with_name(f"{run_dir.name}-{number}")
+
+
+def check_resume(recipe: Recipe, run_dir: Path) -> None:
+    """Stop a run, before anything starts, that would resume (``trainer.resume_mode: auto``)
+    the checkpoint of a run of another experiment: one whose recipe differs from the recipe
+    ``run_dir`` recorded last in a key that is not in :data:`NOT_EXPERIMENT_KEYS`. The one-line
+    :class:`RecipeError` names the differing keys and the ways on: a folder of its own, a fresh
+    start in this one, or resuming that checkpoint explicitly, by its path, to continue it with
+    the changed recipe. ``disable`` and an explicit checkpoint path are never stopped."""
+    if recipe.trainer.resume_mode != "auto":
+        return
+    checkpoint = latest_checkpoint(run_dir)
+    recorded = recorded_recipe(run_dir) if checkpoint is not None else None
+    if checkpoint is None or recorded is None:
+        return
+    now = recipe.to_dict()
+    changed = recipe_changes(recorded, now)
+    if not changed:
+        return
+    raise RecipeError(
+        f"{run_dir} holds a checkpoint ({checkpoint.name}) of a run with another recipe: "
+        f"{describe_changes(recorded, now, changed)}; give this run a folder of its own "
+        f"(trainer.default_local_dir={_another_folder(run_dir)}), start afresh there "
+        "(trainer.resume_mode=disable), or continue that run with this recipe "
+        f"(trainer.resume_mode={checkpoint})",
+        key="trainer.default_local_dir",
+    )
 
 
 def record_recipe(recipe: Recipe, run_dir: Path) -> Path:
     """Keep the recipe of each segment of a run: the first as ``recipe.yaml``, a resumed run
     whose recipe differs from the last one's as ``recipe.N.yaml`` (nothing is overwritten).
-    Warns when a resume changes a key that makes it another experiment
-    (:data:`WATCHED_ON_RESUME`)."""
-    import yaml
-
+    A segment that continues a checkpoint with a recipe that differs in keys that change the
+    experiment (by path: :func:`check_resume` stops ``auto`` resumes) is warned about."""
     run_dir.mkdir(parents=True, exist_ok=True)
     text = recipe.to_yaml()
     files = _recipe_files(run_dir)
-    if files:
-        last_text = files[-1].read_text(encoding="utf-8")
-        if last_text == text:
-            return files[-1]
-        last = yaml.safe_load(last_text) or {}
-        now = recipe.to_dict()
-        for key in WATCHED_ON_RESUME:
-            before, after = _dotted(last, key), _dotted(now, key)
-            if before != after:
-                logger.warning(
-                    "this run continues %s, which used %s=%s; it now uses %s, so the steps "
-                    "before and after are not one experiment",
-                    run_dir,
-                    key,
-                    before,
-                    after,
-                )
-        path = run_dir / f"recipe.{len(files) + 1}.yaml"
-    else:
+    if not files:
         path = run_dir / RECIPE_FILE
+        path.write_text(text, encoding="utf-8")
+        return path
+    last_text = files[-1].read_text(encoding="utf-8")
+    if last_text == text:
+        return files[-1]
+    resume_mode = recipe.trainer.resume_mode
+    continues = resume_mode != "disable" and (
+        resume_mode != "auto" or latest_checkpoint(run_dir) is not None
+    )
+    last = yaml.safe_load(last_text) or {}
+    now = recipe.to_dict()
+    changed = recipe_changes(last, now)
+    if continues and changed:
+        logger.warning(
+            "this run continues %s with a recipe that differs in %s: the steps before and "
+            "after are not one experiment",
+            run_dir,
+            describe_changes(last, now, changed),
+        )
+    path = run_dir / f"recipe.{len(files) + 1}.yaml"
     path.write_text(text, encoding="utf-8")
     return path
 

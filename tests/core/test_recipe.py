@@ -13,6 +13,7 @@ from plugrl.recipe import (
     parse_override,
     part_args,
 )
+from tests import install_hints as hints
 from tests.fake_parts import BASE_RECIPE, FakeEngineConfig
 
 
@@ -257,7 +258,7 @@ def test_a_part_of_a_distribution_not_installed_names_its_install_command(
     plugrl_make_plugin_manager(environ={"PLUGRL_DISABLED_PLUGINS": "vllm"})
     path = write_recipe({})
     assert error_of(path, "rollout.engine=vllm") == (
-        "rollout.engine: rollout engine 'vllm' is not installed: pip install plugrl-vllm"
+        f"rollout.engine: rollout engine 'vllm' is not installed: {hints.VLLM}"
     )
 
 

@@ -1,7 +1,10 @@
+import re
+
 import pytest
 
 from plugrl.errors import PluginError, UnknownNameError
 from plugrl.registry import PART_KINDS, Registry, import_object, section_kind
+from tests import install_hints as hints
 
 
 def make_registry() -> Registry:
@@ -61,8 +64,7 @@ def test_unknown_external_part_says_how_to_install():
     registry = Registry("rollout_engines")
     with pytest.raises(
         UnknownNameError,
-        match=r"rollout engine 'vllm' is not installed: "
-        r"pip install plugrl-vllm",
+        match=re.escape(f"rollout engine 'vllm' is not installed: {hints.VLLM}"),
     ):
         registry.get("vllm")
 

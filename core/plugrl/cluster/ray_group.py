@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import signal
 import threading
@@ -36,11 +37,66 @@ def worker_env(device_env: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
+RAY_INSTALL = "pip install 'plugrl[ray]'"
+"""What installs Ray for plugrl (the ``ray`` extra)."""
+
+
+def ray_installed() -> bool:
+    """Whether ``import ray`` can work here (checked without importing it)."""
+    try:
+        return importlib.util.find_spec("ray") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def missing_ray_message(needs: Sequence[str]) -> str:
+    """One line: what needs Ray (``needs``: settings such as ``cluster.mode=ray``) and the
+    command that installs it."""
+    return (
+        f"{' and '.join(needs)} {'needs' if len(needs) == 1 else 'need'} Ray, which is not "
+        f"installed here: {RAY_INSTALL}"
+    )
+
+
+def import_ray(needed_by: str) -> types.ModuleType:
+    """``import ray``, or a :class:`PluginError` of one line naming ``needed_by`` (what needs
+    it, ``cluster.mode=ray``) and the install command."""
+    try:
+        import ray
+    except ImportError:
+        raise PluginError(missing_ray_message([needed_by])) from None
+    return ray
+
+
+def ray_needs(recipe: Recipe) -> list[str]:
+    """The settings of ``recipe`` that need Ray, as ``key=value``: the Ray cluster, the
+    object-store weight transport, scoring on Ray actors."""
+    needs = []
+    if recipe.cluster.mode == "ray":
+        needs.append("cluster.mode=ray")
+    if recipe.rollout.weight_transport == "object_store":
+        needs.append("rollout.weight_transport=object_store")
+    # the parallel reward manager's option (plugrl.rewards.ray_pool); other managers lack it
+    if getattr(recipe.reward, "backend", None) == "ray":
+        needs.append("reward.backend=ray")
+    return needs
+
+
+def check_ray_installed(recipe: Recipe) -> None:
+    """A :class:`PluginError` of one line when the recipe needs Ray (:func:`ray_needs`) and
+    Ray is not installed. Runs call it at start-up, before building anything, so that such a
+    run stops with the settings to change and the install command, not with an import
+    traceback halfway through its start."""
+    needs = ray_needs(recipe)
+    if needs and not ray_installed():
+        raise PluginError(missing_ray_message(needs))
+
+
 def ensure_ray(cluster: ClusterConfig) -> types.ModuleType:
     """Ray, initialised: joined at ``cluster.address``, or a local Ray started for the run
     (``cluster.num_cpus`` CPUs, all when unset). An already initialised Ray is reused."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    import ray
+    ray = import_ray("cluster.mode=ray")
 
     if not ray.is_initialized():
         if cluster.address:

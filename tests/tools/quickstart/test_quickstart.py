@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import io
 import json
+import re
 
 import pyarrow.parquet as pq
 import pytest
@@ -214,3 +216,81 @@ def test_prepare_quickstart_refuses_a_foreign_folder(tmp_path):
         f"{tmp_path} exists and is not a quickstart folder; choose an empty or new folder"
     )
     assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+# ------------------------------------------------------------------------------- progress
+
+
+@pytest.mark.slow
+def test_each_build_phase_says_what_it_does_and_how_it_progresses(tmp_path):
+    """What a user sees on stderr while the quickstart builds (not on a terminal: lines)."""
+    import subprocess
+    import sys
+
+    code = (
+        "from plugrl_tools.cli import _setup_logging; _setup_logging(False); "
+        "from plugrl_tools.quickstart import QuickstartSettings, prepare_quickstart; "
+        f"prepare_quickstart({str(tmp_path / 'qs')!r}, settings=QuickstartSettings("
+        "num_warm_start=24, num_train=16, num_val=8, warm_start_epochs=1, "
+        "warm_start_batch_size=8))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr
+    # transformers' own bar of save_pretrained is not ours
+    lines = [
+        line for line in result.stderr.splitlines() if line and "Writing model shards" not in line
+    ]
+    assert lines[0] == (
+        f"building the quickstart's tokenizer, model and data in {tmp_path / 'qs'}, once "
+        "(later runs reuse them); about 20 s on an idle 2-core CPU, longer under load"
+    )
+    assert lines[1:4] == [
+        "tokenizer: training a byte-level BPE of 512 tokens on 24 worked examples (seconds)",
+        "model: a Qwen2-architecture model of about 4M parameters, from seed 0",
+        "warm start: 1 epochs of supervised training on 24 worked examples (3 steps of 8) so "
+        "that the model writes the answer format; about 10 s on an idle 2-core CPU, longer "
+        "under load",
+    ]
+    progress = r" \(\d+ s, about \d+ s left\)"
+    for line, done in zip(lines[4:7], (1, 2, 3), strict=True):
+        assert re.fullmatch(rf"warm start: {done}/3 steps, loss \d+\.\d{{3}}{progress}", line)
+    assert lines[7] == (
+        "evaluation: accuracy of the warm-started model on 8 held-out problems, greedy and "
+        "sampled (2 batches of generation; seconds)"
+    )
+    for line, done in zip(lines[8:10], (1, 2), strict=True):
+        assert re.fullmatch(rf"evaluation: {done}/2 batches{progress}", line)
+    assert lines[10:] == [
+        "data: writing the model and 16 training and 8 validation problems (verl's parquet schema)"
+    ]
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_is_a_bar_on_a_terminal_and_lines_elsewhere(caplog):
+    import logging
+
+    from plugrl_tools.quickstart.progress import Progress
+
+    terminal = _Terminal()
+    with Progress("warm start", 4, "steps", stream=terminal) as progress:
+        for _ in range(4):
+            progress.update(loss=0.5)
+    assert "warm start: 100%" in terminal.getvalue() and "4/4" in terminal.getvalue()
+    assert "loss=0.500" in terminal.getvalue()
+
+    with caplog.at_level(logging.INFO, logger="plugrl_tools.quickstart"):
+        progress = Progress("warm start", 25, "steps", stream=io.StringIO())
+        for _ in range(25):
+            progress.update(loss=0.25)
+    # a line every tenth of the phase (every 2 of 25 steps) and one at its end
+    shown = [message.split(" (")[0] for message in caplog.messages]
+    assert shown == [
+        *(f"warm start: {done}/25 steps, loss 0.250" for done in range(2, 25, 2)),
+        "warm start: 25/25 steps, loss 0.250",
+    ]

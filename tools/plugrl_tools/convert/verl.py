@@ -448,7 +448,7 @@ class _Converter:
                 self.chosen[selectors[target.name.key]] = renamed.get(value, value)
 
     def _part(self, kind: str, name: str) -> str:
-        """``rollout engine 'vllm', which is not installed here (pip install plugrl-vllm)``."""
+        """``rollout engine 'vllm', which is not installed here (pip install ...)``."""
         human = PART_KINDS[kind].human_name
         if name in self.plugins.registry(kind):
             return f"{human} {name!r}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -24,6 +25,30 @@ QUICKSTART_VERSION = "1"
 MANIFEST = "quickstart.json"
 # Where the quickstart keeps its model and data unless told otherwise (beside the run folders).
 DEFAULT_DIR = Path("runs") / "quickstart-assets"
+
+# Seconds of a warm-start step of 32 examples, and of the rest of a build, on an idle 2-core
+# x86 CPU, for the phase lines' rough estimates: the model trains about 5,000 tokens/s there
+# and a step is about 1,600 tokens; the rest (tokenizer, evaluation, writing) took 15-20 s of
+# a build under a load average of 9. Under load the progress lines' own estimates are the
+# ones to read.
+WARM_START_STEP_S = 0.4
+OTHER_BUILD_S = 15.0
+
+
+def _build_seconds(settings: QuickstartSettings) -> float:
+    steps = settings.warm_start_epochs * math.ceil(
+        settings.num_warm_start / settings.warm_start_batch_size
+    )
+    return steps * WARM_START_STEP_S + OTHER_BUILD_S
+
+
+def _rough_duration(seconds: float) -> str:
+    """``about 2 minutes on an idle 2-core CPU``: a figure to plan by, not a promise."""
+    if seconds < 90:
+        figure = f"about {max(10, round(seconds, -1)):.0f} s"
+    else:
+        figure = f"about {round(seconds / 60):.0f} minutes"
+    return f"{figure} on an idle 2-core CPU, longer under load"
 
 
 @attrs.frozen
@@ -91,6 +116,11 @@ def _task(
     """The problems, the warm-start examples, and the tokenizer trained on those examples."""
     from plugrl_tools.quickstart.model import train_tokenizer
 
+    logger.info(
+        "tokenizer: training a byte-level BPE of %d tokens on %d worked examples (seconds)",
+        settings.vocab_size,
+        settings.num_warm_start,
+    )
     splits = arithmetic.make_splits(
         seed,
         num_warm_start=settings.num_warm_start,
@@ -114,12 +144,28 @@ def build_into(
     import torch
 
     from plugrl_tools.quickstart.model import build_tiny_model
-    from plugrl_tools.quickstart.warmstart import accuracy, supervised_fine_tune
+    from plugrl_tools.quickstart.progress import Progress
+    from plugrl_tools.quickstart.warmstart import (
+        GENERATION_BATCH_SIZE,
+        accuracy,
+        supervised_fine_tune,
+    )
 
     started = time.perf_counter()
     splits, examples, tokenizer = _task(seed, settings)
+    logger.info("model: a Qwen2-architecture model of about 4M parameters, from seed %d", seed)
     model = build_tiny_model(tokenizer, seed)
     num_parameters = sum(p.numel() for p in model.parameters())
+    steps = settings.warm_start_epochs * math.ceil(len(examples) / settings.warm_start_batch_size)
+    logger.info(
+        "warm start: %d epochs of supervised training on %d worked examples (%d steps of %d) so "
+        "that the model writes the answer format; %s",
+        settings.warm_start_epochs,
+        len(examples),
+        steps,
+        settings.warm_start_batch_size,
+        _rough_duration(steps * WARM_START_STEP_S),
+    )
     # the warm start is short and runs where the user is: keep it reproducible for a seed
     torch.manual_seed(seed)
     stats = supervised_fine_tune(
@@ -132,10 +178,26 @@ def build_into(
         seed=seed,
     )
     eval_started = time.perf_counter()
-    greedy = accuracy(model, tokenizer, splits.val)
-    sampled = accuracy(model, tokenizer, splits.val, temperature=1.0, seed=seed)
+    batches = 2 * math.ceil(len(splits.val) / GENERATION_BATCH_SIZE)
+    logger.info(
+        "evaluation: accuracy of the warm-started model on %d held-out problems, greedy and "
+        "sampled (%d batches of generation; seconds)",
+        len(splits.val),
+        batches,
+    )
+    with Progress("evaluation", batches, "batches") as progress:
+        greedy = accuracy(model, tokenizer, splits.val, progress=progress)
+        sampled = accuracy(
+            model, tokenizer, splits.val, temperature=1.0, seed=seed, progress=progress
+        )
     eval_seconds = time.perf_counter() - eval_started
 
+    logger.info(
+        "data: writing the model and %d training and %d validation problems (verl's parquet "
+        "schema)",
+        len(splits.train),
+        len(splits.val),
+    )
     model_dir = root / "model"
     model.save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
@@ -186,7 +248,12 @@ def prepare_quickstart(
             f"{root} exists and is not a quickstart folder; choose an empty or new folder"
         )
     root.parent.mkdir(parents=True, exist_ok=True)
-    logger.info("building the quickstart model and data in %s (about a minute or two)", root)
+    logger.info(
+        "building the quickstart's tokenizer, model and data in %s, once (later runs reuse "
+        "them); %s",
+        root,
+        _rough_duration(_build_seconds(settings)),
+    )
     staging = Path(tempfile.mkdtemp(prefix=f".{root.name}-", dir=root.parent))
     try:
         manifest = build_into(staging, seed, settings)

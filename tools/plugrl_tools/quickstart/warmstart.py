@@ -11,6 +11,12 @@ from typing import Any
 import attrs
 
 from plugrl_tools.quickstart.arithmetic import Problem, score
+from plugrl_tools.quickstart.progress import Progress
+
+RUNNING_LOSS_STEPS = 10
+"""Steps the loss shown in the warm start's progress is averaged over."""
+GENERATION_BATCH_SIZE = 128
+"""Prompts per ``model.generate`` call when measuring accuracy."""
 
 
 def render_prompt(tokenizer: Any, question: str) -> str:
@@ -38,7 +44,9 @@ def supervised_fine_tune(
     seed: int,
 ) -> FineTuneStats:
     """Train on (question, response) pairs with the loss on response tokens only (the
-    response ends with the eos token, so the model learns to stop)."""
+    response ends with the eos token, so the model learns to stop). Progress, with the loss
+    averaged over the last :data:`RUNNING_LOSS_STEPS` steps, goes to stderr (see
+    :class:`~plugrl_tools.quickstart.progress.Progress`)."""
     import time
 
     import torch
@@ -68,6 +76,7 @@ def supervised_fine_tune(
     rng = random.Random(seed)
     model.train()
     losses: list[float] = []
+    progress = Progress("warm start", total_steps, "steps")
     for _epoch in range(epochs):
         order = list(range(len(sequences)))
         rng.shuffle(order)
@@ -88,6 +97,9 @@ def supervised_fine_tune(
             optimizer.step()
             schedule.step()
             losses.append(float(loss.detach()))
+            recent = losses[-RUNNING_LOSS_STEPS:]
+            progress.update(loss=sum(recent) / len(recent))
+    progress.close()
     model.eval()
     return FineTuneStats(
         steps=len(losses),
@@ -103,11 +115,13 @@ def generate_responses(
     questions: Sequence[str],
     *,
     max_new_tokens: int = 48,
-    batch_size: int = 128,
+    batch_size: int = GENERATION_BATCH_SIZE,
     temperature: float = 0.0,
     seed: int = 0,
+    progress: Progress | None = None,
 ) -> list[str]:
-    """Responses with ``model.generate`` (greedy at temperature 0), left-padded batches."""
+    """Responses with ``model.generate`` (greedy at temperature 0), left-padded batches; each
+    batch done advances ``progress``."""
     import torch
 
     torch.manual_seed(seed)
@@ -125,6 +139,8 @@ def generate_responses(
             )
         new_tokens = output[:, encoded["input_ids"].shape[1] :]
         responses += tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
+        if progress is not None:
+            progress.update()
     return responses
 
 
@@ -135,10 +151,16 @@ def accuracy(
     *,
     temperature: float = 0.0,
     seed: int = 0,
+    progress: Progress | None = None,
 ) -> float:
     """Fraction of problems whose response ends with the right ``Answer:`` line."""
     responses = generate_responses(
-        model, tokenizer, [p.question for p in problems], temperature=temperature, seed=seed
+        model,
+        tokenizer,
+        [p.question for p in problems],
+        temperature=temperature,
+        seed=seed,
+        progress=progress,
     )
     scores = [score(r, str(p.answer)) for r, p in zip(responses, problems, strict=True)]
     return sum(scores) / max(1, len(scores))

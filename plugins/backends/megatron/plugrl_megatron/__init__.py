@@ -13,7 +13,8 @@ import plugrl
 if TYPE_CHECKING:
     from plugrl.recipe import Recipe
 
-INSTALL = "pip install 'plugrl-megatron[megatron]'"
+# plugrl-megatron is not on a package index: it installs from its folder in plugrl's repository
+INSTALL = "pip install './plugins/backends/megatron[megatron]' from the root of plugrl's repository"
 
 
 @plugrl.hookimpl

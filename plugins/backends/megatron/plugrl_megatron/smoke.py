@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from plugrl_megatron import INSTALL
 from plugrl_tools.smoke import SmokeFailure, check, check_step, grpo_recipe, run_plugrl
 
 CHECKED_METRICS = ("actor/pg_loss", "actor/grad_norm", "actor/kl_loss", "critic/score/mean")
@@ -53,7 +54,7 @@ def megatron_core() -> str:
     try:
         import megatron.core
     except ImportError as exc:
-        raise SmokeFailure(f"{exc}; pip install 'plugrl-megatron[megatron]'") from None
+        raise SmokeFailure(f"{exc}; {INSTALL}") from None
     return f"version {megatron.core.__version__}"
 
 

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import plugrl
 
-INSTALL = "pip install torch-npu matching your torch and Ascend CANN; see plugrl-npu's README"
+INSTALL = (
+    "pip install torch-npu matching your torch and Ascend CANN; see "
+    "plugins/devices/npu/README.md in plugrl's repository"
+)
 
 
 @plugrl.hookimpl

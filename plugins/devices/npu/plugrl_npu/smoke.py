@@ -19,6 +19,7 @@ import sys
 from typing import Any
 
 from plugrl.metrics import read_metrics
+from plugrl_npu import INSTALL
 from plugrl_tools.smoke import SmokeFailure, check, each_step, parse_run_arguments, run_quickstart
 
 CHECKED = ("actor/pg_loss", "actor/grad_norm", "critic/score/mean", "response_length/mean")
@@ -33,9 +34,7 @@ def npus_present() -> str:
     from plugrl_npu.device import NpuDevice, torch_npu_present
 
     if not torch_npu_present():
-        raise SmokeFailure(
-            "torch_npu is not installed: pip install torch-npu matching your torch and CANN"
-        )
+        raise SmokeFailure(f"torch_npu is not installed: {INSTALL}")
     if not NpuDevice.is_available():
         raise SmokeFailure(
             "torch_npu sees no NPU (check the driver, CANN and ASCEND_RT_VISIBLE_DEVICES)"

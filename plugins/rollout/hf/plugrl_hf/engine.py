@@ -584,7 +584,9 @@ class HFRolloutEngine(RolloutEngine):
             )
         lean_unsupported = getattr(self._batch.kv, "lean_unsupported", None)
         if self.config.lean_decode and lean_unsupported:
-            logger.info(
+            # the trainer's own model (bind_model) is managed by its backend (FSDP's DTensor
+            # weights): its forward is the only way, which is no news at every start
+            (logger.info if owns else logger.debug)(
                 "hf rollout engine: decode steps and prompt passes run the model's own forward: %s",
                 lean_unsupported,
             )

@@ -29,6 +29,8 @@ implementation that takes a 4D mask (``sdpa``, ``eager``) for the prompt passes.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import sys
 from collections.abc import Sequence
 from contextvars import ContextVar
@@ -70,6 +72,22 @@ DECODE_ATTENTION = "plugrl_hf_decode"
 """The attention function of decode steps, registered with transformers' AttentionInterface."""
 
 _model_attention: ContextVar[str] = ContextVar("plugrl_hf_model_attention", default="sdpa")
+
+
+@functools.cache
+def _cache_keyword(model_class: type) -> str:
+    """The keyword a model's ``forward`` takes its KV cache by: ``cache`` in the transformers
+    versions that renamed it (passing ``past_key_values`` there warns at every start that it
+    is deprecated), ``past_key_values`` in those before."""
+    parameters = inspect.signature(model_class.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+def _with_cache(model: Any, cache: Any) -> dict[str, Any]:
+    """``{keyword: cache}`` for ``model``'s forward (see :func:`_cache_keyword`)."""
+    return {_cache_keyword(type(model)): cache}
+
+
 """The model's own attention implementation, during a decode step."""
 
 _OTHER_INPUTS = ("softcap", "s_aux", "sinks", "position_bias", "sliding_window")
@@ -238,7 +256,7 @@ class SlotKV:
                 input_ids=input_ids[:, None],
                 attention_mask=mask,
                 position_ids=positions[:, None],
-                past_key_values=self.cache,
+                **_with_cache(model, self.cache),
                 use_cache=True,
             )
         finally:
@@ -347,7 +365,7 @@ class SlotKV:
             input_ids=ids,
             attention_mask=self._mask_values(allowed[:, None]),
             position_ids=positions,
-            past_key_values=self.cache,
+            **_with_cache(model, self.cache),
             use_cache=True,
             logits_to_keep=1,
         )
@@ -499,7 +517,7 @@ class DynamicKV:
                 input_ids=ids,
                 attention_mask=mask,
                 position_ids=positions,
-                past_key_values=self.cache,
+                **_with_cache(model, self.cache),
                 use_cache=True,
                 logits_to_keep=1,
             )
@@ -519,7 +537,7 @@ class DynamicKV:
             input_ids=input_ids[:, None],
             attention_mask=self.mask,
             position_ids=positions[:, None],
-            past_key_values=self.cache,
+            **_with_cache(model, self.cache),
             use_cache=True,
         )
         return output.logits[:, -1, :]

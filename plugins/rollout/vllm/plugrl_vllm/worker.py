@@ -14,6 +14,7 @@ from typing import Any
 import attrs
 
 from plugrl.errors import PluginError
+from plugrl_vllm.logs import hide_rotary_reload_notice
 
 ROUTES = ("reload_weights", "load_weights")
 
@@ -151,6 +152,7 @@ class WeightReceiver:
 
     def plugrl_load_weights(self, route: str, weights: list[tuple[str, Any]]) -> None:
         if route == "reload_weights":
+            hide_rotary_reload_notice()
             self.model_runner.reload_weights(weights_iterator=iter(weights))  # type: ignore[attr-defined]
         elif route == "load_weights":
             self.model_runner.model.load_weights(weights=weights)  # type: ignore[attr-defined]

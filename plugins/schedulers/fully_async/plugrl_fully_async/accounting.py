@@ -42,16 +42,32 @@ class PauseReason:
     trigger_parameter_sync_step: int
     version: int
 
-    def message(self) -> str:
+    def message(self, cluster_mode: str = "ray") -> str:
+        """The pause explained, with the keys that make pauses rarer for a run of
+        ``cluster_mode``: more trainer devices only on Ray (``cluster: local`` has one trainer
+        rank in the driver)."""
         return (
             f"rollouter paused at weight version {self.version}: staleness_samples "
             f"{self.staleness_samples} >= max_required_samples {self.max_required_samples} "
             f"(= int(required_samples {self.required_samples} x (1 + staleness_threshold "
             f"{self.staleness_threshold:g}) x trigger_parameter_sync_step "
             f"{self.trigger_parameter_sync_step})); generation is ahead of training and waits "
-            "for the next weight sync. To pause less, raise scheduler.staleness_threshold "
-            "(older samples) or give the trainer more devices (trainer.n_gpus_per_node)"
+            f"for the next weight sync. {fewer_pauses_advice(cluster_mode)}"
         )
+
+
+def fewer_pauses_advice(cluster_mode: str) -> str:
+    """What makes a trainer-bound run pause less, for a run of ``cluster_mode``."""
+    if cluster_mode == "ray":
+        return (
+            "To pause less, raise scheduler.staleness_threshold (older samples) or give the "
+            "trainer more devices (trainer.n_gpus_per_node)"
+        )
+    return (
+        "To pause less, raise scheduler.staleness_threshold (older samples), or run on Ray "
+        "to give the trainer devices of its own (cluster.mode=ray with trainer.n_gpus_per_node "
+        "and rollout.n_gpus_per_node): with cluster.mode=local it trains in this process"
+    )
 
 
 @attrs.define

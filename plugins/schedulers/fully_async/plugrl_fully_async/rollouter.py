@@ -29,7 +29,7 @@ from plugrl.parts.rollout import (
     join_completions,
 )
 
-from .accounting import StalenessAccount
+from .accounting import PauseReason, StalenessAccount
 
 if TYPE_CHECKING:
     from plugrl.cluster.engines import EngineGroup
@@ -46,6 +46,10 @@ PromptKey = tuple[int, int]
 
 # how often a waiting trainer looks at the rollouter's health
 _POLL_S = 0.2
+
+PAUSE_SUMMARY_STEPS = 10
+"""The first pause at the staleness bound is explained in full; after it, a line every this
+many trainer steps counts the pauses since the last line (when there were any)."""
 
 
 class PromptStream:
@@ -122,8 +126,13 @@ class Rollouter:
         partial: PartialMode | None,
         stop_after: int | None = None,
         resubmit: Sequence[PromptKey] = (),
+        cluster_mode: str | None = None,
     ) -> None:
         self.engines = engines
+        recipe = getattr(engines, "recipe", None)
+        self.cluster_mode = cluster_mode or (recipe.cluster.mode if recipe else "local")
+        """The run's ``cluster.mode``, which the pause line's advice fits: the engine group's
+        recipe's unless given."""
         self.account = account
         self.stream = stream
         self.buffer = buffer
@@ -152,6 +161,10 @@ class Rollouter:
         self.response_tokens = 0
         self.partial_samples = 0
         self._holding = False
+        self._pause_explained = False
+        self._pauses_reported = account.pauses
+        """The pause count the last pause line reported (lock held)."""
+        self._steps_taken = 0
         self._stopping = False
         self.error: BaseException | None = None
         self._engines_paused = False
@@ -225,7 +238,7 @@ class Rollouter:
                 return None
             reason = self.account.check_pause()
             if reason is not None:
-                logger.info("%s", reason.message())
+                self._report_pause(reason)
             if not self.account.may_start():
                 self._update_clocks()
                 return None
@@ -239,6 +252,34 @@ class Rollouter:
             self.in_flight += 1
             self._update_clocks()
             return sample_id, key, number
+
+    def _report_pause(self, reason: PauseReason) -> None:
+        """The first pause explained in full; later ones counted by :meth:`_summarize_pauses`
+        (lock held)."""
+        if self._pause_explained:
+            logger.debug("rollouter paused at weight version %d", reason.version)
+            return
+        logger.info("%s", reason.message(self.cluster_mode))
+        self._pause_explained = True
+        self._pauses_reported = self.account.pauses
+
+    def _summarize_pauses(self) -> None:
+        """Every :data:`PAUSE_SUMMARY_STEPS` trainer steps, the pauses since the last line."""
+        self._steps_taken += 1
+        if self._steps_taken % PAUSE_SUMMARY_STEPS:
+            return
+        with self.lock:
+            total, more = self.account.pauses, self.account.pauses - self._pauses_reported
+            self._pauses_reported = total
+        if more > 0:
+            logger.info(
+                "rollouter paused %d more %s at the staleness bound in the last %d steps (%d "
+                "in all: fully_async/count/pauses)",
+                more,
+                "time" if more == 1 else "times",
+                PAUSE_SUMMARY_STEPS,
+                total,
+            )
 
     async def _generate(self, sample_id: int, key: PromptKey, number: int) -> None:
         sample = None
@@ -363,6 +404,7 @@ class Rollouter:
             # sample that would lag too much then is hopeless already: end it now, while the
             # trainer trains, and let a new sample take its place
             self._drop_hopeless()
+        self._summarize_pauses()
         return taken, dropped
 
     def _log_drop(self, sample: Sample, lag: int) -> None:

@@ -14,9 +14,10 @@ import tomllib
 
 from plugrl.errors import RecipeError
 from plugrl.recipe import build_recipe
+from tests import install_hints as hints
 
 PLUGIN_FOLDER = Path(__file__).resolve().parents[4] / "plugins" / "backends" / "megatron"
-NEEDS = "needs megatron (pip install 'plugrl-megatron[megatron]')"
+NEEDS = f"needs megatron ({hints.MEGATRON})"
 
 
 def test_the_plugin_is_a_distribution_of_its_own_pinning_the_tested_megatron_core():

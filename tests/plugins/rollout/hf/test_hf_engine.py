@@ -1166,3 +1166,50 @@ def test_sliding_window_models_fall_back_to_joining_an_empty_batch(
     sampled = engine.generate(prompts, SamplingParams(n=2, max_tokens=10, seed=1))
     for completion in sampled:
         assert_teacher_forced(engine.model, prompts[completion.prompt_index], completion)
+
+
+# ------------------------------------------------------------------------------- start-up noise
+
+
+def test_the_cache_goes_by_the_keyword_the_models_forward_takes(tiny_model_dir, tokenizer):
+    """transformers 5.24 renamed ``past_key_values`` to ``cache`` and warns at every start of
+    a run that passes the old name; older versions know only ``past_key_values``."""
+    import inspect
+    import warnings
+
+    from plugrl_hf.kv import _cache_keyword
+
+    engine = make_engine(tiny_model_dir, tokenizer, lean_decode=False)  # the model's forward
+    takes = inspect.signature(type(engine.model).forward).parameters
+    assert _cache_keyword(type(engine.model)) == (
+        "cache" if "cache" in takes else "past_key_values"
+    )
+
+    class Old(torch.nn.Module):
+        def forward(self, input_ids=None, past_key_values=None, use_cache=None):
+            pass
+
+    assert _cache_keyword(Old) == "past_key_values"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        engine.generate(chat_prompts(tokenizer), greedy(max_tokens=4))
+    assert not [w for w in caught if "past_key_values" in str(w.message)]
+
+
+def test_a_shared_model_the_lean_step_cannot_serve_is_not_news(
+    tiny_model_dir, tokenizer, model, caplog
+):
+    """The trainer's model handed over by bind_model (FSDP's, with DTensor weights and hooks)
+    always runs its own forward: said at debug level; an engine's own model that the lean
+    step cannot serve is still said at info level."""
+    model.model.layers[0].register_forward_hook(lambda *args: None)  # as FSDP's are
+    engine = make_engine(tiny_model_dir, tokenizer, colocate=True)
+    with caplog.at_level(logging.DEBUG, logger="plugrl.rollout.hf"):
+        engine.bind_model(model, version=1)
+        engine._use_model(model, owns=True)
+    line = (
+        "hf rollout engine: decode steps and prompt passes run the model's own forward: its "
+        "modules have forward hooks (FSDP, an adapter or instrumentation)"
+    )
+    shown = [(r.levelname, r.getMessage()) for r in caplog.records if "own forward" in r.message]
+    assert shown == [("DEBUG", line), ("INFO", line)]

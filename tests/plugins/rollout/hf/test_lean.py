@@ -341,7 +341,8 @@ def test_why_a_model_gets_no_lean_steps():
 def test_the_engine_says_why_a_model_runs_its_own_forward(tokenizer, caplog):
     model = build("qwen2", vocab_size=len(tokenizer))
     model.model.layers[0].register_forward_pre_hook(lambda *args: None)
-    with caplog.at_level("INFO", logger="plugrl.rollout.hf"):
+    # the trainer's model, bound: said at debug level (no news at every start of a run)
+    with caplog.at_level("DEBUG", logger="plugrl.rollout.hf"):
         engine = bound_engine(model, tokenizer)
     assert engine._batch is not None and engine._batch.kv.lean is None
     assert (

@@ -16,6 +16,7 @@ from plugrl.errors import PluginError
 from plugrl.parts.rollout import Capability, GenerationRequest, SamplingParams, WeightMeta
 from plugrl.testing import part_context
 from plugrl_sglang.engine import SGLangRolloutEngine, engine_arguments, load_sglang_api
+from tests import install_hints as hints
 from tests.plugins.rollout.sglang import fake_sglang
 
 EOS = 96
@@ -92,7 +93,7 @@ def test_registered_with_requirement_install_line_and_framework_module(
     plugrl_register_plugin(plugrl_sglang)
     entry = plugrl_plugin_manager.registry("rollout_engines").get("sglang")
     assert entry.requires == ("sglang",)
-    assert entry.install == "pip install 'plugrl-sglang[sglang]'"
+    assert entry.install == hints.SGLANG
     assert entry.framework_modules == ("sglang",)
     # the recipe keys are readable where SGLang is not installed
     assert "sglang" not in sys.modules
@@ -363,8 +364,12 @@ def test_model_from_trainer_is_refused(fake, plugrl_register_plugin, plugrl_reci
 
 def test_without_sglang_the_error_names_the_install_command(monkeypatch):
     monkeypatch.setitem(sys.modules, "sglang", None)  # import sglang raises ImportError
-    with pytest.raises(PluginError, match=r"pip install 'plugrl-sglang\[sglang\]'"):
+    with pytest.raises(PluginError) as error:
         load_sglang_api()
+    assert str(error.value) == (
+        "the sglang rollout engine needs SGLang 0.5.5 or newer (import of sglang halted; None "
+        f"in sys.modules); install it with {hints.SGLANG}"
+    )
 
 
 def test_an_answer_without_log_probs_is_an_error(make_engine, monkeypatch):

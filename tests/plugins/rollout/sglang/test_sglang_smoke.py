@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from plugrl_sglang import smoke
+from tests import install_hints as hints
 from tests.plugins.rollout.sglang import fake_sglang
 
 GOOD_STEP = {
@@ -23,7 +24,7 @@ GOOD_STEP = {
 def test_without_sglang_it_fails_first_and_builds_nothing(tmp_path, capsys):
     assert smoke.main(["--workdir", str(tmp_path)]) == 1
     out = capsys.readouterr().out
-    assert "FAIL sglang: SGLang is not installed: pip install 'plugrl-sglang[sglang]'" in out
+    assert f"FAIL sglang: SGLang is not installed: {hints.SGLANG}" in out
     assert "PASS" not in out
     assert list(tmp_path.iterdir()) == []
 

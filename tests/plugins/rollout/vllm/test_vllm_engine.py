@@ -132,6 +132,13 @@ def hf_greedy(model: Any, prompt: list[int], max_tokens: int) -> list[int]:
     return ids[0, len(prompt) :].tolist()
 
 
+def test_vllm_logs_warnings_and_errors_only_by_default(engine):
+    import logging
+
+    assert logging.getLogger("vllm").getEffectiveLevel() == logging.WARNING
+    assert os.environ["VLLM_LOGGING_LEVEL"] == "WARNING"
+
+
 def test_an_unknown_engine_argument_is_named(recipe, tokenizer):
     config = VLLMRolloutConfig(engine_kwargs={"enable_prefix_caching": True, "no_such_argument": 2})
     with pytest.raises(RecipeError) as error:
@@ -364,6 +371,9 @@ def test_a_grpo_run_with_the_vllm_engine(tmp_path):
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-4000:]
+    # vLLM's start-up lines are not shown unless asked for (rollout.engine_log_level)
+    for noise in ("Loading safetensors checkpoint shards", "reduce_op", "Triton not available"):
+        assert noise not in result.stderr, result.stderr
     records = [
         json.loads(line)
         for line in (run_dir / "metrics.jsonl").read_text().splitlines()

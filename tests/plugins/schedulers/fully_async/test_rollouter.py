@@ -13,7 +13,7 @@ import pytest
 from plugrl.parts.rollout import Capability, Completion, SamplingParams
 from plugrl_fully_async.accounting import StalenessAccount
 from plugrl_fully_async.buffer import LocalSampleBuffer
-from plugrl_fully_async.rollouter import Rollouter, Sample
+from plugrl_fully_async.rollouter import PAUSE_SUMMARY_STEPS, Rollouter, Sample
 
 TOKEN_SECONDS = 0.0005
 TRAIN_SECONDS = 0.01
@@ -388,3 +388,74 @@ def test_waiting_samples_too_old_after_a_sync_are_dropped_at_the_sync():
         rollouter.close()
     assert dropped == [3]
     assert [s.oldest_version for s in taken] == [1, 2]
+
+
+# ------------------------------------------------------------------------------ the pause line
+
+
+def pause_three_times(rollouter, account):
+    """Start samples until the bound holds the rollouter back, then let the trainer take the
+    period and sync; three times."""
+    for _ in range(3):
+        while rollouter._try_start() is not None:
+            pass
+        for _ in range(account.samples_per_sync):
+            account.finish()
+            account.take(account.version)
+        account.sync()
+    assert account.pauses == 3
+
+
+@pytest.mark.parametrize(
+    "cluster_mode, advice",
+    [
+        (
+            None,  # engines without a recipe: one process
+            "To pause less, raise scheduler.staleness_threshold (older samples), or run on Ray "
+            "to give the trainer devices of its own (cluster.mode=ray with "
+            "trainer.n_gpus_per_node and rollout.n_gpus_per_node): with cluster.mode=local it "
+            "trains in this process",
+        ),
+        (
+            "ray",
+            "To pause less, raise scheduler.staleness_threshold (older samples) or give the "
+            "trainer more devices (trainer.n_gpus_per_node)",
+        ),
+    ],
+)
+def test_the_first_pause_is_explained_for_the_runs_cluster_and_later_ones_counted(
+    caplog, cluster_mode, advice
+):
+    import logging
+
+    account = StalenessAccount(2, 1, 0.0)
+    rollouter = Rollouter(
+        engines=SleepingEngines(lambda request: 1),
+        account=account,
+        stream=Stream(),
+        buffer=LocalSampleBuffer(),
+        sampling_params=lambda number: SamplingParams(n=1, max_tokens=4, seed=number),
+        max_in_flight=100,
+        partial="keep",
+        cluster_mode=cluster_mode,
+    )
+    with caplog.at_level(logging.INFO, logger="plugrl.run"):
+        pause_three_times(rollouter, account)
+        for _ in range(2 * PAUSE_SUMMARY_STEPS):  # trainer steps
+            rollouter._summarize_pauses()
+    assert caplog.messages == [
+        "rollouter paused at weight version 0: staleness_samples 2 >= max_required_samples 2 "
+        "(= int(required_samples 2 x (1 + staleness_threshold 0) x trigger_parameter_sync_step "
+        f"1)); generation is ahead of training and waits for the next weight sync. {advice}",
+        f"rollouter paused 2 more times at the staleness bound in the last {PAUSE_SUMMARY_STEPS} "
+        "steps (3 in all: fully_async/count/pauses)",
+    ]
+
+
+def test_a_rollouter_takes_the_cluster_mode_of_its_engines_recipe():
+    from plugrl.recipe import build_recipe
+
+    engines = SleepingEngines(lambda request: 1)
+    engines.recipe = build_recipe({"cluster": "ray"})
+    rollouter = keep_rollouter(engines, StalenessAccount(2, 1, 0.0), max_in_flight=4)
+    assert rollouter.cluster_mode == "ray"
