@@ -212,7 +212,9 @@ def test_each_segment_of_a_run_keeps_its_recipe_and_changes_are_named(tmp_path, 
     (tmp_path / "global_step_3").mkdir()
     (tmp_path / "latest_checkpointed_iteration.txt").write_text("3\n")
     trainer = {"resume_mode": str(tmp_path / "global_step_3")}
-    third = build_recipe({"data": {"train_batch_size": 24}, "actor": actor, "trainer": trainer})
+    third = build_recipe(
+        {"data": {"train_batch_size": 24}, "actor": actor, "trainer": trainer}, get_plugin_manager()
+    )
     with caplog.at_level(logging.WARNING, logger="plugrl.run"):
         assert record_recipe(third, tmp_path) == tmp_path / "recipe.3.yaml"
     assert (tmp_path / "recipe.yaml").read_text() == first.to_yaml()

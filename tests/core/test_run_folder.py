@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from plugrl.errors import RecipeError
+from plugrl.plugins import get_plugin_manager
 from plugrl.recipe import build_recipe
 from plugrl.run import run_recipe
 from plugrl.run_folder import (
@@ -33,7 +34,7 @@ def sim_run(task, run_dir, *, steps=2, **sections):
     raw["actor"].update(sim_train_ms_per_ktoken=0.0, sim_forward_ms_per_ktoken=0.0)
     for name, values in sections.items():
         raw[name] = {**raw.get(name, {}), **values}
-    return build_recipe(raw)
+    return build_recipe(raw, get_plugin_manager())
 
 
 def folder_state(run_dir):
@@ -54,7 +55,7 @@ def logged_steps(run_dir):
 def finished(task, tmp_path):
     """A finished two-step run with checkpoints of both steps."""
     run_dir = tmp_path / "run"
-    run_recipe(sim_run(task, run_dir))
+    run_recipe(sim_run(task, run_dir), get_plugin_manager())
     assert (run_dir / "global_step_2").is_dir() and logged_steps(run_dir) == [1, 2]
     return run_dir
 
@@ -63,7 +64,7 @@ def test_another_experiment_in_the_folder_stops_before_anything_starts(task, fin
     before = folder_state(finished)
     changed = sim_run(task, finished, actor={"optim": {"lr": 0.5}})
     with pytest.raises(RecipeError) as error:
-        run_recipe(changed)
+        run_recipe(changed, get_plugin_manager())
     assert str(error.value) == (
         f"trainer.default_local_dir: {finished} holds a checkpoint (global_step_2) of a run with "
         "another recipe: actor.optim.lr 0.01 -> 0.5; give this run a folder of its own "
@@ -77,7 +78,7 @@ def test_another_experiment_in_the_folder_stops_before_anything_starts(task, fin
 def test_the_same_recipe_resumes(task, finished, caplog):
     before = folder_state(finished)
     with caplog.at_level(logging.INFO, logger="plugrl.run"):
-        run_recipe(sim_run(task, finished))
+        run_recipe(sim_run(task, finished), get_plugin_manager())
     assert f"resumed from {finished / 'global_step_2'} (step 2)" in caplog.messages
     assert logged_steps(finished) == [1, 2]
     assert folder_state(finished)["recipe.yaml"] == before["recipe.yaml"]
@@ -93,7 +94,7 @@ def test_keys_that_leave_the_experiment_as_it_was_resume(task, finished, caplog)
         actor={"ppo_micro_batch_size_per_gpu": 2},
     )
     with caplog.at_level(logging.INFO, logger="plugrl.run"):
-        run_recipe(longer)
+        run_recipe(longer, get_plugin_manager())
     assert f"resumed from {finished / 'global_step_2'} (step 2)" in caplog.messages
     assert logged_steps(finished) == [1, 2, 3]
     assert (finished / "recipe.2.yaml").read_text() == longer.to_yaml()
@@ -104,7 +105,7 @@ def test_starting_afresh_or_continuing_by_path_is_not_stopped(task, finished, ca
     afresh = sim_run(
         task, finished, actor={"optim": {"lr": 0.5}}, trainer={"resume_mode": "disable"}
     )
-    run_recipe(afresh)
+    run_recipe(afresh, get_plugin_manager())
     assert logged_steps(finished) == [1, 2]  # trained again from the start
     checkpoint = str(finished / "global_step_2")
     by_path = sim_run(
@@ -116,7 +117,7 @@ def test_starting_afresh_or_continuing_by_path_is_not_stopped(task, finished, ca
         trainer={"resume_mode": checkpoint},
     )
     with caplog.at_level(logging.INFO, logger="plugrl.run"):
-        run_recipe(by_path)
+        run_recipe(by_path, get_plugin_manager())
     assert f"resumed from {checkpoint} (step 2)" in caplog.messages
     assert logged_steps(finished) == [1, 2, 3]
     assert (
@@ -126,9 +127,11 @@ def test_starting_afresh_or_continuing_by_path_is_not_stopped(task, finished, ca
 
 
 def test_a_folder_without_a_checkpoint_or_without_a_recorded_recipe_is_not_checked(tmp_path):
-    recipe = build_recipe({"trainer": {"default_local_dir": str(tmp_path)}})
+    recipe = build_recipe({"trainer": {"default_local_dir": str(tmp_path)}}, get_plugin_manager())
     check_resume(recipe, tmp_path)  # empty folder
-    (tmp_path / "recipe.yaml").write_text(build_recipe({"rollout": {"n": 3}}).to_yaml())
+    (tmp_path / "recipe.yaml").write_text(
+        build_recipe({"rollout": {"n": 3}}, get_plugin_manager()).to_yaml()
+    )
     check_resume(recipe, tmp_path)  # a recipe, no checkpoint
     (tmp_path / "recipe.yaml").unlink()
     (tmp_path / "latest_checkpointed_iteration.txt").write_text("4\n")
@@ -137,13 +140,14 @@ def test_a_folder_without_a_checkpoint_or_without_a_recorded_recipe_is_not_check
 
 
 def test_changes_are_keys_with_old_and_new_values_a_few_at_most():
-    before = build_recipe({}).to_dict()
+    before = build_recipe({}, get_plugin_manager()).to_dict()
     after = build_recipe(
         {
             "rollout": {"n": 4, "temperature": 0.7},
             "data": {"train_files": ["a.parquet"], "max_response_length": 64},
             "trainer": {"total_training_steps": 90, "logger": ["jsonl"], "seed": 3},
-        }
+        },
+        get_plugin_manager(),
     ).to_dict()
     changed = recipe_changes(before, after)
     assert changed == [
@@ -161,16 +165,18 @@ def test_changes_are_keys_with_old_and_new_values_a_few_at_most():
 
 def test_paths_are_compared_as_the_folders_they_name(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    relative = build_recipe({"model": {"path": "models/m"}}).to_dict()
-    absolute = build_recipe({"model": {"path": str(tmp_path / "models" / "m")}}).to_dict()
+    relative = build_recipe({"model": {"path": "models/m"}}, get_plugin_manager()).to_dict()
+    absolute = build_recipe(
+        {"model": {"path": str(tmp_path / "models" / "m")}}, get_plugin_manager()
+    ).to_dict()
     assert recipe_changes(relative, absolute) == []
-    assert recipe_changes(relative, build_recipe({"model": {"path": "other"}}).to_dict()) == [
-        "model.path"
-    ]
+    assert recipe_changes(
+        relative, build_recipe({"model": {"path": "other"}}, get_plugin_manager()).to_dict()
+    ) == ["model.path"]
 
 
 def test_every_key_let_through_is_a_recipe_key_with_its_reason():
-    recipe_keys = set(_flat_keys(build_recipe({}).to_dict()))
+    recipe_keys = set(_flat_keys(build_recipe({}, get_plugin_manager()).to_dict()))
     # keys of one plugin's section: the fsdp2 backend's and the fully-async scheduler's
     plugin_keys = {
         "actor.param_offload",
@@ -191,8 +197,10 @@ def _flat_keys(data, prefix=""):
 
 
 def test_a_mapping_given_keys_is_named_by_its_keys_once():
-    before = build_recipe({}).to_dict()
-    after = build_recipe({"model": {"override_config": {"rope_theta": 500000.0}}}).to_dict()
+    before = build_recipe({}, get_plugin_manager()).to_dict()
+    after = build_recipe(
+        {"model": {"override_config": {"rope_theta": 500000.0}}}, get_plugin_manager()
+    ).to_dict()
     changed = recipe_changes(before, after)
     assert changed == ["model.override_config.rope_theta"]
     assert describe_changes(before, after, changed) == (

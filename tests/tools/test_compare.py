@@ -5,6 +5,7 @@ import pytest
 from click.testing import CliRunner
 
 from plugrl.errors import PlugrlError
+from plugrl.plugins import get_plugin_manager
 from plugrl_tools.cli import cli
 from plugrl_tools.compare import (
     RunHistory,
@@ -260,9 +261,11 @@ def test_advice_fits_the_cluster_mode_the_run_folder_recorded(tmp_path):
 
     sync = write_run(tmp_path / "sync", sync_records())
     local = write_run(tmp_path / "local", async_records())
-    (local / "recipe.yaml").write_text(build_recipe({}).to_yaml())
+    (local / "recipe.yaml").write_text(build_recipe({}, get_plugin_manager()).to_yaml())
     on_ray = write_run(tmp_path / "ray", async_records())
-    (on_ray / "recipe.yaml").write_text(build_recipe({"cluster": "ray"}).to_yaml())
+    (on_ray / "recipe.yaml").write_text(
+        build_recipe({"cluster": "ray"}, get_plugin_manager()).to_yaml()
+    )
     assert RunHistory.read(local).cluster_mode == "local"
     assert RunHistory.read(sync).cluster_mode is None  # no recipe recorded
     table, _ = compare_runs([sync, local, on_ray])

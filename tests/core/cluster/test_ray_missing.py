@@ -16,6 +16,7 @@ from plugrl.cluster.ray_group import (
     ray_needs,
 )
 from plugrl.errors import PluginError, RecipeError
+from plugrl.plugins import get_plugin_manager
 from plugrl.recipe import ClusterConfig, build_recipe, load_recipe
 from plugrl.rewards.ray_pool import RayPool
 from plugrl_sim.parts import build_sim_task, sim_recipe
@@ -52,34 +53,42 @@ def test_what_needs_ray_is_named_by_its_setting():
             "cluster": "ray",
             "rollout": {"weight_transport": "object_store"},
             "reward": {"manager": "parallel", "backend": "ray"},
-        }
+        },
+        get_plugin_manager(),
     )
     assert ray_needs(recipe) == [
         "cluster.mode=ray",
         "rollout.weight_transport=object_store",
         "reward.backend=ray",
     ]
-    assert ray_needs(build_recipe({})) == []
+    assert ray_needs(build_recipe({}, get_plugin_manager())) == []
 
 
 def test_with_ray_installed_nothing_is_refused():
     assert ray_installed()  # the test extra installs it
-    check_ray_installed(build_recipe({"cluster": "ray"}))
+    check_ray_installed(build_recipe({"cluster": "ray"}, get_plugin_manager()))
 
 
 def test_without_ray_each_need_is_one_line(no_ray):
     assert not ray_installed()
     with pytest.raises(PluginError) as error:
-        check_ray_installed(build_recipe({"reward": {"manager": "parallel", "backend": "ray"}}))
+        check_ray_installed(
+            build_recipe(
+                {"reward": {"manager": "parallel", "backend": "ray"}}, get_plugin_manager()
+            )
+        )
     assert str(error.value) == missing("reward.backend=ray")
     with pytest.raises(PluginError) as error:
         check_ray_installed(
-            build_recipe({"cluster": "ray", "reward": {"manager": "parallel", "backend": "ray"}})
+            build_recipe(
+                {"cluster": "ray", "reward": {"manager": "parallel", "backend": "ray"}},
+                get_plugin_manager(),
+            )
         )
     assert str(error.value) == (
         f"cluster.mode=ray and reward.backend=ray need Ray, which is not installed here: {INSTALL}"
     )
-    check_ray_installed(build_recipe({}))  # a run that does not need Ray
+    check_ray_installed(build_recipe({}, get_plugin_manager()))  # a run that does not need Ray
 
 
 def test_without_ray_the_places_that_import_it_say_so_in_one_line(no_ray):
@@ -96,7 +105,7 @@ def test_without_ray_the_places_that_import_it_say_so_in_one_line(no_ray):
 
 def test_without_ray_the_object_store_transport_is_refused_by_the_recipe(no_ray):
     with pytest.raises(RecipeError) as error:
-        build_recipe({"rollout": {"weight_transport": "object_store"}})
+        build_recipe({"rollout": {"weight_transport": "object_store"}}, get_plugin_manager())
     assert str(error.value) == (
         "rollout.weight_transport: weight transport 'object_store' (plugin 'transports') is "
         f"installed but cannot run here: it needs ray ({INSTALL})"
@@ -137,7 +146,7 @@ def test_a_run_that_needs_ray_stops_at_start_up_in_one_line(
 
 def test_the_async_guide_commands_on_ray_stop_in_one_line_without_ray(tmp_path):
     """docs/async.md's ``plugrl run quickstart-async cluster=ray ...`` where Ray is missing."""
-    recipe = load_recipe("quickstart-async")
+    recipe = load_recipe("quickstart-async", (), get_plugin_manager())
     model = tmp_path / recipe.model.path
     model.mkdir(parents=True)
     for name in ("config.json", "tokenizer.json"):

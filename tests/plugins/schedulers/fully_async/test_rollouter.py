@@ -11,6 +11,7 @@ import time
 import pytest
 
 from plugrl.parts.rollout import Capability, Completion, SamplingParams
+from plugrl.plugins import get_plugin_manager
 from plugrl_fully_async.accounting import StalenessAccount
 from plugrl_fully_async.buffer import LocalSampleBuffer
 from plugrl_fully_async.rollouter import PAUSE_SUMMARY_STEPS, Rollouter, Sample
@@ -456,6 +457,6 @@ def test_a_rollouter_takes_the_cluster_mode_of_its_engines_recipe():
     from plugrl.recipe import build_recipe
 
     engines = SleepingEngines(lambda request: 1)
-    engines.recipe = build_recipe({"cluster": "ray"})
+    engines.recipe = build_recipe({"cluster": "ray"}, get_plugin_manager())
     rollouter = keep_rollouter(engines, StalenessAccount(2, 1, 0.0), max_in_flight=4)
     assert rollouter.cluster_mode == "ray"
