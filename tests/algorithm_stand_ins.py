@@ -25,7 +25,7 @@ from plugrl.recipe import Recipe, apply_overrides, build_recipe
 class UndeclaredScheduler(Scheduler):
     """Says nothing about the optional columns it produces."""
 
-    def run(self) -> dict[str, Any]:
+    def train_step(self, parts: Any, step: int) -> dict[str, Any]:
         raise AssertionError("not run in these tests")
 
 

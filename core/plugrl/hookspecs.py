@@ -152,7 +152,8 @@ def register_reward_functions(register: RegisterFn) -> None:
 
 @hookspec
 def register_schedulers(register: RegisterFn) -> None:
-    """Register schedulers, the loop that drives a run (``sync``, ``fully_async``).
+    """Register schedulers, what one training step does (``sync``, ``fully_async``); the core's
+    run loop (:func:`plugrl.loop.run_loop`) runs the steps.
 
     Process: driver.
     Target: a subclass of :class:`plugrl.parts.scheduler.Scheduler`.

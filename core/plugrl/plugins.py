@@ -10,7 +10,8 @@ Environment controls (read when the manager loads):
   ``PLUGRL_LOAD_PLUGINS``.
 * ``PLUGRL_LOAD_PLUGINS=a,b``: of the third-party plugins, load only these (entry-point or
   distribution names). Set but empty: none.
-* ``PLUGRL_DISABLED_PLUGINS=a,b``: never load these, built-ins included.
+* ``PLUGRL_DISABLED_PLUGINS=a,b``: never load these, built-ins included, except the ones a
+  run cannot do without (:data:`ESSENTIAL_PLUGINS`).
 * ``PLUGRL_STRICT_PLUGINS=1``: a plugin that fails to import, or implements a hook that does
   not exist, raises. Without it, the first is skipped with a warning, and the second loads
   with a warning: the functions that are not plugrl hooks are never called.
@@ -36,6 +37,14 @@ from plugrl.registry import PART_KINDS, Registry, bound_register
 logger = logging.getLogger("plugrl.plugins")
 
 CORE_DISTRIBUTION = "plugrl"
+
+ESSENTIAL_PLUGINS: dict[str, str] = {
+    "cpu": "the device every run can fall back to",
+    "sync": "the default scheduler",
+    "transports": "how weights reach the engines",
+}
+"""Built-in plugins (entry points of the ``plugrl`` distribution) that
+``PLUGRL_DISABLED_PLUGINS`` cannot remove, with what each provides."""
 _TRUE = {"1", "true", "yes", "on"}
 
 
@@ -129,9 +138,17 @@ class PluginManager:
             dist_name, dist_version = _distribution_of(ep)
             found_names.update({ep.name, dist_name or ""})
             if ep.name in disabled or (dist_name and dist_name in disabled):
-                self.blocked.append(ep.name)
-                self.pm.set_blocked(ep.name)
-                continue
+                if dist_name == CORE_DISTRIBUTION and ep.name in ESSENTIAL_PLUGINS:
+                    logger.warning(
+                        "warning: PLUGRL_DISABLED_PLUGINS names plugin %r (%s), which plugrl "
+                        "cannot run without; it stays loaded",
+                        ep.name,
+                        ESSENTIAL_PLUGINS[ep.name],
+                    )
+                else:
+                    self.blocked.append(ep.name)
+                    self.pm.set_blocked(ep.name)
+                    continue
             if dist_name != CORE_DISTRIBUTION:
                 named = ep.name in (only or []) or dist_name in (only or [])
                 if only is not None and not named:

@@ -33,8 +33,9 @@ def resolve_device_name(recipe: Recipe, plugins: PluginManager) -> str:
     detected = plugins.hook.detect_device()
     if detected is None:
         raise PluginError(
-            "device.name is 'auto' but no plugin detected a device (is the cpu "
-            "plugin disabled?); set device.name"
+            "device.name is 'auto' but no plugin detected a device (the plugin manager has "
+            "no device plugin: was it built without loading the installed plugins?); set "
+            "device.name"
         )
     return detected
 

@@ -200,3 +200,28 @@ def test_register_fixture_undoes_registration(plugrl_register_plugin, plugrl_plu
     name = plugrl_register_plugin(registers_reward("temp"), "temp-plugin")
     assert name == "temp-plugin"
     assert plugrl_plugin_manager.pm.has_plugin("temp-plugin")
+
+
+def test_the_plugins_a_run_cannot_do_without_cannot_be_disabled(plugrl_make_plugin_manager, caplog):
+    with caplog.at_level(logging.WARNING, logger="plugrl.plugins"):
+        manager = plugrl_make_plugin_manager(
+            environ={"PLUGRL_DISABLED_PLUGINS": "cpu,sync,transports,cuda"}
+        )
+    assert manager.registry("devices").names() == ["cpu", "npu"]
+    assert "sync" in manager.registry("schedulers")
+    assert "local" in manager.registry("weight_transports")
+    assert [r["name"] for r in manager.describe(include_all=True) if r["status"] == "disabled"] == [
+        "cuda"
+    ]
+    assert caplog.messages == [
+        "warning: PLUGRL_DISABLED_PLUGINS names plugin 'cpu' (the device every run can fall "
+        "back to), which plugrl cannot run without; it stays loaded",
+        "warning: PLUGRL_DISABLED_PLUGINS names plugin 'sync' (the default scheduler), which "
+        "plugrl cannot run without; it stays loaded",
+        "warning: PLUGRL_DISABLED_PLUGINS names plugin 'transports' (how weights reach the "
+        "engines), which plugrl cannot run without; it stays loaded",
+    ]
+    # the whole core distribution disabled: its essential plugins stay
+    everything_off = plugrl_make_plugin_manager(environ={"PLUGRL_DISABLED_PLUGINS": "plugrl"})
+    assert "cpu" in everything_off.registry("devices")
+    assert "fsdp2" not in everything_off.registry("training_backends")

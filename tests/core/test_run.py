@@ -95,10 +95,14 @@ def test_detect_device_asks_plugins_first_and_cpu_last(fake_parts_manager, plugr
 
 
 def test_no_device_detected(plugrl_make_plugin_manager, plugrl_register_plugin):
+    import plugrl_console
+    import plugrl_jsonl
     from tests import fake_parts
 
-    manager = plugrl_make_plugin_manager(environ={"PLUGRL_DISABLED_PLUGINS": "cpu,cuda"})
+    manager = plugrl_make_plugin_manager(entry_points=[])  # no installed plugin at all
     manager.register(fake_parts, "fake-parts")
+    for logger_plugin in (plugrl_console, plugrl_jsonl):  # the recipe's default loggers
+        manager.register(logger_plugin)
     recipe = build_recipe({**BASE_RECIPE, "device": "auto"}, manager)
     with pytest.raises(PluginError, match=r"device.name is 'auto' but no plugin detected a device"):
         resolve_device_name(recipe, manager)

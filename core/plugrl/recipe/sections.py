@@ -231,7 +231,7 @@ class Recipe:
     rollout: RolloutConfig = section(RolloutConfig, "Generation (engine-specific keys too).")
     algorithm: AlgorithmConfig = section(AlgorithmConfig, "Advantages, KL, dynamic sampling.")
     reward: RewardConfig = section(RewardConfig, "Scoring (manager-specific keys too).")
-    scheduler: SchedulerConfig = section(SchedulerConfig, "The training loop.")
+    scheduler: SchedulerConfig = section(SchedulerConfig, "What one training step does.")
     trainer: TrainerConfig = section(TrainerConfig, "Length, validation, checkpoints, logs.")
     cluster: ClusterConfig = section(ClusterConfig, "One process or Ray.")
 

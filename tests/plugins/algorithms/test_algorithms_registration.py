@@ -69,7 +69,7 @@ def installed():
         set_plugin_manager(previous)
 
 
-def test_plugrl_plugins_lists_every_name(installed):
+def test_plugrl_plugins_command_lists_every_name(installed):
     result = CliRunner().invoke(cli, ["plugins", "--json"])
     assert result.exit_code == 0, result.output
     rows = {row["name"]: row for row in json.loads(result.output)}
