@@ -94,9 +94,19 @@ class RewardConfig:
         "raise",
         "A scorer that raises: stop the run with the sample named "
         "('raise'), or score it 0 and count it in reward/errors "
-        "('score_zero').",
-        choices=["raise", "score_zero"],
+        "('score_zero'), or score it reward.fallback_score and count it ('fallback'). "
+        "Timed-out samples score 0, or reward.fallback_score under 'fallback'.",
+        choices=["raise", "score_zero", "fallback"],
     )
+    fallback_score: float = option(
+        0.0,
+        "The score of a sample whose scoring failed or timed out, when reward.on_error is "
+        "'fallback' (a neutral score for a flaky remote reward, say).",
+    )
+
+    def failure_score(self) -> float:
+        """What a failed or timed-out sample scores under this section's ``on_error``."""
+        return self.fallback_score if self.on_error == "fallback" else 0.0
 
 
 @attrs.define(kw_only=True)

@@ -8,7 +8,8 @@ even for a scorer that never returns.
 Failures: a timeout is scored 0 and counted in ``reward/timeouts``. A scorer that raises (or
 returns something that is not a score, or whose process dies) stops the run with the data
 source, sample index and exception named (``reward.on_error: raise``), or is scored 0 and
-counted in ``reward/errors`` (``score_zero``).
+counted in ``reward/errors`` (``score_zero``), or scored ``reward.fallback_score``
+(``fallback``, which scores timeouts so too).
 
 Metrics: ``critic/score/{mean,max,min}`` (per-response totals, shaping included),
 ``reward/<data_source>/score`` (mean raw score), ``reward/<data_source>/<field>`` (mean of each
@@ -172,7 +173,7 @@ class ScoringRewardManager(RewardManager):
         results = [SampleResult() for _ in samples]
         for task_outcomes, task_owners in zip(outcomes, owners, strict=True):
             for outcome, indices in zip(task_outcomes, task_owners, strict=True):
-                _unpack(outcome, indices, results)
+                _unpack(outcome, indices, results, self.config.failure_score())
         return results
 
     def plan(
@@ -246,11 +247,12 @@ class ScoringRewardManager(RewardManager):
             if failed:
                 sources = sorted({data_sources[i] for i in failed})
                 logger.warning(
-                    "reward: %d of %d samples %s and were scored 0 (data sources %s; first: "
+                    "reward: %d of %d samples %s and were scored %g (data sources %s; first: "
                     "sample %d, %s)",
                     len(failed),
                     len(results),
                     word,
+                    self.config.failure_score(),
                     ", ".join(sources),
                     failed[0],
                     results[failed[0]].message,
@@ -262,14 +264,16 @@ def pool_members(pool: Any) -> list[Any]:
     return list(getattr(pool, "workers", None) or getattr(pool, "actors", None) or [])
 
 
-def _unpack(outcome: Outcome, indices: list[int], results: list[SampleResult]) -> None:
+def _unpack(
+    outcome: Outcome, indices: list[int], results: list[SampleResult], failure_score: float
+) -> None:
     if outcome.ok:
         values = outcome.value if isinstance(outcome.value, list) else [outcome.value]
         for index, (score, extras) in zip(indices, values, strict=True):
             results[index] = SampleResult(score, extras)
         return
     for index in indices:
-        results[index] = SampleResult(0.0, {}, outcome.status, outcome.message)
+        results[index] = SampleResult(failure_score, {}, outcome.status, outcome.message)
 
 
 def _extra_columns(results: list[SampleResult]) -> dict[str, list[Any]]:

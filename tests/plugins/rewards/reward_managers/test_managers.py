@@ -190,6 +190,17 @@ def test_on_error_score_zero_counts_errors(build, tokenizer, scorer_file):
     assert output.metrics["reward/timeouts"] == 0.0
 
 
+def test_on_error_fallback_scores_failures_with_the_fallback_score(
+    build, tokenizer, scorer_file, caplog
+):
+    manager = build(custom(scorer_file(FLAKY), on_error="fallback", fallback_score=0.5))
+    batch = make_batch(tokenizer, ["a", "raise", "a"], "x", ["a", "a", "a"])
+    output = manager(batch)
+    assert output.token_level_scores.sum(-1).tolist() == [1.0, 0.5, 1.0]
+    assert output.metrics["reward/errors"] == 1.0
+    assert "1 of 3 samples failed and were scored 0.5" in caplog.text
+
+
 def test_a_bad_ground_truth_is_an_error_of_its_sample(build, tokenizer):
     batch = make_batch(tokenizer, ["Answer: 1", "Answer: 1"], ARITH, ["1", "one"])
     with pytest.raises(ScoringError, match="failed on sample 1: ValueError: ground truth 'one'"):
@@ -197,7 +208,7 @@ def test_a_bad_ground_truth_is_an_error_of_its_sample(build, tokenizer):
 
 
 def test_the_recipe_rejects_an_unknown_on_error(make_recipe):
-    with pytest.raises(RecipeError, match=r"reward\.on_error: must be one of raise, score_zero"):
+    with pytest.raises(RecipeError, match=r"reward\.on_error: must be one of raise, score_zero, fallback"):
         make_recipe({"on_error": "ignore"})
 
 
