@@ -208,7 +208,9 @@ def test_a_bad_ground_truth_is_an_error_of_its_sample(build, tokenizer):
 
 
 def test_the_recipe_rejects_an_unknown_on_error(make_recipe):
-    with pytest.raises(RecipeError, match=r"reward\.on_error: must be one of raise, score_zero, fallback"):
+    with pytest.raises(
+        RecipeError, match=r"reward\.on_error: must be one of raise, score_zero, fallback"
+    ):
         make_recipe({"on_error": "ignore"})
 
 
