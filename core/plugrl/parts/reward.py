@@ -150,5 +150,12 @@ class RewardManager(ABC):
         """Score every response. Reads ``responses``, ``response_mask`` and the non-tensor
         columns ``data_source``, ``ground_truth``, ``extra_info``."""
 
+    def prefetch(self, batch: Batch) -> None:
+        """Start scoring some responses early, without waiting: ``batch`` holds rows (the
+        same columns as :meth:`__call__` gets) of responses that have finished while others
+        still generate. A later :meth:`__call__` on the whole batch uses what was started
+        here instead of scoring those rows again, and returns exactly what it would have
+        returned without it. Optional: the default starts nothing."""
+
     def close(self) -> None:
         """Stop worker pools."""
