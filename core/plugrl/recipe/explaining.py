@@ -8,9 +8,11 @@ from typing import Any
 import attrs
 
 from plugrl.errors import PluginError, RecipeError
+from plugrl.parts.reward import RewardConfig
 from plugrl.plugins import PluginManager
 from plugrl.recipe.sections import Recipe, verl_index
 from plugrl.registry import PART_KINDS, section_kind
+from plugrl.rewards.components import ComponentKeys
 from plugrl.structuring import fields_of, unknown_key_error
 
 
@@ -100,6 +102,16 @@ def _option_owners(parts: list[str], plugins: PluginManager) -> list[tuple[str, 
     registered part whose options class could hold it. ``actor.policy_loss_args.X`` looks in
     every policy loss's class, ``reward.function_args.NAME.X`` in the class of function NAME."""
     dotted = ".".join(parts)
+    if parts[:2] == ["reward", "components"] and len(parts) > 3:
+        # a component's keys: its own (weight, manager), or those of a manager's section
+        prefix = ".".join(parts[:3])
+        for shared in (ComponentKeys, RewardConfig):
+            if parts[3] in fields_of(shared):
+                return [(prefix, shared, "core")]
+        return [
+            (prefix, cls, f"reward manager {owner}")
+            for cls, owner in _config_classes("reward", plugins)[1:]
+        ]
     if parts[:2] == ["reward", "function_args"] and len(parts) > 3:
         registry = plugins.registry("reward_functions")
         name = parts[2]
