@@ -12,7 +12,7 @@ from plugrl.parts.reward import RewardConfig
 from plugrl.plugins import PluginManager
 from plugrl.recipe.sections import Recipe, verl_index
 from plugrl.registry import PART_KINDS, section_kind
-from plugrl.rewards.components import ComponentKeys
+from plugrl.rewards.components import NOT_INHERITED, ComponentKeys
 from plugrl.structuring import fields_of, unknown_key_error
 
 
@@ -68,6 +68,8 @@ def explain(key: str, plugins: PluginManager) -> KeyInfo:
     options = _explain_part_options(parts, plugins)
     if options is not None:
         return options
+    if parts[:2] == ["reward", "components"] and len(parts) == 3:
+        return _explain_component(key, plugins)
     recipe_fields = fields_of(Recipe)
     if parts[0] not in recipe_fields:
         raise unknown_key_error(Recipe, parts[0], "", verl_names=verl_index())
@@ -95,6 +97,25 @@ def explain(key: str, plugins: PluginManager) -> KeyInfo:
             last_error = last_error or exc
     assert last_error is not None
     raise last_error
+
+
+def _explain_component(key: str, plugins: PluginManager) -> KeyInfo:
+    """``reward.components.NAME``: a section of its own keys and every manager's."""
+    children = list(fields_of(ComponentKeys))
+    for cls, _owner in _config_classes("reward", plugins):
+        children += [n for n in fields_of(cls) if n not in children and n not in NOT_INHERITED]
+    return KeyInfo(
+        key,
+        "A weighted reward component: a reward manager read from the top-level reward keys "
+        "it has, overlaid with these.",
+        "section",
+        None,
+        None,
+        None,
+        "core",
+        True,
+        tuple(children),
+    )
 
 
 def _option_owners(parts: list[str], plugins: PluginManager) -> list[tuple[str, type, str]]:

@@ -217,20 +217,23 @@ def test_components_concurrently_score_at_once(build, tokenizer):
     assert output.metrics["reward/b/mean"] == pytest.approx(6.0)
 
 
-def test_a_component_that_fails_the_output_check_is_named(build, tokenizer):
+@pytest.mark.parametrize("concurrently", [False, True])
+def test_a_component_that_fails_the_output_check_is_named(build, tokenizer, concurrently):
     manager = build(
         {
+            "components_concurrently": concurrently,
             "components": {
                 "good": {"weight": 1.0, "manager": "constant"},
                 "bad": {"weight": 1.0, "manager": "broken"},
-            }
+            },
         }
     )
     with pytest.raises(PluginError) as caught:
         manager(batch_of(tokenizer))
-    assert str(caught.value).startswith(
+    assert str(caught.value) == (
         "reward component 'bad': reward manager 'broken' (plugin 'fake-reward-managers') "
-        "returned token_level_scores of shape"
+        "returned token_level_scores of shape (1, 1); expected (3, 6), one row per response "
+        "and one column per response token"
     )
 
 
@@ -276,10 +279,6 @@ def test_components_inherit_the_top_level_keys_and_override_them(recipe_of, mana
     ("components", "message"),
     [
         (
-            {"a": {"weight": 1.0, "manager": "nope"}},
-            "reward.components.a.manager: unknown reward manager 'nope'",
-        ),
-        (
             {"a": {"weight": 1.0, "valu": 2.0, "manager": "constant"}},
             "reward.components.a.valu: unknown key; did you mean 'reward.components.a.value'?",
         ),
@@ -288,7 +287,11 @@ def test_components_inherit_the_top_level_keys_and_override_them(recipe_of, mana
             "reward.components.a.weight: missing; every component needs a weight (1.0 adds its "
             "score as it is)",
         ),
-        ({"a": {}}, "reward.components.a.weight: missing; every component needs a weight"),
+        (
+            {"a": {}},
+            "reward.components.a.weight: missing; every component needs a weight (1.0 adds its "
+            "score as it is)",
+        ),
         (
             {"a": {"weight": float("nan")}},
             "reward.components.a.weight: expected a finite number, got nan",
@@ -319,14 +322,23 @@ def test_components_inherit_the_top_level_keys_and_override_them(recipe_of, mana
         ),
         (
             {"a": {"weight": 1.0, "timeout_s": -1}},
-            "reward.components.a.timeout_s: must be > 0, got -1",
+            "reward.components.a.timeout_s: must be > 0, got -1.0",
         ),
     ],
 )
 def test_recipe_errors_name_the_component_key(recipe_of, components, message):
     with pytest.raises(RecipeError) as caught:
         recipe_of({"components": components})
-    assert str(caught.value).startswith(message)
+    assert str(caught.value) == message
+
+
+def test_an_unknown_component_manager_lists_the_registered_ones(recipe_of, managers):
+    with pytest.raises(RecipeError) as caught:
+        recipe_of({"components": {"a": {"weight": 1.0, "manager": "nope"}}})
+    registered = ", ".join(managers.registry("reward_managers").names())
+    assert str(caught.value) == (
+        f"reward.components.a.manager: unknown reward manager 'nope': registered: {registered}"
+    )
 
 
 def test_components_concurrently_without_components_is_an_error(recipe_of):
@@ -347,6 +359,9 @@ def test_explain_describes_the_components_and_their_keys(managers):
     assert timeout.default == 30.0
     value = explain("reward.components.format.value", managers)
     assert "constant" in value.owner
+    section = explain("reward.components.format", managers)
+    assert section.is_section and section.children[:3] == ("weight", "manager", "custom_function")
+    assert "value" in section.children and "components" not in section.children
 
 
 # ------------------------------------------------------------------------------ real managers
