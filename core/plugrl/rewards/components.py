@@ -351,7 +351,9 @@ class WeightedRewardComponents(RewardManager):
         prefixed: dict[str, list[Any]] = {}
         for component, (output, seconds) in zip(self.components, outcomes, strict=True):
             name = component.name
-            scores = output.token_level_scores.to(torch.float32)
+            # on the CPU, where the batch's mask and every built-in manager's scores are: a
+            # manager that scores on a device must not make the sum fail
+            scores = output.token_level_scores.detach().to("cpu", torch.float32)
             total += component.weight * scores
             per_response = scores.sum(dim=-1)
             for key, value in output.metrics.items():
