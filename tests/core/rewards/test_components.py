@@ -444,3 +444,21 @@ def test_a_component_with_a_missing_file_names_its_key(make_recipe, plugins, tok
         f"reward.components.format.custom_function.path: reward function file {missing!r} "
         "not found; set it to the Python file that defines your scoring function"
     )
+
+
+def test_a_components_function_kwargs_without_a_path_is_an_error(recipe_of):
+    with pytest.raises(RecipeError) as caught:
+        recipe_of(
+            {
+                "components": {
+                    "a": {"weight": 1.0},
+                    "b": {"weight": 1.0, "custom_function": {"kwargs": {"strict": True}}},
+                }
+            }
+        )
+    assert str(caught.value) == (
+        "reward.components.b.custom_function.kwargs: set without "
+        "reward.components.b.custom_function.path, so no function receives them; set the path "
+        "of the file that defines the function, or give a registered function its options with "
+        "reward.function_args.<name>"
+    )
