@@ -462,3 +462,23 @@ def test_a_components_function_kwargs_without_a_path_is_an_error(recipe_of):
         "of the file that defines the function, or give a registered function its options with "
         "reward.function_args.<name>"
     )
+
+
+def test_one_component_of_weight_one_scores_as_its_manager_alone(build, tokenizer):
+    alone = build({"manager": "constant", "value": 2.0, "shape_first_token": 0.5})
+    combined = build(
+        {
+            "manager": "constant",
+            "value": 2.0,
+            "shape_first_token": 0.5,
+            "components": {"only": {"weight": 1.0}},
+        }
+    )
+    batch = batch_of(tokenizer)
+    expected, got = alone(batch), combined(batch)
+    assert torch.equal(got.token_level_scores, expected.token_level_scores)
+    assert got.extra["acc"] == expected.extra["acc"]
+    for key in ("critic/score/mean", "critic/score/max", "critic/score/min"):
+        assert got.metrics[key] == pytest.approx(
+            float(getattr(expected.token_level_scores.sum(-1), key.rsplit("/", 1)[1])())
+        )
