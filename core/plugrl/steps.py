@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from plugrl.compose.boundaries import check_estimator_output, check_reward_output
+from plugrl.sample_dump import sample_rows, write_jsonl
 
 if TYPE_CHECKING:
     from plugrl.compose.run_parts import RunParts
@@ -33,6 +35,9 @@ if TYPE_CHECKING:
     from plugrl.recipe import Recipe
 
 logger = logging.getLogger("plugrl.run")  # where a run's progress lines go
+
+REWARD_EXTRA_KEY = "reward_extra_columns"
+"""The ``meta`` key under which :func:`score` lists the reward's extra columns it added."""
 
 VALIDATION_SEED = 1
 """The stream of :func:`sampling_seed` validation samples with, apart from training's (0)."""
@@ -82,9 +87,12 @@ def score(parts: RunParts, batch: Batch) -> dict[str, Any]:
     manager's metrics."""
     output = reward_output(parts, batch)
     batch["token_level_scores"] = output.token_level_scores
+    added = []
     for name, values in output.extra.items():
         if len(values) == len(batch) and name not in batch:
             batch[name] = values
+            added.append(name)
+    batch.meta[REWARD_EXTRA_KEY] = added
     return dict(output.metrics)
 
 
@@ -108,7 +116,9 @@ def step_metrics(parts: RunParts, batch: Batch, timer: StepTimer, step: int) -> 
     """What every step logs of the batch it trained on: scores, rewards, advantages and
     lengths (``critic/*``, ``response_length/*``, ``prompt_length/*``), the timer's phases
     (``timing_s/*``, ``step`` included: call this after the timed step ends), throughput,
-    device memory, ``training/global_step`` and ``training/epoch``."""
+    device memory, ``training/global_step`` and ``training/epoch``. With
+    ``trainer.rollout_data_dir`` set it also writes the batch's responses to
+    ``<rollout_data_dir>/<step>.jsonl`` (:mod:`plugrl.sample_dump`)."""
     from plugrl.metrics import compute_data_metrics, compute_throughput_metrics
 
     data = parts.recipe.data
@@ -121,6 +131,12 @@ def step_metrics(parts: RunParts, batch: Batch, timer: StepTimer, step: int) -> 
     metrics.update(parts.device.memory_metrics())
     metrics["training/global_step"] = step
     metrics["training/epoch"] = parts.train_loader.epoch
+    folder = parts.recipe.trainer.rollout_data_dir
+    if folder:
+        extra = {name: batch[name] for name in batch.meta.get(REWARD_EXTRA_KEY, [])}
+        scores = batch["token_level_scores"].sum(dim=-1).tolist()
+        rows = sample_rows(parts.tokenizer, batch, scores, extra, step)
+        write_jsonl(Path(folder) / f"{step}.jsonl", rows)
     return metrics
 
 
@@ -158,7 +174,8 @@ def validate(parts: RunParts, recipe: Recipe, step: int) -> dict[str, float]:
     """Score the validation set with ``rollout.val_kwargs`` sampling on the engines' current
     weights: ``val-core/<data_source>/acc/mean@N`` (``reward`` when a scorer gives no
     ``acc``) and ``val-aux/<data_source>/score/mean@N``. The first
-    ``trainer.log_val_generations`` samples are logged."""
+    ``trainer.log_val_generations`` samples are logged; with ``trainer.validation_data_dir``
+    set every response is written to ``<validation_data_dir>/val_<step>.jsonl``."""
     import numpy as np
 
     from plugrl.data.dataset import PromptLoader
@@ -168,6 +185,8 @@ def validate(parts: RunParts, recipe: Recipe, step: int) -> dict[str, float]:
     params.seed = sampling_seed(recipe.trainer.seed, step, VALIDATION_SEED)
     values: dict[tuple[str, str], list[float]] = defaultdict(list)
     samples_left = recipe.trainer.log_val_generations
+    dump_folder = recipe.trainer.validation_data_dir
+    dumped: list[dict[str, Any]] = []
     for prompts in loader:
         batch = generate(parts, prompts, params)
         output = reward_output(parts, batch)
@@ -179,6 +198,10 @@ def validate(parts: RunParts, recipe: Recipe, step: int) -> dict[str, float]:
                 values[(data_source, "acc")].append(float(accuracy[row]))
         if samples_left > 0:
             samples_left = _log_generations(parts, batch, scores, samples_left)
+        if dump_folder:
+            dumped += sample_rows(parts.tokenizer, batch, scores, output.extra, step)
+    if dump_folder:
+        write_jsonl(Path(dump_folder) / f"val_{step}.jsonl", dumped)
     metrics: dict[str, float] = {}
     for (data_source, name), items in sorted(values.items()):
         core = name == "acc" or (name == "score" and (data_source, "acc") not in values)

@@ -209,10 +209,20 @@ def update_derives_old_log_probs(
 
 
 def build_reward_manager(recipe: Recipe, tokenizer: Any, plugins: PluginManager) -> RewardManager:
-    """The reward manager ``reward.manager`` names. Call its ``check_data_sources`` with the
-    data's ``data_source`` values before generating, and ``close()`` at the end of the run."""
+    """The reward manager ``reward.manager`` names, or with ``reward.components`` the weighted
+    sum of the components' managers. Call its ``check_data_sources`` with the data's
+    ``data_source`` values before generating, and ``close()`` at the end of the run."""
     from plugrl.compose.build import build_part
 
+    if recipe.reward.components:
+        from plugrl.rewards.components import WeightedRewardComponents
+
+        return WeightedRewardComponents.build(
+            recipe,
+            tokenizer,
+            plugins,
+            lambda name, config, context: build_part("reward_managers", name, config, context),
+        )
     context = PartContext(recipe=recipe, plugins=plugins, tokenizer=tokenizer)
     return build_part("reward_managers", recipe.reward.manager, recipe.reward, context)
 

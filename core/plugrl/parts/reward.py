@@ -104,6 +104,18 @@ class RewardConfig:
         "'fallback' (a neutral score for a flaky remote reward, say).",
     )
 
+    components: dict[str, Any] = option(
+        factory=dict,
+        help="Weighted reward components, by name: {NAME: {weight: W, manager: M, <M's reward "
+        "keys>}}. Each is a reward manager read from the top-level reward keys overlaid with "
+        "its own; the run's reward is the weighted sum of their token-level scores, each "
+        "logged as reward/NAME/*. Empty: reward.manager alone scores.",
+    )
+    components_concurrently: bool = option(
+        False,
+        "Score the reward.components at once, one thread each, instead of one after another.",
+    )
+
     def failure_score(self) -> float:
         """What a failed or timed-out sample scores under this section's ``on_error``."""
         return self.fallback_score if self.on_error == "fallback" else 0.0

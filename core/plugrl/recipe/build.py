@@ -22,6 +22,7 @@ from plugrl.recipe.composition import (
 )
 from plugrl.recipe.sections import Recipe, verl_index
 from plugrl.registry import PART_KINDS, PartKind, section_kind
+from plugrl.rewards.components import component_sections
 from plugrl.rewards.scoring import function_options
 from plugrl.structuring import describe_value, fields_of, structure, unknown_key_error
 
@@ -65,6 +66,8 @@ def build_recipe(raw: Mapping[str, Any], plugins: PluginManager) -> Recipe:
         cls = section_class(name, section_raw, plugins)
         values[name] = structure(cls, dict(section_raw), name, verl_index())
     recipe = Recipe(**values)
+    # each component's whole section, so a recorded recipe reads back the same components
+    recipe.reward.components = component_sections(raw.get("reward") or {}, plugins)
     validate_names(recipe, plugins)
     check_recipe(recipe)
     return recipe

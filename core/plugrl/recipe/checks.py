@@ -260,10 +260,16 @@ def _check_kl(recipe: Recipe) -> None:
 
 def _check_reward(recipe: Recipe) -> None:
     custom = recipe.reward.custom_function
-    if custom.kwargs and not custom.path:
-        raise RecipeError(
-            "set without reward.custom_function.path, so no function receives them; set the "
-            "path of the file that defines the function, or give a registered function its "
-            "options with reward.function_args.<name>",
-            key="reward.custom_function.kwargs",
-        )
+    functions = {"reward": (custom.path, custom.kwargs)}
+    for name, component in recipe.reward.components.items():
+        # a component's section holds the custom function it inherited, if any
+        own = component.get("custom_function") or {}
+        functions[f"reward.components.{name}"] = (own.get("path"), own.get("kwargs"))
+    for prefix, (path, kwargs) in functions.items():
+        if kwargs and not path:
+            raise RecipeError(
+                f"set without {prefix}.custom_function.path, so no function receives them; set "
+                "the path of the file that defines the function, or give a registered function "
+                "its options with reward.function_args.<name>",
+                key=f"{prefix}.custom_function.kwargs",
+            )

@@ -8,9 +8,11 @@ from typing import Any
 import attrs
 
 from plugrl.errors import PluginError, RecipeError
+from plugrl.parts.reward import RewardConfig
 from plugrl.plugins import PluginManager
 from plugrl.recipe.sections import Recipe, verl_index
 from plugrl.registry import PART_KINDS, section_kind
+from plugrl.rewards.components import NOT_INHERITED, ComponentKeys
 from plugrl.structuring import fields_of, unknown_key_error
 
 
@@ -66,6 +68,8 @@ def explain(key: str, plugins: PluginManager) -> KeyInfo:
     options = _explain_part_options(parts, plugins)
     if options is not None:
         return options
+    if parts[:2] == ["reward", "components"] and len(parts) == 3:
+        return _explain_component(key, plugins)
     recipe_fields = fields_of(Recipe)
     if parts[0] not in recipe_fields:
         raise unknown_key_error(Recipe, parts[0], "", verl_names=verl_index())
@@ -95,11 +99,40 @@ def explain(key: str, plugins: PluginManager) -> KeyInfo:
     raise last_error
 
 
+def _explain_component(key: str, plugins: PluginManager) -> KeyInfo:
+    """``reward.components.NAME``: a section of its own keys and every manager's."""
+    children = list(fields_of(ComponentKeys))
+    for cls, _owner in _config_classes("reward", plugins):
+        children += [n for n in fields_of(cls) if n not in children and n not in NOT_INHERITED]
+    return KeyInfo(
+        key,
+        "A weighted reward component: a reward manager read from the top-level reward keys "
+        "it has, overlaid with these.",
+        "section",
+        None,
+        None,
+        None,
+        "core",
+        True,
+        tuple(children),
+    )
+
+
 def _option_owners(parts: list[str], plugins: PluginManager) -> list[tuple[str, type, str]]:
     """For a key inside a part's options mapping: ``(prefix, config class, owner)`` of every
     registered part whose options class could hold it. ``actor.policy_loss_args.X`` looks in
     every policy loss's class, ``reward.function_args.NAME.X`` in the class of function NAME."""
     dotted = ".".join(parts)
+    if parts[:2] == ["reward", "components"] and len(parts) > 3:
+        # a component's keys: its own (weight, manager), or those of a manager's section
+        prefix = ".".join(parts[:3])
+        for shared in (ComponentKeys, RewardConfig):
+            if parts[3] in fields_of(shared):
+                return [(prefix, shared, "core")]
+        return [
+            (prefix, cls, f"reward manager {owner}")
+            for cls, owner in _config_classes("reward", plugins)[1:]
+        ]
     if parts[:2] == ["reward", "function_args"] and len(parts) > 3:
         registry = plugins.registry("reward_functions")
         name = parts[2]

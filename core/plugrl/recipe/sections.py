@@ -188,6 +188,20 @@ class TrainerConfig:
         verl="trainer.log_val_generations",
         validator=non_negative,
     )
+    rollout_data_dir: str | None = option(
+        None,
+        "Folder for each training step's scored responses, one JSON line each in "
+        "<step>.jsonl (prompt, response, score, ground truth, data source, the reward's extra "
+        "columns); unset: none. A relative path starts at the working folder, as "
+        "default_local_dir's does.",
+        verl="trainer.rollout_data_dir",
+    )
+    validation_data_dir: str | None = option(
+        None,
+        "Folder for each validation's scored responses, as rollout_data_dir, in "
+        "val_<step>.jsonl; unset: none.",
+        verl="trainer.validation_data_dir",
+    )
     seed: int = option(42, "Seed of model initialisation and sampling.")
     nnodes: int = option(1, "Nodes in the cluster.", verl="trainer.nnodes", validator=positive)
     n_gpus_per_node: int = option(

@@ -742,3 +742,14 @@ def test_the_installed_megatron_backend_takes_the_scripts_megatron_keys(
     assert not_converted["actor_rollout_ref.actor.megatron.use_mbridge=False"] == (
         "training backend 'megatron' has no such key (plugrl explain actor lists the keys)"
     )
+
+
+def test_the_samples_dump_folders(plugrl_plugin_manager):
+    conversion = convert(
+        "trainer.rollout_data_dir=/data/rollouts", "trainer.validation_data_dir=val_dump"
+    )
+    assert conversion.recipe["trainer"] == {
+        "rollout_data_dir": "/data/rollouts",
+        "validation_data_dir": "val_dump",
+    }
+    assert conversion.unmapped == []
