@@ -10,8 +10,6 @@ import logging
 import pytest
 import torch
 
-from plugrl.compose.run_parts import build_reward_manager
-from plugrl.data.batch import Batch
 from plugrl.errors import RecipeError
 from plugrl.rewards.scoring import ScoringError
 from plugrl.testing import (
@@ -21,86 +19,13 @@ from plugrl.testing import (
     save_tiny_reward_model,
 )
 from plugrl_reward_model.manager import RewardModelManager
-
-SMALL = {
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-}
-
-PROMPTS = ["What is 2 + 2?", "Say hello.", "Name a colour.", "Count to three."]
-RESPONSES = ["4", "Hello, world! How are you today?", "Blue, I think.", "one two three"]
-
-
-@pytest.fixture(scope="module")
-def rm_folder(tmp_path_factory):
-    return save_tiny_reward_model(tmp_path_factory.mktemp("rm"), seed=0, **SMALL)
-
-
-@pytest.fixture(scope="module")
-def policy_tokenizer():
-    return make_tiny_tokenizer()
-
-
-@pytest.fixture
-def build(make_recipe, policy_tokenizer, plugins):
-    """build(**reward keys) -> a reward_model manager; closed after the test."""
-    built = []
-
-    def make(**reward):
-        recipe = make_recipe({"manager": "reward_model", **reward})
-        manager = build_reward_manager(recipe, policy_tokenizer, plugins)
-        built.append(manager)
-        return manager
-
-    yield make
-    for manager in built:
-        manager.close()
-
-
-def rm_batch(tokenizer, prompts=PROMPTS, responses=RESPONSES, *, messages=True, width=None):
-    """Rows as a rollout leaves them: right-padded responses ending in the eos token, the
-    prompt's chat messages (``raw_prompt``) and its templated ids (``raw_prompt_ids``)."""
-    eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
-    encoded = [tokenizer(r, add_special_tokens=False)["input_ids"] + [eos] for r in responses]
-    width = width or max(len(e) for e in encoded)
-    ids = torch.full((len(responses), width), tokenizer.pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(responses), width), dtype=torch.long)
-    for row, tokens in enumerate(encoded):
-        ids[row, : len(tokens)] = torch.tensor(tokens)
-        mask[row, : len(tokens)] = 1
-    chats = [[{"role": "user", "content": p}] for p in prompts]
-    columns = {
-        "data_source": ["any"] * len(responses),
-        "ground_truth": [None] * len(responses),
-        "raw_prompt_ids": [
-            tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=True)
-            for c in chats
-        ],
-    }
-    if messages:
-        columns["raw_prompt"] = chats
-    return Batch(tensors={"responses": ids, "response_mask": mask}, columns=columns)
-
-
-def by_hand(folder, prompts=PROMPTS, responses=RESPONSES, *, max_length=None, side="right"):
-    """Each conversation's score from a forward pass of one unpadded sequence."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
-    scores = []
-    for prompt, response in zip(prompts, responses, strict=True):
-        chat = [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
-        text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=False)
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        if max_length is not None and len(ids) > max_length:
-            ids = ids[:max_length] if side == "right" else ids[len(ids) - max_length :]
-        with torch.no_grad():
-            scores.append(float(model(torch.tensor([ids])).logits[0, 0]))
-    return scores
+from tests.plugins.rewards.reward_model.rm_testlib import (
+    PROMPTS,
+    RESPONSES,
+    SMALL,
+    by_hand,
+    rm_batch,
+)
 
 
 def placed(output):
