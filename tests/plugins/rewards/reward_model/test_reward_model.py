@@ -269,3 +269,23 @@ def test_a_custom_function_is_said_to_be_unused(build, rm_folder, scorer_file, c
         "model's score is the reward (as in verl with reward_model.enable); weigh the two with "
         "reward.components to use both"
     ]
+
+
+def test_offload_changes_nothing_on_the_cpu(build, rm_folder, policy_tokenizer):
+    manager = build(model={"path": str(rm_folder)}, offload=True)
+    assert manager._runner.offload is False
+    assert next(manager._runner.model.parameters()).device.type == "cpu"
+    scores = manager(rm_batch(policy_tokenizer)).extra["rm_score"]
+    assert scores == pytest.approx(by_hand(rm_folder), abs=1e-5)
+
+
+def test_the_model_runs_on_the_device_the_run_gives(make_recipe, plugins, rm_folder):
+    from plugrl.compose.run_parts import build_reward_manager
+    from plugrl_cpu.device import CpuDevice
+
+    recipe = make_recipe({"manager": "reward_model", "model": {"path": str(rm_folder)}})
+    device = CpuDevice()
+    manager = build_reward_manager(recipe, make_tiny_tokenizer(), plugins, device)
+    assert manager.context.device is device
+    assert (manager.device_type, manager.dtype) == ("cpu", "float32")
+    assert manager._runner.model.dtype == torch.float32
