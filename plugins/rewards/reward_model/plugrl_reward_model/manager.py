@@ -321,10 +321,14 @@ class RewardModelManager(RewardManager):
         shares = [micro_batches[w::workers] for w in range(workers)]
         results: list[list[list[float]] | BaseException] = []
         if self._actors:
-            pending = [a.score.remote(s) for a, s in zip(self._actors, shares, strict=False)]
+            # a batch of fewer micro-batches than actors leaves some idle
+            pending = [
+                actor.score.remote(share) if share else None
+                for actor, share in zip(self._actors, shares, strict=True)
+            ]
             for ref in pending:
                 try:
-                    results.append(self._ray.get(ref))
+                    results.append(self._ray.get(ref) if ref is not None else [])
                 except Exception as exc:
                     results.append(exc)
         else:

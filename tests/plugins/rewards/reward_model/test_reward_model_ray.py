@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.plugins.rewards.reward_model.rm_testlib import by_hand, rm_batch
+from tests.plugins.rewards.reward_model.rm_testlib import PROMPTS, RESPONSES, by_hand, rm_batch
 
 ray = pytest.importorskip("ray")
 
@@ -28,6 +28,9 @@ def test_ray_actors_score_as_the_model_does(ray_cluster, build, rm_folder, polic
     assert manager._runner is None
     output = manager(rm_batch(policy_tokenizer))
     assert output.extra["rm_score"] == pytest.approx(by_hand(rm_folder), abs=1e-5)
+    # fewer micro-batches than actors: the second has nothing to do
+    one = manager(rm_batch(policy_tokenizer, PROMPTS[:1], RESPONSES[:1])).extra["rm_score"]
+    assert one == pytest.approx(by_hand(rm_folder, PROMPTS[:1], RESPONSES[:1]), abs=1e-5)
     actors = list(manager._actors)
     manager.close()
     assert manager._actors == []
