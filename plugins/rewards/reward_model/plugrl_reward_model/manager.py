@@ -168,7 +168,9 @@ class RewardModelManager(RewardManager):
         self.device_type = device.torch_device_type if device is not None else "cpu"
         self.ray_resource = device.ray_resource if device is not None else None
         self.dtype = _dtype(config.model.dtype, self.device_type)
-        if config.custom_function.path:
+        # as a component of a weighted reward the section inherits the run's custom
+        # function, which another component scores with
+        if config.custom_function.path and config is self.recipe.reward:
             logger.warning(
                 "reward: reward.custom_function is not used by the reward_model manager: the "
                 "reward model's score is the reward (as in verl with reward_model.enable); "

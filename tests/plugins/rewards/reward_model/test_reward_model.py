@@ -289,3 +289,22 @@ def test_the_model_runs_on_the_device_the_run_gives(make_recipe, plugins, rm_fol
     assert manager.context.device is device
     assert (manager.device_type, manager.dtype) == ("cpu", "float32")
     assert manager._runner.model.dtype == torch.float32
+
+
+def test_a_component_section_with_the_runs_custom_function_is_not_warned_about(
+    make_recipe, plugins, rm_folder, scorer_file, policy_tokenizer, caplog
+):
+    import attrs
+
+    from plugrl.testing import part_context
+
+    path = scorer_file("def compute_score(data_source, solution_str, ground_truth):\n  return 1\n")
+    reward = {"manager": "reward_model", "model": {"path": str(rm_folder)}}
+    recipe = make_recipe({**reward, "custom_function": {"path": str(path)}})
+    section = attrs.evolve(recipe.reward)  # a component's own copy of the reward keys
+    with caplog.at_level(logging.WARNING, logger="plugrl.rewards"):
+        manager = RewardModelManager(
+            section, part_context(recipe, tokenizer=policy_tokenizer, plugins=plugins)
+        )
+    manager.close()
+    assert caplog.records == []
