@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 
 import pytest
 import torch
@@ -308,3 +309,17 @@ def test_a_component_section_with_the_runs_custom_function_is_not_warned_about(
         )
     manager.close()
     assert caplog.records == []
+
+
+def test_ray_placement_without_ray_is_one_line(build, rm_folder, make_recipe, monkeypatch):
+    from plugrl.cluster.ray_group import RAY_INSTALL, ray_needs
+    from plugrl.errors import PluginError
+
+    reward = {"model": {"path": str(rm_folder)}, "placement": "ray"}
+    assert ray_needs(make_recipe({"manager": "reward_model", **reward})) == ["reward.placement=ray"]
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray fails
+    with pytest.raises(PluginError) as info:
+        build(**reward)
+    assert str(info.value) == (
+        f"reward.placement=ray needs Ray, which is not installed here: {RAY_INSTALL}"
+    )
