@@ -70,7 +70,7 @@ def import_ray(needed_by: str) -> types.ModuleType:
 
 def ray_needs(recipe: Recipe) -> list[str]:
     """The settings of ``recipe`` that need Ray, as ``key=value``: the Ray cluster, the
-    object-store weight transport, scoring on Ray actors."""
+    object-store weight transport, scoring or a reward model on Ray actors."""
     needs = []
     if recipe.cluster.mode == "ray":
         needs.append("cluster.mode=ray")
@@ -79,6 +79,9 @@ def ray_needs(recipe: Recipe) -> list[str]:
     # the parallel reward manager's option (plugrl.rewards.ray_pool); other managers lack it
     if getattr(recipe.reward, "backend", None) == "ray":
         needs.append("reward.backend=ray")
+    # the reward_model manager's option: the reward model on Ray actors
+    if getattr(recipe.reward, "placement", None) == "ray":
+        needs.append("reward.placement=ray")
     return needs
 
 

@@ -208,10 +208,13 @@ def update_derives_old_log_probs(
     )
 
 
-def build_reward_manager(recipe: Recipe, tokenizer: Any, plugins: PluginManager) -> RewardManager:
+def build_reward_manager(
+    recipe: Recipe, tokenizer: Any, plugins: PluginManager, device: Device | None = None
+) -> RewardManager:
     """The reward manager ``reward.manager`` names, or with ``reward.components`` the weighted
-    sum of the components' managers. Call its ``check_data_sources`` with the data's
-    ``data_source`` values before generating, and ``close()`` at the end of the run."""
+    sum of the components' managers, given the driver's ``device`` (where a reward model
+    runs). Call its ``check_data_sources`` with the data's ``data_source`` values before
+    generating, and ``close()`` at the end of the run."""
     from plugrl.compose.build import build_part
 
     if recipe.reward.components:
@@ -222,8 +225,9 @@ def build_reward_manager(recipe: Recipe, tokenizer: Any, plugins: PluginManager)
             tokenizer,
             plugins,
             lambda name, config, context: build_part("reward_managers", name, config, context),
+            device=device,
         )
-    context = PartContext(recipe=recipe, plugins=plugins, tokenizer=tokenizer)
+    context = PartContext(recipe=recipe, plugins=plugins, tokenizer=tokenizer, device=device)
     return build_part("reward_managers", recipe.reward.manager, recipe.reward, context)
 
 
@@ -309,7 +313,7 @@ def build_run_parts(context: RunContext, engine_needs: dict[str, str] | None = N
     train_data = PromptDataset.train(recipe.data, tokenizer)
     val_data = PromptDataset.validation(recipe.data, tokenizer)
     train_loader = training_loader(recipe, train_data, pad_token_id)
-    reward = build_reward_manager(recipe, tokenizer, plugins)
+    reward = build_reward_manager(recipe, tokenizer, plugins, device)
     check_data_sources(reward, [train_data, val_data])
 
     estimator = build_estimator(recipe, plugins)

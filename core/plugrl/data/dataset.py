@@ -47,6 +47,9 @@ class PromptRecord:
     ability: Any
     origin: str
     """``<file> row <n>``, for messages about this row."""
+    messages: tuple[dict[str, str], ...] = ()
+    """The row's chat messages, before any template: what a reward model re-renders with its
+    own template."""
 
 
 def truncate(ids: Sequence[int], limit: int, mode: str) -> list[int]:
@@ -187,13 +190,22 @@ class _FileRows:
         """``<file> row <n>`` of each row, for messages."""
         return [f"{self.path} row {row}" for row in range(len(self.prompts))]
 
-    def encode(self, tokenizer: Any, config: DataConfig, use_template: bool) -> list[list[int]]:
-        """Every prompt's token ids, rendered with the chat template when ``use_template``
-        (which adds the special tokens itself)."""
-        texts = [
-            _render(tokenizer, _messages(prompt, origin, config.prompt_key), use_template)
+    def messages(self, config: DataConfig) -> list[list[dict[str, str]]]:
+        """Every row's chat messages."""
+        return [
+            _messages(prompt, origin, config.prompt_key)
             for prompt, origin in zip(self.prompts, self.origins, strict=True)
         ]
+
+    def encode(
+        self,
+        tokenizer: Any,
+        messages: list[list[dict[str, str]]],
+        use_template: bool,
+    ) -> list[list[int]]:
+        """Every prompt's token ids, rendered with the chat template when ``use_template``
+        (which adds the special tokens itself)."""
+        texts = [_render(tokenizer, chat, use_template) for chat in messages]
         if not texts:
             return []
         return tokenizer(texts, add_special_tokens=not use_template)["input_ids"]
@@ -249,7 +261,8 @@ class PromptDataset:
         filtered = 0
         for path in self.files:
             rows = _FileRows.read(path, config, files_key)
-            encoded = rows.encode(tokenizer, config, use_template)
+            messages = rows.messages(config)
+            encoded = rows.encode(tokenizer, messages, use_template)
             truths = [_ground_truth(r, o) for r, o in zip(rows.rewards, rows.origins, strict=True)]
             for row, ids in enumerate(encoded):
                 fitted = _fit_length(ids, rows.origins[row], config)
@@ -265,6 +278,7 @@ class PromptDataset:
                         extra_info=rows.extra_infos[row],
                         ability=rows.abilities[row],
                         origin=rows.origins[row],
+                        messages=tuple(messages[row]),
                     )
                 )
         self._check_filtered(records, filtered)
@@ -319,7 +333,7 @@ def collate(records: Sequence[PromptRecord], uids: Sequence[str], pad_token_id: 
     """A prompt batch: ``prompts`` [B, P] left-padded to the longest prompt of the batch with
     ``pad_token_id``, ``prompt_attention_mask`` [B, P], and the columns ``uid``, ``index``,
     ``data_source``, ``ground_truth``, ``extra_info``, ``ability``, ``raw_prompt_ids``
-    (unpadded lists of ints)."""
+    (unpadded lists of ints) and ``raw_prompt`` (the chat messages, verl's name)."""
     from plugrl.data.batch import Batch, left_pad
 
     prompts, mask = left_pad([r.prompt_ids for r in records], pad_token_id)
@@ -333,6 +347,7 @@ def collate(records: Sequence[PromptRecord], uids: Sequence[str], pad_token_id: 
             "extra_info": [r.extra_info for r in records],
             "ability": [r.ability for r in records],
             "raw_prompt_ids": [list(r.prompt_ids) for r in records],
+            "raw_prompt": [[dict(m) for m in r.messages] for r in records],
         },
     )
 

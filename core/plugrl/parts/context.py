@@ -46,7 +46,7 @@ class PartContext:
     plugins: PluginManager | None = None
     """The plugin manager of the process the part lives in."""
     device: Device | None = None
-    """The process's device (backends, engines)."""
+    """The process's device (backends, engines, reward managers that run a model)."""
     tokenizer: Any = None
     """The run's tokenizer (engines, reward managers)."""
     role: Role | None = None

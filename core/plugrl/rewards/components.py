@@ -41,6 +41,7 @@ from plugrl.structuring import describe_value, fields_of, structure
 
 if TYPE_CHECKING:
     from plugrl.data.batch import Batch
+    from plugrl.parts.device import Device
     from plugrl.plugins import PluginManager
     from plugrl.recipe import Recipe
 
@@ -281,6 +282,7 @@ class WeightedRewardComponents(RewardManager):
         tokenizer: Any,
         plugins: PluginManager,
         build_manager: ManagerBuilder,
+        device: Device | None = None,
     ) -> WeightedRewardComponents:
         """Build every component of ``recipe.reward.components``; each manager sees a recipe
         whose ``reward`` is its own section (its custom function, its function args)."""
@@ -291,6 +293,7 @@ class WeightedRewardComponents(RewardManager):
                     recipe=attrs.evolve(recipe, reward=spec.config),
                     plugins=plugins,
                     tokenizer=tokenizer,
+                    device=device,
                 )
                 try:
                     manager = build_manager(spec.manager, spec.config, context)
@@ -301,7 +304,7 @@ class WeightedRewardComponents(RewardManager):
             for component in built:  # no scoring worker outlives a failed start
                 component.manager.close()
             raise
-        context = PartContext(recipe=recipe, plugins=plugins, tokenizer=tokenizer)
+        context = PartContext(recipe=recipe, plugins=plugins, tokenizer=tokenizer, device=device)
         return cls(recipe.reward, context, built)
 
     def check_data_sources(self, data_sources: Iterable[str]) -> None:

@@ -18,6 +18,8 @@ Builders of a tiny model (:mod:`plugrl.testing.tiny`), for parts that need a rea
 * :func:`save_tiny_model`: a Hugging Face folder with a tokenizer and a Qwen2-architecture
   model of about 4M parameters, written from a seed without touching the network.
 * :func:`make_tiny_tokenizer`, :func:`make_tiny_model`: the two, in memory.
+* :func:`save_tiny_reward_model`, :func:`make_tiny_reward_model`: the same tokenizer with a
+  sequence-classification model (one score per text), for reward-model managers.
 
 Example::
 
@@ -35,7 +37,13 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from plugrl.testing.tiny import make_tiny_model, make_tiny_tokenizer, save_tiny_model
+from plugrl.testing.tiny import (
+    make_tiny_model,
+    make_tiny_reward_model,
+    make_tiny_tokenizer,
+    save_tiny_model,
+    save_tiny_reward_model,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -53,9 +61,11 @@ __all__ = [
     "make_loss_aggregator",
     "make_recipe",
     "make_tiny_model",
+    "make_tiny_reward_model",
     "make_tiny_tokenizer",
     "part_context",
     "save_tiny_model",
+    "save_tiny_reward_model",
 ]
 
 

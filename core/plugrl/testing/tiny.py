@@ -4,7 +4,9 @@
 ``AutoModelForCausalLM`` load offline: a byte-level BPE tokenizer with a ChatML chat template
 and a freshly initialised Qwen2-architecture model (by default about 4M parameters). The same
 arguments write the same tokenizer and the same weights. :func:`make_tiny_tokenizer` and
-:func:`make_tiny_model` build the two in memory.
+:func:`make_tiny_model` build the two in memory. :func:`save_tiny_reward_model` writes the
+same tokenizer with a sequence-classification head on the model instead of the language-model
+head: a reward model that scores a whole text with one number.
 
 transformers reloads a folder whose model type is ``qwen2`` as ``Qwen2Tokenizer``, which builds
 its own normalizer and pre-tokenizer (NFC, Qwen2's split regex, byte level) instead of reading
@@ -139,8 +141,55 @@ def make_tiny_model(
     * ``dtype``: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
     * ``model_type`` and ``config``: any model type transformers knows and any field of its
       config (``attn_implementation="sdpa"``, ``head_dim``, ``rope_parameters``, ...)."""
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    model = _build_tiny_model(
+        AutoModelForCausalLM,
+        tokenizer,
+        seed=seed,
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=tie_word_embeddings,
+        weight_std=weight_std,
+        dtype=dtype,
+        model_type=model_type,
+        **config,
+    )
+    if tokenizer is not None:
+        model.generation_config = GenerationConfig(
+            eos_token_id=[model.config.eos_token_id, model.config.pad_token_id],
+            pad_token_id=model.config.pad_token_id,
+            do_sample=False,
+        )
+    return model
+
+
+def _build_tiny_model(
+    auto_class: Any,
+    tokenizer: Any = None,
+    *,
+    seed: int = 0,
+    vocab_size: int | None = None,
+    hidden_size: int = 256,
+    intermediate_size: int = 1024,
+    num_hidden_layers: int = 4,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
+    max_position_embeddings: int = 512,
+    tie_word_embeddings: bool = True,
+    weight_std: float | None = None,
+    dtype: str = "float32",
+    model_type: str = "qwen2",
+    **config: Any,
+) -> Any:
+    """``auto_class.from_config`` of the tiny config (see :func:`make_tiny_model`)."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+    from transformers import AutoConfig
 
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -174,7 +223,7 @@ def make_tiny_model(
     model_config = AutoConfig.for_model(model_type, **fields)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(model_config, dtype=getattr(torch, dtype))
+        model = auto_class.from_config(model_config, dtype=getattr(torch, dtype))
     if weight_std is not None:
         generator = torch.Generator().manual_seed(seed)
         with torch.no_grad():
@@ -184,12 +233,6 @@ def make_tiny_model(
                     parameter.copy_(noise)
                 else:
                     parameter.add_(noise)
-    if tokenizer is not None:
-        model.generation_config = GenerationConfig(
-            eos_token_id=[model_config.eos_token_id, model_config.pad_token_id],
-            pad_token_id=model_config.pad_token_id,
-            do_sample=False,
-        )
     return model
 
 
@@ -208,6 +251,53 @@ def save_tiny_model(
     arguments write the same files."""
     tokenizer = make_tiny_tokenizer(texts, vocab_size=tokenizer_vocab_size)
     model = make_tiny_model(tokenizer, seed=seed, **model_options)
+    path = Path(folder)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def make_tiny_reward_model(
+    tokenizer: Any,
+    *,
+    seed: int = 0,
+    num_labels: int = 1,
+    weight_std: float | None = 0.15,
+    **model_options: Any,
+) -> Any:
+    """A freshly initialised sequence-classification model
+    (``AutoModelForSequenceClassification.from_config``, ``Qwen2ForSequenceClassification`` by
+    default): ``num_labels`` scores per text, read at the last token that is not the pad
+    token (the model's ``pad_token_id`` is the tokenizer's, so batches may be padded). The
+    other arguments are :func:`make_tiny_model`'s; ``weight_std`` defaults to 0.15 so that
+    different texts get clearly different scores. The same arguments give the same weights."""
+    from transformers import AutoModelForSequenceClassification
+
+    return _build_tiny_model(
+        AutoModelForSequenceClassification,
+        tokenizer,
+        seed=seed,
+        weight_std=weight_std,
+        num_labels=num_labels,
+        **model_options,
+    )
+
+
+def save_tiny_reward_model(
+    folder: str | Path,
+    *,
+    seed: int = 0,
+    texts: Iterable[str] | None = None,
+    tokenizer_vocab_size: int = 512,
+    **model_options: Any,
+) -> Path:
+    """Write a tiny reward model to ``folder`` (created if needed) as a Hugging Face folder and
+    return its path: :func:`make_tiny_tokenizer` of ``texts`` and ``tokenizer_vocab_size``
+    (with its ChatML chat template and pad token), then :func:`make_tiny_reward_model` of that
+    tokenizer, ``seed`` and ``model_options`` (``num_labels``, sizes, ``weight_std``,
+    ``dtype``, ...). The same arguments write the same files; nothing is downloaded."""
+    tokenizer = make_tiny_tokenizer(texts, vocab_size=tokenizer_vocab_size)
+    model = make_tiny_reward_model(tokenizer, seed=seed, **model_options)
     path = Path(folder)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)

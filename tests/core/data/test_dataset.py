@@ -322,6 +322,9 @@ def test_batches_are_left_padded_with_masks_and_columns(dataset, tokenizer):
     assert list(batch["data_source"]) == ["plugrl/arithmetic"] * 4
     assert batch["extra_info"][0] == {"question": "What is 0 + 1?"}
     assert list(batch["ability"]) == ["arithmetic"] * 4
+    # the messages before any template, for a reward model that renders them its own way
+    assert batch["raw_prompt"][0] == [{"role": "user", "content": "What is 0 + 1?"}]
+    assert batch["raw_prompt"][3] == [{"role": "user", "content": "What is 3 + 4? Think first."}]
     assert batch.meta["epoch"] == 0
 
 

@@ -753,3 +753,93 @@ def test_the_samples_dump_folders(plugrl_plugin_manager):
         "validation_data_dir": "val_dump",
     }
     assert conversion.unmapped == []
+
+
+# ------------------------------------------------------------------ verl's reward model
+
+
+def test_an_enabled_reward_model_becomes_the_reward_model_manager(plugrl_plugin_manager):
+    conversion = convert(
+        "reward_model.enable=True",
+        "reward_model.model.path=/models/Skywork-Reward",
+        "reward_model.model.trust_remote_code=True",
+        "reward_model.model.input_tokenizer=/models/Qwen2.5-0.5B-Instruct",
+        "reward_model.micro_batch_size_per_gpu=16",
+        "reward_model.max_length=4096",
+        "reward_model.model.fsdp_config.param_offload=True",
+        "reward_model.nnodes=1",
+        "reward_model.n_gpus_per_node=2",
+    )
+    assert conversion.recipe["reward"] == {
+        "manager": "reward_model",
+        "model": {"path": "/models/Skywork-Reward", "trust_remote_code": True},
+        "micro_batch_size": 16,
+        "max_length": 4096,
+        "num_workers": 2,
+        "offload": True,
+    }
+    assert unmapped(conversion) == {
+        "reward_model.model.input_tokenizer=/models/Qwen2.5-0.5B-Instruct": (
+            "plugrl's reward model always reads responses decoded with the run's tokenizer and "
+            "rendered with the reward model's own chat template"
+        ),
+        "reward_model.nnodes=1": (
+            "plugrl's reward model runs on reward.num_workers Ray actors wherever Ray places "
+            "them; set that to nnodes x n_gpus_per_node, as 1 asks"
+        ),
+    }
+    assert validate(conversion.recipe, get_plugin_manager()).error is None
+
+
+def test_the_older_micro_batch_size_is_the_reward_models_too(plugrl_plugin_manager):
+    conversion = convert(
+        "reward_model.enable=True",
+        "reward_model.micro_batch_size=4",
+    )
+    assert conversion.recipe["reward"] == {"manager": "reward_model", "micro_batch_size": 4}
+
+
+def test_with_a_reward_model_verl_never_calls_the_custom_function(plugrl_plugin_manager):
+    conversion = convert(
+        "reward_model.enable=True",
+        "reward_model.model.path=/models/rm",
+        "reward_model.reward_manager=dapo",
+        "custom_reward_function.path=my_reward.py",
+        "custom_reward_function.name=score",
+    )
+    assert conversion.recipe["reward"] == {
+        "manager": "reward_model",
+        "model": {"path": "/models/rm"},
+    }
+    replaced = (
+        "with reward_model.enable verl's reward is the reward model's score alone: its reward "
+        "manager returns the model's scores and never calls the rule or custom function"
+    )
+    assert unmapped(conversion, "dropped") == {
+        "reward_model.reward_manager=dapo": replaced,
+        "custom_reward_function.path=my_reward.py": replaced,
+        "custom_reward_function.name=score": replaced,
+    }
+    written = recipe_yaml(conversion)
+    assert (
+        "# reward_model.enable=True: the reward model's score is the reward (reward.manager:\n"
+        "# reward_model), as in verl.\n"
+        "# The script's custom_reward_function is left out: verl never calls it while the reward\n"
+        "# model is on (its reward manager returns the model's scores). To add it to the model's\n"
+        "# score, weigh both with reward.components.\n"
+    ) in written
+    assert "custom_function" not in written
+
+
+def test_a_disabled_reward_model_keeps_the_rule_reward(plugrl_plugin_manager):
+    conversion = convert(
+        "reward_model.enable=False",
+        "custom_reward_function.path=my_reward.py",
+    )
+    assert conversion.recipe["reward"] == {"custom_function": {"path": "my_reward.py"}}
+    assert unmapped(conversion) == {
+        "reward_model.enable=False": (
+            "the reward model is off, as in plugrl unless reward.manager is reward_model"
+        )
+    }
+    assert conversion.comments == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import textwrap
 from typing import Any
 
 import attrs
@@ -39,6 +40,8 @@ def recipe_yaml(conversion: Conversion) -> str:
         "--print-config\n# shows them all); the conversion report lists what was not "
         "converted, and why.\n"
     )
+    for comment in conversion.comments:
+        header += "".join(f"# {line}\n" for line in textwrap.wrap(comment, 90))
     sections = [
         yaml.dump({name: body}, Dumper=_Dumper, sort_keys=False, allow_unicode=True)
         for name, body in conversion.recipe.items()

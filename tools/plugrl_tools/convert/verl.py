@@ -58,6 +58,8 @@ ALIASES = {
     "actor_rollout_ref.actor.optim.lr_decay_style": _SCHEDULE,
     "actor_rollout_ref.actor.optim.warmup_style": _SCHEDULE,
     "ray_init.": "ray_kwargs.ray_init.",
+    # older verl's reward model batch size (per step, split over its workers)
+    "reward_model.micro_batch_size": "reward_model.micro_batch_size_per_gpu",
 }
 """verl key (or prefix, ending in a dot) -> the verl key it means."""
 
@@ -120,6 +122,10 @@ DROPPED = {
         "plugrl's cosine schedule decays over the run's training steps "
         "(actor.optim.lr_scheduler_type)"
     ),
+    "reward_model.model.input_tokenizer": (
+        "plugrl's reward model always reads responses decoded with the run's tokenizer and "
+        "rendered with the reward model's own chat template"
+    ),
 }
 """verl keys plugrl covers in its own way, with what it does instead."""
 
@@ -132,6 +138,11 @@ NEUTRAL = {
     "trainer.balance_batch": (
         False,
         "plugrl does not reorder a batch to balance tokens across ranks",
+    ),
+    "reward_model.nnodes": (
+        1,
+        "plugrl's reward model runs on reward.num_workers Ray actors wherever Ray places "
+        "them; set that to nnodes x n_gpus_per_node",
     ),
 }
 """verl features plugrl lacks: (the value that turns them off, what plugrl does). At that
@@ -180,6 +191,15 @@ VERL_DEFAULTS = {
 """Defaults of verl's ppo_trainer.yaml that differ from plugrl's. A script that leaves one
 unset ran with verl's value; the report says so, and the recipe keeps plugrl's."""
 
+REWARD_MODEL_ENABLE = "reward_model.enable"
+REWARD_MODEL_MANAGER = "reward_model"
+"""verl's switch of its reward model, and the plugrl reward manager that runs one."""
+
+REWARD_MODEL_REPLACES = (
+    "with reward_model.enable verl's reward is the reward model's score alone: its reward "
+    "manager returns the model's scores and never calls the rule or custom function"
+)
+
 VALUE_RENAMES = {"actor.backend": {"fsdp": "fsdp2"}}
 """plugrl key -> {verl value: plugrl value} where verl's value names a part plugrl calls
 otherwise (verl's FSDP1 strategy runs as fsdp2)."""
@@ -212,6 +232,9 @@ class Conversion:
     overrides: int
     unmapped: list[Unmapped]
     notes: list[str]
+    comments: list[str] = attrs.field(factory=list)
+    """Lines the written recipe carries as comments under its header: what a reader of the
+    recipe alone needs to know about how it differs from the script."""
 
 
 @attrs.frozen
@@ -293,6 +316,9 @@ class _Converter:
         self.defaults: dict[tuple[str, ...], Any] = {}
         self.unmapped: list[Unmapped] = []
         self.notes: list[str] = []
+        self.comments: list[str] = []
+        self.reward_model = False
+        """Whether the script enables verl's reward model."""
 
     # ------------------------------------------------------------ the command
 
@@ -322,7 +348,16 @@ class _Converter:
         }
         recipe = _assemble(written, self._section_classes())
         total = len(overrides)
-        return Conversion(source, module, command.line, recipe, total, self.unmapped, self.notes)
+        return Conversion(
+            source,
+            module,
+            command.line,
+            recipe,
+            total,
+            self.unmapped,
+            self.notes,
+            self.comments,
+        )
 
     def _arguments(self, words: tuple[Word, ...]) -> list[Word]:
         """The Hydra overrides among the arguments; Hydra's own options are noted."""
@@ -446,6 +481,35 @@ class _Converter:
             ):
                 renamed = VALUE_RENAMES.get(target.name.key, {})
                 self.chosen[selectors[target.name.key]] = renamed.get(value, value)
+        self._choose_reward_model(parsed, values)
+
+    def _choose_reward_model(
+        self,
+        parsed: list[tuple[Word, Override]],
+        values: dict[tuple[str, ...], tuple[Any, str]],
+    ) -> None:
+        """``reward_model.enable=True`` chooses the reward_model manager, whatever
+        ``reward_model.reward_manager`` says: verl's managers return the model's scores."""
+        given = {override.key: override.value for _, override in parsed}
+        if not _is_true(given.get(REWARD_MODEL_ENABLE)):
+            return
+        self.reward_model = True
+        self.chosen["reward_managers"] = REWARD_MODEL_MANAGER
+        values[("reward", "manager")] = (REWARD_MODEL_MANAGER, REWARD_MODEL_ENABLE)
+        self.comments.append(
+            "reward_model.enable=True: the reward model's score is the reward "
+            "(reward.manager: reward_model), as in verl."
+        )
+        if any(key.startswith("custom_reward_function.") for key in given):
+            self.comments.append(
+                "The script's custom_reward_function is left out: verl never calls it while "
+                "the reward model is on (its reward manager returns the model's scores). To "
+                "add it to the model's score, weigh both with reward.components."
+            )
+        self.comments.append(
+            "The reward model runs in the driver process (reward.placement: local); "
+            "reward.placement=ray runs reward.num_workers copies on Ray actors, a device each."
+        )
 
     def _part(self, kind: str, name: str) -> str:
         """``rollout engine 'vllm', which is not installed here (pip install ...)``."""
@@ -466,6 +530,14 @@ class _Converter:
         values: dict[tuple[str, ...], tuple[Any, str]],
         shared: list[tuple[Word, Override, _Target]],
     ) -> None:
+        if override.key == REWARD_MODEL_ENABLE:
+            if not self.reward_model:  # enabled: reward.manager says so already
+                self._skip(
+                    word,
+                    "dropped",
+                    "the reward model is off, as in plugrl unless reward.manager is reward_model",
+                )
+            return
         resolved = self._resolve(override.key, override.value)
         if isinstance(resolved, _Skip):
             self._skip(word, resolved.category, resolved.reason)
@@ -571,6 +643,10 @@ class _Converter:
             return _Skip("unknown", what)
         if key.startswith("hydra."):
             return _Skip("dropped", "a setting of Hydra itself, which plugrl does not use")
+        if self.reward_model and (
+            key == "reward_model.reward_manager" or key.startswith("custom_reward_function.")
+        ):
+            return _Skip("dropped", REWARD_MODEL_REPLACES)
         shared = _match(SHARED, key)
         if shared:
             (primary, why), rest = shared
@@ -678,6 +754,11 @@ _INVALID = object()
 
 SHORT_FORMS = ("device", "scheduler", "cluster")
 """Sections written as their short form (``device: npu``) when they hold only that choice."""
+
+
+def _is_true(value: Any) -> bool:
+    """Whether an override's value is Hydra's true (``True``, ``true``)."""
+    return value is True or (isinstance(value, str) and value.lower() == "true")
 
 
 def _match(table: Mapping[str, Any], key: str) -> tuple[Any, str] | None:

@@ -1,0 +1,20 @@
+"""Reward manager ``reward_model``: responses scored by a discriminative reward model.
+
+Registered by path, so torch and transformers are imported only when a run chooses it.
+"""
+
+from __future__ import annotations
+
+import plugrl
+
+_MANAGER = "plugrl_reward_model.manager"
+
+
+@plugrl.hookimpl
+def register_reward_managers(register):
+    register(
+        "reward_model",
+        f"{_MANAGER}:RewardModelManager",
+        config=f"{_MANAGER}:RewardModelConfig",
+        description="A sequence-classification reward model scores prompt and response",
+    )
