@@ -164,6 +164,7 @@ class JudgeRewardManager(RewardManager):
                 f"the judge manager got a {type(config).__name__} reward section; build the "
                 "recipe with plugrl.recipe.build_recipe so it is read into JudgeRewardConfig"
             )
+        self.plugins = context.plugins
         self.judge = config.judge
         self.template = read_template(self.judge)
         self.score_range = _check_range(self.judge.score_range)
@@ -192,12 +193,6 @@ class JudgeRewardManager(RewardManager):
         self._prefetched: dict[tuple[int, ...], tuple[int, concurrent.futures.Future]] = {}
         self._calls = 0
         self.engines = self._start_engines()
-
-    @property
-    def plugins(self) -> Any:
-        if self.context.plugins is None:
-            raise ValueError("the judge manager needs the run's plugin manager in context.plugins")
-        return self.context.plugins
 
     def _start_engines(self) -> EngineGroup:
         from plugrl.cluster.engines import make_frozen_engine_group

@@ -347,3 +347,38 @@ def test_an_unknown_parser_is_refused_when_the_recipe_is_read(plugrl_recipe):
         "reward.judge.parser: unknown judge score parser 'ratin': did you mean 'rating'? "
         "registered: boxed, number, rating, yes_no"
     )
+
+
+def test_prefetched_rows_left_out_of_their_batch_are_forgotten(judge, tokenizer):
+    manager = judge()
+    manager.prefetch(batch_of(tokenizer, ["fine"]))
+    manager(batch_of(tokenizer, ["good"]))
+    assert len(manager._prefetched) == 1  # kept for one more call: its batch may still come
+    manager(batch_of(tokenizer, ["bad"]))
+    assert manager._prefetched == {}
+
+
+def test_a_judge_tokenizer_without_a_chat_template_is_refused(judge, model_folder, tmp_path):
+    from plugrl.testing import make_tiny_tokenizer
+
+    plain = make_tiny_tokenizer()
+    plain.chat_template = None
+    plain.save_pretrained(tmp_path / "plain")
+    with pytest.raises(RecipeError) as caught:
+        judge({"model": {"path": str(model_folder), "tokenizer_path": str(tmp_path / "plain")}})
+    assert str(caught.value) == (
+        f"reward.judge.model: the judge's tokenizer ({tmp_path / 'plain'}) has no chat "
+        "template; set reward.judge.model.tokenizer_path to one that has"
+    )
+
+
+def test_the_manager_needs_its_own_section(tokenizer):
+    from plugrl.parts.reward import RewardConfig
+    from plugrl_judge.manager import JudgeRewardManager
+
+    with pytest.raises(PluginError) as caught:
+        JudgeRewardManager(RewardConfig(), part_context(tokenizer=tokenizer))
+    assert str(caught.value) == (
+        "the judge manager got a RewardConfig reward section; build the recipe with "
+        "plugrl.recipe.build_recipe so it is read into JudgeRewardConfig"
+    )
