@@ -39,10 +39,11 @@ def judge(plugrl_register_plugin, plugrl_recipe, model_folder, tokenizer):
     ScriptedJudge.requests.clear()
     built = []
 
-    def make(judge_keys=None, **reward_keys):
+    def make(judge_keys=None, cluster=None, **reward_keys):
         recipe = plugrl_recipe(
             {
                 "device.name": "cpu",
+                "cluster": cluster or {"mode": "local"},
                 "trainer.seed": 3,
                 "reward": {
                     "manager": "judge",
@@ -382,3 +383,19 @@ def test_the_manager_needs_its_own_section(tokenizer):
         "the judge manager got a RewardConfig reward section; build the recipe with "
         "plugrl.recipe.build_recipe so it is read into JudgeRewardConfig"
     )
+
+
+@pytest.mark.slow
+def test_on_ray_the_judge_runs_in_an_engine_worker_of_its_own(judge, tokenizer):
+    import os
+
+    from tests.support import local_ray
+
+    with local_ray(num_cpus=2):
+        manager = judge({"rollout": {"prefix": "Ray. "}}, cluster={"mode": "ray"})
+        assert not manager.engines.in_process
+        assert os.getpid() not in manager.engines.engine_pids()
+        output = manager(batch_of(tokenizer, ["good", "mumble"]))
+        manager.close()
+    assert output.extra["judge_text"] == ["Ray. Rating: [[8]]", "Ray. Rating: [[5]]"]
+    assert output.metrics["reward/judge/retries"] == 1
