@@ -257,9 +257,9 @@ def test_prefetched_rows_are_not_asked_again_and_score_the_same(judge, tokenizer
     manager = judge()
     batch = batch_of(tokenizer, responses, n=4)
     manager.prefetch(batch.select([0, 1]))
-    early = len(ScriptedJudge.requests)
+    assert len(manager._prefetched) == 2  # sent, answered on the engine's own thread
     output = manager(batch)
-    assert early == 2
+    assert manager._prefetched == {}
     assert len(ScriptedJudge.requests) == asked_without
     assert torch.equal(output.token_level_scores, plain.token_level_scores)
     assert output.extra == plain.extra
@@ -399,3 +399,23 @@ def test_on_ray_the_judge_runs_in_an_engine_worker_of_its_own(judge, tokenizer):
         manager.close()
     assert output.extra["judge_text"] == ["Ray. Rating: [[8]]", "Ray. Rating: [[5]]"]
     assert output.metrics["reward/judge/retries"] == 1
+
+
+def test_rows_prefetched_from_other_threads_score_as_the_batch_would(judge, tokenizer):
+    import threading
+
+    responses = ["good", "bad", "fine", "mumble", "good job", "bad luck"]
+    plain = judge()(batch_of(tokenizer, responses, n=6))
+    manager = judge()
+    batch = batch_of(tokenizer, responses, n=6)
+    threads = [
+        threading.Thread(target=manager.prefetch, args=(batch.select([row]),))
+        for row in range(len(responses))
+    ]
+    for thread in threads:
+        thread.start()
+    output = manager(batch)
+    for thread in threads:
+        thread.join()
+    assert torch.equal(output.token_level_scores, plain.token_level_scores)
+    assert output.extra == plain.extra
