@@ -151,6 +151,20 @@ def register_reward_functions(register: RegisterFn) -> None:
 
 
 @hookspec
+def register_judge_parsers(register: RegisterFn) -> None:
+    """Register score parsers of LLM judges (``rating``, ``number``, ``yes_no``, ``boxed``).
+
+    Process: driver.
+    Target: a function ``parse(text) -> float | None`` that reads the score out of a judge
+    model's answer, ``None`` when the answer holds none (the judge is asked again); see
+    :class:`plugrl.parts.judge.JudgeParser`.
+    Config (optional): an attrs class read from ``reward.judge.parser_args``; its fields reach
+    the function as keyword arguments.
+    Chosen by: ``reward.judge.parser`` (``reward.manager: judge``).
+    """
+
+
+@hookspec
 def register_schedulers(register: RegisterFn) -> None:
     """Register schedulers, what one training step does (``sync``, ``fully_async``); the core's
     run loop (:func:`plugrl.loop.run_loop`) runs the steps.

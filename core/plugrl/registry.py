@@ -156,6 +156,13 @@ PART_KINDS: dict[str, PartKind] = {
             function="plugrl.parts.reward:ScoringFunction",
         ),
         PartKind(
+            "judge_parsers",
+            "register_judge_parsers",
+            "judge score parser",
+            "reward.judge.parser",
+            function="plugrl.parts.judge:JudgeParser",
+        ),
+        PartKind(
             "schedulers",
             "register_schedulers",
             "scheduler",

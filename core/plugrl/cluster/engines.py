@@ -29,6 +29,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import attrs
+
 from plugrl.cluster.worker import build_device, prepare_once, worker_plugin_manager
 from plugrl.errors import PluginError, PlugrlError
 from plugrl.parts.context import PartContext
@@ -37,6 +39,7 @@ from plugrl.parts.rollout import (
     Completion,
     GenerationRequest,
     PauseMode,
+    RolloutConfig,
     SamplingParams,
     WeightMeta,
     batch_requests,
@@ -47,7 +50,7 @@ if TYPE_CHECKING:
     from plugrl.cluster.ray_group import RayPlacement
     from plugrl.parts.rollout import RolloutEngine
     from plugrl.plugins import PluginManager
-    from plugrl.recipe import Recipe
+    from plugrl.recipe import ModelConfig, Recipe
 
 logger = logging.getLogger("plugrl.cluster")
 
@@ -623,3 +626,22 @@ def make_engine_group(
     except BaseException:
         placement.close()
         raise
+
+
+def make_frozen_engine_group(
+    recipe: Recipe,
+    *,
+    model: ModelConfig,
+    rollout: RolloutConfig,
+    device_name: str,
+    plugins: PluginManager,
+) -> EngineGroup:
+    """Engines that serve a second model, one that does not train (an LLM judge): the run's
+    ``recipe`` with ``model`` and ``rollout`` (that model's engine section, read with
+    :func:`plugrl.recipe.read_section`) in place of its own. The engines load ``model.path``
+    themselves and use its tokenizer; nothing connects them to the trainer, so they never
+    receive weights. They never sit on the trainer's devices either: in this process for
+    ``cluster: local``, on Ray on a placement of their own (``rollout.nnodes x
+    rollout.n_gpus_per_node`` of that section). Close the group when done with it."""
+    frozen = attrs.evolve(recipe, model=model, rollout=attrs.evolve(rollout, colocate=False))
+    return make_engine_group(frozen, device_name=device_name, plugins=plugins)

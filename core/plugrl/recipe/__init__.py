@@ -25,6 +25,7 @@ from plugrl.recipe.build import (
     iter_options,
     load_recipe,
     part_args,
+    read_section,
     section_class,
     validate_names,
 )
@@ -63,6 +64,7 @@ __all__ = [
     "normalize_shorthand",
     "parse_override",
     "part_args",
+    "read_section",
     "read_yaml",
     "section_class",
     "shipped_recipes",

@@ -93,9 +93,25 @@ def iter_options(obj: Any, prefix: str = "") -> Iterator[tuple[str, attrs.Attrib
             yield key, field, value
 
 
-def validate_names(recipe: Recipe, plugins: PluginManager) -> None:
-    """Check every option that names a registered part, and the args of chosen parts."""
-    for key, field, value in iter_options(recipe):
+def read_section(name: str, raw: Mapping[str, Any], plugins: PluginManager, key: str) -> Any:
+    """``raw`` read as the recipe section ``name`` the way :func:`build_recipe` reads it (into
+    the chosen plugin's config class, every part it names checked), for a section that sits
+    elsewhere in a recipe: a judge model's own ``rollout`` at ``reward.judge.rollout``, say.
+    Errors are keyed under ``key`` (``reward.judge.rollout.engine: unknown ...``)."""
+    try:
+        cls = section_class(name, raw, plugins)
+    except RecipeError as exc:
+        rest = (exc.key or "").partition(".")[2]
+        raise type(exc)(exc.bare_message, key=f"{key}.{rest}" if rest else key) from None
+    section = structure(cls, dict(raw), key, verl_index())
+    check_part_names(section, plugins, f"{key}.")
+    return section
+
+
+def check_part_names(config: Any, plugins: PluginManager, prefix: str = "") -> None:
+    """Check every option of ``config`` (a recipe or a section of one, keys under ``prefix``)
+    that names a registered part: it is registered and can run here."""
+    for key, field, value in iter_options(config, prefix):
         kind_name = field.metadata.get("registry")
         if not kind_name or (PART_KINDS[kind_name].accepts_auto and value == "auto"):
             continue
@@ -110,6 +126,11 @@ def validate_names(recipe: Recipe, plugins: PluginManager) -> None:
                     f"installed but cannot run here: it {reason}",
                     key=key,
                 )
+
+
+def validate_names(recipe: Recipe, plugins: PluginManager) -> None:
+    """Check every option that names a registered part, and the args of chosen parts."""
+    check_part_names(recipe, plugins)
     for kind in PART_KINDS.values():
         if kind.args_key is None:
             continue
