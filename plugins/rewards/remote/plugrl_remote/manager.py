@@ -611,7 +611,7 @@ class RemoteRewardManager(RewardManager):
                 f"remote reward at {self.url} {failure.what} ({where}, {tries}{more}); "
                 f"{failure.fix}"
             )
-        samples = sum(len(r.results) for r in failed.values())
+        samples = sum(id(p.future) in failed for p in places)  # rows of this batch
         logger.warning(
             "reward: %d of %d requests to %s failed and their %d samples were scored %g "
             "(reward.on_error=%s); first: %s, %s (%s)",
