@@ -235,6 +235,38 @@ def explain(key: str) -> None:
 
 
 @cli.group()
+def serve() -> None:
+    """Serve parts of a run over HTTP, for runs on other machines."""
+
+
+@serve.command("reward", context_settings={"max_content_width": 100})
+@click.argument("function", metavar="FILE.py:FUNCTION")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8000, show_default=True, type=int, help="Port to listen on.")
+@click.option(
+    "--workers",
+    default=max(1, min(os.cpu_count() or 1, 8)),
+    show_default="CPU count, at most 8",
+    type=click.IntRange(min=1),
+    help="Scoring worker processes: samples scored at once.",
+)
+@click.option(
+    "--timeout-s",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds one sample (a batch function: one request) may take to score.",
+)
+def serve_reward(function: str, host: str, port: int, workers: int, timeout_s: float) -> None:
+    """Serve a verl-style compute_score (or a batch function) from FILE.py over HTTP:
+    POST /score (plugrl's schema, for reward.manager=remote), POST /get_reward (OpenRLHF's,
+    for --remote_rm_url) and GET /health."""
+    from plugrl_tools.serve import serve_reward as serve_function
+
+    serve_function(function, host, port, workers, timeout_s)
+
+
+@cli.group()
 def convert() -> None:
     """Turn another framework's launch script into a plugrl recipe."""
 

@@ -31,7 +31,6 @@ import os
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from numbers import Real
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -41,6 +40,7 @@ from plugrl.config import non_negative, option, positive, section
 from plugrl.data.batch import Batch
 from plugrl.errors import PluginError, RecipeError
 from plugrl.parts.reward import RewardConfig, RewardManager, RewardOutput
+from plugrl.rewards.results import SampleResult, extra_columns, score_metrics
 from plugrl.rewards.scoring import Scorer, ScoringError
 from plugrl.rewards.workers import Call, Outcome, ProcessPool
 
@@ -48,16 +48,6 @@ if TYPE_CHECKING:
     from plugrl.parts.context import PartContext
 
 logger = logging.getLogger("plugrl.rewards")
-
-
-@attrs.define
-class SampleResult:
-    """One response's score, its extra fields, and how scoring went."""
-
-    score: float = 0.0
-    extras: dict[str, Any] = attrs.field(factory=dict)
-    status: str = "ok"  # ok | error | timeout
-    message: str = ""
 
 
 # --------------------------------------------------------------------------------------------
@@ -135,9 +125,9 @@ class ScoringRewardManager(RewardManager):
         if size:
             last = (lengths - 1).clamp(min=0)  # an empty response keeps its score on token 0
             scores[torch.arange(size), last] = torch.tensor(shaped, dtype=torch.float32)
-        extra = _extra_columns(results)
+        extra = extra_columns(results)
         extra.update(shaping_extra)
-        metrics = _metrics(results, data_sources, scores.sum(dim=-1))
+        metrics = score_metrics(results, data_sources, scores.sum(dim=-1))
         metrics.update(shaping_metrics)
         metrics.update(self.last_scoring)
         return RewardOutput(token_level_scores=scores, extra=extra, metrics=metrics)
@@ -274,50 +264,6 @@ def _unpack(
         return
     for index in indices:
         results[index] = SampleResult(failure_score, {}, outcome.status, outcome.message)
-
-
-def _extra_columns(results: list[SampleResult]) -> dict[str, list[Any]]:
-    keys: list[str] = []
-    for result in results:
-        keys += [k for k in result.extras if k not in keys]
-    columns = {key: [r.extras.get(key) for r in results] for key in keys}
-    if "score" in columns:  # samples whose scorer returned a bare number have a score too
-        columns["score"] = [r.score if r.status == "ok" else None for r in results]
-    return columns
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, Real) and math.isfinite(float(value))
-
-
-def _metrics(
-    results: list[SampleResult], data_sources: list[str], totals: torch.Tensor
-) -> dict[str, float]:
-    metrics: dict[str, float] = {
-        "reward/errors": float(sum(r.status == "error" for r in results)),
-        "reward/timeouts": float(sum(r.status == "timeout" for r in results)),
-    }
-    if len(results):
-        metrics["critic/score/mean"] = float(totals.mean())
-        metrics["critic/score/max"] = float(totals.max())
-        metrics["critic/score/min"] = float(totals.min())
-    by_source: dict[str, list[SampleResult]] = defaultdict(list)
-    for data_source, result in zip(data_sources, results, strict=True):
-        by_source[data_source].append(result)
-    for data_source, group in sorted(by_source.items()):
-        prefix = f"reward/{data_source}"
-        metrics[f"{prefix}/score"] = sum(r.score for r in group) / len(group)
-        fields: dict[str, list[float]] = defaultdict(list)
-        for result in group:
-            for key, value in result.extras.items():
-                if key != "score" and _is_number(value):
-                    fields[key].append(float(value))
-        for key, values in fields.items():
-            if key == "acc":  # failed samples count as wrong
-                metrics[f"{prefix}/acc"] = sum(values) / len(group)
-            else:
-                metrics[f"{prefix}/{key}"] = sum(values) / len(values)
-    return metrics
 
 
 # --------------------------------------------------------------------------------------------

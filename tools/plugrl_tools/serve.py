@@ -1,0 +1,279 @@
+"""``plugrl serve reward FILE.py:function``: a scoring function served over HTTP, for the
+``remote`` reward manager (``reward.manager: remote``) or an OpenRLHF run
+(``--remote_rm_url``).
+
+Endpoints:
+
+* ``POST /score``, plugrl's schema: ``{"samples": [{"data_source", "prompt", "response",
+  "ground_truth", "extra_info"}, ...]}`` -> ``{"scores": [number | {"score": number, ...},
+  ...]}``;
+* ``POST /get_reward``, OpenRLHF's: ``{"query": [...], "prompts": [...], "labels": [...]}`` ->
+  ``{"rewards": [...], "scores": [...], "extra_logs": {field: [...]}}``; each response is the
+  query with its prompt cut off the front, the label is the ground truth and the data source
+  is ``openrlhf``;
+* ``GET /health`` -> ``{"status": "ok", "function": ...}``.
+
+Every sample is scored in the kernel's worker processes (:mod:`plugrl.rewards.workers`), each
+under ``--timeout-s``; a batch function (one with ``solution_strs``) is called once per request
+under it. A sample whose scoring fails or times out fails its request with HTTP 500 and a JSON
+``{"error": ...}`` naming the sample, so the client's failure policy applies to it; a request
+that does not follow the schema gets HTTP 400 saying what is wrong.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import json
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from plugrl.errors import PlugrlError, RecipeError
+from plugrl.rewards.scoring import FileFunction, Scorer
+from plugrl.rewards.workers import Call, Outcome, ProcessPool
+
+INSTALL_HINT = "plugrl serve needs uvicorn and starlette: pip install 'plugrl[serve]'"
+OPENRLHF_DATA_SOURCE = "openrlhf"
+SAMPLE_FIELDS = ("data_source", "prompt", "response", "ground_truth", "extra_info")
+
+
+class BadRequest(ValueError):
+    """A request that does not follow the endpoint's schema (HTTP 400)."""
+
+
+class ScoringFailed(RuntimeError):
+    """A sample's scoring failed or timed out (HTTP 500)."""
+
+
+def load_scorer(spec: str) -> Scorer:
+    """The scorer ``FILE.py:function`` names (``:compute_score`` when left out), checked now."""
+    path, _, name = spec.rpartition(":") if ":" in spec else (spec, "", "")
+    name = name or "compute_score"
+    if not path.endswith(".py"):
+        raise RecipeError(
+            f"{spec!r} is not FILE.py:function; name the Python file and, after a colon, the "
+            "function (compute_score when left out)"
+        )
+    function = FileFunction(str(Path(path).expanduser().resolve()), name)
+    try:
+        function.load()
+    except RecipeError as exc:
+        # the loader's fixes name recipe keys; here the function is named on the command line
+        message = exc.bare_message
+        if exc.key == "reward.custom_function.name":
+            message = message.rsplit("; ", 1)[0] + "; name it after the colon: FILE.py:FUNCTION"
+        raise PlugrlError(message) from None
+    scorer = Scorer.wrap(function, f"reward function {name!r} from {path}")
+    scorer.check_picklable()
+    return scorer
+
+
+# --------------------------------------------------------------------------------------------
+# Reading requests
+# --------------------------------------------------------------------------------------------
+
+
+def read_plugrl_request(body: Any) -> list[dict[str, Any]]:
+    """The samples of a ``/score`` request, as scorer keyword arguments."""
+    if not isinstance(body, Mapping) or not isinstance(body.get("samples"), list):
+        raise BadRequest('the body must be a JSON object {"samples": [...]}')
+    samples = []
+    for index, sample in enumerate(body["samples"]):
+        if not isinstance(sample, Mapping):
+            raise BadRequest(f"sample {index} is not a JSON object")
+        missing = [f for f in ("data_source", "response", "ground_truth") if f not in sample]
+        if missing:
+            raise BadRequest(f"sample {index} has no {', '.join(map(repr, missing))}")
+        samples.append(
+            {
+                "data_source": str(sample["data_source"]),
+                "solution_str": str(sample["response"]),
+                "ground_truth": sample["ground_truth"],
+                "extra_info": sample.get("extra_info"),
+            }
+        )
+    return samples
+
+
+def read_openrlhf_request(body: Any) -> list[dict[str, Any]]:
+    """The samples of a ``/get_reward`` request, as scorer keyword arguments."""
+    if not isinstance(body, Mapping) or not isinstance(body.get("query"), list):
+        raise BadRequest('the body must be a JSON object {"query": [...], "prompts": [...], ...}')
+    queries = body["query"]
+    prompts = body.get("prompts") or [""] * len(queries)
+    labels = body.get("labels") or [None] * len(queries)
+    for name, values in (("prompts", prompts), ("labels", labels)):
+        if not isinstance(values, list) or len(values) != len(queries):
+            raise BadRequest(f"{name!r} must be a list as long as 'query' ({len(queries)})")
+    samples = []
+    for index, (query, prompt) in enumerate(zip(queries, prompts, strict=True)):
+        if not isinstance(query, str) or not isinstance(prompt, str):
+            raise BadRequest(f"query and prompt {index} must be strings")
+        response = query[len(prompt) :] if prompt and query.startswith(prompt) else query
+        samples.append(
+            {
+                "data_source": OPENRLHF_DATA_SOURCE,
+                "solution_str": response,
+                "ground_truth": labels[index],
+                "extra_info": None,
+            }
+        )
+    return samples
+
+
+# --------------------------------------------------------------------------------------------
+# Scoring
+# --------------------------------------------------------------------------------------------
+
+
+class RewardService:
+    """Scores requests' samples in a worker pool. The pool is used from one thread of its
+    own: its workers are tied to the thread that started them, and it runs one batch at a
+    time anyway."""
+
+    def __init__(self, scorer: Scorer, workers: int, timeout_s: float) -> None:
+        self.scorer = scorer
+        self.timeout_s = timeout_s
+        self.pool = ProcessPool(workers)
+        self._thread = concurrent.futures.ThreadPoolExecutor(1, "plugrl reward pool")
+        self._closed = False
+
+    async def score(self, samples: list[dict[str, Any]]) -> list[tuple[float, dict[str, Any]]]:
+        """``(score, extras)`` per sample; :class:`ScoringFailed` naming the first sample
+        whose scoring failed or timed out."""
+        if not samples:
+            return []
+        if self.scorer.batch:
+            columns = {
+                "data_sources": [s["data_source"] for s in samples],
+                "solution_strs": [s["solution_str"] for s in samples],
+                "ground_truths": [s["ground_truth"] for s in samples],
+                "extra_infos": [s["extra_info"] for s in samples],
+            }
+            calls = [Call(self.scorer, columns, self.timeout_s, kind="batch")]
+        else:
+            calls = [Call(self.scorer, sample, self.timeout_s) for sample in samples]
+        loop = asyncio.get_running_loop()
+        # each call goes to whichever worker is free: --workers samples score at once
+        outcomes = await loop.run_in_executor(self._thread, self.pool.map, calls)
+        if self.scorer.batch:
+            return _checked(outcomes[0], "the batch", samples[0]["data_source"], self.timeout_s)
+        return [
+            _checked(outcome, f"sample {index}", samples[index]["data_source"], self.timeout_s)
+            for index, outcome in enumerate(outcomes)
+        ]
+
+    def close(self) -> None:
+        """Stop the workers (once; later calls do nothing)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._thread.submit(self.pool.close).result()
+        self._thread.shutdown()
+
+
+def _checked(outcome: Outcome, which: str, data_source: str, timeout_s: float) -> Any:
+    if outcome.ok:
+        return outcome.value
+    if outcome.status == "timeout":
+        what = f"timed out: took over {timeout_s:g} s (--timeout-s)"
+    else:
+        what = f"failed: {outcome.message}"
+    raise ScoringFailed(f"{which} (data_source {data_source!r}) {what}")
+
+
+def plugrl_answer(results: Sequence[tuple[float, dict[str, Any]]]) -> dict[str, Any]:
+    """``{"scores": [...]}``: a number per sample, or its dict when the scorer gave one."""
+    return {"scores": [extras if extras else score for score, extras in results]}
+
+
+def openrlhf_answer(results: Sequence[tuple[float, dict[str, Any]]]) -> dict[str, Any]:
+    """``{"rewards", "scores", "extra_logs"}``: the numeric extra fields as ``extra_logs``."""
+    rewards = [score for score, _ in results]
+    names: list[str] = []
+    for _, extras in results:
+        names += [k for k, v in extras.items() if k != "score" and k not in names and _num(v)]
+    logs = {name: [_log_value(extras.get(name)) for _, extras in results] for name in names}
+    return {"rewards": rewards, "scores": rewards, "extra_logs": logs}
+
+
+def _num(value: Any) -> bool:
+    return isinstance(value, (int, float))
+
+
+def _log_value(value: Any) -> float:
+    return float(value) if _num(value) else 0.0
+
+
+# --------------------------------------------------------------------------------------------
+# The app
+# --------------------------------------------------------------------------------------------
+
+
+def build_app(service: RewardService) -> Any:
+    """The starlette app of the three endpoints, scoring with ``service``."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    async def answer(request: Request, read: Any, write: Any) -> JSONResponse:
+        try:
+            body = json.loads(await request.body())
+        except ValueError as exc:
+            return JSONResponse({"error": f"the body is not JSON ({exc})"}, status_code=400)
+        try:
+            samples = read(body)
+        except BadRequest as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        try:
+            results = await service.score(samples)
+        except (ScoringFailed, PlugrlError) as exc:
+            return JSONResponse({"error": str(exc)}, status_code=500)
+        return JSONResponse(write(results))
+
+    async def score(request: Request) -> JSONResponse:
+        return await answer(request, read_plugrl_request, plugrl_answer)
+
+    async def get_reward(request: Request) -> JSONResponse:
+        return await answer(request, read_openrlhf_request, openrlhf_answer)
+
+    async def health(request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok", "function": service.scorer.label})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        service.close()
+
+    return Starlette(
+        routes=[
+            Route("/score", score, methods=["POST"]),
+            Route("/get_reward", get_reward, methods=["POST"]),
+            Route("/health", health, methods=["GET"]),
+        ],
+        lifespan=lifespan,
+    )
+
+
+def check_installed() -> None:
+    """One line naming the extra when uvicorn or starlette is missing."""
+    import importlib.util
+
+    if any(importlib.util.find_spec(m) is None for m in ("uvicorn", "starlette")):
+        raise PlugrlError(INSTALL_HINT)
+
+
+def serve_reward(spec: str, host: str, port: int, workers: int, timeout_s: float) -> None:
+    """Serve the scorer ``spec`` names until interrupted."""
+    check_installed()
+    import uvicorn
+
+    scorer = load_scorer(spec)
+    service = RewardService(scorer, workers, timeout_s)
+    try:
+        uvicorn.run(build_app(service), host=host, port=port, log_level="info")
+    finally:
+        service.close()
