@@ -104,6 +104,14 @@ class RewardConfig:
         "'fallback' (a neutral score for a flaky remote reward, say).",
     )
 
+    overlap: bool = option(
+        True,
+        "Score each prompt's responses as soon as they finish, while the others still "
+        "generate (in the sync and fully_async schedulers), instead of after the whole batch; "
+        "scores and metrics are the same either way. Needs a manager that implements prefetch "
+        "(the built-in ones do).",
+    )
+
     def failure_score(self) -> float:
         """What a failed or timed-out sample scores under this section's ``on_error``."""
         return self.fallback_score if self.on_error == "fallback" else 0.0
