@@ -99,6 +99,15 @@ class EarlyScores:
         with self._changed:
             return sum(len(entries) for entries in self._by_key.values())
 
+    def unscored(self) -> int:
+        """Samples prefetched and not yet scored (queued, or being scored now)."""
+        with self._changed:
+            return sum(
+                entry.state in ("queued", "scoring")
+                for entries in self._by_key.values()
+                for entry in entries
+            )
+
     def _loop(self) -> None:
         while True:
             with self._changed:
