@@ -2,12 +2,12 @@
 and how the later call on the whole batch finds it.
 
 Prefetched samples wait in a queue; one scoring thread takes every sample queued so far,
-scores them as one run of the manager's worker pool (pools take one run at a time), and
+scores them as one run of a worker pool of its own (a pool takes one run at a time), and
 takes the next lot. The results are kept by content (data source, decoded response, ground
 truth, extra_info): the batch's call takes, for each of its rows, one result of the same
-content, whatever order the rows come in, waits for those still being scored, and scores the
-rest itself. A result is taken once, so a response that appears twice is scored twice, as
-without prefetch.
+content, whatever order the rows come in, scores the rest itself (in the manager's own pool,
+while the early run goes on), then waits for those still being scored early. A result is
+taken once, so a response that appears twice is scored twice, as without prefetch.
 
 Results nobody takes (a fully-async rollouter prefetches samples the trainer later drops)
 are forgotten after :data:`FORGET_AFTER_CALLS` batches; a row whose result was forgotten is
@@ -71,9 +71,6 @@ class EarlyScores:
         self._by_key: dict[bytes, list[_Entry]] = {}
         self._thread: threading.Thread | None = None
         self._stopping = False
-        # batches taking their results: the thread starts no new run meanwhile, so a batch
-        # scores its own remaining rows without waiting behind samples of later batches
-        self._taking = 0
 
     def add(self, samples: Sequence[dict[str, Any]]) -> None:
         """Queue ``samples`` for the scoring thread (started on first use); returns at once."""
@@ -111,7 +108,7 @@ class EarlyScores:
     def _loop(self) -> None:
         while True:
             with self._changed:
-                while not self._stopping and (self._taking or not self._queue):
+                while not self._stopping and not self._queue:
                     self._changed.wait()
                 if self._stopping:
                     return
@@ -142,33 +139,37 @@ class EarlyScores:
         is one (waiting for it if it is being scored), else scored now by ``score``; and how
         many were scored before this call."""
         with self._changed:
-            self._taking += 1
-            try:
-                taken = [self._take(content_key(sample)) for sample in samples]
-                ready = sum(entry is not None and entry.state == "done" for entry in taken)
+            taken = [self._take(content_key(sample)) for sample in samples]
+            ready = sum(entry is not None and entry.state == "done" for entry in taken)
+        try:
+            results: list[Any] = [None] * len(samples)
+            self._score_into(results, samples, [i for i, e in enumerate(taken) if e is None], score)
+            with self._changed:
                 while any(entry is not None and entry.state == "scoring" for entry in taken):
                     self._changed.wait()
-            except BaseException:
-                self._taking -= 1
-                self._changed.notify_all()
-                raise
-        try:
-            results: list[Any] = [
-                entry.result if entry is not None and entry.state == "done" else None
-                for entry in taken
-            ]
-            missing = [index for index, result in enumerate(results) if result is None]
-            if missing:
-                for index, result in zip(
-                    missing, score([samples[i] for i in missing]), strict=True
-                ):
-                    results[index] = result
+            for index, entry in enumerate(taken):
+                if entry is not None and entry.state == "done":
+                    results[index] = entry.result
+            # samples whose early run failed: scored again here, where the failure surfaces
+            self._score_into(
+                results, samples, [i for i, r in enumerate(results) if r is None], score
+            )
         finally:
             with self._changed:
-                self._taking -= 1
                 self._forget_old()
-                self._changed.notify_all()
         return results, ready
+
+    @staticmethod
+    def _score_into(
+        results: list[Any],
+        samples: Sequence[dict[str, Any]],
+        indices: list[int],
+        score: Callable[[list[dict[str, Any]]], list[Any]],
+    ) -> None:
+        if indices:
+            scored = score([samples[i] for i in indices])
+            for index, result in zip(indices, scored, strict=True):
+                results[index] = result
 
     def _take(self, key: bytes | None) -> _Entry | None:
         """The best entry of ``key`` (done, else being scored), removed from the cache; a

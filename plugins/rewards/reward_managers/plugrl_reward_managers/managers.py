@@ -83,13 +83,18 @@ class ScoringRewardManager(RewardManager):
 
     name = "naive"
     accepts_batch_functions = False
+    early_pool_of_its_own = False
+    """Score early in a second pool, so the batch's call scores its remaining samples at the
+    same time (managers whose pool scores several samples at once); otherwise early runs
+    and the batch's call take turns in the one pool, as one worker scores one at a time."""
 
     def __init__(self, config: RewardConfig, context: PartContext) -> None:
         super().__init__(config, context)
         self._pool: Any = None
+        self._early_pool: Any = None
         self._said_calls_wait = False
         self._early: EarlyScores | None = None
-        self._early_lock = threading.Lock()
+        self._early_lock = threading.Lock()  # guards _early and the pools' creation
         # the scoring calls' time measured since the last batch (prefetched runs included)
         self._measured_lock = threading.Lock()
         self._measured_wall_s = 0.0
@@ -155,7 +160,7 @@ class ScoringRewardManager(RewardManager):
             return
         with self._early_lock:
             if self._early is None:
-                self._early = EarlyScores(self.score, self.name)
+                self._early = EarlyScores(self._score_early, self.name)
             early = self._early
         early.add(samples)
 
@@ -184,12 +189,23 @@ class ScoringRewardManager(RewardManager):
             )
         ]
 
+    def _score_early(self, samples: list[dict[str, Any]]) -> list[SampleResult]:
+        if not self.early_pool_of_its_own:
+            return self.score(samples)  # the pool runs one batch at a time, in turns
+        # the batch's call scores its remaining samples while the early ones finish, rather
+        # than queueing behind them for up to one call's latency
+        with self._early_lock:
+            if self._early_pool is None:
+                self._early_pool = self.make_pool()
+        return self.score(samples, pool=self._early_pool)
+
     def _scoring_metrics(self) -> dict[str, float]:
         """``perf/reward_workers`` now and ``perf/reward_busy_fraction`` of the calls measured
         since the last batch; the measurement starts over."""
         metrics: dict[str, float] = {}
-        if self._pool is not None:
-            metrics["perf/reward_workers"] = float(len(pool_members(self._pool)))
+        pools = [pool for pool in (self._pool, self._early_pool) if pool is not None]
+        if pools:
+            metrics["perf/reward_workers"] = float(sum(len(pool_members(p)) for p in pools))
         with self._measured_lock:
             wall, busy = self._measured_wall_s, self._measured_busy_s
             self._measured_wall_s = self._measured_busy_s = 0.0
@@ -205,13 +221,14 @@ class ScoringRewardManager(RewardManager):
             texts.append(self.tokenizer.decode(tokens, skip_special_tokens=True))
         return texts
 
-    def score(self, samples: Sequence[dict[str, Any]]) -> list[SampleResult]:
-        """Score every sample in the worker pool; one result per sample, in order."""
+    def score(self, samples: Sequence[dict[str, Any]], pool: Any = None) -> list[SampleResult]:
+        """Score every sample in the worker pool (``pool``, or the manager's); one result per
+        sample, in order."""
         if not samples:
             return []
         scorers = {ds: self._scorer(ds) for ds in {s["data_source"] for s in samples}}
         tasks, owners = self.plan(samples, scorers)
-        pool = self.pool()
+        pool = pool or self.pool()
         workers_started = getattr(pool, "started", 0)
         started = time.monotonic()
         outcomes = pool.run(tasks)
@@ -246,10 +263,16 @@ class ScoringRewardManager(RewardManager):
     def num_workers(self) -> int:
         return 1
 
-    def pool(self) -> ProcessPool:
-        if self._pool is None:
-            self._pool = ProcessPool(self.num_workers())
-        return self._pool
+    def pool(self) -> Any:
+        """The worker pool the batch's call scores in, started on first use."""
+        with self._early_lock:  # the scoring thread may ask for it at the same time
+            if self._pool is None:
+                self._pool = self.make_pool()
+            return self._pool
+
+    def make_pool(self) -> Any:
+        """A new worker pool of this manager's kind (one more scores early)."""
+        return ProcessPool(self.num_workers())
 
     def more_at_once(self, tasks: int) -> str | None:
         """What would score more samples at a time, when the pool cannot: here, a manager
@@ -285,10 +308,11 @@ class ScoringRewardManager(RewardManager):
         with self._early_lock:
             early, self._early = self._early, None
         if early is not None:
-            early.close()  # before the pool: its thread may be running the pool
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
+            early.close()  # before the pools: its thread may be running one
+        for pool in (self._pool, self._early_pool):
+            if pool is not None:
+                pool.close()
+        self._pool = self._early_pool = None
 
     # ------------------------------------------------------------------ failures
 
@@ -602,6 +626,7 @@ class ParallelRewardManager(ScoringRewardManager):
     expensive scorers. Each sample still has its own ``reward.timeout_s``."""
 
     name = "parallel"
+    early_pool_of_its_own = True
 
     def num_workers(self) -> int:
         """The workers the pool starts with (and keeps, when ``reward.num_workers`` is set)."""
@@ -614,15 +639,12 @@ class ParallelRewardManager(ScoringRewardManager):
             return self.config.num_workers  # type: ignore[attr-defined]
         return max(self.num_workers(), self.config.max_workers)  # type: ignore[attr-defined]
 
-    def pool(self) -> Any:
-        if self._pool is None:
-            if self.config.backend == "ray":  # type: ignore[attr-defined]
-                from plugrl.rewards.ray_pool import RayPool
+    def make_pool(self) -> Any:
+        if self.config.backend == "ray":  # type: ignore[attr-defined]
+            from plugrl.rewards.ray_pool import RayPool
 
-                self._pool = RayPool(self.num_workers(), self.max_workers())
-            else:
-                self._pool = ProcessPool(self.num_workers(), self.max_workers())
-        return self._pool
+            return RayPool(self.num_workers(), self.max_workers())
+        return ProcessPool(self.num_workers(), self.max_workers())
 
     def more_at_once(self, tasks: int) -> str | None:
         workers = len(pool_members(self._pool))
