@@ -66,7 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--managers", default="parallel,naive", help="Reward managers.")
     parser.add_argument("--workers", type=int, default=8, help="reward.num_workers (parallel).")
     parser.add_argument("--repeats", type=int, default=3, help="Runs per mode and manager.")
-    parser.add_argument("--steps", type=int, default=3, help="Steps per run (the first is warm-up).")
+    parser.add_argument(
+        "--steps", type=int, default=3, help="Steps per run (the first is warm-up)."
+    )
     parser.add_argument("--batch", type=int, default=12, help="Prompts per step (parallel).")
     parser.add_argument("--naive-batch", type=int, default=2, help="Prompts per step (naive).")
     parser.add_argument("--n", type=int, default=4, help="Responses per prompt.")
