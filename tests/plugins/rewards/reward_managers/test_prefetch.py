@@ -262,3 +262,20 @@ def test_close_stops_the_scoring_thread(build, tokenizer, log):
     manager.close()
     assert not threads[0].is_alive()
     assert manager._pool is None
+
+
+def test_parallel_scores_early_in_a_pool_of_its_own_and_naive_in_its_one_worker(
+    build, tokenizer, log
+):
+    parallel = build(manager="parallel", num_workers=2)
+    parallel.prefetch(rows(tokenizer, TEXTS, [0, 1]))
+    wait_scored(parallel)
+    output = parallel(batch_of(tokenizer, TEXTS))
+    assert parallel._early_pool is not None and parallel._early_pool is not parallel._pool
+    assert output.metrics["perf/reward_workers"] == 4.0  # two pools of two
+    naive = build()
+    naive.prefetch(rows(tokenizer, TEXTS, [0, 1]))
+    wait_scored(naive)
+    output = naive(batch_of(tokenizer, TEXTS))
+    assert naive._early_pool is None
+    assert output.metrics["perf/reward_workers"] == 1.0
