@@ -2,11 +2,12 @@
 and how the later call on the whole batch finds it.
 
 Prefetched samples wait in a queue; one scoring thread takes every sample queued so far,
-scores them as one run of a worker pool of its own (a pool takes one run at a time), and
-takes the next lot. The results are kept by content (data source, decoded response, ground
-truth, extra_info): the batch's call takes, for each of its rows, one result of the same
-content, whatever order the rows come in, scores the rest itself (in the manager's own pool,
-while the early run goes on), then waits for those still being scored early. A result is
+scores them as one run of a worker pool (a pool takes one run at a time), and takes the next
+lot. The results are kept by content (data source, decoded response, ground truth,
+extra_info): the batch's call takes, for each of its rows, one result of the same content,
+whatever order the rows come in, scores the rest itself, then waits for those still being
+scored early. Where the early runs have a pool of their own (the ``parallel`` manager) the
+batch's rest is scored while the early run goes on; otherwise the two take turns. A result is
 taken once, so a response that appears twice is scored twice, as without prefetch.
 
 Results nobody takes (a fully-async rollouter prefetches samples the trainer later drops)

@@ -22,9 +22,10 @@ share of the batch's responses already scored when the batch came).
 
 Every manager scores early (:meth:`ScoringRewardManager.prefetch`): responses handed over
 while others still generate are scored on a thread of the manager's own
-(:mod:`plugrl_reward_managers.early`), and the batch's call takes their results. The ``batch``
-manager then calls a batch-form function on the responses finished together rather than on
-the whole batch: a function whose scores depend on other rows of the batch needs
+(:mod:`plugrl_reward_managers.early`; ``parallel`` in a second pool, the others in their one
+worker, taking turns with the batch's call), and the batch's call takes their results. The
+``batch`` manager then calls a batch-form function on the responses finished together rather
+than on the whole batch: a function whose scores depend on other rows of the batch needs
 ``reward.overlap: false``.
 
 A batch whose scoring took over a second, its calls mostly waiting, with no more workers to
