@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from plugrl.data.batch import Batch
     from plugrl.metrics import StepTimer
     from plugrl.parts.reward import RewardOutput
-    from plugrl.parts.rollout import SamplingParams
+    from plugrl.parts.rollout import Completion, SamplingParams
     from plugrl.recipe import Recipe
 
 logger = logging.getLogger("plugrl.run")  # where a run's progress lines go
@@ -63,13 +64,52 @@ def generate(parts: RunParts, prompts: Batch, params: SamplingParams) -> Batch:
     from the engines, as a batch in verl's layout: the prompts' columns repeated per response,
     ``responses``, ``response_mask``, ``input_ids``, ``attention_mask``, ``position_ids``,
     ``rollout_log_probs``, and ``meta["temperature"]``, the temperature log-probs are
-    recomputed at."""
+    recomputed at.
+
+    When the run scores early (:func:`scores_early`), each prompt's responses go to the
+    reward manager's ``prefetch`` as soon as they finish; the caller then scores the batch
+    (:func:`score`, :func:`reward_output`), which takes those results."""
     from plugrl.data.rollout_batch import build_rollout_batch
 
-    completions = parts.engines.generate(list(prompts["raw_prompt_ids"]), params)
+    prompt_ids = list(prompts["raw_prompt_ids"])
+    if scores_early(parts):
+
+        def on_finished(index: int, completions: list[Completion]) -> None:
+            prefetch_scores(parts, prompts.select([index]), completions, params.n)
+
+        completions = parts.engines.generate(prompt_ids, params, on_finished=on_finished)
+    else:
+        completions = parts.engines.generate(prompt_ids, params)
     batch = build_rollout_batch(prompts, completions, n=params.n, pad_token_id=parts.pad_token_id)
     batch.meta["temperature"] = params.temperature or 1.0
     return batch
+
+
+def scores_early(parts: RunParts) -> bool:
+    """Whether responses are handed to the reward manager as they finish: ``reward.overlap``
+    is on and the manager implements :meth:`~plugrl.parts.reward.RewardManager.prefetch`."""
+    from plugrl.parts.reward import RewardManager
+
+    prefetch = getattr(type(parts.reward), "prefetch", RewardManager.prefetch)
+    return bool(parts.recipe.reward.overlap) and prefetch is not RewardManager.prefetch
+
+
+def prefetch_scores(
+    parts: RunParts, prompt: Batch, completions: Sequence[Completion], n: int
+) -> None:
+    """Hand one prompt's ``n`` finished ``completions`` (``prompt`` is its one row of a
+    prompt batch) to the reward manager's ``prefetch``, as the rows the batch will hold."""
+    import attrs
+
+    from plugrl.data.rollout_batch import build_rollout_batch
+
+    # copies: the engine group numbers the originals by their place in the whole batch
+    group = [
+        attrs.evolve(completion, prompt_index=0)
+        for completion in sorted(completions, key=lambda c: c.sample_index)
+    ]
+    rows = build_rollout_batch(prompt, group, n=n, pad_token_id=parts.pad_token_id)
+    parts.reward.prefetch(rows)
 
 
 def reward_output(parts: RunParts, batch: Batch) -> RewardOutput:

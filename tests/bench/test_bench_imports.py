@@ -113,3 +113,22 @@ def test_the_weight_transport_bench_says_it_needs_ray(monkeypatch):
         "bench_weight_transport needs Ray for its object_store and collective cases: "
         "pip install -c constraints/cpu.txt -e '.[ray]'"
     )
+
+
+def test_the_reward_overlap_bench_needs_a_step_after_the_warm_up():
+    bench = load_bench("bench_reward_overlap")
+    with pytest.raises(SystemExit) as info:
+        bench.main(["--steps", "1"])
+    assert str(info.value) == "--steps 1: the first step is warm-up, so at least 2"
+
+
+@pytest.mark.slow
+def test_the_reward_overlap_bench_runs_both_modes(tmp_path, capsys):
+    bench = load_bench("bench_reward_overlap")
+    small = ["--latency", "0.01", "--repeats", "1", "--steps", "2", "--batch", "2"]
+    small += ["--naive-batch", "1", "--n", "2", "--max-response-length", "16"]
+    assert bench.main([*small, "--step-ms", "1", "--work-dir", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "parallel (2 prompts x 2 responses per step, 8 workers)" in printed
+    assert "naive (1 prompts x 2 responses per step)" in printed
+    assert printed.count("on / off: ") == 2

@@ -42,9 +42,9 @@ def generations(monkeypatch):
     calls = []
     generate = EngineGroup.generate
 
-    def recording(self, prompts, params):
+    def recording(self, prompts, params, **options):
         calls.append(len(prompts))
-        return generate(self, prompts, params)
+        return generate(self, prompts, params, **options)
 
     monkeypatch.setattr(EngineGroup, "generate", recording)
     return calls

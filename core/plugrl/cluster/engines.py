@@ -257,14 +257,25 @@ class EngineGroup(ABC):
         return await asyncio.wrap_future(self.submit(request, engine_index))
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        on_finished: Callable[[int, list[Completion]], None] | None = None,
     ) -> list[Completion]:
         """``params.n`` responses per prompt, grouped by prompt in prompt order (blocking):
         one request per prompt, spread over the engines, each seeded from ``params.seed`` by
-        its position so the batch samples the same on any number of engines."""
+        its position so the batch samples the same on any number of engines.
+
+        ``on_finished(prompt_index, completions)`` is called in the calling thread with each
+        prompt's completions (in any order) as soon as its request ends, while the others
+        still generate."""
         params.check()
         prefix = f"batch{next(self._batch_ids)}"
         futures = [self.submit(r) for r in batch_requests(prompts, params, prefix)]
+        if on_finished is not None:
+            prompt_index = {future: index for index, future in enumerate(futures)}
+            for future in concurrent.futures.as_completed(futures):
+                on_finished(prompt_index[future], future.result())
         return in_prompt_order([future.result() for future in futures])
 
     def in_flight(self) -> int:

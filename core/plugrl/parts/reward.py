@@ -115,6 +115,13 @@ class RewardConfig:
         False,
         "Score the reward.components at once, one thread each, instead of one after another.",
     )
+    overlap: bool = option(
+        True,
+        "Score each prompt's responses as soon as they finish, while the others still "
+        "generate (in the sync and fully_async schedulers), instead of after the whole batch; "
+        "scores and metrics are the same either way. Needs a manager that implements prefetch "
+        "(the built-in ones do).",
+    )
 
     def failure_score(self) -> float:
         """What a failed or timed-out sample scores under this section's ``on_error``."""

@@ -120,6 +120,25 @@ def test_a_batch_comes_back_grouped_by_prompt_and_seeded_per_prompt(local_group)
         assert c.finish_reason == "length" and c.token_versions == [0] * 4
 
 
+def test_each_prompts_completions_are_handed_over_as_its_request_ends(local_group):
+    params = SamplingParams(n=2, max_tokens=4, seed=9)
+    handed = []
+
+    def on_finished(prompt_index, completions):
+        assert not returned  # called while generate runs, in the calling thread
+        handed.append((prompt_index, sorted(c.token_ids for c in completions)))
+
+    returned = []
+    returned.extend(local_group.generate([[1], [2, 3], [4]], params, on_finished=on_finished))
+    assert sorted(index for index, _ in handed) == [0, 1, 2]
+    for index, tokens in handed:
+        assert tokens == sorted(batch_tokens(9, index, sample, 4) for sample in range(2))
+    plain = local_group.generate([[1], [2, 3], [4]], params)
+    assert [(c.prompt_index, c.token_ids) for c in returned] == [
+        (c.prompt_index, c.token_ids) for c in plain
+    ]
+
+
 def test_many_requests_are_in_flight_at_once(local_group):
     futures = [local_group.submit(request(f"r{i}", 50)) for i in range(20)]
     results = [future.result() for future in futures]

@@ -15,9 +15,18 @@ Metrics: ``critic/score/{mean,max,min}`` (per-response totals, shaping included)
 ``reward/<data_source>/score`` (mean raw score), ``reward/<data_source>/<field>`` (mean of each
 numeric field a scorer returns, ``acc`` included; a failed sample counts as ``acc`` 0),
 ``reward/errors`` and ``reward/timeouts``; and, measured on the machine,
-``perf/reward_workers`` (worker processes after the batch) and ``perf/reward_busy_fraction``
-(the share of the scoring calls' time spent computing or waiting for a core: near 0 for a
-scorer that waits on I/O or sleeps).
+``perf/reward_workers`` (worker processes after the batch), ``perf/reward_busy_fraction``
+(the share of the scoring calls' time since the last batch spent computing or waiting for a
+core: near 0 for a scorer that waits on I/O or sleeps) and ``perf/reward_prefetched`` (the
+share of the batch's responses already scored when the batch came).
+
+Every manager scores early (:meth:`ScoringRewardManager.prefetch`): responses handed over
+while others still generate are scored on a thread of the manager's own
+(:mod:`plugrl_reward_managers.early`; ``parallel`` in a second pool, the others in their one
+worker, taking turns with the batch's call), and the batch's call takes their results. The
+``batch`` manager then calls a batch-form function on the responses finished together rather
+than on the whole batch: a function whose scores depend on other rows of the batch needs
+``reward.overlap: false``.
 
 A batch whose scoring took over a second, its calls mostly waiting, with no more workers to
 give, logs once which key would score more samples at a time.
@@ -28,6 +37,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -43,6 +53,8 @@ from plugrl.parts.reward import RewardConfig, RewardManager, RewardOutput
 from plugrl.rewards.results import SampleResult, extra_columns, score_metrics
 from plugrl.rewards.scoring import Scorer, ScoringError
 from plugrl.rewards.workers import Call, Outcome, ProcessPool
+
+from .early import EarlyScores
 
 if TYPE_CHECKING:
     from plugrl.parts.context import PartContext
@@ -62,13 +74,22 @@ class ScoringRewardManager(RewardManager):
 
     name = "naive"
     accepts_batch_functions = False
+    early_pool_of_its_own = False
+    """Score early in a second pool, so the batch's call scores its remaining samples at the
+    same time (managers whose pool scores several samples at once); otherwise early runs
+    and the batch's call take turns in the one pool, as one worker scores one at a time."""
 
     def __init__(self, config: RewardConfig, context: PartContext) -> None:
         super().__init__(config, context)
         self._pool: Any = None
+        self._early_pool: Any = None
         self._said_calls_wait = False
-        self.last_scoring: dict[str, float] = {}
-        """Machine measurements of the last :meth:`score`, as ``perf/`` metrics."""
+        self._early: EarlyScores | None = None
+        self._early_lock = threading.Lock()  # guards _early and the pools' creation
+        # the scoring calls' time measured since the last batch (prefetched runs included)
+        self._measured_lock = threading.Lock()
+        self._measured_wall_s = 0.0
+        self._measured_busy_s = 0.0
 
     # ------------------------------------------------------------------ start-up checks
 
@@ -93,31 +114,17 @@ class ScoringRewardManager(RewardManager):
     # ------------------------------------------------------------------ scoring
 
     def __call__(self, batch: Batch) -> RewardOutput:
-        batch.require(
-            "responses",
-            "response_mask",
-            "data_source",
-            "ground_truth",
-            by=f"reward manager {self.name!r}",
-        )
+        samples = self.samples(batch)
         responses: torch.Tensor = batch["responses"]
-        mask: torch.Tensor = batch["response_mask"]
         size = responses.shape[0]
-        lengths = mask.sum(dim=-1).to(torch.long)
-        texts = self.decode(responses, mask)
-        data_sources = [str(d) for d in batch["data_source"]]
-        ground_truths = list(batch["ground_truth"])
-        extra_infos = list(batch.get("extra_info", [None] * size))
-        samples = [
-            {
-                "data_source": data_sources[i],
-                "solution_str": texts[i],
-                "ground_truth": ground_truths[i],
-                "extra_info": extra_infos[i],
-            }
-            for i in range(size)
-        ]
-        results = self.score(samples)
+        lengths = batch["response_mask"].sum(dim=-1).to(torch.long)
+        data_sources = [s["data_source"] for s in samples]
+        with self._early_lock:
+            early = self._early
+        if early is not None:
+            results, prefetched = early.results_for(samples, self.score)
+        else:
+            results, prefetched = self.score(samples), 0
         self._handle_failures(results, data_sources)
         rewards = [r.score for r in results]
         shaped, shaping_extra, shaping_metrics = self.shape(rewards, lengths)
@@ -129,8 +136,73 @@ class ScoringRewardManager(RewardManager):
         extra.update(shaping_extra)
         metrics = score_metrics(results, data_sources, scores.sum(dim=-1))
         metrics.update(shaping_metrics)
-        metrics.update(self.last_scoring)
+        metrics.update(self._scoring_metrics())
+        metrics["perf/reward_prefetched"] = prefetched / size if size else 0.0
         return RewardOutput(token_level_scores=scores, extra=extra, metrics=metrics)
+
+    def prefetch(self, batch: Batch) -> None:
+        """Decode ``batch``'s responses and queue them for this manager's scoring thread, which
+        scores what has been queued as one run of the worker pool at a time; returns at once.
+        :meth:`__call__` takes their results by content (data source, decoded response,
+        ground truth, extra_info), so the rows may come back in any order and any batch
+        layout."""
+        samples = self.samples(batch)
+        if not samples:
+            return
+        with self._early_lock:
+            if self._early is None:
+                self._early = EarlyScores(self._score_early, self.name)
+            early = self._early
+        early.add(samples)
+
+    def samples(self, batch: Batch) -> list[dict[str, Any]]:
+        """The scoring arguments of each row: ``data_source``, ``solution_str`` (the decoded
+        response), ``ground_truth`` and ``extra_info``."""
+        batch.require(
+            "responses",
+            "response_mask",
+            "data_source",
+            "ground_truth",
+            by=f"reward manager {self.name!r}",
+        )
+        size = batch["responses"].shape[0]
+        texts = self.decode(batch["responses"], batch["response_mask"])
+        extra_infos = list(batch.get("extra_info", [None] * size))
+        return [
+            {
+                "data_source": str(data_source),
+                "solution_str": text,
+                "ground_truth": ground_truth,
+                "extra_info": extra_info,
+            }
+            for data_source, text, ground_truth, extra_info in zip(
+                batch["data_source"], texts, batch["ground_truth"], extra_infos, strict=True
+            )
+        ]
+
+    def _score_early(self, samples: list[dict[str, Any]]) -> list[SampleResult]:
+        if not self.early_pool_of_its_own:
+            return self.score(samples)  # the pool runs one batch at a time, in turns
+        # the batch's call scores its remaining samples while the early ones finish, rather
+        # than queueing behind them for up to one call's latency
+        with self._early_lock:
+            if self._early_pool is None:
+                self._early_pool = self.make_pool()
+        return self.score(samples, pool=self._early_pool)
+
+    def _scoring_metrics(self) -> dict[str, float]:
+        """``perf/reward_workers`` now and ``perf/reward_busy_fraction`` of the calls measured
+        since the last batch; the measurement starts over."""
+        metrics: dict[str, float] = {}
+        pools = [pool for pool in (self._pool, self._early_pool) if pool is not None]
+        if pools:
+            metrics["perf/reward_workers"] = float(sum(len(pool_members(p)) for p in pools))
+        with self._measured_lock:
+            wall, busy = self._measured_wall_s, self._measured_busy_s
+            self._measured_wall_s = self._measured_busy_s = 0.0
+        if wall > 0:
+            metrics["perf/reward_busy_fraction"] = busy / wall
+        return metrics
 
     def decode(self, responses: torch.Tensor, mask: torch.Tensor) -> list[str]:
         """Each response's valid tokens as text (special tokens skipped)."""
@@ -140,23 +212,26 @@ class ScoringRewardManager(RewardManager):
             texts.append(self.tokenizer.decode(tokens, skip_special_tokens=True))
         return texts
 
-    def score(self, samples: Sequence[dict[str, Any]]) -> list[SampleResult]:
-        """Score every sample in the worker pool; one result per sample, in order."""
+    def score(self, samples: Sequence[dict[str, Any]], pool: Any = None) -> list[SampleResult]:
+        """Score every sample in the worker pool (``pool``, or the manager's); one result per
+        sample, in order."""
         if not samples:
             return []
         scorers = {ds: self._scorer(ds) for ds in {s["data_source"] for s in samples}}
         tasks, owners = self.plan(samples, scorers)
-        pool = self.pool()
+        pool = pool or self.pool()
         workers_started = getattr(pool, "started", 0)
         started = time.monotonic()
         outcomes = pool.run(tasks)
         seconds = time.monotonic() - started
         measured = [o for task in outcomes for o in task if o.ok and o.wall_s > 0]
         wall = sum(o.wall_s for o in measured)
-        self.last_scoring = {"perf/reward_workers": float(len(pool_members(pool)))}
+        busy_s = sum(min(o.busy_s, o.wall_s) for o in measured)
+        with self._measured_lock:
+            self._measured_wall_s += wall
+            self._measured_busy_s += busy_s
         if wall > 0:
-            busy = sum(min(o.busy_s, o.wall_s) for o in measured) / wall
-            self.last_scoring["perf/reward_busy_fraction"] = busy
+            busy = busy_s / wall
             # a batch that started workers spent part of its time on their start-up
             if getattr(pool, "started", 0) == workers_started:
                 self._say_if_calls_wait(seconds, busy, len(tasks))
@@ -179,10 +254,16 @@ class ScoringRewardManager(RewardManager):
     def num_workers(self) -> int:
         return 1
 
-    def pool(self) -> ProcessPool:
-        if self._pool is None:
-            self._pool = ProcessPool(self.num_workers())
-        return self._pool
+    def pool(self) -> Any:
+        """The worker pool the batch's call scores in, started on first use."""
+        with self._early_lock:  # the scoring thread may ask for it at the same time
+            if self._pool is None:
+                self._pool = self.make_pool()
+            return self._pool
+
+    def make_pool(self) -> Any:
+        """A new worker pool of this manager's kind (one more scores early)."""
+        return ProcessPool(self.num_workers())
 
     def more_at_once(self, tasks: int) -> str | None:
         """What would score more samples at a time, when the pool cannot: here, a manager
@@ -215,9 +296,14 @@ class ScoringRewardManager(RewardManager):
         return scores, {}, {}
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
+        with self._early_lock:
+            early, self._early = self._early, None
+        if early is not None:
+            early.close()  # before the pools: its thread may be running one
+        for pool in (self._pool, self._early_pool):
+            if pool is not None:
+                pool.close()
+        self._pool = self._early_pool = None
 
     # ------------------------------------------------------------------ failures
 
@@ -487,6 +573,7 @@ class ParallelRewardManager(ScoringRewardManager):
     expensive scorers. Each sample still has its own ``reward.timeout_s``."""
 
     name = "parallel"
+    early_pool_of_its_own = True
 
     def num_workers(self) -> int:
         """The workers the pool starts with (and keeps, when ``reward.num_workers`` is set)."""
@@ -499,15 +586,12 @@ class ParallelRewardManager(ScoringRewardManager):
             return self.config.num_workers  # type: ignore[attr-defined]
         return max(self.num_workers(), self.config.max_workers)  # type: ignore[attr-defined]
 
-    def pool(self) -> Any:
-        if self._pool is None:
-            if self.config.backend == "ray":  # type: ignore[attr-defined]
-                from plugrl.rewards.ray_pool import RayPool
+    def make_pool(self) -> Any:
+        if self.config.backend == "ray":  # type: ignore[attr-defined]
+            from plugrl.rewards.ray_pool import RayPool
 
-                self._pool = RayPool(self.num_workers(), self.max_workers())
-            else:
-                self._pool = ProcessPool(self.num_workers(), self.max_workers())
-        return self._pool
+            return RayPool(self.num_workers(), self.max_workers())
+        return ProcessPool(self.num_workers(), self.max_workers())
 
     def more_at_once(self, tasks: int) -> str | None:
         workers = len(pool_members(self._pool))

@@ -127,8 +127,12 @@ class Rollouter:
         stop_after: int | None = None,
         resubmit: Sequence[PromptKey] = (),
         cluster_mode: str | None = None,
+        on_finished: Callable[[Sample], None] | None = None,
     ) -> None:
         self.engines = engines
+        self.on_finished = on_finished
+        """Called (in a worker thread) with each sample that goes to the buffer, before it
+        does: the scheduler starts scoring it there."""
         recipe = getattr(engines, "recipe", None)
         self.cluster_mode = cluster_mode or (recipe.cluster.mode if recipe else "local")
         """The run's ``cluster.mode``, which the pause line's advice fits: the engine group's
@@ -335,7 +339,17 @@ class Rollouter:
                 self.account.max_version_lag,
             )
         elif sample is not None and not self._stopping:
-            await asyncio.get_running_loop().run_in_executor(None, self.buffer.put, sample)
+            await asyncio.get_running_loop().run_in_executor(None, self._hand_over, sample)
+
+    def _hand_over(self, sample: Sample) -> None:
+        if self.on_finished is not None:
+            try:
+                self.on_finished(sample)
+            except Exception as exc:
+                # scoring early only saves time: the trainer scores the sample when it takes
+                # it, and a fault of the reward's surfaces there
+                logger.warning("scoring sample %d early failed: %s", sample.sample_id, exc)
+        self.buffer.put(sample)
 
     async def _continue_aborted(
         self, request: GenerationRequest, completions: list[Completion]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -19,8 +20,10 @@ from plugrl.parts.rollout import Capability, SamplingParams
 from plugrl.parts.scheduler import Scheduler
 from plugrl.steps import (
     compute_old_log_probs,
+    prefetch_scores,
     sampling_params,
     score,
+    scores_early,
     step_metrics,
     update_from_batch,
 )
@@ -155,6 +158,7 @@ class FullyAsyncScheduler(Scheduler):
             partial=self.partial_mode(parts),
             stop_after=config.total_rollout_steps,
             resubmit=self.resubmit,
+            on_finished=self.score_early(parts),
         )
         self.marks = _Marks(
             time.monotonic(),
@@ -166,6 +170,14 @@ class FullyAsyncScheduler(Scheduler):
         rollouter.start()
         self.rollouter = rollouter
         return rollouter
+
+    def score_early(self, parts: RunParts) -> Callable[[Sample], None] | None:
+        """What hands each finished sample's responses to the reward manager, which scores
+        them while the trainer trains on others (``reward.overlap``)."""
+        if not scores_early(parts):
+            return None
+        n = self.recipe.rollout.n
+        return lambda sample: prefetch_scores(parts, sample.prompt, sample.completions, n)
 
     def checkpoint_state(self) -> dict[str, Any]:
         """The rollouter's snapshot: the account, the data position and the prompts of every

@@ -460,3 +460,35 @@ def test_a_rollouter_takes_the_cluster_mode_of_its_engines_recipe():
     engines.recipe = build_recipe({"cluster": "ray"}, get_plugin_manager())
     rollouter = keep_rollouter(engines, StalenessAccount(2, 1, 0.0), max_in_flight=4)
     assert rollouter.cluster_mode == "ray"
+
+
+def test_each_sample_is_handed_over_before_the_buffer_and_a_failing_hand_over_is_logged(caplog):
+    engines = SleepingEngines(lambda request: 5)
+    account = StalenessAccount(2, 1, 0.5)
+    handed: list[int] = []
+
+    def on_finished(sample):
+        handed.append(sample.sample_id)
+        if sample.sample_id == 1:
+            raise RuntimeError("the reward manager is closed")
+
+    rollouter = Rollouter(
+        engines=engines,
+        account=account,
+        stream=Stream(),
+        buffer=LocalSampleBuffer(),
+        sampling_params=lambda number: SamplingParams(n=1, max_tokens=40, seed=number),
+        max_in_flight=2,
+        partial=None,
+        on_finished=on_finished,
+    )
+    rollouter.start()
+    try:
+        with caplog.at_level("WARNING", logger="plugrl.run"):
+            samples, _ = rollouter.take(2)
+            message = "scoring sample 1 early failed: the reward manager is closed"
+            wait_until(lambda: message in caplog.messages)
+    finally:
+        rollouter.close()
+    # the trainer takes a sample only once it was handed over, a failed hand-over included
+    assert {sample.sample_id for sample in samples} <= set(handed)

@@ -4,6 +4,8 @@ which passes it runs, and what it gives the engines."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import plugrl_sync.scheduler as sync_module
@@ -144,3 +146,61 @@ def test_remax_baselines_come_from_one_greedy_response_per_prompt(step_of, gener
     assert len(baselines) == len(batch)
     # one baseline per prompt, repeated for each of its responses
     assert baselines[0::2].tolist() == baselines[1::2].tolist()
+
+
+def sim_run_records(sim_task, folder, plugrl_recipe, plugins, overlap):
+    """The metrics of each step of a short sync run of the simulated parts, validation
+    included, with reward.overlap on or off."""
+    from plugrl.run import run_recipe
+
+    data = sim_recipe(sim_task, folder, train_batch_size=4, n=4, steps=3)
+    data["data"]["max_response_length"] = 64
+    data["trainer"].update(test_freq=2, val_before_train=True)
+    data["reward"] = {"overlap": overlap}
+    run_recipe(plugrl_recipe(data), plugins)
+    lines = (folder / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def test_scoring_while_generating_changes_no_metric(
+    sim_task, tmp_path, plugrl_recipe, plugrl_plugin_manager, monkeypatch
+):
+    from plugrl_reward_managers.managers import ScoringRewardManager
+
+    prefetched = []
+    prefetch = ScoringRewardManager.prefetch
+
+    def recording(self, batch):
+        prefetched.append(len(batch))
+        return prefetch(self, batch)
+
+    monkeypatch.setattr(ScoringRewardManager, "prefetch", recording)
+    plain = sim_run_records(
+        sim_task, tmp_path / "plain", plugrl_recipe, plugrl_plugin_manager, False
+    )
+    assert prefetched == []
+    early = sim_run_records(
+        sim_task, tmp_path / "early", plugrl_recipe, plugrl_plugin_manager, True
+    )
+    # each prompt's group as it finished: n=4 for the 4 prompts of each of 3 steps, and one
+    # response (val_kwargs.n) for each of the 4 validation prompts, before training, at step 2
+    # (test_freq) and after the last step
+    assert sorted(prefetched) == [1] * (3 * 4) + [4] * (3 * 4)
+    assert [r["step"] for r in early] == [r["step"] for r in plain] == [0, 1, 2, 3]
+
+    def deterministic(record):
+        # timing_s/ and perf/ are measured on the machine (perf/reward_prefetched too)
+        return {
+            key: value
+            for key, value in record.items()
+            if not key.startswith(("timing_s/", "perf/")) and key != "timestamp"
+        }
+
+    for without, with_overlap in zip(plain, early, strict=True):
+        assert deterministic(with_overlap) == deterministic(without), with_overlap["step"]
+    for without, with_overlap in zip(plain[1:], early[1:], strict=True):
+        assert 0.0 <= with_overlap["perf/reward_prefetched"] <= 1.0
+        assert without["perf/reward_prefetched"] == 0.0
+    assert any(key.startswith("val-core/") for key in early[0])
+    assert any(key.startswith("val-core/") for key in early[2])
+    assert {"critic/score/mean", "reward/plugrl/sim/acc", "actor/pg_loss"} <= set(early[1])
