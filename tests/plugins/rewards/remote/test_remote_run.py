@@ -70,15 +70,23 @@ def run(sim_task, run_dir, reward):
     return [json.loads(line) for line in lines if line.strip()]
 
 
-def test_remote_scores_equal_in_process_scores_step_by_step(sim_task, tmp_path, served_sim_scorer):
+@pytest.mark.parametrize(
+    ("overlap", "calls"),
+    # 4 prompts of 2 responses: the whole batch in requests of 3, or each prompt's group sent
+    # as it finishes (one request each)
+    [(False, 3.0), (True, 4.0)],
+)
+def test_remote_scores_equal_in_process_scores_step_by_step(
+    sim_task, tmp_path, served_sim_scorer, overlap, calls
+):
     local = run(sim_task, tmp_path / "local", {"manager": "naive"})
     remote = run(
         sim_task,
         tmp_path / "remote",
-        {"manager": "remote", "url": served_sim_scorer, "batch_size": 3},
+        {"manager": "remote", "url": served_sim_scorer, "batch_size": 3, "overlap": overlap},
     )
     assert [r["step"] for r in remote] == [r["step"] for r in local] == [1, 2, 3]
     for here, there in zip(local, remote, strict=True):
         assert {k: here[k] for k in COMPARED} == {k: there[k] for k in COMPARED}
-        assert there["reward/remote/calls"] == 3.0  # 8 samples, 3 a request
+        assert there["reward/remote/calls"] == calls
         assert there["reward/errors"] == 0.0
