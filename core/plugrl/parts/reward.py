@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import attrs
 
 from plugrl.config import option, positive, section
+from plugrl.errors import PluginError
 
 if TYPE_CHECKING:
     import torch
@@ -138,6 +139,21 @@ class RewardOutput:
     extra: dict[str, list[Any]] = attrs.field(factory=dict)
     """verl's ``reward_extra_info``: per-response columns (``acc``, ``pred``, ...)."""
     metrics: dict[str, float] = attrs.field(factory=dict)
+
+
+ConfigT = TypeVar("ConfigT", bound=RewardConfig)
+
+
+def expect_config(config: RewardConfig, config_cls: type[ConfigT], manager: str) -> ConfigT:
+    """``config`` as the config class ``manager`` registered; a one-line error when the manager
+    is built with another (a ``reward`` section not read through
+    :func:`plugrl.recipe.build_recipe`, which reads it into the chosen manager's class)."""
+    if not isinstance(config, config_cls):
+        raise PluginError(
+            f"the {manager} manager got a {type(config).__name__} reward section; build the "
+            f"recipe with plugrl.recipe.build_recipe so it is read into {config_cls.__name__}"
+        )
+    return config
 
 
 class RewardManager(ABC):

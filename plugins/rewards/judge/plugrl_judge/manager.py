@@ -40,7 +40,7 @@ import torch
 
 from plugrl.config import non_negative, option, positive, section
 from plugrl.errors import PluginError, RecipeError
-from plugrl.parts.reward import RewardConfig, RewardManager, RewardOutput
+from plugrl.parts.reward import RewardConfig, RewardManager, RewardOutput, expect_config
 from plugrl.parts.rollout import GenerationRequest, SamplingParams, derive_seed
 from plugrl.recipe import ModelConfig, read_section
 from plugrl.rewards.scoring import ScoringError
@@ -159,11 +159,7 @@ class JudgeRewardManager(RewardManager):
 
     def __init__(self, config: RewardConfig, context: PartContext) -> None:
         super().__init__(config, context)
-        if not isinstance(config, JudgeRewardConfig):
-            raise PluginError(
-                f"the judge manager got a {type(config).__name__} reward section; build the "
-                "recipe with plugrl.recipe.build_recipe so it is read into JudgeRewardConfig"
-            )
+        expect_config(config, JudgeRewardConfig, "judge")
         self.plugins = context.plugins
         self.judge = config.judge
         self.template = read_template(self.judge)

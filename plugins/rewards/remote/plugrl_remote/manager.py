@@ -44,8 +44,8 @@ import attrs
 import torch
 
 from plugrl.config import non_negative, option, positive
-from plugrl.errors import PluginError, RecipeError
-from plugrl.parts.reward import RewardConfig, RewardManager, RewardOutput
+from plugrl.errors import RecipeError
+from plugrl.parts.reward import RewardConfig, RewardManager, RewardOutput, expect_config
 from plugrl.rewards.results import SampleResult, extra_columns, score_metrics
 from plugrl.rewards.scoring import ScoringError
 
@@ -480,11 +480,7 @@ class RemoteRewardManager(RewardManager):
 
     def __init__(self, config: RewardConfig, context: PartContext) -> None:
         super().__init__(config, context)
-        if not isinstance(config, RemoteRewardConfig):
-            raise PluginError(
-                f"the remote manager got a {type(config).__name__} reward section; build the "
-                "recipe with plugrl.recipe.build_recipe so it is read into RemoteRewardConfig"
-            )
+        expect_config(config, RemoteRewardConfig, "remote")
         self.config: RemoteRewardConfig = config
         self.url = checked_url(config.url)
         self.client = RemoteClient(config, auth_headers(config.token_env))

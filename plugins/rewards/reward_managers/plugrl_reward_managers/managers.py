@@ -48,8 +48,8 @@ import torch
 
 from plugrl.config import non_negative, option, positive, section
 from plugrl.data.batch import Batch
-from plugrl.errors import PluginError, RecipeError
-from plugrl.parts.reward import RewardConfig, RewardManager, RewardOutput
+from plugrl.errors import RecipeError
+from plugrl.parts.reward import RewardConfig, RewardManager, RewardOutput, expect_config
 from plugrl.rewards.results import SampleResult, extra_columns, score_metrics
 from plugrl.rewards.scoring import Scorer, ScoringError
 from plugrl.rewards.workers import Call, Outcome, ProcessPool
@@ -436,11 +436,7 @@ class DAPORewardManager(ScoringRewardManager):
 
     def __init__(self, config: RewardConfig, context: PartContext) -> None:
         super().__init__(config, context)
-        if not isinstance(config, DAPORewardConfig):
-            raise PluginError(
-                f"the dapo manager got a {type(config).__name__} reward section; build the "
-                "recipe with plugrl.recipe.build_recipe so it is read into DAPORewardConfig"
-            )
+        expect_config(config, DAPORewardConfig, "dapo")
         buffer = config.overlong_buffer
         self.max_resp_len = config.max_resp_len or self.recipe.data.max_response_length
         if buffer.enable:

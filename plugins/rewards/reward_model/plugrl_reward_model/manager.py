@@ -45,7 +45,7 @@ import attrs
 
 from plugrl.config import non_negative, option, positive, section
 from plugrl.errors import PluginError, RecipeError
-from plugrl.parts.reward import RewardConfig, RewardManager, RewardOutput
+from plugrl.parts.reward import RewardConfig, RewardManager, RewardOutput, expect_config
 from plugrl.rewards.scoring import ScoringError
 from plugrl_reward_model.runner import RewardModelRunner
 
@@ -146,12 +146,7 @@ class RewardModelManager(RewardManager):
 
     def __init__(self, config: RewardConfig, context: PartContext) -> None:
         super().__init__(config, context)
-        if not isinstance(config, RewardModelConfig):
-            raise PluginError(
-                f"the reward_model manager got a {type(config).__name__} reward section; "
-                "build the recipe with plugrl.recipe.build_recipe so it is read into "
-                "RewardModelConfig"
-            )
+        expect_config(config, RewardModelConfig, "reward_model")
         self.config: RewardModelConfig = config
         self.path = check_reward_model_folder(config)
         model_config = load_model_config(config)
