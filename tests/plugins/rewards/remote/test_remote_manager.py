@@ -74,7 +74,10 @@ def test_scores_land_on_the_last_valid_token_with_the_built_in_metrics(build, to
     assert metrics["reward/remote/retries"] == 0.0
     assert metrics["reward/remote/latency_s"] > 0
     assert server.requests["score"] == 3
-    first = server.bodies["score"][0]["samples"][0]
+    # the requests are in flight at once, so they may arrive in any order
+    posted = [sample for body in server.bodies["score"] for sample in body["samples"]]
+    assert sorted(sample["extra_info"]["index"] for sample in posted) == [0, 1, 2, 3, 4]
+    first = min(posted, key=lambda sample: sample["extra_info"]["index"])
     assert first == {
         "data_source": DS,
         "prompt": "",
