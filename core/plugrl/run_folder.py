@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import yaml
 
 from plugrl.checkpoint import LATEST_FILE, CheckpointManager, step_dir_name
@@ -43,6 +44,8 @@ NOT_EXPERIMENT_KEYS: dict[str, str] = {
     "trainer.max_ckpt_to_keep": "how many checkpoints are kept",
     "trainer.checkpoint_checksums": "how checkpoints are checked",
     "trainer.export_hf": "whether the trained model is exported at the end",
+    "trainer.rollout_data_dir": "where the scored responses are dumped",
+    "trainer.validation_data_dir": "where the scored validation responses are dumped",
     "data.val_batch_size": "how validation prompts are batched, not which",
     # where the run computes: the same updates on other devices or processes
     "cluster.mode": "one process or Ray: the same run, placed differently",
@@ -68,6 +71,8 @@ NOT_EXPERIMENT_KEYS: dict[str, str] = {
     "rollout.update_weights_bucket_megabytes": "how weights reach the engines",
     "rollout.update_weights_timeout_s": "how long a weight push may take",
     "rollout.max_engine_restarts": "how often a dead engine is replaced",
+    "reward.overlap": "when responses are scored (as they finish or after the batch), not how",
+    "reward.components_concurrently": "whether reward components score at once or in turn",
 }
 
 # Keys holding file paths: compared as absolute paths, so that runs/x and ./runs/x agree.
@@ -208,7 +213,13 @@ def check_resume(recipe: Recipe, run_dir: Path) -> None:
     if checkpoint is None or recorded is None:
         return
     now = recipe.to_dict()
-    changed = recipe_changes(recorded, now)
+    recorded_keys = _flat(recorded)
+    changed = [
+        key
+        for key in recipe_changes(recorded, now)
+        # an option added by a newer plugrl, at its default: the run as it was recorded
+        if key in recorded_keys or not _at_its_default(recipe, key)
+    ]
     if not changed:
         return
     raise RecipeError(
@@ -219,6 +230,23 @@ def check_resume(recipe: Recipe, run_dir: Path) -> None:
         f"(trainer.resume_mode={checkpoint})",
         key="trainer.default_local_dir",
     )
+
+
+def _at_its_default(recipe: Recipe, dotted: str) -> bool:
+    """Whether option ``dotted`` of ``recipe`` holds its config class's default."""
+    owner: Any = recipe
+    *sections, name = dotted.split(".")
+    for section in sections:
+        owner = getattr(owner, section, None)
+    if owner is None or not attrs.has(type(owner)):
+        return False
+    field = attrs.fields_dict(type(owner)).get(name)
+    if field is None or field.default is attrs.NOTHING:
+        return False
+    default = field.default
+    if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
+        default = default.factory(owner) if default.takes_self else default.factory()
+    return getattr(owner, name) == default
 
 
 def record_recipe(recipe: Recipe, run_dir: Path) -> Path:

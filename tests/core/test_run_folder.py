@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 
 import pytest
+import yaml
 
 from plugrl.errors import RecipeError
 from plugrl.plugins import get_plugin_manager
@@ -124,6 +125,28 @@ def test_starting_afresh_or_continuing_by_path_is_not_stopped(task, finished, ca
         f"this run continues {finished} with a recipe that differs in data.seed 1 -> 7: the steps "
         "before and after are not one experiment"
     ) in caplog.messages
+
+
+def test_a_folder_recorded_before_an_option_existed_resumes_while_it_keeps_its_default(
+    task, finished, caplog
+):
+    """A run folder of an older plugrl lacks the options added since: at their defaults they
+    are the run as it was; set otherwise, they change it."""
+    recorded = yaml.safe_load((finished / "recipe.yaml").read_text())
+    del recorded["reward"]["overlap"]
+    del recorded["trainer"]["rollout_data_dir"]
+    (finished / "recipe.yaml").write_text(yaml.safe_dump(recorded))
+    newer = sim_run(task, finished, steps=3, reward={"overlap": True})
+    with caplog.at_level(logging.INFO, logger="plugrl"):
+        run_recipe(newer, get_plugin_manager())
+    assert logged_steps(finished) == [1, 2, 3]
+
+    del recorded["actor"]["optim"]["lr"]  # recorded without it, and set otherwise now
+    (finished / "recipe.yaml").write_text(yaml.safe_dump(recorded))
+    for extra in finished.glob("recipe.*.yaml"):
+        extra.unlink()
+    with pytest.raises(RecipeError, match=r"another recipe: actor\.optim\.lr \(unset\) -> 0\.5"):
+        check_resume(sim_run(task, finished, steps=4, actor={"optim": {"lr": 0.5}}), finished)
 
 
 def test_a_folder_without_a_checkpoint_or_without_a_recorded_recipe_is_not_checked(tmp_path):
