@@ -163,6 +163,23 @@ def refused_file_error(file: str | Path, reason: str, fix: str) -> CheckpointErr
     )
 
 
+def raise_if_any_rank_failed(problem: CheckpointError | None) -> None:
+    """Raise on every rank of the process group when any rank found a problem reading its
+    checkpoint files (``problem`` is this rank's, or ``None``): a healthy rank would otherwise
+    wait in the backend's collective reads for ranks that gave up. A rank raises its own
+    error, the others the first failing rank's, so whichever reaches the driver first names
+    the file and the fix. A collective: every rank calls it."""
+    import torch.distributed as dist
+
+    problems: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(problems, str(problem) if problem else None)
+    if problem is not None:
+        raise problem
+    found = next((message for message in problems if message), None)
+    if found is not None:
+        raise CheckpointError(found)
+
+
 def load_weights_only(
     source: str | Path | IO[bytes],
     *,

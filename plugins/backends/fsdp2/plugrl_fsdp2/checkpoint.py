@@ -41,7 +41,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from plugrl.checkpoint import load_weights_only, refused_file_error
+from plugrl.checkpoint import load_weights_only, raise_if_any_rank_failed, refused_file_error
 from plugrl.errors import CheckpointError
 from plugrl_fsdp2.optim import initialize_optimizer_state
 
@@ -249,16 +249,7 @@ def load(
         extra_state = _read_extra_state(path, rank)
     except CheckpointError as exc:
         problem = exc
-    # every rank must learn of a problem any rank found, or the healthy ones would wait in the
-    # collective read below for ranks that gave up; all of them raise the first rank's message,
-    # so whichever rank's error reaches the driver first names the file and the fix
-    problems: list[str | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(problems, str(problem) if problem else None)
-    if problem is not None:
-        raise problem
-    found = next((message for message in problems if message), None)
-    if found is not None:
-        raise CheckpointError(found)
+    raise_if_any_rank_failed(problem)
     if optimizer is not None:
         initialize_optimizer_state(optimizer)
     state = _sharded_state(model, optimizer)

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from plugrl.checkpoint import load_weights_only
+from plugrl.checkpoint import load_weights_only, raise_if_any_rank_failed
 from plugrl.errors import CheckpointError
 
 MANIFEST = "megatron.json"
@@ -113,15 +113,7 @@ def load(
             _read(shard_file, mmap=True)
     except CheckpointError as exc:
         problem = exc
-    # every rank learns of a file any rank refused, or the others would wait for it in
-    # megatron's collective reads
-    problems: list[str | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(problems, str(problem) if problem else None)
-    if problem is not None:
-        raise problem
-    found = next((message for message in problems if message), None)
-    if found is not None:
-        raise CheckpointError(found)
+    raise_if_any_rank_failed(problem)
     for chunk, chunk_state in zip(chunks, state["model"], strict=True):
         chunk.load_state_dict(chunk_state)
     if optimizer is not None and state["optimizer"] is not None:
