@@ -135,6 +135,14 @@ class ActorConfig(PolicyLossConfig):
         """Sequences per optimizer step over all ranks: ``ppo_mini_batch_size x rollout.n``."""
         return self.ppo_mini_batch_size * n
 
+    def data_parallel_size(self, ranks: int) -> int:
+        """The data-parallel ranks among ``ranks`` ranks of a role: the ranks a mini-batch is
+        split over. Here every rank holds a whole copy of the model, so all of them; a backend
+        whose config splits a model over several ranks (tensor, pipeline or context
+        parallelism) overrides this, raising a :class:`~plugrl.errors.RecipeError` when
+        ``ranks`` does not divide into whole model copies."""
+        return ranks
+
 
 @attrs.define(kw_only=True)
 class CriticConfig:
