@@ -154,7 +154,7 @@ class CriticConfig:
         verl="critic.enable",
     )
     model_path: str | None = option(
-        None, "Initial weights; unset: model.path.", verl="critic.model.path"
+        None, "Initial weights; unset: model.path.", verl="critic.model.path", path="model"
     )
     ppo_micro_batch_size_per_gpu: int | None = option(
         None,
