@@ -56,26 +56,20 @@ def two_nodes():
         shutil.rmtree(temp, ignore_errors=True)
 
 
-@pytest.fixture
-def connected(two_nodes):
-    import ray
-
-    cluster, node_ids = two_nodes
-    ray.init(address=cluster.address, log_to_driver=False)
-    try:
-        yield ray, node_ids
-    finally:
-        ray.shutdown()
-
-
 def _relative(path: str, start: Path) -> str:
     return os.path.relpath(path, start)
 
 
-def test_a_recipe_of_relative_paths_trains_with_ranks_and_engines_on_both_nodes(
+def test_a_recipe_of_relative_paths_trains_on_both_nodes_and_each_node_checks_paths(
     two_nodes, tiny_task, tmp_path
 ):
+    """One test for both, as starting the cluster is the dearest part."""
     cluster, node_ids = two_nodes
+    _train_with_ranks_and_engines_on_both_nodes(cluster, node_ids, tiny_task, tmp_path)
+    _each_node_checks_the_paths_where_it_runs(cluster, node_ids, tmp_path / "check")
+
+
+def _train_with_ranks_and_engines_on_both_nodes(cluster, node_ids, tiny_task, tmp_path):
     recipe_dir = tmp_path / "project"
     recipe = tiny_recipe(
         tiny_task, Path("run"), trainer={"val_before_train": False, "logger": ["jsonl"]}
@@ -116,29 +110,34 @@ def test_a_recipe_of_relative_paths_trains_with_ranks_and_engines_on_both_nodes(
     assert recorded["model"]["path"] == str(tiny_task.model)
 
 
-def test_each_node_checks_the_paths_where_it_runs(connected, tmp_path):
+def _each_node_checks_the_paths_where_it_runs(cluster, node_ids, folder):
+    import ray
+
     from plugrl.cluster.nodes import Marker, PathCheck, Problem, ask_nodes, raise_for_problems
     from plugrl.errors import RecipeError
 
-    ray, node_ids = connected
-    nodes = [(node["NodeID"], node["NodeManagerAddress"]) for node in ray.nodes()]
-    assert {node_id for node_id, _ in nodes} == node_ids
-    model = tmp_path / "model"
-    model.mkdir()
+    model = folder / "model"
+    model.mkdir(parents=True)
     checks = [
         PathCheck("model.path", "model", str(model)),
-        PathCheck("data.train_files", "input", str(tmp_path / "missing.parquet")),
+        PathCheck("data.train_files", "input", str(folder / "missing.parquet")),
     ]
-    marker = Marker(str(tmp_path / "run" / ".plugrl-node-check-x"), "token")
-    answers = ask_nodes(ray, nodes, checks, marker, timeout_s=60)
+    marker = Marker(str(folder / "run" / ".plugrl-node-check-x"), "token")
+    ray.init(address=cluster.address, log_to_driver=False)
+    try:
+        nodes = [(node["NodeID"], node["NodeManagerAddress"]) for node in ray.nodes()]
+        assert {node_id for node_id, _ in nodes} == node_ids
+        answers = ask_nodes(ray, nodes, checks, marker, timeout_s=60)
+    finally:
+        ray.shutdown()
     assert [node for node, _ in answers] == nodes
     for _, problems in answers:
         assert problems == [
             Problem("model.path", str(model), "holds no config.json"),
-            Problem("data.train_files", str(tmp_path / "missing.parquet"), "does not exist"),
+            Problem("data.train_files", str(folder / "missing.parquet"), "does not exist"),
             Problem(
                 "trainer.default_local_dir",
-                str(tmp_path / "run"),
+                str(folder / "run"),
                 "is not the run folder the driver made (a file the driver wrote there is missing)",
             ),
         ]
