@@ -13,6 +13,10 @@ import attrs
 
 _NOTHING: Any = attrs.NOTHING
 
+PATH_KINDS = ("model", "input", "output")
+"""What a path option names: ``model``, a Hugging Face model folder (holds ``config.json``);
+``input``, a file or folder the run reads; ``output``, a folder the run writes."""
+
 
 def option(
     default: Any = _NOTHING,
@@ -23,6 +27,8 @@ def option(
     registry: str | None = None,
     factory: Callable[[], Any] | None = None,
     validator: Any = None,
+    path: str | None = None,
+    path_words: Sequence[str] = (),
 ) -> Any:
     """An attrs field with documentation.
 
@@ -31,8 +37,24 @@ def option(
     * ``choices``: the allowed values; checked when the recipe is read.
     * ``registry``: the plugin kind whose registered names are the allowed values
       (``"advantage_estimators"``); checked against the installed plugins.
+    * ``path``: the value is a local path (a string, or a list of them), one of
+      :data:`PATH_KINDS`. A relative path is made absolute against the working folder of the
+      process that reads the recipe (:func:`plugrl.recipe.resolve_paths`), so that workers on
+      other machines, which start in folders of their own, reach the same file; on a Ray
+      cluster every node is checked to see it (:mod:`plugrl.cluster.nodes`).
+    * ``path_words``: values of a path option that are words, not paths (``auto`` of
+      ``trainer.resume_mode``).
     """
-    metadata = {"help": help, "verl": verl, "choices": choices, "registry": registry}
+    if path is not None and path not in PATH_KINDS:
+        raise ValueError(f"path must be one of {', '.join(PATH_KINDS)}, not {path!r}")
+    metadata = {
+        "help": help,
+        "verl": verl,
+        "choices": choices,
+        "registry": registry,
+        "path": path,
+        "path_words": tuple(path_words),
+    }
     validators = []
     if choices is not None:
         validators.append(one_of(list(choices)))

@@ -16,7 +16,7 @@ from plugrl.parts.context import PartContext
 from plugrl.parts.logger import MetricLogger
 from plugrl.parts.scheduler import Scheduler
 from plugrl.plugins import PluginManager
-from plugrl.recipe import Recipe
+from plugrl.recipe import Recipe, resolve_paths
 from plugrl.run_folder import check_model_folders, check_resume, prepare_run_dir, record_recipe
 
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ class RunContext:
         """Write the recipe this segment of the run uses into the run folder, once the run
         got past its start-up checks (see :func:`record_recipe`)."""
         if not self.recipe_recorded:
-            record_recipe(self.recipe, self.run_dir)
+            record_recipe(self.recipe, self.run_dir, self.plugins)
             self.recipe_recorded = True
 
     def step_end(self, step: int, metrics: Mapping[str, Any]) -> None:
@@ -113,7 +113,10 @@ def apply_device_env(device_cls: Any, recipe: Recipe) -> None:
 
 def run_recipe(recipe: Recipe, plugins: PluginManager) -> dict[str, Any]:
     """Run a validated recipe to the end with the parts ``plugins`` registers; returns the last
-    step's metrics."""
+    step's metrics. Its relative paths are taken from the working folder
+    (:func:`~plugrl.recipe.resolve_paths`, which :func:`~plugrl.recipe.build_recipe` applied
+    already), before anything reaches a worker."""
+    recipe = resolve_paths(recipe, plugins)
     device_name = resolve_device_name(recipe, plugins)
     device_entry = plugins.registry("devices").get(device_name)
     device_entry.check_available()
@@ -126,7 +129,7 @@ def run_recipe(recipe: Recipe, plugins: PluginManager) -> dict[str, Any]:
     check_model_folders(recipe)
     apply_device_env(device_entry.load(), recipe)
     run_dir = prepare_run_dir(recipe)
-    check_resume(recipe, run_dir)
+    check_resume(recipe, run_dir, plugins)
     context = RunContext(recipe, run_dir, plugins, device_name)
     status, error = "failed", None
     try:

@@ -7,16 +7,20 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import yaml
 
 from plugrl.checkpoint import LATEST_FILE, CheckpointManager, step_dir_name
 from plugrl.errors import RecipeError
-from plugrl.recipe import Recipe
+from plugrl.recipe import Recipe, path_keys
+from plugrl.recipe.paths import resolve_value
+
+if TYPE_CHECKING:
+    from plugrl.plugins import PluginManager
 
 logger = logging.getLogger("plugrl.run")
 
@@ -75,15 +79,6 @@ NOT_EXPERIMENT_KEYS: dict[str, str] = {
     "reward.components_concurrently": "whether reward components score at once or in turn",
 }
 
-# Keys holding file paths: compared as absolute paths, so that runs/x and ./runs/x agree.
-PATH_KEYS = (
-    "model.path",
-    "model.tokenizer_path",
-    "critic.model_path",
-    "data.train_files",
-    "data.val_files",
-    "reward.custom_function.path",
-)
 
 SHOWN_CHANGES = 3
 """Differing keys a message names before it says how many more there are."""
@@ -114,26 +109,24 @@ def _flat(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def _as_absolute(value: Any) -> Any:
-    if isinstance(value, str):
-        return os.path.abspath(value)
-    if isinstance(value, list):
-        return [_as_absolute(item) for item in value]
-    return value
-
-
-def recipe_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+def recipe_changes(
+    before: Mapping[str, Any], after: Mapping[str, Any], paths: Collection[str] | None = None
+) -> list[str]:
     """The dotted keys whose values differ between two recipes (as :meth:`Recipe.to_dict`
-    gives them), in ``after``'s order, except :data:`NOT_EXPERIMENT_KEYS`; paths are compared
-    as absolute paths."""
+    gives them), in ``after``'s order, except :data:`NOT_EXPERIMENT_KEYS`. The values of the
+    keys ``paths`` (unset: the path options of the core's sections) are compared as absolute
+    paths, a relative one resolved against the working folder: a run folder recorded before
+    recipes recorded their paths resolved compares with the run that resolves them."""
+    if paths is None:
+        paths = path_keys(Recipe())
     old, new = _flat(before), _flat(after)
     changed = []
     for key in [*new, *(key for key in old if key not in new)]:
         if key in NOT_EXPERIMENT_KEYS or _named_below(key, old if key in new else new):
             continue
         was, now = old.get(key, _ABSENT), new.get(key, _ABSENT)
-        if key in PATH_KEYS:
-            was, now = _as_absolute(was), _as_absolute(now)
+        if key in paths:
+            was, now = resolve_value(was, os.getcwd()), resolve_value(now, os.getcwd())
         if was != now:
             changed.append(key)
     return changed
@@ -199,13 +192,15 @@ def _another_folder(run_dir: Path) -> Path:
     return run_dir.with_name(f"{run_dir.name}-{number}")
 
 
-def check_resume(recipe: Recipe, run_dir: Path) -> None:
+def check_resume(recipe: Recipe, run_dir: Path, plugins: PluginManager | None = None) -> None:
     """Stop a run, before anything starts, that would resume (``trainer.resume_mode: auto``)
     the checkpoint of a run of another experiment: one whose recipe differs from the recipe
     ``run_dir`` recorded last in a key that is not in :data:`NOT_EXPERIMENT_KEYS`. The one-line
     :class:`RecipeError` names the differing keys and the ways on: a folder of its own, a fresh
     start in this one, or resuming that checkpoint explicitly, by its path, to continue it with
-    the changed recipe. ``disable`` and an explicit checkpoint path are never stopped."""
+    the changed recipe. ``disable`` and an explicit checkpoint path are never stopped.
+    ``plugins`` tell which keys of reward components hold paths (see
+    :func:`~plugrl.recipe.path_options`)."""
     if recipe.trainer.resume_mode != "auto":
         return
     checkpoint = latest_checkpoint(run_dir)
@@ -216,7 +211,7 @@ def check_resume(recipe: Recipe, run_dir: Path) -> None:
     recorded_keys = _flat(recorded)
     changed = [
         key
-        for key in recipe_changes(recorded, now)
+        for key in recipe_changes(recorded, now, path_keys(recipe, plugins))
         # an option added by a newer plugrl, at its default: the run as it was recorded
         if key in recorded_keys or not _at_its_default(recipe, key)
     ]
@@ -249,7 +244,7 @@ def _at_its_default(recipe: Recipe, dotted: str) -> bool:
     return getattr(owner, name) == default
 
 
-def record_recipe(recipe: Recipe, run_dir: Path) -> Path:
+def record_recipe(recipe: Recipe, run_dir: Path, plugins: PluginManager | None = None) -> Path:
     """Keep the recipe of each segment of a run: the first as ``recipe.yaml``, a resumed run
     whose recipe differs from the last one's as ``recipe.N.yaml`` (nothing is overwritten).
     A segment that continues a checkpoint with a recipe that differs in keys that change the
@@ -270,7 +265,7 @@ def record_recipe(recipe: Recipe, run_dir: Path) -> Path:
     )
     last = yaml.safe_load(last_text) or {}
     now = recipe.to_dict()
-    changed = recipe_changes(last, now)
+    changed = recipe_changes(last, now, path_keys(recipe, plugins))
     if continues and changed:
         logger.warning(
             "this run continues %s with a recipe that differs in %s: the steps before and "
@@ -284,8 +279,9 @@ def record_recipe(recipe: Recipe, run_dir: Path) -> Path:
 
 
 def prepare_run_dir(recipe: Recipe) -> Path:
-    """The run folder, created and checked writable, with a one-line error otherwise."""
-    run_dir = recipe.run_dir
+    """The run folder as an absolute path (workers elsewhere write into it too), created and
+    checked writable, with a one-line error otherwise."""
+    run_dir = Path(os.path.abspath(recipe.run_dir))
     key = "trainer.default_local_dir"
     try:
         run_dir.mkdir(parents=True, exist_ok=True)

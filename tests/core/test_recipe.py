@@ -1,3 +1,5 @@
+import os
+
 import pytest
 import yaml
 
@@ -133,7 +135,8 @@ def test_overrides_are_typed_by_the_field(base):
     assert recipe.data.train_batch_size == 64
     assert recipe.actor.shuffle is True
     assert recipe.trainer.logger == ["console"]
-    assert recipe.data.train_files == ["one.parquet"]
+    # a single path is a list of one, taken from the working folder
+    assert recipe.data.train_files == [os.path.join(os.getcwd(), "one.parquet")]
     assert recipe.actor.effective_clip_high == 0.28 and recipe.actor.effective_clip_low == 0.2
     assert recipe.trainer.total_training_steps is None
 

@@ -3,6 +3,7 @@ another one stops before anything starts, with the keys that differ and the ways
 
 import json
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -149,6 +150,30 @@ def test_a_folder_recorded_before_an_option_existed_resumes_while_it_keeps_its_d
         check_resume(sim_run(task, finished, steps=4, actor={"optim": {"lr": 0.5}}), finished)
 
 
+def test_a_folder_that_recorded_relative_paths_resumes_from_where_they_lead(
+    task, finished, monkeypatch
+):
+    """plugrl once recorded paths as written; it records them resolved now. The folder of such
+    a run resumes when the relative paths lead to the files the run names now, from the
+    working folder, and only then."""
+    recipe = sim_run(task, finished, steps=3)
+    assert Path(recipe.model.tokenizer_path).is_absolute()
+    assert yaml.safe_load((finished / "recipe.yaml").read_text())["data"]["train_files"] == [
+        str(task.train_file)
+    ]
+    recorded = yaml.safe_load((finished / "recipe.yaml").read_text())
+    base = task.train_file.parent
+    recorded["model"]["tokenizer_path"] = os.path.relpath(task.tokenizer, base)
+    recorded["data"]["train_files"] = [task.train_file.name]
+    recorded["data"]["val_files"] = [f"./{task.val_file.name}"]
+    (finished / "recipe.yaml").write_text(yaml.safe_dump(recorded))
+    monkeypatch.chdir(base)
+    check_resume(recipe, finished, get_plugin_manager())
+    monkeypatch.chdir(finished)
+    with pytest.raises(RecipeError, match=r"another recipe: model\.tokenizer_path "):
+        check_resume(recipe, finished, get_plugin_manager())
+
+
 def test_a_folder_without_a_checkpoint_or_without_a_recorded_recipe_is_not_checked(tmp_path):
     recipe = build_recipe({"trainer": {"default_local_dir": str(tmp_path)}}, get_plugin_manager())
     check_resume(recipe, tmp_path)  # empty folder
@@ -167,7 +192,7 @@ def test_changes_are_keys_with_old_and_new_values_a_few_at_most():
     after = build_recipe(
         {
             "rollout": {"n": 4, "temperature": 0.7},
-            "data": {"train_files": ["a.parquet"], "max_response_length": 64},
+            "data": {"train_files": ["/d/a.parquet"], "max_response_length": 64},
             "trainer": {"total_training_steps": 90, "logger": ["jsonl"], "seed": 3},
         },
         get_plugin_manager(),
@@ -181,7 +206,7 @@ def test_changes_are_keys_with_old_and_new_values_a_few_at_most():
         "trainer.seed",
     ]
     assert describe_changes(before, after, changed) == (
-        "data.train_files [] -> [a.parquet], data.max_response_length 512 -> 64, "
+        "data.train_files [] -> [/d/a.parquet], data.max_response_length 512 -> 64, "
         "rollout.n 1 -> 4 and 2 more"
     )
 

@@ -31,7 +31,13 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from plugrl.cluster.worker import build_device, prepare_once, worker_plugin_manager
+from plugrl.cluster.worker import (
+    build_device,
+    node_id,
+    node_ip,
+    prepare_once,
+    worker_plugin_manager,
+)
 from plugrl.errors import PluginError, PlugrlError
 from plugrl.parts.context import PartContext
 from plugrl.parts.rollout import (
@@ -84,7 +90,8 @@ class EngineWorker:
         self.engine: RolloutEngine | None = None
 
     async def start(self, plugins: PluginManager | None = None) -> dict[str, Any]:
-        """Build the engine; returns ``{"pid", "capabilities"}``."""
+        """Build the engine; returns ``{"pid", "capabilities", "node"}`` (``node``: its
+        machine's address and Ray node id, ``None`` outside Ray)."""
         from plugrl.compose.build import build_part
         from plugrl.data.dataset import load_tokenizer
 
@@ -104,9 +111,11 @@ class EngineWorker:
             model_from_trainer=self.model_from_trainer,
         )
         self.engine = build_part("rollout_engines", name, self.recipe.rollout, context)
+        node = node_id()
         return {
             "pid": os.getpid(),
             "capabilities": sorted(c.value for c in type(self.engine).capabilities),
+            "node": (node_ip(), node) if node else None,
         }
 
     def _engine(self) -> RolloutEngine:
@@ -507,7 +516,12 @@ class RayEngineGroup(EngineGroup):
         role: str = "rollout",
         owns_placement: bool = False,
     ) -> None:
-        from plugrl.cluster.ray_group import ensure_ray, in_process_plugin_modules, worker_env
+        from plugrl.cluster.ray_group import (
+            ensure_ray,
+            in_process_plugin_modules,
+            log_spread,
+            worker_env,
+        )
 
         self.ray = ensure_ray(recipe.cluster)
         self.placement = placement
@@ -528,6 +542,7 @@ class RayEngineGroup(EngineGroup):
             self._thread.stop()
             raise
         self.capabilities = frozenset(Capability(c) for c in infos[0]["capabilities"])
+        log_spread(f"{role} engines", [tuple(info["node"]) for info in infos])
 
     async def _start_all(self) -> list[dict[str, Any]]:
         return list(await asyncio.gather(*(self._start_worker(i) for i in range(self.num_engines))))

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import logging
 import os
 import signal
 import threading
 import types
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from plugrl.cluster.base import WorkerGroup
@@ -20,6 +22,8 @@ from plugrl.plugins import PluginManager
 if TYPE_CHECKING:
     from plugrl.parts.backend import Role
     from plugrl.recipe import ClusterConfig, Recipe
+
+logger = logging.getLogger("plugrl.cluster")
 
 # Environment a worker needs to see the same plugins and stay offline like the driver.
 FORWARDED_ENV_PREFIXES = ("PLUGRL_", "HF_", "TRANSFORMERS_")
@@ -109,6 +113,16 @@ def ensure_ray(cluster: ClusterConfig) -> types.ModuleType:
     return ray
 
 
+def check_cluster_paths(recipe: Recipe, plugins: PluginManager, run_dir: Path) -> None:
+    """On a Ray cluster of several nodes, check that the others see the recipe's paths and
+    the run folder ``run_dir`` (:func:`plugrl.cluster.nodes.check_nodes`)."""
+    from plugrl.cluster.nodes import check_nodes
+
+    asked = check_nodes(recipe, plugins, run_dir, ensure_ray(recipe.cluster))
+    if asked:
+        logger.info("the run's files and run folder are seen by the other %d Ray node(s)", asked)
+
+
 def init_ray(**kwargs: Any) -> None:
     """``ray.init(**kwargs)``, keeping the SIGTERM handler the process had.
 
@@ -130,6 +144,25 @@ def init_ray(**kwargs: Any) -> None:
         and threading.current_thread() is threading.main_thread()
     ):
         signal.signal(signal.SIGTERM, before)
+
+
+def log_spread(what: str, nodes: Sequence[tuple[str, str | None]]) -> None:
+    """Log which of ``what`` (ranks, engines) run on which node, when they span several:
+    ``nodes`` is each one's (address, Ray node id)."""
+    by_node: dict[tuple[str, str | None], list[int]] = {}
+    for index, node in enumerate(nodes):
+        by_node.setdefault((node[0], node[1]), []).append(index)
+    if len(by_node) < 2:
+        return
+    logger.info(
+        "%s on %d Ray nodes: %s",
+        what,
+        len(by_node),
+        "; ".join(
+            f"{', '.join(map(str, indices))} on node {(node_id or '?')[:12]} ({ip})"
+            for (ip, node_id), indices in by_node.items()
+        ),
+    )
 
 
 def actor_death_message(who: str, exc: BaseException) -> str:
@@ -323,7 +356,10 @@ class RayWorkerGroup(WorkerGroup):
 
     def _start(self) -> None:
         master_ip, port = self._get([self.workers[0].master_address.remote()])[0]
-        ips = self._get([worker.node_ip.remote() for worker in self.workers])
+        nodes = self._get([worker.node.remote() for worker in self.workers])
+        ips = [ip for ip, _ in nodes]
+        self.node_ids: list[str | None] = [node for _, node in nodes]
+        log_spread(f"{self.role} ranks", nodes)
         # one machine: loopback, which works even where the node address is not routable
         master = "127.0.0.1" if all(ip == master_ip for ip in ips) else master_ip
         ranks = self._get([worker.start.remote(master, port) for worker in self.workers])

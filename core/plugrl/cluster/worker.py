@@ -140,6 +140,15 @@ def node_ip() -> str:
         return socket.gethostbyname(socket.gethostname())
 
 
+def node_id() -> str | None:
+    """The id of the Ray node this process runs on; ``None`` outside Ray (without importing
+    it: an engine in the driver's process need not pay for that)."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return None
+    return ray.get_runtime_context().get_node_id()
+
+
 class BackendWorker:
     """One rank of one role: joins the role's process group, then builds and serves the
     backend. Methods return plain values (tensors, dicts, lists) so they cross Ray."""
@@ -161,6 +170,10 @@ class BackendWorker:
 
     def node_ip(self) -> str:
         return node_ip()
+
+    def node(self) -> tuple[str, str | None]:
+        """This rank's machine: its address and Ray node id."""
+        return node_ip(), node_id()
 
     def master_address(self) -> tuple[str, int]:
         """Where rank 0 can host the process group's store: its address and a free port."""

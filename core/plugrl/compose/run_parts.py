@@ -289,7 +289,7 @@ def build_run_parts(context: RunContext, engine_needs: dict[str, str] | None = N
     from plugrl.algorithms.objective import PolicyObjective
     from plugrl.cluster.engines import make_engine_group
     from plugrl.cluster.groups import make_placement, make_worker_group
-    from plugrl.cluster.ray_group import check_ray_installed
+    from plugrl.cluster.ray_group import check_cluster_paths, check_ray_installed
     from plugrl.cluster.worker import build_device
     from plugrl.compose.build import build_estimator, check_constructor
     from plugrl.data.dataset import PromptDataset, load_tokenizer, pad_token_id_of
@@ -344,6 +344,9 @@ def build_run_parts(context: RunContext, engine_needs: dict[str, str] | None = N
         return made
 
     try:
+        if recipe.cluster.mode == "ray":
+            # before any worker starts: the other nodes see the files the driver resolved
+            check_cluster_paths(recipe, plugins, context.run_dir)
         # on Ray the roles share the devices: rank i of each role on the i-th device
         placement = make_placement(recipe, roles, device_name=context.device_name, plugins=plugins)
         if placement is not None:

@@ -135,6 +135,14 @@ class ActorConfig(PolicyLossConfig):
         """Sequences per optimizer step over all ranks: ``ppo_mini_batch_size x rollout.n``."""
         return self.ppo_mini_batch_size * n
 
+    def data_parallel_size(self, ranks: int) -> int:
+        """The data-parallel ranks among ``ranks`` ranks of a role: the ranks a mini-batch is
+        split over. Here every rank holds a whole copy of the model, so all of them; a backend
+        whose config splits a model over several ranks (tensor, pipeline or context
+        parallelism) overrides this, raising a :class:`~plugrl.errors.RecipeError` when
+        ``ranks`` does not divide into whole model copies."""
+        return ranks
+
 
 @attrs.define(kw_only=True)
 class CriticConfig:
@@ -146,7 +154,7 @@ class CriticConfig:
         verl="critic.enable",
     )
     model_path: str | None = option(
-        None, "Initial weights; unset: model.path.", verl="critic.model.path"
+        None, "Initial weights; unset: model.path.", verl="critic.model.path", path="model"
     )
     ppo_micro_batch_size_per_gpu: int | None = option(
         None,

@@ -56,7 +56,10 @@ class CustomFunctionConfig:
     """``reward.custom_function``: a scoring function from a Python file."""
 
     path: str | None = option(
-        None, "Python file that defines the function.", verl="custom_reward_function.path"
+        None,
+        "Python file that defines the function.",
+        verl="custom_reward_function.path",
+        path="input",
     )
     name: str = option(
         "compute_score", "Function name in that file.", verl="custom_reward_function.name"

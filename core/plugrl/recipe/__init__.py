@@ -13,6 +13,7 @@ The modules, one concern each:
 * :mod:`~plugrl.recipe.build`: a :class:`Recipe` from a mapping, with the plugins' sections,
   names and options checked;
 * :mod:`~plugrl.recipe.checks`: settings of one section that contradict another;
+* :mod:`~plugrl.recipe.paths`: the options that hold paths, made absolute in the driver;
 * :mod:`~plugrl.recipe.explaining`: ``plugrl explain``;
 * :mod:`~plugrl.recipe.verl_names`: verl's name of each key, the installed plugins' included.
 
@@ -41,6 +42,7 @@ from plugrl.recipe.composition import (
     shipped_recipes,
 )
 from plugrl.recipe.explaining import KeyInfo, explain
+from plugrl.recipe.paths import PathOption, path_keys, path_options, resolve_paths
 from plugrl.recipe.sections import ClusterConfig, DataConfig, ModelConfig, Recipe, TrainerConfig
 from plugrl.recipe.verl_names import VerlName, verl_names
 
@@ -49,6 +51,7 @@ __all__ = [
     "DataConfig",
     "KeyInfo",
     "ModelConfig",
+    "PathOption",
     "Recipe",
     "TrainerConfig",
     "VerlName",
@@ -64,8 +67,11 @@ __all__ = [
     "normalize_shorthand",
     "parse_override",
     "part_args",
+    "path_keys",
+    "path_options",
     "read_section",
     "read_yaml",
+    "resolve_paths",
     "section_class",
     "shipped_recipes",
     "validate_names",

@@ -20,6 +20,7 @@ from plugrl.recipe.composition import (
     find_recipe,
     normalize_shorthand,
 )
+from plugrl.recipe.paths import resolve_paths
 from plugrl.recipe.sections import Recipe, verl_index
 from plugrl.registry import PART_KINDS, PartKind, section_kind
 from plugrl.rewards.components import component_sections
@@ -50,7 +51,8 @@ def section_class(name: str, raw: Mapping[str, Any], plugins: PluginManager) -> 
 
 def build_recipe(raw: Mapping[str, Any], plugins: PluginManager) -> Recipe:
     """Validate a composed recipe mapping into a :class:`Recipe`, resolving plugin sections,
-    then check that its settings fit together (:func:`check_recipe`)."""
+    then check that its settings fit together (:func:`check_recipe`). Relative paths come back
+    absolute, against the working folder (:func:`~plugrl.recipe.paths.resolve_paths`)."""
     raw = normalize_shorthand(raw)
     recipe_fields = fields_of(Recipe)
     for name, value in raw.items():
@@ -70,7 +72,7 @@ def build_recipe(raw: Mapping[str, Any], plugins: PluginManager) -> Recipe:
     recipe.reward.components = component_sections(raw.get("reward") or {}, plugins)
     validate_names(recipe, plugins)
     check_recipe(recipe)
-    return recipe
+    return resolve_paths(recipe, plugins)
 
 
 def load_recipe(

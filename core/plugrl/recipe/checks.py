@@ -88,17 +88,25 @@ def _check_batch_sizes(recipe: Recipe) -> None:
             key="actor.ppo_mini_batch_size",
         )
     ranks = _trainer_ranks(recipe)
+    # a backend that splits each model copy over several ranks splits a mini-batch only over
+    # the copies (megatron: ranks / (tensor x pipeline x context parallel))
+    dp = actor.data_parallel_size(ranks)
+    over = (
+        f"{ranks} ranks (trainer.nnodes x trainer.n_gpus_per_node)"
+        if dp == ranks
+        else f"{dp} data-parallel ranks ({ranks} ranks of trainer.nnodes x "
+        f"trainer.n_gpus_per_node in model copies of {ranks // dp})"
+    )
     rows = actor.mini_batch_rows(rollout.n)
-    if rows % ranks:
+    if rows % dp:
         raise RecipeError(
             f"ppo_mini_batch_size x rollout.n = {rows} sequences per optimizer step cannot be "
-            f"split evenly over {ranks} ranks (trainer.nnodes x trainer.n_gpus_per_node); "
-            f"make it a multiple of {ranks}",
+            f"split evenly over {over}; make it a multiple of {dp}",
             key="actor.ppo_mini_batch_size",
         )
     if actor.use_dynamic_bsz:
         return  # micro-batches are packed by tokens, any count of rows fits
-    share = rows // ranks
+    share = rows // dp
     micro_sizes = [("actor.ppo_micro_batch_size_per_gpu", actor.ppo_micro_batch_size_per_gpu)]
     if critic.enable is not False:
         micro_sizes.append(
@@ -108,7 +116,8 @@ def _check_batch_sizes(recipe: Recipe) -> None:
         if micro is not None and share % micro:
             raise RecipeError(
                 f"{micro} does not divide a rank's share of a mini-batch, {share} sequences "
-                f"(actor.ppo_mini_batch_size {mini} x rollout.n {rollout.n} / {ranks} ranks); "
+                f"(actor.ppo_mini_batch_size {mini} x rollout.n {rollout.n} / {dp} "
+                f"{'ranks' if dp == ranks else 'data-parallel ranks'}); "
                 f"choose a divisor of {share}",
                 key=key,
             )

@@ -35,10 +35,13 @@ class ModelConfig:
     """The ``model`` section: the policy to train."""
 
     path: str | None = option(
-        None, "Hugging Face model folder (local path).", verl="actor_rollout_ref.model.path"
+        None,
+        "Hugging Face model folder (local path).",
+        verl="actor_rollout_ref.model.path",
+        path="model",
     )
     tokenizer_path: str | None = option(
-        None, "Tokenizer folder; unset: model.path.", verl="data.tokenizer"
+        None, "Tokenizer folder; unset: model.path.", verl="data.tokenizer", path="input"
     )
     trust_remote_code: bool = option(
         False,
@@ -68,10 +71,10 @@ class DataConfig:
     """The ``data`` section: parquet files in verl's schema."""
 
     train_files: list[str] = option(
-        factory=list, help="Training parquet files.", verl="data.train_files"
+        factory=list, help="Training parquet files.", verl="data.train_files", path="input"
     )
     val_files: list[str] = option(
-        factory=list, help="Validation parquet files.", verl="data.val_files"
+        factory=list, help="Validation parquet files.", verl="data.val_files", path="input"
     )
     prompt_key: str = option("prompt", "Column with the chat messages.", verl="data.prompt_key")
     max_prompt_length: int = option(
@@ -152,12 +155,15 @@ class TrainerConfig:
         None,
         "Run folder (checkpoints, metrics); unset: runs/<project_name>/<experiment_name>.",
         verl="trainer.default_local_dir",
+        path="output",
     )
     resume_mode: str = option(
         "auto",
         "'auto' resumes from the run folder's latest checkpoint, 'disable' starts "
         "fresh, or a path to a global_step_N folder.",
         verl="trainer.resume_mode",
+        path="input",
+        path_words=("auto", "disable"),
     )
     max_ckpt_to_keep: int | None = option(
         None,
@@ -192,15 +198,16 @@ class TrainerConfig:
         None,
         "Folder for each training step's scored responses, one JSON line each in "
         "<step>.jsonl (prompt, response, score, ground truth, data source, the reward's extra "
-        "columns); unset: none. A relative path starts at the working folder, as "
-        "default_local_dir's does.",
+        "columns); unset: none.",
         verl="trainer.rollout_data_dir",
+        path="output",
     )
     validation_data_dir: str | None = option(
         None,
         "Folder for each validation's scored responses, as rollout_data_dir, in "
         "val_<step>.jsonl; unset: none.",
         verl="trainer.validation_data_dir",
+        path="output",
     )
     seed: int = option(42, "Seed of model initialisation and sampling.")
     nnodes: int = option(1, "Nodes in the cluster.", verl="trainer.nnodes", validator=positive)

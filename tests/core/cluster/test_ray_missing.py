@@ -147,7 +147,8 @@ def test_a_run_that_needs_ray_stops_at_start_up_in_one_line(
 def test_the_async_guide_commands_on_ray_stop_in_one_line_without_ray(tmp_path):
     """docs/async.md's ``plugrl run quickstart-async cluster=ray ...`` where Ray is missing."""
     recipe = load_recipe("quickstart-async", (), get_plugin_manager())
-    model = tmp_path / recipe.model.path
+    # the recipe's relative path, which the command resolves in its own working folder
+    model = tmp_path / os.path.relpath(recipe.model.path)
     model.mkdir(parents=True)
     for name in ("config.json", "tokenizer.json"):
         (model / name).write_text("{}")

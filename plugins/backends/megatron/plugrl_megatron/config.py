@@ -9,6 +9,7 @@ import attrs
 
 from plugrl.config import fraction, option, positive
 from plugrl.parts.backend import ActorConfig
+from plugrl_megatron.layout import data_parallel_size
 
 _MEGATRON = "actor_rollout_ref.actor.megatron"
 _TRANSFORMER = f"{_MEGATRON}.override_transformer_config"
@@ -118,3 +119,14 @@ class MegatronActorConfig(ActorConfig):
         "as megatron-core spells them).",
         verl=_TRANSFORMER,
     )
+
+    def data_parallel_size(self, ranks: int) -> int:
+        """``ranks`` over tensor x pipeline x context parallel sizes, as megatron-core counts
+        data-parallel ranks (expert parallelism splits experts inside that grid, not the
+        batch)."""
+        return data_parallel_size(
+            ranks,
+            self.tensor_model_parallel_size,
+            self.pipeline_model_parallel_size,
+            self.context_parallel_size,
+        )

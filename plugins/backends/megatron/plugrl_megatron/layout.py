@@ -31,7 +31,9 @@ class GridPosition:
         return self.tp_rank == 0 and self.cp_rank == 0 and self.pp_rank == self.pp_size - 1
 
 
-def grid_position(rank: int, world_size: int, tp: int, pp: int, cp: int) -> GridPosition:
+def data_parallel_size(world_size: int, tp: int, pp: int, cp: int) -> int:
+    """Model copies among ``world_size`` ranks, as megatron-core counts them: the ranks over
+    tensor x pipeline x context parallel sizes."""
     model_parallel = tp * pp * cp
     if world_size % model_parallel:
         raise RecipeError(
@@ -40,7 +42,11 @@ def grid_position(rank: int, world_size: int, tp: int, pp: int, cp: int) -> Grid
             f"multiple of {model_parallel}",
             key="actor.tensor_model_parallel_size",
         )
-    dp = world_size // model_parallel
+    return world_size // model_parallel
+
+
+def grid_position(rank: int, world_size: int, tp: int, pp: int, cp: int) -> GridPosition:
+    dp = data_parallel_size(world_size, tp, pp, cp)
     return GridPosition(
         tp_rank=rank % tp,
         cp_rank=(rank // tp) % cp,

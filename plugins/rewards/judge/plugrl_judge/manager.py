@@ -102,7 +102,7 @@ class JudgeConfig:
         "}}. Unset: a template asking for a score 0-10 as 'Rating: [[N]]'.",
     )
     template_path: str | None = option(
-        None, "File holding the prompt template (instead of reward.judge.template)."
+        None, "File holding the prompt template (instead of reward.judge.template).", path="input"
     )
     parser: str = option(
         "rating",

@@ -70,6 +70,7 @@ class RewardModelPathConfig:
         "Local Hugging Face folder of a sequence-classification reward model (one score per "
         "sequence), with its tokenizer.",
         verl="reward_model.model.path",
+        path="model",
     )
     trust_remote_code: bool = option(
         False,

@@ -128,3 +128,59 @@ def test_prepare_backend_on_cpu_says_what_it_patched_once():
             megatron_random._get_cuda_rng_state,
             megatron_random._set_cuda_rng_state,
         ) = saved
+
+
+def _megatron_recipe(ranks: int, **parallel: int):
+    from plugrl.parts.rollout import RolloutConfig
+    from plugrl.recipe import ClusterConfig, DataConfig, Recipe, TrainerConfig
+    from plugrl_megatron.config import MegatronActorConfig
+
+    return Recipe(
+        actor=MegatronActorConfig(backend="megatron", ppo_mini_batch_size=2, **parallel),
+        data=DataConfig(train_batch_size=4),
+        rollout=RolloutConfig(n=1),
+        trainer=TrainerConfig(n_gpus_per_node=ranks),
+        cluster=ClusterConfig(mode="ray"),
+    )
+
+
+def test_a_mini_batch_is_split_over_model_copies_not_over_all_ranks():
+    from plugrl.recipe import check_recipe
+
+    # 4 ranks, tensor parallel 2: 2 model copies share the 2 sequences of a mini-batch
+    # (the check once divided them over all 4 ranks and refused)
+    check_recipe(_megatron_recipe(4, tensor_model_parallel_size=2))
+    check_recipe(_megatron_recipe(8, pipeline_model_parallel_size=2, context_parallel_size=2))
+    with pytest.raises(RecipeError) as error:
+        check_recipe(_megatron_recipe(8, tensor_model_parallel_size=2))
+    assert str(error.value) == (
+        "actor.ppo_mini_batch_size: ppo_mini_batch_size x rollout.n = 2 sequences per "
+        "optimizer step cannot be split evenly over 4 data-parallel ranks (8 ranks of "
+        "trainer.nnodes x trainer.n_gpus_per_node in model copies of 2); make it a multiple of 4"
+    )
+
+
+def test_a_micro_batch_divides_a_model_copys_share():
+    from plugrl.recipe import check_recipe
+
+    recipe = _megatron_recipe(4, tensor_model_parallel_size=2)
+    recipe.actor.ppo_micro_batch_size_per_gpu = 2
+    with pytest.raises(RecipeError) as error:
+        check_recipe(recipe)
+    assert str(error.value) == (
+        "actor.ppo_micro_batch_size_per_gpu: 2 does not divide a rank's share of a mini-batch, "
+        "1 sequences (actor.ppo_mini_batch_size 2 x rollout.n 1 / 2 data-parallel ranks); "
+        "choose a divisor of 1"
+    )
+
+
+def test_ranks_that_do_not_make_whole_model_copies_are_refused_with_the_recipe():
+    from plugrl.recipe import check_recipe
+
+    with pytest.raises(RecipeError) as error:
+        check_recipe(_megatron_recipe(3, tensor_model_parallel_size=2))
+    assert str(error.value) == (
+        "actor.tensor_model_parallel_size: 3 ranks cannot hold tensor x pipeline x context "
+        "parallel = 2 x 1 x 1 = 2 ranks per model copy; make the role's rank count a multiple "
+        "of 2"
+    )

@@ -298,8 +298,8 @@ def test_prefetched_rows_are_not_asked_again_and_score_the_same(judge, tokenizer
             "not both",
         ),
         (
-            {"template": None, "template_path": "no/such/file.txt"},
-            "reward.judge.template_path: no/such/file.txt is not a file; give the template's file",
+            {"template": None, "template_path": "/no/such/file.txt"},
+            "reward.judge.template_path: /no/such/file.txt is not a file; give the template's file",
         ),
         (
             {"score_range": [10, 0]},
@@ -321,8 +321,8 @@ def test_prefetched_rows_are_not_asked_again_and_score_the_same(judge, tokenizer
             "model folder",
         ),
         (
-            {"model": {"path": "no/such/judge"}},
-            "reward.judge.model.path: no/such/judge is not a folder; set a local Hugging Face "
+            {"model": {"path": "/no/such/judge"}},
+            "reward.judge.model.path: /no/such/judge is not a folder; set a local Hugging Face "
             "model folder",
         ),
     ],
