@@ -23,7 +23,7 @@ from typing import Any
 import click
 
 from plugrl import __version__
-from plugrl.errors import PlugrlError
+from plugrl.errors import PlugrlError, RecipeError
 
 
 class _Group(click.Group):
@@ -118,6 +118,14 @@ def run(recipe: str, overrides: tuple[str, ...], print_config: bool) -> None:
     plugins = get_plugin_manager()
     resolved = load_recipe(recipe, overrides, plugins)
     if print_config:
+        from plugrl_tools.paths import missing_files
+
+        missing = missing_files(resolved)
+        if missing:
+            named = "; ".join(f"{key}: {path}" for key, path in missing)
+            raise RecipeError(
+                f"not found here: {named}; fix the paths, or check the recipe where it runs"
+            )
         click.echo(resolved.to_yaml(), nl=False)
         return
     from plugrl.run import run_recipe
@@ -316,11 +324,12 @@ def convert_verl(script: str, output: str | None, env: tuple[str, ...], force: b
       plugrl convert verl run_qwen_grpo.sh -o grpo.yaml --env HOME=/home/me
     docs/migrating-from-verl.md says what maps how.
     """
+    import os
     from pathlib import Path
 
     from plugrl.errors import ConvertError
     from plugrl_tools.convert.output import recipe_yaml, report, validate
-    from plugrl_tools.convert.verl import convert_script
+    from plugrl_tools.convert.verl import INHERITED, convert_script
 
     variables: dict[str, str] = {}
     for item in env:
@@ -340,7 +349,8 @@ def convert_verl(script: str, output: str | None, env: tuple[str, ...], force: b
     from plugrl.plugins import get_plugin_manager
 
     plugins = get_plugin_manager()
-    conversion = convert_script(text, path.name, variables, plugins=plugins)
+    inherited = {name: os.environ[name] for name in INHERITED if name in os.environ}
+    conversion = convert_script(text, path.name, variables, plugins=plugins, inherited=inherited)
     written = recipe_yaml(conversion)
     if output:
         Path(output).write_text(written, encoding="utf-8")

@@ -82,7 +82,18 @@ def test_convert_to_a_file_then_run_what_the_report_says(tmp_path):
         "the rest validates: plugrl run grpo.yaml device.name=auto rollout.engine=hf "
         "--print-config",
     ]
-    check = plugrl(*report[-1].split(": ", 1)[1].split()[1:], cwd=tmp_path)
+    command = report[-1].split(": ", 1)[1].split()[1:]
+    check = plugrl(*command, cwd=tmp_path)
+    assert check.returncode == 1
+    assert check.stderr.splitlines()[-1] == (
+        "Error: not found here: data.train_files: /home/ma-user/work/data/gsm8k/train.parquet; "
+        "data.val_files: /home/ma-user/work/data/gsm8k/test.parquet; fix the paths, or check "
+        "the recipe where it runs"
+    )
+    for name in ("train.parquet", "test.parquet"):
+        (tmp_path / name).touch()
+    files = ["data.train_files=[train.parquet]", "data.val_files=[test.parquet]"]
+    check = plugrl(*command, *files, cwd=tmp_path)
     assert check.returncode == 0, check.stderr
     assert yaml.safe_load(check.stdout)["actor"]["ppo_mini_batch_size"] == 64
 
