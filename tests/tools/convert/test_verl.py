@@ -1050,3 +1050,12 @@ NO_REINFORCE = (
     "has no counterpart"
 )
 NO_NORMALIZE = "plugrl does not normalise the importance weights over the batch"
+
+
+def test_a_recipes_own_trainer_is_converted_as_the_one_it_is_named_after(plugrl_plugin_manager):
+    conversion = convert("trainer.nnodes=2", module="recipe.partial_rollout.main_ppo")
+    assert conversion.recipe["trainer"] == {"nnodes": 2}
+    assert conversion.notes[0] == (
+        "recipe.partial_rollout.main_ppo is not one of verl's own trainers; its overrides are "
+        "converted as those of verl's main_ppo, and what it does differently is not"
+    )

@@ -33,6 +33,16 @@ from plugrl_tools.convert.shell import Command, Script, Word, read_script
 ENTRY_POINTS = {"main_ppo": "sync", "main_dapo": "sync", "fully_async_main": "fully_async"}
 """The last part of a verl trainer module -> the plugrl scheduler that runs the same loop."""
 
+TRAINERS = (
+    "verl.trainer.main_ppo",
+    "recipe.dapo.main_dapo",
+    "fully_async_policy.fully_async_main",
+    "one_step_off_policy.main_ppo",
+)
+"""verl's own trainer modules (or their ends); another module of the same last name (a
+recipe's ``recipe.partial_rollout.main_ppo``) is converted as the one it is named after, and
+noted."""
+
 ONE_STEP_OFF = "one_step_off_policy"
 """The package of verl's one-step-off-policy trainer (its module is ``...main_ppo``)."""
 
@@ -409,6 +419,13 @@ class _Converter:
         values: dict[tuple[str, ...], tuple[Any, str]] = {}
         scheduler = _entry_point(module) or "sync"
         one_step_off = ONE_STEP_OFF in module.replace("/", ".").split(".")
+        dotted = module.removesuffix(".py").replace("/", ".")
+        if not dotted.endswith(TRAINERS):
+            self.notes.append(
+                f"{module} is not one of verl's own trainers; its overrides are converted as "
+                f"those of verl's {dotted.rsplit('.', 1)[-1]}, and what it does differently is "
+                "not"
+            )
         if scheduler != "sync":
             values[("scheduler", "name")] = (scheduler, module)
             if not one_step_off:
@@ -468,7 +485,9 @@ class _Converter:
     def _describe_command(self, script: Script, command: Command, module: str) -> None:
         if self.config_name:
             name = PurePath(self.config_name).stem
-            if not re.fullmatch(r"(fully_async_)?(ppo|dapo)(_megatron)?_trainer", name):
+            if not re.fullmatch(
+                r"(fully_async_|one_step_off_)?(ppo|dapo)(_megatron)?_trainer", name
+            ):
                 self.notes.append(
                     f"--config-name {self.config_name}: only the command line is converted; "
                     f"what {name}.yaml changes from verl's defaults is not"
