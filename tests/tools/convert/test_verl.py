@@ -1059,3 +1059,40 @@ def test_a_recipes_own_trainer_is_converted_as_the_one_it_is_named_after(plugrl_
         "recipe.partial_rollout.main_ppo is not one of verl's own trainers; its overrides are "
         "converted as those of verl's main_ppo, and what it does differently is not"
     )
+
+
+def test_older_verls_micro_batches_per_step_become_per_device(plugrl_plugin_manager):
+    conversion = convert(
+        "trainer.nnodes=2",
+        "trainer.n_gpus_per_node=4",
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size=16",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size=32",
+        "critic.ppo_micro_batch_size=2",
+        "critic.ulysses_sequence_parallel_size=1",
+    )
+    assert conversion.recipe["actor"]["ppo_micro_batch_size_per_gpu"] == 4  # 16 over 8 / 2
+    assert conversion.recipe["actor"]["log_prob_micro_batch_size_per_gpu"] == 8
+    assert (
+        "line 5: actor_rollout_ref.actor.ppo_micro_batch_size=16 is per step; over 4 "
+        "data-parallel ranks verl made it actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"
+    ) in conversion.notes
+    assert unmapped(conversion, "invalid") == {
+        "critic.ppo_micro_batch_size=2": (
+            "verl divides it by the 8 data-parallel ranks, which leaves none"
+        )
+    }
+
+
+def test_a_micro_batch_per_step_and_per_device_keeps_the_per_device_one(plugrl_plugin_manager):
+    conversion = convert(
+        "actor_rollout_ref.actor.ppo_micro_batch_size=16",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    )
+    assert conversion.recipe["actor"]["ppo_micro_batch_size_per_gpu"] == 2
+    assert unmapped(conversion) == {
+        "actor_rollout_ref.actor.ppo_micro_batch_size=16": (
+            "the script also sets actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu, which "
+            "verl uses"
+        )
+    }

@@ -224,6 +224,15 @@ CRITIC_SHARES = {
 """``critic.*`` keys plugrl covers with the actor's key of the same name (besides ``model.*``),
 and why."""
 
+GLOBAL_MICRO_BATCHES = {
+    "actor_rollout_ref.actor.ppo_micro_batch_size": "actor_rollout_ref.actor.ulysses_",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size": "actor_rollout_ref.actor.ulysses_",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size": "actor_rollout_ref.actor.ulysses_",
+    "critic.ppo_micro_batch_size": "critic.ulysses_",
+}
+"""Older verl's micro-batch sizes per step, which verl divides by its data-parallel ranks into
+the ``..._per_gpu`` key (and the prefix of the sequence-parallel size that divides those)."""
+
 PART_KEYS = [
     # (verl prefix or key, kind, part): keys that belong to one part's own config
     ("actor_rollout_ref.actor.megatron.", "training_backends", "megatron"),
@@ -431,6 +440,7 @@ class _Converter:
             if not one_step_off:
                 self.notes.append(f"{module} runs as plugrl's {scheduler} scheduler")
         self._choose_parts(parsed, values)
+        parsed = self._global_micro_batches(parsed)
         if self.chosen["schedulers"] == "fully_async":
             parsed = self._fully_async_keys(parsed)
         shared: list[tuple[Word, Override, _Target]] = []
@@ -521,6 +531,47 @@ class _Converter:
                 "export what plugrl's run needs before plugrl run"
             )
         self.notes.extend(script.notes)
+
+    def _global_micro_batches(
+        self, parsed: list[tuple[Word, Override]]
+    ) -> list[tuple[Word, Override]]:
+        """Older verl's per-step micro-batch sizes as the per-device ones verl made of them."""
+        given = {override.key: override.value for _, override in parsed}
+        nnodes = given.get("trainer.nnodes", 1)
+        devices = given.get("trainer.n_gpus_per_node", VERL_DEFAULTS["trainer.n_gpus_per_node"])
+        out: list[tuple[Word, Override]] = []
+        for word, override in parsed:
+            prefix = GLOBAL_MICRO_BATCHES.get(override.key)
+            if prefix is None or not isinstance(override.value, int):
+                out.append((word, override))
+                continue
+            per_gpu = override.key + "_per_gpu"
+            if per_gpu in given:
+                self._skip(word, "dropped", f"the script also sets {per_gpu}, which verl uses")
+                continue
+            sp = given.get(prefix + "sequence_parallel_size", 1)
+            if not all(isinstance(n, int) and n > 0 for n in (nnodes, devices, sp)):
+                self._skip(
+                    word,
+                    "unresolved",
+                    "verl divides it by the data-parallel ranks, which are not known here",
+                )
+                continue
+            ranks = max(nnodes * devices // sp, 1)
+            value = override.value // ranks
+            if value < 1:
+                self._skip(
+                    word,
+                    "invalid",
+                    f"verl divides it by the {ranks} data-parallel ranks, which leaves none",
+                )
+                continue
+            self.notes.append(
+                f"line {word.line}: {override.key}={override.value} is per step; over "
+                f"{ranks} data-parallel ranks verl made it {per_gpu}={value}"
+            )
+            out.append((word, attrs.evolve(override, key=per_gpu, value=value)))
+        return out
 
     def _fully_async_keys(self, parsed: list[tuple[Word, Override]]) -> list[tuple[Word, Override]]:
         """verl's fully-async keys where plugrl has the same meaning under another key: the
