@@ -1008,7 +1008,12 @@ def test_rollout_correction_under_verls_names(plugrl_plugin_manager):
         "algorithm.rollout_correction.rollout_is_batch_normalize=False",
     )
     assert conversion.recipe["algorithm"] == {"rollout_is": "token", "rollout_is_threshold": 3.0}
-    assert {o: r.rsplit(", as ", 1)[0] for o, r in unmapped(conversion, "dropped").items()} == {
+    dropped = unmapped(conversion, "dropped")
+    assert dropped["algorithm.rollout_correction.rollout_rs=null"].endswith(", as null asks")
+    assert dropped["algorithm.rollout_correction.rollout_rs_threshold="].endswith(
+        ", as an empty value asks"
+    )
+    assert {o: r.rsplit(", as ", 1)[0] for o, r in dropped.items()} == {
         "algorithm.rollout_correction.rollout_rs=null": NO_REJECTION,
         "algorithm.rollout_correction.rollout_rs_threshold=": NO_REJECTION,
         "algorithm.rollout_correction.bypass_mode=false": NO_BYPASS,
@@ -1026,6 +1031,7 @@ def test_rollout_correction_plugrl_lacks_is_refused_by_name(plugrl_plugin_manage
         "algorithm.rollout_correction.loss_type=reinforce",
         "algorithm.rollout_correction.rollout_is_batch_normalize=true",
         "algorithm.rollout_is_threshold=4",  # verl 0.6's name
+        "algorithm.rollout_correction.rollout_token_veto_threshold=1e-4",
     )
     assert conversion.recipe["algorithm"] == {"rollout_is": "sequence", "rollout_is_threshold": 4.0}
     assert unmapped(conversion, "unknown") == {
@@ -1034,6 +1040,7 @@ def test_rollout_correction_plugrl_lacks_is_refused_by_name(plugrl_plugin_manage
         "algorithm.rollout_correction.bypass_mode=true": NO_BYPASS,
         "algorithm.rollout_correction.loss_type=reinforce": NO_REINFORCE,
         "algorithm.rollout_correction.rollout_is_batch_normalize=true": NO_NORMALIZE,
+        "algorithm.rollout_correction.rollout_token_veto_threshold=1e-4": NO_REJECTION,
     }
 
 

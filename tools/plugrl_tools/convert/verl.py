@@ -99,6 +99,9 @@ ALIASES = {
     "algorithm.rollout_rs_threshold_lower": (
         "algorithm.rollout_correction.rollout_rs_threshold_lower"
     ),
+    "algorithm.rollout_token_veto_threshold": (
+        "algorithm.rollout_correction.rollout_token_veto_threshold"
+    ),
     "algorithm.rollout_is_batch_normalize": (
         "algorithm.rollout_correction.rollout_is_batch_normalize"
     ),
@@ -182,6 +185,7 @@ NEUTRAL = {
     "algorithm.rollout_correction.rollout_rs": ((None, ""), _NO_REJECTION),
     "algorithm.rollout_correction.rollout_rs_threshold": ((None, ""), _NO_REJECTION),
     "algorithm.rollout_correction.rollout_rs_threshold_lower": ((None, ""), _NO_REJECTION),
+    "algorithm.rollout_correction.rollout_token_veto_threshold": ((None, ""), _NO_REJECTION),
     "algorithm.rollout_correction.bypass_mode": (
         False,
         "plugrl has no bypass mode: the trainer recomputes the old log-probs (with scheduler: "
@@ -887,7 +891,8 @@ class _Converter:
         if key in NEUTRAL:
             neutral, what = NEUTRAL[key]
             if value in (neutral if isinstance(neutral, tuple) else (neutral,)):
-                return _Skip("dropped", f"{what}, as {describe_value(value)} asks")
+                shown = "null" if value is None else "an empty value" if value == "" else None
+                return _Skip("dropped", f"{what}, as {shown or describe_value(value)} asks")
             return _Skip("unknown", what)
         if key.startswith("hydra."):
             return _Skip("dropped", "a setting of Hydra itself, which plugrl does not use")
