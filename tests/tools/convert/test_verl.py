@@ -1103,3 +1103,23 @@ def test_a_micro_batch_per_step_and_per_device_keeps_the_per_device_one(plugrl_p
             "verl uses"
         )
     }
+
+
+def test_switches_of_verls_own_machinery(plugrl_plugin_manager):
+    conversion = convert(
+        "trainer.use_legacy_worker_impl=disable",
+        "actor_rollout_ref.model.use_shm=False",
+        "critic.model.use_shm=True",
+    )
+    assert unmapped(conversion) == {
+        "trainer.use_legacy_worker_impl=disable": (
+            "verl's choice between its own worker implementations; plugrl has one per backend"
+        ),
+        "actor_rollout_ref.model.use_shm=False": (
+            "plugrl reads the model from model.path; it does not copy it to shared memory "
+            "first, as False asks"
+        ),
+        "critic.model.use_shm=True": (
+            "plugrl reads the model from model.path; it does not copy it to shared memory first"
+        ),
+    }

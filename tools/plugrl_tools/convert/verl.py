@@ -169,6 +169,9 @@ DROPPED = {
         "plugrl's cosine schedule decays over the run's training steps "
         "(actor.optim.lr_scheduler_type)"
     ),
+    "trainer.use_legacy_worker_impl": (
+        "verl's choice between its own worker implementations; plugrl has one per backend"
+    ),
     "reward_model.model.input_tokenizer": (
         "plugrl's reward model always reads responses decoded with the run's tokenizer and "
         "rendered with the reward model's own chat template"
@@ -205,6 +208,10 @@ NEUTRAL = {
         "plugrl has no sequence parallelism",
     ),
     "trainer.critic_warmup": (0, "plugrl has no critic warm-up"),
+    "actor_rollout_ref.model.use_shm": (
+        False,
+        "plugrl reads the model from model.path; it does not copy it to shared memory first",
+    ),
     "trainer.balance_batch": (
         False,
         "plugrl does not reorder a batch to balance tokens across ranks",
