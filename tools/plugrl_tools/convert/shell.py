@@ -3,9 +3,11 @@ would run, with the expansions launch scripts use evaluated.
 
 Evaluated: ``NAME=value``; ``export``/``declare``/``local``/``readonly`` ``NAME=value``;
 ``unset NAME``; ``$NAME``, ``${NAME}``, ``${NAME:-default}`` (and ``-``, ``:=``, ``=``, ``:+``,
-``+``); ``$((integer arithmetic))``; single and double quotes, backslashes, line continuations,
-comments, redirections and pipes; ``if [ A = B ]; then ... elif ... else ... fi`` with the tests
-``=``, ``==``, ``!=``, ``-z`` and ``-n``.
+``+``); ``${1:-default}`` (the default: the script's arguments are not known); arrays
+(``NAME=(...)``, ``NAME+=(...)``, ``"${NAME[@]}"``, ``${NAME[0]}``); ``$((integer
+arithmetic))``; ``$(pwd)`` as ``$PWD``; single and double quotes, backslashes, line
+continuations, comments, redirections and pipes; ``if [ A = B ]; then ... elif ... else ...
+fi`` with the tests ``=``, ``==``, ``!=``, ``-z`` and ``-n``.
 
 Nothing is run. A value the script cannot give without running something (``$(date)``), a
 variable it never sets, or one assigned in a loop or under a condition that cannot be decided

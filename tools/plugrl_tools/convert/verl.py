@@ -1,9 +1,10 @@
 """A verl launch script as a plugrl recipe.
 
 The script is read without running it (:mod:`plugrl_tools.convert.shell`), its verl command found
-(``python3 -m verl.trainer.main_ppo``, ``recipe.dapo.main_dapo`` or a ``fully_async_main``),
-and each of its Hydra overrides mapped to the plugrl key of the same meaning: through the verl
-names the options of the core and of the installed plugins declare
+(``python3 -m verl.trainer.main_ppo``, ``recipe.dapo.main_dapo``, the one-step-off-policy
+trainer or a ``fully_async_main``), and each of its Hydra overrides mapped to the plugrl key of
+the same meaning: through the verl names the options of the core and of the installed plugins
+declare
 (:func:`plugrl.recipe.verl_names.verl_names`), and through the rules below where verl's layout
 differs from plugrl's. Values are converted to the option's type. Every override that cannot
 be mapped is kept, with the reason, in :attr:`Conversion.unmapped`.
