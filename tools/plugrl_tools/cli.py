@@ -108,7 +108,8 @@ def cli(verbose: bool) -> None:
 @click.option(
     "--print-config",
     is_flag=True,
-    help="Print the resolved recipe as YAML and exit without running.",
+    help="Print the resolved recipe as YAML, warn of the data and reward files it names that "
+    "are not here, and exit without running.",
 )
 def run(recipe: str, overrides: tuple[str, ...], print_config: bool) -> None:
     """Run RECIPE (a YAML file), with KEY=VALUE overrides (actor.optim.lr=1e-6)."""
@@ -118,7 +119,18 @@ def run(recipe: str, overrides: tuple[str, ...], print_config: bool) -> None:
     plugins = get_plugin_manager()
     resolved = load_recipe(recipe, overrides, plugins)
     if print_config:
+        from plugrl_tools.paths import missing_files
+
         click.echo(resolved.to_yaml(), nl=False)
+        # a warning, not an error: a recipe is often checked away from the machine with its
+        # data (the shipped recipes name paths relative to where they run)
+        named = "; ".join(f"{key}: {path}" for key, path in missing_files(resolved))
+        if named:
+            click.echo(
+                f"warning: not found here: {named}; fix the paths, or check the recipe where "
+                "it runs",
+                err=True,
+            )
         return
     from plugrl.run import run_recipe
 
@@ -285,7 +297,8 @@ def convert() -> None:
     "env",
     multiple=True,
     metavar="NAME=VALUE",
-    help="A variable the script reads but does not set (repeatable).",
+    help="A variable the script reads but does not set (repeatable); HOME, USER, LOGNAME and "
+    "PWD default to this environment's.",
 )
 @click.option("--force", is_flag=True, help="Overwrite FILE if it exists.")
 def convert_verl(script: str, output: str | None, env: tuple[str, ...], force: bool) -> None:
@@ -293,8 +306,9 @@ def convert_verl(script: str, output: str | None, env: tuple[str, ...], force: b
 
     \b
     The script is read, never run: its variables (NAME=value, ${NAME:-default},
-    $((arithmetic)), export) are evaluated, its verl command found (python3 -m
-    verl.trainer.main_ppo, recipe.dapo.main_dapo or a fully_async_main), and each
+    $((arithmetic)), arrays, export) are evaluated, its verl command found (python3 -m
+    verl.trainer.main_ppo, recipe.dapo.main_dapo, the one-step-off-policy trainer or
+    a fully_async_main, also through "${CMD[@]}"), and each
     Hydra override (key=value, +key=value, ++key=value) mapped to the plugrl key of
     the same meaning, its value converted to that key's type.
 
@@ -316,11 +330,12 @@ def convert_verl(script: str, output: str | None, env: tuple[str, ...], force: b
       plugrl convert verl run_qwen_grpo.sh -o grpo.yaml --env HOME=/home/me
     docs/migrating-from-verl.md says what maps how.
     """
+    import os
     from pathlib import Path
 
     from plugrl.errors import ConvertError
     from plugrl_tools.convert.output import recipe_yaml, report, validate
-    from plugrl_tools.convert.verl import convert_script
+    from plugrl_tools.convert.verl import INHERITED, convert_script
 
     variables: dict[str, str] = {}
     for item in env:
@@ -340,7 +355,8 @@ def convert_verl(script: str, output: str | None, env: tuple[str, ...], force: b
     from plugrl.plugins import get_plugin_manager
 
     plugins = get_plugin_manager()
-    conversion = convert_script(text, path.name, variables, plugins=plugins)
+    inherited = {name: os.environ[name] for name in INHERITED if name in os.environ}
+    conversion = convert_script(text, path.name, variables, plugins=plugins, inherited=inherited)
     written = recipe_yaml(conversion)
     if output:
         Path(output).write_text(written, encoding="utf-8")

@@ -233,13 +233,13 @@ class AlgorithmConfig:
         None,
         "Importance-weight correction of off-policy samples against the rollout "
         "log-probs: null, 'token' or 'sequence' (truncated IS).",
-        verl="algorithm.rollout_is",
+        verl="algorithm.rollout_correction.rollout_is",
         choices=[None, "token", "sequence"],
     )
     rollout_is_threshold: float = option(
         2.0,
         "Upper truncation of the importance weights.",
-        verl="algorithm.rollout_is_threshold",
+        verl="algorithm.rollout_correction.rollout_is_threshold",
         validator=positive,
     )
 

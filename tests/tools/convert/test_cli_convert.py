@@ -82,9 +82,20 @@ def test_convert_to_a_file_then_run_what_the_report_says(tmp_path):
         "the rest validates: plugrl run grpo.yaml device.name=auto rollout.engine=hf "
         "--print-config",
     ]
-    check = plugrl(*report[-1].split(": ", 1)[1].split()[1:], cwd=tmp_path)
+    command = report[-1].split(": ", 1)[1].split()[1:]
+    check = plugrl(*command, cwd=tmp_path)
     assert check.returncode == 0, check.stderr
     assert yaml.safe_load(check.stdout)["actor"]["ppo_mini_batch_size"] == 64
+    assert check.stderr.splitlines()[-1] == (
+        "warning: not found here: data.train_files: /home/ma-user/work/data/gsm8k/train.parquet; "
+        "data.val_files: /home/ma-user/work/data/gsm8k/test.parquet; fix the paths, or check "
+        "the recipe where it runs"
+    )
+    for name in ("train.parquet", "test.parquet"):
+        (tmp_path / name).touch()
+    files = ["data.train_files=[train.parquet]", "data.val_files=[test.parquet]"]
+    check = plugrl(*command, *files, cwd=tmp_path)
+    assert check.returncode == 0 and "warning" not in check.stderr, check.stderr
 
 
 def test_a_part_installed_without_its_library_is_named_and_the_rest_validates(tmp_path):
@@ -184,3 +195,24 @@ def test_force_overwrites(tmp_path):
     result = plugrl("convert", "verl", script, "-o", "out.yaml", "--force", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert yaml.safe_load((tmp_path / "out.yaml").read_text()) == {"cluster": "ray"}
+
+
+def test_home_is_read_from_the_environment_unless_given(tmp_path):
+    script = tmp_path / "run.sh"
+    script.write_text(
+        "python3 -m verl.trainer.main_ppo actor_rollout_ref.model.path=$HOME/models/qwen\n"
+    )
+    env = {**os.environ, "HOME": "/home/me", "PLUGRL_DISABLED_PLUGINS": ACCELERATOR_DISTRIBUTIONS}
+    command = [sys.executable, "-m", "plugrl_tools.cli", "convert", "verl", str(script)]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert yaml.safe_load(result.stdout)["model"] == {"path": "/home/me/models/qwen"}
+    assert (
+        "  read from this machine's environment: HOME=/home/me; where the run happens they may "
+        "differ: give them with --env HOME=..."
+    ) in result.stderr.splitlines()
+    given = subprocess.run(
+        [*command, "--env", "HOME=/home/you"], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert yaml.safe_load(given.stdout)["model"] == {"path": "/home/you/models/qwen"}
+    assert "read from this machine's environment" not in given.stderr

@@ -130,13 +130,12 @@ def test_command_substitution_is_not_run():
 
 
 def test_unsupported_expansions_say_so():
-    found = variables("A=abc\nB=${A/b/c}\nC=${#A}\nD=$1\nE=(a b)")
+    found = variables("A=abc\nB=${A/b/c}\nC=${#A}\nD=$1")
     assert found["B"] == Unresolved(
         "${A/b/c} is not evaluated here (only ${NAME}, ${NAME:-default} and the like are)"
     )
     assert found["C"] == Unresolved("${#A} is not an expansion evaluated here")
     assert found["D"] == Unresolved("$1 depends on how the script is called")
-    assert found["E"] == Unresolved("arrays are not evaluated")
 
 
 def test_unresolved_words_keep_their_source():
@@ -243,3 +242,84 @@ def test_scripts_that_cannot_be_read(script, message):
     with pytest.raises(ConvertError) as error:
         read_script(script)
     assert str(error.value) == message
+
+
+# ------------------------------------------------------------------------------ arrays
+
+
+def test_a_command_launched_through_an_array():
+    script = read_script(
+        'CMD=(python3 -u)\nDATA=(data.a=1 "data.b=two words")\n'
+        '"${CMD[@]}" -m verl.trainer.main_ppo "${DATA[@]}" trainer.x=1\n'
+    )
+    (command,) = script.commands
+    assert [w.text for w in command.words] == [
+        "python3",
+        "-u",
+        "-m",
+        "verl.trainer.main_ppo",
+        "data.a=1",
+        "data.b=two words",
+        "trainer.x=1",
+    ]
+    assert [w.line for w in command.words][4:] == [2, 2, 3]  # where each element was written
+    assert script.variables["CMD"] == "python3"  # $CMD of an array is its first element
+
+
+def test_an_array_over_lines_with_comments_holding_quotes_and_parentheses():
+    text = (
+        "ARGS=(\n"
+        "    a=1  # the model's path (a local folder)\n"
+        "    # b=2 isn't used (yet)\n"
+        '    c="$X"\n'
+        ")\n"
+        "ARGS+=(d=4)\n"
+        "run ${ARGS[@]} ${ARGS[0]} ${#ARGS[@]}\n"
+    )
+    command = read_script(text, {"X": "3"}).commands[0]
+    assert [w.text for w in command.words] == ["run", "a=1", "c=3", "d=4", "a=1", "${#ARGS[@]}"]
+    assert command.words[-1].unresolved == ("${#ARGS[@]} is not an expansion evaluated here",)
+
+
+def test_an_array_set_under_an_undecided_condition_is_unresolved():
+    script = read_script('for i in 1 2; do\n  A=(x=$i)\ndone\nrun "${A[@]}"\n')
+    (word,) = script.commands[-1].words[1:]
+    assert word.unresolved == (
+        "$A is set in a loop or under a condition that cannot be decided here (line 2)",
+    )
+
+
+def test_an_array_that_holds_the_scripts_arguments_passes_them_on():
+    script = read_script('ARGS=(a=1 "$@")\nrun "${ARGS[@]}"\n')
+    assert script.commands[0].passes_arguments
+    assert [w.text for w in script.commands[0].words] == ["run", "a=1"]
+
+
+def test_an_array_never_closed_is_an_error():
+    with pytest.raises(ConvertError, match=r"^line 1: an array's '\(' is never closed by '\)'$"):
+        read_script("A=(a b\n")
+
+
+# ----------------------------------------------------- the script's arguments, environment
+
+
+def test_an_argument_with_a_default_takes_the_default():
+    script = read_script('ENGINE=${1:-vllm}\nN=${2-8}\nrun "${@:2}"\n')
+    assert script.variables == {"ENGINE": "vllm", "N": "8"}
+    assert script.notes == [
+        "${1:-vllm} is read as its default, 'vllm', as when the script is run without arguments",
+        "${2-8} is read as its default, '8', as when the script is run without arguments",
+    ]
+    assert script.commands[0].passes_arguments  # "${@:2}" passes some of them on
+
+
+def test_inherited_variables_are_read_and_named():
+    script = read_script(
+        'MODEL=$HOME/models/qwen\nOUT="$(pwd)/out"\nUSER=me\nWHO=$USER\n',
+        env={"PWD": "/given"},
+        inherited={"HOME": "/home/a", "PWD": "/here", "USER": "a"},
+    )
+    assert script.variables["MODEL"] == "/home/a/models/qwen"
+    assert script.variables["OUT"] == "/given/out"  # --env outranks the environment
+    assert script.variables["WHO"] == "me"
+    assert script.inherited == {"HOME": "/home/a"}  # the script set USER itself

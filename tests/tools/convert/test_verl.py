@@ -292,11 +292,10 @@ def test_fully_async_not_converted(script_text, plugrl_plugin_manager):
         "actor_rollout_ref.rollout.max_num_batched_tokens=5120",
         "actor_rollout_ref.rollout.enforce_eager=True",
     }
-    # the fully_async scheduler takes verl's async_training keys; these two it has not
-    assert unmapped(conversion, "unknown") == {
-        "rollout.total_epochs=1": FULLY_ASYNC_UNKNOWN,
-        "rollout.test_freq=20": FULLY_ASYNC_UNKNOWN,
-    }
+    # the rollouter's epochs are the run's; its validation counts weight syncs, 4 steps each
+    assert unmapped(conversion, "unknown") == {}
+    assert conversion.recipe["trainer"]["test_freq"] == 80
+    assert "total_epochs" not in conversion.recipe["trainer"]  # 1, plugrl's default
     dropped = unmapped(conversion, "dropped")
     assert dropped["data.train_batch_size=0"].startswith(
         "0 tells verl's fully-async trainer to ignore it"
@@ -309,12 +308,14 @@ def test_fully_async_not_converted(script_text, plugrl_plugin_manager):
         "actor_rollout_ref.rollout.mode=async",
         "actor_rollout_ref.rollout.calculate_log_probs=True",
     }
-    assert len(conversion.unmapped) == 21 and conversion.overrides == 90
+    assert len(conversion.unmapped) == 19 and conversion.overrides == 90
     assert conversion.notes[1:] == [
         "environment of the run, not part of a recipe: PYTHONPATH, VLLM_USE_V1; export what "
         "plugrl's run needs before plugrl run",
         "recipe.fully_async_policy.fully_async_main runs as plugrl's fully_async scheduler",
         "--config-name fully_async_ppo_megatron_trainer.yaml trains with actor.backend megatron",
+        "line 169: rollout.test_freq=20 counts weight syncs, 4 trainer steps each: "
+        "trainer.test_freq 80",
         "not set by the script, so verl used its defaults, which plugrl's differ from: "
         "model.enable_gradient_checkpointing (verl True, plugrl False); set them where the run "
         "relied on verl's",
@@ -843,3 +844,282 @@ def test_a_disabled_reward_model_keeps_the_rule_reward(plugrl_plugin_manager):
         )
     }
     assert conversion.comments == []
+
+
+# ------------------------------------------------------ scripts as people write them now
+
+
+def test_a_launch_through_bash_arrays_converts_every_element(plugrl_plugin_manager):
+    text = (
+        "CMD=(python3)\n"
+        "DATA=(\n"
+        "    data.train_batch_size=64  # prompts per step (the paper's setting)\n"
+        "    # data.max_prompt_length=9 isn't used\n"
+        "    actor_rollout_ref.rollout.n=4\n"
+        ")\n"
+        'TRAINER=("trainer.nnodes=2")\n'
+        '"${CMD[@]}" -m verl.trainer.main_ppo "${DATA[@]}" "${TRAINER[@]}" trainer.test_freq=5\n'
+    )
+    conversion = convert_script(text, "run.sh", plugins=get_plugin_manager())
+    assert conversion.recipe["data"] == {"train_batch_size": 64}
+    assert conversion.recipe["rollout"] == {"n": 4}
+    assert conversion.recipe["trainer"] == {"test_freq": 5, "nnodes": 2}
+    assert (conversion.overrides, conversion.unmapped, conversion.line) == (4, [], 8)
+
+
+def test_home_comes_from_the_environment_and_is_named(plugrl_plugin_manager):
+    text = "python3 -m verl.trainer.main_ppo actor_rollout_ref.model.path=$HOME/models/qwen\n"
+    conversion = convert_script(
+        text, "run.sh", plugins=get_plugin_manager(), inherited={"HOME": "/home/me"}
+    )
+    assert conversion.recipe["model"] == {"path": "/home/me/models/qwen"}
+    assert conversion.notes[0] == (
+        "read from this machine's environment: HOME=/home/me; where the run happens they may "
+        "differ: give them with --env HOME=..."
+    )
+
+
+def test_an_argument_default_chooses_the_engine(plugrl_plugin_manager):
+    conversion = convert("actor_rollout_ref.rollout.name=$ENGINE", before="ENGINE=${1:-sglang}\n")
+    assert conversion.recipe["rollout"] == {"engine": "sglang"}
+    assert (
+        "${1:-sglang} is read as its default, 'sglang', as when the script is run without arguments"
+    ) in conversion.notes
+
+
+def test_verls_newer_names(plugrl_plugin_manager):
+    conversion = convert(
+        "reward.reward_manager.name=dapo",
+        "reward.reward_kwargs.overlong_buffer_cfg.enable=True",
+        "reward.reward_kwargs.overlong_buffer_cfg.len=512",
+        "reward.custom_reward_function.path=/r/score.py",
+        "actor_rollout_ref.actor.optim.clip_grad=0.5",
+        "critic.optim.clip_grad=0.7",
+    )
+    assert conversion.unmapped == []
+    reward = conversion.recipe["reward"]
+    assert reward["manager"] == "dapo"
+    assert reward["overlong_buffer"] == {"enable": True, "len": 512}
+    assert reward["custom_function"] == {"path": "/r/score.py"}
+    assert conversion.recipe["actor"]["grad_clip"] == 0.5
+    assert conversion.recipe["critic"]["grad_clip"] == 0.7
+
+
+def test_the_one_step_off_policy_trainer_runs_as_fully_async(plugrl_plugin_manager):
+    module = "verl.experimental.one_step_off_policy.main_ppo"
+    conversion = convert(
+        "data.train_batch_size=128", "actor_rollout_ref.actor.ppo_mini_batch_size=32", module=module
+    )
+    assert conversion.recipe["scheduler"] == {
+        "name": "fully_async",
+        "staleness_threshold": 0.0,
+        "trigger_parameter_sync_step": 1,
+        "require_batches": 4,
+        "partial_rollout": False,
+    }
+    message = (
+        f"{module} (verl's one-step-off-policy trainer) runs as plugrl's fully_async scheduler "
+        "with staleness_threshold 0.0, trigger_parameter_sync_step 1, partial_rollout False, "
+        "require_batches 4 (data.train_batch_size / actor.ppo_mini_batch_size): the engines "
+        "generate the next batch with the weights of one step before while the trainer trains "
+        "the current one."
+    )
+    assert message in conversion.notes and conversion.comments == [message]
+    validation = validate(conversion.recipe, get_plugin_manager(), check_files=False)
+    assert validation.error is None
+
+
+def test_one_step_off_with_a_batch_the_mini_batches_do_not_divide(plugrl_plugin_manager):
+    conversion = convert(
+        "data.train_batch_size=100",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=32",
+        module="recipe.one_step_off_policy.main_ppo",
+    )
+    assert "require_batches" not in conversion.recipe["scheduler"]
+    assert (
+        "data.train_batch_size 100 is not a multiple of actor.ppo_mini_batch_size 32: set "
+        "scheduler.require_batches to the mini-batches a step trains"
+    ) in conversion.notes
+
+
+def test_fully_async_keys_of_the_rollouter(plugrl_plugin_manager):
+    conversion = convert(
+        "rollout.total_epochs=3",
+        "trainer.total_epochs=10",
+        "rollout.test_freq=5",
+        "trainer.test_freq=2",
+        "data.gen_batch_size=1",
+        module="verl.experimental.fully_async_policy.fully_async_main",
+    )
+    assert conversion.recipe["trainer"] == {"total_epochs": 3, "test_freq": 5}
+    assert unmapped(conversion) == {
+        "trainer.total_epochs=10": (
+            "verl's fully-async run lasts the rollouter's rollout.total_epochs, which the script "
+            "also sets; that is trainer.total_epochs here"
+        ),
+        "trainer.test_freq=2": (
+            "verl's fully-async trainer validates every rollout.test_freq weight syncs, which "
+            "the script also sets; that is trainer.test_freq here"
+        ),
+        "data.gen_batch_size=1": (
+            "in verl's fully-async trainer the rollouter's unit of streaming (one prompt), not "
+            "dynamic sampling; plugrl's fully_async scheduler streams each prompt as an engine "
+            "has room (scheduler.max_in_flight_per_engine)"
+        ),
+    }
+
+
+def test_keys_of_the_critic_are_reported_as_the_actors(plugrl_plugin_manager):
+    conversion = convert(
+        "actor_rollout_ref.model.use_remove_padding=True",
+        "critic.model.use_remove_padding=True",
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+        "critic.ulysses_sequence_parallel_size=2",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+        "critic.model.enable_gradient_checkpointing=False",
+    )
+    reasons = unmapped(conversion)
+    assert (
+        reasons["critic.model.use_remove_padding=True"]
+        == (reasons["actor_rollout_ref.model.use_remove_padding=True"])
+    )
+    assert (
+        reasons["critic.ulysses_sequence_parallel_size=2"]
+        == (reasons["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"])
+    )
+    assert reasons["critic.model.enable_gradient_checkpointing=False"] == (
+        "plugrl builds every model, the critic too, with the settings of model: "
+        "model.enable_gradient_checkpointing is True (from "
+        "actor_rollout_ref.model.enable_gradient_checkpointing)"
+    )
+
+
+# ------------------------------------------------------------------- rollout correction
+
+
+def test_rollout_correction_under_verls_names(plugrl_plugin_manager):
+    conversion = convert(
+        "algorithm.rollout_correction.rollout_is=token",
+        "algorithm.rollout_correction.rollout_is_threshold=3.0",
+        "algorithm.rollout_correction.rollout_rs=null",
+        "algorithm.rollout_correction.rollout_rs_threshold=",
+        "algorithm.rollout_correction.bypass_mode=false",
+        "algorithm.rollout_correction.loss_type=ppo_clip",
+        "algorithm.rollout_correction.rollout_is_batch_normalize=False",
+    )
+    assert conversion.recipe["algorithm"] == {"rollout_is": "token", "rollout_is_threshold": 3.0}
+    dropped = unmapped(conversion, "dropped")
+    assert dropped["algorithm.rollout_correction.rollout_rs=null"].endswith(", as null asks")
+    assert dropped["algorithm.rollout_correction.rollout_rs_threshold="].endswith(
+        ", as an empty value asks"
+    )
+    assert {o: r.rsplit(", as ", 1)[0] for o, r in dropped.items()} == {
+        "algorithm.rollout_correction.rollout_rs=null": NO_REJECTION,
+        "algorithm.rollout_correction.rollout_rs_threshold=": NO_REJECTION,
+        "algorithm.rollout_correction.bypass_mode=false": NO_BYPASS,
+        "algorithm.rollout_correction.loss_type=ppo_clip": NO_REINFORCE,
+        "algorithm.rollout_correction.rollout_is_batch_normalize=False": NO_NORMALIZE,
+    }
+
+
+def test_rollout_correction_plugrl_lacks_is_refused_by_name(plugrl_plugin_manager):
+    conversion = convert(
+        "algorithm.rollout_correction.rollout_is=sequence",
+        "algorithm.rollout_correction.rollout_rs=seq_mean_k1",
+        'algorithm.rollout_correction.rollout_rs_threshold="0.999_1.001"',
+        "algorithm.rollout_correction.bypass_mode=true",
+        "algorithm.rollout_correction.loss_type=reinforce",
+        "algorithm.rollout_correction.rollout_is_batch_normalize=true",
+        "algorithm.rollout_is_threshold=4",  # verl 0.6's name
+        "algorithm.rollout_correction.rollout_token_veto_threshold=1e-4",
+    )
+    assert conversion.recipe["algorithm"] == {"rollout_is": "sequence", "rollout_is_threshold": 4.0}
+    assert unmapped(conversion, "unknown") == {
+        "algorithm.rollout_correction.rollout_rs=seq_mean_k1": NO_REJECTION,
+        "algorithm.rollout_correction.rollout_rs_threshold=0.999_1.001": NO_REJECTION,
+        "algorithm.rollout_correction.bypass_mode=true": NO_BYPASS,
+        "algorithm.rollout_correction.loss_type=reinforce": NO_REINFORCE,
+        "algorithm.rollout_correction.rollout_is_batch_normalize=true": NO_NORMALIZE,
+        "algorithm.rollout_correction.rollout_token_veto_threshold=1e-4": NO_REJECTION,
+    }
+
+
+NO_REJECTION = (
+    "plugrl has no rejection sampling against the rollout policy; its correction "
+    "(algorithm.rollout_is) weighs tokens, it does not drop them"
+)
+NO_BYPASS = (
+    "plugrl has no bypass mode: the trainer recomputes the old log-probs (with scheduler: "
+    "fully_async, scheduler.use_rollout_log_probs takes the engines' instead)"
+)
+NO_REINFORCE = (
+    "plugrl's correction weighs the PPO-clip loss; the REINFORCE loss of verl's bypass mode "
+    "has no counterpart"
+)
+NO_NORMALIZE = "plugrl does not normalise the importance weights over the batch"
+
+
+def test_a_recipes_own_trainer_is_converted_as_the_one_it_is_named_after(plugrl_plugin_manager):
+    conversion = convert("trainer.nnodes=2", module="recipe.partial_rollout.main_ppo")
+    assert conversion.recipe["trainer"] == {"nnodes": 2}
+    assert conversion.notes[0] == (
+        "recipe.partial_rollout.main_ppo is not one of verl's own trainers; its overrides are "
+        "converted as those of verl's main_ppo, and what it does differently is not"
+    )
+
+
+def test_older_verls_micro_batches_per_step_become_per_device(plugrl_plugin_manager):
+    conversion = convert(
+        "trainer.nnodes=2",
+        "trainer.n_gpus_per_node=4",
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size=16",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size=32",
+        "critic.ppo_micro_batch_size=2",
+        "critic.ulysses_sequence_parallel_size=1",
+    )
+    assert conversion.recipe["actor"]["ppo_micro_batch_size_per_gpu"] == 4  # 16 over 8 / 2
+    assert conversion.recipe["actor"]["log_prob_micro_batch_size_per_gpu"] == 8
+    assert (
+        "line 5: actor_rollout_ref.actor.ppo_micro_batch_size=16 is per step; over 4 "
+        "data-parallel ranks verl made it actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"
+    ) in conversion.notes
+    assert unmapped(conversion, "invalid") == {
+        "critic.ppo_micro_batch_size=2": (
+            "verl divides it by the 8 data-parallel ranks, which leaves none"
+        )
+    }
+
+
+def test_a_micro_batch_per_step_and_per_device_keeps_the_per_device_one(plugrl_plugin_manager):
+    conversion = convert(
+        "actor_rollout_ref.actor.ppo_micro_batch_size=16",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    )
+    assert conversion.recipe["actor"]["ppo_micro_batch_size_per_gpu"] == 2
+    assert unmapped(conversion) == {
+        "actor_rollout_ref.actor.ppo_micro_batch_size=16": (
+            "the script also sets actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu, which "
+            "verl uses"
+        )
+    }
+
+
+def test_switches_of_verls_own_machinery(plugrl_plugin_manager):
+    conversion = convert(
+        "trainer.use_legacy_worker_impl=disable",
+        "actor_rollout_ref.model.use_shm=False",
+        "critic.model.use_shm=True",
+    )
+    assert unmapped(conversion) == {
+        "trainer.use_legacy_worker_impl=disable": (
+            "verl's choice between its own worker implementations; plugrl has one per backend"
+        ),
+        "actor_rollout_ref.model.use_shm=False": (
+            "plugrl reads the model from model.path; it does not copy it to shared memory "
+            "first, as False asks"
+        ),
+        "critic.model.use_shm=True": (
+            "plugrl reads the model from model.path; it does not copy it to shared memory first"
+        ),
+    }

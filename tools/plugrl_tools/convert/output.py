@@ -17,6 +17,7 @@ from plugrl.recipe.build import build_recipe
 from plugrl.recipe.composition import normalize_shorthand
 from plugrl.registry import KNOWN_EXTERNAL, PART_KINDS
 from plugrl_tools.convert.verl import CATEGORIES, Conversion
+from plugrl_tools.paths import missing_files
 
 
 class _Dumper(yaml.SafeDumper):
@@ -61,12 +62,18 @@ class Validation:
     validates."""
     warnings: tuple[str, ...] = ()
     """What the recipe checks warn of (a setting that has no effect)."""
+    missing_files: tuple[tuple[str, str], ...] = ()
+    """The data and reward files the recipe names that are not here (``plugrl run
+    --print-config`` refuses them; a script is often converted away from its data)."""
 
 
-def validate(recipe: dict[str, Any], plugins: PluginManager) -> Validation:
+def validate(
+    recipe: dict[str, Any], plugins: PluginManager, *, check_files: bool = True
+) -> Validation:
     """Build the recipe as ``plugrl run --print-config`` does. Parts that are not installed
     here, or cannot run here, are named, and the rest is validated with plugrl's default parts
-    in their place: a recipe for an NPU cluster converted on a laptop still validates."""
+    in their place: a recipe for an NPU cluster converted on a laptop still validates.
+    ``check_files``: also look for the files it names (:attr:`Validation.missing_files`)."""
     rest = normalize_shorthand(copy.deepcopy(recipe))
     missing: list[tuple[str, str, Any]] = []
     for kind in PART_KINDS.values():
@@ -104,13 +111,14 @@ def validate(recipe: dict[str, Any], plugins: PluginManager) -> Validation:
     checks.addHandler(collected)
     checks.propagate = False
     try:
-        build_recipe(rest, plugins)
+        built = build_recipe(rest, plugins)
     except PlugrlError as exc:
         return Validation(tuple(missing), str(exc), tuple(collected.messages))
     finally:
         checks.removeHandler(collected)
         checks.propagate = propagates
-    return Validation(tuple(missing), None, tuple(collected.messages))
+    files = tuple(missing_files(built)) if check_files else ()
+    return Validation(tuple(missing), None, tuple(collected.messages), files)
 
 
 class _Collect(logging.Handler):
@@ -146,6 +154,11 @@ def report(conversion: Conversion, validation: Validation, recipe_name: str) -> 
     if validation.warnings:
         lines.append("warnings of plugrl's recipe checks:")
         lines += [f"  {warning}" for warning in validation.warnings]
+    if validation.missing_files:
+        named = "; ".join(f"{key}: {path}" for key, path in validation.missing_files)
+        lines.append(
+            f"files not found here: {named} (plugrl run --print-config checks them where it runs)"
+        )
     for key, message, _ in validation.missing:
         lines.append(f"not usable here: {key}: {message}")
     if validation.error is None:

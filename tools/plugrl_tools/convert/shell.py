@@ -3,9 +3,11 @@ would run, with the expansions launch scripts use evaluated.
 
 Evaluated: ``NAME=value``; ``export``/``declare``/``local``/``readonly`` ``NAME=value``;
 ``unset NAME``; ``$NAME``, ``${NAME}``, ``${NAME:-default}`` (and ``-``, ``:=``, ``=``, ``:+``,
-``+``); ``$((integer arithmetic))``; single and double quotes, backslashes, line continuations,
-comments, redirections and pipes; ``if [ A = B ]; then ... elif ... else ... fi`` with the tests
-``=``, ``==``, ``!=``, ``-z`` and ``-n``.
+``+``); ``${1:-default}`` (the default: the script's arguments are not known); arrays
+(``NAME=(...)``, ``NAME+=(...)``, ``"${NAME[@]}"``, ``${NAME[0]}``); ``$((integer
+arithmetic))``; ``$(pwd)`` as ``$PWD``; single and double quotes, backslashes, line
+continuations, comments, redirections and pipes; ``if [ A = B ]; then ... elif ... else ...
+fi`` with the tests ``=``, ``==``, ``!=``, ``-z`` and ``-n``.
 
 Nothing is run. A value the script cannot give without running something (``$(date)``), a
 variable it never sets, or one assigned in a loop or under a condition that cannot be decided
@@ -80,17 +82,31 @@ class Script:
     exported: list[str]
     commands: list[Command]
     notes: list[str]
+    inherited: dict[str, str] = attrs.field(factory=dict)
+    """Variables of ``inherited`` the script read without setting them, with their values."""
 
 
-def read_script(text: str, env: Mapping[str, str] | None = None) -> Script:
+def read_script(
+    text: str,
+    env: Mapping[str, str] | None = None,
+    inherited: Mapping[str, str] | None = None,
+) -> Script:
     """Evaluate the assignments of a bash script and collect its commands, running nothing.
 
     ``env`` gives variables the script reads but does not set (as if exported before it ran).
+    ``inherited`` gives more such variables, of lower rank (``HOME`` of the machine that
+    converts): :attr:`Script.inherited` says which of them the script read.
     """
-    evaluator = _Evaluator(env or {})
+    evaluator = _Evaluator(env or {}, inherited or {})
     for words, comment_lines in _Lexer(text).commands():
         evaluator.command(words, tuple(comment_lines))
-    return Script(evaluator.variables, evaluator.exported, evaluator.commands, evaluator.notes)
+    return Script(
+        evaluator.variables,
+        evaluator.exported,
+        evaluator.commands,
+        evaluator.notes,
+        evaluator.inherited_read,
+    )
 
 
 # ---------------------------------------------------------------------------------- lexing
@@ -117,6 +133,24 @@ class _Param:
 class _Arith:
     parts: tuple[object, ...]
     quoted: bool
+    source: str
+
+
+@attrs.frozen
+class _ArrayRef:
+    """``${NAME[@]}``, ``${NAME[*]}`` or ``${NAME[index]}``."""
+
+    name: str
+    index: str
+    quoted: bool
+    source: str
+
+
+@attrs.frozen
+class _Array:
+    """``NAME=(element ...)``: the elements as words, expanded when assigned."""
+
+    elements: tuple[_RawWord, ...]
     source: str
 
 
@@ -272,15 +306,41 @@ class _Lexer:
                 parts.append(_Param("HOME", "", (), True, "~"))
                 self.i += 1
             elif c == "(" and not parts and _ASSIGNMENT.fullmatch("".join(literal)):
-                begin = self.i
-                self.i = self._closing(self.i + 1, "(", ")") + 1
                 flush()
-                parts.append(_Opaque(self.text[begin : self.i], "arrays are not evaluated"))
+                parts.append(self._array())
             else:
                 literal.append(c)
                 self.i += 1
         flush()
         return _RawWord(tuple(parts), self.text[start : self.i], line)
+
+    def _array(self) -> _Array:
+        """``(element ...)`` after ``NAME=``: words over any number of lines, with comments
+        (whose quotes and parentheses are only text) between them."""
+        begin, line = self.i, self.line
+        self.i += 1
+        elements: list[_RawWord] = []
+        while True:
+            c = self.peek()
+            if not c:
+                raise ConvertError(f"line {line}: an array's '(' is never closed by ')'")
+            if c == ")":
+                self.i += 1
+                break
+            if c in " \t\r":
+                self.i += 1
+            elif c == "\n":
+                self.i += 1
+                self.line += 1
+            elif c == "\\" and self.peek(1) == "\n":
+                self.i += 2
+                self.line += 1
+            elif c == "#":
+                while self.peek() and self.peek() != "\n":
+                    self.i += 1
+            else:
+                elements.append(self.word(stop=" \t\r\n)"))
+        return _Array(tuple(elements), self.text[begin : self.i])
 
     def _single_quoted(self) -> str:
         end = self.text.find("'", self.i + 1)
@@ -366,6 +426,8 @@ class _Lexer:
             close = self._closing(self.i + 2, "(", ")")
             self.i = close + 1
             source = self.text[start : self.i]
+            if re.fullmatch(r"\$\(\s*pwd\s*\)", source):
+                return _Param("PWD", "", (), quoted, source)  # what bash keeps in $PWD
             self.line += source.count("\n")
             return _Opaque(source, f"{_shorten(source)} runs a command, and nothing is run here")
         if following == "{":
@@ -386,6 +448,11 @@ class _Lexer:
         name, rest = match.groups()
         if not rest:
             return _Param(name, "", (), quoted, source)
+        element = re.fullmatch(r"\[([@*]|[0-9]+)\]", rest)
+        if element and re.fullmatch(_NAME, name):
+            return _ArrayRef(name, element.group(1), quoted, source)
+        if name in ("@", "*") and re.fullmatch(r":[0-9]+(:[0-9]+)?", rest):
+            return _Param(name, "", (), quoted, source)  # some of the script's arguments
         op = re.match(r":-|:=|:\+|:\?|-|=|\+|\?", rest)
         if not op:
             return _Opaque(
@@ -453,12 +520,16 @@ def _assignment(word: _RawWord) -> tuple[str, bool, tuple[object, ...]] | None:
 
 
 class _Evaluator:
-    def __init__(self, env: Mapping[str, str]) -> None:
-        self.variables: dict[str, Value] = dict(env)
+    def __init__(self, env: Mapping[str, str], inherited: Mapping[str, str]) -> None:
+        self.variables: dict[str, Value] = {**inherited, **env}
+        self.inherited = {name: inherited[name] for name in inherited if name not in env}
+        self.inherited_read: dict[str, str] = {}
         self.exported: list[str] = []
         self.commands: list[Command] = []
         self.notes: list[str] = []
         self.frames: list[_Frame] = []
+        self.arrays: dict[str, tuple[tuple[Word, ...], bool] | Unresolved] = {}
+        """Arrays: their words, and whether they hold the script's arguments (``$@``)."""
         self._passes_arguments = False
 
     # ---------------------------------------------------------------- commands
@@ -614,6 +685,10 @@ class _Evaluator:
     def _assign(
         self, name: str, appends: bool, parts: tuple[object, ...], *, conditional: bool, line: int
     ) -> None:
+        if len(parts) == 1 and isinstance(parts[0], _Array):
+            self._assign_array(name, appends, parts[0], conditional=conditional, line=line)
+            return
+        self.arrays.pop(name, None)
         value = self._value(parts)
         if appends:
             old = self.variables.get(name, "")
@@ -623,14 +698,63 @@ class _Evaluator:
                 value = old + value
         self._set(name, value, conditional, line)
 
+    def _assign_array(
+        self, name: str, appends: bool, array: _Array, *, conditional: bool, line: int
+    ) -> None:
+        if conditional:
+            self._set(name, "", conditional, line)
+            self.arrays[name] = self.variables[name]  # type: ignore[assignment]
+            return
+        outer = self._passes_arguments
+        self._passes_arguments = False
+        words = tuple(word for raw in array.elements for word in self._expand(raw))
+        passes = self._passes_arguments
+        self._passes_arguments = outer
+        old = self.arrays.get(name) if appends else None
+        if isinstance(old, Unresolved):
+            return
+        if old is not None:
+            words, passes = old[0] + words, old[1] or passes
+        self.arrays[name] = (words, passes)
+        # $NAME of an array is its first element
+        first = words[0] if words else None
+        self.variables[name] = (
+            Unresolved("; ".join(first.unresolved))
+            if first and first.unresolved
+            else first.text
+            if first
+            else ""
+        )
+
+    def _array_words(self, ref: _ArrayRef) -> tuple[Word, ...] | Unresolved:
+        """The words ``ref`` names: all the elements, or the one at its index."""
+        found = self.arrays.get(ref.name)
+        if found is None:
+            value = self.variables.get(ref.name)
+            if isinstance(value, Unresolved):
+                return value
+            if value is None:
+                return Unresolved(f"${ref.name} is not set in the script")
+            found = ((Word(value, ref.source, 0),), False)  # a plain variable: one element
+        if isinstance(found, Unresolved):
+            return found
+        words, passes = found
+        if ref.index in ("@", "*"):
+            self._passes_arguments = self._passes_arguments or passes
+            return words
+        index = int(ref.index)
+        return words[index : index + 1]
+
     def _set(self, name: str, value: Value | None, conditional: bool, line: int) -> None:
         if conditional:
             value = Unresolved(
                 f"${name} is set in a loop or under a condition that cannot be decided here "
                 f"(line {line})"
             )
+        self.inherited.pop(name, None)  # the script's own value from here on
         if value is None:
             self.variables.pop(name, None)
+            self.arrays.pop(name, None)
         else:
             self.variables[name] = value
 
@@ -644,6 +768,14 @@ class _Evaluator:
                 chunks.append((part.text, False, ()))
             elif isinstance(part, _Opaque):
                 chunks.append((part.source, False, (part.reason,)))
+            elif isinstance(part, _ArrayRef):
+                found = self._array_words(part)
+                if isinstance(found, Unresolved):
+                    chunks.append((part.source, False, (found.reason,)))
+                    continue
+                why = tuple(reason for word in found for reason in word.unresolved)
+                text = " ".join(word.text for word in found)
+                chunks.append((part.source if why else text, not part.quoted and not why, why))
             elif isinstance(part, (_Param, _Arith)):
                 value = self._param(part) if isinstance(part, _Param) else self._arith(part)
                 if isinstance(value, Unresolved):
@@ -666,6 +798,12 @@ class _Evaluator:
         if _all_arguments(raw):
             self._passes_arguments = True
             return []
+        whole = _whole_array(raw)
+        if whole is not None:  # "${NAME[@]}": one word per element, as the array holds them
+            found = self._array_words(whole)
+            if isinstance(found, Unresolved):
+                return [Word(whole.source, raw.source, raw.line, (found.reason,))]
+            return list(found)
         words: list[Word] = []
         text: list[str] = []
         reasons: list[str] = []
@@ -700,9 +838,21 @@ class _Evaluator:
         if name in ("@", "*"):
             self._passes_arguments = True
             return ""
+        if name.isdigit() and name != "0" and op in (":-", "-", ":=", "="):
+            # the script's arguments are not known here; launch scripts are mostly run
+            # without them, so the default is what they run with
+            default = self._value(param.arg)
+            if not isinstance(default, Unresolved):
+                note = (
+                    f"{param.source} is read as its default, {default!r}, as when the script "
+                    "is run without arguments"
+                )
+                if note not in self.notes:
+                    self.notes.append(note)
+            return default
         if not re.fullmatch(_NAME, name):
             return Unresolved(f"{param.source} depends on how the script is called")
-        value = self.variables.get(name)
+        value = self._lookup(name)
         if isinstance(value, Unresolved):
             return value
         if op == "":
@@ -720,6 +870,12 @@ class _Evaluator:
         if op in (":=", "="):
             self.variables[name] = default
         return default
+
+    def _lookup(self, name: str) -> Value | None:
+        value = self.variables.get(name)
+        if name in self.inherited and value == self.inherited[name]:
+            self.inherited_read.setdefault(name, value)
+        return value
 
     def _arith(self, arith: _Arith) -> Value:
         expression = self._value(arith.parts)
@@ -761,7 +917,7 @@ class _Evaluator:
         raise _ArithmeticError(f"{ast.unparse(node)!r} is not integer arithmetic evaluated here")
 
     def _integer(self, name: str, depth: int) -> int:
-        value = self.variables.get(name)
+        value = self._lookup(name)
         if value is None:
             raise _ArithmeticError(f"${name} is not set in the script")
         if isinstance(value, Unresolved):
@@ -783,6 +939,19 @@ def _all_arguments(word: _RawWord) -> bool:
         and params[0].name in ("@", "*")
         and all(isinstance(p, _Lit) and not p.text for p in others)
     )
+
+
+def _whole_array(word: _RawWord) -> _ArrayRef | None:
+    """The ``${NAME[@]}`` (quoted or not) that is the whole word, if it is."""
+    refs = [p for p in word.parts if isinstance(p, _ArrayRef)]
+    others = [p for p in word.parts if not isinstance(p, _ArrayRef)]
+    if (
+        len(refs) == 1
+        and refs[0].index == "@"
+        and all(isinstance(p, _Lit) and not p.text for p in others)
+    ):
+        return refs[0]
+    return None
 
 
 def _branch(result: bool | None) -> str:

@@ -1,9 +1,10 @@
 """A verl launch script as a plugrl recipe.
 
 The script is read without running it (:mod:`plugrl_tools.convert.shell`), its verl command found
-(``python3 -m verl.trainer.main_ppo``, ``recipe.dapo.main_dapo`` or a ``fully_async_main``),
-and each of its Hydra overrides mapped to the plugrl key of the same meaning: through the verl
-names the options of the core and of the installed plugins declare
+(``python3 -m verl.trainer.main_ppo``, ``recipe.dapo.main_dapo``, the one-step-off-policy
+trainer or a ``fully_async_main``), and each of its Hydra overrides mapped to the plugrl key of
+the same meaning: through the verl names the options of the core and of the installed plugins
+declare
 (:func:`plugrl.recipe.verl_names.verl_names`), and through the rules below where verl's layout
 differs from plugrl's. Values are converted to the option's type. Every override that cannot
 be mapped is kept, with the reason, in :attr:`Conversion.unmapped`.
@@ -33,6 +34,28 @@ from plugrl_tools.convert.shell import Command, Script, Word, read_script
 ENTRY_POINTS = {"main_ppo": "sync", "main_dapo": "sync", "fully_async_main": "fully_async"}
 """The last part of a verl trainer module -> the plugrl scheduler that runs the same loop."""
 
+TRAINERS = (
+    "verl.trainer.main_ppo",
+    "recipe.dapo.main_dapo",
+    "fully_async_policy.fully_async_main",
+    "one_step_off_policy.main_ppo",
+)
+"""verl's own trainer modules (or their ends); another module of the same last name (a
+recipe's ``recipe.partial_rollout.main_ppo``) is converted as the one it is named after, and
+noted."""
+
+ONE_STEP_OFF = "one_step_off_policy"
+"""The package of verl's one-step-off-policy trainer (its module is ``...main_ppo``)."""
+
+ONE_STEP_OFF_SETTINGS = {
+    ("scheduler", "staleness_threshold"): 0.0,
+    ("scheduler", "trigger_parameter_sync_step"): 1,
+    ("scheduler", "partial_rollout"): False,
+}
+"""plugrl's fully_async scheduler run as verl's one-step-off-policy trainer: the engines
+generate the next batch with the weights of one step before, and a sync waits for the batch
+in flight. ``require_batches`` is set from the script's batch sizes."""
+
 CATEGORIES = {
     "unknown": "unknown to plugrl",
     "plugin": "keys of parts not installed here or not chosen",
@@ -58,6 +81,31 @@ ALIASES = {
     "actor_rollout_ref.actor.optim.lr_decay_style": _SCHEDULE,
     "actor_rollout_ref.actor.optim.warmup_style": _SCHEDULE,
     "ray_init.": "ray_kwargs.ray_init.",
+    # newer verl's reward section, and the top-level reward_manager of the verl before it
+    "reward.reward_manager.name": "reward_model.reward_manager",
+    "reward_manager.name": "reward_model.reward_manager",
+    "reward.reward_kwargs.overlong_buffer_cfg.": "reward_model.overlong_buffer.",
+    "reward.reward_kwargs.": "reward_model.reward_kwargs.",
+    "reward.custom_reward_function.": "custom_reward_function.",
+    "reward.reward_model.": "reward_model.",
+    # newer verl's name of the gradient clip, under optim
+    "actor_rollout_ref.actor.optim.clip_grad": "actor_rollout_ref.actor.grad_clip",
+    "actor_rollout_ref.ref.optim.clip_grad": "actor_rollout_ref.ref.grad_clip",
+    "critic.optim.clip_grad": "critic.grad_clip",
+    # verl 0.6's names of the rollout correction, before algorithm.rollout_correction
+    "algorithm.rollout_is": "algorithm.rollout_correction.rollout_is",
+    "algorithm.rollout_is_threshold": "algorithm.rollout_correction.rollout_is_threshold",
+    "algorithm.rollout_rs": "algorithm.rollout_correction.rollout_rs",
+    "algorithm.rollout_rs_threshold": "algorithm.rollout_correction.rollout_rs_threshold",
+    "algorithm.rollout_rs_threshold_lower": (
+        "algorithm.rollout_correction.rollout_rs_threshold_lower"
+    ),
+    "algorithm.rollout_token_veto_threshold": (
+        "algorithm.rollout_correction.rollout_token_veto_threshold"
+    ),
+    "algorithm.rollout_is_batch_normalize": (
+        "algorithm.rollout_correction.rollout_is_batch_normalize"
+    ),
     # older verl's reward model batch size (per step, split over its workers)
     "reward_model.micro_batch_size": "reward_model.micro_batch_size_per_gpu",
 }
@@ -122,6 +170,9 @@ DROPPED = {
         "plugrl's cosine schedule decays over the run's training steps "
         "(actor.optim.lr_scheduler_type)"
     ),
+    "trainer.use_legacy_worker_impl": (
+        "verl's choice between its own worker implementations; plugrl has one per backend"
+    ),
     "reward_model.model.input_tokenizer": (
         "plugrl's reward model always reads responses decoded with the run's tokenizer and "
         "rendered with the reward model's own chat template"
@@ -129,12 +180,39 @@ DROPPED = {
 }
 """verl keys plugrl covers in its own way, with what it does instead."""
 
+_NO_REJECTION = (
+    "plugrl has no rejection sampling against the rollout policy; its correction "
+    "(algorithm.rollout_is) weighs tokens, it does not drop them"
+)
+
 NEUTRAL = {
+    "algorithm.rollout_correction.rollout_rs": ((None, ""), _NO_REJECTION),
+    "algorithm.rollout_correction.rollout_rs_threshold": ((None, ""), _NO_REJECTION),
+    "algorithm.rollout_correction.rollout_rs_threshold_lower": ((None, ""), _NO_REJECTION),
+    "algorithm.rollout_correction.rollout_token_veto_threshold": ((None, ""), _NO_REJECTION),
+    "algorithm.rollout_correction.bypass_mode": (
+        False,
+        "plugrl has no bypass mode: the trainer recomputes the old log-probs (with scheduler: "
+        "fully_async, scheduler.use_rollout_log_probs takes the engines' instead)",
+    ),
+    "algorithm.rollout_correction.loss_type": (
+        "ppo_clip",
+        "plugrl's correction weighs the PPO-clip loss; the REINFORCE loss of verl's bypass "
+        "mode has no counterpart",
+    ),
+    "algorithm.rollout_correction.rollout_is_batch_normalize": (
+        False,
+        "plugrl does not normalise the importance weights over the batch",
+    ),
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": (
         1,
         "plugrl has no sequence parallelism",
     ),
     "trainer.critic_warmup": (0, "plugrl has no critic warm-up"),
+    "actor_rollout_ref.model.use_shm": (
+        False,
+        "plugrl reads the model from model.path; it does not copy it to shared memory first",
+    ),
     "trainer.balance_batch": (
         False,
         "plugrl does not reorder a batch to balance tokens across ranks",
@@ -145,8 +223,27 @@ NEUTRAL = {
         "them; set that to nnodes x n_gpus_per_node",
     ),
 }
-"""verl features plugrl lacks: (the value that turns them off, what plugrl does). At that
-value the override is dropped as having no effect; at another it is unknown to plugrl."""
+"""verl features plugrl lacks: (the value, or a tuple of the values, that turns them off, what
+plugrl does). At that value the override is dropped as having no effect; at another it is
+unknown to plugrl."""
+
+_CRITIC_MODEL = "plugrl builds every model, the critic too, with the settings of model"
+
+CRITIC_SHARES = {
+    "use_dynamic_bsz": "plugrl's critic forms micro-batches as the actor does",
+    "ppo_max_token_len_per_gpu": "plugrl's critic forms micro-batches as the actor does",
+}
+"""``critic.*`` keys plugrl covers with the actor's key of the same name (besides ``model.*``),
+and why."""
+
+GLOBAL_MICRO_BATCHES = {
+    "actor_rollout_ref.actor.ppo_micro_batch_size": "actor_rollout_ref.actor.ulysses_",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size": "actor_rollout_ref.actor.ulysses_",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size": "actor_rollout_ref.actor.ulysses_",
+    "critic.ppo_micro_batch_size": "critic.ulysses_",
+}
+"""Older verl's micro-batch sizes per step, which verl divides by its data-parallel ranks into
+the ``..._per_gpu`` key (and the prefix of the sequence-parallel size that divides those)."""
 
 PART_KEYS = [
     # (verl prefix or key, kind, part): keys that belong to one part's own config
@@ -200,9 +297,10 @@ REWARD_MODEL_REPLACES = (
     "manager returns the model's scores and never calls the rule or custom function"
 )
 
-VALUE_RENAMES = {"actor.backend": {"fsdp": "fsdp2"}}
+VALUE_RENAMES = {"actor.backend": {"fsdp": "fsdp2"}, "rollout.engine": {"sglang_async": "sglang"}}
 """plugrl key -> {verl value: plugrl value} where verl's value names a part plugrl calls
-otherwise (verl's FSDP1 strategy runs as fsdp2)."""
+otherwise (verl's FSDP1 strategy runs as fsdp2; older verl's asynchronous SGLang rollout is
+plugrl's sglang engine, which takes requests as they come)."""
 
 
 # ---------------------------------------------------------------------------- results
@@ -255,16 +353,25 @@ class _Skip:
 # ---------------------------------------------------------------------------- convert
 
 
+INHERITED = ("HOME", "USER", "LOGNAME", "PWD")
+"""Variables launch scripts read from the environment they are started in; ``plugrl convert``
+takes them from its own environment unless ``--env`` gives them."""
+
+
 def convert_script(
     text: str,
     source: str = "script.sh",
     env: Mapping[str, str] | None = None,
     *,
     plugins: PluginManager,
+    inherited: Mapping[str, str] | None = None,
 ) -> Conversion:
     """Convert the text of a verl launch script (``source`` names it in messages) to the keys
-    of the parts ``plugins`` registers."""
-    script = read_script(text, env)
+    of the parts ``plugins`` registers.
+
+    ``env`` gives variables the script reads but does not set; ``inherited`` gives more, of
+    lower rank (the converting machine's ``HOME``), and a note names those the script read."""
+    script = read_script(text, env, inherited)
     command, index = _verl_command(script, source)
     return _Converter(plugins).convert(script, command, index, source)
 
@@ -303,7 +410,10 @@ def _verl_command(script: Script, source: str) -> tuple[Command, int]:
 
 def _entry_point(module: str) -> str | None:
     """The scheduler of a verl trainer module (``verl.trainer.main_ppo`` -> ``sync``)."""
-    name = module.removesuffix(".py").replace("/", ".").rsplit(".", 1)[-1]
+    dotted = module.removesuffix(".py").replace("/", ".")
+    name = dotted.rsplit(".", 1)[-1]
+    if name in ENTRY_POINTS and ONE_STEP_OFF in dotted.split("."):
+        return "fully_async"
     return ENTRY_POINTS.get(name)
 
 
@@ -329,15 +439,29 @@ class _Converter:
         parsed = self._parse(overrides)
         values: dict[tuple[str, ...], tuple[Any, str]] = {}
         scheduler = _entry_point(module) or "sync"
+        one_step_off = ONE_STEP_OFF in module.replace("/", ".").split(".")
+        dotted = module.removesuffix(".py").replace("/", ".")
+        if not dotted.endswith(TRAINERS):
+            self.notes.append(
+                f"{module} is not one of verl's own trainers; its overrides are converted as "
+                f"those of verl's {dotted.rsplit('.', 1)[-1]}, and what it does differently is "
+                "not"
+            )
         if scheduler != "sync":
             values[("scheduler", "name")] = (scheduler, module)
-            self.notes.append(f"{module} runs as plugrl's {scheduler} scheduler")
+            if not one_step_off:
+                self.notes.append(f"{module} runs as plugrl's {scheduler} scheduler")
         self._choose_parts(parsed, values)
+        parsed = self._global_micro_batches(parsed)
+        if self.chosen["schedulers"] == "fully_async":
+            parsed = self._fully_async_keys(parsed)
         shared: list[tuple[Word, Override, _Target]] = []
         for word, override in parsed:
             self._map(word, override, values, shared)
         for word, override, target in shared:
             self._map_shared(word, override, target, values)
+        if one_step_off:
+            self._one_step_off(module, values)
         # verl runs on Ray always; so does the recipe
         values[("cluster", "mode")] = ("ray", "")
         self._note_verl_defaults({_alias(override.key) for _, override in parsed})
@@ -383,7 +507,9 @@ class _Converter:
     def _describe_command(self, script: Script, command: Command, module: str) -> None:
         if self.config_name:
             name = PurePath(self.config_name).stem
-            if not re.fullmatch(r"(fully_async_)?(ppo|dapo)(_megatron)?_trainer", name):
+            if not re.fullmatch(
+                r"(fully_async_|one_step_off_)?(ppo|dapo)(_megatron)?_trainer", name
+            ):
                 self.notes.append(
                     f"--config-name {self.config_name}: only the command line is converted; "
                     f"what {name}.yaml changes from verl's defaults is not"
@@ -403,6 +529,13 @@ class _Converter:
                 f"line {command.line}: the command runs under a condition or in a loop that "
                 "cannot be decided here"
             )
+        if script.inherited:
+            read = ", ".join(f"{name}={value}" for name, value in script.inherited.items())
+            names = " ".join(f"--env {name}=..." for name in script.inherited)
+            self.notes.append(
+                f"read from this machine's environment: {read}; where the run happens they may "
+                f"differ: give them with {names}"
+            )
         environment = [*dict.fromkeys([*script.exported, *(n for n, _ in command.environment)])]
         if environment:
             self.notes.append(
@@ -410,6 +543,133 @@ class _Converter:
                 "export what plugrl's run needs before plugrl run"
             )
         self.notes.extend(script.notes)
+
+    def _global_micro_batches(
+        self, parsed: list[tuple[Word, Override]]
+    ) -> list[tuple[Word, Override]]:
+        """Older verl's per-step micro-batch sizes as the per-device ones verl made of them."""
+        given = {override.key: override.value for _, override in parsed}
+        nnodes = given.get("trainer.nnodes", 1)
+        devices = given.get("trainer.n_gpus_per_node", VERL_DEFAULTS["trainer.n_gpus_per_node"])
+        out: list[tuple[Word, Override]] = []
+        for word, override in parsed:
+            prefix = GLOBAL_MICRO_BATCHES.get(override.key)
+            if prefix is None or not isinstance(override.value, int):
+                out.append((word, override))
+                continue
+            per_gpu = override.key + "_per_gpu"
+            if per_gpu in given:
+                self._skip(word, "dropped", f"the script also sets {per_gpu}, which verl uses")
+                continue
+            sp = given.get(prefix + "sequence_parallel_size", 1)
+            if not all(isinstance(n, int) and n > 0 for n in (nnodes, devices, sp)):
+                self._skip(
+                    word,
+                    "unresolved",
+                    "verl divides it by the data-parallel ranks, which are not known here",
+                )
+                continue
+            ranks = max(nnodes * devices // sp, 1)
+            value = override.value // ranks
+            if value < 1:
+                self._skip(
+                    word,
+                    "invalid",
+                    f"verl divides it by the {ranks} data-parallel ranks, which leaves none",
+                )
+                continue
+            self.notes.append(
+                f"line {word.line}: {override.key}={override.value} is per step; over "
+                f"{ranks} data-parallel ranks verl made it {per_gpu}={value}"
+            )
+            out.append((word, attrs.evolve(override, key=per_gpu, value=value)))
+        return out
+
+    def _fully_async_keys(self, parsed: list[tuple[Word, Override]]) -> list[tuple[Word, Override]]:
+        """verl's fully-async keys where plugrl has the same meaning under another key: the
+        rollouter's epochs are the run's, its validation counts weight syncs where plugrl's
+        counts trainer steps, and its one-prompt generation batch is how it streams."""
+        given = {override.key: (word, override) for word, override in parsed}
+        trigger = given.get("async_training.trigger_parameter_sync_step")
+        sync_step = trigger[1].value if trigger else 1
+        out: list[tuple[Word, Override]] = []
+        for word, override in parsed:
+            key, value = override.key, override.value
+            if key == "trainer.total_epochs" and "rollout.total_epochs" in given:
+                if given["rollout.total_epochs"][1].value == value:
+                    continue  # the same run length, converted once
+                self._skip(
+                    word,
+                    "dropped",
+                    "verl's fully-async run lasts the rollouter's rollout.total_epochs, which "
+                    "the script also sets; that is trainer.total_epochs here",
+                )
+                continue
+            if key == "rollout.total_epochs":
+                override = attrs.evolve(override, key="trainer.total_epochs")
+            elif key == "rollout.test_freq":
+                if isinstance(value, int) and value > 0 and isinstance(sync_step, int):
+                    value = value * sync_step
+                    if sync_step != 1:
+                        self.notes.append(
+                            f"line {word.line}: rollout.test_freq={override.value} counts weight "
+                            f"syncs, {sync_step} trainer steps each: trainer.test_freq {value}"
+                        )
+                if "trainer.test_freq" in given:
+                    self._skip(
+                        given["trainer.test_freq"][0],
+                        "dropped",
+                        "verl's fully-async trainer validates every rollout.test_freq weight "
+                        "syncs, which the script also sets; that is trainer.test_freq here",
+                    )
+                override = attrs.evolve(override, key="trainer.test_freq", value=value)
+            elif key == "trainer.test_freq" and "rollout.test_freq" in given:
+                continue  # reported above
+            elif key == "data.gen_batch_size":
+                self._skip(
+                    word,
+                    "dropped",
+                    "in verl's fully-async trainer the rollouter's unit of streaming (one "
+                    "prompt), not dynamic sampling; plugrl's fully_async scheduler streams each "
+                    "prompt as an engine has room (scheduler.max_in_flight_per_engine)",
+                )
+                continue
+            out.append((word, override))
+        return out
+
+    def _one_step_off(self, module: str, values: dict[tuple[str, ...], tuple[Any, str]]) -> None:
+        """verl's one-step-off-policy trainer as plugrl's fully_async scheduler: a step trains
+        one whole batch, generated with the weights of the step before."""
+        for path, value in ONE_STEP_OFF_SETTINGS.items():
+            values.setdefault(path, (value, module))
+        defaults = Recipe()
+        batch = values.get(("data", "train_batch_size"), (defaults.data.train_batch_size, ""))[0]
+        mini = values.get(
+            ("actor", "ppo_mini_batch_size"), (defaults.actor.ppo_mini_batch_size, "")
+        )[0]
+        settings = ", ".join(
+            f"{path[-1]} {describe_value(v)}" for path, v in ONE_STEP_OFF_SETTINGS.items()
+        )
+        if ("scheduler", "require_batches") not in values:
+            if isinstance(batch, int) and isinstance(mini, int) and mini > 0 and batch % mini == 0:
+                values[("scheduler", "require_batches")] = (batch // mini, module)
+                settings += (
+                    f", require_batches {batch // mini} (data.train_batch_size / "
+                    "actor.ppo_mini_batch_size)"
+                )
+            else:
+                self.notes.append(
+                    f"data.train_batch_size {batch} is not a multiple of "
+                    f"actor.ppo_mini_batch_size {mini}: set scheduler.require_batches to the "
+                    "mini-batches a step trains"
+                )
+        message = (
+            f"{module} (verl's one-step-off-policy trainer) runs as plugrl's fully_async "
+            f"scheduler with {settings}: the engines generate the next batch with the weights "
+            "of one step before while the trainer trains the current one."
+        )
+        self.notes.append(message)
+        self.comments.append(message)
 
     def _note_verl_defaults(self, given: set[str]) -> None:
         differ = [
@@ -638,8 +898,9 @@ class _Converter:
             return _Skip("dropped", DROPPED[key])
         if key in NEUTRAL:
             neutral, what = NEUTRAL[key]
-            if value == neutral:
-                return _Skip("dropped", f"{what}, as {describe_value(value)} asks")
+            if value in (neutral if isinstance(neutral, tuple) else (neutral,)):
+                shown = "null" if value is None else "an empty value" if value == "" else None
+                return _Skip("dropped", f"{what}, as {shown or describe_value(value)} asks")
             return _Skip("unknown", what)
         if key.startswith("hydra."):
             return _Skip("dropped", "a setting of Hydra itself, which plugrl does not use")
@@ -654,6 +915,8 @@ class _Converter:
         declared = self._declared(key)
         if declared is not None:
             return declared
+        if key.startswith("critic."):
+            return self._critic(key, value)
         for prefix, kind, part in PART_KEYS:
             if key == prefix or (prefix.endswith(".") and key.startswith(prefix)):
                 return self._elsewhere(kind, part)
@@ -678,6 +941,27 @@ class _Converter:
             "unknown",
             "no plugrl key has this meaning"
             + (f" (plugrl explain {section} lists that section's keys)" if section else ""),
+        )
+
+    def _critic(self, key: str, value: Any) -> _Target | _Skip:
+        """A key of verl's critic that no option declares: the actor's key of the same name
+        (``critic.model.use_remove_padding`` is ``actor_rollout_ref.model.use_remove_padding``)
+        decides it. What plugrl shares between the models is carried over as the actor's; a
+        feature plugrl lacks is reported for the same reason as the actor's."""
+        rest = key.removeprefix("critic.")
+        actor = (
+            "actor_rollout_ref." + rest
+            if rest.startswith("model.")
+            else "actor_rollout_ref.actor." + rest
+        )
+        resolved = self._resolve(actor, value)
+        if isinstance(resolved, _Skip):
+            return resolved
+        if rest.startswith("model.") or rest in CRITIC_SHARES:
+            return self._via(actor, value, CRITIC_SHARES.get(rest, _CRITIC_MODEL))
+        return _Skip(
+            "unknown",
+            f"plugrl's critic has no key of its own for it; {resolved.name.key} is the actor's",
         )
 
     def _via(self, key: str, value: Any, why: str) -> _Target | _Skip:

@@ -1,0 +1,176 @@
+"""`plugrl convert verl` over verl's own launch scripts (fixtures/verl, listed with their source
+in fixtures/verl/SOURCES): every RL trainer script converts, and the counts of clean
+conversions and of recipes that validate do not fall below what was measured.
+
+Each recipe is validated as ``plugrl run --print-config`` does, with the accelerator libraries
+(vLLM, SGLang, Megatron, torch-npu, MindSpeed) made importable by empty modules where they are
+not installed, and without looking for the scripts' data files. A recipe that fails only for
+a layout plugrl does not run yet is counted under "needs <feature>", and validated again with
+that setting at what plugrl runs today, so that the table shows what each feature would add.
+
+``pytest -s tests/tools/convert/test_verl_corpus.py`` prints the table.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import importlib
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+from plugrl.errors import PlugrlError
+from plugrl_tools.convert.output import validate
+from plugrl_tools.convert.verl import Conversion, convert_script
+
+CORPUS = Path(__file__).parent / "fixtures" / "verl"
+
+STUBBED = ("vllm", "sglang", "megatron", "torch_npu", "mindspeed")
+"""Accelerator libraries the parts of converted recipes need, stood in for by empty modules."""
+
+INHERITED = {"HOME": "/home/user", "USER": "user", "PWD": "/home/user/verl"}
+"""The environment the scripts are converted in (plugrl convert reads these from its own)."""
+
+# measured on this corpus; raise them as the converter and plugrl learn more
+WRITTEN = 362
+CLEAN = 81
+VALIDATE = 107
+VALIDATE_WITH_FEATURES = 340
+
+
+def _whole_sequences(recipe: dict) -> None:
+    data = recipe.get("data", {})
+    longest = data.get("max_prompt_length", 512) + data.get("max_response_length", 512)
+    recipe["actor"]["ppo_max_token_len_per_gpu"] = longest
+
+
+def _default_micro_batches(recipe: dict) -> None:
+    for section in ("actor", "critic"):
+        for key in ("ppo_micro_batch_size_per_gpu", "log_prob_micro_batch_size_per_gpu"):
+            recipe.get(section, {}).pop(key, None)
+
+
+FEATURE_ERRORS = {
+    "rollout.tensor_model_parallel_size: engines that span several devices": (
+        "colocated multi-device engines",
+        lambda recipe: recipe["rollout"].update(tensor_model_parallel_size=1),
+        None,
+    ),
+    "actor.ppo_max_token_len_per_gpu: ": (
+        "Ulysses sequence parallelism",
+        _whole_sequences,
+        "Ulysses sequence parallelism",  # only where the script uses it
+    ),
+    # verl's micro-batches are per data-parallel rank, a sequence-parallel group
+    "actor.ppo_micro_batch_size_per_gpu: ": (
+        "Ulysses sequence parallelism",
+        _default_micro_batches,
+        "Ulysses sequence parallelism",
+    ),
+    "critic.ppo_micro_batch_size_per_gpu: ": (
+        "Ulysses sequence parallelism",
+        _default_micro_batches,
+        "Ulysses sequence parallelism",
+    ),
+}
+"""The start of a validation error -> (the feature it needs, how to set the recipe to what
+plugrl runs today, the feature of FEATURE_KEYS the script must use for it to count)."""
+
+FEATURE_KEYS = {
+    "Ulysses sequence parallelism": (r"ulysses_sequence_parallel_size$", lambda v: v != 1),
+    "LoRA": (r"\.lora_rank$", lambda v: v not in (0, None)),
+    "Megatron offload": (r"\.megatron\.(param|grad|optimizer)_offload$", lambda v: v is True),
+}
+"""Features other parts of plugrl are growing: the verl key a script sets when it uses one."""
+
+
+@pytest.fixture
+def accelerator_stubs(tmp_path, monkeypatch):
+    """Empty modules for the accelerator libraries that are not installed."""
+    for name in STUBBED:
+        if importlib.util.find_spec(name) is None:
+            (tmp_path / name).mkdir()
+            (tmp_path / name / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+
+
+def _uses(conversion: Conversion) -> set[str]:
+    """The features of FEATURE_KEYS the script sets and the recipe leaves out."""
+    used = set()
+    for unmapped in conversion.unmapped:
+        key, _, text = unmapped.override.lstrip("+").partition("=")
+        value = int(text) if re.fullmatch(r"-?[0-9]+", text) else {"True": True}.get(text, text)
+        for feature, (pattern, on) in FEATURE_KEYS.items():
+            if re.search(pattern, key) and on(value):
+                used.add(feature)
+    return used
+
+
+def _reason(error: str) -> str:
+    """A validation error without its numbers, to count alike ones together."""
+    return re.sub(r"[0-9]+", "N", error)[:110]
+
+
+def test_verl_scripts_convert_and_validate(plugrl_make_plugin_manager, accelerator_stubs):
+    plugins = plugrl_make_plugin_manager()
+    scripts = sorted(CORPUS.rglob("*.sh"))
+    counts: collections.Counter[str] = collections.Counter()
+    table: collections.Counter[str] = collections.Counter()
+    examples: dict[str, list[str]] = collections.defaultdict(list)
+    left_out: collections.Counter[str] = collections.Counter()
+    for path in scripts:
+        try:
+            conversion = convert_script(
+                path.read_text(encoding="utf-8"), path.name, plugins=plugins, inherited=INHERITED
+            )
+        except PlugrlError as exc:
+            table[f"not converted: {_reason(str(exc).partition(': ')[2])}"] += 1
+            continue
+        counts["written"] += 1
+        if all(u.category == "dropped" for u in conversion.unmapped):
+            counts["clean"] += 1
+        for feature in _uses(conversion):
+            left_out[feature] += 1
+        recipe = copy.deepcopy(conversion.recipe)
+        needs: list[str] = []
+        seen: set[str] = set()
+        while True:
+            result = validate(recipe, plugins, check_files=False)
+            error = result.error or "; ".join(message for _, message, _ in result.missing)
+            feature = next(
+                (
+                    f
+                    for start, f in FEATURE_ERRORS.items()
+                    if error.startswith(start) and (f[2] is None or f[2] in _uses(conversion))
+                ),
+                None,
+            )
+            if not error or feature is None or error in seen:
+                break
+            seen.add(error)
+            if feature[0] not in needs:
+                needs.append(feature[0])
+            feature[1](recipe)
+        prefix = f"needs {', '.join(needs)}: " if needs else ""
+        if not error:
+            counts["validate with features" if needs else "validate"] += 1
+            table[f"{prefix}validates" if needs else "validates"] += 1
+        else:
+            table[f"{prefix}fails: {_reason(error)}"] += 1
+            examples[f"{prefix}fails: {_reason(error)}"].append(str(path.relative_to(CORPUS)))
+    counts["validate with features"] += counts["validate"]
+
+    print(f"\n{len(scripts)} RL trainer scripts of verl: {dict(counts)}")
+    for reason, number in table.most_common():
+        print(f"{number:5d}  {reason}")
+        print("".join(f"         {example}\n" for example in examples[reason][:12]), end="")
+    for feature, number in left_out.most_common():
+        print(f"{number:5d}  scripts set keys of {feature}, which the recipe leaves out")
+    assert counts["written"] >= WRITTEN
+    assert counts["clean"] >= CLEAN
+    assert counts["validate"] >= VALIDATE
+    assert counts["validate with features"] >= VALIDATE_WITH_FEATURES
