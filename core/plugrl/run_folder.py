@@ -213,13 +213,7 @@ def check_resume(recipe: Recipe, run_dir: Path) -> None:
     if checkpoint is None or recorded is None:
         return
     now = recipe.to_dict()
-    recorded_keys = _flat(recorded)
-    changed = [
-        key
-        for key in recipe_changes(recorded, now)
-        # an option added by a newer plugrl, at its default: the run as it was recorded
-        if key in recorded_keys or not _at_its_default(recipe, key)
-    ]
+    changed = _experiment_changes(recipe, recorded, now)
     if not changed:
         return
     raise RecipeError(
@@ -230,6 +224,20 @@ def check_resume(recipe: Recipe, run_dir: Path) -> None:
         f"(trainer.resume_mode={checkpoint})",
         key="trainer.default_local_dir",
     )
+
+
+def _experiment_changes(
+    recipe: Recipe, recorded: Mapping[str, Any], now: Mapping[str, Any]
+) -> list[str]:
+    """The keys in which ``recipe`` (``now`` as a mapping) changes the experiment
+    ``recorded``."""
+    recorded_keys = _flat(recorded)
+    return [
+        key
+        for key in recipe_changes(recorded, now)
+        # an option added by a newer plugrl, at its default: the run as it was recorded
+        if key in recorded_keys or not _at_its_default(recipe, key)
+    ]
 
 
 def _at_its_default(recipe: Recipe, dotted: str) -> bool:
@@ -270,7 +278,7 @@ def record_recipe(recipe: Recipe, run_dir: Path) -> Path:
     )
     last = yaml.safe_load(last_text) or {}
     now = recipe.to_dict()
-    changed = recipe_changes(last, now)
+    changed = _experiment_changes(recipe, last, now)
     if continues and changed:
         logger.warning(
             "this run continues %s with a recipe that differs in %s: the steps before and "
