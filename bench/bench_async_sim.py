@@ -11,7 +11,8 @@ DAPO runs: most responses short, a few running to the maximum length.
 * fully-async (``--async-scheduler``, default ``fully_async``): the devices split
   rollout:train (``--splits``), over a grid of ``scheduler.staleness_threshold`` values
   (``--staleness``), with ``scheduler.partial_rollout`` (``--no-partial-rollout`` turns it
-  off).
+  off), under each rule of ``--max-version-lag`` (``null``: verl's rule, nothing dropped for
+  its age; ``auto`` or a number: the strict bound).
 
 Each cell is one run of ``--steps`` training steps; throughput is trained tokens per second
 between the first and the last step, from the run's ``metrics.jsonl`` (as ``plugrl compare``
@@ -21,16 +22,20 @@ of load from other processes moves less. Sync runs first and again after every
 and after it, so that drifting machine load moves both sides of a ratio. The table gives each
 cell's throughput, its two ratios to sync, the median step time, the largest version lag of
 any trained sample (``fully_async/monitor/max_version_lag``) next to the bound the scheduler
-reports (``fully_async/monitor/version_lag_bound``; ``OVER`` marks a cell that broke it),
-stale and dropped samples and pauses.
+reports (``fully_async/monitor/version_lag_bound``, under the strict bound only; ``OVER``
+marks a cell that broke it), the mean response length of the trained samples (the mean of
+``response_length/mean``: every step trains as many responses), stale and dropped samples and
+pauses.
 
     python bench/bench_async_sim.py [--devices 4] [--splits 1:3,2:2,3:1]
-        [--staleness 0,0.25,0.5,1] [--steps 8] [--async-scheduler fully_async]
+        [--staleness 0,0.25,0.5,1] [--max-version-lag null,auto] [--steps 8]
+        [--async-scheduler fully_async]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import shutil
 import statistics
 import sys
@@ -42,6 +47,8 @@ from typing import Any
 SYNC = "sync"
 LAG_BOUND_KEY = "fully_async/monitor/version_lag_bound"
 IN_FLIGHT_KEY = "max_in_flight_per_engine"
+LAG_KEY = "max_version_lag"
+LENGTH_KEY = "response_length/mean"
 SCALED_COSTS = (
     "sim_step_ms",
     "sim_token_ms",
@@ -88,6 +95,9 @@ def run_cell(
     tokens = history.values("perf/total_num_tokens")
     step_seconds = summary["median_step_s"]
     summary["median_rate"] = statistics.median(tokens) / step_seconds if step_seconds else None
+    # every step trains the same number of responses: the mean of the steps' means is theirs
+    lengths = history.values(LENGTH_KEY)
+    summary["mean_response_length"] = statistics.fmean(lengths) if lengths else None
     summary["label"] = label
     summary["seconds"] = time.perf_counter() - started
     return summary
@@ -102,6 +112,7 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
         "x sync (medians)",
         "median step s",
         "max lag / bound",
+        "mean resp len",
         "stale",
         "dropped",
         "pauses",
@@ -134,6 +145,7 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
                 cell(median_ratio, "{:.2f}x"),
                 cell(row["median_step_s"], "{:.3f}"),
                 lag_cell(row),
+                cell(row.get("mean_response_length"), "{:.1f}"),
                 cell(row["stale_samples"], "{:.0f}"),
                 cell(row["dropped_samples"], "{:.0f}"),
                 cell(row["pauses"], "{:.0f}"),
@@ -154,6 +166,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--devices", type=int, default=4, help="Simulated devices in all.")
     parser.add_argument("--splits", default="1:3,2:2,3:1", help="ROLLOUT:TRAIN device splits.")
     parser.add_argument("--staleness", default="0,0.25,0.5,1", help="staleness_threshold grid.")
+    parser.add_argument(
+        "--max-version-lag",
+        default="null,auto",
+        help="scheduler.max_version_lag values of the fully-async cells, each a grid of its own: "
+        "null (verl's rule: nothing dropped for its age), auto or a number of versions (the "
+        "strict bound).",
+    )
     parser.add_argument("--steps", type=int, default=8, help="Training steps per run.")
     parser.add_argument("--batch", type=int, default=16, help="Prompts per training step.")
     parser.add_argument("--n", type=int, default=4, help="Responses per prompt.")
@@ -224,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
 
     splits = parse_splits(args.splits, args.devices)
     staleness = [float(value) for value in filter(None, args.staleness.split(","))]
+    lag_rules = [yaml.safe_load(value) for value in filter(None, args.max_version_lag.split(","))]
     overrides = {}
     for item in args.overrides:
         key, sep, value = item.partition("=")
@@ -240,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     if not async_missing:
         fields = attrs.fields_dict(schedulers.get(args.async_scheduler).load_config())
         in_flight_key = IN_FLIGHT_KEY if IN_FLIGHT_KEY in fields else None
+        if LAG_KEY not in fields:  # a scheduler with one rule of its own
+            lag_rules = [None]
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="plugrl-sim-"))
     task = build_sim_task(
         work_dir / "task", num_train=args.batch * (args.steps + 2 * args.sync_step)
@@ -293,27 +315,32 @@ def main(argv: list[str] | None = None) -> int:
 
     cells = []
     if not async_missing:
-        for threshold in staleness:
-            for rollout_devices, train_devices in splits:
-                label = f"{args.async_scheduler} s={threshold:g} {rollout_devices}:{train_devices}"
-                data = recipe(
-                    args.async_scheduler,
-                    label.replace(" ", "_").replace(":", "-"),
-                    rollout_devices=rollout_devices,
-                    train_devices=train_devices,
-                    colocate=False,
-                )
-                data["scheduler"].update(
-                    staleness_threshold=threshold,
-                    partial_rollout=args.partial_rollout,
-                    trigger_parameter_sync_step=args.sync_step,
-                )
-                if args.rollout_log_probs:
-                    data["scheduler"]["use_rollout_log_probs"] = True
-                if in_flight_key is not None:
-                    # one simulated engine stands for an engine per rollout device
-                    data["scheduler"][in_flight_key] = args.in_flight_per_device * rollout_devices
-                cells.append((label, data))
+        for lag_rule, threshold, (rollout_devices, train_devices) in itertools.product(
+            lag_rules, staleness, splits
+        ):
+            label = f"{args.async_scheduler} s={threshold:g} {rollout_devices}:{train_devices}"
+            if lag_rule is not None:
+                label += f" max_lag={lag_rule}"
+            data = recipe(
+                args.async_scheduler,
+                label.replace(" ", "_").replace(":", "-"),
+                rollout_devices=rollout_devices,
+                train_devices=train_devices,
+                colocate=False,
+            )
+            data["scheduler"].update(
+                staleness_threshold=threshold,
+                partial_rollout=args.partial_rollout,
+                trigger_parameter_sync_step=args.sync_step,
+            )
+            if args.rollout_log_probs:
+                data["scheduler"]["use_rollout_log_probs"] = True
+            if in_flight_key is not None:
+                # one simulated engine stands for an engine per rollout device
+                data["scheduler"][in_flight_key] = args.in_flight_per_device * rollout_devices
+            if lag_rule is not None:
+                data["scheduler"][LAG_KEY] = lag_rule
+            cells.append((label, data))
     sync_rows: list[dict[str, Any]] = []
     async_rows = []
     run_sync()

@@ -208,13 +208,7 @@ def check_resume(recipe: Recipe, run_dir: Path, plugins: PluginManager | None = 
     if checkpoint is None or recorded is None:
         return
     now = recipe.to_dict()
-    recorded_keys = _flat(recorded)
-    changed = [
-        key
-        for key in recipe_changes(recorded, now, path_keys(recipe, plugins))
-        # an option added by a newer plugrl, at its default: the run as it was recorded
-        if key in recorded_keys or not _at_its_default(recipe, key)
-    ]
+    changed = _experiment_changes(recipe, recorded, now, path_keys(recipe, plugins))
     if not changed:
         return
     raise RecipeError(
@@ -225,6 +219,23 @@ def check_resume(recipe: Recipe, run_dir: Path, plugins: PluginManager | None = 
         f"(trainer.resume_mode={checkpoint})",
         key="trainer.default_local_dir",
     )
+
+
+def _experiment_changes(
+    recipe: Recipe,
+    recorded: Mapping[str, Any],
+    now: Mapping[str, Any],
+    paths: Collection[str],
+) -> list[str]:
+    """The keys in which ``recipe`` (``now`` as a mapping) changes the experiment
+    ``recorded``; ``paths`` are the keys that hold paths (see :func:`recipe_changes`)."""
+    recorded_keys = _flat(recorded)
+    return [
+        key
+        for key in recipe_changes(recorded, now, paths)
+        # an option added by a newer plugrl, at its default: the run as it was recorded
+        if key in recorded_keys or not _at_its_default(recipe, key)
+    ]
 
 
 def _at_its_default(recipe: Recipe, dotted: str) -> bool:
@@ -265,7 +276,7 @@ def record_recipe(recipe: Recipe, run_dir: Path, plugins: PluginManager | None =
     )
     last = yaml.safe_load(last_text) or {}
     now = recipe.to_dict()
-    changed = recipe_changes(last, now, path_keys(recipe, plugins))
+    changed = _experiment_changes(recipe, last, now, path_keys(recipe, plugins))
     if continues and changed:
         logger.warning(
             "this run continues %s with a recipe that differs in %s: the steps before and "

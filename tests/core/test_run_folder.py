@@ -141,6 +141,8 @@ def test_a_folder_recorded_before_an_option_existed_resumes_while_it_keeps_its_d
     with caplog.at_level(logging.INFO, logger="plugrl"):
         run_recipe(newer, get_plugin_manager())
     assert logged_steps(finished) == [1, 2, 3]
+    # nor is the segment warned about as another experiment
+    assert not [m for m in caplog.messages if "not one experiment" in m], caplog.messages
 
     del recorded["actor"]["optim"]["lr"]  # recorded without it, and set otherwise now
     (finished / "recipe.yaml").write_text(yaml.safe_dump(recorded))

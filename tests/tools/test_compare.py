@@ -311,3 +311,30 @@ def test_compare_writes_a_png_only_when_asked(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     assert result.stderr == "plot: both.png\n"
     assert [p.name for p in work.iterdir()] == ["both.png"]
+
+
+def test_staleness_0_with_sync_step_1_is_called_one_step_off_policy(tmp_path):
+    from plugrl.recipe import build_recipe
+
+    def async_run(name, **scheduler):
+        folder = write_run(tmp_path / name, async_records())
+        recipe = build_recipe(
+            {"scheduler": {"name": "fully_async", **scheduler}, "rollout": {"colocate": False}},
+            get_plugin_manager(),
+        )
+        (folder / "recipe.yaml").write_text(recipe.to_yaml())
+        return folder
+
+    sync = write_run(tmp_path / "sync", sync_records())
+    (sync / "recipe.yaml").write_text(build_recipe({}, get_plugin_manager()).to_yaml())
+    zero = async_run("zero", staleness_threshold=0, trigger_parameter_sync_step=1)
+    ahead = async_run("ahead", staleness_threshold=0.5)
+    every_two = async_run("every-two", staleness_threshold=0, trigger_parameter_sync_step=2)
+    table, _ = compare_runs([sync, zero, ahead, every_two])
+    notes = [line for line in table.splitlines() if "off-policy" in line]
+    assert notes == [
+        "zero: staleness_threshold 0 with trigger_parameter_sync_step 1 is one-step off-policy, "
+        "not sync: the engines generate the next step's samples while the trainer trains, with "
+        "weights a version behind (largest lag seen: 2); for on-policy training compare with "
+        "scheduler: sync"
+    ]

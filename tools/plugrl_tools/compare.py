@@ -3,9 +3,10 @@
 A table, one row per run, of what decides between two schedules (throughput, time per step,
 idle time, staleness, pauses, reward, held-out accuracy), a line per fully-async run saying
 which side held it back and which key to change (for the run's cluster mode, from the recipe
-its folder recorded), and on request (``-o``) a PNG of reward and accuracy against wall-clock
-time and against steps. Everything else is read from each run folder's ``metrics.jsonl``; a
-metric a run did not log shows as ``-``.
+its folder recorded) and, for a run of ``staleness_threshold: 0`` with
+``trigger_parameter_sync_step: 1``, that it was one-step off-policy; on request (``-o``) a PNG
+of reward and accuracy against wall-clock time and against steps. Everything else is read from
+each run folder's ``metrics.jsonl``; a metric a run did not log shows as ``-``.
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ class RunHistory:
     wall_clock_logged: bool
     cluster_mode: str | None = None
     """``cluster.mode`` of the recipe the folder recorded last (``None`` without one)."""
+    scheduler: dict[str, Any] = attrs.field(factory=dict)
+    """The ``scheduler`` section of that recipe (empty without one)."""
 
     @classmethod
     def read(cls, run_dir: str | Path) -> RunHistory:
@@ -91,7 +94,15 @@ class RunHistory:
         recipe = recorded_recipe(run_dir) or {}
         cluster = recipe.get("cluster")
         mode = cluster.get("mode") if isinstance(cluster, Mapping) else None
-        return cls(run_dir, records, wall_clock, logged, mode if isinstance(mode, str) else None)
+        scheduler = recipe.get("scheduler")
+        return cls(
+            run_dir,
+            records,
+            wall_clock,
+            logged,
+            mode if isinstance(mode, str) else None,
+            dict(scheduler) if isinstance(scheduler, Mapping) else {},
+        )
 
     def values(self, key: str) -> list[float]:
         return [v for r in self.records if (v := _number(r.get(key))) is not None]
@@ -286,12 +297,32 @@ def diagnose(summary: Mapping[str, float | None], cluster_mode: str | None = Non
         versions = "" if bound is None else f" of {bound:.0f} weight versions"
         lines.append(
             f"{dropped:.0f} of {generated:.0f} generated samples ({dropped / generated:.0%}) were "
-            f"dropped as older than the bound{versions}: long responses outlive it; a "
-            "scheduler.staleness_threshold high enough to raise the bound (about "
-            "ceil(1 + staleness_threshold) versions) or a lower "
-            "data.max_response_length drops fewer"
+            f"dropped as older than the strict bound{versions}: long responses outlive it, so "
+            "training leans to short ones; scheduler.max_version_lag: null (verl's rule) "
+            "trains them all, a higher scheduler.max_version_lag drops fewer"
         )
     return lines
+
+
+def off_policy_note(
+    scheduler: Mapping[str, Any], summary: Mapping[str, float | None]
+) -> str | None:
+    """For a fully-async run whose recipe has ``staleness_threshold: 0`` and
+    ``trigger_parameter_sync_step: 1`` (what verl users set to compare with sync), the line
+    saying it is one-step off-policy, not a synchronous run; ``None`` for any other run."""
+    if (
+        scheduler.get("name") != "fully_async"
+        or scheduler.get("staleness_threshold") != 0
+        or scheduler.get("trigger_parameter_sync_step") != 1
+    ):
+        return None
+    lag = summary.get("max_version_lag")
+    largest = "" if lag is None else f" (largest lag seen: {lag:.0f})"
+    return (
+        "staleness_threshold 0 with trigger_parameter_sync_step 1 is one-step off-policy, not "
+        "sync: the engines generate the next step's samples while the trainer trains, with "
+        f"weights a version behind{largest}; for on-policy training compare with scheduler: sync"
+    )
 
 
 def run_labels(run_dirs: Sequence[Path]) -> list[str]:
@@ -398,7 +429,10 @@ def compare_runs(
     notes = [
         f"{label}: {line}"
         for label, summary, history in zip(labels, summaries, histories, strict=True)
-        for line in diagnose(summary, history.cluster_mode)
+        for line in [
+            *diagnose(summary, history.cluster_mode),
+            *filter(None, [off_policy_note(history.scheduler, summary)]),
+        ]
     ]
     if notes:
         table = "\n".join([table, "", *notes])

@@ -358,6 +358,9 @@ def test_fully_async_validates_with_its_plugins(script_text, stand_ins):
     assert (validation.missing, validation.error) == ((), None)
     resolved = build_recipe(normalize_shorthand(recipe), get_plugin_manager())
     assert (resolved.scheduler.staleness_threshold, resolved.actor.backend) == (0.2, "megatron")
+    # verl's staleness rule is the default: the strict bound is plugrl's own and stays off
+    assert "max_version_lag" not in recipe["scheduler"]
+    assert resolved.scheduler.max_version_lag is None
 
 
 def test_written_recipe_reads_back_as_converted(script_text, plugrl_plugin_manager):

@@ -8,27 +8,35 @@ samples. The rollouter may start a sample while the samples it holds beyond what
 takes before its next sync (``staleness_samples``) stay under ``max_required_samples``; it
 pauses when they reach it and resumes once the trainer takes or syncs.
 
-If samples came back in the order they started, that rule alone would keep every trained
-sample within ``max_version_lag`` versions of the trainer. Responses end out of order (a long
-one can be overtaken by many short ones), so the trainer also checks each sample when it takes
-it and drops (and counts) one whose oldest token is older than the bound. A sample whose oldest
-token would be older than the bound at the trainer's next take can never train (after the
-last take of a weight period, the next take comes after the sync), so the rollouter may end it
-while it is still being generated (:meth:`abandon`) or drop it once finished
-(:meth:`drop_finished`); either counts it as dropped and frees its place under the bound for a
-sample that can train. Every sample that is started is therefore trained once, dropped once,
-or still outstanding.
+That is verl's rule, and by default the only one (``max_version_lag`` ``None``): every
+finished sample trains, whatever its lag. If samples came back in the order they started, the
+rule alone would keep every trained sample within ``ceil(max_required_samples /
+samples_per_sync)`` versions of the trainer (:attr:`StalenessAccount.auto_version_lag`).
+Responses end out of order (a long one can be overtaken by many short ones), so a long one may
+lag more; its lag is measured and importance correction handles it.
+
+A strict bound (``max_version_lag`` ``"auto"`` or a number of versions) also checks each
+sample when the trainer takes it and drops (and counts) one whose oldest token is older than
+the bound. A sample whose oldest token would be older than the bound at the trainer's next take
+can never train (after the last take of a weight period, the next take comes after the sync),
+so the rollouter may end it while it is still being generated (:meth:`abandon`) or drop it once
+finished (:meth:`drop_finished`); either counts it as dropped and frees its place under the
+bound for a sample that can train. Under either rule every sample that is started is trained
+once, dropped once (only under a strict bound), or still outstanding.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 
 UNBOUNDED = 2**62
 """``max_required_samples`` of a threshold too large to mean a bound."""
+
+LagBound = int | Literal["auto"] | None
+"""A value of ``scheduler.max_version_lag``: off, computed from the threshold, or versions."""
 
 
 @attrs.frozen
@@ -79,12 +87,20 @@ class StalenessAccount:
     trainer takes it into a step: trained, or dropped when too old), :meth:`abandon` (instead
     of finish and take: it ended too old to train), :meth:`drop_finished` (instead of take:
     it finished too old to train), :meth:`sync` (the trainer published a new
-    version).
+    version). Samples are too old only under a strict bound (``max_version_lag`` not
+    ``None``).
     """
 
     required_samples: int
     trigger_parameter_sync_step: int
     staleness_threshold: float
+    max_version_lag: LagBound = attrs.field(default=None, kw_only=True)
+    """``scheduler.max_version_lag``: ``None`` for verl's rule (nothing dropped for its age),
+    ``"auto"`` for :attr:`auto_version_lag`, or a number of versions."""
+    lag_bound_implied: bool = attrs.field(default=False, kw_only=True)
+    """Whether :attr:`max_version_lag` is not the recipe's but what the checkpoint of an older
+    plugrl implied (:func:`implied_lag_bound`); checkpoints keep it so for the rest of the
+    run."""
     version: int = 0
     started: int = 0
     generated: int = 0
@@ -102,6 +118,11 @@ class StalenessAccount:
             raise ValueError("required_samples and trigger_parameter_sync_step must be >= 1")
         if self.staleness_threshold < 0:
             raise ValueError("staleness_threshold must be >= 0")
+        bound = self.max_version_lag
+        if bound not in (None, "auto") and (
+            not isinstance(bound, int) or isinstance(bound, bool) or bound < 1
+        ):
+            raise ValueError(f"max_version_lag must be None, 'auto' or >= 1, got {bound!r}")
 
     # ------------------------------------------------------------------------ the bound
 
@@ -123,11 +144,21 @@ class StalenessAccount:
         return int(product) if product < UNBOUNDED else UNBOUNDED
 
     @property
-    def max_version_lag(self) -> int:
-        """The most versions a trained sample's oldest token may lag the trainer's version:
-        ``ceil(max_required_samples / samples_per_sync)`` (1 for staleness 0: one-step
-        off-policy)."""
+    def auto_version_lag(self) -> int:
+        """``ceil(max_required_samples / samples_per_sync)`` (1 for staleness 0: one-step
+        off-policy): the most versions a trained sample lags when samples end in the order
+        they started, and the strict bound ``max_version_lag: auto`` enforces."""
         return max(1, math.ceil(self.max_required_samples / self.samples_per_sync))
+
+    @property
+    def version_lag_bound(self) -> int | None:
+        """The most versions a trained sample's oldest token may lag the trainer's version
+        under the strict bound; ``None`` when it is off (verl's rule)."""
+        if self.max_version_lag is None:
+            return None
+        if self.max_version_lag == "auto":
+            return self.auto_version_lag
+        return int(self.max_version_lag)
 
     @property
     def outstanding(self) -> int:
@@ -185,10 +216,11 @@ class StalenessAccount:
 
     def take(self, oldest_version: int) -> bool:
         """The trainer takes a generated sample: ``True`` if it trains on it, ``False`` if it
-        lags more than :attr:`max_version_lag` and is dropped."""
+        lags more than a strict :attr:`version_lag_bound` and is dropped."""
         if self.trained + self.dropped >= self.generated:
             raise RuntimeError("the trainer took a sample that was not generated")
-        if self.lag(oldest_version) > self.max_version_lag:
+        bound = self.version_lag_bound
+        if bound is not None and self.lag(oldest_version) > bound:
             self.dropped += 1
             return False
         self.trained += 1
@@ -213,14 +245,20 @@ class StalenessAccount:
 
     def too_old(self, oldest_version: int) -> bool:
         """Whether a sample whose oldest token has ``oldest_version`` can no longer train: it
-        would lag more than the bound at the trainer's next take (its lag only grows)."""
-        return self.next_lag(oldest_version) > self.max_version_lag
+        would lag more than the strict bound at the trainer's next take (its lag only grows).
+        Never without a strict bound."""
+        bound = self.version_lag_bound
+        return bound is not None and self.next_lag(oldest_version) > bound
+
+    def _bound_text(self) -> str:
+        bound = self.version_lag_bound
+        return "no strict bound" if bound is None else f"bound {bound}"
 
     def _check_hopeless(self, oldest_version: int, what: str) -> None:
         if not self.too_old(oldest_version):
             raise RuntimeError(
                 f"a sample of version {oldest_version} was {what} though it may still train "
-                f"at version {self.next_take_version} (bound {self.max_version_lag})"
+                f"at version {self.next_take_version} ({self._bound_text()})"
             )
 
     def drop_finished(self, oldest_version: int) -> None:
@@ -261,6 +299,8 @@ class StalenessAccount:
             "abandoned": self.abandoned,
             "taken_this_period": self.taken_this_period,
             "pauses": self.pauses,
+            "max_version_lag": self.max_version_lag,
+            "lag_bound_implied": self.lag_bound_implied,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -277,3 +317,15 @@ class StalenessAccount:
         # checkpoints written before samples could be abandoned lack the count
         self.abandoned = int(state.get("abandoned", 0))
         self.paused = False
+        # the rule stays the recipe's: the scheduler decides what a checkpoint without it
+        # (written when the strict bound was the only rule) means, see implied_lag_bound
+
+
+def implied_lag_bound(state: dict[str, Any]) -> LagBound:
+    """The strict bound a checkpoint's account implies beyond its recipe: ``"auto"`` for one
+    written by a plugrl whose only rule was that bound (no ``max_version_lag`` in it), the
+    bound such a checkpoint passed on to a later one of the same run, else ``None`` (the
+    recipe's ``max_version_lag`` holds)."""
+    if "max_version_lag" not in state:
+        return "auto"
+    return state["max_version_lag"] if state.get("lag_bound_implied") else None

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from plugrl.config import non_negative, option, positive
+from plugrl.config import ConfigValueError, non_negative, option, positive
 from plugrl.parts.scheduler import SchedulerConfig
 
 if TYPE_CHECKING:
@@ -69,11 +69,36 @@ class FullyAsyncConfig(SchedulerConfig):
         verl="rollout.total_rollout_steps",
         validator=positive,
     )
+    # null, "auto" or an int: no one type the recipe reader converts to, so the value is read
+    # as written and check_lag_bound decides
+    max_version_lag: Any = option(
+        None,
+        "A strict bound on the lag of every trained sample, in weight versions by its oldest "
+        "token: a sample that would lag more is dropped (ended while generating when that is "
+        "certain). null: off, verl's rule (staleness_threshold bounds only what starts, every "
+        "finished sample trains and importance correction handles its lag); auto: "
+        "ceil(max_required_samples / (required_samples x trigger_parameter_sync_step)); or a "
+        "number of versions. Strict bounds drop long responses more than short ones.",
+        validator=lambda instance, attribute, value: check_lag_bound(attribute.name, value),
+    )
     max_in_flight_per_engine: int = option(
         16,
         "Prompts in flight on one engine at once (each with rollout.n responses); more keeps "
         "an engine's batch fuller, fewer makes samples fresher.",
         validator=positive,
+    )
+
+
+def check_lag_bound(name: str, value: Any) -> None:
+    """Raise a :class:`ConfigValueError` naming ``name`` unless ``value`` is a value of
+    ``max_version_lag``: ``None``, ``"auto"`` or an integer of 1 or more."""
+    if value is None or value == "auto":
+        return
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return
+    raise ConfigValueError(
+        name,
+        f"must be null (off), auto or a number of weight versions of 1 or more, got {value!r}",
     )
 
 

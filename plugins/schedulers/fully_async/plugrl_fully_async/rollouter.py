@@ -1,5 +1,6 @@
 """The rollouter: streams prompts one at a time into the engine group, a bounded number in
-flight, within the staleness bound, and puts each finished sample in the buffer.
+flight, within the staleness bound, and puts each finished sample in the buffer; under a strict
+lag bound it also ends the samples that can no longer train.
 
 It runs on an event loop in a thread of its own and drives the engines only through the engine
 group's API (``agenerate``, ``pause``/``resume``, ``abort_all``) and the capabilities the
@@ -336,7 +337,7 @@ class Rollouter:
                 sample_id,
                 sample.oldest_version,
                 self.account.next_lag(sample.oldest_version),
-                self.account.max_version_lag,
+                self.account.version_lag_bound,
             )
         elif sample is not None and not self._stopping:
             await asyncio.get_running_loop().run_in_executor(None, self._hand_over, sample)
@@ -413,7 +414,8 @@ class Rollouter:
                 self._log_drop(sample, lag)
         with self.lock:
             period_complete = self.account.period_complete
-        if period_complete:
+            strict = self.account.version_lag_bound is not None
+        if period_complete and strict:
             # after the last take of a weight period the next one comes after a sync, so a
             # sample that would lag too much then is hopeless already: end it now, while the
             # trainer trains, and let a new sample take its place
@@ -427,7 +429,7 @@ class Rollouter:
             "than the bound of %d",
             sample.oldest_version,
             lag,
-            self.account.max_version_lag,
+            self.account.version_lag_bound,
         )
 
     def _drop_too_old_fetched(self) -> None:
@@ -500,7 +502,10 @@ class Rollouter:
 
     def _drop_hopeless(self, doomed: list[int] | None = None) -> None:
         """End the samples that can no longer train (trainer's thread): abort those in
-        flight, drop the finished ones; their places under the bound go to new samples now."""
+        flight, drop the finished ones; their places under the bound go to new samples now.
+        Without a strict lag bound every sample may train: nothing to do."""
+        if self.account.version_lag_bound is None:
+            return
         if doomed is None:
             with self.lock:
                 doomed = self._too_old_in_flight()

@@ -28,7 +28,7 @@ from plugrl.steps import (
     update_from_batch,
 )
 
-from .accounting import StalenessAccount
+from .accounting import StalenessAccount, implied_lag_bound
 from .buffer import make_buffer
 from .config import FullyAsyncConfig, warn_meaningless_bounds
 from .rollouter import PromptStream, Rollouter, Sample
@@ -51,8 +51,9 @@ class FullyAsyncScheduler(Scheduler):
     scores them, computes old log-probs (or uses the rollout's), advantages, and updates the
     actor; every ``trigger_parameter_sync_step`` steps it publishes new weights to every
     engine (``timing_s/param_sync``). :class:`StalenessAccount` bounds how far the rollouter
-    runs ahead and drops any sample older than the bound. The core's run loop does the
-    rest (resume, validation, logs, checkpoints holding the rollouter's snapshot, export).
+    runs ahead (verl's rule) and, under ``max_version_lag``, drops any sample older than that
+    strict bound. The core's run loop does the rest (resume, validation, logs, checkpoints
+    holding the rollouter's snapshot, export).
     """
 
     provides: ClassVar[frozenset[str] | None] = frozenset({"values"})
@@ -122,10 +123,14 @@ class FullyAsyncScheduler(Scheduler):
         weight period (see :meth:`start_period_on_resume`)."""
         config = self.config
         account = StalenessAccount(
-            self.required_samples, config.trigger_parameter_sync_step, config.staleness_threshold
+            self.required_samples,
+            config.trigger_parameter_sync_step,
+            config.staleness_threshold,
+            max_version_lag=config.max_version_lag,
         )
         if saved:
             account.load_state_dict(saved["account"])
+            self.keep_implied_lag_bound(account, implied_lag_bound(saved["account"]))
             self.resubmit = [tuple(key) for key in saved["prompts"]]
             # the position the rollouter had when the kept prompts were listed
             parts.train_loader.load_state_dict(saved["dataloader"])
@@ -134,13 +139,35 @@ class FullyAsyncScheduler(Scheduler):
         if account.taken_this_period and step < self.total_steps(parts):
             self.start_period_on_resume(parts, account, step)
         self.account = account
+        bound = account.version_lag_bound
         logger.info(
             "fully_async: %d prompts per step, weights synced every %d steps, at most %d "
-            "samples ahead (max_required_samples), trained samples at most %d versions old",
+            "samples ahead (max_required_samples), %s",
             account.required_samples,
             account.trigger_parameter_sync_step,
             account.max_required_samples,
-            account.max_version_lag,
+            "every finished sample trained, its lag logged"
+            if bound is None
+            else f"trained samples at most {_versions(bound)} old (scheduler.max_version_lag)",
+        )
+
+    @staticmethod
+    def keep_implied_lag_bound(account: StalenessAccount, implied: Any) -> None:
+        """A checkpoint of a plugrl whose only rule was the strict bound (``implied``:
+        ``"auto"``) resumed by a recipe without one (``max_version_lag`` unset, the default):
+        the run goes on under the rule its steps so far had, so that they are one
+        experiment. A bound the recipe sets wins."""
+        if account.max_version_lag is not None or implied is None:
+            return
+        account.max_version_lag = implied
+        account.lag_bound_implied = True
+        bound = account.version_lag_bound
+        logger.info(
+            "resumed a checkpoint of a plugrl that dropped every sample older than the bound "
+            "(%s here): this run keeps that rule (scheduler.max_version_lag: %s); a fresh "
+            "start (trainer.resume_mode=disable) trains every finished sample",
+            _versions(bound),
+            implied,
         )
 
     def start_rollouter(self, parts: RunParts) -> Rollouter:
@@ -340,15 +367,21 @@ class FullyAsyncScheduler(Scheduler):
             "fully_async/monitor/generated_tokens_per_s": (tokens - marks.tokens) / wall,
             "fully_async/monitor/max_version_lag": float(max(lags)),
             "fully_async/monitor/mean_version_lag": float(np.mean(lags)),
-            "fully_async/monitor/version_lag_bound": float(account.max_version_lag),
             "fully_async/monitor/dropped_this_step": float(len(dropped_lags)),
             "fully_async/partial/samples": float(sum(span > 0 for span in spans)),
             "fully_async/partial/max_version_span": float(max(spans)),
             "fully_async/partial/total_samples": float(partial_total),
         }
+        bound = account.version_lag_bound
+        if bound is not None:  # without a strict bound no lag is too large: nothing to log
+            metrics["fully_async/monitor/version_lag_bound"] = float(bound)
         marks.time, marks.idle, marks.paused = now, idle, paused
         marks.tokens, marks.pauses = tokens, pauses
         return metrics
+
+
+def _versions(count: int | None) -> str:
+    return f"{count} version" if count == 1 else f"{count} versions"
 
 
 class _Marks:

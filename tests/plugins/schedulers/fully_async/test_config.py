@@ -119,3 +119,28 @@ def test_a_run_warns_of_a_meaningless_bound_when_it_starts(
     warned = [r.getMessage() for r in caplog.records if r.name == "plugrl.recipe"]
     assert any(line.startswith("scheduler.staleness_threshold: ") for line in warned), warned
     assert (tmp_path / "run" / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+
+
+@pytest.mark.parametrize(
+    "value, bound", [(None, None), ("null", None), ("auto", "auto"), ("1", 1), ("3", 3)]
+)
+def test_the_strict_lag_bound_is_off_auto_or_a_number_of_versions(
+    plugrl_plugin_manager, value, bound
+):
+    overrides = [] if value is None else [f"scheduler.max_version_lag={value}"]
+    recipe = load_recipe(None, [*ASYNC, *overrides], get_plugin_manager())
+    assert recipe.scheduler.max_version_lag == bound
+
+
+@pytest.mark.parametrize(
+    "value, shown", [("-1", "-1"), ("0", "0"), ("soon", "'soon'"), ("1.5", "1.5"), ("true", "True")]
+)
+def test_a_strict_lag_bound_of_another_value_is_refused_in_one_line(
+    plugrl_plugin_manager, value, shown
+):
+    with pytest.raises(RecipeError) as info:
+        load_recipe(None, [*ASYNC, f"scheduler.max_version_lag={value}"], get_plugin_manager())
+    assert str(info.value) == (
+        "scheduler.max_version_lag: must be null (off), auto or a number of weight versions "
+        f"of 1 or more, got {shown}"
+    )

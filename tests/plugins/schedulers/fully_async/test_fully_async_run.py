@@ -79,8 +79,9 @@ def weight_periods(steps, sync_every, resumed_at=0):
     return versions, syncs
 
 
-def check_steps(records, steps, *, sync_every=1, resumed_at=0):
-    """Every step logged once, with the contract's metrics, within the bound."""
+def check_steps(records, steps, *, sync_every=1, resumed_at=0, strict=False):
+    """Every step logged once, with the contract's metrics; within the bound under the strict
+    one (``scheduler.max_version_lag``), nothing dropped under verl's rule."""
     assert sorted(records) == list(range(steps + 1))
     versions, syncs = weight_periods(steps, sync_every, resumed_at)
     generated = 0
@@ -93,7 +94,12 @@ def check_steps(records, steps, *, sync_every=1, resumed_at=0):
         assert ("timing_s/param_sync" in record) == (step in syncs)
         assert record["fully_async/count/current_param_version"] == versions[step]
         lag = record["fully_async/monitor/max_version_lag"]
-        assert 0 <= lag <= record["fully_async/monitor/version_lag_bound"]
+        assert 0 <= record["fully_async/monitor/mean_version_lag"] <= lag
+        if strict:
+            assert lag <= record["fully_async/monitor/version_lag_bound"]
+        else:
+            assert "fully_async/monitor/version_lag_bound" not in record
+            assert record["fully_async/count/dropped_stale_samples"] == 0
         # cumulative counters never restart, not even across a resume
         assert record["fully_async/count/total_generated_samples"] >= max(generated, step * 2)
         generated = record["fully_async/count/total_generated_samples"]
@@ -143,7 +149,12 @@ def test_a_local_run_overlaps_stays_within_the_bound_and_trains_each_sample_once
 def test_a_run_killed_mid_way_resumes_with_its_counters_and_bound(tiny_task, tmp_path):
     steps = 4
     recipe = async_recipe(
-        tiny_task, tmp_path, steps=steps, staleness_threshold=0.5, trigger_parameter_sync_step=2
+        tiny_task,
+        tmp_path,
+        steps=steps,
+        staleness_threshold=0.5,
+        trigger_parameter_sync_step=2,
+        max_version_lag="auto",
     )
     run_dir = tmp_path / "run"
     with background_run(recipe, tmp_path / "first.log") as process:
@@ -158,7 +169,7 @@ def test_a_run_killed_mid_way_resumes_with_its_counters_and_bound(tiny_task, tmp
     assert resumed, f"the rerun did not resume:\n{rerun.stderr[-2000:]}"
     resumed_step = int(resumed.group(1))
     records = check_steps(
-        by_step(read_records(run_dir)), steps, sync_every=2, resumed_at=resumed_step
+        by_step(read_records(run_dir)), steps, sync_every=2, resumed_at=resumed_step, strict=True
     )
     before = killed_at[resumed_step]
     after = records[resumed_step + 1]

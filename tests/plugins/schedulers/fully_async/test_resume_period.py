@@ -55,7 +55,7 @@ def test_a_resume_between_syncs_pushes_a_new_version_and_starts_a_period(
                 sample.oldest_version,
                 sample.newest_version,
                 account.version,
-                account.max_version_lag,
+                account.version_lag_bound,
             )
             for sample in samples
         )
@@ -72,7 +72,10 @@ def test_a_resume_between_syncs_pushes_a_new_version_and_starts_a_period(
         n=2,
         max_response_length=32,
     )
-    data["scheduler"].update(trigger_parameter_sync_step=SYNC_STEP, staleness_threshold=0.5)
+    # the strict bound, so that every step logs the bound its samples are checked against
+    data["scheduler"].update(
+        trigger_parameter_sync_step=SYNC_STEP, staleness_threshold=0.5, max_version_lag="auto"
+    )
     data["actor"]["ppo_epochs"] = 1
     for number, (steps, _) in enumerate(SEGMENTS):
         segment[0] = number
@@ -118,3 +121,61 @@ def test_a_resume_between_syncs_pushes_a_new_version_and_starts_a_period(
         pushed_here = {v for seg, v, _ in pushes if seg == s}
         assert oldest >= min(pushed_here), (s, oldest)
         assert newest <= version and 0 <= version - oldest <= bound
+
+
+def test_a_checkpoint_of_a_plugrl_whose_only_rule_was_the_strict_bound_resumes_under_it(
+    sim_task, tmp_path, caplog, plugrl_recipe, plugrl_register_plugin, plugrl_plugin_manager
+):
+    """Such a run folder recorded no ``scheduler.max_version_lag`` and its checkpoints no rule:
+    resumed by a recipe at the default (verl's rule), it keeps the bound its steps so far had,
+    in this segment and in the next."""
+    import logging
+
+    import torch
+    import yaml
+
+    from plugrl.run import run_recipe
+    from tests.crafted import rewrite_manifest
+
+    plugrl_register_plugin(plugrl_sim, "plugrl-sim")
+    run_dir = tmp_path / "run"
+    data = sim_recipe(
+        sim_task,
+        run_dir,
+        scheduler="fully_async",
+        colocate=False,
+        train_batch_size=REQUIRED,
+        n=2,
+        max_response_length=32,
+    )
+    data["trainer"]["total_training_steps"] = 2
+    run_recipe(plugrl_recipe(data), plugrl_plugin_manager)
+    # what an older plugrl wrote: neither the recipe nor the checkpoint knows the option
+    recorded = yaml.safe_load((run_dir / "recipe.yaml").read_text())
+    del recorded["scheduler"]["max_version_lag"]
+    (run_dir / "recipe.yaml").write_text(yaml.safe_dump(recorded))
+    state_file = run_dir / "global_step_2" / "trainer_state.pt"
+    state = torch.load(state_file, weights_only=True)
+    del state["scheduler"]["account"]["max_version_lag"]
+    del state["scheduler"]["account"]["lag_bound_implied"]
+    torch.save(state, state_file)
+    rewrite_manifest(state_file.parent)
+
+    for steps in (3, 4):  # a resume, and a resume of the resumed run
+        data["trainer"]["total_training_steps"] = steps
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="plugrl.run"):
+            run_recipe(plugrl_recipe(data), plugrl_plugin_manager)
+        assert (
+            "resumed a checkpoint of a plugrl that dropped every sample older than the bound (1 "
+            "version here): this run keeps that rule (scheduler.max_version_lag: auto); a "
+            "fresh start (trainer.resume_mode=disable) trains every finished sample"
+        ) in caplog.messages
+
+    records = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        records[record["step"]] = record
+    bounds = {s: r.get("fully_async/monitor/version_lag_bound") for s, r in records.items()}
+    # staleness_threshold 0.1: ceil(int(4 x 1.1) / 4) = 1 version
+    assert bounds == {1: None, 2: None, 3: 1.0, 4: 1.0}

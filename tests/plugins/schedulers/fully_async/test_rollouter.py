@@ -1,5 +1,6 @@
 """The rollouter against engines that only sleep: partial rollout by pausing, by aborting and
-continuing, or by waiting; nothing lost, nothing taken twice, nothing older than the bound."""
+continuing, or by waiting; nothing lost, nothing taken twice; under verl's rule nothing dropped
+for its age, under the strict bound nothing older than it trained."""
 
 from __future__ import annotations
 
@@ -127,9 +128,19 @@ def keep_rollouter(engines, account, *, max_in_flight):
     )
 
 
-def run(partial, *, steps=8, required=3, sync_every=1, threshold=0.5, lengths=None, n=2):
+def run(
+    partial,
+    *,
+    steps=8,
+    required=3,
+    sync_every=1,
+    threshold=0.5,
+    lengths=None,
+    n=2,
+    lag_bound=None,
+):
     engines = SleepingEngines(lengths or (lambda request: 20))
-    account = StalenessAccount(required, sync_every, threshold)
+    account = StalenessAccount(required, sync_every, threshold, max_version_lag=lag_bound)
     rollouter = Rollouter(
         engines=engines,
         account=account,
@@ -150,8 +161,9 @@ def run(partial, *, steps=8, required=3, sync_every=1, threshold=0.5, lengths=No
         for step in range(1, steps + 1):
             samples, lags = rollouter.take(required)
             assert len(samples) == required
-            for sample in samples:
-                assert account.version - sample.oldest_version <= account.max_version_lag
+            if account.version_lag_bound is not None:
+                for sample in samples:
+                    assert account.version - sample.oldest_version <= account.version_lag_bound
             taken.extend(samples)
             dropped.extend(lags)
             time.sleep(TRAIN_SECONDS)  # the rollouter generates meanwhile
@@ -208,9 +220,9 @@ def test_long_tailed_responses_older_than_the_bound_are_dropped_and_counted(part
         return 40 if random.Random(sample).random() < 0.15 else 2
 
     _, dropped, _, _, rollouter = run(
-        partial, steps=12, required=2, threshold=1.0, lengths=long_tail, n=1
+        partial, steps=12, required=2, threshold=1.0, lengths=long_tail, n=1, lag_bound="auto"
     )
-    bound = rollouter.account.max_version_lag
+    bound = rollouter.account.version_lag_bound
     assert all(lag > bound for lag in dropped)
     if partial == "keep":
         assert dropped, "no long response was overtaken past the bound"
@@ -227,13 +239,36 @@ def test_responses_already_too_old_to_train_are_ended_while_generating():
         return 40 if random.Random(sample).random() < 0.15 else 2
 
     _, dropped, _, engines, rollouter = run(
-        "keep", steps=12, required=2, threshold=1.0, lengths=long_tail, n=1
+        "keep", steps=12, required=2, threshold=1.0, lengths=long_tail, n=1, lag_bound="auto"
     )
     account = rollouter.account
     assert account.abandoned >= 1, "no response became too old while generating"
     assert engines.aborted_requests, "no request was aborted"
     assert account.abandoned <= account.dropped
-    assert all(lag > account.max_version_lag for lag in dropped)
+    assert all(lag > account.version_lag_bound for lag in dropped)
+
+
+@pytest.mark.parametrize("partial", ["keep", "abort", None])
+def test_under_verls_rule_long_responses_train_whatever_their_lag(partial):
+    """The workload that drops long responses under the strict bound: by default every
+    finished sample trains, none is aborted for its age, and long ones lag more than the
+    strict bound would have allowed."""
+
+    def long_tail(request):
+        sample = request.request_id.split("/")[0]
+        return 40 if random.Random(sample).random() < 0.15 else 2
+
+    taken, dropped, _, engines, rollouter = run(
+        partial, steps=12, required=2, threshold=1.0, lengths=long_tail, n=1
+    )
+    account = rollouter.account
+    assert dropped == [] and account.dropped == account.abandoned == 0
+    assert not engines.aborted_requests
+    for sample in taken:  # long responses kept every token
+        assert len(sample.completions[0].token_ids) in (2, 40)
+    if partial == "keep":
+        lags = [account.version - sample.oldest_version for sample in taken]
+        assert max(lags) > account.auto_version_lag, "no long response was overtaken"
 
 
 def test_a_response_sent_just_before_a_sync_is_not_ended_for_its_send_version():
@@ -241,7 +276,7 @@ def test_a_response_sent_just_before_a_sync_is_not_ended_for_its_send_version():
     version v: aborting it was a false alarm, so it continues and trains."""
 
     engines = SleepingEngines(lambda request: 3)
-    account = StalenessAccount(1, 1, 0.0)
+    account = StalenessAccount(1, 1, 0.0, max_version_lag="auto")
     rollouter = keep_rollouter(engines, account, max_in_flight=1)
     # the engine stays paused (it produces no token) through syncs that make the send
     # version too old
@@ -250,7 +285,7 @@ def test_a_response_sent_just_before_a_sync_is_not_ended_for_its_send_version():
     rollouter.start()
     try:
         wait_until(lambda: engines.in_flight == 1)
-        for _ in range(account.max_version_lag + 1):
+        for _ in range(account.version_lag_bound + 1):
             rollouter.sync(engines.push)
         assert engines.aborted_requests == {"sample0"}
         SleepingEngines.resume(engines)
@@ -375,7 +410,7 @@ def test_the_trainer_takes_the_samples_of_the_oldest_weights_first():
 
 
 def test_waiting_samples_too_old_after_a_sync_are_dropped_at_the_sync():
-    account = StalenessAccount(2, 1, 1.0)
+    account = StalenessAccount(2, 1, 1.0, max_version_lag="auto")
     account.version = 2
     buffer = LocalSampleBuffer()
     for sample in finished_samples(account, [0, 1, 2]):
@@ -389,6 +424,23 @@ def test_waiting_samples_too_old_after_a_sync_are_dropped_at_the_sync():
         rollouter.close()
     assert dropped == [3]
     assert [s.oldest_version for s in taken] == [1, 2]
+
+
+def test_under_verls_rule_waiting_samples_are_kept_across_syncs_and_train_oldest_first():
+    account = StalenessAccount(2, 1, 1.0)
+    account.version = 2
+    buffer = LocalSampleBuffer()
+    for sample in finished_samples(account, [0, 1, 2]):
+        buffer.put(sample)
+    rollouter = idle_rollouter(account, buffer)
+    try:
+        rollouter.sync(lambda: {})  # version 3: the sample of version 0 lags 3
+        assert account.dropped == 0 and account.outstanding == 3
+        taken, dropped = rollouter.take(2)
+    finally:
+        rollouter.close()
+    assert dropped == []
+    assert [account.version - s.oldest_version for s in taken] == [3, 2]
 
 
 # ------------------------------------------------------------------------------ the pause line

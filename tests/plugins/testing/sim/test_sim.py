@@ -309,14 +309,14 @@ def test_bench_table_shows_lags_against_their_bound(bench):
     table = bench.format_rows(
         [
             row("sync", 100.0, baseline=125.0),
-            row("a", 300.0, 1, 2),
+            {**row("a", 300.0, 1, 2), "mean_response_length": 98.46},
             row("b", 250.0, 3, 2),
             row("c", 50.0, 2, baseline=None),
         ]
     ).splitlines()
     assert table[1].split()[:5] == ["sync", "100", "0.80x", "0.40x", "1.000"]
     assert table[2].split()[2:4] == ["3.00x", "1.50x"]
-    assert table[2].split()[5:8] == ["1", "/", "2"]
+    assert table[2].split()[5:9] == ["1", "/", "2", "98.5"]  # and the mean response length
     assert table[3].split()[5:9] == ["3", "/", "2", "OVER"]
     assert table[4].split()[1:4] == ["50", "-", "-"]
     assert table[4].split()[5:8] == ["2", "/", "-"]
