@@ -530,10 +530,11 @@ def report(plugrl: Side, bare: Side, settings: OverheadSettings, same_tokens: st
     old = _median([p["old_log_prob"] for p in plugrl.phases if "old_log_prob" in p])
     if old == old:
         print(f"(plugrl also ran an old_log_prob pass: {old:.3f} s)")
-    inside = _median([p["step"] for p in plugrl.phases])
+    timed = (*PHASES[:-1], "old_log_prob")
+    inside = _median([p["step"] - sum(p.get(name, 0.0) for name in timed) for p in plugrl.phases])
     outside = _median([w - p["step"] for w, p in zip(plugrl.walls, plugrl.phases, strict=True)])
     print(
-        f"plugrl other: {inside - sum(ours[p] for p in PHASES[:-1]):.3f} s inside train_step, "
+        f"plugrl other: {inside:.3f} s inside train_step, "
         f"{outside:.3f} s around it (step metrics, loggers, the run loop)"
     )
     print(f"{'step (wall)':<20}{_median(plugrl.walls):>10.3f}{_median(bare.walls):>10.3f}")
