@@ -363,6 +363,7 @@ class BareLoop:
         budget = self.settings.token_budget
         plan = token_budget_micro_batches(lengths, budget) if budget else [list(range(len(rows)))]
         temperature = recipe.rollout.temperature or 1.0
+        step_loss = 0.0
         self.model.train()
         for indices in plan:
             batch = micro_batch(
@@ -380,7 +381,8 @@ class BareLoop:
                 dual_clip=actor.clip_ratio_c,
             )
             loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), actor.grad_clip)
+            step_loss += float(loss.detach())
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), actor.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.model.eval()
@@ -389,6 +391,9 @@ class BareLoop:
         mark = time.perf_counter()
         self.engine.bind_model(self.model, step)
         times["weight_sync"] = time.perf_counter() - mark
+        # as plugrl's console line has them, to compare the two logs step by step
+        score = statistics.mean(scores)
+        print(f"step {step} | score {score:.3f} | pg_loss {step_loss:+.4f} | grad {grad_norm:.3f}")
         return times, responses
 
 
