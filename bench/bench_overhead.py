@@ -16,7 +16,7 @@ rate, betas, weight decay and gradient clip), float32 on the CPU.
   directly, computes the advantages and the loss in a few lines of torch
   (:func:`grpo_advantages`, :func:`clipped_token_mean_loss`, :func:`token_log_probs`;
   tests/bench/test_bench_overhead.py holds them to plugrl's), and steps ``torch.optim.AdamW``.
-  The bench checks that both sides sampled the same token ids at step 1.
+  The bench reports whether both sides sampled the same token ids at step 1.
 
 Batching: ``--batching budget`` (default) gives both sides the recipe's token-budget
 micro-batches (4,096 tokens, the same rows per micro-batch: the bare loop cuts them with the
