@@ -8,11 +8,11 @@ implementation (:func:`varlen_attention`), which reads the row boundaries from t
 their attention function.
 
 Where the device has flash-attention's variable-length kernel (CUDA with ``flash-attn``
-installed) the boundaries go to it directly. Elsewhere (CPU, or no ``flash-attn``) the queries,
-keys and values alone are spread back into one right-padded row per sequence for a causal
-``scaled_dot_product_attention`` and gathered again: a query attends its own row's earlier
-tokens, all real, so padding is never attended and no mask is needed, and the padded work is
-only the attention product itself.
+installed, half-precision compute) the boundaries go to it directly. Elsewhere (CPU, float32,
+or no ``flash-attn``) the queries, keys and values alone are spread back into one right-padded
+row per sequence for a causal ``scaled_dot_product_attention`` and gathered again: a query
+attends its own row's earlier tokens, all real, so padding is never attended and no mask is
+needed, and the padded work is only the attention product itself.
 """
 
 from __future__ import annotations
@@ -108,14 +108,12 @@ def pack(attention_mask: torch.Tensor, response_width: int) -> Packing:
 
 
 def _flash_varlen() -> Any:
-    """transformers' flash-attention forward when the ``flash-attn`` package is usable."""
-    from transformers.utils import is_flash_attn_2_available
-
-    if not is_flash_attn_2_available():
+    """flash-attention's variable-length kernel when the ``flash-attn`` package is installed."""
+    try:
+        from flash_attn import flash_attn_varlen_func
+    except ImportError:
         return None
-    from transformers.integrations.flash_attention import flash_attention_forward
-
-    return flash_attention_forward
+    return flash_attn_varlen_func
 
 
 def _padded_attention(
@@ -179,11 +177,23 @@ def varlen_attention(
             "packed attention runs without dropout; set the model's attention_dropout to 0 "
             "(model.override_config.attention_dropout) or actor.use_remove_padding to false"
         )
-    if query.is_cuda:
+    max_length = int(kwargs["max_length_q"])
+    # the kernel computes in half precision only; float32 takes the SDPA path
+    if query.is_cuda and query.dtype in (torch.float16, torch.bfloat16):
         flash = _flash_varlen()
         if flash is not None:
-            return flash(module, query, key, value, None, scaling=scaling, **kwargs)
-    out = _padded_attention(query, key, value, cu_seq_lens, int(kwargs["max_length_q"]), scaling)
+            tokens = [t[0].transpose(0, 1) for t in (query, key, value)]  # [T, heads, d]
+            out = flash(
+                *tokens,
+                cu_seq_lens,
+                cu_seq_lens,
+                max_length,
+                max_length,
+                softmax_scale=scaling,
+                causal=True,
+            )
+            return out[None], None
+    out = _padded_attention(query, key, value, cu_seq_lens, max_length, scaling)
     return out, None
 
 
