@@ -58,7 +58,6 @@ def test_gsm8k_grpo_recipe(script_text, plugrl_plugin_manager):
             "ppo_micro_batch_size_per_gpu": 2,
             "log_prob_micro_batch_size_per_gpu": 2,
             "optim": {"lr": 5e-7},
-            "use_remove_padding": False,
         },
         "rollout": {"engine": "vllm", "n": 8, "gpu_memory_utilization": 0.7},
         "trainer": {
@@ -148,6 +147,7 @@ def test_dapo_recipe(script_text, plugrl_plugin_manager):
         "ppo_max_token_len_per_gpu": 11024,  # $(((1024 + 10000) / 1))
         "optim": {"lr_warmup_steps": 10},
         "param_offload": True,
+        "use_remove_padding": True,
     }
     assert recipe["algorithm"] == {"filter_groups": {"enable": True, "max_num_gen_batches": 5}}
     assert recipe["reward"] == {
@@ -195,8 +195,7 @@ def test_dapo_not_converted(script_text, plugrl_plugin_manager):
         "trainer.max_critic_ckpt_to_keep=2",
     ):
         assert agreeing not in unmapped(conversion)
-    # packed forwards are plugrl's default too
-    assert "actor_rollout_ref.model.use_remove_padding=True" not in unmapped(conversion)
+    assert conversion.recipe["actor"]["use_remove_padding"] is True
     assert len(conversion.unmapped) == 5
 
 

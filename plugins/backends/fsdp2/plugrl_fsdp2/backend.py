@@ -59,11 +59,11 @@ class FSDP2Backend(TrainingBackend):
     """A Hugging Face model for one role (``actor``, ``ref``, ``critic``), sharded over the
     role's ranks with FSDP2.
 
-    Micro-batches run packed (``use_remove_padding``, :mod:`plugrl_fsdp2.packing`): the
-    attended tokens of their rows end to end in one row, so a micro-batch costs its real token
-    count (``use_dynamic_bsz`` fills micro-batches up to the token budget). Padded, each row is
-    moved to the left edge and a micro-batch costs its row count times its longest row
-    (``use_dynamic_bsz`` then groups rows of similar length).
+    Micro-batches run padded, each row moved to the left edge, so that a micro-batch costs its
+    row count times its longest row (``use_dynamic_bsz`` groups rows of similar length); with
+    ``use_remove_padding`` they run packed (:mod:`plugrl_fsdp2.packing`): the attended tokens
+    of their rows end to end in one row, so a micro-batch costs its real token count
+    (``use_dynamic_bsz`` fills micro-batches up to the token budget).
     Losses: the objective's return value is backpropagated as is, so it must be this
     micro-batch's share of the global mini-batch loss (see :class:`LossScale`). Metrics the
     objective returns are shares too: summed over the micro-batches of a mini-batch, then

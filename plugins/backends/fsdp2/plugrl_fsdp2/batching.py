@@ -1,6 +1,6 @@
 """Cutting a rank's rows into micro-batches, and cutting the padding out of a micro-batch.
 
-Packed (``actor.use_remove_padding``, the default) a micro-batch costs its real token count:
+Packed (``actor.use_remove_padding``) a micro-batch costs its real token count:
 token-budget batching fills micro-batches up to the budget with rows of any length
 (:func:`packed_micro_batches`). Padded, every row is moved to the left edge and a micro-batch
 costs its row count times its longest row: token-budget batching then sorts rows by length so

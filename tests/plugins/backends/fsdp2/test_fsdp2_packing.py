@@ -203,7 +203,7 @@ def test_packed_critic_values_and_gradients_equal_the_padded_ones(tiny_model):
 
 
 def test_the_live_model_keeps_its_own_attention_outside_training(tiny_model):
-    backend = make_backend(make_recipe(tiny_model))
+    backend = make_backend(make_recipe(tiny_model, use_remove_padding=True))
     backend.update_policy(make_batch(8), TokenMeanReinforce())
     backend.compute_log_prob(make_batch(4))
     # a colocated engine generates with the model as loaded
@@ -211,7 +211,7 @@ def test_the_live_model_keeps_its_own_attention_outside_training(tiny_model):
 
 
 def test_sliding_window_models_run_padded(tiny_model, caplog):
-    recipe = make_recipe(tiny_model)
+    recipe = make_recipe(tiny_model, use_remove_padding=True)
     recipe = attrs.evolve(
         recipe,
         model=attrs.evolve(
