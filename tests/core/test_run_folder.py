@@ -231,6 +231,7 @@ def test_every_key_let_through_is_a_recipe_key_with_its_reason():
     plugin_keys = {
         "actor.param_offload",
         "actor.reshard_after_forward",
+        "actor.use_remove_padding",
         "scheduler.total_rollout_steps",
     }
     for key, reason in NOT_EXPERIMENT_KEYS.items():

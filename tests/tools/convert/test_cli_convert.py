@@ -69,7 +69,7 @@ def test_convert_to_a_file_then_run_what_the_report_says(tmp_path):
     report = result.stderr.splitlines()
     assert report[0] == (
         "gsm8k_grpo_qwen2.5_0.5b.sh, line 19 (verl.trainer.main_ppo): 40 overrides, "
-        "36 converted, 4 not"
+        "37 converted, 3 not"
     )
     assert "keys of parts not installed here or not chosen (1):" in report
     assert (

@@ -69,7 +69,7 @@ def test_gsm8k_grpo_recipe(script_text, plugrl_plugin_manager):
         },
         "cluster": "ray",
     }
-    assert (conversion.overrides, len(conversion.unmapped)) == (40, 4)
+    assert (conversion.overrides, len(conversion.unmapped)) == (40, 3)
 
 
 def test_gsm8k_grpo_not_converted(script_text, plugrl_plugin_manager):
@@ -80,10 +80,6 @@ def test_gsm8k_grpo_not_converted(script_text, plugrl_plugin_manager):
         "actor_rollout_ref.rollout.enable_chunked_prefill=False": VLLM
     }
     assert unmapped(conversion, "dropped") == {
-        "actor_rollout_ref.model.use_remove_padding=False": (
-            "plugrl has no switch: its fsdp2 backend computes only the token columns a "
-            "micro-batch's rows use"
-        ),
         "actor_rollout_ref.ref.fsdp_config.param_offload=True": (
             "plugrl's reference model takes the actor's settings: actor.param_offload is False "
             "(from actor_rollout_ref.actor.fsdp_config.param_offload)"
@@ -151,6 +147,7 @@ def test_dapo_recipe(script_text, plugrl_plugin_manager):
         "ppo_max_token_len_per_gpu": 11024,  # $(((1024 + 10000) / 1))
         "optim": {"lr_warmup_steps": 10},
         "param_offload": True,
+        "use_remove_padding": True,
     }
     assert recipe["algorithm"] == {"filter_groups": {"enable": True, "max_num_gen_batches": 5}}
     assert recipe["reward"] == {
@@ -185,7 +182,6 @@ def test_dapo_not_converted(script_text, plugrl_plugin_manager):
     assert conversion.recipe["trainer"]["logger"] == ["console", "wandb"]
     assert set(unmapped(conversion, "dropped")) == {
         "actor_rollout_ref.actor.use_torch_compile=False",
-        "actor_rollout_ref.model.use_remove_padding=True",
         "actor_rollout_ref.actor.ulysses_sequence_parallel_size=1",
         "trainer.critic_warmup=0",
     }
@@ -199,7 +195,8 @@ def test_dapo_not_converted(script_text, plugrl_plugin_manager):
         "trainer.max_critic_ckpt_to_keep=2",
     ):
         assert agreeing not in unmapped(conversion)
-    assert len(conversion.unmapped) == 6
+    assert conversion.recipe["actor"]["use_remove_padding"] is True
+    assert len(conversion.unmapped) == 5
 
 
 def test_dapo_validates_but_for_the_npu_and_vllm_plugins(script_text, plugrl_plugin_manager):

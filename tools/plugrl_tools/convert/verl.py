@@ -148,10 +148,6 @@ key of another: (that verl key, why). The value is carried over when it agrees w
 and reported when it does not."""
 
 DROPPED = {
-    "actor_rollout_ref.model.use_remove_padding": (
-        "plugrl has no switch: its fsdp2 backend computes only the token columns a "
-        "micro-batch's rows use"
-    ),
     "actor_rollout_ref.model.use_fused_kernels": (
         "plugrl has no switch: log-probs come from the model's own logits"
     ),

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -22,9 +24,10 @@ from plugrl.metrics import mean_metrics
 from plugrl.parts.algorithm import LossScale
 from plugrl.parts.backend import OptimConfig, TrainingBackend
 from plugrl.parts.rollout import WeightMeta
-from plugrl_fsdp2 import checkpoint
+from plugrl_fsdp2 import checkpoint, packing
 from plugrl_fsdp2.batching import (
     left_align,
+    packed_micro_batches,
     token_budget_micro_batches,
     valid_lengths,
 )
@@ -47,6 +50,8 @@ if TYPE_CHECKING:
     from plugrl.parts.backend import ActorConfig
     from plugrl.parts.context import PartContext
 
+logger = logging.getLogger(__name__)
+
 MicroLoss = Callable[[Batch, LossScale], tuple[torch.Tensor, dict[str, float]]]
 
 
@@ -54,8 +59,11 @@ class FSDP2Backend(TrainingBackend):
     """A Hugging Face model for one role (``actor``, ``ref``, ``critic``), sharded over the
     role's ranks with FSDP2.
 
-    Micro-batches run padded, each row moved to the left edge so that a micro-batch costs its
-    row count times its longest row (``use_dynamic_bsz`` groups rows of similar length).
+    Micro-batches run padded, each row moved to the left edge, so that a micro-batch costs its
+    row count times its longest row (``use_dynamic_bsz`` groups rows of similar length); with
+    ``use_remove_padding`` they run packed (:mod:`plugrl_fsdp2.packing`): the attended tokens
+    of their rows end to end in one row, so a micro-batch costs its real token count
+    (``use_dynamic_bsz`` fills micro-batches up to the token budget).
     Losses: the objective's return value is backpropagated as is, so it must be this
     micro-batch's share of the global mini-batch loss (see :class:`LossScale`). Metrics the
     objective returns are shares too: summed over the micro-batches of a mini-batch, then
@@ -99,6 +107,7 @@ class FSDP2Backend(TrainingBackend):
         elif self.recipe.model.enable_gradient_checkpointing:
             enable_checkpointing(model)
         forward_args = inspect.signature(model.forward).parameters
+        self._packed = self._can_pack(model.config)
         self._keep_logits_arg = self.role != "critic" and "logits_to_keep" in forward_args
         mesh = device_mesh(self.device, self.dist.world_size, self.config.fsdp_size)
         self.model = shard_model(
@@ -118,6 +127,25 @@ class FSDP2Backend(TrainingBackend):
             self.optimizer, self.lr_scheduler = build_optimizer(
                 self.model.parameters(), self._optim_config, total_training_steps
             )
+
+    def _can_pack(self, hf_config: Any) -> bool:
+        if not self.config.use_remove_padding:
+            return False
+        reason = packing.unpackable_reason(hf_config.get_text_config(decoder=True))
+        if reason is not None:
+            logger.warning("the %s model runs padded, not packed: %s", self.role, reason)
+            return False
+        packing.register()
+        return True
+
+    def _attention(self) -> AbstractContextManager[None]:
+        """While training or scoring: the model's attention is the packed one. Backward runs
+        inside too, as it recomputes checkpointed layers; outside, the live model keeps its own
+        attention for a colocated engine's generation."""
+        if not self._packed:
+            return nullcontext()
+        assert self.model is not None
+        return _attention_implementation(self.model, packing.ATTENTION)
 
     @property
     def _optim_config(self) -> OptimConfig:
@@ -145,9 +173,15 @@ class FSDP2Backend(TrainingBackend):
         if self.config.use_dynamic_bsz:
             lengths = valid_lengths(batch["attention_mask"])
             budget = self.config.ppo_max_token_len_per_gpu
-            local = len(token_budget_micro_batches(lengths, budget))
-            count, _ = self._agreed_count(local)
-            return token_budget_micro_batches(lengths, budget, count)
+            cut = packed_micro_batches if self._packs(batch) else token_budget_micro_batches
+            plan = cut(lengths, budget)
+            while True:
+                # a rank may need more micro-batches at the agreed count than it asked for
+                count, _ = self._agreed_count(len(plan))
+                plan = cut(lengths, budget, count)
+                largest, smallest = self._agreed_count(len(plan))
+                if largest == smallest:
+                    return plan
         plan = training.fixed_micro_batches(len(batch), micro_batch_size)
         largest, smallest = self._agreed_count(len(plan))
         if largest != smallest:
@@ -171,11 +205,17 @@ class FSDP2Backend(TrainingBackend):
 
     # ------------------------------------------------------------------------ forward
 
+    def _packs(self, batch: Batch) -> bool:
+        # one row of positions per rotary section (mrope) has no packed form here
+        return self._packed and batch["position_ids"].dim() == 2
+
     def _forward(self, micro_batch: Batch) -> tuple[torch.Tensor, int]:
         """Model outputs at the positions that predict each response token: ``[b, R', ...]``
         float32, with ``R'`` the response columns some row of the micro-batch uses."""
         model = self.model
         assert model is not None
+        if self._packs(micro_batch):
+            return self._packed_forward(micro_batch)
         layout = left_align(micro_batch["attention_mask"], micro_batch["responses"].shape[-1])
         position_ids = micro_batch["position_ids"]
         position_columns = layout.columns
@@ -192,6 +232,23 @@ class FSDP2Backend(TrainingBackend):
         outputs = model(**inputs).logits[:, -layout.keep :]
         index = layout.response_index[..., None].expand(-1, -1, outputs.shape[-1])
         return outputs.gather(1, index).float(), layout.response_len
+
+    def _packed_forward(self, micro_batch: Batch) -> tuple[torch.Tensor, int]:
+        model = self.model
+        assert model is not None
+        layout = packing.pack(micro_batch["attention_mask"], micro_batch["responses"].shape[-1])
+        inputs: dict[str, Any] = {
+            "input_ids": layout.gather(micro_batch["input_ids"]),
+            "position_ids": layout.gather(micro_batch["position_ids"]),
+            "attention_mask": None,
+            "use_cache": False,
+            **layout.attention_kwargs(),
+        }
+        if self._keep_logits_arg:
+            outputs = model(**inputs, logits_to_keep=layout.keep).logits[0]
+        else:
+            outputs = model(**inputs).logits[0, layout.keep]
+        return outputs[layout.response_index].float(), layout.response_len
 
     def _log_probs(
         self,
@@ -227,12 +284,13 @@ class FSDP2Backend(TrainingBackend):
         plan = self._plan(batch, size or self.config.ppo_micro_batch_size_per_gpu)
         out = training.LogProbRows(batch, with_entropy=calculate_entropy)
         model.eval()
-        for rows in plan:
-            part = self._on_device(batch, rows, training.SEQUENCE_COLUMNS)
-            log_prob, entropy = self._log_probs(
-                part, temperature=temperature, with_entropy=calculate_entropy
-            )
-            out.put(rows, log_prob, entropy)
+        with self._attention():
+            for rows in plan:
+                part = self._on_device(batch, rows, training.SEQUENCE_COLUMNS)
+                log_prob, entropy = self._log_probs(
+                    part, temperature=temperature, with_entropy=calculate_entropy
+                )
+                out.put(rows, log_prob, entropy)
         return out.result()
 
     @torch.no_grad()
@@ -242,9 +300,10 @@ class FSDP2Backend(TrainingBackend):
         plan = self._plan(batch, self._critic_micro_batch_size)
         values = torch.zeros(batch["responses"].shape, dtype=torch.float32)
         model.eval()
-        for rows in plan:
-            part = self._on_device(batch, rows, (*training.SEQUENCE_COLUMNS, "response_mask"))
-            values[torch.tensor(rows)] = self._values(part).cpu()
+        with self._attention():
+            for rows in plan:
+                part = self._on_device(batch, rows, (*training.SEQUENCE_COLUMNS, "response_mask"))
+                values[torch.tensor(rows)] = self._values(part).cpu()
         return values
 
     # ------------------------------------------------------------------------ training
@@ -336,31 +395,32 @@ class FSDP2Backend(TrainingBackend):
         step_metrics: list[dict[str, float]] = []
         model.train()
         try:
-            for mini_batch in training.mini_batches(
-                batch,
-                mini_rows,
-                epochs=epochs,
-                shuffle=self.config.shuffle,
-                seed=self.recipe.trainer.seed,
-                update_step=self.update_steps,
-            ):
-                scale = self._loss_scale(mini_batch)
-                plan = self._plan(mini_batch, micro_batch_size)
-                optimizer.zero_grad(set_to_none=True)
-                # micro-batch metrics are shares of the mini-batch value, like the loss
-                mini_metrics: dict[str, float] = defaultdict(float)
-                step_loss = 0.0
-                for rows in plan:
-                    micro_batch = mini_batch.select(rows).to(self.torch_device)
-                    loss, metrics = micro_loss(micro_batch, scale)
-                    loss.backward()
-                    step_loss += float(loss.detach())
-                    for name, value in metrics.items():
-                        mini_metrics[name] += float(value)
-                grad_norm = self._clip_and_step(grad_clip)
-                step_metrics.append(
-                    {**mini_metrics, loss_name: step_loss, f"{prefix}/grad_norm": grad_norm}
-                )
+            with self._attention():
+                for mini_batch in training.mini_batches(
+                    batch,
+                    mini_rows,
+                    epochs=epochs,
+                    shuffle=self.config.shuffle,
+                    seed=self.recipe.trainer.seed,
+                    update_step=self.update_steps,
+                ):
+                    scale = self._loss_scale(mini_batch)
+                    plan = self._plan(mini_batch, micro_batch_size)
+                    optimizer.zero_grad(set_to_none=True)
+                    # micro-batch metrics are shares of the mini-batch value, like the loss
+                    mini_metrics: dict[str, float] = defaultdict(float)
+                    step_loss = 0.0
+                    for rows in plan:
+                        micro_batch = mini_batch.select(rows).to(self.torch_device)
+                        loss, metrics = micro_loss(micro_batch, scale)
+                        loss.backward()
+                        step_loss += float(loss.detach())
+                        for name, value in metrics.items():
+                            mini_metrics[name] += float(value)
+                    grad_norm = self._clip_and_step(grad_clip)
+                    step_metrics.append(
+                        {**mini_metrics, loss_name: step_loss, f"{prefix}/grad_norm": grad_norm}
+                    )
         finally:
             model.eval()
         scheduler.step()
@@ -494,3 +554,16 @@ class FSDP2Backend(TrainingBackend):
         self.optimizer = None
         self.lr_scheduler = None
         self.device.empty_cache()
+
+
+@contextmanager
+def _attention_implementation(model: torch.nn.Module, name: str) -> Iterator[None]:
+    """``model``'s decoder runs the attention registered as ``name`` inside the block; its
+    layers read the implementation from the config at every call."""
+    config = model.config.get_text_config(decoder=True)  # type: ignore[operator, union-attr]
+    before = config._attn_implementation
+    config._attn_implementation = name
+    try:
+        yield
+    finally:
+        config._attn_implementation = before

@@ -1,9 +1,10 @@
 """Cutting a rank's rows into micro-batches, and cutting the padding out of a micro-batch.
 
-The backend runs padded micro-batches with every row moved to the left edge, so what a
-micro-batch costs (time and activation memory) is its row count times its longest row.
-Token-budget batching sorts rows by length so that rows of similar length share a micro-batch,
-which keeps that padded cost close to the real token count.
+Packed (``actor.use_remove_padding``) a micro-batch costs its real token count:
+token-budget batching fills micro-batches up to the budget with rows of any length
+(:func:`packed_micro_batches`). Padded, every row is moved to the left edge and a micro-batch
+costs its row count times its longest row: token-budget batching then sorts rows by length so
+that rows of similar length share a micro-batch (:func:`token_budget_micro_batches`).
 """
 
 from __future__ import annotations
@@ -124,6 +125,59 @@ def _balanced_consecutive_groups(
         half = len(costliest) // 2
         groups[where : where + 1] = [costliest[:half], costliest[half:]]
     return [range(g[0], g[-1] + 1) for g in groups]
+
+
+def packed_micro_batches(
+    lengths: Sequence[int],
+    max_tokens: int,
+    min_micro_batches: int = 1,
+    *,
+    key: str = "actor.ppo_max_token_len_per_gpu",
+) -> list[list[int]]:
+    """Row indices of micro-batches whose real token count stays within ``max_tokens``, for
+    packed forwards, where a micro-batch costs the sum of its rows' lengths.
+
+    As few micro-batches as the budget allows (at least ``min_micro_batches``, which ranks use
+    to agree on a count), their token counts as even as possible: rows go longest first to the
+    micro-batch holding the fewest tokens. A row longer than the budget is a
+    :class:`RecipeError` naming ``key``.
+    """
+    num_rows = len(lengths)
+    if num_rows == 0:
+        return []
+    if min_micro_batches > num_rows:
+        raise ValueError(f"cannot cut {num_rows} rows into {min_micro_batches} micro-batches")
+    order = sorted(range(num_rows), key=lambda i: (-lengths[i], i))
+    longest = int(lengths[order[0]])
+    if longest > max_tokens:
+        raise RecipeError(
+            f"a sequence of {longest} tokens does not fit the micro-batch token budget of "
+            f"{max_tokens}; set it to at least the prompt plus response length ({longest})",
+            key=key,
+        )
+    total = sum(int(length) for length in lengths)
+    count = max(min_micro_batches, -(-total // max_tokens))
+    while True:
+        groups = _least_loaded_first(lengths, order, count, max_tokens)
+        if groups is not None:
+            return [sorted(group) for group in groups]
+        count += 1
+
+
+def _least_loaded_first(
+    lengths: Sequence[int], order: Sequence[int], count: int, max_tokens: int
+) -> list[list[int]] | None:
+    """Rows in ``order`` each put into the one of ``count`` micro-batches holding the fewest
+    tokens; None when a row does not fit there (then none fits anywhere)."""
+    groups: list[list[int]] = [[] for _ in range(count)]
+    loads = [0] * count
+    for row in order:
+        target = min(range(count), key=loads.__getitem__)
+        if loads[target] + int(lengths[row]) > max_tokens:
+            return None
+        groups[target].append(row)
+        loads[target] += int(lengths[row])
+    return groups
 
 
 @attrs.frozen

@@ -51,3 +51,14 @@ class FSDP2ActorConfig(ActorConfig):
         choices=["float32", "bfloat16", "float16"],
         verl="actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype",
     )
+    use_remove_padding: bool = option(
+        False,
+        "Run forwards packed: the attended tokens of a micro-batch's rows end to end in one "
+        "row, each with its own positions, attention kept within each row (flash-attention's "
+        "variable-length kernel where installed on CUDA, else causal SDPA per row). No padding "
+        "token is computed and use_dynamic_bsz counts real tokens. Off by default: on CPU it "
+        "measured no faster than padded rows, which are already cut to their own lengths. "
+        "Models with sliding-window attention or multi-section rotary positions always run "
+        "padded.",
+        verl="actor_rollout_ref.model.use_remove_padding",
+    )
