@@ -546,11 +546,7 @@ class RayEngineGroup(EngineGroup):
         self.plugin_modules = in_process_plugin_modules(plugins)
         device_cls = plugins.registry("devices").load(device_name)
         self.env = worker_env(device_cls.worker_env("rollout"))
-        if span < 1 or placement.world_size % span:
-            raise ValueError(f"{placement.world_size} bundles do not divide into spans of {span}")
-        self.spans = [
-            list(range(first, first + span)) for first in range(0, placement.world_size, span)
-        ]
+        self.spans = engine_spans(placement.world_size, span)
         self.envs = [self.env] * len(self.spans)
         if span > 1:
             self.envs = [
@@ -614,6 +610,13 @@ class RayEngineGroup(EngineGroup):
         self.workers = []
         if self.owns_placement:
             self.placement.close()
+
+
+def engine_spans(bundles: int, span: int) -> list[list[int]]:
+    """The bundles of each engine when each spans ``span`` consecutive ones of ``bundles``."""
+    if span < 1 or bundles % span:
+        raise ValueError(f"{bundles} bundles do not divide into engines of {span}")
+    return [list(range(first, first + span)) for first in range(0, bundles, span)]
 
 
 def _span_devices(

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from plugrl.cluster.engines import RayEngineGroup, make_engine_group, span_env
+from plugrl.cluster.engines import RayEngineGroup, engine_spans, make_engine_group, span_env
 from plugrl.cluster.groups import make_placement
 from plugrl.errors import PluginError
 from plugrl.plugins import PluginManager
@@ -91,23 +91,12 @@ def test_two_engines_of_two_devices_sit_on_the_four_trainer_devices(gpu_ray, plu
         placement.close()
 
 
-def test_one_engine_spans_the_whole_trainer(gpu_ray, plugins, tmp_path):
-    trace = tmp_path / "trace.jsonl"
-    run = recipe(plugins, trace, tp=2, ranks=2)
-    placement = make_placement(run, ["actor", "rollout"], device_name="fakegpu", plugins=plugins)
-    assert placement is not None
-    try:
-        engines = make_engine_group(
-            run, device_name="fakegpu", plugins=plugins, trainer_placement=placement
-        )
-        try:
-            assert engines.num_engines == 1 and engines.spans == [[0, 1]]
-            (start,) = started(trace).values()
-            assert len(start["visible"].split(",")) == 2
-        finally:
-            engines.close()
-    finally:
-        placement.close()
+def test_engines_take_consecutive_bundles():
+    assert engine_spans(4, 2) == [[0, 1], [2, 3]]
+    assert engine_spans(3, 1) == [[0], [1], [2]]
+    with pytest.raises(ValueError) as info:
+        engine_spans(6, 4)
+    assert str(info.value) == "6 bundles do not divide into engines of 4"
 
 
 def test_an_engine_that_sees_several_devices_keeps_ray_from_narrowing_them():
