@@ -196,12 +196,31 @@ def test_engines_of_their_own_must_divide_into_tensor_parallel_groups():
     build(*overrides, "rollout.nnodes=3", "rollout.n_gpus_per_node=2")
 
 
-def test_colocated_engines_on_ray_span_one_device():
-    assert error_of("cluster=ray", "rollout.tensor_model_parallel_size=2") == (
-        "rollout.tensor_model_parallel_size: engines that span several devices cannot yet "
-        "share the trainer's devices on Ray; set rollout.colocate=false (engines on devices of "
-        "their own) or rollout.tensor_model_parallel_size=1"
+def test_colocated_engines_on_ray_span_consecutive_trainer_devices():
+    tp2 = ("cluster=ray", "rollout.tensor_model_parallel_size=2")
+    build(*tp2, "trainer.n_gpus_per_node=2")
+    build(*tp2, "trainer.n_gpus_per_node=4")
+    build(*tp2, "trainer.nnodes=2", "trainer.n_gpus_per_node=2")
+    assert error_of(*tp2) == (
+        "rollout.tensor_model_parallel_size: 2 devices per engine is more than the trainer's 1 "
+        "(trainer.nnodes x trainer.n_gpus_per_node), whose devices colocated engines share; use "
+        "at most 1, or set rollout.colocate=false to give the engines devices of their own"
     )
+    batches = ("data.train_batch_size=12", "actor.ppo_mini_batch_size=6")
+    assert error_of(*tp2, *batches, "trainer.n_gpus_per_node=3") == (
+        "rollout.tensor_model_parallel_size: engines of 2 devices do not divide the trainer's 3 "
+        "devices per node (trainer.n_gpus_per_node), so an engine sharing them would span two "
+        "nodes; use a divisor of it, or set rollout.colocate=false"
+    )
+    # three nodes of two: six devices divide into engines of two, but an engine of four
+    # would sit on two nodes
+    assert error_of(
+        "cluster=ray",
+        "rollout.tensor_model_parallel_size=4",
+        "trainer.nnodes=3",
+        "trainer.n_gpus_per_node=2",
+        *batches,
+    ).startswith("rollout.tensor_model_parallel_size: engines of 4 devices do not divide")
 
 
 def test_devices_of_their_own_are_unused_by_colocated_engines(caplog):

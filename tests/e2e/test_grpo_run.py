@@ -281,7 +281,16 @@ def _validation_lines(stderr):
     return [line for line in stderr.splitlines() if VALIDATION_LINE.search(line)]
 
 
-def test_two_ray_ranks_train_like_one_local_rank(reference_run, tiny_task, tmp_path):
+@pytest.mark.parametrize(
+    "engines",
+    [
+        (),
+        # one engine over the devices of both ranks, as verl's hybrid engine of TP 2
+        ("rollout.tensor_model_parallel_size=2",),
+    ],
+    ids=["an-engine-per-rank", "one-engine-over-both"],
+)
+def test_two_ray_ranks_train_like_one_local_rank(reference_run, tiny_task, tmp_path, engines):
     import torch
 
     recipe = reference_recipe(tiny_task, tmp_path)
@@ -293,6 +302,7 @@ def test_two_ray_ranks_train_like_one_local_rank(reference_run, tiny_task, tmp_p
             "cluster.mode=ray",
             "trainer.n_gpus_per_node=2",
             "cluster.num_cpus=2",
+            *engines,
         )
     )
     # the engines are Ray actors on the trainer's devices: weights reach them through the

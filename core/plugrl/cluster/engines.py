@@ -12,6 +12,16 @@
   rollout.n_gpus_per_node``, ``tensor_model_parallel_size`` devices per engine) or on the
   trainer's devices (``rollout.colocate``).
 
+Colocated engines of ``tensor_model_parallel_size = tp`` devices follow verl's hybrid engine
+layout: the trainer's ``W`` ranks sit on ``W`` bundles of one device each, and engine ``e`` of
+the ``W / tp`` engines spans the devices of trainer ranks ``e*tp .. (e+1)*tp - 1``. Each engine
+is one actor, on the first bundle of its span, that sees the devices of the whole span (the
+device's ``visible_devices_env`` set to them, Ray told not to narrow it): the engine then starts
+its tensor-parallel workers on those devices itself, as vLLM and SGLang do for an engine of
+several devices, and takes the full weights, which it shards. The span's other bundles keep
+their engine share unused. The engines sleep while the trainer trains and wake to generate,
+as colocated engines of one device do.
+
 Every group method may be called from any thread except the group's own loop thread; the
 ``async`` ones from any other event loop.
 """
@@ -504,7 +514,11 @@ class LocalEngineGroup(EngineGroup):
 
 
 class RayEngineGroup(EngineGroup):
-    """``num_engines`` engine actors placed by ``placement`` (one engine per bundle)."""
+    """Engine actors placed by ``placement``: one engine per bundle, or with ``span`` > 1 one
+    engine per ``span`` consecutive bundles of one device each (colocated engines of several
+    devices; see the module's docstring), on the first of them and seeing all their devices.
+
+    ``spans`` lists the bundles of each engine."""
 
     def __init__(
         self,
@@ -515,6 +529,7 @@ class RayEngineGroup(EngineGroup):
         placement: RayPlacement,
         role: str = "rollout",
         owns_placement: bool = False,
+        span: int = 1,
     ) -> None:
         from plugrl.cluster.ray_group import (
             ensure_ray,
@@ -531,9 +546,16 @@ class RayEngineGroup(EngineGroup):
         self.plugin_modules = in_process_plugin_modules(plugins)
         device_cls = plugins.registry("devices").load(device_name)
         self.env = worker_env(device_cls.worker_env("rollout"))
+        self.spans = engine_spans(placement.world_size, span)
+        self.envs = [self.env] * len(self.spans)
+        if span > 1:
+            self.envs = [
+                span_env(self.env, device_cls.visible_devices_env, where)
+                for where in _span_devices(placement, role, self.spans)
+            ]
         # wrapped here, not decorated in its module (Ray pickles the class it is given)
         self.remote_worker = self.ray.remote(EngineWorker)
-        super().__init__(recipe, placement.world_size, [])
+        super().__init__(recipe, len(self.spans), [])
         self.workers: list[Any] = [None] * self.num_engines
         try:
             infos = self._blocking(self._start_all())
@@ -549,8 +571,8 @@ class RayEngineGroup(EngineGroup):
 
     async def _start_worker(self, index: int) -> dict[str, Any]:
         worker = self.remote_worker.options(
-            **self.placement.actor_options(self.role, index),
-            runtime_env={"env_vars": self.env},
+            **self.placement.actor_options(self.role, self.spans[index][0]),
+            runtime_env={"env_vars": self.envs[index]},
             max_concurrency=max(1000, 4 * self.recipe.rollout.max_num_seqs),
         ).remote(self.recipe, self.device_name, index, self.plugin_modules)
         self.workers[index] = worker
@@ -590,6 +612,48 @@ class RayEngineGroup(EngineGroup):
             self.placement.close()
 
 
+def engine_spans(bundles: int, span: int) -> list[list[int]]:
+    """The bundles of each engine when each spans ``span`` consecutive ones of ``bundles``."""
+    if span < 1 or bundles % span:
+        raise ValueError(f"{bundles} bundles do not divide into engines of {span}")
+    return [list(range(first, first + span)) for first in range(0, bundles, span)]
+
+
+def _span_devices(
+    placement: RayPlacement, role: str, spans: Sequence[Sequence[int]]
+) -> list[list[str]]:
+    """The device ids of each span's bundles; a one-line error when a span is not on one
+    node (one engine process cannot use another machine's devices)."""
+    bundles = [b for span in spans for b in span]
+    where = dict(zip(bundles, placement.bundle_devices(role, bundles), strict=True))
+    found = []
+    for span in spans:
+        nodes = {where[b][0] for b in span}
+        if len(nodes) > 1:
+            raise PluginError(
+                f"the trainer's bundles {span[0]}..{span[-1]}, which one colocated engine "
+                f"shares, are on {len(nodes)} Ray nodes; give trainer.n_gpus_per_node devices "
+                "of every node to the run, or set rollout.colocate=false"
+            )
+        found.append([device for b in span for device in where[b][1]])
+    return found
+
+
+def span_env(
+    env: dict[str, str], visible_env: str | None, devices: Sequence[str]
+) -> dict[str, str]:
+    """The environment of an engine that sees ``devices`` (ids of one node's devices): ``env``
+    with the device's ``visible_devices_env`` set to them, and Ray's variable that stops it
+    narrowing that to the actor's own share. Unchanged where there are no ids (CPU)."""
+    if not visible_env or not devices:
+        return env
+    return {
+        **env,
+        visible_env: ",".join(devices),
+        f"RAY_EXPERIMENTAL_NOSET_{visible_env}": "1",
+    }
+
+
 # --------------------------------------------------------------------------------------------
 # Making the group a recipe asks for
 # --------------------------------------------------------------------------------------------
@@ -611,8 +675,9 @@ def make_engine_group(
     model_from_trainer: bool = False,
 ) -> EngineGroup:
     """The engines the recipe asks for: in this process for ``cluster: local``; on Ray, on
-    the trainer's devices (``trainer_placement``, one engine per device) when
-    ``rollout.colocate`` is true, else on a placement of their own."""
+    the trainer's devices (``trainer_placement``, one engine per
+    ``rollout.tensor_model_parallel_size`` devices) when ``rollout.colocate`` is true, else on
+    a placement of their own."""
     if recipe.cluster.mode != "ray":
         return LocalEngineGroup(
             recipe,
@@ -626,9 +691,14 @@ def make_engine_group(
     if rollout.colocate:
         if trainer_placement is None:
             raise ValueError("colocated engines on Ray need the trainer's placement")
-        # one engine per trainer device: the recipe check refuses engines spanning several
+        # engine e on the devices of trainer ranks e*tp .. (e+1)*tp - 1 (the recipe check
+        # makes tp divide the trainer's devices of a node)
         return RayEngineGroup(
-            recipe, device_name=device_name, plugins=plugins, placement=trainer_placement
+            recipe,
+            device_name=device_name,
+            plugins=plugins,
+            placement=trainer_placement,
+            span=rollout.tensor_model_parallel_size,
         )
     device_cls = plugins.registry("devices").load(device_name)
     tp = rollout.tensor_model_parallel_size

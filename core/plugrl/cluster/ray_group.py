@@ -279,6 +279,23 @@ class RayPlacement:
             options["resources"] = {self.resource: devices}
         return options
 
+    def bundle_devices(self, role: str, bundles: Sequence[int]) -> list[tuple[str, list[str]]]:
+        """Where each of ``bundles`` is: its Ray node id and the ids of the devices of its
+        resource (as ``CUDA_VISIBLE_DEVICES`` names them; none on CPU). Asked by a short task
+        on ``role``'s share of each bundle, so call it before ``role``'s actors take it."""
+        resource = self.resource  # the task must not carry the placement with it
+
+        def where() -> tuple[str, list[str]]:
+            import ray
+
+            context = ray.get_runtime_context()
+            ids = context.get_accelerator_ids().get(resource, []) if resource else []
+            return context.get_node_id(), [str(i) for i in ids]
+
+        probe = self.ray.remote(where)
+        refs = [probe.options(**self.actor_options(role, b)).remote() for b in bundles]
+        return self.ray.get(refs)
+
     def close(self) -> None:
         """Give the bundles back (after the roles' actors are gone)."""
         if self.placement_group is not None:

@@ -189,17 +189,33 @@ def _check_engines(recipe: Recipe) -> None:
                 "set rollout.colocate=false to give the engines devices of their own",
             )
         if recipe.cluster.mode == "ray" and tp != 1:
-            raise RecipeError(
-                "engines that span several devices cannot yet share the trainer's devices on "
-                "Ray; set rollout.colocate=false (engines on devices of their own) or "
-                "rollout.tensor_model_parallel_size=1",
-                key="rollout.tensor_model_parallel_size",
-            )
+            _check_colocated_span(recipe, tp)
     elif recipe.cluster.mode == "ray" and engine_devices % tp:
         raise RecipeError(
             f"rollout.nnodes x rollout.n_gpus_per_node = {engine_devices} devices do not "
             f"divide into engines of rollout.tensor_model_parallel_size={tp}",
             key="rollout.n_gpus_per_node",
+        )
+
+
+def _check_colocated_span(recipe: Recipe, tp: int) -> None:
+    """Colocated engines of ``tp`` devices each take the devices of ``tp`` consecutive trainer
+    ranks, all on one node."""
+    trainer = recipe.trainer
+    world = trainer.nnodes * trainer.n_gpus_per_node
+    if world < tp:
+        raise RecipeError(
+            f"{tp} devices per engine is more than the trainer's {world} (trainer.nnodes x "
+            "trainer.n_gpus_per_node), whose devices colocated engines share; use at most "
+            f"{world}, or set rollout.colocate=false to give the engines devices of their own",
+            key="rollout.tensor_model_parallel_size",
+        )
+    if trainer.n_gpus_per_node % tp:
+        raise RecipeError(
+            f"engines of {tp} devices do not divide the trainer's {trainer.n_gpus_per_node} "
+            "devices per node (trainer.n_gpus_per_node), so an engine sharing them would span "
+            "two nodes; use a divisor of it, or set rollout.colocate=false",
+            key="rollout.tensor_model_parallel_size",
         )
 
 

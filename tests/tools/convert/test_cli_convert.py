@@ -145,18 +145,18 @@ def test_a_recipe_that_does_not_validate_is_written_and_the_key_named(tmp_path):
     script = write_script(
         tmp_path,
         "trainer.n_gpus_per_node=2",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=4",
     )
     result = plugrl("convert", "verl", script, "-o", "out.yaml", cwd=tmp_path)
     assert result.returncode == 1
     assert result.stderr.splitlines()[-1] == (
         "Error: the converted recipe does not validate: rollout.tensor_model_parallel_size: "
-        "engines that span several devices cannot yet share the trainer's devices on Ray; set "
-        "rollout.colocate=false (engines on devices of their own) or "
-        "rollout.tensor_model_parallel_size=1"
+        "4 devices per engine is more than the trainer's 2 (trainer.nnodes x "
+        "trainer.n_gpus_per_node), whose devices colocated engines share; use at most 2, or "
+        "set rollout.colocate=false to give the engines devices of their own"
     )
     assert yaml.safe_load((tmp_path / "out.yaml").read_text())["rollout"] == {
-        "tensor_model_parallel_size": 2
+        "tensor_model_parallel_size": 4
     }
 
 

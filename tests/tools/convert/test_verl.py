@@ -697,12 +697,12 @@ def test_two_verl_commands():
 def test_a_recipe_that_does_not_validate_names_the_key(plugrl_plugin_manager):
     conversion = convert(
         "trainer.n_gpus_per_node=2",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=4",
     )
     assert validate(conversion.recipe, get_plugin_manager()).error == (
-        "rollout.tensor_model_parallel_size: engines that span several devices cannot yet share "
-        "the trainer's devices on Ray; set rollout.colocate=false (engines on devices of their "
-        "own) or rollout.tensor_model_parallel_size=1"
+        "rollout.tensor_model_parallel_size: 4 devices per engine is more than the trainer's 2 "
+        "(trainer.nnodes x trainer.n_gpus_per_node), whose devices colocated engines share; "
+        "use at most 2, or set rollout.colocate=false to give the engines devices of their own"
     )
 
 

@@ -37,8 +37,8 @@ INHERITED = {"HOME": "/home/user", "USER": "user", "PWD": "/home/user/verl"}
 # measured on this corpus; raise them as the converter and plugrl learn more
 WRITTEN = 362
 CLEAN = 81
-VALIDATE = 107
-VALIDATE_WITH_FEATURES = 340
+VALIDATE = 316
+VALIDATE_WITH_FEATURES = 346
 
 
 def _whole_sequences(recipe: dict) -> None:
@@ -53,10 +53,15 @@ def _default_micro_batches(recipe: dict) -> None:
             recipe.get(section, {}).pop(key, None)
 
 
+def _engines_of_one_node(recipe: dict) -> None:
+    devices = recipe.get("trainer", {}).get("n_gpus_per_node", 1)
+    recipe["rollout"]["tensor_model_parallel_size"] = devices
+
+
 FEATURE_ERRORS = {
-    "rollout.tensor_model_parallel_size: engines that span several devices": (
-        "colocated multi-device engines",
-        lambda recipe: recipe["rollout"].update(tensor_model_parallel_size=1),
+    "rollout.tensor_model_parallel_size: engines of ": (
+        "colocated engines spanning several nodes",
+        _engines_of_one_node,
         None,
     ),
     "actor.ppo_max_token_len_per_gpu: ": (

@@ -162,5 +162,10 @@ def engine_args(config: VLLMRolloutConfig, recipe: Recipe, device_name: str) -> 
     }
     if model.override_config:
         args["hf_overrides"] = dict(model.override_config)
+    if config.tensor_model_parallel_size > 1 and config.colocate and recipe.cluster.mode == "ray":
+        # the engine's actor sees the devices of its trainer ranks (plugrl.cluster.engines);
+        # inside a Ray placement group vLLM would otherwise ask Ray for devices of its own,
+        # which the trainer's ranks hold
+        args["distributed_executor_backend"] = "mp"
     args.update(config.engine_kwargs)
     return args

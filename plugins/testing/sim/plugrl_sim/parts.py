@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import math
+import os
 import random
 import time
 from collections import deque
@@ -40,6 +42,12 @@ _RESUME_FIX = (
     "resume from an earlier global_step_N folder or start fresh with trainer.resume_mode=disable"
 )
 _MAX_CATCH_UP_S = 0.01
+
+
+def _visible_devices(context: PartContext) -> str | None:
+    """What the device's ``visible_devices_env`` says in this process (``None`` on CPU)."""
+    name = getattr(type(context.device), "visible_devices_env", None) if context.device else None
+    return os.environ.get(name) if name else None
 
 
 def sim_weights(seed: int) -> dict[str, torch.Tensor]:
@@ -94,6 +102,12 @@ class SimEngineConfig(RolloutConfig):
     )
     sim_weight_load_ms: float = option(
         5.0, "Milliseconds finish_weight_update takes to load a version.", validator=non_negative
+    )
+    sim_trace_file: str | None = option(
+        None,
+        "File to which every engine appends one JSON line per call that changes its phase "
+        "(start, sleep, wake_up, begin/finish_weight_update, generate) with its process id, "
+        "weight version and what is asleep: the order of the phases across engine processes.",
     )
 
 
@@ -156,6 +170,22 @@ class SimEngine(RolloutEngine):
         self._update: tuple[int, dict[str, WeightMeta], dict[str, torch.Tensor]] | None = None
         self.tokens_generated = 0
         """Tokens sampled so far (aborted samples' included)."""
+        self._trace("start", devices=devices, visible=_visible_devices(context))
+
+    def _trace(self, event: str, **fields: Any) -> None:
+        path = self.config.sim_trace_file
+        if path is None:
+            return
+        line = {
+            "event": event,
+            "pid": os.getpid(),
+            "version": self.weight_version,
+            "asleep": sorted(self._asleep),
+            **fields,
+        }
+        # one write of one line: lines of several engine processes do not interleave
+        with open(path, "a", encoding="utf-8") as file:
+            file.write(json.dumps(line) + "\n")
 
     # ------------------------------------------------------------------------------ requests
 
@@ -167,6 +197,7 @@ class SimEngine(RolloutEngine):
                 f"the prompt of request {request.request_id!r} is empty; every prompt needs at "
                 "least one token"
             )
+        self._trace("generate")
         loop = asyncio.get_running_loop()
         seed = params.seed if params.seed is not None else self._seeds.getrandbits(62)
         state = _Request(request, loop.create_future(), seed, [None] * params.n, params.n)
@@ -242,6 +273,7 @@ class SimEngine(RolloutEngine):
                 "with each version"
             )
         # no step runs from here to finish_weight_update: no token of a mix of versions
+        self._trace("begin_weight_update", to=version)
         self._update = (version, announced, {})
         await self._quiesce()
 
@@ -271,6 +303,7 @@ class SimEngine(RolloutEngine):
         self.weights.update(received)
         self.weight_version = version
         self._no_weights = False
+        self._trace("finish_weight_update")
         self._kick()
 
     # ----------------------------------------------------------------------------- lifecycle
@@ -280,9 +313,11 @@ class SimEngine(RolloutEngine):
         await self._quiesce()
         if level >= 2:
             self._no_weights = True  # dropped: a weight update must come before generating
+        self._trace("sleep", level=level)
 
     async def wake_up(self, tags: Sequence[str] | None = None) -> None:
         self._asleep -= set(tags) if tags is not None else {"weights", "kv_cache"}
+        self._trace("wake_up")
         self._kick()
 
     def close(self) -> None:

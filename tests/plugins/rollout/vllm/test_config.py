@@ -60,6 +60,24 @@ def test_engine_arguments_come_from_the_recipe(recipe_with):
     assert args["block_size"] == 32
 
 
+def test_colocated_engines_of_several_devices_on_ray_start_their_own_workers(plugrl_recipe):
+    recipe = plugrl_recipe(
+        {
+            "model": {"path": "/models/tiny"},
+            "cluster": {"mode": "ray"},
+            "trainer": {"n_gpus_per_node": 4},
+        }
+    )
+    config = VLLMRolloutConfig(tensor_model_parallel_size=2)
+    # vLLM in a Ray placement group would ask Ray for devices the trainer's ranks hold
+    assert engine_args(config, recipe, "cuda")["distributed_executor_backend"] == "mp"
+    for other in (
+        VLLMRolloutConfig(tensor_model_parallel_size=1),
+        VLLMRolloutConfig(tensor_model_parallel_size=2, colocate=False),
+    ):
+        assert "distributed_executor_backend" not in engine_args(other, recipe, "cuda")
+
+
 def test_cpu_defaults_run_eagerly_without_sleep_mode(recipe_with):
     recipe, config = recipe_with()
     args = engine_args(config, recipe, "cpu")
