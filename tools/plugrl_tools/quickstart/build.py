@@ -21,7 +21,7 @@ logger = logging.getLogger("plugrl_tools.quickstart")
 
 # Bump when anything below changes what gets built; a cached folder of another version is
 # rebuilt.
-QUICKSTART_VERSION = "2"
+QUICKSTART_VERSION = "1"
 MANIFEST = "quickstart.json"
 # Where the quickstart keeps its model and data unless told otherwise (beside the run folders).
 DEFAULT_DIR = Path("runs") / "quickstart-assets"
