@@ -29,8 +29,9 @@ class HFRolloutConfig(RolloutConfig):
         True,
         "Compute decode steps and prompt passes of Llama, Qwen2 and Qwen3 models directly on "
         "their weights (fused projections, no module dispatch): the same logits, faster. "
-        "Other models, and models with forward hooks (FSDP, adapters), always run their own "
-        "forward. The fused copies hold the attention-input and gate/up weights a second time.",
+        "Other models, and models with forward hooks (adapters, instrumentation), run their "
+        "own forward; a trainer's FSDP module is copied first (copy_trainer_weights). The "
+        "fused copies hold the attention-input and gate/up weights a second time.",
     )
     copy_trainer_weights: bool = option(
         True,
