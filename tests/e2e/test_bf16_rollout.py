@@ -35,10 +35,8 @@ def test_rollout_is_weighs_a_bfloat16_rollout_and_float32_needs_no_weights(tiny_
     for step in (1, 2):
         # float32: the engine's log-probs are the trainer's, every weight is 1
         assert fp32[step][IS_MEAN] == pytest.approx(1.0, abs=1e-4)
-        assert fp32[step]["rollout_corr/rollout_is_max"] == pytest.approx(1.0, abs=1e-4)
-        # bfloat16: near 1, not 1; the update still runs on them
-        weights = bf16[step]
-        assert weights[IS_MEAN] == pytest.approx(1.0, abs=0.1)
-        spread = weights["rollout_corr/rollout_is_max"] - weights["rollout_corr/rollout_is_min"]
-        assert spread > 1e-3
-        assert math.isfinite(weights["actor/pg_loss"])
+        # bfloat16: near 1, not 1 (the logged figure is the mean weight); the update runs on
+        bf16_mean = bf16[step][IS_MEAN]
+        assert bf16_mean == pytest.approx(1.0, abs=0.1)
+        assert abs(bf16_mean - 1.0) > 1e-4, bf16_mean
+        assert math.isfinite(bf16[step]["actor/pg_loss"])
