@@ -22,7 +22,7 @@ rest: sampling and bookkeeping; the fastest of three) and lists the engine's cos
 operations.
 
     python bench/bench_hf_rollout.py [--prompts 64] [--max-tokens 32] [--repeats 10]
-        [--threads N] [--dtype both|float32|bfloat16] [--profile]
+        [--threads N] [--dtype both|float32|bfloat16] [--model-dir DIR] [--profile]
 """
 
 from __future__ import annotations
@@ -162,6 +162,12 @@ def top_operations(run: Callable[[], int], count: int = 8) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quickstart-dir", default=str(DEFAULT_DIR))
+    parser.add_argument(
+        "--model-dir",
+        default=None,
+        help="a Hugging Face model folder to run instead of the quickstart's (with seeded "
+        "random 21-token prompts)",
+    )
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=10)
@@ -185,19 +191,31 @@ def main() -> None:
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    paths = prepare_quickstart(Path(args.quickstart_dir))
-    tokenizer = AutoTokenizer.from_pretrained(paths.model_path)
-    model = AutoModelForCausalLM.from_pretrained(paths.model_path, dtype=torch.float32).eval()
-    data = DataConfig(val_files=[str(paths.val_file)], max_prompt_length=64)
-    dataset = PromptDataset.validation(data, tokenizer)
-    assert dataset is not None
-    all_prompts = [list(record.prompt_ids) for record in dataset.records]
+    if args.model_dir:
+        model_path = Path(args.model_dir)
+    else:
+        paths = prepare_quickstart(Path(args.quickstart_dir))
+        model_path = paths.model_path
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    if args.model_dir:
+        # no task data: seeded random prompts of the quickstart prompts' length
+        generator = torch.Generator().manual_seed(0)
+        all_prompts = [
+            torch.randint(3, len(tokenizer) - 1, (21,), generator=generator).tolist()
+            for _ in range(args.prompts)
+        ]
+    else:
+        data = DataConfig(val_files=[str(paths.val_file)], max_prompt_length=64)
+        dataset = PromptDataset.validation(data, tokenizer)
+        assert dataset is not None
+        all_prompts = [list(record.prompt_ids) for record in dataset.records]
     pad = pad_token_id_of(tokenizer)
 
     def bound_engine(lean_decode: bool, dtype: str) -> HFRolloutEngine:
         config = HFRolloutConfig(colocate=True, lean_decode=lean_decode, dtype=dtype)
         recipe = Recipe(
-            model=ModelConfig(path=str(paths.model_path), dtype="float32"),
+            model=ModelConfig(path=str(model_path), dtype="float32"),
             rollout=config,
             trainer=TrainerConfig(seed=0),
         )
@@ -211,7 +229,8 @@ def main() -> None:
     dtypes = ["float32", "bfloat16"] if args.dtype == "both" else [args.dtype]
 
     print(
-        f"quickstart model ({sum(p.numel() for p in model.parameters()):,} params), "
+        f"{'the model of ' + str(model_path) if args.model_dir else 'quickstart model'} "
+        f"({sum(p.numel() for p in model.parameters()):,} params), "
         f"cpu, {torch.get_num_threads()} threads, temperature 1, max {args.max_tokens} new "
         f"tokens, {args.repeats} alternating repeats"
     )
