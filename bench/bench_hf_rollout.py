@@ -1,15 +1,18 @@
 """The ``hf`` rollout engine against ``model.generate`` on the same prompts and model.
 
 Uses the quickstart's warm-started model (built, or reused, under ``--quickstart-dir``) and its
-validation prompts. The engine is colocated (``bind_model``): it generates with the very module
-``generate`` uses. Each case samples at temperature 1 with the same stop tokens and token
-limit, alternating the engine and ``model.generate`` ``--repeats`` times after a warm-up, and
-prints side by side the best time per call, the response tokens per second (tokens up to and
-including the stop token; ``generate``'s padding after it is not counted), the ratio of the
-best rates, the median of the per-repeat ratios (each repeat runs both sides back to back, so
-a burst of load from other processes hits both) and the ratio of the best rates per CPU second
-of this process (time other processes take from it does not count; with one thread it is what
-the wall-clock ratio is on an idle machine).
+validation prompts. The engine is colocated (``bind_model``) with the float32 module a trainer
+would hold: in float32 it generates with that very module, the one ``generate`` uses; with
+``rollout.dtype: bfloat16`` it generates from its own bfloat16 copy of it (as a colocated
+engine does), against ``generate`` on a bfloat16 copy. ``--dtype`` picks float32, bfloat16 or
+both (the default; their rows side by side). Each case samples at temperature 1 with the same
+stop tokens and token limit, alternating the engine and ``model.generate`` ``--repeats`` times
+after a warm-up, and prints side by side the best time per call, the response tokens per second
+(tokens up to and including the stop token; ``generate``'s padding after it is not counted),
+the ratio of the best rates, the median of the per-repeat ratios (each repeat runs both sides
+back to back, so a burst of load from other processes hits both) and the ratio of the best
+rates per CPU second of this process (time other processes take from it does not count; with
+one thread it is what the wall-clock ratio is on an idle machine).
 
 Cases: 64 prompts x 1 sample, and 8 prompts x 8 samples (GRPO-like groups; ``generate`` gets
 ``num_return_sequences``).
@@ -19,13 +22,15 @@ rest: sampling and bookkeeping; the fastest of three) and lists the engine's cos
 operations.
 
     python bench/bench_hf_rollout.py [--prompts 64] [--max-tokens 32] [--repeats 10]
-        [--threads N] [--profile]
+        [--threads N] [--dtype both|float32|bfloat16] [--model-dir DIR] [--profile]
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import functools
+import itertools
 import statistics
 import time
 from collections.abc import Callable
@@ -157,11 +162,23 @@ def top_operations(run: Callable[[], int], count: int = 8) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quickstart-dir", default=str(DEFAULT_DIR))
+    parser.add_argument(
+        "--model-dir",
+        default=None,
+        help="a Hugging Face model folder to run instead of the quickstart's (with seeded "
+        "random 21-token prompts)",
+    )
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     parser.add_argument("--profile", action="store_true", help="time phases, list top ops")
+    parser.add_argument(
+        "--dtype",
+        choices=["both", "float32", "bfloat16"],
+        default="both",
+        help="rollout.dtype of the engine and the dtype of generate's model",
+    )
     parser.add_argument(
         "--module-forward",
         action="store_true",
@@ -174,19 +191,31 @@ def main() -> None:
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    paths = prepare_quickstart(Path(args.quickstart_dir))
-    tokenizer = AutoTokenizer.from_pretrained(paths.model_path)
-    model = AutoModelForCausalLM.from_pretrained(paths.model_path, dtype=torch.float32).eval()
-    data = DataConfig(val_files=[str(paths.val_file)], max_prompt_length=64)
-    dataset = PromptDataset.validation(data, tokenizer)
-    assert dataset is not None
-    all_prompts = [list(record.prompt_ids) for record in dataset.records]
+    if args.model_dir:
+        model_path = Path(args.model_dir)
+    else:
+        paths = prepare_quickstart(Path(args.quickstart_dir))
+        model_path = paths.model_path
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    if args.model_dir:
+        # no task data: seeded random prompts of the quickstart prompts' length
+        generator = torch.Generator().manual_seed(0)
+        all_prompts = [
+            torch.randint(3, len(tokenizer) - 1, (21,), generator=generator).tolist()
+            for _ in range(args.prompts)
+        ]
+    else:
+        data = DataConfig(val_files=[str(paths.val_file)], max_prompt_length=64)
+        dataset = PromptDataset.validation(data, tokenizer)
+        assert dataset is not None
+        all_prompts = [list(record.prompt_ids) for record in dataset.records]
     pad = pad_token_id_of(tokenizer)
 
-    def bound_engine(lean_decode: bool) -> HFRolloutEngine:
-        config = HFRolloutConfig(colocate=True, lean_decode=lean_decode)
+    def bound_engine(lean_decode: bool, dtype: str) -> HFRolloutEngine:
+        config = HFRolloutConfig(colocate=True, lean_decode=lean_decode, dtype=dtype)
         recipe = Recipe(
-            model=ModelConfig(path=str(paths.model_path), dtype="float32"),
+            model=ModelConfig(path=str(model_path), dtype="float32"),
             rollout=config,
             trainer=TrainerConfig(seed=0),
         )
@@ -196,31 +225,34 @@ def main() -> None:
         engine.bind_model(model, version=0)
         return engine
 
-    engines = {"engine": bound_engine(lean_decode=True)}
-    if args.module_forward:
-        engines["module fwd"] = bound_engine(lean_decode=False)
     stop = sorted(default_stop_token_ids(model, tokenizer))
+    dtypes = ["float32", "bfloat16"] if args.dtype == "both" else [args.dtype]
 
     print(
-        f"quickstart model ({sum(p.numel() for p in model.parameters()):,} params, float32), "
+        f"{'the model of ' + str(model_path) if args.model_dir else 'quickstart model'} "
+        f"({sum(p.numel() for p in model.parameters()):,} params), "
         f"cpu, {torch.get_num_threads()} threads, temperature 1, max {args.max_tokens} new "
         f"tokens, {args.repeats} alternating repeats"
     )
     print(
-        f"{'case':<16}{'side':<12}{'side s':>8}{'generate s':>12}{'side tok/s':>12}"
+        f"{'case':<16}{'dtype':<10}{'side':<12}{'side s':>8}{'generate s':>12}{'side tok/s':>12}"
         f"{'generate tok/s':>16}{'best ratio':>12}{'median paired':>15}{'cpu ratio':>11}"
     )
     cases = ((args.prompts, 1), (max(1, args.prompts // 8), 8))
     profiles = []
-    for num_prompts, n in cases:
+    for (num_prompts, n), dtype in itertools.product(cases, dtypes):
+        engines = {"engine": bound_engine(lean_decode=True, dtype=dtype)}
+        if args.module_forward:
+            engines["module fwd"] = bound_engine(lean_decode=False, dtype=dtype)
+        reference = model if dtype == "float32" else copy.deepcopy(model).to(torch.bfloat16)
         prompts = all_prompts[:num_prompts]
         params = SamplingParams(n=n, temperature=1.0, max_tokens=args.max_tokens)
 
         def run_engine(engine: HFRolloutEngine, prompts=prompts, params=params) -> int:
             return sum(len(c.token_ids) for c in engine.generate(prompts, params))
 
-        def run_generate(prompts=prompts, n=n) -> int:
-            return generate_tokens(model, prompts, n, args.max_tokens, pad, stop)
+        def run_generate(prompts=prompts, n=n, reference=reference) -> int:
+            return generate_tokens(reference, prompts, n, args.max_tokens, pad, stop)
 
         runs: dict[str, Callable[[], int]] = {
             name: functools.partial(run_engine, engine) for name, engine in engines.items()
@@ -238,22 +270,22 @@ def main() -> None:
             )
             cpu_ratio = max(cpu_rates[name]) / max(cpu_rates["generate"])
             print(
-                f"{f'{num_prompts} prompts x {n}':<16}{name:<12}{best[name][0]:>8.3f}"
+                f"{f'{num_prompts} prompts x {n}':<16}{dtype:<10}{name:<12}{best[name][0]:>8.3f}"
                 f"{best['generate'][0]:>12.3f}{best_rate[name]:>12.0f}"
                 f"{best_rate['generate']:>16.0f}"
                 f"{best_rate[name] / best_rate['generate']:>11.2f}x{paired:>14.2f}x"
                 f"{cpu_ratio:>10.2f}x"
             )
         if args.profile:
-            profiles.append((f"{num_prompts} prompts x {n}", runs))
+            profiles.append((f"{num_prompts} prompts x {n}, {dtype}", runs, engines, reference))
 
-    for case, runs in profiles:
+    for case, runs, engines, reference in profiles:
         print(f"\n{case}: seconds by phase (the fastest of three calls of each side)")
         for name, run in runs.items():
             timer = engines.get(name)
             spent = min(
                 (
-                    engine_phases(timer, run) if timer is not None else phases(model, run)
+                    engine_phases(timer, run) if timer is not None else phases(reference, run)
                     for _ in range(3)
                 ),
                 key=lambda p: p["total"],

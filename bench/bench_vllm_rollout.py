@@ -4,16 +4,16 @@ Run it where plugrl-vllm and vLLM are installed (``plugins/rollout/vllm/test-env
 ``.venv-vllm``)::
 
     .venv-vllm/bin/python bench/bench_vllm_rollout.py [--prompts 64] [--max-tokens 32]
-        [--repeats 5] [--dtype float32] [--threads N]
+        [--repeats 5] [--dtype float32|bfloat16] [--threads N]
 
 Uses the quickstart's warm-started model (built, or reused, under ``--quickstart-dir``) and its
-validation prompts. Both engines hold their own copy of the model and sample at temperature 1
-with their default stop tokens. Each case alternates the two engines ``--repeats`` times after
-a warm-up and prints the best time per call, response tokens per second, the ratio of the best
-rates, and the median of the per-repeat ratios (each repeat runs both back to back, so a burst
-of load from other processes hits both). vLLM sets torch's thread count when it starts; the
-script sets it again (``--threads``, default: what vLLM chose) so both engines run with the
-same number.
+validation prompts. Both engines hold their own copy of the model, in ``--dtype`` (their
+``rollout.dtype``), and sample at temperature 1 with their default stop tokens. Each case
+alternates the two engines ``--repeats`` times after a warm-up and prints the best time per
+call, response tokens per second, the ratio of the best rates, and the median of the per-repeat
+ratios (each repeat runs both back to back, so a burst of load from other processes hits both).
+vLLM sets torch's thread count when it starts; the script sets it again (``--threads``,
+default: what vLLM chose) so both engines run with the same number.
 
 Cases: ``--prompts`` prompts x 1 sample, and 8 prompts x 8 samples (GRPO-like groups).
 """
@@ -91,12 +91,12 @@ def main(argv: list[str] | None = None) -> None:
     loop = asyncio.new_event_loop()
 
     async def build() -> tuple[Any, Any]:
-        hf_config = HFRolloutConfig(colocate=False)
+        hf_config = HFRolloutConfig(colocate=False, dtype=args.dtype)
         hf = HFRolloutEngine(
             hf_config,
             PartContext(recipe=Recipe(model=model, data=data, trainer=trainer), **context),
         )
-        vllm_config = VLLMRolloutConfig(colocate=False)
+        vllm_config = VLLMRolloutConfig(colocate=False, dtype=args.dtype)
         vllm = VLLMRolloutEngine(
             vllm_config,
             PartContext(recipe=Recipe(model=model, data=data, trainer=trainer), **context),

@@ -11,6 +11,9 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# rollout.dtype auto is float32 on every CPU the tests run on, bfloat16 units or not: the
+# tests compare engines with float32 references (those of bfloat16 set rollout.dtype)
+os.environ["PLUGRL_CPU_BFLOAT16"] = "0"
 
 
 @pytest.fixture(autouse=True, scope="module")

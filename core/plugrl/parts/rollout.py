@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     import torch
 
     from plugrl.parts.context import PartContext
+    from plugrl.parts.device import Device
 
 FinishReason = Literal["stop", "length", "aborted"]
 PauseMode = Literal["keep", "abort"]
@@ -326,6 +327,10 @@ def check_capabilities(engine_name: str, engine_cls: type, needs: Mapping[Capabi
 # --------------------------------------------------------------------------------------------
 
 
+ROLLOUT_DTYPES = ("auto", "bfloat16", "float16", "float32")
+"""The values of ``rollout.dtype``."""
+
+
 @attrs.define(kw_only=True)
 class ValKwargs:
     """``rollout.val_kwargs``: sampling for validation."""
@@ -424,6 +429,15 @@ class RolloutConfig:
         verl="actor_rollout_ref.rollout.max_num_seqs",
         validator=positive,
     )
+    dtype: str = option(
+        "auto",
+        "Dtype of the engine's weights and compute; the trainer keeps its own (model.dtype), "
+        "weights are cast as they reach the engine. auto: bfloat16 (verl's default) on "
+        "devices with fast bfloat16 (accelerators, CPUs with AMX), float32 on other CPUs; "
+        "float32 samples exactly what the trainer's float32 forward computes.",
+        verl="actor_rollout_ref.rollout.dtype",
+        choices=ROLLOUT_DTYPES,
+    )
     free_cache_engine: bool = option(
         True,
         "When engines share devices with training, put them to sleep (weights and cache "
@@ -492,6 +506,14 @@ class RolloutConfig:
     def greedy_params(self, max_tokens: int) -> SamplingParams:
         """One greedy response per prompt (ReMax's baseline)."""
         return SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens, stop=list(self.stop))
+
+    def resolved_dtype(self, device: Device | None) -> str:
+        """The dtype name the engine runs in on ``device``: ``rollout.dtype``, with ``auto``
+        bfloat16 where :meth:`Device.fast_bfloat16 <plugrl.parts.device.Device.fast_bfloat16>`
+        says so and float32 elsewhere (and without a device)."""
+        if self.dtype != "auto":
+            return self.dtype
+        return "bfloat16" if device is not None and device.fast_bfloat16() else "float32"
 
 
 # --------------------------------------------------------------------------------------------

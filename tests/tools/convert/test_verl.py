@@ -420,6 +420,12 @@ def test_values_take_the_type_of_the_plugrl_key(plugrl_plugin_manager):
     assert conversion.unmapped == []
 
 
+def test_the_rollout_dtype_is_verls_key(plugrl_plugin_manager):
+    conversion = convert("actor_rollout_ref.rollout.dtype=bfloat16")
+    assert conversion.recipe["rollout"] == {"dtype": "bfloat16"}
+    assert conversion.unmapped == []
+
+
 def test_keys_inside_a_mapping_option(plugrl_plugin_manager):
     conversion = convert(
         "+actor_rollout_ref.model.override_config.attention_dropout=0.",

@@ -1,9 +1,15 @@
 """The ``hf`` rollout engine: continuous batching over a Hugging Face causal LM's forward.
 
-In the trainer's process (``context.model_from_trainer``) it generates with the trainer's live
-module, handed over with :meth:`HFRolloutEngine.bind_model`: no copy and no weight transfer.
-Otherwise it builds its own model from ``model.path`` (dtype ``model.dtype``) and receives new
-weights in the three update phases.
+Its weights and compute are in ``rollout.dtype`` (``auto``: bfloat16 where the device says
+bfloat16 is fast, else float32), whatever the trainer's dtype: weights are cast as they arrive.
+
+In the trainer's process (``context.model_from_trainer``) the trainer's live module is handed
+over with :meth:`HFRolloutEngine.bind_model` at each weight sync. A plain module in
+``rollout.dtype`` is used as it is (no copy). A module its backend manages (FSDP: forward hooks
+and DTensor weights, which keep the lean decode path of :mod:`~plugrl_hf.lean` away) or one in
+another dtype is copied into a plain module of the engine's own, refreshed at each
+``bind_model`` (``rollout.copy_trainer_weights``). Otherwise the engine builds its own model
+from ``model.path`` and receives new weights in the three update phases.
 
 Requests join and leave the running batch at any step (:mod:`~plugrl_hf.batch`,
 :mod:`~plugrl_hf.kv`). The decode loop is an asyncio task on the loop the
@@ -18,6 +24,7 @@ seed from the engine's generator, seeded from ``trainer.seed``, so a run repeats
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 from collections import deque
 from collections.abc import Sequence
@@ -50,8 +57,14 @@ logger = logging.getLogger("plugrl.rollout.hf")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def load_model(recipe: Recipe, device: torch.device, attn_implementation: str = "sdpa") -> Any:
-    """The model of ``model.path`` in ``model.dtype`` on ``device``, in eval mode."""
+def load_model(
+    recipe: Recipe,
+    device: torch.device,
+    attn_implementation: str = "sdpa",
+    dtype: torch.dtype | None = None,
+) -> Any:
+    """The model of ``model.path`` in ``dtype`` (default ``model.dtype``) on ``device``, in
+    eval mode."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     path = recipe.model.path
@@ -71,7 +84,7 @@ def load_model(recipe: Recipe, device: torch.device, attn_implementation: str = 
     model = AutoModelForCausalLM.from_pretrained(
         path,
         config=config,
-        dtype=DTYPES[recipe.model.dtype],
+        dtype=dtype or DTYPES[recipe.model.dtype],
         attn_implementation=attn_implementation,
         trust_remote_code=trust,
     )
@@ -147,8 +160,13 @@ class HFRolloutEngine(RolloutEngine):
         pad = getattr(self.tokenizer, "pad_token_id", None)
         self.pad_token_id: int = pad if pad is not None else self.tokenizer.eos_token_id
         self._seeds = torch.Generator().manual_seed(self.recipe.trainer.seed)
+        self.dtype_name = config.resolved_dtype(context.device)
+        self.dtype: torch.dtype = DTYPES[self.dtype_name]
+        """What the engine's weights and compute are in (``rollout.dtype`` resolved)."""
         self.model: Any = None
         self.owns_model = False
+        self._source: Any = None
+        """The trainer's module :attr:`model` is a copy of (``None``: no copy)."""
         self._batch: DecodeBatch | None = None
         self._default_stop_ids: frozenset[int] = frozenset()
         self._waiting: deque[_Request] = deque()
@@ -166,7 +184,9 @@ class HFRolloutEngine(RolloutEngine):
         self._task_loop: asyncio.AbstractEventLoop | None = None
         self._restore_training = False
         if not context.model_from_trainer:
-            model = load_model(self.recipe, self.torch_device, config.attn_implementation)
+            model = load_model(
+                self.recipe, self.torch_device, config.attn_implementation, self.dtype
+            )
             self._use_model(model, owns=True)
 
     # ------------------------------------------------------------------------------- requests
@@ -325,10 +345,16 @@ class HFRolloutEngine(RolloutEngine):
         self._kick()
 
     def bind_model(self, model: Any, version: int) -> None:
-        """Generate with the trainer's live ``model`` from now on, as ``version``. Rows in flight
-        continue: their caches are recomputed with it before their next token. Call it between
-        steps (the engine idle or paused), not from another thread while it generates."""
-        if model is not self.model:
+        """Generate with the trainer's live ``model`` from now on, as ``version``: with the
+        module itself, or with the engine's copy of its weights, taken now (see the module
+        docstring). Rows in flight continue: their caches are recomputed with it before their
+        next token. Call it between steps (the engine idle or paused), not from another thread
+        while it generates."""
+        reason = self._copy_reason(model)
+        if reason is not None:
+            self._bind_copy(model, reason)
+        elif model is not self.model:
+            self._source = None
             self._use_model(model, owns=False)
         elif self._batch is not None:
             # the trainer changed the weights since (copies of them are stale)
@@ -336,6 +362,53 @@ class HFRolloutEngine(RolloutEngine):
         self._no_weights = None
         if version != self.weight_version:
             self._new_version(version)
+
+    def _copy_reason(self, model: Any) -> str | None:
+        """Why the engine generates from a copy of ``model``'s weights (``None``: it uses the
+        module itself)."""
+        parameter = next(iter(model.parameters()), None)
+        if parameter is None:
+            return None
+        trainer_dtype = str(parameter.dtype).removeprefix("torch.")
+        if not self.config.copy_trainer_weights:
+            if self.config.dtype != "auto" and parameter.dtype != self.dtype:
+                raise RecipeError(
+                    f"rollout.dtype is {self.config.dtype}, but the trainer's weights are "
+                    f"{trainer_dtype} and rollout.copy_trainer_weights is false (the engine "
+                    f"generates with them as they are); set rollout.dtype to {trainer_dtype} or "
+                    "auto, or rollout.copy_trainer_weights to true",
+                    key="rollout.dtype",
+                )
+            return None
+        if parameter.dtype != self.dtype:
+            return f"the trainer's weights are {trainer_dtype}, rollout.dtype {self.dtype_name}"
+        return managed_by_backend(model)
+
+    def _bind_copy(self, source: Any, reason: str) -> None:
+        """Generate from the engine's own plain module with ``source``'s current weights, cast
+        to the engine's dtype (built on the first call for a module, refreshed after)."""
+        if source is self._source and self.model is not None:
+            copy_weights(source, self.model)
+            assert self._batch is not None
+            self._batch.kv.weights_changed()
+            return
+        parameter = next(iter(source.parameters()))
+        plain = plain_model_like(
+            source,
+            self.dtype,
+            parameter.device,
+            self.config.attn_implementation,
+            self.recipe.model.trust_remote_code,
+        )
+        copy_weights(source, plain)
+        self._source = source
+        self._use_model(plain, owns=False)
+        logger.info(
+            "hf rollout engine: generates from its own %s copy of the trainer's weights, "
+            "refreshed at each weight sync (rollout.copy_trainer_weights): %s",
+            self.dtype_name,
+            reason,
+        )
 
     def _new_version(self, version: int) -> None:
         self.weight_version = version
@@ -392,6 +465,7 @@ class HFRolloutEngine(RolloutEngine):
             for state in list(states):
                 self._abort_request(state)
         self.model = None
+        self._source = None
         self.owns_model = False
         self._batch = None
 
@@ -616,6 +690,70 @@ class HFRolloutEngine(RolloutEngine):
 
     def _decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=False)
+
+
+def managed_by_backend(model: Any) -> str | None:
+    """Why ``model`` is its training backend's to run (FSDP's module, DTensor weights), or
+    ``None`` for a plain module."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # a torch built without distributed
+        fsdp_types: tuple[type, ...] = ()
+    else:
+        fsdp_types = (FSDPModule,)
+    if fsdp_types and any(isinstance(m, fsdp_types) for m in model.modules()):
+        return "FSDP manages the trainer's module (its hooks and DTensor weights)"
+    for parameter in model.parameters():
+        if type(parameter.data) is not torch.Tensor:
+            return f"the trainer's weights are {type(parameter.data).__name__}, not plain tensors"
+    return None
+
+
+def plain_model_like(
+    source: Any,
+    dtype: torch.dtype,
+    device: torch.device,
+    attn_implementation: str,
+    trust_remote_code: bool,
+) -> Any:
+    """An eval-mode module of ``source``'s class and config in ``dtype`` on ``device``, its
+    tensors allocated and not initialised (:func:`copy_weights` fills them)."""
+    from transformers import AutoModelForCausalLM
+
+    # the trainer's config stays the trainer's: the copy sets its own attention kernel
+    config = copy.deepcopy(source.config)
+    with torch.device("meta"):
+        plain = AutoModelForCausalLM.from_config(
+            config,
+            dtype=dtype,
+            attn_implementation=attn_implementation,
+            trust_remote_code=trust_remote_code,
+        )
+    plain.to_empty(device=device)
+    if getattr(source, "generation_config", None) is not None:
+        plain.generation_config = copy.deepcopy(source.generation_config)
+    return plain.eval()
+
+
+def copy_weights(source: Any, target: Any) -> None:
+    """Copy every parameter and buffer of ``source`` into ``target``'s of the same name,
+    cast to ``target``'s dtypes (DTensor weights are gathered whole first)."""
+    tensors = dict(source.named_parameters(remove_duplicate=False))
+    tensors.update(source.named_buffers(remove_duplicate=False))
+    with torch.no_grad():
+        for name, target_tensor in [
+            *target.named_parameters(remove_duplicate=False),
+            *target.named_buffers(remove_duplicate=False),
+        ]:
+            tensor = tensors.get(name)
+            if tensor is None:
+                raise PluginError(
+                    f"the trainer's module has no {name!r}, which the hf rollout engine's copy "
+                    f"of its architecture ({type(target).__name__}) has; hand bind_model the "
+                    "Hugging Face module itself, or set rollout.copy_trainer_weights to false"
+                )
+            full = getattr(tensor, "full_tensor", None)
+            target_tensor.copy_(full() if full is not None else tensor)
 
 
 def _waited_on(future: asyncio.Future) -> bool:

@@ -25,8 +25,9 @@ takes 16-25% off the prompt passes of 64 new rows.
 
 It serves only models it can reproduce exactly: the listed model types with SiLU gates,
 full-attention layers, plain ``nn.Linear`` projections and plain tensors as weights, and no
-forward hooks on any module (FSDP-managed modules, adapters and instrumented models run
-their own forward). :func:`lean_unsupported` says why a model is not served.
+forward hooks on any module (adapters and instrumented models run their own forward; the
+engine serves a trainer's FSDP module from a plain copy of its weights, see
+:mod:`plugrl_hf.engine`). :func:`lean_unsupported` says why a model is not served.
 
 The fused copies hold the query/key/value and gate/up weights a second time: about two thirds
 of a small model's weights (10.5 MB beside the quickstart model's 16 MB in float32; 0.47 GB

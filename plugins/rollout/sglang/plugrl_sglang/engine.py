@@ -88,7 +88,7 @@ def engine_arguments(config: SGLangRolloutConfig, context: PartContext) -> dict[
     recipe = context.recipe
     arguments: dict[str, Any] = {
         "model_path": str(recipe.model.path),
-        "dtype": recipe.model.dtype,
+        "dtype": config.resolved_dtype(context.device),
         "tp_size": config.tensor_model_parallel_size,
         "mem_fraction_static": config.gpu_memory_utilization,
         "max_running_requests": config.max_num_seqs,

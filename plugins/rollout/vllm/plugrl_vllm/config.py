@@ -36,7 +36,7 @@ BROKEN_WEIGHT_ROUTES = {
 OWNED_ENGINE_ARGS = {
     "model": "model.path",
     "tokenizer": "model.tokenizer_path",
-    "dtype": "model.dtype",
+    "dtype": "rollout.dtype",
     "seed": "trainer.seed",
     "trust_remote_code": "model.trust_remote_code",
     "tensor_parallel_size": "rollout.tensor_model_parallel_size",
@@ -117,8 +117,11 @@ def resolve_weight_route(config: VLLMRolloutConfig, device_name: str) -> str:
     return route
 
 
-def engine_args(config: VLLMRolloutConfig, recipe: Recipe, device_name: str) -> dict[str, Any]:
-    """The keyword arguments of vLLM's ``AsyncEngineArgs`` for this run."""
+def engine_args(
+    config: VLLMRolloutConfig, recipe: Recipe, device_name: str, dtype: str
+) -> dict[str, Any]:
+    """The keyword arguments of vLLM's ``AsyncEngineArgs`` for this run; ``dtype`` is
+    ``rollout.dtype`` resolved for the engine's device."""
     model = recipe.model
     if not model.path:
         raise RecipeError(
@@ -146,7 +149,7 @@ def engine_args(config: VLLMRolloutConfig, recipe: Recipe, device_name: str) -> 
     args: dict[str, Any] = {
         "model": str(model.path),
         "tokenizer": str(model.tokenizer_path or model.path),
-        "dtype": model.dtype,
+        "dtype": dtype,
         "seed": recipe.trainer.seed,
         "trust_remote_code": model.trust_remote_code,
         "tensor_parallel_size": config.tensor_model_parallel_size,

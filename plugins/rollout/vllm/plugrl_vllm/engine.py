@@ -125,7 +125,7 @@ class VLLMRolloutEngine(RolloutEngine):
         # vLLM's platforms and the weight routes below go by torch's device type
         self.device_name = context.device.torch_device_type if context.device is not None else "cpu"
         self.weight_route = resolve_weight_route(config, self.device_name)
-        args = engine_args(config, recipe, self.device_name)
+        args = engine_args(config, recipe, self.device_name, config.resolved_dtype(context.device))
         args.setdefault("worker_extension_cls", WORKER_EXTENSION)
         if self.device_name == "cpu":
             applied = set_cpu_environment()

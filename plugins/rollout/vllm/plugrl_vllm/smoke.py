@@ -102,6 +102,8 @@ def check_engine(args: argparse.Namespace, paths: Any) -> list[tuple[bool, str]]
         [
             f"model.path={paths.model_path}",
             "model.dtype=float32",
+            # the reference is the float32 module: the engine samples in float32 too
+            "rollout.dtype=float32",
             f"device.name={args.device}",
             "rollout.engine=vllm",
             "rollout.gpu_memory_utilization=0.3",

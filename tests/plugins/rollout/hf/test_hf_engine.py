@@ -966,9 +966,10 @@ def test_separate_engine_needs_a_model_folder(tokenizer, tmp_path):
     )
 
 
-def test_model_dtype_comes_from_the_recipe(tiny_model_dir, tokenizer):
+def test_the_engine_runs_in_rollout_dtype_whatever_the_trainers(tiny_model_dir, tokenizer):
     engine = make_engine(tiny_model_dir, tokenizer, dtype="bfloat16")
-    assert next(engine.model.parameters()).dtype == torch.bfloat16
+    # rollout.dtype auto is float32 on the CPUs the tests run on (tests/conftest.py)
+    assert next(engine.model.parameters()).dtype == torch.float32
     completions = engine.generate(chat_prompts(tokenizer)[:2], greedy(max_tokens=3))
     assert all(1 <= len(c.token_ids) <= 3 for c in completions)
     assert all(c.finish_reason in ("stop", "length") for c in completions)

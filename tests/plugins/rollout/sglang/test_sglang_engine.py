@@ -103,6 +103,7 @@ def test_registered_with_requirement_install_line_and_framework_module(
 
 def test_the_engine_starts_with_server_args_from_the_recipe(make_engine):
     engine, fake_engine = make_engine(
+        dtype="bfloat16",
         tensor_model_parallel_size=2,
         gpu_memory_utilization=0.7,
         max_num_seqs=64,
@@ -388,8 +389,11 @@ def test_sglang_is_given_the_torch_device_type_not_the_registered_name(
 ):
     plugrl_register_plugin(plugrl_sglang)
     recipe = plugrl_recipe({"model": {"path": "/models/tiny"}, "rollout": {"engine": "sglang"}})
-    device = SimpleNamespace(name="my_ascend", torch_device_type="npu")
+    device = SimpleNamespace(name="my_ascend", torch_device_type="npu", fast_bfloat16=lambda: True)
     arguments = engine_arguments(recipe.rollout, part_context(recipe, device=device))
     assert arguments["device"] == "npu"
-    on_cpu = SimpleNamespace(name="my_cpu", torch_device_type="cpu")
-    assert "device" not in engine_arguments(recipe.rollout, part_context(recipe, device=on_cpu))
+    assert arguments["dtype"] == "bfloat16"  # rollout.dtype auto on a device with bfloat16 units
+    on_cpu = SimpleNamespace(name="my_cpu", torch_device_type="cpu", fast_bfloat16=lambda: False)
+    on_cpu_arguments = engine_arguments(recipe.rollout, part_context(recipe, device=on_cpu))
+    assert "device" not in on_cpu_arguments
+    assert on_cpu_arguments["dtype"] == "float32"

@@ -44,7 +44,7 @@ def test_engine_arguments_come_from_the_recipe(recipe_with):
         engine_kwargs={"block_size": 32},
     )
     recipe, _ = recipe_with()
-    args = engine_args(config, recipe, "cuda")
+    args = engine_args(config, recipe, "cuda", "bfloat16")
     assert args["model"] == args["tokenizer"] == "/models/tiny"
     assert args["dtype"] == "bfloat16"
     assert args["seed"] == 11
@@ -80,22 +80,22 @@ def test_colocated_engines_of_several_devices_on_ray_start_their_own_workers(plu
 
 def test_cpu_defaults_run_eagerly_without_sleep_mode(recipe_with):
     recipe, config = recipe_with()
-    args = engine_args(config, recipe, "cpu")
+    args = engine_args(config, recipe, "cpu", "float32")
     assert args["enforce_eager"] is True
     assert args["enable_sleep_mode"] is False
-    explicit = engine_args(VLLMRolloutConfig(enforce_eager=False), recipe, "cpu")
+    explicit = engine_args(VLLMRolloutConfig(enforce_eager=False), recipe, "cpu", "float32")
     assert explicit["enforce_eager"] is False
 
 
 def test_without_chunked_prefill_a_whole_sequence_fits_one_step(recipe_with):
     recipe, config = recipe_with(enable_chunked_prefill=False, max_num_batched_tokens=64)
-    assert engine_args(config, recipe, "cuda")["max_num_batched_tokens"] == 128
+    assert engine_args(config, recipe, "cuda", "bfloat16")["max_num_batched_tokens"] == 128
 
 
 def test_engine_kwargs_may_not_set_what_a_recipe_key_sets(recipe_with):
     recipe, config = recipe_with(engine_kwargs={"max_num_seqs": 8})
     with pytest.raises(RecipeError, match=r"engine_kwargs sets max_num_seqs.*rollout.max_num_seqs"):
-        engine_args(config, recipe, "cuda")
+        engine_args(config, recipe, "cuda", "bfloat16")
 
 
 def test_the_recipe_reads_the_engine_keys(recipe_with):
