@@ -70,12 +70,12 @@ def test_colocated_engines_of_several_devices_on_ray_start_their_own_workers(plu
     )
     config = VLLMRolloutConfig(tensor_model_parallel_size=2)
     # vLLM in a Ray placement group would ask Ray for devices the trainer's ranks hold
-    assert engine_args(config, recipe, "cuda")["distributed_executor_backend"] == "mp"
+    assert engine_args(config, recipe, "cuda", "bfloat16")["distributed_executor_backend"] == "mp"
     for other in (
         VLLMRolloutConfig(tensor_model_parallel_size=1),
         VLLMRolloutConfig(tensor_model_parallel_size=2, colocate=False),
     ):
-        assert "distributed_executor_backend" not in engine_args(other, recipe, "cuda")
+        assert "distributed_executor_backend" not in engine_args(other, recipe, "cuda", "bfloat16")
 
 
 def test_cpu_defaults_run_eagerly_without_sleep_mode(recipe_with):
