@@ -83,25 +83,35 @@ def token_budget_micro_batches(
     splits the one that computes the fewest padded tokens. A row longer than the budget is a
     :class:`RecipeError` naming ``key``.
     """
-    num_rows = len(lengths)
-    if num_rows == 0:
+    if not len(lengths):
         return []
+    order = _longest_first(lengths, max_tokens, min_micro_batches, key)
+    sorted_lengths = [int(lengths[i]) for i in order]
+    count = max(len(_consecutive_groups(sorted_lengths, max_tokens)), min_micro_batches)
+    groups = _cheapest_consecutive_groups(sorted_lengths, count, max_tokens)
+    if groups is None:
+        groups = _balanced_consecutive_groups(sorted_lengths, count, max_tokens)
+    return [[order[i] for i in group] for group in groups]
+
+
+def _longest_first(
+    lengths: Sequence[int], max_tokens: int, min_micro_batches: int, key: str
+) -> list[int]:
+    """Row indices longest first (ties by index), once the rows can make ``min_micro_batches``
+    micro-batches and the longest fits ``max_tokens`` (else a :class:`RecipeError` naming
+    ``key``)."""
+    num_rows = len(lengths)
     if min_micro_batches > num_rows:
         raise ValueError(f"cannot cut {num_rows} rows into {min_micro_batches} micro-batches")
     order = sorted(range(num_rows), key=lambda i: (-lengths[i], i))
-    sorted_lengths = [int(lengths[i]) for i in order]
-    longest = sorted_lengths[0]
+    longest = int(lengths[order[0]])
     if longest > max_tokens:
         raise RecipeError(
             f"a sequence of {longest} tokens does not fit the micro-batch token budget of "
             f"{max_tokens}; set it to at least the prompt plus response length ({longest})",
             key=key,
         )
-    count = max(len(_consecutive_groups(sorted_lengths, max_tokens)), min_micro_batches)
-    groups = _cheapest_consecutive_groups(sorted_lengths, count, max_tokens)
-    if groups is None:
-        groups = _balanced_consecutive_groups(sorted_lengths, count, max_tokens)
-    return [[order[i] for i in group] for group in groups]
+    return order
 
 
 def _balanced_consecutive_groups(
@@ -142,19 +152,9 @@ def packed_micro_batches(
     micro-batch holding the fewest tokens. A row longer than the budget is a
     :class:`RecipeError` naming ``key``.
     """
-    num_rows = len(lengths)
-    if num_rows == 0:
+    if not len(lengths):
         return []
-    if min_micro_batches > num_rows:
-        raise ValueError(f"cannot cut {num_rows} rows into {min_micro_batches} micro-batches")
-    order = sorted(range(num_rows), key=lambda i: (-lengths[i], i))
-    longest = int(lengths[order[0]])
-    if longest > max_tokens:
-        raise RecipeError(
-            f"a sequence of {longest} tokens does not fit the micro-batch token budget of "
-            f"{max_tokens}; set it to at least the prompt plus response length ({longest})",
-            key=key,
-        )
+    order = _longest_first(lengths, max_tokens, min_micro_batches, key)
     total = sum(int(length) for length in lengths)
     count = max(min_micro_batches, -(-total // max_tokens))
     while True:
