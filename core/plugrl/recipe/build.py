@@ -117,6 +117,8 @@ def check_part_names(config: Any, plugins: PluginManager, prefix: str = "") -> N
         kind_name = field.metadata.get("registry")
         if not kind_name or (PART_KINDS[kind_name].accepts_auto and value == "auto"):
             continue
+        if value is None:  # an optional part left unset (rollout.agent.env)
+            continue
         registry = plugins.registry(kind_name)
         for name in value if isinstance(value, list) else [value]:
             if name not in registry:
@@ -137,8 +139,11 @@ def validate_names(recipe: Recipe, plugins: PluginManager) -> None:
         if kind.args_key is None:
             continue
         owner = getattr(recipe, kind.section)
-        entry = plugins.registry(kind.name).get(getattr(owner, kind.selector))
-        args = getattr(owner, _args_field(kind))
+        chosen = dotted_get(owner, kind.selector)
+        if chosen is None:  # an optional part left unset
+            continue
+        entry = plugins.registry(kind.name).get(chosen)
+        args = dotted_get(owner, _args_field(kind))
         config_cls = entry.load_config()
         if config_cls is None:
             if args:
@@ -160,10 +165,17 @@ def part_args(recipe: Recipe, section_name: str, args_key: str, plugins: PluginM
     if kind is None:
         raise ValueError(f"{dotted} is not the options key of any kind of part")
     owner = getattr(recipe, section_name)
-    config_cls = plugins.registry(kind.name).get(getattr(owner, kind.selector)).load_config()
+    config_cls = plugins.registry(kind.name).get(dotted_get(owner, kind.selector)).load_config()
     if config_cls is None:
         return None
-    return structure(config_cls, dict(getattr(owner, args_key)), dotted)
+    return structure(config_cls, dict(dotted_get(owner, args_key)), dotted)
+
+
+def dotted_get(config: Any, dotted: str) -> Any:
+    """The option at ``dotted`` (``"agent.loop"``) within a config object."""
+    for name in dotted.split("."):
+        config = getattr(config, name)
+    return config
 
 
 def _args_field(kind: PartKind) -> str:
