@@ -190,7 +190,7 @@ class Tool(ABC):
     """A function the model may call. Built once per run as ``Tool(config, context)``:
     ``config`` is the tool's config class read from ``rollout.agent.tool_args.<name>``,
     ``context.recipe`` the run. Calls run concurrently on one event loop: a call that
-    computes or blocks must run in a worker process (:func:`plugrl.agents.run_in_process`)
+    computes or blocks must run in a worker process (:func:`plugrl.agents.processes.run_in_process`)
     so that a timeout can kill it.
     """
 
@@ -367,6 +367,11 @@ class AgentLoop(ABC):
         self.context = context
 
     @abstractmethod
-    async def run(self, row: Mapping[str, Any], session: Session) -> Trajectory:
+    async def run(self, row: Mapping[str, Any], session: Session) -> Trajectory | list[Trajectory]:
         """The trajectory of one sample of ``row`` (a dataset row: ``raw_prompt_ids``,
-        ``prompt`` messages when the data has them, ``reward_model``, ``extra_info``...)."""
+        ``prompt`` messages when the data has them, ``reward_model``, ``extra_info``...).
+
+        A list is a sample made of several sequences that do not extend one another (a
+        black-box agent whose calls do not continue each other token for token): each
+        becomes a row of the batch with the sample's ``uid``, the last one carrying the
+        episode's reward."""
