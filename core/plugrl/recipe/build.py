@@ -119,6 +119,9 @@ def check_part_names(config: Any, plugins: PluginManager, prefix: str = "") -> N
             continue
         if value is None:  # an optional part left unset (rollout.agent.env)
             continue
+        kind = PART_KINDS[kind_name]
+        if not kind.needed_at_default and value == field.default:
+            continue
         registry = plugins.registry(kind_name)
         for name in value if isinstance(value, list) else [value]:
             if name not in registry:
@@ -142,6 +145,8 @@ def validate_names(recipe: Recipe, plugins: PluginManager) -> None:
         chosen = dotted_get(owner, kind.selector)
         if chosen is None:  # an optional part left unset
             continue
+        if not kind.needed_at_default and chosen not in plugins.registry(kind.name):
+            continue  # at its default (check_part_names let it through), so unused
         entry = plugins.registry(kind.name).get(chosen)
         args = dotted_get(owner, _args_field(kind))
         config_cls = entry.load_config()
