@@ -21,7 +21,6 @@ import atexit
 import contextlib
 import importlib
 import inspect
-import os
 import pickle
 import signal
 import socket
@@ -35,6 +34,7 @@ from typing import Any
 
 import attrs
 
+from plugrl.agents.limits import ResourceLimits
 from plugrl.rewards.workers import REAP_TIMEOUT_S, _die_with_parent, _kill_group
 
 MAX_IDLE_WORKERS = 4
@@ -59,60 +59,6 @@ class RemoteError(RuntimeError):
     def __init__(self, message: str, remote_traceback: str = "") -> None:
         super().__init__(message)
         self.remote_traceback = remote_traceback
-
-
-@attrs.frozen(kw_only=True)
-class ResourceLimits:
-    """Kernel limits (``setrlimit``) a worker applies before it runs the function; ``None``
-    leaves a limit as the driver has it. Limits the platform lacks are skipped."""
-
-    cpu_s: int | None = None
-    """CPU seconds (RLIMIT_CPU): then the kernel kills the process (SIGXCPU, then SIGKILL)."""
-    memory_mb: int | None = None
-    """Address space in MiB (RLIMIT_AS): allocations beyond it fail (``MemoryError``)."""
-    file_size_mb: int | None = None
-    """Largest file the process may write, in MiB (RLIMIT_FSIZE)."""
-    max_processes: int | None = None
-    """Processes and threads the function may start (RLIMIT_NPROC). The kernel counts every
-    process of the user, so the limit is set to the user's count now plus this; the kernel
-    does not apply it to root."""
-
-    def apply(self) -> None:
-        """Set the limits on this process (and so on the processes it starts)."""
-        import resource
-
-        mib = 1024 * 1024
-        wanted = [
-            ("RLIMIT_CPU", self.cpu_s),
-            ("RLIMIT_AS", self.memory_mb * mib if self.memory_mb is not None else None),
-            ("RLIMIT_FSIZE", self.file_size_mb * mib if self.file_size_mb is not None else None),
-            (
-                "RLIMIT_NPROC",
-                user_tasks() + self.max_processes if self.max_processes is not None else None,
-            ),
-        ]
-        for name, value in wanted:
-            limit = getattr(resource, name, None)
-            if value is None or limit is None:
-                continue
-            _, hard = resource.getrlimit(limit)
-            if hard != resource.RLIM_INFINITY:
-                value = min(value, hard)
-            resource.setrlimit(limit, (value, value))
-
-
-def user_tasks() -> int:
-    """The processes and threads this user runs now, as RLIMIT_NPROC counts them (Linux; 0
-    elsewhere)."""
-    uid, count = os.getuid(), 0
-    with contextlib.suppress(OSError):
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            with contextlib.suppress(OSError):
-                if entry.stat().st_uid == uid:
-                    count += len(os.listdir(f"/proc/{entry.name}/task"))
-    return count
 
 
 # --------------------------------------------------------------------------------------------
@@ -152,6 +98,7 @@ def worker_main(fd: int) -> None:
             return
         if not message:
             return
+        function = "the function"
         try:
             function, args, limits, path = pickle.loads(message)
             # the driver's path as of this call: a warm worker follows a path changed since

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from plugrl.agents import processes
+from plugrl.agents import limits, processes
 from plugrl.agents.processes import RemoteError, ResourceLimits, ToolTimeout, run_in_process
 
 FUNCTIONS = """
@@ -209,4 +209,4 @@ def test_limits_stop_memory_cpu_and_file_size(functions, tmp_path):
 
 
 def test_user_tasks_counts_this_process():
-    assert processes.user_tasks() >= (1 if os.path.isdir("/proc") else 0)
+    assert limits.user_tasks() >= (1 if os.path.isdir("/proc") else 0)
