@@ -16,6 +16,12 @@ Such a class is built as ``cls(config=..., tool_schema=...)`` and has verl's asy
 instance per sample, created at its first call with the row's ``tools_kwargs`` (verl's column,
 or ``extra_info.tools_kwargs``) and released when the sample's trajectory ends. verl itself is
 needed only for classes of verl's own modules.
+
+For the session that builds a run's tools: call :func:`tools_from_verl_yaml` once, with
+``rollout.agent.tool_config_path`` and the run's part context, when the path is set; offer
+the tools it returns beside those of ``rollout.agent.tools`` (a name in both is a recipe
+error); call them and ``release(sample_id)`` them like any tool. A session that gives an
+episode reward may add :meth:`VerlStyleTool.calc_reward` before the release.
 """
 
 from __future__ import annotations
@@ -84,8 +90,14 @@ class VerlStyleTool(Tool):
             create_kwargs = self._kwargs(context.row, "create_kwargs")
             task = asyncio.ensure_future(self.target.create(create_kwargs=create_kwargs))
             self._instances[context.sample_id] = task
-        created = await task
-        return created[0] if isinstance(created, tuple) else created
+        try:
+            created = await task
+        except BaseException:
+            # a create that failed is tried again at the sample's next call
+            if self._instances.get(context.sample_id) is task:
+                del self._instances[context.sample_id]
+            raise
+        return _instance_id(created)
 
     async def call(self, arguments: Mapping[str, Any], context: ToolContext) -> ToolResult:
         instance_id = await self._instance(context)
@@ -110,10 +122,8 @@ class VerlStyleTool(Tool):
         task = self._instances.get(sample_id)
         if task is None:
             return None
-        created = await task
-        instance_id = created[0] if isinstance(created, tuple) else created
         reward = await self.target.calc_reward(
-            instance_id, **self._kwargs(row, "calc_reward_kwargs")
+            _instance_id(await task), **self._kwargs(row, "calc_reward_kwargs")
         )
         return float(reward)
 
@@ -121,8 +131,16 @@ class VerlStyleTool(Tool):
         task = self._instances.pop(sample_id, None)
         if task is None:
             return
-        created = await task
-        await self.target.release(created[0] if isinstance(created, tuple) else created)
+        try:
+            instance_id = _instance_id(await task)
+        except Exception:
+            return  # never created: nothing to release
+        await self.target.release(instance_id)
+
+
+def _instance_id(created: Any) -> str:
+    """verl's ``create`` returns ``(instance_id, response)``; older tools, the id alone."""
+    return created[0] if isinstance(created, tuple) else created
 
 
 def _response_text(response: Any) -> str:

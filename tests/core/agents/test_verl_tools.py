@@ -186,3 +186,15 @@ def test_the_option_carries_verls_key():
     assert field.default is None
     assert field.metadata["verl"] == "actor_rollout_ref.rollout.multi_turn.tool_config_path"
     assert field.metadata["path"] == "input"
+
+
+def test_a_failed_create_is_tried_again_at_the_next_call(tmp_path):
+    path = write(tmp_path, [entry(f"{MODULE}.FlakyCreateTool", tool_schema=SCHEMA)])
+    (tool,) = tools_from_verl_yaml(path, None)
+    context = ToolContext(row=ROW, sample_id="uid/0")
+    with pytest.raises(ConnectionError, match=r"^service not ready$"):
+        asyncio.run(tool.call({"guess": "42"}, context))
+    asyncio.run(tool.release("uid/0"))  # nothing was created: nothing to release
+    assert asyncio.run(tool.call({"guess": "42"}, context)).text == "right!"
+    asyncio.run(tool.release("uid/0"))
+    assert tool.target.released == ["instance-1"]

@@ -80,3 +80,15 @@ class SelfDescribedTool(GuessTool):
 class BrokenTool:
     def __init__(self, config: dict, tool_schema: Any) -> None:
         raise KeyError("api_key")
+
+
+class FlakyCreateTool(GuessTool):
+    """Its first create fails (a service not up yet)."""
+
+    attempts = 0
+
+    async def create(self, instance_id: str | None = None, **kwargs: Any) -> tuple[str, Any]:
+        self.attempts += 1
+        if self.attempts == 1:
+            raise ConnectionError("service not ready")
+        return await super().create(instance_id, **kwargs)

@@ -146,6 +146,9 @@ class PythonTool(Tool):
                 pass_fds=(status_write,),
                 start_new_session=True,  # one group: a timeout kills what the code started
             )
+        except BaseException:
+            os.close(status_read)
+            raise
         finally:
             os.close(status_write)
         timed_out = False
