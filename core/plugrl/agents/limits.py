@@ -33,11 +33,13 @@ class ResourceLimits:
     """Largest file the process may write, in MiB (RLIMIT_FSIZE; beyond it, SIGXFSZ)."""
     max_processes: int | None = None
     """Processes and threads the process may start (RLIMIT_NPROC). The kernel counts every
-    process of the user, so the limit is set to the user's count now plus this; the kernel
-    does not apply it to root."""
+    process of the user, so the limit is set to the user's count now plus this (in a user
+    namespace of its own, on Linux 5.14 and later, the count starts afresh); the kernel does
+    not apply it to root."""
 
-    def apply(self) -> None:
-        """Set the limits on this process."""
+    def apply(self, running: int | None = None) -> None:
+        """Set the limits on this process; ``running`` is the count RLIMIT_NPROC starts from
+        (default: :func:`user_tasks`)."""
         import resource
 
         mib = 1024 * 1024
@@ -47,7 +49,9 @@ class ResourceLimits:
             ("RLIMIT_FSIZE", self.file_size_mb * mib if self.file_size_mb is not None else None),
             (
                 "RLIMIT_NPROC",
-                user_tasks() + self.max_processes if self.max_processes is not None else None,
+                (user_tasks() if running is None else running) + self.max_processes
+                if self.max_processes is not None
+                else None,
             ),
         ]
         for name, value in wanted:
@@ -76,7 +80,8 @@ def user_tasks() -> int:
 
 def isolate_network() -> str:
     """Move this process into a new, empty network namespace (no interface but a loopback
-    that is down); ``"isolated"``, or ``"not isolated: <why>"`` where the kernel refuses."""
+    that is down); ``"isolated"`` (``"isolated, user namespace"`` when it took a user
+    namespace of its own), or ``"not isolated: <why>"`` where the kernel refuses."""
     if not sys.platform.startswith("linux"):
         return f"not isolated: no network namespaces on {sys.platform}"
     import ctypes
@@ -97,7 +102,7 @@ def isolate_network() -> str:
         ):
             with contextlib.suppress(OSError), open(f"/proc/self/{name}", "w") as f:
                 f.write(text)
-        return "isolated"
+        return "isolated, user namespace"
     if libc.unshare(_CLONE_NEWNET) == 0:
         return "isolated"
     return f"not isolated: unshare refused ({os.strerror(ctypes.get_errno())})"
@@ -107,11 +112,24 @@ def launch(argv: list[str]) -> None:
     """The launcher: ``argv`` is ``[LIMITS_JSON, STATUS_FD, PROGRAM, ARGS...]``, the JSON
     holding :class:`ResourceLimits`' fields and ``isolate_network`` (true or false)."""
     options, status_fd = json.loads(argv[0]), int(argv[1])
+    # counted before a user namespace, where the other processes' owners are unmapped
+    running = user_tasks()
     network = isolate_network() if options.pop("isolate_network", False) else "not asked"
-    ResourceLimits(**options).apply()
-    os.write(status_fd, network.encode())
+    if network == "isolated, user namespace" and _kernel_at_least(5, 14):
+        running = 1  # the namespace counts its own processes, this one so far
+        network = "isolated"
+    ResourceLimits(**options).apply(running)
+    os.write(status_fd, network.removesuffix(", user namespace").encode())
     os.close(status_fd)
     os.execv(argv[2], argv[2:])
+
+
+def _kernel_at_least(major: int, minor: int) -> bool:
+    try:
+        found = tuple(int(part) for part in os.uname().release.split("-")[0].split(".")[:2])
+    except ValueError:
+        return False
+    return found >= (major, minor)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import sys
 import time
@@ -162,3 +163,18 @@ def test_the_tool_is_registered_with_verls_name_as_alias(plugrl_plugin_manager):
     assert tools.get("code_interpreter").load() is PythonTool
     assert tools.get("python").load_config() is PythonToolConfig
     assert PythonTool(PythonToolConfig(), None).schema()["function"]["name"] == "python"
+
+
+@linux_only
+@pytest.mark.skipif(os.getuid() == 0, reason="the kernel does not limit root's processes")
+def test_the_process_limit_stops_a_fork_bomb():
+    code = (
+        "import subprocess\n"
+        "started = []\n"
+        "try:\n"
+        "    for _ in range(50):\n"
+        "        started.append(subprocess.Popen(['sleep', '5']))\n"
+        "except OSError as exc:\n"
+        "    print('stopped at', len(started), exc.errno)\n"
+    )
+    assert run(code, max_processes=4).text == "stopped at 4 11"
