@@ -42,6 +42,10 @@ _KEPT_ENVIRONMENT = ("PATH", "LANG", "LC_ALL", "TZ")
 class PythonToolConfig(ToolConfig):
     """``rollout.agent.tool_args.python``."""
 
+    function_name: str = option(
+        "python",
+        "The name the model calls the tool by (code_interpreter: the name verl's prompts use).",
+    )
     timeout_s: float = option(
         10.0,
         "Wall-clock seconds a run may take; then its processes are killed and the model is told.",
@@ -81,6 +85,7 @@ class PythonTool(Tool):
 
     def __init__(self, config: PythonToolConfig, context: Any) -> None:
         super().__init__(config, context)
+        self.name = config.function_name  # type: ignore[misc]
         self._warned_network = False
 
     def schema(self) -> dict[str, Any]:
@@ -105,7 +110,7 @@ class PythonTool(Tool):
     async def call(self, arguments: Mapping[str, Any], context: ToolContext) -> ToolResult:
         code = arguments.get("code")
         if not isinstance(code, str):
-            raise ToolArgumentError('python takes {"code": "<Python source>"}')
+            raise ToolArgumentError(f'{self.name} takes {{"code": "<Python source>"}}')
         with tempfile.TemporaryDirectory(prefix="plugrl-python-") as folder:
             return await self._run(code, Path(folder))
 

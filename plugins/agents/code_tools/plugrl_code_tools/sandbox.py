@@ -26,6 +26,10 @@ from plugrl_code_tools.output import describe_run, truncate
 class SandboxToolConfig(ToolConfig):
     """``rollout.agent.tool_args.sandbox``."""
 
+    function_name: str = option(
+        "code_interpreter",
+        "The name the model calls the tool by (verl's SandboxFusion tool's name by default).",
+    )
     url: str = option(
         "http://localhost:8080/run_code",
         "The sandbox's run_code endpoint.",
@@ -62,11 +66,14 @@ class SandboxToolError(RuntimeError):
 
 class SandboxTool(Tool):
     """Posts the ``code`` argument to :attr:`SandboxToolConfig.url` and returns the run's
-    output. Its schema's name is ``code_interpreter``, as verl's SandboxFusion tool calls it,
-    so prompts written for it work unchanged."""
+    output. The model calls it ``code_interpreter`` by default, as verl's SandboxFusion tool,
+    so prompts written for that work unchanged."""
 
-    name = "code_interpreter"
     config: SandboxToolConfig
+
+    def __init__(self, config: SandboxToolConfig, context: Any) -> None:
+        super().__init__(config, context)
+        self.name = config.function_name  # type: ignore[misc]
 
     def schema(self) -> dict[str, Any]:
         return {

@@ -163,6 +163,8 @@ def test_the_tool_is_registered_with_verls_name_as_alias(plugrl_plugin_manager):
     assert tools.get("code_interpreter").load() is PythonTool
     assert tools.get("python").load_config() is PythonToolConfig
     assert PythonTool(PythonToolConfig(), None).schema()["function"]["name"] == "python"
+    renamed = PythonTool(PythonToolConfig(function_name="code_interpreter"), None)
+    assert renamed.name == renamed.schema()["function"]["name"] == "code_interpreter"
 
 
 @linux_only

@@ -173,3 +173,7 @@ def test_code_that_is_not_a_string_is_an_argument_error():
 def test_the_tool_is_registered(plugrl_plugin_manager):
     entry = plugrl_plugin_manager.registry("tools").get("sandbox")
     assert entry.load() is SandboxTool and entry.load_config() is SandboxToolConfig
+    tool = SandboxTool(SandboxToolConfig(), None)
+    assert tool.name == tool.schema()["function"]["name"] == "code_interpreter"
+    tool = SandboxTool(SandboxToolConfig(function_name="run"), None)
+    assert tool.name == tool.schema()["function"]["name"] == "run"
