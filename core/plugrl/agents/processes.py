@@ -28,6 +28,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 import traceback
 from multiprocessing.connection import Connection
 from typing import Any
@@ -40,6 +41,9 @@ from plugrl.rewards.workers import REAP_TIMEOUT_S, _die_with_parent, _kill_group
 MAX_IDLE_WORKERS = 4
 """Idle workers kept for the next calls; more are started when more calls run at once, and
 stopped when they finish beyond this count."""
+
+DEATH_WAIT_S = 2.0
+"""How long a worker whose connection closed is given to exit, for its exit status."""
 
 START_TIMEOUT_S = 60.0
 """How long a new worker may take to start (its interpreter and plugrl's import) before the
@@ -211,11 +215,18 @@ async def _new_worker() -> _Worker:
     worker = _start_worker()
     try:
         await asyncio.wait_for(_recv_message(worker.sock), START_TIMEOUT_S)
-    except (TimeoutError, EOFError, OSError):
+    except TimeoutError:
         _kill(worker)
         raise RemoteError(
-            f"a worker process did not start in {START_TIMEOUT_S:.0f} s; check that "
-            f"{sys.executable} can import plugrl"
+            f"a worker process did not start in {START_TIMEOUT_S:g} s; check that "
+            f"{sys.executable} -c 'import plugrl' runs"
+        ) from None
+    except (EOFError, OSError):
+        reason = await _describe_death(worker)
+        _kill(worker)
+        raise RemoteError(
+            f"a worker process ended as it started ({reason}); check that "
+            f"{sys.executable} -c 'import plugrl' runs"
         ) from None
     except BaseException:
         _kill(worker)
@@ -253,11 +264,13 @@ def close_workers() -> None:
 atexit.register(close_workers)
 
 
-def _describe_death(worker: _Worker) -> str:
-    try:
-        code = worker.process.wait(REAP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return "it did not exit"
+async def _describe_death(worker: _Worker) -> str:
+    """How a worker whose connection closed ended, waited for without blocking the loop."""
+    deadline = time.monotonic() + DEATH_WAIT_S
+    while (code := worker.process.poll()) is None and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    if code is None:
+        return "it closed its connection and still ran"
     if code < 0:
         with contextlib.suppress(ValueError):
             return f"killed by {signal.Signals(-code).name}"
@@ -301,7 +314,7 @@ async def run_in_process(
         _kill(worker)
         raise ToolTimeout(f"{function} took over {timeout_s:g} s; its process was killed") from None
     except (EOFError, OSError):
-        reason = _describe_death(worker)
+        reason = await _describe_death(worker)
         _kill(worker)
         raise RemoteError(f"the worker process running {function} died ({reason})") from None
     except BaseException:

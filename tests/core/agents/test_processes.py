@@ -210,3 +210,22 @@ def test_limits_stop_memory_cpu_and_file_size(functions, tmp_path):
 
 def test_user_tasks_counts_this_process():
     assert limits.user_tasks() >= (1 if os.path.isdir("/proc") else 0)
+
+
+def test_a_worker_that_cannot_start_says_what_to_check(monkeypatch):
+    processes.close_workers()
+    monkeypatch.setattr(processes, "_WORKER_CODE", "import sys\nsys.exit(5)\n")
+    with pytest.raises(RemoteError) as raised:
+        asyncio.run(run_in_process("m:f", timeout_s=30))
+    assert str(raised.value) == (
+        f"a worker process ended as it started (exit code 5); check that {sys.executable} "
+        "-c 'import plugrl' runs"
+    )
+    monkeypatch.setattr(processes, "_WORKER_CODE", "import time\ntime.sleep(60)\n")
+    monkeypatch.setattr(processes, "START_TIMEOUT_S", 0.5)
+    with pytest.raises(RemoteError) as raised:
+        asyncio.run(run_in_process("m:f", timeout_s=30))
+    assert str(raised.value) == (
+        f"a worker process did not start in 0.5 s; check that {sys.executable} "
+        "-c 'import plugrl' runs"
+    )
