@@ -37,6 +37,8 @@ def parse_gpt_oss(text: str) -> ParsedTurn:
         header, marker, rest = segment.partition(MESSAGE)
         has_body = bool(marker)
         if index > 0:
+            if not header.startswith("assistant"):
+                continue  # another author's message (a tool's answer) is not the model's
             header = header.removeprefix("assistant")
         # a message without its end token stopped on it (a stop token the engine dropped)
         cuts = [cut for cut in (rest.find(end) for end in _ENDS) if cut >= 0]

@@ -86,12 +86,17 @@ def test_gpt_oss_a_call_as_the_cookbook_writes_it():
 
 
 def test_gpt_oss_the_recipient_before_the_channel_as_the_chat_template_renders_it():
-    text = (
-        '<|start|>assistant to=functions.lookup<|channel|>commentary json<|message|>{"q": 1}'
-        "<|call|>"
-    )
-    (call,) = parse_gpt_oss(text).tool_calls
-    assert (call.name, call.arguments) == ("lookup", {"q": 1})
+    # gpt-oss's template writes a call so; the generation prompt is "<|start|>assistant", so
+    # a first message's header starts right after it
+    call_text = ' to=functions.lookup<|channel|>commentary json<|message|>{"q": 1}<|call|>'
+    for text in (call_text, ANALYSIS + "<|start|>assistant" + call_text):
+        (call,) = parse_gpt_oss(text).tool_calls
+        assert (call.name, call.arguments) == ("lookup", {"q": 1})
+
+
+def test_gpt_oss_a_tools_answer_in_the_text_is_not_a_call():
+    answer = '<|start|>functions.lookup to=assistant<|channel|>commentary<|message|>"20 C"<|end|>'
+    assert parse_gpt_oss(ANALYSIS + answer).tool_calls == ()
 
 
 def test_gpt_oss_a_call_whose_stop_token_was_dropped_and_a_final_answer():
