@@ -3,8 +3,8 @@
 The subprocess starts from a launcher (:mod:`plugrl.agents.limits`) that moves into a new
 network namespace where the kernel allows it (an unprivileged user namespace with its own,
 empty network: no interface but a loopback that is down), applies the kernel limits, and then
-replaces itself with ``python -I`` running the code in a fresh, empty working folder with a
-minimal environment. This keeps a buggy or greedy
+replaces itself with the Python interpreter, which reads the code from its standard input and
+runs it in a fresh, empty working folder with a minimal environment. This keeps a buggy or greedy
 program from hurting the run; it is no defence against code written to escape: the code runs
 as the trainer's user and sees its files. Real isolation needs a container sandbox (the
 ``sandbox`` tool).
@@ -77,7 +77,7 @@ class PythonToolConfig(ToolConfig):
 
 
 class PythonTool(Tool):
-    """Runs the ``code`` argument with ``python -I`` under :class:`PythonToolConfig`'s limits
+    """Runs the ``code`` argument with the trainer's Python under :class:`PythonToolConfig`'s limits
     and returns its output. Each call has a fresh empty working folder, deleted afterwards."""
 
     name = "python"
@@ -116,8 +116,7 @@ class PythonTool(Tool):
 
     async def _run(self, code: str, folder: Path) -> ToolResult:
         config = self.config
-        script, work = folder / "main.py", folder / "work"
-        script.write_text(code, encoding="utf-8")
+        work = folder / "work"
         work.mkdir()
         options = {
             "cpu_s": config.cpu_s,
@@ -126,8 +125,15 @@ class PythonTool(Tool):
             "max_processes": config.max_processes,
             "isolate_network": config.isolate_network,
         }
+        # the environment is built here, not inherited: no PYTHONPATH, and a fixed hash seed,
+        # so that the same code prints the same (sets, dicts of strings) in every run
         environment = {k: os.environ[k] for k in _KEPT_ENVIRONMENT if k in os.environ}
-        environment.update(HOME=str(work), PYTHONDONTWRITEBYTECODE="1", PYTHONIOENCODING="utf-8")
+        environment.update(
+            HOME=str(work),
+            PYTHONHASHSEED="0",
+            PYTHONIOENCODING="utf-8",
+            PYTHONDONTWRITEBYTECODE="1",
+        )
         status_read, status_write = os.pipe()
         start = time.perf_counter()
         try:
@@ -140,12 +146,14 @@ class PythonTool(Tool):
                 limits.__file__,
                 json.dumps(options),
                 str(status_write),
+                # the code comes on standard input: tracebacks name it <stdin>, the same
+                # in every run, and input() reads an end of file; -s: no user site
                 sys.executable,
-                "-I",
-                str(script),
+                "-s",
+                "-",
                 cwd=work,
                 env=environment,
-                stdin=asyncio.subprocess.DEVNULL,
+                stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 pass_fds=(status_write,),
@@ -164,6 +172,7 @@ class PythonTool(Tool):
             try:
                 await asyncio.wait_for(
                     asyncio.gather(
+                        _feed(process.stdin, code.encode("utf-8", errors="replace")),
                         _drain(process.stdout, keep, stdout),
                         _drain(process.stderr, keep, stderr),
                         process.wait(),
@@ -185,13 +194,13 @@ class PythonTool(Tool):
         elapsed = time.perf_counter() - start
         out_text, out_cut = truncate(_decode(stdout), config.max_output_chars)
         err_text, err_cut = truncate(_decode(stderr), config.max_output_chars)
-        code = process.returncode
+        returncode = process.returncode
         if timed_out:
             ending = f"timed out after {config.timeout_s:g} s; the program was killed"
-        elif code is not None and code < 0:
-            ending = f"killed by {_signal_name(-code)}{_limit_hint(-code, config)}"
-        elif code:
-            ending = f"exit code {code}"
+        elif returncode is not None and returncode < 0:
+            ending = f"killed by {_signal_name(-returncode)}{_limit_hint(-returncode, config)}"
+        elif returncode:
+            ending = f"exit code {returncode}"
         else:
             ending = None
         isolated = network == "isolated"
@@ -201,13 +210,25 @@ class PythonTool(Tool):
         return ToolResult(
             text=describe_run(out_text, err_text, ending),
             metrics={
-                "exit_code": float(code if code is not None and code >= 0 else -1),
+                "exit_code": float(
+                    returncode if returncode is not None and returncode >= 0 else -1
+                ),
                 "timed_out": float(timed_out),
                 "truncated": float(out_cut or err_cut),
                 "network_isolated": float(isolated),
                 "run_s": elapsed,
             },
         )
+
+
+async def _feed(stream: asyncio.StreamWriter | None, data: bytes) -> None:
+    """Write the program to the interpreter's standard input and close it."""
+    if stream is None:
+        return
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        stream.write(data)
+        await stream.drain()
+    stream.close()
 
 
 async def _drain(stream: asyncio.StreamReader | None, keep: int, kept: bytearray) -> None:

@@ -42,6 +42,17 @@ def test_output_errors_and_exit_code_come_back():
     assert traceback.splitlines()[-2:] == ["ZeroDivisionError: division by zero", "[exit code 1]"]
 
 
+def test_the_same_code_prints_the_same_in_every_run():
+    code = "print(hash('abc'), list({'a', 'b', 'c', 'd'}))\ninput()"
+    first, second = run(code), run(code)
+    assert first.text == second.text
+    assert first.text.splitlines()[-3:] == [
+        '  File "<stdin>", line 2, in <module>',
+        "EOFError: EOF when reading a line",
+        "[exit code 1]",
+    ]
+
+
 def test_each_run_has_a_fresh_empty_folder_and_no_secrets(monkeypatch):
     monkeypatch.setenv("SECRET_TOKEN", "s3cret")
     code = "import os\nprint(os.listdir('.'), os.environ.get('SECRET_TOKEN'))\nopen('f', 'w')"
