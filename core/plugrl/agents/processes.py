@@ -215,7 +215,7 @@ async def _new_worker() -> _Worker:
     worker = _start_worker()
     try:
         await asyncio.wait_for(_recv_message(worker.sock), START_TIMEOUT_S)
-    except TimeoutError:
+    except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11 on
         _kill(worker)
         raise RemoteError(
             f"a worker process did not start in {START_TIMEOUT_S:g} s; check that "
@@ -310,7 +310,7 @@ async def run_in_process(
     try:
         await loop.sock_sendall(worker.sock, payload)
         reply = pickle.loads(await asyncio.wait_for(_recv_message(worker.sock), timeout_s))
-    except TimeoutError:
+    except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11 on
         _kill(worker)
         raise ToolTimeout(f"{function} took over {timeout_s:g} s; its process was killed") from None
     except (EOFError, OSError):

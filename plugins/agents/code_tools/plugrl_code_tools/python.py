@@ -126,7 +126,7 @@ class PythonTool(Tool):
             "isolate_network": config.isolate_network,
         }
         # the environment is built here, not inherited: no PYTHONPATH, and a fixed hash seed,
-        # so that the same code prints the same (sets, dicts of strings) in every run
+        # so that the same code prints the same (a set of strings) in every run
         environment = {k: os.environ[k] for k in _KEPT_ENVIRONMENT if k in os.environ}
         environment.update(
             HOME=str(work),
@@ -179,7 +179,7 @@ class PythonTool(Tool):
                     ),
                     config.timeout_s,
                 )
-            except TimeoutError:  # what it printed until then is kept
+            except asyncio.TimeoutError:  # what it printed until then is kept
                 timed_out = True
         finally:
             # the group, whether the run ended, timed out or the call was cancelled: nothing
