@@ -71,6 +71,13 @@ class AgentConfig:
     tool_args: dict[str, dict[str, Any]] = option(
         factory=dict, help="Options of each tool, by tool name (its config class checks them)."
     )
+    tool_config_path: str | None = option(
+        None,
+        "A verl tool YAML file (tools: - class_name, config, tool_schema); each entry becomes "
+        "a tool named by its schema, beside rollout.agent.tools (docs/agents.md).",
+        verl="actor_rollout_ref.rollout.multi_turn.tool_config_path",
+        path="input",
+    )
     tool_parser: str = option(
         "hermes",
         "How tool calls are read from a model turn (hermes: Qwen2.5/Qwen3's <tool_call> "

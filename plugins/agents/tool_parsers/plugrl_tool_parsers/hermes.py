@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 from plugrl.parts.agent import ParsedTurn, ToolCall
 
@@ -15,11 +16,20 @@ _CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 
 def read_call(raw: str, index: int, arguments_key: str = "arguments") -> ToolCall:
     """One call from its JSON text; a call that cannot be read carries ``error``."""
-    call_id = f"call_{index}"
     try:
         payload = json.loads(raw)
     except json.JSONDecodeError as exc:
-        return ToolCall(id=call_id, name="", arguments=None, raw=raw, error=f"bad JSON: {exc}")
+        error = f"bad JSON: {exc}"
+        return ToolCall(id=f"call_{index}", name="", arguments=None, raw=raw, error=error)
+    return read_payload(payload, raw, index, (arguments_key,))
+
+
+def read_payload(
+    payload: Any, raw: str, index: int, arguments_keys: tuple[str, ...] = ("arguments",)
+) -> ToolCall:
+    """One call from its decoded JSON ``payload``: an object with a string ``name`` and its
+    arguments under the first of ``arguments_keys`` present (none: no arguments)."""
+    call_id = f"call_{index}"
     if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
         return ToolCall(
             id=call_id,
@@ -28,13 +38,13 @@ def read_call(raw: str, index: int, arguments_key: str = "arguments") -> ToolCal
             raw=raw,
             error='a call must be a JSON object with a string "name"',
         )
+    arguments_key = next((key for key in arguments_keys if key in payload), arguments_keys[0])
     arguments = payload.get(arguments_key, {})
     if isinstance(arguments, str):
         # some models write the arguments as a JSON string, as OpenAI's API carries them
         try:
             arguments = json.loads(arguments)
         except json.JSONDecodeError as exc:
-            arguments = None
             error = f"bad JSON in {arguments_key}: {exc}"
             return ToolCall(id=call_id, name=payload["name"], arguments=None, raw=raw, error=error)
     if not isinstance(arguments, dict):
