@@ -275,9 +275,55 @@ def load_hf_weights(chunks: list[GPTModel], hf: Any, folder: str) -> None:
                 key="model.path",
             )
         param.copy_(piece.to(param.dtype))
+    mark_split_weights(chunks)
+
+
+def mark_split_weights(chunks: list[GPTModel]) -> None:
+    """Mark the weights cut over tensor-parallel ranks as megatron does when it initialises
+    them itself (weights loaded into a model built without initialisation are unmarked, and
+    megatron's gradient norm counts unmarked weights on the first tensor-parallel rank only)."""
+    for name, param in named_parameters(chunks):
+        dim = partition_dim(name)
         if dim is not None:
-            # megatron marks split weights only when it initialises them itself; its gradient
-            # norm counts unmarked weights on the first tensor-parallel rank only
             param.tensor_model_parallel = True
             param.partition_dim = dim
             param.partition_stride = 1
+
+
+DIST_CHECKPOINT_KEY = "actor.dist_checkpointing_path"
+
+
+@torch.no_grad()
+def load_dist_checkpoint(chunks: list[GPTModel], folder: str) -> None:
+    """Fill this rank's parameters from a megatron-core ``dist_checkpointing`` folder: each
+    chunk's sharded state dict names the pieces this rank holds, whatever layout wrote the
+    folder (collective over the role's ranks)."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.validation import StrictHandling
+
+    fix = (
+        "give a folder written by megatron.core.dist_checkpointing.save from the model's "
+        "sharded_state_dict(), or set actor.use_dist_checkpointing false to load model.path"
+    )
+    if not Path(folder).is_dir() or not dist_checkpointing.check_is_distributed_checkpoint(folder):
+        raise RecipeError(
+            f"{folder!r} is not a megatron-core dist_checkpointing folder (no readable "
+            f"metadata.json); {fix}",
+            key=DIST_CHECKPOINT_KEY,
+        )
+    for chunk in chunks:
+        try:
+            # unexpected keys (an optimizer's state saved beside the model) are not this
+            # model's; missing ones raise
+            state = dist_checkpointing.load(
+                chunk.sharded_state_dict(), folder, strict=StrictHandling.ASSUME_OK_UNEXPECTED
+            )
+            chunk.load_state_dict(state, strict=False)
+        except Exception as exc:
+            reason = (str(exc).strip().splitlines() or [""])[0][:300]
+            raise RecipeError(
+                f"{folder!r} could not be loaded into the model ({type(exc).__name__}: "
+                f"{reason}); {fix}",
+                key=DIST_CHECKPOINT_KEY,
+            ) from exc
+    mark_split_weights(chunks)
