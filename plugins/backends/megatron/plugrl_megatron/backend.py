@@ -116,6 +116,15 @@ class MegatronBackend(TrainingBackend):
                 "allocate on CUDA); set it to 1 on cpu",
                 key="actor.pipeline_model_parallel_size",
             )
+        if c.use_dist_checkpointing and not c.dist_checkpointing_path:
+            # checked here, not when the recipe is read: like model.path, the folder is
+            # often an environment variable of the launch script, filled in afterwards
+            raise RecipeError(
+                "use_dist_checkpointing is true but no folder is named; give the megatron-core "
+                "dist_checkpointing folder to load, or set actor.use_dist_checkpointing false "
+                "to load model.path",
+                key="actor.dist_checkpointing_path",
+            )
         if self.role == "critic":
             raise RecipeError(
                 "the megatron backend has no critic (value model) yet; use an estimator "
@@ -167,7 +176,7 @@ class MegatronBackend(TrainingBackend):
         for chunk in chunks:
             chunk.to(self.torch_device)
         if self.config.use_dist_checkpointing:
-            assert self.config.dist_checkpointing_path is not None  # the config checks it
+            assert self.config.dist_checkpointing_path  # checked at construction
             load_dist_checkpoint(chunks, self.config.dist_checkpointing_path)
         else:
             load_hf_weights(chunks, self.hf_config, self.recipe.model.path)

@@ -17,18 +17,8 @@ _OPTIMIZER = "actor_rollout_ref.actor.optim.override_optimizer_config"
 _REF = "actor_rollout_ref.ref.megatron"
 
 
-def _needs_a_folder(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if instance.use_dist_checkpointing and not value:
-        raise ConfigValueError(
-            attribute.name,
-            "must name the megatron-core dist_checkpointing folder to load when "
-            "use_dist_checkpointing is true (or set use_dist_checkpointing false to load "
-            "model.path)",
-        )
-
-
 def _no_megatron_bridge(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if value is False and instance.use_mbridge:
+    if value is False:
         raise ConfigValueError(
             attribute.name,
             "false asks for NVIDIA's Megatron-Bridge (its model providers and LoRA), which "
@@ -147,7 +137,6 @@ class MegatronActorConfig(ActorConfig):
         "one saved from the GPTModel's sharded_state_dict() (as verl's converter_hf_to_mcore "
         "writes it), any parallel layout.",
         verl=f"{_MEGATRON}.dist_checkpointing_path",
-        validator=_needs_a_folder,
         path="input",
     )
     use_mbridge: bool = option(

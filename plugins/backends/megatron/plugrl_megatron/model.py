@@ -300,6 +300,7 @@ def load_dist_checkpoint(chunks: list[GPTModel], folder: str) -> None:
     folder (collective over the role's ranks)."""
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.validation import StrictHandling
+    from torch.distributed.checkpoint.api import CheckpointException
 
     fix = (
         "give a folder written by megatron.core.dist_checkpointing.save from the model's "
@@ -319,11 +320,21 @@ def load_dist_checkpoint(chunks: list[GPTModel], folder: str) -> None:
                 chunk.sharded_state_dict(), folder, strict=StrictHandling.ASSUME_OK_UNEXPECTED
             )
             chunk.load_state_dict(state, strict=False)
-        except Exception as exc:
-            reason = (str(exc).strip().splitlines() or [""])[0][:300]
+        except (Exception, CheckpointException) as exc:
             raise RecipeError(
-                f"{folder!r} could not be loaded into the model ({type(exc).__name__}: "
-                f"{reason}); {fix}",
+                f"{folder!r} could not be loaded into the model ({_cause(exc)}); {fix}",
                 key=DIST_CHECKPOINT_KEY,
             ) from exc
     mark_split_weights(chunks)
+
+
+def _cause(exc: BaseException) -> str:
+    """``Type: first line`` of what went wrong; torch's checkpoint reader reports the failure
+    of each rank wrapped in a ``CheckpointException`` (a BaseException), so the first of those
+    is named instead."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        first = next(iter(failures.values()))
+        exc = getattr(first, "exception", first)
+    lines = str(exc).strip().splitlines()
+    return type(exc).__name__ + (f": {lines[0][:300]}" if lines else "")

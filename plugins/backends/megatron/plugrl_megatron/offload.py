@@ -52,17 +52,18 @@ def park(
     """Empty the storages behind ``tensors`` that live on ``device``, keeping their bytes on
     ``host`` (when ``keep``). Storages already empty (parked before) and those whose data
     pointer is in ``skip`` are left alone."""
-    parked: list[Parked] = []
-    seen = set(skip or ())
-    # pinned host memory makes the copies direct; only CUDA pins
-    pin = host.type == "cpu" and device.type == "cuda"
+    groups: dict[int, list[torch.Tensor]] = {}
     for tensor in tensors:
         storage = tensor.untyped_storage()
-        if storage.nbytes() == 0 or storage.data_ptr() in seen:
+        pointer = storage.data_ptr()
+        if storage.nbytes() == 0 or pointer in (skip or ()) or not _on(storage.device, device):
             continue
-        if not _on(storage.device, device):
-            continue
-        seen.add(storage.data_ptr())
+        groups.setdefault(pointer, []).append(tensor)
+    # pinned host memory makes the copies direct; only CUDA pins
+    pin = host.type == "cpu" and device.type == "cuda"
+    parked: list[Parked] = []
+    for group in groups.values():
+        storage = _resizable(group)
         copy = None
         if keep:
             copy = torch.empty(storage.nbytes(), dtype=torch.uint8, device=host, pin_memory=pin)
@@ -70,6 +71,20 @@ def park(
         parked.append(Parked(storage, storage.nbytes(), copy))
         storage.resize_(0)
     return parked
+
+
+@torch.no_grad()
+def _resizable(tensors: list[torch.Tensor]) -> torch.UntypedStorage:
+    """The storage the tensors share, made resizable first where it is not: tensors read
+    from a file (a checkpoint's optimizer state) keep the file's fixed-size memory, so they
+    move to a copy of it, together, which keeps them views of one another."""
+    storage = tensors[0].untyped_storage()
+    if storage.resizable():
+        return storage
+    fresh = storage.clone()
+    for tensor in tensors:
+        tensor.set_(fresh, tensor.storage_offset(), tensor.size(), tensor.stride())
+    return fresh
 
 
 def unpark(parked: list[Parked]) -> None:
@@ -140,35 +155,40 @@ class Offloader:
     def offload(self, *parts: str) -> None:
         """Park each of ``parts`` (all offloaded parts when none are named) that is on the
         device; parts not offloaded are ignored."""
-        chosen = [p for p in (parts or self.parts) if p in self.sources and p not in self.parked]
-        if not chosen:
-            return
-        # the optimizer's parameters are the model's own without mixed precision: they go
-        # with the parameters, or stay with them
-        model = storage_pointers(self.model_params())
-        for part in chosen:
-            skip = model if part == "optimizer" else None
-            self.parked[part] = park(
-                self.sources[part](),
-                device=self.device,
-                host=self.host,
-                keep=part != "grads",
-                skip=skip,
-            )
-        self.empty_cache()
+        self._offload(list(parts) or self.parts)
 
     def reload(self, *parts: str) -> None:
         """Bring back each of ``parts`` (all parked parts when none are named)."""
-        for part in [p for p in PARTS if p in (parts or PARTS) and p in self.parked]:
-            unpark(self.parked.pop(part))
+        self._reload(list(parts) or list(PARTS))
 
     @contextlib.contextmanager
     def resident(self, *parts: str) -> Iterator[None]:
         """``parts`` on the device for the block, parked again after it: only those this
         call brought back, so that blocks nest."""
         brought = [part for part in parts if part in self.parked]
-        self.reload(*brought)
+        self._reload(brought)
         try:
             yield
         finally:
-            self.offload(*brought)
+            self._offload(brought)
+
+    def _offload(self, parts: list[str]) -> None:
+        chosen = [p for p in parts if p in self.sources and p not in self.parked]
+        if not chosen:
+            return
+        # the optimizer's parameters are the model's own without mixed precision: they go
+        # with the parameters, or stay with them
+        model = storage_pointers(self.model_params())
+        for part in chosen:
+            self.parked[part] = park(
+                self.sources[part](),
+                device=self.device,
+                host=self.host,
+                keep=part != "grads",
+                skip=model if part == "optimizer" else None,
+            )
+        self.empty_cache()
+
+    def _reload(self, parts: list[str]) -> None:
+        for part in [p for p in PARTS if p in parts and p in self.parked]:
+            unpark(self.parked.pop(part))
