@@ -144,6 +144,18 @@ def test_megatron_bridge_is_refused_in_one_line(plugrl_plugin_manager):
     )
 
 
+def test_the_readme_names_every_key_of_the_backend():
+    import attrs
+
+    from plugrl.parts.backend import ActorConfig
+    from plugrl_megatron.config import MegatronActorConfig
+
+    common = {field.name for field in attrs.fields(ActorConfig)}
+    own = [f.name for f in attrs.fields(MegatronActorConfig) if f.name not in common]
+    readme = (PLUGIN_FOLDER / "README.md").read_text(encoding="utf-8")
+    assert [name for name in own if f"`{name}`" not in readme] == []
+
+
 def test_importing_the_backend_module_does_not_import_megatron():
     """The driver loads the class before prepare_backend runs in its process."""
     code = (
