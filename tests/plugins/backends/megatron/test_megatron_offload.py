@@ -186,12 +186,14 @@ def test_on_cuda_the_device_memory_is_released_and_the_bytes_come_back_from_pinn
     for _ in range(3):
         step(plain, optimizers[0])
         with offloader.resident("params", "grads", "optimizer"):
-            held = torch.cuda.memory_allocated(device)
             step(offloaded, optimizers[1])
+            held = torch.cuda.memory_allocated(device)
         released = torch.cuda.memory_allocated(device)
-        # weight, bias, their gradients and two moments each: about 6 x 4 MiB left the device
-        assert held - released >= 5 * 4 * 2**20
-        copies = [p.copy for parked in offloader.parked.values() for p in parked if p.copy]
+        # the 4 MiB weight, its gradient and its two moments left the device (and the bias's)
+        assert held - released >= 4 * 4 * 2**20
+        copies = [
+            p.copy for parked in offloader.parked.values() for p in parked if p.copy is not None
+        ]
         assert copies and all(c.device == CPU and c.is_pinned() for c in copies)
     offloader.reload()
     for mine, theirs in zip(offloaded.parameters(), plain.parameters(), strict=True):
