@@ -134,8 +134,7 @@ class MegatronActorConfig(ActorConfig):
     dist_checkpointing_path: str | None = option(
         None,
         "The megatron-core dist_checkpointing folder read when use_dist_checkpointing is on: "
-        "one saved from the GPTModel's sharded_state_dict() (as verl's converter_hf_to_mcore "
-        "writes it), any parallel layout.",
+        "one saved from a GPTModel's sharded_state_dict(), in any parallel layout.",
         verl=f"{_MEGATRON}.dist_checkpointing_path",
         path="input",
     )
