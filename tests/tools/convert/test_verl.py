@@ -746,9 +746,9 @@ def test_the_installed_megatron_backend_takes_the_scripts_megatron_keys(
     assert MEGATRON not in not_converted.values()
     # 1 is the backend's default, so the key converts and the recipe leaves it out
     assert "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1" not in not_converted
-    assert not_converted["actor_rollout_ref.actor.megatron.use_mbridge=False"] == (
-        "training backend 'megatron' has no such key (plugrl explain actor lists the keys)"
-    )
+    # verl's own converters give the weights plugrl's conversion gives
+    assert actor["use_mbridge"] is False
+    assert not [override for override in not_converted if ".megatron." in override]
 
 
 def test_the_samples_dump_folders(plugrl_plugin_manager):

@@ -904,6 +904,12 @@ class _Converter:
             key == "reward_model.reward_manager" or key.startswith("custom_reward_function.")
         ):
             return _Skip("dropped", REWARD_MODEL_REPLACES)
+        if key in self.index:
+            # an option that declares this very key beats a rule for a whole prefix (the
+            # reference model's own offload switch, under actor_rollout_ref.ref.)
+            declared = self._declared(key)
+            assert declared is not None
+            return declared
         shared = _match(SHARED, key)
         if shared:
             (primary, why), rest = shared
