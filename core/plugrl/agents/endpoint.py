@@ -456,44 +456,15 @@ class OpenAIEndpoint:
         return f"{self.base_url}/samples/{quote(sample_id, safe='/')}/v1"
 
     def start(self) -> None:
-        """Bind the port and serve in a thread; return once the server answers."""
+        """Bind the port and serve in a thread; return once the server answers (a call while
+        another starts it waits for it too)."""
         with self._lock:
-            if self._thread is not None:
-                return
-            try:
-                import uvicorn
-            except ImportError:
-                raise PluginError(INSTALL_HINT) from None
-            app = self._app()
-            sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                sock.bind((self.host, self.port))
-            except OSError as exc:
-                sock.close()
-                raise PluginError(
-                    f"the OpenAI-compatible endpoint cannot listen on {self.host}:{self.port} "
-                    f"({exc.strerror}); set rollout.agent.loop_args.port to a free port, or 0"
-                ) from None
-            config = uvicorn.Config(
-                app,
-                log_level="warning",
-                access_log=False,
-                lifespan="off",
-                timeout_graceful_shutdown=1,
-            )
-            self._server = uvicorn.Server(config)
-            self._socket = sock
-            self._thread = threading.Thread(
-                target=self._server.run,
-                kwargs={"sockets": [sock]},
-                name="plugrl openai endpoint",
-                daemon=True,
-            )
-            self._thread.start()
+            if self._thread is None:
+                self._launch()
+            server, thread = self._server, self._thread
         deadline = time.monotonic() + START_TIMEOUT_S
-        while not self._server.started:
-            if not self._thread.is_alive():
+        while not server.started:
+            if not thread.is_alive():
                 where = self.base_url
                 self.stop()
                 raise PluginError(
@@ -506,6 +477,39 @@ class OpenAIEndpoint:
                     f"the OpenAI-compatible endpoint did not start within {START_TIMEOUT_S:g} s"
                 )
             time.sleep(0.01)
+
+    def _launch(self) -> None:
+        try:
+            import uvicorn
+        except ImportError:
+            raise PluginError(INSTALL_HINT) from None
+        app = self._app()
+        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.host, self.port))
+        except OSError as exc:
+            sock.close()
+            raise PluginError(
+                f"the OpenAI-compatible endpoint cannot listen on {self.host}:{self.port} "
+                f"({exc.strerror}); set rollout.agent.loop_args.port to a free port, or 0"
+            ) from None
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=1,
+        )
+        self._server = uvicorn.Server(config)
+        self._socket = sock
+        self._thread = threading.Thread(
+            target=self._server.run,
+            kwargs={"sockets": [sock]},
+            name="plugrl openai endpoint",
+            daemon=True,
+        )
+        self._thread.start()
 
     def stop(self) -> None:
         """Stop serving (in-flight requests get a second to finish)."""
