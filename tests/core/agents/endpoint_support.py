@@ -58,7 +58,8 @@ def make_tokenizer() -> Any:
 class ScriptedSession(Session):
     """Answers each ``generate`` with the next of ``answers`` (a text, ended with the eos
     token unless it is cut at ``max_tokens``), after ``delay_s``; records every call's
-    ``(token_ids, max_tokens)`` in ``calls``. ``fail`` makes ``generate`` raise."""
+    ``(token_ids, max_tokens)`` in ``calls``. ``fail`` makes ``generate`` raise; ``spelled``
+    samples each character as a token of its own."""
 
     def __init__(
         self,
@@ -71,6 +72,7 @@ class ScriptedSession(Session):
         delay_s: float = 0.0,
         weight_version: int = 3,
         fail: bool = False,
+        spelled: bool = False,
     ) -> None:
         self.sample_id = sample_id
         self.tokenizer = tokenizer
@@ -81,6 +83,7 @@ class ScriptedSession(Session):
         self.delay_s = delay_s
         self.weight_version = weight_version
         self.fail = fail
+        self.spelled = spelled
 
     async def generate(self, token_ids: Sequence[int], max_tokens: int) -> Completion:
         self.calls.append((list(token_ids), max_tokens))
@@ -89,7 +92,11 @@ class ScriptedSession(Session):
         if self.fail:
             raise RuntimeError("engine 0 is gone")
         turn = len(self.calls)
-        ids = [*self.tokenizer.encode(self.answers.pop(0)), self.tokenizer.eos_token_id]
+        text = self.answers.pop(0)
+        # spelled: one token per character, as a sampler may well produce, where the
+        # tokenizer would merge them
+        tokens = [i for c in text for i in self.tokenizer.encode(c)] if self.spelled else None
+        ids = [*(tokens or self.tokenizer.encode(text)), self.tokenizer.eos_token_id]
         finish = "stop"
         if len(ids) > max_tokens:
             ids, finish = ids[:max_tokens], "length"

@@ -163,6 +163,28 @@ def _template_form(message: Any) -> dict[str, Any]:
     return out
 
 
+def test_sampled_tokens_the_tokenizer_would_merge_stay_as_sampled(endpoint, tokenizer):
+    session = ScriptedSession(tokenizer, ["Hello there", "Fine"], spelled=True)
+
+    async def talk(client):
+        first = await client.chat.completions.create(model="m", messages=QUESTION)
+        messages = [
+            *QUESTION,
+            {"role": "assistant", "content": first.choices[0].message.content},
+            {"role": "user", "content": "And?"},
+        ]
+        await client.chat.completions.create(model="m", messages=messages)
+
+    sample = served(endpoint, session, talk)
+    (prompt1, _), (prompt2, _) = session.calls
+    spelled = [i for c in "Hello there" for i in tokenizer.encode(c)] + [tokenizer.eos_token_id]
+    assert tokenizer.encode("Hello there") != spelled[:-1]
+    assert prompt2[: len(prompt1) + len(spelled)] == prompt1 + spelled
+    [trajectory] = sample.recording.trajectories()
+    assert trajectory.response_ids[: len(spelled)] == spelled
+    assert sample.metrics()["endpoint_substituted_prompts"] == 1
+
+
 def test_two_unrelated_calls_are_two_sequences_the_latest_last(endpoint, tokenizer):
     session = ScriptedSession(tokenizer, ["3", "Paris"])
 
