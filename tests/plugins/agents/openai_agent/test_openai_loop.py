@@ -4,11 +4,16 @@ endpoint through the real ``openai`` client, and the trajectories and reward it 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import re
 import sys
+from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
+import yaml
 
 from plugrl.errors import RecipeError
 from plugrl.recipe import build_recipe
@@ -290,3 +295,56 @@ def test_an_agent_file_that_is_missing_or_broken_is_named(tmp_path):
         with pytest.raises(RecipeError) as caught:
             OpenAILoop(OpenAILoopConfig(agent=agent), part_context())
         assert str(caught.value) == message
+
+
+# --------------------------------------------------------------------------------------------
+# The page
+
+
+DOC = Path(__file__).resolve().parents[4] / "docs" / "agents.md"
+
+
+def doc_section() -> str:
+    text = DOC.read_text(encoding="utf-8")
+    match = re.search(r"^## OpenAI-compatible endpoint.*?$(.*?)(?=^## |\Z)", text, re.M | re.S)
+    assert match, "docs/agents.md has no section '## OpenAI-compatible endpoint'"
+    return match.group(1)
+
+
+def code_blocks(language: str) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", doc_section(), re.M | re.S)
+
+
+def test_the_page_lists_every_option_with_its_default():
+    rows = re.findall(r"^\| `(\w+)` \| (.*?) \|", doc_section(), re.M)
+    fields = attrs.fields(OpenAILoopConfig)
+    documented = {name: default for name, default in rows if name in {f.name for f in fields}}
+    assert sorted(documented) == sorted(f.name for f in fields)
+    for field in fields:
+        if field.default is attrs.NOTHING or field.name == "agent":
+            assert documented[field.name] == "(required)"
+        elif isinstance(field.default, attrs.Factory):
+            assert documented[field.name] == f"`{json.dumps(field.default.factory())}`"
+        elif isinstance(field.default, float):
+            assert documented[field.name] == f"`{field.default:g}`"
+        else:
+            assert documented[field.name] == f"`{field.default}`"
+
+
+def test_the_page_recipe_builds():
+    recipe = make_recipe(yaml.safe_load(code_blocks("yaml")[0]))
+    assert recipe.rollout.agent.loop == "openai"
+    assert recipe.rollout.agent.max_turns == 8
+
+
+def test_the_page_agent_runs_and_is_rewarded(tmp_path, tokenizer):
+    file = tmp_path / "page_agent.py"
+    file.write_text(code_blocks("python")[0], encoding="utf-8")
+    session = ScriptedSession(tokenizer, [CALL_TEXT, "The sum is 3"])
+    loop = OpenAILoop(OpenAILoopConfig(agent=f"{file}:solve"), part_context())
+    try:
+        [trajectory] = asyncio.run(loop.run(row_for(tokenizer), session))
+    finally:
+        loop.close()
+    assert trajectory.reward == 1.0
+    assert trajectory.num_turns == 2
