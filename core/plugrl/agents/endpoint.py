@@ -15,7 +15,9 @@ Every call is recorded in the sample's :class:`~plugrl.agents.recording.SampleRe
 run's sampling applies whatever the request says (the log-probs train the policy that sampled):
 ``max_tokens`` (or ``max_completion_tokens``) is clipped to what is left of
 ``data.max_response_length``; ``temperature``, ``top_p``, ``seed``, ``stop`` and
-``tool_choice`` are ignored; ``n`` must be 1 and ``stream`` false.
+``tool_choice`` are ignored; ``n`` must be 1. A ``stream`` request gets the whole answer
+as server-sent events once it is sampled: a chunk with the text (and the tool calls), one
+with the finish reason, one with the usage when ``stream_options.include_usage`` asks.
 
 Errors are OpenAI's shape, ``{"error": {"message", "type", "code"}}``, so the ``openai`` client
 raises them with their message: 404 for a sample that is not running, 400 for a body that does
@@ -93,8 +95,9 @@ def _object(body: Any) -> Mapping[str, Any]:
 
 
 def _common(body: Mapping[str, Any]) -> dict[str, Any]:
-    if body.get("stream"):
-        raise _bad("stream is not supported: send the request with stream false")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool) and stream is not None:
+        raise _bad(f"stream must be true or false, got {stream!r}")
     n = body.get("n", 1)
     if n not in (None, 1):
         raise _bad(f"n must be 1, got {n!r}: send one request per sample")
@@ -421,6 +424,34 @@ def _without_trailing_specials(completion: Completion, tokenizer: Any) -> list[i
     return ids
 
 
+def stream_events(response: Mapping[str, Any], include_usage: bool) -> list[str]:
+    """A whole answer as the server-sent events of a streamed one: the content (and tool
+    calls) in one chunk, the finish reason in the next, the usage last when asked, then
+    ``[DONE]``."""
+    chat = response["object"] == "chat.completion"
+    head = {k: response[k] for k in ("id", "created", "model")}
+    head["object"] = "chat.completion.chunk" if chat else "text_completion"
+    choice = response["choices"][0]
+    if chat:
+        message = choice["message"]
+        delta: dict[str, Any] = {"role": "assistant", "content": message["content"] or ""}
+        if message.get("tool_calls"):
+            delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]
+        first = {"index": 0, "delta": delta, "logprobs": choice["logprobs"], "finish_reason": None}
+        last = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": choice["finish_reason"]}
+    else:
+        first = {**choice, "finish_reason": None}
+        last = {"index": 0, "text": "", "logprobs": None, "finish_reason": choice["finish_reason"]}
+    if "token_ids" in choice:
+        first["token_ids"] = choice["token_ids"]
+    chunks = [{**head, "choices": [first]}, {**head, "choices": [last]}]
+    if "prompt_token_ids" in response:
+        chunks[0]["prompt_token_ids"] = response["prompt_token_ids"]
+    if include_usage:
+        chunks.append({**head, "choices": [], "usage": response["usage"]})
+    return [f"data: {json.dumps(chunk)}\n\n" for chunk in chunks] + ["data: [DONE]\n\n"]
+
+
 # --------------------------------------------------------------------------------------------
 # The server
 # --------------------------------------------------------------------------------------------
@@ -554,10 +585,10 @@ class OpenAIEndpoint:
     def _app(self) -> Any:
         from starlette.applications import Starlette
         from starlette.requests import Request
-        from starlette.responses import JSONResponse
+        from starlette.responses import JSONResponse, Response, StreamingResponse
         from starlette.routing import Route
 
-        async def answer(request: Request, kind: str) -> JSONResponse:
+        async def answer(request: Request, kind: str) -> Response:
             try:
                 sample = self._sample(request.path_params["sample_id"])
                 try:
@@ -566,17 +597,23 @@ class OpenAIEndpoint:
                     raise _bad(f"the body is not JSON ({exc})") from None
                 # the sample's state and its engines belong to its own event loop
                 future = asyncio.run_coroutine_threadsafe(sample.handle(kind, body), sample.loop)
-                return JSONResponse(await asyncio.wrap_future(future))
+                response = await asyncio.wrap_future(future)
+                if body.get("stream"):
+                    options = body.get("stream_options") or {}
+                    usage = isinstance(options, Mapping) and bool(options.get("include_usage"))
+                    events = stream_events(response, usage)
+                    return StreamingResponse(iter(events), media_type="text/event-stream")
+                return JSONResponse(response)
             except EndpointError as exc:
                 return JSONResponse(exc.body(), status_code=exc.status)
             except Exception as exc:
                 error = EndpointError(500, f"{type(exc).__name__}: {exc}".splitlines()[0])
                 return JSONResponse(error.body(), status_code=500)
 
-        async def chat(request: Request) -> JSONResponse:
+        async def chat(request: Request) -> Response:
             return await answer(request, "chat")
 
-        async def completions(request: Request) -> JSONResponse:
+        async def completions(request: Request) -> Response:
             return await answer(request, "completions")
 
         async def models(request: Request) -> JSONResponse:

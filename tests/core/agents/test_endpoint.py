@@ -323,6 +323,48 @@ def test_several_samples_are_served_at_once_each_on_its_own_route(endpoint, toke
         assert trajectory.num_turns == 2
 
 
+def test_a_streamed_chat_call_gets_the_whole_answer_as_chunks(endpoint, tokenizer):
+    session = ScriptedSession(tokenizer, [CALL_TEXT])
+    chunks = []
+
+    async def talk(client):
+        stream = await client.chat.completions.create(
+            model="m",
+            messages=QUESTION,
+            tools=[ADD_TOOL],
+            stream=True,
+            stream_options={"include_usage": True},
+            logprobs=True,
+        )
+        chunks.extend([chunk async for chunk in stream])
+
+    sample = served(endpoint, session, talk)
+    first, last, usage = chunks
+    assert first.object == "chat.completion.chunk"
+    assert first.choices[0].delta.role == "assistant"
+    [call] = first.choices[0].delta.tool_calls
+    assert call.index == 0 and call.function.name == "add"
+    assert json.loads(call.function.arguments) == {"a": 1, "b": 2}
+    [trajectory] = sample.recording.trajectories()
+    assert len(first.choices[0].logprobs.content) == len(trajectory.response_ids)
+    assert last.choices[0].finish_reason == "tool_calls"
+    assert usage.choices == [] and usage.usage.completion_tokens == len(trajectory.response_ids)
+    assert len({c.id for c in chunks}) == 1
+
+
+def test_a_streamed_completion_gets_its_text_and_finish_reason(endpoint, tokenizer):
+    session = ScriptedSession(tokenizer, [" 3"])
+    chunks = []
+
+    async def talk(client):
+        stream = await client.completions.create(model="m", prompt="1 + 2 =", stream=True)
+        chunks.extend([chunk async for chunk in stream])
+
+    served(endpoint, session, talk)
+    assert "".join(c.choices[0].text for c in chunks) == " 3"
+    assert [c.choices[0].finish_reason for c in chunks] == [None, "stop"]
+
+
 def test_models_lists_the_model_name(endpoint, tokenizer):
     session = ScriptedSession(tokenizer, [])
     names = []
@@ -359,8 +401,8 @@ def test_an_unknown_sample_gets_404_naming_it(endpoint):
         ({"messages": [{"content": "hi"}]}, "message 0 must be a JSON object with a string role"),
         ({"messages": QUESTION, "n": 2}, "n must be 1, got 2: send one request per sample"),
         (
-            {"messages": QUESTION, "stream": True},
-            "stream is not supported: send the request with stream false",
+            {"messages": QUESTION, "stream": "yes"},
+            "stream must be true or false, got 'yes'",
         ),
         (
             {"messages": QUESTION, "max_tokens": 0},
