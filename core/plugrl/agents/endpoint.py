@@ -212,6 +212,7 @@ class EndpointSample:
     its session, on the event loop it was created on, and records them."""
 
     def __init__(self, session: Session, loop: asyncio.AbstractEventLoop, model_name: str) -> None:
+        self.sample_id = session.sample_id
         self.session = session
         self.loop = loop
         self.model_name = model_name
@@ -220,13 +221,36 @@ class EndpointSample:
             session.tokenizer, session.max_response_length, session.config.max_turns
         )
         self.malformed_tool_calls = 0
+        self.closed = False
         self._call_ids = 0
+        self._answering: set[asyncio.Task[Any]] = set()
 
     async def handle(self, kind: str, body: Any) -> dict[str, Any]:
         """The answer to a ``chat`` or ``completions`` request body."""
-        if kind == "chat":
-            return await self._chat(read_chat_request(body))
-        return await self._complete(read_completion_request(body))
+        if self.closed:
+            raise EndpointError(404, f"sample {self.sample_id!r} has ended")
+        task = asyncio.current_task()
+        if task is not None:
+            self._answering.add(task)
+        try:
+            if kind == "chat":
+                return await self._chat(read_chat_request(body))
+            return await self._complete(read_completion_request(body))
+        except asyncio.CancelledError:
+            if self.closed:
+                raise EndpointError(
+                    404, f"sample {self.sample_id!r} ended before this call was answered"
+                ) from None
+            raise
+        finally:
+            self._answering.discard(task)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        """Answer no more calls; those being answered are cancelled (their sampling too), so
+        that the record no longer changes. Call it on the sample's event loop."""
+        self.closed = True
+        for task in list(self._answering):
+            task.cancel()
 
     async def _chat(self, request: ChatRequest) -> dict[str, Any]:
         prompt_text = self._render(request.messages, request.tools, generation_prompt=True)
@@ -565,9 +589,12 @@ class OpenAIEndpoint:
         return sample
 
     def release(self, sample_id: str) -> None:
-        """Stop serving ``sample_id``: later calls on its route get 404."""
+        """Stop serving ``sample_id``: later calls on its route get 404, calls in flight are
+        cancelled (see :meth:`EndpointSample.close`). Call it on the sample's event loop."""
         with self._lock:
-            self._samples.pop(sample_id, None)
+            sample = self._samples.pop(sample_id, None)
+        if sample is not None:
+            sample.close()
 
     # ----------------------------------------------------------------------------------------
 

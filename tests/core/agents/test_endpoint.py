@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from plugrl.agents.endpoint import OpenAIEndpoint, read_chat_request
+from plugrl.agents.endpoint import EndpointError, OpenAIEndpoint, read_chat_request
 from plugrl.errors import PluginError
 
 from .endpoint_support import ADD_TOOL, ScriptedSession, make_tokenizer
@@ -363,6 +363,31 @@ def test_a_streamed_completion_gets_its_text_and_finish_reason(endpoint, tokeniz
     served(endpoint, session, talk)
     assert "".join(c.choices[0].text for c in chunks) == " 3"
     assert [c.choices[0].finish_reason for c in chunks] == [None, "stop"]
+
+
+def test_a_call_in_flight_when_its_sample_ends_is_cancelled_and_not_recorded(endpoint, tokenizer):
+    session = ScriptedSession(tokenizer, ["late"], delay_s=60)
+
+    async def main() -> tuple[Any, Any]:
+        sample = endpoint.open(session.sample_id, session)
+        async with client_for(endpoint, session.sample_id) as client:
+            call = asyncio.ensure_future(
+                client.chat.completions.create(model="m", messages=QUESTION)
+            )
+            while not session.calls:
+                await asyncio.sleep(0.01)
+            endpoint.release(session.sample_id)
+            with pytest.raises(openai.NotFoundError) as caught:
+                await call
+        # a call that reaches the sample after it ended
+        with pytest.raises(EndpointError) as late:
+            await sample.handle("chat", {"messages": QUESTION})
+        return sample, (caught.value, late.value)
+
+    sample, (caught, late) = asyncio.run(main())
+    assert caught.body["message"] == "sample 'uid0/0' ended before this call was answered"
+    assert (late.status, str(late)) == (404, "sample 'uid0/0' has ended")
+    assert sample.recording.trajectories() == []
 
 
 def test_models_lists_the_model_name(endpoint, tokenizer):
