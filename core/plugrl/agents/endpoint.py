@@ -293,8 +293,10 @@ class EndpointSample:
         completion, limited = await self._generate(prompt_ids, request.max_tokens)
         text = self._decode(completion)
         if not limited:
-            self.recording.remember(text, _without_trailing_specials(completion, self.tokenizer))
             prompt_text = prompt if isinstance(prompt, str) else None
+            if prompt_text is not None:  # a client that sends ids continues with ids
+                ids = _without_trailing_specials(completion, self.tokenizer)
+                self.recording.remember(prompt_text, text, ids)
             messages = [
                 {"role": "prompt", "content": prompt_text},
                 {"role": "completion", "content": text},
@@ -354,7 +356,7 @@ class EndpointSample:
         except EndpointError:
             full_text = ""  # a template that cannot end on an assistant turn
         span = rendered_span(prompt_text, full_text, completion.token_ids, self.tokenizer)
-        self.recording.remember(span, completion.token_ids)
+        self.recording.remember(prompt_text, span, completion.token_ids)
 
     def _decode(self, completion: Completion) -> str:
         return self.tokenizer.decode(list(completion.token_ids), skip_special_tokens=True)

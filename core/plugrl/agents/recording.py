@@ -10,7 +10,8 @@ Text loses token ids twice on the way back: the chat template re-renders an assi
 the client sends back (a tool call's JSON with other spacing, say), and a text may tokenize
 differently from how it was sampled. So the record keeps, for every completion, the text that
 stands for it in a rendered prompt and the ids sampled for it; :meth:`SampleRecording.encode`
-puts those ids back wherever that text appears, and a conversation stays one trajectory.
+puts those ids back wherever that text follows the prompt it was sampled after, and a
+conversation stays one trajectory.
 """
 
 from __future__ import annotations
@@ -63,21 +64,23 @@ class SampleRecording:
         self.substituted = 0
         """Prompts in which sampled ids replaced the tokenizer's for a completion's text."""
         self._sequences: list[_Sequence] = []
-        self._spans: dict[str, list[int]] = {}
+        self._spans: dict[str, dict[str, list[int]]] = {}
         self._pattern: re.Pattern[str] | None = None
 
     # ----------------------------------------------------------------------------------------
     # Text to ids
 
-    def remember(self, text: str, token_ids: Sequence[int]) -> None:
-        """``text`` stands for the sampled ``token_ids`` in later prompts."""
+    def remember(self, before: str, text: str, token_ids: Sequence[int]) -> None:
+        """``text`` stands for the sampled ``token_ids`` in later prompts where it follows
+        ``before`` (the prompt text the tokens were sampled after), and only there: the same
+        text elsewhere is a user's, tokenized as usual."""
         if text and token_ids:
-            self._spans[text] = list(token_ids)
+            self._spans.setdefault(text, {})[before] = list(token_ids)
             self._pattern = None
 
     def encode(self, text: str) -> list[int]:
-        """The ids of ``text``: the remembered ids where a remembered text appears, the
-        tokenizer's elsewhere."""
+        """The ids of ``text``: the remembered ids where a remembered text follows the prompt
+        it was sampled after, the tokenizer's elsewhere."""
         if not self._spans:
             return self._encode(text)
         if self._pattern is None:
@@ -88,8 +91,10 @@ class SampleRecording:
         start = 0
         substituted = False
         for match in self._pattern.finditer(text):
+            sampled = self._spans[match.group(0)].get(text[: match.start()])
+            if sampled is None:
+                continue
             ids += self._encode(text[start : match.start()])
-            sampled = self._spans[match.group(0)]
             substituted = substituted or sampled != self._encode(match.group(0))
             ids += sampled
             start = match.end()

@@ -164,7 +164,8 @@ def _template_form(message: Any) -> dict[str, Any]:
 
 
 def test_sampled_tokens_the_tokenizer_would_merge_stay_as_sampled(endpoint, tokenizer):
-    session = ScriptedSession(tokenizer, ["Hello there", "Fine"], spelled=True)
+    session = ScriptedSession(tokenizer, ["Hello there", "Fine", "Hi"], spelled=True)
+    elsewhere = [{"role": "user", "content": "Hello there"}]
 
     async def talk(client):
         first = await client.chat.completions.create(model="m", messages=QUESTION)
@@ -174,13 +175,17 @@ def test_sampled_tokens_the_tokenizer_would_merge_stay_as_sampled(endpoint, toke
             {"role": "user", "content": "And?"},
         ]
         await client.chat.completions.create(model="m", messages=messages)
+        # the same text in another conversation is the user's: tokenized as usual
+        await client.chat.completions.create(model="m", messages=elsewhere)
 
     sample = served(endpoint, session, talk)
-    (prompt1, _), (prompt2, _) = session.calls
+    (prompt1, _), (prompt2, _), (prompt3, _) = session.calls
+    rendered3 = tokenizer.apply_chat_template(elsewhere, add_generation_prompt=True, tokenize=False)
+    assert prompt3 == tokenizer.encode(rendered3)
     spelled = [i for c in "Hello there" for i in tokenizer.encode(c)] + [tokenizer.eos_token_id]
     assert tokenizer.encode("Hello there") != spelled[:-1]
     assert prompt2[: len(prompt1) + len(spelled)] == prompt1 + spelled
-    [trajectory] = sample.recording.trajectories()
+    trajectory, _ = sample.recording.trajectories()
     assert trajectory.response_ids[: len(spelled)] == spelled
     assert sample.metrics()["endpoint_substituted_prompts"] == 1
 
