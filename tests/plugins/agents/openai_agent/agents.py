@@ -84,3 +84,13 @@ async def no_row(*, client: openai.AsyncOpenAI) -> None:
 
 async def needs_more(row: dict[str, Any], client: openai.AsyncOpenAI, rubric: str) -> None:
     return None
+
+
+async def chatty(row: dict[str, Any], client: openai.AsyncOpenAI) -> float:
+    """Three turns of one conversation, each answer sent back as the client got it."""
+    messages = list(row["prompt"])
+    for _ in range(3):
+        answer = await client.chat.completions.create(model="plugrl", messages=messages)
+        messages.append({"role": "assistant", "content": answer.choices[0].message.content})
+        messages.append({"role": "user", "content": "Go on."})
+    return 0.0
