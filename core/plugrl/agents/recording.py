@@ -64,7 +64,8 @@ class SampleRecording:
         self.substituted = 0
         """Prompts in which sampled ids replaced the tokenizer's for a completion's text."""
         self._sequences: list[_Sequence] = []
-        self._spans: dict[str, dict[str, list[int]]] = {}
+        # text -> the prompt text it followed -> (sampled ids, whether the tokenizer's differ)
+        self._spans: dict[str, dict[str, tuple[list[int], bool]]] = {}
         self._pattern: re.Pattern[str] | None = None
 
     # ----------------------------------------------------------------------------------------
@@ -75,7 +76,8 @@ class SampleRecording:
         ``before`` (the prompt text the tokens were sampled after), and only there: the same
         text elsewhere is a user's, tokenized as usual."""
         if text and token_ids:
-            self._spans.setdefault(text, {})[before] = list(token_ids)
+            sampled = list(token_ids)
+            self._spans.setdefault(text, {})[before] = (sampled, sampled != self._encode(text))
             self._pattern = None
 
     def encode(self, text: str) -> list[int]:
@@ -91,11 +93,12 @@ class SampleRecording:
         start = 0
         substituted = False
         for match in self._pattern.finditer(text):
-            sampled = self._spans[match.group(0)].get(text[: match.start()])
-            if sampled is None:
+            found = self._spans[match.group(0)].get(text[: match.start()])
+            if found is None:
                 continue
+            sampled, differs = found
             ids += self._encode(text[start : match.start()])
-            substituted = substituted or sampled != self._encode(match.group(0))
+            substituted = substituted or differs
             ids += sampled
             start = match.end()
         ids += self._encode(text[start:])
