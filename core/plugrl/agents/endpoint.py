@@ -14,7 +14,8 @@ Each running sample has its own route, ``/samples/<sample id>/v1``, with:
 Every call is recorded in the sample's :class:`~plugrl.agents.recording.SampleRecording`. The
 run's sampling applies whatever the request says (the log-probs train the policy that sampled):
 ``max_tokens`` (or ``max_completion_tokens``) is clipped to what is left of
-``data.max_response_length``; ``temperature``, ``top_p``, ``seed``, ``stop`` and
+``data.max_response_length``; ``stop`` cuts the answer before the first stop text (the
+tokens sampled after it are dropped); ``temperature``, ``top_p``, ``seed`` and
 ``tool_choice`` are ignored; ``n`` must be 1. A ``stream`` request gets the whole answer
 as server-sent events once it is sampled: a chunk with the text (and the tool calls), one
 with the finish reason, one with the usage when ``stream_options.include_usage`` asks.
@@ -79,6 +80,7 @@ class ChatRequest:
     logprobs: bool
     top_logprobs: int
     return_token_ids: bool
+    stop: tuple[str, ...] = ()
     messages: list[Message] = attrs.field(factory=list)
     tools: list[dict[str, Any]] | None = None
     prompt: str | list[int] | None = None
@@ -111,7 +113,18 @@ def _common(body: Mapping[str, Any]) -> dict[str, Any]:
         "model": model if isinstance(model, str) else DEFAULT_MODEL_NAME,
         "max_tokens": max_tokens,
         "return_token_ids": bool(body.get("return_token_ids", False)),
+        "stop": _stop_strings(body.get("stop")),
     }
+
+
+def _stop_strings(stop: Any) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+        raise _bad(f"stop must be a text or a list of non-empty texts, got {stop!r}")
+    return tuple(stop)
 
 
 def read_chat_request(body: Any) -> ChatRequest:
@@ -256,6 +269,7 @@ class EndpointSample:
         prompt_text = self._render(request.messages, request.tools, generation_prompt=True)
         prompt_ids = self.recording.encode(prompt_text)
         completion, limited = await self._generate(prompt_ids, request.max_tokens)
+        completion = self._stopped(completion, request.stop)
         text = self._decode(completion)
         tool_calls: list[dict[str, Any]] = []
         content = text
@@ -291,6 +305,7 @@ class EndpointSample:
             list(prompt) if isinstance(prompt, list) else self.recording.encode(prompt or "")
         )
         completion, limited = await self._generate(prompt_ids, request.max_tokens)
+        completion = self._stopped(completion, request.stop)
         text = self._decode(completion)
         if not limited:
             prompt_text = prompt if isinstance(prompt, str) else None
@@ -326,6 +341,33 @@ class EndpointSample:
             raise EndpointError(
                 500, f"the engines failed to answer: {type(exc).__name__}: {exc}"
             ) from exc
+
+    def _stopped(self, completion: Completion, stop: tuple[str, ...]) -> Completion:
+        """``completion`` cut before the first of the ``stop`` texts: the tokens whose text
+        lies wholly before it (the engine sampled on; what follows the stop text is not part
+        of the answer, and the client continues the text before it)."""
+        text = self._decode(completion)
+        found = [text.find(s) for s in stop if s in text]
+        if not found:
+            return completion
+        before = text[: min(found)]
+        ids = list(completion.token_ids)
+        # the longest run of tokens whose text begins ``before``; prefixes only grow
+        low, high = 0, len(ids)
+        while low < high:
+            middle = (low + high + 1) // 2
+            prefix = self.tokenizer.decode(ids[:middle], skip_special_tokens=True)
+            if before.startswith(prefix):
+                low = middle
+            else:
+                high = middle - 1
+        return attrs.evolve(
+            completion,
+            token_ids=ids[:low],
+            log_probs=list(completion.log_probs[:low]),
+            token_versions=list(completion.token_versions[:low]),
+            finish_reason="stop",
+        )
 
     def _render(
         self, messages: list[Message], tools: list[dict[str, Any]] | None, generation_prompt: bool

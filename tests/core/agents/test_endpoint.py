@@ -235,6 +235,37 @@ def test_the_completions_route_continues_text_and_takes_token_ids(endpoint, toke
     assert session.calls[1][0][: len(session.calls[0][0])] == session.calls[0][0]
 
 
+def test_stop_texts_cut_the_answer_and_the_agent_continues_one_trajectory(endpoint, tokenizer):
+    """A ReAct-style agent: the answer is cut before "Observation:", which the agent writes
+    itself with the tool's result; the sampled tokens after the cut are not kept."""
+    thought = " I add.\nAction: add 1 2"
+    session = ScriptedSession(tokenizer, [thought + "\nObservation: 7\nmore", " So 3."])
+    answers = []
+    prompt = "Q: 1 + 2?\n"
+
+    async def talk(client):
+        first = await client.completions.create(model="m", prompt=prompt, stop="\nObservation:")
+        answers.append(first)
+        second_prompt = prompt + first.choices[0].text + "\nObservation: 3\n"
+        answers.append(
+            await client.completions.create(model="m", prompt=second_prompt, stop=["\nObs"])
+        )
+
+    sample = served(endpoint, session, talk)
+    first, second = (a.choices[0] for a in answers)
+    assert first.text == thought and first.finish_reason == "stop"
+    assert second.text == " So 3."
+    [trajectory] = sample.recording.trajectories()
+    kept = trajectory.response_ids[: trajectory.turn_ends[0] + 1]
+    assert tokenizer.decode(kept) == thought
+    assert trajectory.log_probs[: len(kept)] == pytest.approx(
+        [-0.01 - 0.001 * i for i in range(len(kept))]
+    )
+    rest = tokenizer.decode(trajectory.response_ids[len(kept) :])
+    assert rest == "\nObservation: 3\n So 3.<|im_end|>"
+    assert trajectory.loss_mask[len(kept)] == 0 and trajectory.num_turns == 2
+
+
 def test_max_tokens_is_clipped_to_what_is_left_of_the_response_length(endpoint, tokenizer):
     session = ScriptedSession(
         tokenizer, ["one two three four five six", "six"], max_response_length=12
@@ -443,6 +474,10 @@ def test_an_unknown_sample_gets_404_naming_it(endpoint):
             "message 0 has a 'image_url' content part; only text is supported",
         ),
         ({"messages": QUESTION, "tools": "add"}, "tools must be a list of function schemas"),
+        (
+            {"messages": QUESTION, "stop": ["a", 3]},
+            "stop must be a text or a list of non-empty texts, got ['a', 3]",
+        ),
         (
             {"messages": [{"role": "assistant", "tool_calls": [{"function": {}}]}]},
             "message 0 has a tool call without function.name",
