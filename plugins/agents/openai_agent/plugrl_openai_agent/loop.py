@@ -19,6 +19,7 @@ trajectory's text.
 from __future__ import annotations
 
 import asyncio
+import copy
 import hashlib
 import importlib
 import importlib.util
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 AGENT_KEY = "rollout.agent.loop_args.agent"
 API_KEY = "plugrl"
 """The key clients send (the endpoint checks none; the ``openai`` client needs one)."""
+MAX_WARNINGS = 10
 PROVIDED = ("row", "client", "base_url", "api_key", "model", "sample_id")
 
 
@@ -199,7 +201,9 @@ def _checked(
         label=label,
         row_parameter=row_parameter,
         takes=takes,
-        is_async=inspect.iscoroutinefunction(function),
+        # an object whose __call__ is async counts as an async function
+        is_async=inspect.iscoroutinefunction(function)
+        or inspect.iscoroutinefunction(type(function).__call__),
     )
 
 
@@ -267,7 +271,8 @@ class OpenAILoop(AgentLoop):
             "sample_id": sample_id,
         }
         kwargs = {n: v for n, v in provided.items() if n in agent.takes and n != "row"}
-        kwargs[agent.row_parameter] = row
+        # the agent may build its messages on the row's: the batch's row stays as it was
+        kwargs[agent.row_parameter] = copy.deepcopy(dict(row))
         kwargs.update(self.config.agent_args)
         client = None
         if "client" in agent.takes:
@@ -290,8 +295,9 @@ class OpenAILoop(AgentLoop):
                     await closed
 
     def _warn(self, message: str, sample_id: str) -> None:
-        # one line per kind of failure, not one per sample
-        if message not in self._logged:
+        # one line per kind of failure, not one per sample, and a few kinds at most (an
+        # exception's text may differ from sample to sample)
+        if message not in self._logged and len(self._logged) < MAX_WARNINGS:
             self._logged.add(message)
             log.warning(
                 "%s (sample %s; later samples failing the same way are counted in agent_errors)",

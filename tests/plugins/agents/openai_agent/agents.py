@@ -94,3 +94,25 @@ async def chatty(row: dict[str, Any], client: openai.AsyncOpenAI) -> float:
         messages.append({"role": "assistant", "content": answer.choices[0].message.content})
         messages.append({"role": "user", "content": "Go on."})
     return 0.0
+
+
+class Solver:
+    """An agent object whose ``__call__`` is async, with state of its own."""
+
+    def __init__(self, suffix: str) -> None:
+        self.suffix = suffix
+
+    async def __call__(self, row: dict[str, Any], client: openai.AsyncOpenAI) -> float:
+        row["prompt"].append({"role": "user", "content": self.suffix})
+        await client.chat.completions.create(model="plugrl", messages=row["prompt"])
+        return 1.0
+
+
+solver = Solver("Be brief.")
+
+
+async def raises_per_sample(
+    row: dict[str, Any], client: openai.AsyncOpenAI, sample_id: str
+) -> None:
+    await client.chat.completions.create(model="plugrl", messages=row["prompt"])
+    raise ValueError(f"sample {sample_id} went wrong")

@@ -24,7 +24,7 @@ from . import agents
 
 openai = pytest.importorskip("openai")
 
-from plugrl_openai_agent.loop import OpenAILoop, OpenAILoopConfig  # noqa: E402
+from plugrl_openai_agent.loop import MAX_WARNINGS, OpenAILoop, OpenAILoopConfig  # noqa: E402
 
 AGENTS = "tests.plugins.agents.openai_agent.agents"
 CALL_TEXT = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
@@ -101,6 +101,19 @@ def test_an_agent_with_kwargs_gets_every_provided_argument(tokenizer):
     assert isinstance(seen["client"], openai.AsyncOpenAI)
 
 
+def test_an_agent_object_with_an_async_call_gets_a_copy_of_the_row(tokenizer):
+    session = ScriptedSession(tokenizer, ["3"])
+    row = row_for(tokenizer)
+    loop = OpenAILoop(OpenAILoopConfig(agent=f"{AGENTS}:solver"), part_context())
+    try:
+        [trajectory] = asyncio.run(loop.run(row, session))
+    finally:
+        loop.close()
+    assert trajectory.reward == 1.0
+    assert [m["content"] for m in trajectory.messages][:2] == ["What is 1 + 2?", "Be brief."]
+    assert row["prompt"] == [{"role": "user", "content": "What is 1 + 2?"}]
+
+
 def test_an_agent_that_raises_ends_its_trajectory_with_error_logged_once(tokenizer, caplog):
     caplog.set_level(logging.WARNING, "plugrl_openai_agent.loop")
     loop = OpenAILoop(OpenAILoopConfig(agent=f"{AGENTS}:raises"), part_context())
@@ -117,6 +130,18 @@ def test_an_agent_that_raises_ends_its_trajectory_with_error_logged_once(tokeniz
         f"agent {AGENTS}:raises raised ValueError: no answer found (sample u/0; later samples "
         "failing the same way are counted in agent_errors)"
     ]
+
+
+def test_failures_that_differ_per_sample_log_a_few_lines_only(tokenizer, caplog):
+    caplog.set_level(logging.WARNING, "plugrl_openai_agent.loop")
+    loop = OpenAILoop(OpenAILoopConfig(agent=f"{AGENTS}:raises_per_sample"), part_context())
+    try:
+        for index in range(MAX_WARNINGS + 2):
+            session = ScriptedSession(tokenizer, ["3"], sample_id=f"u{index}/0")
+            asyncio.run(loop.run(row_for(tokenizer), session))
+    finally:
+        loop.close()
+    assert len(caplog.records) == MAX_WARNINGS
 
 
 def test_an_agent_returning_something_else_than_a_number_is_an_error(tokenizer, caplog):
