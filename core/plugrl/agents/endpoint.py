@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import socket
 import threading
@@ -432,7 +433,7 @@ class EndpointSample:
 
     def _text_logprobs(self, completion: Completion) -> dict[str, Any]:
         texts = self._token_texts(completion)
-        offsets = [sum(len(t) for t in texts[:i]) for i in range(len(texts))]
+        offsets = [0, *itertools.accumulate(len(t) for t in texts)][: len(texts)]
         return {
             "tokens": texts,
             "token_logprobs": [float(v) for v in completion.log_probs],
