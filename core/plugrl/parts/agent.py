@@ -382,3 +382,6 @@ class AgentLoop(ABC):
         black-box agent whose calls do not continue each other token for token): each
         becomes a row of the batch with the sample's ``uid``, the last one carrying the
         episode's reward."""
+
+    def close(self) -> None:
+        """Release what the loop holds (a server, processes) at the end of the run."""
