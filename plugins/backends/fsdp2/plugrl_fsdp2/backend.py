@@ -210,11 +210,11 @@ class FSDP2Backend(TrainingBackend):
             # the budget is per rank; a sequence-parallel group shares each micro-batch
             budget = self.config.ppo_max_token_len_per_gpu * self._sp
             cut = packed_micro_batches if self._packs(batch) else token_budget_micro_batches
-            plan = cut(lengths, budget)
+            plan = cut(lengths, budget, ranks=self._sp)
             while True:
                 # a rank may need more micro-batches at the agreed count than it asked for
                 count, _ = self._agreed_count(len(plan))
-                plan = cut(lengths, budget, count)
+                plan = cut(lengths, budget, count, ranks=self._sp)
                 largest, smallest = self._agreed_count(len(plan))
                 if largest == smallest:
                     return plan
