@@ -107,7 +107,7 @@ def two_ranks(tiny_model, tmp_path_factory):
         nprocs=2,
         join=True,
     )
-    return [torch.load(out / f"rank{rank}.pt", weights_only=False) for rank in (0, 1)]
+    return [torch.load(out / f"rank{rank}.pt", weights_only=True) for rank in (0, 1)]
 
 
 def test_the_batch_needs_padding_to_split():
