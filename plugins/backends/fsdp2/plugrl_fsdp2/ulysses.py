@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -33,9 +32,11 @@ interface (a model's ``config._attn_implementation``)."""
 
 KEY = "actor.ulysses_sequence_parallel_size"
 
-_GROUP: ContextVar[Any] = ContextVar("plugrl_ulysses_group", default=None)
+_GROUP: list[Any] = [None]
 """The sequence-parallel process group of the forward running in this process; None outside
-:func:`sequence_group`."""
+:func:`sequence_group`. A process-wide value, not a context variable: on CUDA, autograd runs
+backward (and the recomputation of checkpointed layers in it) on a thread of its own, which
+must split attention as the forward did."""
 
 
 def check_model(hf_config: Any, sp: int) -> None:
@@ -76,12 +77,19 @@ def groups(device_type: str, world_size: int, sp: int) -> tuple[Any, Any]:
 
 @contextmanager
 def sequence_group(group: Any) -> Iterator[None]:
-    """Forwards inside the block split their attention over ``group``."""
-    token = _GROUP.set(group)
+    """Forwards inside the block, and the backward passes run inside it, split their attention
+    over ``group``."""
+    before = _GROUP[0]
+    _GROUP[0] = group
     try:
         yield
     finally:
-        _GROUP.reset(token)
+        _GROUP[0] = before
+
+
+def current_group() -> Any:
+    """The group of the innermost :func:`sequence_group` block, on any thread; None outside."""
+    return _GROUP[0]
 
 
 def _all_to_all(x: torch.Tensor, group: Any, scatter_dim: int, gather_dim: int) -> torch.Tensor:
@@ -165,7 +173,7 @@ def ulysses_attention(
     padded on the right only, so a real token's causal window holds real tokens alone and no
     mask is needed. Outside :func:`sequence_group` it is that attention unsplit.
     """
-    group = _GROUP.get()
+    group = current_group()
     if group is None:
         return packing.varlen_attention(
             module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs

@@ -31,7 +31,23 @@ an odd left-aligned width and an odd packed length (checked below), so two ranks
 before splitting."""
 
 LAYOUTS = {"padded": False, "packed": True}
-"""Each case's actor.use_remove_padding."""
+"""Each case's actor.use_remove_padding; the packed one also recomputes its layers in backward
+(gradient checkpointing), which runs the exchanges of attention again."""
+
+
+class ReinforceWithEntropy(TokenMeanReinforce):
+    """The REINFORCE loss minus an entropy bonus: the entropy's gradient flows back through
+    the gathered slices too."""
+
+    needs_entropy = True
+
+    def __call__(
+        self, micro_batch: Any, log_prob: torch.Tensor, entropy: Any, scale: Any
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        loss, metrics = super().__call__(micro_batch, log_prob, entropy, scale)
+        mask = micro_batch["response_mask"].to(entropy.dtype)
+        bonus = (entropy * mask).sum() * scale.dp_size / scale.num_tokens
+        return loss - 0.1 * bonus, {**metrics, "actor/entropy": float(bonus.detach())}
 
 
 def one_update(model_dir: Path, dist_info: DistInfo, sp: int, packed: bool) -> dict[str, Any]:
@@ -42,6 +58,7 @@ def one_update(model_dir: Path, dist_info: DistInfo, sp: int, packed: bool) -> d
         ulysses_sequence_parallel_size=sp,
         use_remove_padding=packed,
         ppo_micro_batch_size_per_gpu=4,
+        gradient_checkpointing=packed,
     )
     context = PartContext(recipe=recipe, role="actor", device=CpuDevice(), dist=dist_info)
     backend = FSDP2Backend(recipe.actor, context)
@@ -58,7 +75,7 @@ def one_update(model_dir: Path, dist_info: DistInfo, sp: int, packed: bool) -> d
         return step(grad_clip)
 
     backend._clip_and_step = recording_step  # type: ignore[method-assign]
-    metrics = backend.update_policy(batch, TokenMeanReinforce())
+    metrics = backend.update_policy(batch, ReinforceWithEntropy())
     after = backend.compute_log_prob(batch)
     return {
         "before": before,
@@ -119,6 +136,10 @@ def test_the_batch_needs_padding_to_split():
     assert len(set(batch["attention_mask"].sum(dim=1).tolist())) > 2
 
 
+def assert_named_close(got: torch.Tensor, expected: torch.Tensor, name: str, atol: float) -> None:
+    torch.testing.assert_close(got, expected, atol=atol, rtol=0, msg=lambda m: f"{name}: {m}")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_two_sequence_parallel_ranks_compute_what_one_rank_does(two_ranks, tiny_model, layout):
@@ -129,17 +150,19 @@ def test_two_sequence_parallel_ranks_compute_what_one_rank_does(two_ranks, tiny_
         assert got["dp"] == (0, 1, rank == 0)
         for name in ("log_probs", "entropys"):
             torch.testing.assert_close(got["before"][name], expected["before"][name], **exact)
-        for name in ("actor/loss", "actor/grad_norm", "actor/pg_loss"):
+        for name in ("actor/loss", "actor/grad_norm", "actor/pg_loss", "actor/entropy"):
             assert got["metrics"][name] == pytest.approx(expected["metrics"][name], abs=1e-5)
         # gradients counted once, not once per sequence-parallel rank
         assert got["grads"].keys() == expected["grads"].keys()
         for name, grad in expected["grads"].items():
-            torch.testing.assert_close(got["grads"][name], grad, **exact, msg=name)
+            assert_named_close(got["grads"][name], grad, name, atol=1e-5)
         torch.testing.assert_close(got["after"], expected["after"], **exact)
     weights = two_ranks[0][layout]["weights"]
     assert weights.keys() == expected["weights"].keys()
     for name, weight in expected["weights"].items():
-        torch.testing.assert_close(weights[name], weight, **exact, msg=name)
+        # Adam's first step divides each gradient by its own size: a gradient near 0 that
+        # differs in its last bits moves its weight by a visible fraction of lr (1e-3)
+        assert_named_close(weights[name], weight, name, atol=1e-4)
 
 
 @pytest.mark.slow
@@ -147,6 +170,21 @@ def test_a_sequence_parallel_critic_computes_the_values_of_one_rank(two_ranks, t
     expected = critic_values(tiny_model, DistInfo(), 1)
     for results in two_ranks:
         torch.testing.assert_close(results["values"], expected, atol=1e-5, rtol=0)
+
+
+def test_backward_threads_split_attention_as_the_forward_did():
+    import threading
+
+    from plugrl_fsdp2 import ulysses
+
+    group = object()
+    seen = []
+    with ulysses.sequence_group(group):
+        thread = threading.Thread(target=lambda: seen.append(ulysses.current_group()))
+        thread.start()
+        thread.join()
+    assert seen == [group]
+    assert ulysses.current_group() is None
 
 
 def test_a_sequence_parallel_group_is_one_data_parallel_rank(tiny_model):
