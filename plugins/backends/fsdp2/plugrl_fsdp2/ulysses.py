@@ -42,9 +42,8 @@ must split attention as the forward did."""
 def check_model(hf_config: Any, sp: int) -> None:
     """Raise a :class:`RecipeError` naming :data:`KEY` when the decoder of ``hf_config`` (a
     Hugging Face text config) cannot be split over ``sp`` ranks: every rank attends with
-    ``1/sp`` of the query heads and of the key-value heads, and with full causal attention
-    (a sliding window would need the neighbouring slice's tokens only, which this does not
-    special-case)."""
+    ``1/sp`` of the query heads and of the key-value heads, and with plain causal attention
+    built without a mask, which would ignore a sliding window."""
     heads = int(hf_config.num_attention_heads)
     kv_heads = int(getattr(hf_config, "num_key_value_heads", None) or heads)
     for count, what in ((heads, "attention heads"), (kv_heads, "key-value heads")):
