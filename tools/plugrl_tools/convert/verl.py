@@ -200,10 +200,6 @@ NEUTRAL = {
         False,
         "plugrl does not normalise the importance weights over the batch",
     ),
-    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": (
-        1,
-        "plugrl has no sequence parallelism",
-    ),
     "trainer.critic_warmup": (0, "plugrl has no critic warm-up"),
     "actor_rollout_ref.model.use_shm": (
         False,
@@ -228,6 +224,9 @@ _CRITIC_MODEL = "plugrl builds every model, the critic too, with the settings of
 CRITIC_SHARES = {
     "use_dynamic_bsz": "plugrl's critic forms micro-batches as the actor does",
     "ppo_max_token_len_per_gpu": "plugrl's critic forms micro-batches as the actor does",
+    "ulysses_sequence_parallel_size": (
+        "plugrl's critic splits sequences over the actor's sequence-parallel groups"
+    ),
 }
 """``critic.*`` keys plugrl covers with the actor's key of the same name (besides ``model.*``),
 and why."""
