@@ -23,12 +23,14 @@ TRUNCATED_MARK = " ...(truncated)"
 """Appended to an observation cut to ``rollout.agent.max_tool_response_length`` tokens, so the
 model can tell it did not see all of it."""
 
-# A stand-in conversation the chat-template deltas are rendered after: the text a template
-# puts between turns does not depend on what was said before, and rendering the real
-# conversation again would re-render sampled turns (which templates may rewrite).
+# The delta between two turns is rendered after a stand-in assistant turn whose content is this
+# marker: the text that follows it is what the template writes after a model turn, whatever
+# the real conversation was. Rendering the real conversation again would re-render sampled
+# turns, which templates may rewrite (Qwen3's drops the thinking of earlier turns).
+_MARKER = "PLUGRL-TURN-7f3a"
 _BASE: list[Message] = [
     {"role": "user", "content": "u"},
-    {"role": "assistant", "content": "a"},
+    {"role": "assistant", "content": _MARKER},
 ]
 
 
@@ -223,26 +225,26 @@ class _Episode:
         """The tokens between the model's last sampled token and the next turn's first: the
         rest of the assistant turn's close (its end-of-turn token when the model did not
         sample it), the observation messages and the next assistant turn's opening."""
-        render = self.tokenizer.apply_chat_template
-        tools = schemas or None
-        closed = render(_BASE, tools=tools, tokenize=False)
-        opened = render(
-            [*_BASE, *observation], tools=tools, add_generation_prompt=True, tokenize=False
+        text = self.tokenizer.apply_chat_template(
+            [*_BASE, *observation],
+            tools=schemas or None,
+            add_generation_prompt=True,
+            tokenize=False,
         )
-        if not opened.startswith(closed):
+        if text.count(_MARKER) != 1:
             raise ValueError(
-                "the tokenizer's chat template renders a conversation differently once a "
-                "message is added, so observations cannot be appended to sampled tokens; "
-                "use a model whose chat template only appends"
+                "the tokenizer's chat template does not render an assistant message's content "
+                "as given, so observations cannot be appended to sampled tokens; use a chat "
+                "template that renders assistant turns verbatim"
             )
-        # what the template writes after an assistant message's content, e.g.
-        # "<|im_end|>\n"; the model may have sampled its beginning (the end-of-turn token)
-        close = closed[closed.rindex(_BASE[-1]["content"]) + len(_BASE[-1]["content"]) :]
+        # the assistant turn's close, e.g. "<|im_end|>\n", then the observation and the next
+        # turn's opening; the model may have sampled the close's first token (end of turn)
+        delta = text[text.index(_MARKER) + len(_MARKER) :]
         if sampled and sampled[-1] in self.tokenizer.all_special_ids:
             last = self.tokenizer.decode([sampled[-1]], skip_special_tokens=False)
-            if close.startswith(last):
-                close = close[len(last) :]
-        return self.tokenizer.encode(close + opened[len(closed) :], add_special_tokens=False)
+            if delta.startswith(last):
+                delta = delta[len(last) :]
+        return self.tokenizer.encode(delta, add_special_tokens=False)
 
     def finish(self) -> Trajectory:
         trajectory = self.trajectory

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -318,13 +319,43 @@ def test_no_opening_and_no_prompt_is_a_one_line_error(tokenizer):
     assert GuessTheNumber.instances[0].closed == 1
 
 
-def test_a_chat_template_that_rewrites_earlier_turns_is_a_one_line_error(tokenizer):
-    rewriting = make_tiny_tokenizer()
-    rewriting.chat_template = "{{ messages | length }}" + rewriting.chat_template
+# Qwen3's way: the last assistant turn is rendered with an (empty) thinking block, earlier
+# ones without; rendering a conversation again changes its earlier turns
+REWRITING_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'assistant' and loop.last %}"
+    "{{ '<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n' + message['content'] + "
+    "'<|im_end|>\\n' }}"
+    "{% else %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def test_a_chat_template_that_rewrites_earlier_turns_still_appends_only_the_delta(tokenizer):
+    rewriting = copy.deepcopy(tokenizer)
+    rewriting.chat_template = REWRITING_TEMPLATE
+    trajectory, session = play(rewriting, ["3", "7"])
+    hint = encode(tokenizer, "\n<|im_start|>user\nhigher<|im_end|>\n<|im_start|>assistant\n")
+    first = [*encode(tokenizer, "3"), tokenizer.eos_token_id]
+    assert trajectory.response_ids[: len(first) + len(hint)] == first + hint
+    assert session.calls[1][0] == trajectory.prompt_ids + first + hint
+
+
+def test_a_chat_template_that_drops_assistant_content_is_a_one_line_error(tokenizer):
+    dropping = copy.deepcopy(tokenizer)
+    dropping.chat_template = (
+        "{% for m in messages %}{% if m['role'] != 'assistant' %}"
+        "{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+        "{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    )
     with pytest.raises(ValueError) as info:
-        play(rewriting, ["1", "7"])
+        play(dropping, ["1", "7"])
     assert str(info.value) == (
-        "the tokenizer's chat template renders a conversation differently once a message is "
-        "added, so observations cannot be appended to sampled tokens; use a model whose chat "
-        "template only appends"
+        "the tokenizer's chat template does not render an assistant message's content as "
+        "given, so observations cannot be appended to sampled tokens; use a chat template that "
+        "renders assistant turns verbatim"
     )
