@@ -9,6 +9,8 @@ from typing import Any, ClassVar
 
 import pytest
 
+import plugrl
+from plugrl.errors import RecipeError
 from plugrl.parts.agent import (
     AgentConfig,
     AgentLoopConfig,
@@ -19,7 +21,7 @@ from plugrl.parts.agent import (
 )
 from plugrl.parts.rollout import Completion
 from plugrl.plugins import get_plugin_manager
-from plugrl.testing import ScriptedSession, make_tiny_tokenizer
+from plugrl.testing import ScriptedSession, make_tiny_tokenizer, part_context
 from plugrl_agent_loops.env import TRUNCATED_MARK, EnvLoop
 
 QUESTION = [{"role": "user", "content": "Guess my number, from 1 to 10."}]
@@ -358,4 +360,42 @@ def test_a_chat_template_that_drops_assistant_content_is_a_one_line_error(tokeni
         "the tokenizer's chat template does not render an assistant message's content as "
         "given, so observations cannot be appended to sampled tokens; use a chat template that "
         "renders assistant turns verbatim"
+    )
+
+
+class RegisteredGuess(GuessTheNumber):
+    """Built as the registry builds environments: ``(config, context)``."""
+
+    def __init__(self, config, context) -> None:
+        super().__init__()
+        self.context = context
+
+
+class GuessPlugin:
+    @plugrl.hookimpl
+    def register_environments(self, register):
+        register("guess_the_number", RegisteredGuess, description="higher or lower")
+
+
+def test_an_environment_registered_by_a_plugin_is_chosen_by_the_recipe(
+    plugrl_register_plugin, plugrl_recipe, tokenizer
+):
+    plugrl_register_plugin(GuessPlugin(), "guess")
+    recipe = plugrl_recipe({"rollout.agent": {"loop": "env", "env": "guess_the_number"}})
+    context = part_context(recipe)
+    environment = context.plugins.registry("environments").get(recipe.rollout.agent.env).load()
+    loop = context.plugins.registry("agent_loops").get(recipe.rollout.agent.loop).load()
+    session = ScriptedSession(
+        tokenizer,
+        ["7"],
+        environment=lambda: environment(None, context),
+        config=recipe.rollout.agent,
+    )
+    trajectory = asyncio.run(loop(AgentLoopConfig(), context).run(ROW, session))
+    assert (trajectory.reward, trajectory.finish_reason) == (1.0, "stop")
+    with pytest.raises(RecipeError) as info:
+        plugrl_recipe({"rollout.agent": {"loop": "env", "env": "guess_the_numbr"}})
+    assert str(info.value).startswith(
+        "rollout.agent.env: unknown environment 'guess_the_numbr': did you mean "
+        "'guess_the_number'?"
     )
