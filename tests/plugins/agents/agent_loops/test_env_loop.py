@@ -396,6 +396,5 @@ def test_an_environment_registered_by_a_plugin_is_chosen_by_the_recipe(
     with pytest.raises(RecipeError) as info:
         plugrl_recipe({"rollout.agent": {"loop": "env", "env": "guess_the_numbr"}})
     assert str(info.value).startswith(
-        "rollout.agent.env: unknown environment 'guess_the_numbr': did you mean "
-        "'guess_the_number'?"
+        "rollout.agent.env: unknown environment 'guess_the_numbr': did you mean 'guess_the_number'?"
     )
