@@ -103,8 +103,9 @@ class _Bridge(Client):
 class VerifiersEnvironment(Environment):
     """One episode of a verifiers environment.
 
-    The row becomes verifiers' rollout input: its ``prompt`` messages, ``answer`` (or a
-    verl-style ``reward_model.ground_truth``) and ``info`` (or ``extra_info``).
+    The row becomes verifiers' rollout input: its ``prompt`` messages (after the
+    environment's ``system_prompt``, unless they open with a system message), ``answer`` (or
+    a verl-style ``reward_model.ground_truth``) and ``info`` (or ``extra_info``).
     """
 
     config: VerifiersConfig
@@ -124,8 +125,13 @@ class VerifiersEnvironment(Environment):
 
     async def reset(self, row: Mapping[str, Any]) -> list[Message]:
         ground_truth = (row.get("reward_model") or {}).get("ground_truth", "")
+        prompt = [dict(message) for message in row["prompt"]]
+        # what verifiers does to the rows of its own datasets
+        system_prompt = getattr(self.env, "system_prompt", None)
+        if system_prompt and (not prompt or prompt[0].get("role") != "system"):
+            prompt.insert(0, {"role": "system", "content": system_prompt})
         rollout_input = {
-            "prompt": list(row["prompt"]),
+            "prompt": prompt,
             "example_id": int(row.get("index", 0) or 0),
             "answer": str(row.get("answer", ground_truth)),
             "info": row.get("info", row.get("extra_info") or {}),

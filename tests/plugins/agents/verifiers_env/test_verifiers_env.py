@@ -49,9 +49,13 @@ def no_dataset() -> Dataset:
     return Dataset.from_list([{"question": "unused", "answer": "0"}])
 
 
-def load_guess(max_turns: int = 10, weight: float = 1.0) -> vf.MultiTurnEnv:
+def load_guess(
+    max_turns: int = 10, weight: float = 1.0, system_prompt: str | None = None
+) -> vf.MultiTurnEnv:
     rubric = vf.Rubric(funcs=[correct, few_turns], weights=[weight, 0.0])
-    return GuessTheNumber(dataset=no_dataset, rubric=rubric, max_turns=max_turns)
+    return GuessTheNumber(
+        dataset=no_dataset, rubric=rubric, max_turns=max_turns, system_prompt=system_prompt
+    )
 
 
 def load_single() -> vf.MultiTurnEnv:
@@ -163,3 +167,12 @@ def test_the_environment_must_be_named(plugrl_recipe):
         "environment's id, a module with a load_environment function, or 'module:function' "
         "(got None)"
     )
+
+
+def test_the_environments_system_prompt_opens_the_conversation(tokenizer):
+    trajectory, _ = play(tokenizer, ["7"], system_prompt="Answer with a number.")
+    assert trajectory.messages[0] == {"role": "system", "content": "Answer with a number."}
+    assert tokenizer.decode(trajectory.prompt_ids).startswith(
+        "<|im_start|>system\nAnswer with a number.<|im_end|>\n<|im_start|>user\nGuess"
+    )
+    assert trajectory.reward == 1.0
