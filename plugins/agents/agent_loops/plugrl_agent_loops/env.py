@@ -184,10 +184,10 @@ class _Episode:
         trajectory.token_versions.extend(completion.token_versions)
         trajectory.weight_version = completion.weight_version
         trajectory.num_turns += 1
-        if trajectory.response_ids:
+        if completion.token_ids:
             trajectory.turn_ends.append(len(trajectory.response_ids) - 1)
         else:
-            # an empty first turn has no token to carry its reward; the episode's reward
+            # an empty turn has no sampled token to carry its reward; the episode's reward
             # still counts it
             trajectory.turn_ends.append(-1)
 

@@ -301,6 +301,11 @@ def test_an_empty_turn_keeps_its_reward_in_the_episode(tokenizer):
     assert trajectory.reward == pytest.approx(0.9)
     assert trajectory.turn_rewards == [1.0]
     assert len(trajectory.turn_ends) == 1
+    # an empty turn after others: its reward is not put on a token the model did not sample
+    trajectory, _ = play(tokenizer, ["1", empty, "7"], env=GuessTheNumberEmpty)
+    assert trajectory.reward == pytest.approx(0.8)
+    assert trajectory.turn_rewards == [-0.1, 1.0]
+    assert [trajectory.loss_mask[end] for end in trajectory.turn_ends] == [1, 1]
 
 
 class GuessTheNumberEmpty(GuessTheNumber):
