@@ -131,6 +131,7 @@ def test_the_environments_own_max_turns_ends_the_episode(tokenizer):
 def test_the_loops_max_turns_stops_the_rollout(tokenizer):
     trajectory, environment = play(tokenizer, ["1", "2", "3"], loop_turns=2)
     assert (trajectory.finish_reason, trajectory.num_turns) == ("max_turns", 2)
+    assert trajectory.reward == 0.0  # never scored
     assert environment.rollout.done()  # closed: the verifiers rollout was cancelled
 
 
