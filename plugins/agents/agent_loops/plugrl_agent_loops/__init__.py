@@ -1,4 +1,5 @@
-"""The built-in agent loops: ``single_turn`` (one prompt, one response: the default)."""
+"""The built-in agent loops: ``single_turn`` (one prompt, one response: the default) and
+``env`` (an environment answers each turn)."""
 
 from __future__ import annotations
 
@@ -12,4 +13,9 @@ def register_agent_loops(register):
         "plugrl_agent_loops.single_turn:SingleTurnLoop",
         description="one response to the row's prompt (a run without agents)",
         aliases=["single_turn_agent"],
+    )
+    register(
+        "env",
+        "plugrl_agent_loops.env:EnvLoop",
+        description="turns driven by an environment (rollout.agent.env): observations and rewards",
     )
