@@ -11,7 +11,16 @@ import attrs
 
 import plugrl
 from plugrl.config import option
-from plugrl.parts.agent import Tool, ToolArgumentError, ToolConfig, ToolContext, ToolResult
+from plugrl.parts.agent import (
+    Environment,
+    EnvironmentConfig,
+    StepResult,
+    Tool,
+    ToolArgumentError,
+    ToolConfig,
+    ToolContext,
+    ToolResult,
+)
 from plugrl.parts.rollout import Completion, GenerationRequest
 
 TOOL_TEMPLATE = (
@@ -138,3 +147,29 @@ class AgentTestPlugin:
 
 def texts_of(tokenizer: Any, requests: Sequence[GenerationRequest]) -> list[str]:
     return [tokenizer.decode(list(r.prompt_ids)) for r in requests]
+
+
+@attrs.define(kw_only=True)
+class CountdownConfig(EnvironmentConfig):
+    steps: int = option(2, "Steps to the end of an episode.")
+
+
+class CountdownEnvironment(Environment):
+    """Ends after ``steps`` steps, rewarding the last."""
+
+    async def reset(self, row: Mapping[str, Any]) -> None:
+        self.left = self.config.steps
+
+    async def step(self, message: str) -> StepResult:
+        self.left -= 1
+        return StepResult(
+            observation=f"{self.left} left", reward=float(not self.left), done=not self.left
+        )
+
+
+class AgentTestEnvironments:
+    @plugrl.hookimpl
+    def register_environments(self, register):
+        register(
+            "countdown", f"{__name__}:CountdownEnvironment", config=f"{__name__}:CountdownConfig"
+        )

@@ -12,7 +12,14 @@ from plugrl.errors import PluginError, RecipeError
 from plugrl.parts.agent import AgentLoop, ToolCall, Trajectory
 from plugrl.parts.rollout import SamplingParams, derive_seed
 
-from .agent_support import AgentTestPlugin, ScriptedEngines, SlowTool, tool_tokenizer
+from .agent_support import (
+    AgentTestEnvironments,
+    AgentTestPlugin,
+    CountdownEnvironment,
+    ScriptedEngines,
+    SlowTool,
+    tool_tokenizer,
+)
 
 
 @pytest.fixture(scope="module")
@@ -188,6 +195,24 @@ def test_a_bad_tool_option_names_its_key(plugrl_recipe, plugrl_register_plugin):
     plugrl_register_plugin(AgentTestPlugin(), "agent-test-tools")
     with pytest.raises(RecipeError, match=r"rollout\.agent\.tool_args\.echo"):
         plugrl_recipe({"rollout.agent": {"tools": ["echo"], "tool_args": {"echo": {"x": 1}}}})
+
+
+def test_each_environment_asked_for_is_a_fresh_one_with_env_args(
+    runtime_of, plugrl_register_plugin
+):
+    plugrl_register_plugin(AgentTestEnvironments(), "agent-test-envs")
+    runtime = runtime_of(env="countdown", env_args={"steps": 1})
+    session = session_of(runtime)
+    first, second = session.make_environment(), session.make_environment()
+    assert isinstance(first, CountdownEnvironment) and first is not second
+    assert first.config.steps == 1
+
+    async def episode():
+        await first.reset({})
+        return await first.step("go")
+
+    result = runtime._thread.submit(episode()).result()
+    assert (result.observation, result.reward, result.done) == ("0 left", 1.0, True)
 
 
 def test_an_environment_asked_for_when_none_is_set_says_how_to_set_one(runtime_of):

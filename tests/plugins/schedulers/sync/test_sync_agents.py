@@ -12,7 +12,7 @@ import torch
 import plugrl
 import plugrl_sync.scheduler as sync_module
 from plugrl.data.batch import response_attention_mask
-from plugrl.parts.agent import ParsedTurn, ToolCall
+from plugrl.parts.agent import AgentLoop, ParsedTurn, ToolCall, Trajectory
 from plugrl.run import RunContext
 from plugrl.steps import generate, generate_with_agents, sampling_params
 from plugrl_sim.parts import sim_recipe
@@ -124,3 +124,58 @@ def test_a_tool_step_trains_on_multi_turn_trajectories_and_logs_their_metrics(
     first = json.loads(lines[0])
     assert first["num_turns"] >= 1
     assert [turn["role"] for turn in first["turns"]][:2] == ["user", "assistant"]
+
+
+class TwoSequenceLoop(AgentLoop):
+    """A sample of two sequences that do not continue each other (a black-box agent's)."""
+
+    async def run(self, row, session):
+        out = []
+        for _ in range(2):
+            prompt = list(row["raw_prompt_ids"])
+            completion = await session.generate(prompt, 8)
+            tokens = list(completion.token_ids)
+            out.append(
+                Trajectory(
+                    prompt_ids=prompt,
+                    response_ids=tokens,
+                    loss_mask=[1] * len(tokens),
+                    log_probs=list(completion.log_probs),
+                    token_versions=list(completion.token_versions),
+                    finish_reason=completion.finish_reason,
+                    weight_version=completion.weight_version,
+                    turn_ends=[len(tokens) - 1] if tokens else [],
+                    num_turns=1,
+                )
+            )
+        return out
+
+
+class TwoSequencePlugin:
+    @plugrl.hookimpl
+    def register_agent_loops(self, register):
+        register("two_sequences", f"{__name__}:TwoSequenceLoop")
+
+
+def test_rows_choose_their_loop_by_agent_name_and_a_sample_may_be_several_rows(
+    sim_parts, plugrl_register_plugin
+):
+    plugrl_register_plugin(TwoSequencePlugin(), "agent-test-loop")
+    _, parts = sim_parts()
+    prompts = parts.train_loader.next_batch()
+    prompts["agent_name"] = ["two_sequences", None, "single_turn_agent", "two_sequences"]
+    params = sampling_params(parts.recipe, 1)
+    batch = generate(parts, prompts, params)
+    uids = list(prompts["uid"])
+    # n=2 samples per prompt; a two_sequences sample is two rows with its prompt's uid
+    assert list(batch["uid"]) == [uids[0]] * 4 + [uids[1]] * 2 + [uids[2]] * 2 + [uids[3]] * 4
+    assert list(batch["sample_last"])[:4] == [False, True, False, True]
+    scores = parts_scores(parts, batch)
+    assert scores[0] == scores[1] and scores[2] == scores[3]
+    assert batch["response_mask"].sum(-1)[:4].max() <= 8
+
+
+def parts_scores(parts, batch):
+    from plugrl.steps import reward_output
+
+    return reward_output(parts, batch).token_level_scores.sum(-1).tolist()
