@@ -92,18 +92,34 @@ SINGLE_TURN = "single_turn"
 """The agent loop of a run without agents: rows that use only it take the batched path."""
 
 
-def agent_loop_names(parts: RunParts, prompts: Batch) -> list[str] | None:
-    """The agent loop of each row of ``prompts`` (its ``agent_name``, else
-    ``rollout.agent.loop``), or ``None`` when every row's is ``single_turn``: those are
-    sampled as one batch of requests, as a run without agents is."""
+def row_loop_names(parts: RunParts, prompts: Batch) -> list[str]:
+    """The agent loop of each row of ``prompts``: its ``agent_name``, else
+    ``rollout.agent.loop``."""
     default = parts.recipe.rollout.agent.loop
-    names = [
+    return [
         str(name) if name else default for name in prompts.get("agent_name", [None] * len(prompts))
     ]
+
+
+def agent_loop_names(parts: RunParts, prompts: Batch) -> list[str] | None:
+    """The agent loop of each row of ``prompts`` (:func:`row_loop_names`), or ``None`` when
+    every row's is ``single_turn``: those are sampled as one batch of requests, as a run
+    without agents is."""
+    names = row_loop_names(parts, prompts)
     registry = parts.plugins.registry("agent_loops")
     if all(registry.get(name).name == SINGLE_TURN for name in set(names)):
         return None
     return names
+
+
+def run_uses_agents(parts: RunParts) -> bool:
+    """Whether any training row needs an agent loop other than ``single_turn`` (by
+    ``rollout.agent.loop`` or its ``agent_name``): a scheduler that samples prompt by prompt
+    then runs every prompt through the agent runtime, so all its batches have one layout."""
+    names = {parts.recipe.rollout.agent.loop}
+    names.update(r.agent_name for r in parts.train_data.records if r.agent_name)
+    registry = parts.plugins.registry("agent_loops")
+    return any(registry.get(name).name != SINGLE_TURN for name in names)
 
 
 def generate_with_agents(

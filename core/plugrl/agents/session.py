@@ -18,6 +18,7 @@ error text the model reads as the tool's answer, and a counted metric.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import time
 from collections import defaultdict
@@ -40,7 +41,12 @@ from plugrl.parts.agent import (
     Trajectory,
 )
 from plugrl.parts.context import PartContext
-from plugrl.parts.rollout import GenerationRequest, derive_seed
+from plugrl.parts.rollout import (
+    GenerationRequest,
+    continuation_request,
+    derive_seed,
+    join_completions,
+)
 from plugrl.recipe.build import tool_args
 
 if TYPE_CHECKING:
@@ -150,7 +156,22 @@ class AgentSession(Session):
             params=params,
         )
         self.turn += 1
-        (completion,) = await self.runtime.engines.agenerate(request)
+        engines = self.runtime.engines
+        (completion,) = await engines.agenerate(request)
+        part = 0
+        # a weight sync that ends requests in flight (partial rollout without pausing in
+        # place): the turn goes on from its tokens on the new weights
+        while (
+            completion.finish_reason == "aborted"
+            and self.runtime.continue_aborted
+            and len(completion.token_ids) < params.max_tokens
+        ):
+            part += 1
+            follow = continuation_request(
+                request, completion, request_id=f"{request.request_id}+{part}"
+            )
+            (rest,) = await engines.agenerate(follow)
+            completion = join_completions(completion, rest)
         return completion
 
     def tool_schemas(self) -> list[dict[str, Any]]:
@@ -247,6 +268,9 @@ class AgentRuntime:
         self.tools: dict[str, Tool] = {}
         self._loops: dict[str, AgentLoop] = {}
         self._batches = 0
+        self.continue_aborted = False
+        """Continue a turn a weight sync aborted (set by a scheduler whose syncs abort the
+        requests in flight); otherwise the turn ends ``aborted`` and so does its trajectory."""
         self._tool_metrics: dict[str, list[float]] = defaultdict(list)
         self._thread = _LoopThread("plugrl-agents")
         # created on the runtime's own loop, where every call that waits on it runs
@@ -323,9 +347,19 @@ class AgentRuntime:
         """``params.n`` samples of each row through its agent loop (blocking): for each row,
         for each sample, its sequences (one, unless the loop returned several)."""
         self._batches += 1
-        prefix = f"agent{self._batches}"
-        future = self._thread.submit(self._run_all(rows, loop_names, params, prefix))
-        return future.result()
+        return self.submit(rows, loop_names, params, f"agent{self._batches}").result()
+
+    def submit(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        loop_names: Sequence[str],
+        params: SamplingParams,
+        request_prefix: str,
+    ) -> concurrent.futures.Future:
+        """:meth:`run` without waiting, for a caller on another event loop or thread: the
+        future gets the samples; cancelling it cancels them. Request ids start with
+        ``request_prefix``, unique among the runtime's batches in flight."""
+        return self._thread.submit(self._run_all(rows, loop_names, params, request_prefix))
 
     async def _run_all(
         self,

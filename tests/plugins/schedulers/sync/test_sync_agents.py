@@ -179,3 +179,16 @@ def parts_scores(parts, batch):
     from plugrl.steps import reward_output
 
     return reward_output(parts, batch).token_level_scores.sum(-1).tolist()
+
+
+def two_turn_trajectory(versions):
+    """Five tokens: two sampled, two appended, one sampled, with these versions."""
+    return Trajectory(
+        prompt_ids=[1],
+        response_ids=[5, 6, 7, 8, 9],
+        loss_mask=[1, 1, 0, 0, 1],
+        log_probs=[-1.0, -1.0, 0.0, 0.0, -1.0],
+        token_versions=list(versions),
+        turn_ends=[1, 4],
+        num_turns=2,
+    )
