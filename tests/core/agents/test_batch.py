@@ -158,3 +158,19 @@ def test_a_prompt_row_reaches_a_loop_with_verls_prompt_and_reward_model_keys():
     assert row["prompt"] == [{"role": "user", "content": "q0"}]
     assert row["reward_model"] == {"ground_truth": "0"}
     assert row["raw_prompt_ids"] == [1, 2]
+
+
+def test_without_agents_the_attended_response_is_the_trained_one():
+    """A batch of the batched path: every response token is sampled, so the length metrics
+    and the decoded texts that now read the attention mask read what they read before."""
+    from plugrl.data.rollout_batch import build_rollout_batch
+    from plugrl.parts.rollout import Completion
+
+    completions = [
+        Completion(token_ids=[4, 5, 6], log_probs=[-1.0] * 3, finish_reason="stop"),
+        Completion(token_ids=[7], log_probs=[-1.0], finish_reason="stop", prompt_index=1),
+    ]
+    batch = build_rollout_batch(prompt_batch([[1, 2], [3]]), completions, n=1, pad_token_id=PAD)
+    assert torch.equal(response_attention_mask(batch), batch["response_mask"])
+    bare = Batch({"responses": batch["responses"], "response_mask": batch["response_mask"]})
+    assert torch.equal(response_attention_mask(bare), batch["response_mask"])
