@@ -151,8 +151,9 @@ def agent_scores(batch: Batch, token_level_scores: torch.Tensor) -> torch.Tensor
 
 
 def agent_metrics(batch: Batch) -> dict[str, float]:
-    """``agent/num_turns/{mean,max}``, ``agent/tool_calls/mean``, ``agent/tool_errors/mean``,
-    per tool ``agent/tool/<name>/{calls,errors}`` (totals over the batch) and
+    """``agent/num_turns/{mean,max}``, ``agent/<key>/mean`` of each per-sample figure of the
+    trajectories' ``metrics`` (``tool_calls``, ``tool_errors``, ``tool_truncated``, what a
+    loop adds), per tool ``agent/tool/<name>/{calls,errors}`` (totals over the batch) and
     ``agent/tool/<name>/latency_s`` (mean per call), and ``agent/finish/<reason>`` (the
     fraction of samples that ended so), of a batch built from trajectories."""
     last = [bool(x) for x in batch["sample_last"]]
@@ -165,8 +166,12 @@ def agent_metrics(batch: Batch) -> dict[str, float]:
         "agent/num_turns/max": float(max(turns)),
         "agent/num_sequences/mean": len(batch) / len(turns),
     }
-    for key in ("tool_calls", "tool_errors"):
-        metrics[f"agent/{key}/mean"] = sum(m.get(key, 0.0) for m in per_sample) / len(turns)
+    # every other figure a loop or the session counted per sample (tool_calls, an
+    # environment's step latency...) is averaged over the samples, 0 where it is missing
+    plain = {key for sample in per_sample for key in sample if not key.startswith("tool/")}
+    for key in sorted(plain | {"tool_calls", "tool_errors"}):
+        values = [float(m.get(key, 0.0)) for m in per_sample]
+        metrics[f"agent/{key}/mean"] = sum(values) / len(values)
     totals: dict[str, float] = defaultdict(float)
     for sample in per_sample:
         for key, value in sample.items():

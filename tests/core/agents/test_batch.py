@@ -174,3 +174,10 @@ def test_without_agents_the_attended_response_is_the_trained_one():
     assert torch.equal(response_attention_mask(batch), batch["response_mask"])
     bare = Batch({"responses": batch["responses"], "response_mask": batch["response_mask"]})
     assert torch.equal(response_attention_mask(bare), batch["response_mask"])
+
+
+def test_a_figure_a_loop_counts_per_sample_is_averaged_over_the_samples():
+    timed = one_turn()
+    timed.metrics = {"env_latency_s": 0.5}
+    batch = build_trajectory_batch(prompt_batch([[1]]), [[[timed], [one_turn()]]], pad_token_id=PAD)
+    assert agent_metrics(batch)["agent/env_latency_s/mean"] == 0.25
