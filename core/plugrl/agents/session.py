@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from plugrl.errors import PluginError, RecipeError
+from plugrl.errors import PluginError, PlugrlError, RecipeError
 from plugrl.parts.agent import (
     AgentLoop,
     Environment,
@@ -397,6 +397,8 @@ class AgentRuntime:
         loop = self.loop(loop_name)
         try:
             out = await loop.run(row, session)
+        except PlugrlError:
+            raise  # a loop's own one-line error (a recipe it cannot run) says its fix
         except Exception as exc:
             raise PluginError(
                 f"agent loop {loop_name!r} failed on sample {sample_id}: "

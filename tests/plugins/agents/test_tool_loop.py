@@ -5,10 +5,12 @@ ends."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from plugrl.agents.session import AgentRuntime
+from plugrl.errors import RecipeError
 from plugrl.parts.rollout import SamplingParams
 from plugrl_agent_loops.tool import appended_ids
 from tests.core.agents.agent_support import AgentTestPlugin, ScriptedEngines, tool_tokenizer
@@ -33,9 +35,10 @@ def run_tool_loop(plugrl_recipe, plugrl_plugin_manager, plugrl_register_plugin, 
     built = []
 
     def run(script, row=None, max_response_length=256, **agent):
+        data = {key: agent.pop(key) for key in list(agent) if key.startswith("data.")}
         agent = {"loop": "tool", "tools": ["echo"], **agent}
         recipe = plugrl_recipe(
-            {"rollout.agent": agent, "data.max_response_length": max_response_length}
+            {"rollout.agent": agent, "data.max_response_length": max_response_length, **data}
         )
         engines = ScriptedEngines(tokenizer, script)
         runtime = AgentRuntime(recipe, plugrl_plugin_manager, tokenizer, engines)
@@ -142,4 +145,16 @@ def test_a_template_that_rerenders_earlier_turns_is_refused_in_one_line(tokenize
         "the chat template renders the conversation so far differently once tool results "
         "follow it, so the tokens to append cannot be told apart; use a template that renders "
         "earlier turns the same whatever follows"
+    )
+
+
+def test_a_prompt_the_tool_schemas_push_past_max_prompt_length_is_refused_in_one_line(
+    run_tool_loop,
+):
+    with pytest.raises(RecipeError) as error:
+        run_tool_loop(lambda r, turn: "4", **{"data.max_prompt_length": 8})
+    assert re.fullmatch(
+        r"data\.max_prompt_length: a prompt rendered with the tools' schemas is \d+ tokens, "
+        r"over data\.max_prompt_length=8; raise data\.max_prompt_length by what the schemas add",
+        str(error.value),
     )

@@ -12,6 +12,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from plugrl.errors import RecipeError
 from plugrl.parts.agent import AgentLoop, Message, Session, ToolCall, Trajectory
 
 
@@ -74,6 +75,15 @@ class ToolLoop(AgentLoop):
             text = tokenizer.decode(list(row["raw_prompt_ids"]), skip_special_tokens=True)
             messages = [{"role": "user", "content": text}]
         prompt_ids = encode(tokenizer, render(tokenizer, messages, tools, gen=True))
+        limit = self.context.recipe.data.max_prompt_length
+        if len(prompt_ids) > limit:
+            # the engines are sized for prompts of this length at most
+            raise RecipeError(
+                f"a prompt rendered with the tools' schemas is {len(prompt_ids)} tokens, over "
+                f"data.max_prompt_length={limit}; raise data.max_prompt_length by what the "
+                "schemas add",
+                key="data.max_prompt_length",
+            )
         out = Trajectory(prompt_ids=prompt_ids)
         budget = session.max_response_length
         rewards: list[float | None] = []
