@@ -64,8 +64,10 @@ def test_tool_results_are_appended_unmasked_between_turns_kept_exactly_as_sample
     turn_one = [*tokenizer.encode(call("hi"), add_special_tokens=False), eos]
     turn_two = [*tokenizer.encode("It is hi.", add_special_tokens=False), eos]
     appended = trajectory.response_ids[len(turn_one) : len(trajectory.response_ids) - len(turn_two)]
+    # the template's newline after the turn's <|im_end|> (sampled as eos), the tool's turn,
+    # the next generation prompt
     assert tokenizer.decode(appended) == (
-        "<|im_start|>tool\necho:hi<|im_end|>\n<|im_start|>assistant\n"
+        "\n<|im_start|>tool\necho:hi<|im_end|>\n<|im_start|>assistant\n"
     )
     # the second turn continues the first's sampled tokens, not a re-rendering of them
     assert list(second.prompt_ids) == trajectory.prompt_ids + turn_one + appended
@@ -158,3 +160,12 @@ def test_a_prompt_the_tool_schemas_push_past_max_prompt_length_is_refused_in_one
         r"over data\.max_prompt_length=8; raise data\.max_prompt_length by what the schemas add",
         str(error.value),
     )
+
+
+def test_the_templates_glue_after_eos_is_appended_only_when_the_turn_ended_on_eos(tokenizer):
+    messages = [*PROMPT, {"role": "assistant", "content": "x"}]
+    new = [{"role": "tool", "content": "y"}]
+    on_eos = tokenizer.decode(appended_ids(tokenizer, messages, new, None, ended_on_eos=True))
+    plain = tokenizer.decode(appended_ids(tokenizer, messages, new, None))
+    assert on_eos == "\n" + plain
+    assert plain.startswith("<|im_start|>tool\n")

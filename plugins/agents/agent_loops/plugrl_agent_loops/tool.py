@@ -33,9 +33,13 @@ def appended_ids(
     messages: Sequence[Message],
     new: Sequence[Message],
     tools: list[dict] | None,
+    *,
+    ended_on_eos: bool = False,
 ) -> list[int]:
     """The tokens the chat template adds after ``messages`` for the ``new`` messages and the
-    next generation prompt."""
+    next generation prompt. ``ended_on_eos``: the model's turn ended with the eos token, so
+    what the template writes after it to close the turn (ChatML's newline after
+    ``<|im_end|>``) was not sampled and is appended too."""
     before = render(tokenizer, messages, tools, gen=False)
     after = render(tokenizer, [*messages, *new], tools, gen=True)
     if not after.startswith(before):
@@ -44,7 +48,11 @@ def appended_ids(
             "follow it, so the tokens to append cannot be told apart; use a template that "
             "renders earlier turns the same whatever follows"
         )
-    return encode(tokenizer, after[len(before) :])
+    glue = ""
+    eos = getattr(tokenizer, "eos_token", None)
+    if ended_on_eos and eos and eos in before:
+        glue = before[before.rindex(eos) + len(eos) :]
+    return encode(tokenizer, glue + after[len(before) :])
 
 
 def call_message(call: ToolCall) -> dict[str, Any]:
@@ -131,7 +139,8 @@ class ToolLoop(AgentLoop):
                 }
                 for call, result in zip(parsed.tool_calls, results, strict=False)
             ]
-            appended = appended_ids(tokenizer, messages, answers, tools)
+            ended_on_eos = bool(tokens) and tokens[-1] == tokenizer.eos_token_id
+            appended = appended_ids(tokenizer, messages, answers, tools, ended_on_eos=ended_on_eos)
             messages += answers
             room = budget - len(out.response_ids)
             kept = appended[:room]
