@@ -1,5 +1,6 @@
-"""The built-in agent loops: ``single_turn`` (one prompt, one response: the default) and
-``env`` (an environment answers each turn)."""
+"""The built-in agent loops: ``single_turn`` (one prompt, one response: the default),
+``tool`` (turns of the model calling the run's tools) and ``env`` (an environment answers
+each turn)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,12 @@ def register_agent_loops(register):
         "plugrl_agent_loops.single_turn:SingleTurnLoop",
         description="one response to the row's prompt (a run without agents)",
         aliases=["single_turn_agent"],
+    )
+    register(
+        "tool",
+        "plugrl_agent_loops.tool:ToolLoop",
+        description="the model calls rollout.agent.tools between its turns",
+        aliases=["tool_agent"],
     )
     register(
         "env",
