@@ -281,9 +281,25 @@ class AgentRuntime:
             for name in self.config.tools:
                 tool = self._build("tools", name, tool_args(recipe, name, plugins))
                 self.tools[tool.name or name] = tool
+            if self.config.tool_config_path:
+                self._add_verl_tools(self.config.tool_config_path)
         except BaseException:
             self.close()
             raise
+
+    def _add_verl_tools(self, path: str) -> None:
+        """The tools of a verl tool YAML file, beside those of ``rollout.agent.tools``."""
+        from plugrl.agents.verl_tools import KEY, tools_from_verl_yaml
+
+        context = PartContext(recipe=self.recipe, plugins=self.plugins, tokenizer=self.tokenizer)
+        for tool in tools_from_verl_yaml(path, context):
+            if tool.name in self.tools:
+                raise RecipeError(
+                    f"the tool {tool.name!r} of {path} has the name of a tool of "
+                    "rollout.agent.tools; rename one of them",
+                    key=KEY,
+                )
+            self.tools[tool.name] = tool
 
     def _build(self, kind: str, name: str, config: Any) -> Any:
         from plugrl.compose.build import build_part
@@ -443,12 +459,14 @@ class AgentRuntime:
         return self.recipe.data.max_response_length
 
     def close(self) -> None:
-        """Close the tools and stop the event-loop thread."""
-        for name, tool in self.tools.items():
+        """Close the agent loops and the tools, and stop the event-loop thread."""
+        parts = [("agent loop", name, loop) for name, loop in self._loops.items()]
+        parts += [("tool", name, tool) for name, tool in self.tools.items()]
+        for kind, name, part in parts:
             try:
-                tool.close()
+                part.close()
             except Exception as exc:  # closing must not hide the error that ended the run
-                logger.warning("closing tool %r failed: %s", name, exc)
+                logger.warning("closing %s %r failed: %s", kind, name, exc)
         self._thread.stop()
 
 

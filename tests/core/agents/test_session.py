@@ -280,3 +280,60 @@ def test_what_a_loop_returns_is_checked_with_one_line_naming_the_loop(runtime_of
     with pytest.raises(PluginError) as error:
         runtime.run([{"uid": "u", "raw_prompt_ids": [1]}], ["single_turn"], params)
     assert str(error.value) == message
+
+
+def _verl_tool_file(tmp_path, name):
+    import yaml
+
+    schema = {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": "Guess the answer.",
+            "parameters": {"type": "object", "properties": {"guess": {"type": "string"}}},
+        },
+    }
+    entry = {
+        "class_name": "tests.core.agents.verl_style_tools.GuessTool",
+        "config": {"type": "native"},
+        "tool_schema": schema,
+    }
+    path = tmp_path / "tools.yaml"
+    path.write_text(yaml.safe_dump({"tools": [entry]}), encoding="utf-8")
+    return path
+
+
+def test_the_tools_of_a_verl_tool_file_are_offered_and_called_beside_registered_ones(
+    runtime_of, tmp_path
+):
+    path = _verl_tool_file(tmp_path, "guess")
+    runtime = runtime_of(tools=["echo"], tool_config_path=str(path))
+    session = session_of(runtime)
+    assert {s["function"]["name"] for s in session.tool_schemas()} >= {"echo", "guess"}
+    row = {"uid": "u0", "extra_info": {"tools_kwargs": {"guess": {"create_kwargs": {}}}}}
+    call = ToolCall(id="c", name="guess", arguments={"guess": "7"}, raw="{}")
+    (answer,) = runtime._thread.submit(session.call_tools([call], row)).result()
+    assert answer == "wrong"
+    assert session.counters.metrics()["tool/guess/calls"] == 1
+
+
+def test_a_verl_tool_named_as_a_registered_tool_is_refused(runtime_of, tmp_path):
+    path = _verl_tool_file(tmp_path, "echo")
+    with pytest.raises(RecipeError, match=r"the tool 'echo' of .* has the name of a tool of"):
+        runtime_of(tools=["echo"], tool_config_path=str(path))
+
+
+def test_closing_the_runtime_closes_the_agent_loops_it_built(runtime_of):
+    closed = []
+
+    class Closing(AgentLoop):
+        async def run(self, row, session):
+            raise AssertionError("not run")
+
+        def close(self):
+            closed.append(self)
+
+    runtime = runtime_of()
+    runtime._loops["closing"] = Closing(None, None)
+    runtime.close()
+    assert len(closed) == 1
