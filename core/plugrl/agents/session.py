@@ -146,8 +146,14 @@ class AgentSession(Session):
         return one_sample_seed(derive_seed(self.params.seed, *indices))
 
     async def generate(self, token_ids: Sequence[int], max_tokens: int) -> Completion:
+        max_tokens = max(0, int(max_tokens))
+        turn_cap = self.config.max_turn_tokens
+        capped = turn_cap is not None and turn_cap < max_tokens
         params = attrs.evolve(
-            self.params, n=1, max_tokens=max(0, int(max_tokens)), seed=self.turn_seed(self.turn)
+            self.params,
+            n=1,
+            max_tokens=turn_cap if capped else max_tokens,
+            seed=self.turn_seed(self.turn),
         )
         request = GenerationRequest(
             request_id=f"{self.request_prefix}-{self.prompt_index}-{self.sample_index}"
@@ -172,6 +178,10 @@ class AgentSession(Session):
             )
             (rest,) = await engines.agenerate(follow)
             completion = join_completions(completion, rest)
+        if capped and completion.finish_reason == "length":
+            # rollout.agent.max_turn_tokens, not the trajectory's budget, ended the turn: the
+            # loop reads it as a turn that ended and goes on
+            completion.finish_reason = "stop"
         return completion
 
     def tool_schemas(self) -> list[dict[str, Any]]:

@@ -98,6 +98,13 @@ class AgentConfig:
         verl="actor_rollout_ref.rollout.multi_turn.max_assistant_turns",
         validator=positive,
     )
+    max_turn_tokens: int | None = option(
+        None,
+        "Tokens one model turn may sample at most; a turn cut there is read as a turn that "
+        "ended (its tool calls run) and the trajectory goes on. Unset: what is left of "
+        "data.max_response_length.",
+        validator=positive,
+    )
     max_tool_response_length: int = option(
         256,
         "Tokens of one tool result or observation at most; longer ones are truncated and marked.",

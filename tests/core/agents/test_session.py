@@ -337,3 +337,15 @@ def test_closing_the_runtime_closes_the_agent_loops_it_built(runtime_of):
     runtime._loops["closing"] = Closing(None, None)
     runtime.close()
     assert len(closed) == 1
+
+
+def test_max_turn_tokens_caps_a_turn_and_a_turn_cut_there_is_read_as_ended(runtime_of):
+    runtime = runtime_of(script=lambda request, turn: "a long answer " * 8, max_turn_tokens=4)
+    session = session_of(runtime)
+    capped = runtime._thread.submit(session.generate([1, 2, 3], 64)).result()
+    # the trajectory's budget is smaller than the cap: it binds, and its end is a length end
+    last = runtime._thread.submit(session.generate([1, 2, 3], 2)).result()
+    first, second = runtime.engines.requests
+    assert (first.params.max_tokens, second.params.max_tokens) == (4, 2)
+    assert (len(capped.token_ids), capped.finish_reason) == (4, "stop")
+    assert (len(last.token_ids), last.finish_reason) == (2, "length")
