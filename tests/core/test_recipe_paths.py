@@ -83,6 +83,7 @@ def test_every_path_option_of_the_core_is_known():
         "data.val_files",
         "critic.model_path",
         "reward.custom_function.path",
+        "rollout.agent.tool_config_path",
         "trainer.default_local_dir",
         "trainer.resume_mode",
         "trainer.rollout_data_dir",

@@ -204,7 +204,8 @@ def test_explain_covers_the_options_of_parts_and_scoring_functions():
     assert str(info.value) == (
         "actor.policy_loss_args.nope: no part's options have it (policy loss clip_cov "
         "(policy_losses): clip_cov_ratio, clip_cov_lb, clip_cov_ub; policy loss kl_cov "
-        "(policy_losses): kl_cov_ratio, ppo_kl_coef)"
+        "(policy_losses): kl_cov_ratio, ppo_kl_coef; policy loss sapo (policy_losses): tau_pos, "
+        "tau_neg)"
     )
     with pytest.raises(RecipeError) as info:
         explain("reward.function_args.plugrl/arithmetic.strict", manager)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+pytest.importorskip("vllm")
+
 import plugrl
 from plugrl.data.batch import response_attention_mask
 from plugrl.parts.agent import ParsedTurn, ToolCall
