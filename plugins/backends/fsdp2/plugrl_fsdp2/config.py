@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 
@@ -18,6 +18,8 @@ def _all_or_positive(instance: Any, attribute: attrs.Attribute, value: int) -> N
 @attrs.define(kw_only=True)
 class FSDP2ActorConfig(ActorConfig):
     """FSDP2 settings. They apply to every model the backend builds (actor, ref, critic)."""
+
+    supports_lora: ClassVar[bool] = True
 
     fsdp_size: int = option(
         -1,
