@@ -309,3 +309,9 @@ def _check_lora(recipe: Recipe) -> None:
             "actor.backend=fsdp2",
             key="model.lora_rank",
         )
+    if recipe.model.lora_rank > 0 and recipe.model.lora_alpha == 0:
+        raise RecipeError(
+            f"is 0, so the adapters of rank {recipe.model.lora_rank} would change nothing; set "
+            "it > 0 (16, or twice model.lora_rank)",
+            key="model.lora_alpha",
+        )

@@ -85,7 +85,7 @@ class ModelConfig:
         16,
         "LoRA scaling numerator: an adapter adds (lora_alpha / lora_rank) x B A to its weight.",
         verl="actor_rollout_ref.model.lora_alpha",
-        validator=positive,
+        validator=non_negative,
     )
     target_modules: str | list[str] = option(
         "all-linear",

@@ -173,6 +173,17 @@ DROPPED = {
         "plugrl's reward model always reads responses decoded with the run's tokenizer and "
         "rendered with the reward model's own chat template"
     ),
+    "actor_rollout_ref.model.use_shm": (
+        "plugrl reads the model from model.path; it does not copy it to shared memory first"
+    ),
+    "actor_rollout_ref.rollout.load_format": (
+        "plugrl's engines start from model.path and get the trainer's whole weights (merged "
+        "with its LoRA adapters) before their first generation"
+    ),
+    "actor_rollout_ref.rollout.layered_summon": (
+        "plugrl gathers the trainer's weights one tensor at a time, merging LoRA adapters as "
+        "it goes"
+    ),
 }
 """verl keys plugrl covers in its own way, with what it does instead."""
 
@@ -205,10 +216,6 @@ NEUTRAL = {
         "plugrl has no sequence parallelism",
     ),
     "trainer.critic_warmup": (0, "plugrl has no critic warm-up"),
-    "actor_rollout_ref.model.use_shm": (
-        False,
-        "plugrl reads the model from model.path; it does not copy it to shared memory first",
-    ),
     "trainer.balance_batch": (
         False,
         "plugrl does not reorder a batch to balance tokens across ranks",
@@ -257,12 +264,10 @@ ENGINE_KEYS = {
     "enable_chunked_prefill",
     "max_num_batched_tokens",
     "max_model_len",
-    "load_format",
     "disable_log_stats",
     "enable_prefix_caching",
     "engine_kwargs",
     "cudagraph_capture_sizes",
-    "layered_summon",
 }
 """``actor_rollout_ref.rollout.*`` keys of vLLM and SGLang engines, not of plugrl's core."""
 
