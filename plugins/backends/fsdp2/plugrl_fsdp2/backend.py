@@ -97,10 +97,13 @@ class FSDP2Backend(TrainingBackend):
         # with several ranks only rank 0 reads the weights; the others build the structure on
         # the meta device and receive their shards from it after sharding
         several = self.dist.world_size > 1
+        # a LoRA actor's base weights are frozen: held in the dtype forward computes in, not
+        # float32; peft makes the adapters float32 (the dtype the optimizer updates)
+        dtype = self.compute_dtype if self.lora else self.param_dtype
         source = None
         if not several or self.dist.rank == 0:
-            source = load_model(self.recipe, self.role, self.param_dtype)
-        model = empty_model(self.recipe, self.role, self.param_dtype) if several else source
+            source = load_model(self.recipe, self.role, dtype)
+        model = empty_model(self.recipe, self.role, dtype) if several else source
         assert model is not None
         self._hf_class = type(model)
         self._hf_config = model.config
@@ -312,7 +315,7 @@ class FSDP2Backend(TrainingBackend):
                 "compute_ref_log_prob() needs an actor that trains LoRA adapters "
                 "(model.lora_rank > 0); otherwise the ref role computes them"
             )
-        with model.disable_adapter():  # type: ignore[operator]
+        with lora.adapters_off(model):
             return {"log_probs": self.compute_log_prob(batch)["log_probs"]}
 
     @torch.no_grad()

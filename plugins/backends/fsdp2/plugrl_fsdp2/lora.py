@@ -11,7 +11,8 @@ keep peft's names, as they hold the adapters alone.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -120,6 +121,20 @@ def wrap(model: torch.nn.Module, recipe: Recipe, *, load_adapter: bool) -> torch
                 key="model.lora_adapter_path",
             )
     return wrapped
+
+
+@contextmanager
+def adapters_off(model: torch.nn.Module) -> Iterator[None]:
+    """Forwards inside run the model the adapters started from (peft's ``disable_adapter``).
+
+    peft also marks the adapters frozen meanwhile; they stay trainable here, because FSDP2
+    reads which parameters train (and so the dtype their gradients are reduced in) at its
+    first forward, which may be this one. Gradients are off in this block anyway."""
+    trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
+    with model.disable_adapter():  # type: ignore[operator]
+        for parameter in trainable:
+            parameter.requires_grad_(True)
+        yield
 
 
 def hf_name(peft_name: str) -> str | None:

@@ -178,7 +178,8 @@ def rank_log_probs_worker(
         backend_module.load_model = refuse
     init_process_group(CpuDevice(), DistInfo(rank=rank, world_size=world_size), "127.0.0.1", port)
     try:
-        recipe = make_recipe(Path(model_dir), model=model_options)
+        options = dict(model_options or {})
+        recipe = make_recipe(Path(model_dir), dtype=options.pop("dtype", "float32"), model=options)
         context = PartContext(
             recipe=recipe,
             role="actor",

@@ -174,23 +174,40 @@ def test_the_checkpoint_holds_the_adapters_and_resumes_to_the_same_step(tiny_mod
 
 
 @pytest.mark.slow
-def test_two_ranks_build_the_adapters_from_rank0_and_merge_the_same(tiny_model, trained, tmp_path):
-    backend, folder = trained
-    options = {**LORA, "lora_adapter_path": str(folder / lora.ADAPTER_FOLDER)}
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_two_ranks_build_the_adapters_from_rank0_and_merge_the_same(
+    tiny_model, trained, tmp_path, dtype
+):
     from plugrl.cluster.distributed import free_port
 
+    _, folder = trained
+    options = {**LORA, "lora_adapter_path": str(folder / lora.ADAPTER_FOLDER)}
+    one_rank = make_backend(make_recipe(tiny_model, dtype=dtype, model=options))
     mp.spawn(
         rank_log_probs_worker,
-        args=(2, free_port(), str(tiny_model), str(tmp_path), options),
+        args=(2, free_port(), str(tiny_model), str(tmp_path), {**options, "dtype": dtype}),
         nprocs=2,
         join=True,
     )
-    expected = backend.compute_log_prob(make_batch(8))["log_probs"]
+    expected = one_rank.compute_log_prob(make_batch(8))["log_probs"]
     for rank in (0, 1):
         log_probs = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
         torch.testing.assert_close(log_probs, expected, atol=1e-5, rtol=0)
     weights = torch.load(tmp_path / "weights.pt", weights_only=True)
-    assert max_weight_difference(weights, full_weights(backend)) < 1e-6
+    assert max_weight_difference(weights, full_weights(one_rank)) == 0.0
+
+
+def test_under_mixed_precision_the_frozen_base_is_held_in_the_compute_dtype(tiny_model):
+    backend = make_backend(make_recipe(tiny_model, dtype="bfloat16", lr=1e-2, model=LORA))
+    held = {
+        ".lora_" in name: p.dtype for name, p in backend.model.named_parameters()
+    }  # adapters float32 for the optimizer; base weights bfloat16, never updated
+    assert held == {True: torch.float32, False: torch.bfloat16}
+    batch = make_batch(8)
+    reference = backend.compute_ref_log_prob(batch)["log_probs"]
+    backend.update_policy(batch, TokenMeanReinforce())
+    assert torch.equal(backend.compute_ref_log_prob(batch)["log_probs"], reference)
+    assert {t.dtype for _, t in backend.named_weights()} == {torch.bfloat16}
 
 
 # ------------------------------------------------------------------------------- errors
