@@ -7,9 +7,8 @@ Qwen2.5-0.5B. The adapters are put on exactly as the backend puts them
 (:func:`plugrl_fsdp2.lora.wrap`). Bytes counted, over all ranks together (FSDP2 divides each
 by the rank count):
 
-* weights as the backend holds them: float32 for a trained model under mixed precision (the
-  default with ``model.dtype`` bfloat16) and, with LoRA, for the frozen base model too, since
-  FSDP2 shards a layer's weights and adapters together in one dtype;
+* weights as the backend holds them: float32 for trained ones (under mixed precision, the
+  default with ``model.dtype`` bfloat16, too), ``model.dtype`` for a LoRA actor's frozen base;
 * gradients, float32, of the trained parameters only;
 * AdamW's two moments, float32, of the trained parameters only;
 * the reference model a KL term needs, in ``model.dtype``: built when every weight trains,
@@ -64,13 +63,15 @@ def counts(shapes: dict[str, Any], lora: dict[str, Any] | None) -> tuple[int, in
     return trained, frozen
 
 
-def memory(trained: int, frozen: int, *, reference: int, ref_bytes: int) -> dict[str, int]:
+def memory(trained: int, frozen: int, *, reference: int, dtype_bytes: int) -> dict[str, int]:
+    """Bytes of each part; ``dtype_bytes`` the size of ``model.dtype``, which frozen weights
+    and the reference model are held in."""
     fp32 = 4
     return {
-        "weights": (trained + frozen) * fp32,
+        "weights": trained * fp32 + frozen * dtype_bytes,
         "gradients": trained * fp32,
         "optimizer": 2 * trained * fp32,
-        "reference": reference * ref_bytes,
+        "reference": reference * dtype_bytes,
     }
 
 
@@ -89,10 +90,10 @@ def main() -> None:
     for name, shapes in models.items():
         full_trained, _ = counts(shapes, None)
         lora_trained, lora_frozen = counts(shapes, lora)
-        # the reference model is held in model.dtype: float32 in the quickstart, bfloat16 else
-        ref_bytes = 4 if name.startswith("quickstart") else 2
-        full = memory(full_trained, 0, reference=full_trained, ref_bytes=ref_bytes)
-        adapted = memory(lora_trained, lora_frozen, reference=0, ref_bytes=ref_bytes)
+        # model.dtype: float32 in the quickstart, bfloat16 for the larger model
+        dtype_bytes = 4 if name.startswith("quickstart") else 2
+        full = memory(full_trained, 0, reference=full_trained, dtype_bytes=dtype_bytes)
+        adapted = memory(lora_trained, lora_frozen, reference=0, dtype_bytes=dtype_bytes)
         print(
             f"\n{name}: {full_trained:,} parameters; LoRA rank {args.rank} on "
             f"{args.target_modules}: {lora_trained:,} trained "

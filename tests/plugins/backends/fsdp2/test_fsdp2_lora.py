@@ -263,3 +263,16 @@ def test_without_peft_the_error_says_how_to_install_it(tiny_model, monkeypatch):
         "model.lora_rank: is set but peft is not installed; pip install 'plugrl[lora]' (or set "
         "model.lora_rank=0)"
     )
+
+
+def test_peft_is_the_lora_extra_and_the_tests_install_it():
+    from pathlib import Path
+
+    import tomllib
+
+    root = Path(__file__).resolve().parents[4]
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    assert [r for r in extras["lora"] if r.startswith("peft")] == extras["lora"]
+    assert "plugrl[lora]" in extras["test"]
