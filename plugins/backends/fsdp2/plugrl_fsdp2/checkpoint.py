@@ -164,7 +164,7 @@ class PlainDataLoadPlanner(DefaultLoadPlanner):
 
 
 def _sharded_state(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, trainable_only: bool
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, trainable_only: bool = False
 ) -> dict[str, Any]:
     options = StateDictOptions(ignore_frozen_params=trainable_only)
     state: dict[str, Any] = {"model": get_model_state_dict(model, options=options)}
