@@ -500,7 +500,7 @@ class FSDP2Backend(TrainingBackend):
             adapter = adapters.get(name)
             if adapter is not None:
                 lora_a, lora_b = self._full(adapter.lora_a), self._full(adapter.lora_b)
-                full = lora.merge(full, lora_a, lora_b, adapter.scaling)
+                full = lora.merge(full, lora_a, lora_b, adapter.scaling, adapter.transposed)
             if self.dist.rank == 0:
                 yield hf_name, full.detach().to("cpu", self.compute_dtype)
 

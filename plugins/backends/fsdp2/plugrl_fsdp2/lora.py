@@ -146,11 +146,13 @@ def hf_name(peft_name: str) -> str | None:
 
 @attrs.frozen
 class Adapter:
-    """The two factors of one adapted layer and its scale: ``W + scaling * B @ A``."""
+    """The two factors of one adapted layer and its scale: ``W + scaling * B @ A``
+    (transposed for a weight stored ``(in, out)``, as GPT-2's Conv1D stores it)."""
 
     lora_a: torch.Tensor
     lora_b: torch.Tensor
     scaling: float
+    transposed: bool = False
 
 
 def adapters(model: torch.nn.Module) -> dict[str, Adapter]:
@@ -160,21 +162,27 @@ def adapters(model: torch.nn.Module) -> dict[str, Adapter]:
     found: dict[str, Adapter] = {}
     for name, module in model.named_modules():
         if isinstance(module, LoraLayer) and ADAPTER in module.lora_A:
-            if getattr(module, "fan_in_fan_out", False):
-                raise NotImplementedError(f"{name}: adapters of transposed (Conv1D) weights")
             found[f"{name}.base_layer.weight"] = Adapter(
                 lora_a=module.lora_A[ADAPTER].weight,
                 lora_b=module.lora_B[ADAPTER].weight,
                 scaling=float(module.scaling[ADAPTER]),
+                transposed=bool(getattr(module, "fan_in_fan_out", False)),
             )
     return found
 
 
 def merge(
-    weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float
+    weight: torch.Tensor,
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    scaling: float,
+    transposed: bool = False,
 ) -> torch.Tensor:
-    """``weight + scaling * lora_b @ lora_a``, computed in float32, in ``weight``'s dtype."""
+    """``weight + scaling * lora_b @ lora_a`` (its transpose with ``transposed``), computed in
+    float32, in ``weight``'s dtype."""
     delta = (lora_b.float() @ lora_a.float()) * scaling
+    if transposed:
+        delta = delta.T
     return (weight.float() + delta.to(weight.device)).to(weight.dtype)
 
 

@@ -276,3 +276,66 @@ def test_peft_is_the_lora_extra_and_the_tests_install_it():
     ]
     assert [r for r in extras["lora"] if r.startswith("peft")] == extras["lora"]
     assert "plugrl[lora]" in extras["test"]
+
+
+def test_merging_matches_peft_for_plain_and_transposed_weights():
+    import peft
+    from transformers.pytorch_utils import Conv1D
+
+    class Two(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.plain = torch.nn.Linear(6, 4)
+            self.conv = Conv1D(4, 6)  # GPT-2's layer: weight stored (in, out)
+
+    torch.manual_seed(0)
+    config = peft.LoraConfig(
+        r=2, lora_alpha=6, target_modules=["plain", "conv"], init_lora_weights=False
+    )
+    model = peft.get_peft_model(Two(), config)
+    found = lora.adapters(model)
+    merged = {
+        lora.hf_name(name): lora.merge(
+            dict(model.named_parameters())[name],
+            a.lora_a,
+            a.lora_b,
+            a.scaling,
+            a.transposed,
+        )
+        for name, a in found.items()
+    }
+    expected = model.merge_and_unload().state_dict()
+    assert set(merged) == {"plain.weight", "conv.weight"}
+    for name, tensor in merged.items():
+        torch.testing.assert_close(tensor, expected[name])
+
+
+def test_an_adapter_other_than_lora_is_refused(tiny_model, tmp_path):
+    import peft
+
+    peft.IA3Config(target_modules=["q_proj"], feedforward_modules=[]).save_pretrained(tmp_path)
+    with pytest.raises(RecipeError) as info:
+        make_backend(lora_recipe(tiny_model, lora_adapter_path=str(tmp_path)))
+    assert str(info.value) == (
+        f"model.lora_adapter_path: {str(tmp_path)!r} holds a IA3Config adapter; the fsdp2 "
+        "backend trains LoRA adapters only"
+    )
+
+
+def test_an_adapter_file_of_another_model_is_refused(tiny_model, trained, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    _, folder = trained
+    adapter = folder / lora.ADAPTER_FOLDER
+    (tmp_path / "adapter_config.json").write_text((adapter / "adapter_config.json").read_text())
+    state = load_file(adapter / "adapter_model.safetensors")
+    state = {name.replace("layers.1.", "layers.7."): tensor for name, tensor in state.items()}
+    save_file(state, tmp_path / "adapter_model.safetensors")
+    with pytest.raises(RecipeError) as info:
+        make_backend(lora_recipe(tiny_model, lora_adapter_path=str(tmp_path)))
+    message = str(info.value)
+    assert message.startswith(
+        f"model.lora_adapter_path: {str(tmp_path / 'adapter_model.safetensors')!r} does not "
+        "fit the model's adapters: missing ['base_model.model.model.layers.1."
+    )
+    assert message.endswith("; is it an adapter of another model?")
