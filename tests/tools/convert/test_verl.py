@@ -1151,3 +1151,18 @@ def test_lora_keys_map_and_their_loading_switches_drop(plugrl_plugin_manager):
         "actor_rollout_ref.rollout.layered_summon=True",
     }
     assert unmapped(conversion) == unmapped(conversion, "dropped")
+
+
+def test_lora_keys_of_the_critic_do_not_follow_the_actors(plugrl_plugin_manager):
+    conversion = convert(
+        "actor_rollout_ref.model.lora_rank=32",
+        "critic.model.lora_rank=32",
+        "critic.model.lora_alpha=16",
+    )
+    assert conversion.recipe["model"] == {"lora_rank": 32}
+    reason = "plugrl's critic trains every weight; LoRA adapters (model.lora_rank) are the actor's"
+    assert unmapped(conversion, "unknown") == {"critic.model.lora_rank=32": reason}
+    assert unmapped(conversion, "dropped") == {"critic.model.lora_alpha=16": reason}
+    assert unmapped(convert("critic.model.lora_rank=0"), "dropped") == {
+        "critic.model.lora_rank=0": reason
+    }

@@ -239,6 +239,22 @@ CRITIC_SHARES = {
 """``critic.*`` keys plugrl covers with the actor's key of the same name (besides ``model.*``),
 and why."""
 
+_CRITIC_TRAINS_EVERY_WEIGHT = (
+    "plugrl's critic trains every weight; LoRA adapters (model.lora_rank) are the actor's"
+)
+
+CRITIC_OWN_MODEL_KEYS = {
+    f"model.{name}": _CRITIC_TRAINS_EVERY_WEIGHT
+    for name in (
+        "lora_rank",
+        "lora_alpha",
+        "target_modules",
+        "exclude_modules",
+        "lora_adapter_path",
+    )
+}
+"""``critic.model.*`` keys that do not follow the actor's, and why."""
+
 GLOBAL_MICRO_BATCHES = {
     "actor_rollout_ref.actor.ppo_micro_batch_size": "actor_rollout_ref.actor.ulysses_",
     "actor_rollout_ref.rollout.log_prob_micro_batch_size": "actor_rollout_ref.actor.ulysses_",
@@ -950,6 +966,10 @@ class _Converter:
         decides it. What plugrl shares between the models is carried over as the actor's; a
         feature plugrl lacks is reported for the same reason as the actor's."""
         rest = key.removeprefix("critic.")
+        if rest in CRITIC_OWN_MODEL_KEYS:
+            # adapters on the critic are asked for by a rank above 0 alone
+            off = rest != "model.lora_rank" or value in (0, None)
+            return _Skip("dropped" if off else "unknown", CRITIC_OWN_MODEL_KEYS[rest])
         actor = (
             "actor_rollout_ref." + rest
             if rest.startswith("model.")
