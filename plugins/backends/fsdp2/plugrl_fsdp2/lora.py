@@ -92,12 +92,13 @@ def wrap(model: torch.nn.Module, recipe: Recipe, *, load_adapter: bool) -> torch
     try:
         wrapped = peft.get_peft_model(model, config)
     except ValueError as exc:
-        key = "model.lora_adapter_path" if recipe.model.lora_adapter_path else "target_modules"
+        from_folder = recipe.model.lora_adapter_path
+        key = "model.lora_adapter_path" if from_folder else "model.target_modules"
         reason = (str(exc).strip().splitlines() or [""])[0]
         raise RecipeError(
             f"peft could not put adapters on {type(model).__name__}: {reason}; name modules "
             "the model has (all-linear, or names such as q_proj and v_proj)",
-            key=key if key.startswith("model.") else f"model.{key}",
+            key=key,
         ) from None
     if load_adapter and recipe.model.lora_adapter_path:
         from peft.utils import set_peft_model_state_dict
