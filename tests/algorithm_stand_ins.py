@@ -1,7 +1,7 @@
 """Fixtures of the algorithm tests (the algorithm plugins and the core's composition of them):
 a plugin manager with the estimators, policy losses and KL penalties, plus stand-ins for the
 parts a default recipe names that live in other plugins (backend, rollout, reward manager,
-scheduler)."""
+scheduler, agent loop, tool-call parser)."""
 
 from __future__ import annotations
 
@@ -49,6 +49,14 @@ class StandInParts:
     @plugrl.hookimpl
     def register_reward_managers(self, register):
         register("naive", object)
+
+    @plugrl.hookimpl
+    def register_agent_loops(self, register):
+        register("single_turn", object)
+
+    @plugrl.hookimpl
+    def register_tool_parsers(self, register):
+        register("hermes", object)
 
     @plugrl.hookimpl
     def register_schedulers(self, register):

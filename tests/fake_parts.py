@@ -82,10 +82,20 @@ def register_kl_penalties(register):
     register("fakekl", Part)
 
 
+@plugrl.hookimpl
+def register_agent_loops(register):
+    register("fakeloop", Part)
+
+
+@plugrl.hookimpl
+def register_tool_parsers(register):
+    register("fakeparser", Part)
+
+
 BASE_RECIPE = {
     "device": "cpu",
     "actor": {"backend": "fakebackend", "policy_loss": "fakeloss", "kl_loss_type": "fakekl"},
-    "rollout": {"engine": "fakeengine"},
+    "rollout": {"engine": "fakeengine", "agent": {"loop": "fakeloop", "tool_parser": "fakeparser"}},
     "algorithm": {"adv_estimator": "fakeestimator", "kl_penalty": "fakekl"},
     "reward": {"manager": "fakemanager"},
     "scheduler": {"name": "fakescheduler"},

@@ -178,6 +178,54 @@ def register_schedulers(register: RegisterFn) -> None:
 
 
 @hookspec
+def register_agent_loops(register: RegisterFn) -> None:
+    """Register agent loops, how one sample's trajectory is produced (``single_turn``,
+    ``tool``, ``env``).
+
+    Process: driver (and every engine worker that runs agent loops).
+    Target: a subclass of :class:`plugrl.parts.agent.AgentLoop`.
+    Config (optional): a subclass of :class:`plugrl.parts.agent.AgentLoopConfig`, read from
+    ``rollout.agent.loop_args``.
+    Chosen by: ``rollout.agent.loop``, or a row's ``agent_name`` column.
+    """
+
+
+@hookspec
+def register_tools(register: RegisterFn) -> None:
+    """Register tools the model may call (``calculator``, ``python``).
+
+    Process: driver (and every process that runs agent loops).
+    Target: a subclass of :class:`plugrl.parts.agent.Tool`.
+    Config (optional): a subclass of :class:`plugrl.parts.agent.ToolConfig`, read from
+    ``rollout.agent.tool_args.<name>``.
+    Chosen by: the list ``rollout.agent.tools``.
+    """
+
+
+@hookspec
+def register_environments(register: RegisterFn) -> None:
+    """Register environments that drive a trajectory's turns (the ``env`` agent loop).
+
+    Process: driver (and every process that runs agent loops).
+    Target: a subclass of :class:`plugrl.parts.agent.Environment`.
+    Config (optional): a subclass of :class:`plugrl.parts.agent.EnvironmentConfig`, read from
+    ``rollout.agent.env_args``.
+    Chosen by: ``rollout.agent.env``.
+    """
+
+
+@hookspec
+def register_tool_parsers(register: RegisterFn) -> None:
+    """Register tool-call parsers, which read tool calls out of a model turn (``hermes``,
+    ``llama3_json``).
+
+    Process: driver (and every process that runs agent loops).
+    Target: a function of the signature :class:`plugrl.parts.agent.ToolCallParser`.
+    Chosen by: ``rollout.agent.tool_parser``.
+    """
+
+
+@hookspec
 def register_loggers(register: RegisterFn) -> None:
     """Register metric loggers (``console``, ``jsonl``, ``tensorboard``, ``wandb``, ...).
 

@@ -59,6 +59,11 @@ class PartKind:
     interface: str | None = None
     """``"module:Class"`` of the interface a registered class must subclass; ``None`` for kinds
     whose parts are functions (KL penalties, reward functions)."""
+    needed_at_default: bool = True
+    """Whether a run needs the part its chooser names by default. ``False`` for kinds a run
+    only uses once the recipe asks for them (the default agent loop, ``single_turn``, samples
+    through the engines directly; the tool-call parser reads calls only when there are
+    tools): a plugin manager without them still builds a default recipe."""
     function: str | None = None
     """For kinds whose parts are functions: ``"module:Protocol"`` whose ``__call__`` is the
     signature the core calls them with (docs/plugins.md documents it from there)."""
@@ -169,6 +174,38 @@ PART_KINDS: dict[str, PartKind] = {
             "scheduler.name",
             section_config="plugrl.parts.scheduler:SchedulerConfig",
             interface="plugrl.parts.scheduler:Scheduler",
+        ),
+        PartKind(
+            "agent_loops",
+            "register_agent_loops",
+            "agent loop",
+            "rollout.agent.loop",
+            args_key="rollout.agent.loop_args",
+            interface="plugrl.parts.agent:AgentLoop",
+            needed_at_default=False,
+        ),
+        PartKind(
+            "tools",
+            "register_tools",
+            "tool",
+            "rollout.agent.tools",
+            interface="plugrl.parts.agent:Tool",
+        ),
+        PartKind(
+            "environments",
+            "register_environments",
+            "environment",
+            "rollout.agent.env",
+            args_key="rollout.agent.env_args",
+            interface="plugrl.parts.agent:Environment",
+        ),
+        PartKind(
+            "tool_parsers",
+            "register_tool_parsers",
+            "tool-call parser",
+            "rollout.agent.tool_parser",
+            function="plugrl.parts.agent:ToolCallParser",
+            needed_at_default=False,
         ),
         PartKind(
             "loggers",

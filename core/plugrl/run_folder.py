@@ -69,6 +69,7 @@ NOT_EXPERIMENT_KEYS: dict[str, str] = {
     "actor.param_offload": "where the weights wait between steps",
     "actor.reshard_after_forward": "memory against speed of the sharded model",
     "actor.use_remove_padding": "packed or padded forwards: the same log-probs",
+    "actor.ulysses_sequence_parallel_size": "sequences split over ranks: the same log-probs",
     "model.enable_gradient_checkpointing": "memory against speed of the backward pass",
     "rollout.gpu_memory_utilization": "the engines' memory",
     "rollout.free_cache_engine": "whether colocated engines free memory while training",

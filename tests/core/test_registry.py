@@ -126,17 +126,21 @@ def test_the_kinds_agree_with_the_recipe_keys_that_choose_them():
             continue  # chosen by each row's data_source, not by a recipe key
         if kind.name == "judge_parsers":
             continue  # chosen by a key of the judge manager's own reward section
-        section = getattr(recipe, kind.section)
+        # a chooser may sit in a nested section (rollout.agent.loop)
+        *path, selector = kind.recipe_key.split(".")
+        section = recipe
+        for name in path:
+            section = getattr(section, name)
         fields = attrs.fields_dict(type(section))
-        chooser = fields[kind.selector]
+        chooser = fields[selector]
         assert chooser.metadata["registry"] == kind.name, kind.recipe_key
         assert (chooser.default == "auto") == kind.accepts_auto, kind.recipe_key
         if kind.section_config is not None:
             assert kind.section_base() is type(section), kind.recipe_key
             assert section_kind(kind.section) is kind
         if kind.args_key is not None:
-            section_name, _, args_field = kind.args_key.partition(".")
-            assert section_name == kind.section and args_field in fields, kind.args_key
+            *args_path, args_field = kind.args_key.split(".")
+            assert args_path == path and args_field in fields, kind.args_key
     assert {k.section for k in PART_KINDS.values() if k.section_config} == {
         "device",
         "actor",

@@ -1,6 +1,7 @@
 """The test kit's builders (plugrl.testing): batches, loss aggregators and recipes as the core
 makes them, for plugin authors' unit tests."""
 
+import asyncio
 import os.path
 
 import attrs
@@ -15,7 +16,14 @@ from plugrl.data.batch import Batch
 from plugrl.errors import PluginError, RecipeError
 from plugrl.parts.algorithm import PolicyLoss
 from plugrl.plugins import get_plugin_manager
-from plugrl.testing import make_batch, make_fake_entry_point, make_loss_aggregator, make_recipe
+from plugrl.testing import (
+    ScriptedSession,
+    make_batch,
+    make_fake_entry_point,
+    make_loss_aggregator,
+    make_recipe,
+    make_tiny_tokenizer,
+)
 
 # ------------------------------------------------------------------------------ make_batch
 
@@ -237,3 +245,24 @@ def test_a_fake_entry_point_loads_its_target_as_the_registry_imports_paths():
         make_fake_entry_point("d", "plugrl_no_such_module").load()
     with pytest.raises(PluginError, match=r"^bad import path 'os.path:'"):
         make_fake_entry_point("e", "os.path:").load()
+
+
+def test_a_scripted_session_plays_its_script_and_cuts_at_max_tokens():
+    tokenizer = make_tiny_tokenizer()
+    session = ScriptedSession(tokenizer, ["hello", "hello world"], log_prob=-0.25)
+    first = asyncio.run(session.generate([1, 2], 100))
+    hello = tokenizer.encode("hello", add_special_tokens=False)
+    assert first.token_ids == [*hello, tokenizer.eos_token_id]
+    assert (first.finish_reason, set(first.log_probs)) == ("stop", {-0.25})
+    cut = asyncio.run(session.generate([3], 1))
+    assert (len(cut.token_ids), cut.finish_reason) == (1, "length")
+    assert session.calls == [([1, 2], 100), ([3], 1)]
+    with pytest.raises(IndexError) as info:
+        asyncio.run(session.generate([4], 10))
+    assert str(info.value) == "the script has 2 replies; turn 2 asked"
+    with pytest.raises(ValueError) as info:
+        session.make_environment()
+    assert str(info.value) == (
+        "this ScriptedSession has no environment; pass environment=<a function returning a "
+        "fresh Environment>"
+    )

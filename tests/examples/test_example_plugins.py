@@ -33,6 +33,7 @@ def installed(tmp_path_factory):
         EXAMPLES / "plugrl-countdown",
         EXAMPLES / "plugrl-median-baseline",
         EXAMPLES / "plugrl-regenerate",
+        EXAMPLES / "plugrl-word-guess",
     )
     return target
 
@@ -61,6 +62,7 @@ def test_cli_lists_the_installed_examples(installed):
     assert rows["countdown"]["registers"]["reward_functions"][0]["name"] == "countdown"
     assert rows["median_baseline"]["version"] == "0.2.0"
     assert rows["regenerate"]["registers"]["schedulers"][0]["name"] == "regenerate"
+    assert rows["word_guess"]["registers"]["environments"][0]["name"] == "word_guess"
     assert rows["median_baseline"]["registers"]["advantage_estimators"][0]["name"] == (
         "median_baseline"
     )
@@ -79,7 +81,12 @@ def run_cli(installed: Path, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize(
     ("package", "tests"),
-    [("plugrl-countdown", 15), ("plugrl-median-baseline", 12), ("plugrl-regenerate", 5)],
+    [
+        ("plugrl-countdown", 15),
+        ("plugrl-median-baseline", 12),
+        ("plugrl-regenerate", 5),
+        ("plugrl-word-guess", 13),
+    ],
 )
 def test_each_packages_own_tests_pass_against_the_installed_package(installed, package, tests):
     """As the author runs them: the package pip-installed (not editable), pytest in its folder

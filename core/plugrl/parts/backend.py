@@ -148,6 +148,12 @@ class ActorConfig(PolicyLossConfig):
         ``ranks`` does not divide into whole model copies."""
         return ranks
 
+    def sequence_parallel_size(self) -> int:
+        """Ranks each sequence of a micro-batch is split over. ``ppo_max_token_len_per_gpu``
+        counts the tokens of one rank, so a micro-batch holds up to that many times this; 1
+        here, a backend that splits sequences overrides it."""
+        return 1
+
 
 @attrs.define(kw_only=True)
 class CriticConfig:

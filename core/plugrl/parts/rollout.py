@@ -37,6 +37,7 @@ import attrs
 
 from plugrl.config import fraction, non_negative, option, positive, section
 from plugrl.errors import RecipeError
+from plugrl.parts.agent import AgentConfig
 
 if TYPE_CHECKING:
     import torch
@@ -470,6 +471,11 @@ class RolloutConfig:
         "Engine workers that die are restarted and their requests resubmitted, at most this "
         "many times in a run.",
         validator=non_negative,
+    )
+    agent: AgentConfig = section(
+        AgentConfig,
+        "Multi-turn sampling: the agent loop, its tools or environment, and their limits "
+        "(docs/agents.md).",
     )
     val_kwargs: ValKwargs = section(
         ValKwargs, "Sampling for validation.", verl="actor_rollout_ref.rollout.val_kwargs"

@@ -117,6 +117,11 @@ def check_part_names(config: Any, plugins: PluginManager, prefix: str = "") -> N
         kind_name = field.metadata.get("registry")
         if not kind_name or (PART_KINDS[kind_name].accepts_auto and value == "auto"):
             continue
+        if value is None:  # an optional part left unset (rollout.agent.env)
+            continue
+        kind = PART_KINDS[kind_name]
+        if not kind.needed_at_default and value == field.default:
+            continue
         registry = plugins.registry(kind_name)
         for name in value if isinstance(value, list) else [value]:
             if name not in registry:
@@ -137,8 +142,13 @@ def validate_names(recipe: Recipe, plugins: PluginManager) -> None:
         if kind.args_key is None:
             continue
         owner = getattr(recipe, kind.section)
-        entry = plugins.registry(kind.name).get(getattr(owner, kind.selector))
-        args = getattr(owner, _args_field(kind))
+        chosen = dotted_get(owner, kind.selector)
+        if chosen is None:  # an optional part left unset
+            continue
+        if not kind.needed_at_default and chosen not in plugins.registry(kind.name):
+            continue  # at its default (check_part_names let it through), so unused
+        entry = plugins.registry(kind.name).get(chosen)
+        args = dotted_get(owner, _args_field(kind))
         config_cls = entry.load_config()
         if config_cls is None:
             if args:
@@ -150,6 +160,34 @@ def validate_names(recipe: Recipe, plugins: PluginManager) -> None:
         structure(config_cls, dict(args), kind.args_key)
     for name in recipe.reward.function_args:
         function_options(recipe, name, plugins)
+    check_tool_args(recipe, plugins)
+
+
+def tool_args(recipe: Recipe, name: str, plugins: PluginManager) -> Any:
+    """Tool ``name``'s options (``rollout.agent.tool_args.<name>``) read into its config class,
+    ``None`` when it registered none (then it takes no options)."""
+    key = f"rollout.agent.tool_args.{name}"
+    raw = dict(recipe.rollout.agent.tool_args.get(name) or {})
+    config_cls = plugins.registry("tools").get(name).load_config()
+    if config_cls is None:
+        if raw:
+            raise RecipeError(f"tool {name!r} takes no options, got {', '.join(raw)}", key=key)
+        return None
+    return structure(config_cls, raw, key)
+
+
+def check_tool_args(recipe: Recipe, plugins: PluginManager) -> None:
+    """Refuse options of a tool the run does not use; check each used tool's options."""
+    agent = recipe.rollout.agent
+    for name in agent.tool_args:
+        if name not in agent.tools:
+            raise RecipeError(
+                f"options for tool {name!r}, which rollout.agent.tools does not list "
+                f"({', '.join(agent.tools) or 'empty'}); add it there or drop its options",
+                key=f"rollout.agent.tool_args.{name}",
+            )
+    for name in agent.tools:
+        tool_args(recipe, name, plugins)
 
 
 def part_args(recipe: Recipe, section_name: str, args_key: str, plugins: PluginManager) -> Any:
@@ -160,10 +198,17 @@ def part_args(recipe: Recipe, section_name: str, args_key: str, plugins: PluginM
     if kind is None:
         raise ValueError(f"{dotted} is not the options key of any kind of part")
     owner = getattr(recipe, section_name)
-    config_cls = plugins.registry(kind.name).get(getattr(owner, kind.selector)).load_config()
+    config_cls = plugins.registry(kind.name).get(dotted_get(owner, kind.selector)).load_config()
     if config_cls is None:
         return None
-    return structure(config_cls, dict(getattr(owner, args_key)), dotted)
+    return structure(config_cls, dict(dotted_get(owner, args_key)), dotted)
+
+
+def dotted_get(config: Any, dotted: str) -> Any:
+    """The option at ``dotted`` (``"agent.loop"``) within a config object."""
+    for name in dotted.split("."):
+        config = getattr(config, name)
+    return config
 
 
 def _args_field(kind: PartKind) -> str:

@@ -129,11 +129,16 @@ def _check_dynamic_batch_size(recipe: Recipe) -> None:
     if not actor.use_dynamic_bsz:
         return
     longest = data.max_prompt_length + data.max_response_length
-    if actor.ppo_max_token_len_per_gpu < longest:
+    # a backend that splits each sequence over several ranks gives each rank a part of it
+    split = actor.sequence_parallel_size()
+    needed = -(-longest // split)
+    if actor.ppo_max_token_len_per_gpu < needed:
+        held = f"{actor.ppo_max_token_len_per_gpu} tokens"
+        if split > 1:
+            held += f" on each of the {split} ranks a sequence is split over"
         raise RecipeError(
-            f"{actor.ppo_max_token_len_per_gpu} tokens cannot hold one sequence of "
-            f"data.max_prompt_length + data.max_response_length = {longest} tokens; set it to "
-            f"at least {longest}",
+            f"{held} cannot hold one sequence of data.max_prompt_length + "
+            f"data.max_response_length = {longest} tokens; set it to at least {needed}",
             key="actor.ppo_max_token_len_per_gpu",
         )
     for key, size in (

@@ -12,6 +12,8 @@ Builders, for unit tests of parts:
 * :func:`make_loss_aggregator`: the ``aggregate`` a backend hands a policy loss, counted over a
   whole mini-batch.
 * :func:`make_recipe`: a validated :class:`~plugrl.recipe.Recipe` from a mapping of overrides.
+* :class:`ScriptedSession`: a :class:`~plugrl.parts.agent.Session` whose model turns are
+  scripted, for testing agent loops and environments without engines.
 
 Builders of a tiny model (:mod:`plugrl.testing.tiny`), for parts that need a real one:
 
@@ -37,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from plugrl.testing.agents import ScriptedSession
 from plugrl.testing.tiny import (
     make_tiny_model,
     make_tiny_reward_model,
@@ -56,6 +59,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FakeDistribution",
     "FakeEntryPoint",
+    "ScriptedSession",
     "make_batch",
     "make_fake_entry_point",
     "make_loss_aggregator",

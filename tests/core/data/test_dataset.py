@@ -464,3 +464,17 @@ def test_load_tokenizer_from_model_or_tokenizer_path(tokenizer, tmp_path):
     assert str(info.value) == (
         f"model.path: {tmp_path / 'missing'} is not a folder; set a local Hugging Face model folder"
     )
+
+
+def test_a_rows_agent_name_reaches_its_batch_and_rows_without_one_get_none(
+    tokenizer, write_parquet
+):
+    data = rows(3)
+    data[0]["agent_name"] = "tool_agent"
+    data[1]["agent_name"] = None
+    data[2]["agent_name"] = ""
+    dataset = PromptDataset([write_parquet(data)], tokenizer, config())
+    assert [r.agent_name for r in dataset.records] == ["tool_agent", None, None]
+    without = PromptDataset([write_parquet(rows(1))], tokenizer, config())
+    loader = PromptLoader(without, 1, pad_token_id=pad_token_id_of(tokenizer), shuffle=False)
+    assert list(loader.next_batch()["agent_name"]) == [None]

@@ -24,7 +24,16 @@ EXPECTED_ESTIMATORS = {
     "gpg",
     "grpo_passk",
 }
-EXPECTED_LOSSES = {"vanilla", "gspo", "clip_cov", "kl_cov", "geo_mean", "cispo", "reinforce"}
+EXPECTED_LOSSES = {
+    "vanilla",
+    "gspo",
+    "clip_cov",
+    "kl_cov",
+    "geo_mean",
+    "cispo",
+    "reinforce",
+    "sapo",
+}
 EXPECTED_KL = {"kl", "abs", "mse", "low_var_kl", "kl+", "abs+", "low_var_kl+"}
 EXPECTED_KL_ALIASES = {"k1", "k2", "k3", "k1+", "k3+", "mse+", "k2+"}
 

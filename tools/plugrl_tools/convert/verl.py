@@ -211,10 +211,6 @@ NEUTRAL = {
         False,
         "plugrl does not normalise the importance weights over the batch",
     ),
-    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": (
-        1,
-        "plugrl has no sequence parallelism",
-    ),
     "trainer.critic_warmup": (0, "plugrl has no critic warm-up"),
     "trainer.balance_batch": (
         False,
@@ -235,6 +231,9 @@ _CRITIC_MODEL = "plugrl builds every model, the critic too, with the settings of
 CRITIC_SHARES = {
     "use_dynamic_bsz": "plugrl's critic forms micro-batches as the actor does",
     "ppo_max_token_len_per_gpu": "plugrl's critic forms micro-batches as the actor does",
+    "ulysses_sequence_parallel_size": (
+        "plugrl's critic splits sequences over the actor's sequence-parallel groups"
+    ),
 }
 """``critic.*`` keys plugrl covers with the actor's key of the same name (besides ``model.*``),
 and why."""
@@ -925,6 +924,12 @@ class _Converter:
             key == "reward_model.reward_manager" or key.startswith("custom_reward_function.")
         ):
             return _Skip("dropped", REWARD_MODEL_REPLACES)
+        if key in self.index:
+            # an option that declares this very key beats a rule for a whole prefix (the
+            # reference model's own offload switch, under actor_rollout_ref.ref.)
+            declared = self._declared(key)
+            assert declared is not None
+            return declared
         shared = _match(SHARED, key)
         if shared:
             (primary, why), rest = shared

@@ -1,5 +1,6 @@
 """Policy losses with verl's names and formulas: ``vanilla`` (PPO, dual clip), ``gspo``,
-``clip_cov``, ``kl_cov``, ``geo_mean``, ``cispo``, ``reinforce``.
+``clip_cov``, ``kl_cov``, ``geo_mean``, ``cispo``, ``reinforce``
+(verl's ``gpg``), ``sapo``.
 
 Registration only; the implementations (torch) are imported when a recipe chooses one.
 Formulas: docs/algorithms.md.
@@ -25,12 +26,25 @@ LOSSES = {
     "geo_mean": ("GeoMean", None, "GMPO: clipped geometric mean of token ratios"),
     "cispo": ("CISPO", None, "REINFORCE weighted by the clipped, stop-gradient ratio"),
     "reinforce": ("Reinforce", None, "Plain policy gradient -A * log_prob"),
+    "sapo": (
+        "SAPO",
+        "plugrl_policy_losses.options:SapoArgs",
+        "Soft sigmoid gate of the ratio in place of PPO's clip",
+    ),
 }
+
+ALIASES = {"reinforce": ["gpg"]}
+"""verl's names for the same loss: verl's ``gpg`` loss is ``-A * log_prob`` aggregated by
+``loss_agg_mode``, which is ``reinforce``."""
 
 
 @plugrl.hookimpl
 def register_policy_losses(register):
     for name, (attr, config, description) in LOSSES.items():
         register(
-            name, f"plugrl_policy_losses.losses:{attr}", config=config, description=description
+            name,
+            f"plugrl_policy_losses.losses:{attr}",
+            config=config,
+            description=description,
+            aliases=ALIASES.get(name, ()),
         )

@@ -11,7 +11,7 @@ Where the log ratio ``log_prob - old_log_prob`` is bounded follows verl 0.9.1's
 ``core_algos.py`` loss by loss, so that every loss gives verl's numbers (the tests hold each
 to them), extreme ratios included:
 
-* ``vanilla`` and ``cispo`` clamp it to ±20 before ``exp``, as verl does: the ratio would
+* ``vanilla``, ``cispo`` and ``sapo`` clamp it to ±20 before ``exp``, as verl does: the ratio would
   overflow to ``inf`` for a token whose log-prob moved by more than about 88, and the clipped
   surrogate takes the ratio itself;
 * ``gspo`` caps the sequence-level log ratio at 10 (from above only), as verl does;
@@ -32,7 +32,7 @@ import torch
 from plugrl.algorithms.functional import masked_mean
 from plugrl.parts.algorithm import Aggregate, PolicyLoss
 
-from .options import ClipCovArgs, KLCovArgs
+from .options import ClipCovArgs, KLCovArgs, SapoArgs
 
 LOG_RATIO_CLAMP = 20.0
 """verl's bound on the token log ratio of the losses that clamp it (see the module doc)."""
@@ -339,4 +339,43 @@ class Reinforce(PolicyLoss):
         loss = aggregate(_weighted(losses, importance_weights), response_mask)
         with torch.no_grad():
             ppo_kl = masked_mean(old_log_prob - log_prob, response_mask)
+        return loss, _metrics(loss, 0.0, 0.0, ppo_kl)
+
+
+class SAPO(PolicyLoss):
+    """SAPO: a soft gate in place of PPO's clip. Each token's ratio passes through
+    ``(4 / tau) * sigmoid(tau * (ratio - 1))``, whose slope at ratio 1 is 1 (the plain policy
+    gradient on-policy) and fades smoothly as the ratio moves away, so no token's gradient is
+    cut off at a hard edge. ``tau_pos`` serves tokens with a positive advantage, ``tau_neg``
+    the others. As the method prescribes, the loss is averaged per sequence
+    (``seq-mean-token-mean``) whatever ``loss_agg_mode`` says."""
+
+    name = "sapo"
+
+    def __call__(
+        self,
+        *,
+        old_log_prob: torch.Tensor,
+        log_prob: torch.Tensor,
+        advantages: torch.Tensor,
+        response_mask: torch.Tensor,
+        aggregate: Aggregate,
+        importance_weights: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        args = self.args if isinstance(self.args, SapoArgs) else SapoArgs()
+        log_ratio = torch.clamp(log_prob - old_log_prob, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        ratio = log_ratio.exp()
+        tau = torch.where(
+            advantages > 0,
+            torch.as_tensor(args.tau_pos, dtype=ratio.dtype, device=ratio.device),
+            torch.as_tensor(args.tau_neg, dtype=ratio.dtype, device=ratio.device),
+        )
+        gates = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
+        losses = -gates * advantages
+        per_sequence = getattr(aggregate, "with_mode", None)
+        if per_sequence is not None:
+            aggregate = per_sequence("seq-mean-token-mean")
+        loss = aggregate(_weighted(losses, importance_weights), response_mask)
+        with torch.no_grad():
+            ppo_kl = masked_mean(-log_ratio, response_mask)
         return loss, _metrics(loss, 0.0, 0.0, ppo_kl)

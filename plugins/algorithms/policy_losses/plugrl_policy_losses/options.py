@@ -60,3 +60,23 @@ class KLCovArgs:
         verl="actor_rollout_ref.actor.policy_loss.ppo_kl_coef",
         validator=positive,
     )
+
+
+@attrs.define(kw_only=True)
+class SapoArgs:
+    """``actor.policy_loss_args`` of ``sapo``: the temperatures of its soft gate."""
+
+    tau_pos: float = option(
+        1.0,
+        "Gate temperature of tokens with a positive advantage (higher: sharper, closer to a "
+        "hard clip).",
+        verl="actor_rollout_ref.actor.tau_pos",
+        validator=positive,
+    )
+    tau_neg: float = option(
+        1.05,
+        "Gate temperature of tokens with a zero or negative advantage (above tau_pos: "
+        "negative updates fade faster, as the method recommends).",
+        verl="actor_rollout_ref.actor.tau_neg",
+        validator=positive,
+    )

@@ -24,7 +24,7 @@ from plugrl.metrics import mean_metrics
 from plugrl.parts.algorithm import LossScale
 from plugrl.parts.backend import OptimConfig, TrainingBackend
 from plugrl.parts.rollout import WeightMeta
-from plugrl_fsdp2 import checkpoint, lora, packing
+from plugrl_fsdp2 import checkpoint, lora, packing, ulysses
 from plugrl_fsdp2.batching import (
     left_align,
     packed_micro_batches,
@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MicroLoss = Callable[[Batch, LossScale], tuple[torch.Tensor, dict[str, float]]]
+PerToken = Callable[[torch.Tensor, torch.Tensor], list[torch.Tensor]]
 
 
 class FSDP2Backend(TrainingBackend):
@@ -64,6 +65,9 @@ class FSDP2Backend(TrainingBackend):
     ``use_remove_padding`` they run packed (:mod:`plugrl_fsdp2.packing`): the attended tokens
     of their rows end to end in one row, so a micro-batch costs its real token count
     (``use_dynamic_bsz`` fills micro-batches up to the token budget).
+    With ``ulysses_sequence_parallel_size`` > 1 each micro-batch runs split along the sequence
+    over a group of ranks (:mod:`plugrl_fsdp2.ulysses`): such a group is one data-parallel rank
+    (``dp_rank``, ``dp_size``), whose first rank holds the outputs.
     Losses: the objective's return value is backpropagated as is, so it must be this
     micro-batch's share of the global mini-batch loss (see :class:`LossScale`). Metrics the
     objective returns are shares too: summed over the micro-batches of a mini-batch, then
@@ -87,6 +91,23 @@ class FSDP2Backend(TrainingBackend):
         self.param_dtype, self.compute_dtype = weight_dtypes(self.recipe, self.role)
         self.lora = self.role == "actor" and self.recipe.model.lora_rank > 0
         """The actor trains LoRA adapters (:mod:`plugrl_fsdp2.lora`), not its weights."""
+        self._sp = self.config.ulysses_sequence_parallel_size
+        # refuses a rank count the groups do not divide, before the worker group dispatches
+        self._dp_size = self.config.data_parallel_size(self.dist.world_size)
+        self._sp_group: Any = None
+        self._dp_group: Any = None
+
+    @property
+    def dp_rank(self) -> int:
+        return self.dist.rank // self._sp
+
+    @property
+    def dp_size(self) -> int:
+        return self._dp_size
+
+    @property
+    def is_output_rank(self) -> bool:
+        return self.dist.rank % self._sp == 0
 
     # ------------------------------------------------------------------------------ set-up
 
@@ -119,6 +140,17 @@ class FSDP2Backend(TrainingBackend):
             if several and source is not None:
                 source = lora.wrap(source, self.recipe, load_adapter=True)
             model = lora.wrap(model, self.recipe, load_adapter=not several)
+        if self._sp > 1:
+            ulysses.check_model(model.config.get_text_config(decoder=True), self._sp)
+            ulysses.register()
+            self._sp_group, self._dp_group = ulysses.groups(
+                self.device.torch_device_type, self.dist.world_size, self._sp
+            )
+        # FSDP shards over every rank, the sequence-parallel ones included (as verl does): the
+        # weights, gradients and optimizer state take 1/world of each rank's memory, not
+        # 1/dp, for the same gathers per layer; the ranks of a group compute gradients of
+        # different tokens, which the reduce-scatter sums as it does those of data-parallel
+        # ranks (ulysses.gather_sequence scales them so the result is the dp average)
         mesh = device_mesh(self.device, self.dist.world_size, self.config.fsdp_size)
         self.model = shard_model(
             model,
@@ -151,12 +183,15 @@ class FSDP2Backend(TrainingBackend):
         return True
 
     def _attention(self) -> AbstractContextManager[None]:
-        """While training or scoring: the model's attention is the packed one. Backward runs
+        """While training or scoring: the model's attention is the packed one, or the
+        sequence-parallel one (which runs the packed one on whole sequences). Backward runs
         inside too, as it recomputes checkpointed layers; outside, the live model keeps its own
         attention for a colocated engine's generation."""
+        assert self.model is not None
+        if self._sp_group is not None:
+            return _sequence_parallel(self.model, self._sp_group)
         if not self._packed:
             return nullcontext()
-        assert self.model is not None
         return _attention_implementation(self.model, packing.ATTENTION)
 
     @property
@@ -184,13 +219,14 @@ class FSDP2Backend(TrainingBackend):
     def _plan(self, batch: Batch, micro_batch_size: int | None) -> list[list[int]]:
         if self.config.use_dynamic_bsz:
             lengths = valid_lengths(batch["attention_mask"])
-            budget = self.config.ppo_max_token_len_per_gpu
+            # the budget is per rank; a sequence-parallel group shares each micro-batch
+            budget = self.config.ppo_max_token_len_per_gpu * self._sp
             cut = packed_micro_batches if self._packs(batch) else token_budget_micro_batches
-            plan = cut(lengths, budget)
+            plan = cut(lengths, budget, ranks=self._sp)
             while True:
                 # a rank may need more micro-batches at the agreed count than it asked for
                 count, _ = self._agreed_count(len(plan))
-                plan = cut(lengths, budget, count)
+                plan = cut(lengths, budget, count, ranks=self._sp)
                 largest, smallest = self._agreed_count(len(plan))
                 if largest == smallest:
                     return plan
@@ -207,8 +243,14 @@ class FSDP2Backend(TrainingBackend):
         return training.mini_batch_rows(self.config, self.recipe.rollout.n, self.dp_size, num_rows)
 
     def _loss_scale(self, mini_batch: Batch) -> LossScale:
+        # over data-parallel ranks only: the ranks of a sequence-parallel group hold the same rows
         return training.all_reduced_loss_scale(
-            mini_batch["response_mask"], self.config, self.recipe, self.dp_size, self.torch_device
+            mini_batch["response_mask"],
+            self.config,
+            self.recipe,
+            self.dp_size,
+            self.torch_device,
+            group=self._dp_group,
         )
 
     def _on_device(self, batch: Batch, rows: list[int], columns: tuple[str, ...]) -> Batch:
@@ -226,6 +268,9 @@ class FSDP2Backend(TrainingBackend):
         float32, with ``R'`` the response columns some row of the micro-batch uses."""
         model = self.model
         assert model is not None
+        if self._sp_group is not None:
+            (outputs,), used = self._split_forward(micro_batch, lambda outputs, _: [outputs])
+            return outputs, used
         if self._packs(micro_batch):
             return self._packed_forward(micro_batch)
         layout = left_align(micro_batch["attention_mask"], micro_batch["responses"].shape[-1])
@@ -262,6 +307,80 @@ class FSDP2Backend(TrainingBackend):
             outputs = model(**inputs).logits[0, layout.keep]
         return outputs[layout.response_index].float(), layout.response_len
 
+    def _split_forward(
+        self, micro_batch: Batch, per_token: PerToken
+    ) -> tuple[list[torch.Tensor], int]:
+        """Sequence-parallel forward: ``per_token(outputs, next_ids)`` of this rank's slice of
+        each sequence (float32 outputs ``[b, s/sp, ...]`` and the ids they predict
+        ``[b, s/sp]``), each result gathered over the group and taken at the positions that
+        predict each response token: ``[b, R', ...]``, with ``R'`` the response columns some
+        row of the micro-batch uses.
+
+        The rows are laid out as :meth:`_forward` lays them out (left-aligned, or packed), then
+        padded on the right to a multiple of ``sp``; the padding is never attended by a real
+        token (causal attention, right padding) and its outputs are dropped.
+        """
+        model = self.model
+        assert model is not None
+        response_width = micro_batch["responses"].shape[-1]
+        packed = None
+        if self._packs(micro_batch):
+            packed = packing.pack(micro_batch["attention_mask"], response_width)
+            ids = packed.gather(micro_batch["input_ids"])
+            positions = packed.gather(micro_batch["position_ids"])
+            used = packed.response_len
+            keep, response_index = packed.keep, packed.response_index
+
+            def select(full: torch.Tensor) -> torch.Tensor:
+                return full[0, keep][response_index]
+
+        else:
+            layout = left_align(micro_batch["attention_mask"], response_width)
+            ids = micro_batch["input_ids"].gather(1, layout.columns)
+            position_ids = micro_batch["position_ids"]
+            position_columns = layout.columns
+            if position_ids.dim() == 3:  # one row of positions per rotary section (mrope)
+                position_columns = position_columns[:, None, :].expand(
+                    -1, position_ids.shape[1], -1
+                )
+            positions = position_ids.gather(-1, position_columns)
+            used = layout.response_len
+
+            def select(full: torch.Tensor) -> torch.Tensor:
+                index = layout.response_index
+                if full.dim() == 3:
+                    index = index[..., None].expand(-1, -1, full.shape[-1])
+                return full[:, -layout.keep :].gather(1, index)
+
+        width = ids.shape[-1]
+        padding = -width % self._sp
+        next_ids = F.pad(ids[:, 1:], (0, 1 + padding))
+        ids = F.pad(ids, (0, padding))
+        positions = F.pad(positions, (0, padding))
+        extra: dict[str, Any] = {}
+        if packed is not None:
+            # the padding is one more packed row, so that attention keeps it to itself
+            extra = packed.attention_kwargs()
+            if padding:
+                total = torch.tensor([width + padding], dtype=torch.int32, device=ids.device)
+                extra["cu_seq_lens_q"] = extra["cu_seq_lens_k"] = torch.cat(
+                    [packed.cu_seq_lens, total]
+                )
+                extra["max_length_q"] = extra["max_length_k"] = max(packed.max_length, padding)
+        part = (width + padding) // self._sp
+        start = dist.get_rank(self._sp_group) * part
+        mine = slice(start, start + part)
+        outputs = model(
+            input_ids=ids[:, mine],
+            position_ids=positions[..., mine],
+            attention_mask=None,
+            use_cache=False,
+            **extra,
+        ).logits.float()
+        results = per_token(outputs, next_ids[:, mine])
+        gathered = [ulysses.gather_sequence(r, self._sp_group)[:, :width] for r in results]
+        return [select(full) for full in gathered], used
+
     def _log_probs(
         self,
         micro_batch: Batch,
@@ -272,10 +391,43 @@ class FSDP2Backend(TrainingBackend):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-token log-probs [b, R] (and entropies); ``entropy_grad=False`` computes the
         entropy outside the autograd graph, for a metric only."""
+        if self._sp_group is not None:
+            return self._split_log_probs(
+                micro_batch,
+                temperature=temperature,
+                with_entropy=with_entropy,
+                entropy_grad=entropy_grad,
+            )
         logits, _ = self._forward(micro_batch)
         return training.response_log_probs(
             logits, micro_batch, temperature, with_entropy=with_entropy, entropy_grad=entropy_grad
         )
+
+    def _split_log_probs(
+        self, micro_batch: Batch, *, temperature: float, with_entropy: bool, entropy_grad: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`_log_probs` under sequence parallelism: the log-softmax, the biggest tensor
+        of a step, runs on each rank's slice of the logits; only per-token results are
+        gathered."""
+
+        def per_token(logits: torch.Tensor, next_ids: torch.Tensor) -> list[torch.Tensor]:
+            # every position of the slice is scored: its next id is its target
+            positions = Batch({"responses": next_ids, "attention_mask": torch.ones_like(next_ids)})
+            log_prob, entropy = training.response_log_probs(
+                logits,
+                positions,
+                temperature,
+                with_entropy=with_entropy,
+                entropy_grad=entropy_grad,
+            )
+            return [log_prob] if entropy is None else [log_prob, entropy]
+
+        results, used = self._split_forward(micro_batch, per_token)
+        responses = micro_batch["responses"]
+        attended = micro_batch["attention_mask"][:, -responses.shape[-1] :][:, :used]
+        pad = responses.shape[-1] - used
+        results = [F.pad(r * attended.to(r.dtype), (0, pad)) for r in results]
+        return results[0], results[1] if with_entropy else None
 
     def _values(self, micro_batch: Batch) -> torch.Tensor:
         outputs, used = self._forward(micro_batch)
@@ -616,6 +768,13 @@ class FSDP2Backend(TrainingBackend):
         self.optimizer = None
         self.lr_scheduler = None
         self.device.empty_cache()
+
+
+@contextmanager
+def _sequence_parallel(model: torch.nn.Module, group: Any) -> Iterator[None]:
+    """``model``'s forwards inside the block split their attention over ``group``."""
+    with _attention_implementation(model, ulysses.ATTENTION), ulysses.sequence_group(group):
+        yield
 
 
 @contextmanager

@@ -75,17 +75,19 @@ def token_budget_micro_batches(
     min_micro_batches: int = 1,
     *,
     key: str = "actor.ppo_max_token_len_per_gpu",
+    ranks: int = 1,
 ) -> list[list[int]]:
     """Row indices of micro-batches whose padded cost stays within ``max_tokens``.
 
     Rows are sorted longest first and cut into consecutive groups: as few as the budget allows
     (at least ``min_micro_batches``, which ranks use to agree on a count), and among those
     splits the one that computes the fewest padded tokens. A row longer than the budget is a
-    :class:`RecipeError` naming ``key``.
+    :class:`RecipeError` naming ``key`` (whose value is ``max_tokens`` over ``ranks``, the
+    ranks a sequence is split over).
     """
     if not len(lengths):
         return []
-    order = _longest_first(lengths, max_tokens, min_micro_batches, key)
+    order = _longest_first(lengths, max_tokens, min_micro_batches, key, ranks)
     sorted_lengths = [int(lengths[i]) for i in order]
     count = max(len(_consecutive_groups(sorted_lengths, max_tokens)), min_micro_batches)
     groups = _cheapest_consecutive_groups(sorted_lengths, count, max_tokens)
@@ -95,20 +97,25 @@ def token_budget_micro_batches(
 
 
 def _longest_first(
-    lengths: Sequence[int], max_tokens: int, min_micro_batches: int, key: str
+    lengths: Sequence[int], max_tokens: int, min_micro_batches: int, key: str, ranks: int
 ) -> list[int]:
     """Row indices longest first (ties by index), once the rows can make ``min_micro_batches``
     micro-batches and the longest fits ``max_tokens`` (else a :class:`RecipeError` naming
-    ``key``)."""
+    ``key``, whose value is ``max_tokens`` over ``ranks``)."""
     num_rows = len(lengths)
     if min_micro_batches > num_rows:
         raise ValueError(f"cannot cut {num_rows} rows into {min_micro_batches} micro-batches")
     order = sorted(range(num_rows), key=lambda i: (-lengths[i], i))
     longest = int(lengths[order[0]])
     if longest > max_tokens:
+        budget = f"{max_tokens}"
+        needed = f"the prompt plus response length ({longest})"
+        if ranks > 1:
+            budget += f" ({max_tokens // ranks} on each of the {ranks} ranks it is split over)"
+            needed = f"{-(-longest // ranks)}, a rank's share of the sequence"
         raise RecipeError(
             f"a sequence of {longest} tokens does not fit the micro-batch token budget of "
-            f"{max_tokens}; set it to at least the prompt plus response length ({longest})",
+            f"{budget}; set it to at least {needed}",
             key=key,
         )
     return order
@@ -143,6 +150,7 @@ def packed_micro_batches(
     min_micro_batches: int = 1,
     *,
     key: str = "actor.ppo_max_token_len_per_gpu",
+    ranks: int = 1,
 ) -> list[list[int]]:
     """Row indices of micro-batches whose real token count stays within ``max_tokens``, for
     packed forwards, where a micro-batch costs the sum of its rows' lengths.
@@ -150,11 +158,11 @@ def packed_micro_batches(
     As few micro-batches as the budget allows (at least ``min_micro_batches``, which ranks use
     to agree on a count), their token counts as even as possible: rows go longest first to the
     micro-batch holding the fewest tokens. A row longer than the budget is a
-    :class:`RecipeError` naming ``key``.
+    :class:`RecipeError` naming ``key`` (whose value is ``max_tokens`` over ``ranks``).
     """
     if not len(lengths):
         return []
-    order = _longest_first(lengths, max_tokens, min_micro_batches, key)
+    order = _longest_first(lengths, max_tokens, min_micro_batches, key, ranks)
     total = sum(int(length) for length in lengths)
     count = max(min_micro_batches, -(-total // max_tokens))
     while True:

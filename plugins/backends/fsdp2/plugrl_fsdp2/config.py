@@ -6,7 +6,8 @@ from typing import Any, ClassVar
 
 import attrs
 
-from plugrl.config import ConfigValueError, option
+from plugrl.config import ConfigValueError, option, positive
+from plugrl.errors import RecipeError
 from plugrl.parts.backend import ActorConfig
 
 
@@ -17,7 +18,11 @@ def _all_or_positive(instance: Any, attribute: attrs.Attribute, value: int) -> N
 
 @attrs.define(kw_only=True)
 class FSDP2ActorConfig(ActorConfig):
-    """FSDP2 settings. They apply to every model the backend builds (actor, ref, critic)."""
+    """FSDP2 settings. They apply to every model the backend builds (actor, ref, critic).
+
+    With ``ulysses_sequence_parallel_size`` > 1 the rank count of a role must be a multiple of
+    it; each group of that many ranks is one data-parallel rank.
+    """
 
     supports_lora: ClassVar[bool] = True
 
@@ -64,3 +69,30 @@ class FSDP2ActorConfig(ActorConfig):
         "padded.",
         verl="actor_rollout_ref.model.use_remove_padding",
     )
+    ulysses_sequence_parallel_size: int = option(
+        1,
+        "Ranks each sequence is split over (Ulysses sequence parallelism): consecutive groups "
+        "of this many ranks get the same micro-batches, each rank runs the model on its part "
+        "of every sequence, and attention exchanges heads for sequence by all-to-all. It must "
+        "divide the ranks of the role and the model's attention and key-value heads. The "
+        "reference model and the critic use the same groups. ppo_max_token_len_per_gpu stays "
+        "per rank: a micro-batch holds up to it times this many tokens.",
+        verl="actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+        validator=positive,
+    )
+
+    def data_parallel_size(self, ranks: int) -> int:
+        """``ranks`` over ``ulysses_sequence_parallel_size``: a sequence-parallel group splits
+        each sequence of one data-parallel share."""
+        sp = self.ulysses_sequence_parallel_size
+        if ranks % sp:
+            raise RecipeError(
+                f"{sp} does not divide the {ranks} ranks of each model (trainer.nnodes x "
+                "trainer.n_gpus_per_node, 1 with cluster.mode=local); use a divisor of "
+                f"{ranks}",
+                key="actor.ulysses_sequence_parallel_size",
+            )
+        return ranks // sp
+
+    def sequence_parallel_size(self) -> int:
+        return self.ulysses_sequence_parallel_size

@@ -31,6 +31,7 @@ from plugrl_megatron.batching import pack, token_budget_micro_batches
 from plugrl_megatron.config import MegatronActorConfig
 from plugrl_megatron.convert import DTYPES
 from plugrl_megatron.layout import grid_position
+from plugrl_megatron.offload import Offloader, optimizer_tensors
 from plugrl_megatron.sharding import partition_dim, unshard
 
 if TYPE_CHECKING:
@@ -43,6 +44,9 @@ def _parallel_state() -> Any:
     from megatron.core import parallel_state
 
     return parallel_state
+
+
+_HOST = torch.device("cpu")
 
 
 def _named_parameters(chunks: list[torch.nn.Module]) -> Iterator[tuple[str, torch.nn.Parameter]]:
@@ -89,6 +93,7 @@ class MegatronBackend(TrainingBackend):
         self.optimizer: Any = None
         self.lr_scheduler: Any = None
         self.update_steps = 0
+        self.offloader = Offloader({}, model_params=list, device=self.torch_device, host=_HOST)
         self._check_supported_layout()
 
     def _check_supported_layout(self) -> None:
@@ -110,6 +115,15 @@ class MegatronBackend(TrainingBackend):
                 "pipeline parallelism needs a CUDA device (megatron's pipeline schedules "
                 "allocate on CUDA); set it to 1 on cpu",
                 key="actor.pipeline_model_parallel_size",
+            )
+        if c.use_dist_checkpointing and not c.dist_checkpointing_path:
+            # checked here, not when the recipe is read: like model.path, the folder is
+            # often an environment variable of the launch script, filled in afterwards
+            raise RecipeError(
+                "use_dist_checkpointing is true but no folder is named; give the megatron-core "
+                "dist_checkpointing folder to load, or set actor.use_dist_checkpointing false "
+                "to load model.path",
+                key="actor.dist_checkpointing_path",
             )
         if self.role == "critic":
             raise RecipeError(
@@ -140,6 +154,7 @@ class MegatronBackend(TrainingBackend):
             build_chunks,
             hf_config,
             initialize_parallel,
+            load_dist_checkpoint,
             load_hf_weights,
             transformer_config,
         )
@@ -160,7 +175,11 @@ class MegatronBackend(TrainingBackend):
         chunks = build_chunks(self.transformer_config, self.hf_config)
         for chunk in chunks:
             chunk.to(self.torch_device)
-        load_hf_weights(chunks, self.hf_config, self.recipe.model.path)
+        if self.config.use_dist_checkpointing:
+            assert self.config.dist_checkpointing_path  # checked at construction
+            load_dist_checkpoint(chunks, self.config.dist_checkpointing_path)
+        else:
+            load_hf_weights(chunks, self.hf_config, self.recipe.model.path)
         self.chunks = list(chunks)
         if self.role == "ref":
             for chunk in chunks:
@@ -177,6 +196,39 @@ class MegatronBackend(TrainingBackend):
             )
         for module in self.model:
             module.eval()
+        self.offloader = self._offloader()
+        self.offloader.offload()
+
+    def _offloader(self) -> Offloader:
+        """What this role keeps in host memory between phases (see :mod:`offload`)."""
+        c = self.config
+        sources: dict[str, Callable[[], Any]] = {}
+        if c.ref_param_offload if self.role == "ref" else c.param_offload:
+            sources["params"] = self._parameters
+        if self.role == "actor" and c.grad_offload:
+            sources["grads"] = self._gradients
+        if self.role == "actor" and c.optimizer_offload:
+            sources["optimizer"] = lambda: optimizer_tensors(self.optimizer)
+        return Offloader(
+            sources,
+            model_params=self._parameters,
+            device=self.torch_device,
+            host=_HOST,
+            empty_cache=self.device.empty_cache,
+        )
+
+    def _parameters(self) -> Iterator[torch.nn.Parameter]:
+        return (param for _, param in _named_parameters(self.chunks))
+
+    def _gradients(self) -> Iterator[torch.Tensor]:
+        """megatron's gradient buffers (each parameter's ``main_grad`` is a view into one) and
+        any ``.grad`` left on a parameter."""
+        for param in self._parameters():
+            main_grad = getattr(param, "main_grad", None)
+            if main_grad is not None:
+                yield main_grad
+            if param.grad is not None:
+                yield param.grad
 
     def _check_grid(self) -> None:
         """The rank layout computed at construction must be megatron's."""
@@ -381,7 +433,8 @@ class MegatronBackend(TrainingBackend):
 
         for module in self.model:
             module.eval()
-        self._micro_batches(batch, plan, keep, forward_only=True)
+        with self.offloader.resident("params"):
+            self._micro_batches(batch, plan, keep, forward_only=True)
         # only the last pipeline stage computes outputs; the others return zeros, which the
         # worker group does not read (is_output_rank)
         for rows, (log_prob, entropy) in zip(plan, results, strict=False):
@@ -411,7 +464,8 @@ class MegatronBackend(TrainingBackend):
             update.derive_old_log_probs(micro_batch, log_prob)
             return objective(micro_batch, log_prob, entropy, scale)
 
-        return self._train(batch, micro_loss)
+        with self.offloader.resident("params", "grads", "optimizer"):
+            return self._train(batch, micro_loss)
 
     def _train(self, batch: Batch, micro_loss: Any) -> dict[str, float]:
         mini_rows = self._mini_batch_rows(len(batch))
@@ -554,11 +608,15 @@ class MegatronBackend(TrainingBackend):
         """Each whole weight in Hugging Face names and the model's dtype (collective; rank 0
         yields, every rank must run the iterator to its end). A tied ``lm_head`` is not sent."""
         self._require("actor", "ref", method="named_weights")
-        for name, whole in self._whole_weights():
-            if whole is None:
-                continue
-            for hf_name, tensor in convert.to_hf(self.hf_config, name, whole):
-                yield hf_name, tensor.to("cpu", self.compute_dtype)
+        # a tensor that is already on the cpu in the right dtype may be the parameter itself;
+        # once the parameters are parked again its memory is gone, so it is copied then
+        copy = "params" in self.offloader.sources
+        with self.offloader.resident("params"):
+            for name, whole in self._whole_weights():
+                if whole is None:
+                    continue
+                for hf_name, tensor in convert.to_hf(self.hf_config, name, whole):
+                    yield hf_name, tensor.to("cpu", self.compute_dtype, copy=copy)
 
     def weight_metadata(self) -> list[WeightMeta]:
         """What :meth:`named_weights` yields, from the Hugging Face config (no gathering)."""
@@ -585,6 +643,10 @@ class MegatronBackend(TrainingBackend):
 
     def save_checkpoint(self, path: Path) -> None:
         self._require("actor", "ref", method="save_checkpoint")
+        with self.offloader.resident("params", "optimizer"):
+            self._save_checkpoint(path)
+
+    def _save_checkpoint(self, path: Path) -> None:
         checkpoint.save(
             Path(path),
             chunks=self.chunks,
@@ -601,6 +663,11 @@ class MegatronBackend(TrainingBackend):
 
     def load_checkpoint(self, path: Path) -> None:
         self._require("actor", "ref", method="load_checkpoint")
+        # the optimizer's state is replaced by the file's, and parked again after it
+        with self.offloader.resident("params", "optimizer"):
+            self._load_checkpoint(path)
+
+    def _load_checkpoint(self, path: Path) -> None:
         extra_state = checkpoint.load(
             Path(path),
             chunks=self.chunks,
@@ -625,6 +692,8 @@ class MegatronBackend(TrainingBackend):
         }
 
     def close(self) -> None:
+        # what is parked goes with the model: nothing is brought back to be dropped
+        self.offloader = Offloader({}, model_params=list, device=self.torch_device, host=_HOST)
         self.model = []
         self.chunks = []
         self.optimizer = None

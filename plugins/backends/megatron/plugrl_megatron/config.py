@@ -7,13 +7,24 @@ from typing import Any
 
 import attrs
 
-from plugrl.config import fraction, option, positive
+from plugrl.config import ConfigValueError, fraction, option, positive
 from plugrl.parts.backend import ActorConfig
 from plugrl_megatron.layout import data_parallel_size
 
 _MEGATRON = "actor_rollout_ref.actor.megatron"
 _TRANSFORMER = f"{_MEGATRON}.override_transformer_config"
 _OPTIMIZER = "actor_rollout_ref.actor.optim.override_optimizer_config"
+_REF = "actor_rollout_ref.ref.megatron"
+
+
+def _no_megatron_bridge(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value is False:
+        raise ConfigValueError(
+            attribute.name,
+            "false asks for NVIDIA's Megatron-Bridge (its model providers and LoRA), which "
+            "plugrl-megatron does not have; set it true (plugrl converts Qwen2/Qwen3 dense "
+            "weights itself)",
+        )
 
 
 @attrs.define(kw_only=True)
@@ -87,6 +98,60 @@ class MegatronActorConfig(ActorConfig):
         False,
         "Overlap the copies to and from the offloaded optimizer with compute.",
         verl=f"{_OPTIMIZER}.overlap_cpu_optimizer_d2h_h2d",
+    )
+    param_offload: bool = option(
+        False,
+        "Keep the actor's parameters in host memory outside the phases that use them (log-probs, "
+        "updates, weight pushes, checkpoints): they move to the device before each and back "
+        "after it. The reference model has its own switch, ref_param_offload.",
+        verl=f"{_MEGATRON}.param_offload",
+    )
+    grad_offload: bool = option(
+        False,
+        "Free the actor's gradient buffers outside updates (they are zeroed before each "
+        "update, so nothing is copied).",
+        verl=f"{_MEGATRON}.grad_offload",
+    )
+    optimizer_offload: bool = option(
+        False,
+        "Keep the optimizer's state (moments, and the float32 main weights under mixed "
+        "precision) in host memory outside updates and checkpoints. Unlike "
+        "optimizer_cpu_offload the step still runs on the device.",
+        verl=f"{_MEGATRON}.optimizer_offload",
+    )
+    ref_param_offload: bool = option(
+        False,
+        "Keep the reference model's parameters in host memory outside its log-prob passes.",
+        verl=f"{_REF}.param_offload",
+    )
+    use_dist_checkpointing: bool = option(
+        False,
+        "Load the initial weights (actor and reference model) from a megatron-core "
+        "dist_checkpointing folder, dist_checkpointing_path, instead of the safetensors of "
+        "model.path (whose config.json still describes the model).",
+        verl=f"{_MEGATRON}.use_dist_checkpointing",
+    )
+    dist_checkpointing_path: str | None = option(
+        None,
+        "The megatron-core dist_checkpointing folder read when use_dist_checkpointing is on: "
+        "one saved from a GPTModel's sharded_state_dict(), in any parallel layout.",
+        verl=f"{_MEGATRON}.dist_checkpointing_path",
+        path="input",
+    )
+    use_mbridge: bool = option(
+        True,
+        "true: Hugging Face weights are converted to megatron-core's layout and back by "
+        "plugrl-megatron itself (what mbridge does in verl). false (verl's older per-model "
+        "converters) gives the same weights: the same conversion runs.",
+        verl=f"{_MEGATRON}.use_mbridge",
+    )
+    vanilla_mbridge: bool = option(
+        True,
+        "true: the mbridge conversion, which plugrl-megatron's own stands for. false (NVIDIA's "
+        "Megatron-Bridge) is refused: plugrl-megatron has neither its model providers nor "
+        "its LoRA.",
+        verl=f"{_MEGATRON}.vanilla_mbridge",
+        validator=_no_megatron_bridge,
     )
     recompute_granularity: str | None = option(
         None,

@@ -275,9 +275,66 @@ def load_hf_weights(chunks: list[GPTModel], hf: Any, folder: str) -> None:
                 key="model.path",
             )
         param.copy_(piece.to(param.dtype))
+    mark_split_weights(chunks)
+
+
+def mark_split_weights(chunks: list[GPTModel]) -> None:
+    """Mark the weights cut over tensor-parallel ranks as megatron does when it initialises
+    them itself (weights loaded into a model built without initialisation are unmarked, and
+    megatron's gradient norm counts unmarked weights on the first tensor-parallel rank only)."""
+    for name, param in named_parameters(chunks):
+        dim = partition_dim(name)
         if dim is not None:
-            # megatron marks split weights only when it initialises them itself; its gradient
-            # norm counts unmarked weights on the first tensor-parallel rank only
             param.tensor_model_parallel = True
             param.partition_dim = dim
             param.partition_stride = 1
+
+
+DIST_CHECKPOINT_KEY = "actor.dist_checkpointing_path"
+
+
+@torch.no_grad()
+def load_dist_checkpoint(chunks: list[GPTModel], folder: str) -> None:
+    """Fill this rank's parameters from a megatron-core ``dist_checkpointing`` folder: each
+    chunk's sharded state dict names the pieces this rank holds, whatever layout wrote the
+    folder (collective over the role's ranks)."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.validation import StrictHandling
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    fix = (
+        "give a folder written by megatron.core.dist_checkpointing.save from the model's "
+        "sharded_state_dict(), or set actor.use_dist_checkpointing false to load model.path"
+    )
+    if not Path(folder).is_dir() or not dist_checkpointing.check_is_distributed_checkpoint(folder):
+        raise RecipeError(
+            f"{folder!r} is not a megatron-core dist_checkpointing folder (no readable "
+            f"metadata.json); {fix}",
+            key=DIST_CHECKPOINT_KEY,
+        )
+    for chunk in chunks:
+        try:
+            # unexpected keys (an optimizer's state saved beside the model) are not this
+            # model's; missing ones raise
+            state = dist_checkpointing.load(
+                chunk.sharded_state_dict(), folder, strict=StrictHandling.ASSUME_OK_UNEXPECTED
+            )
+            chunk.load_state_dict(state, strict=False)
+        except (Exception, CheckpointException) as exc:
+            raise RecipeError(
+                f"{folder!r} could not be loaded into the model ({_cause(exc)}); {fix}",
+                key=DIST_CHECKPOINT_KEY,
+            ) from exc
+    mark_split_weights(chunks)
+
+
+def _cause(exc: BaseException) -> str:
+    """``Type: first line`` of what went wrong; torch's checkpoint reader reports the failure
+    of each rank wrapped in a ``CheckpointException`` (a BaseException), so the first of those
+    is named instead."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        first = next(iter(failures.values()))
+        exc = getattr(first, "exception", first)
+    lines = str(exc).strip().splitlines()
+    return type(exc).__name__ + (f": {lines[0][:300]}" if lines else "")

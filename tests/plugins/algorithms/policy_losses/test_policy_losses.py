@@ -7,7 +7,7 @@ from plugrl.algorithms.functional import LossAggregator
 from plugrl.parts.backend import ActorConfig
 from plugrl.testing import part_context
 from plugrl_policy_losses import losses as L
-from plugrl_policy_losses.options import ClipCovArgs, KLCovArgs
+from plugrl_policy_losses.options import ClipCovArgs, KLCovArgs, SapoArgs
 
 CONFIG = ActorConfig(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0)
 TOKEN_MEAN = LossAggregator("token-mean")
@@ -270,3 +270,40 @@ def test_only_empty_responses_give_a_zero_finite_loss(loss):
     )
     assert float(value.detach()) == 0.0
     assert all(math.isfinite(v) for v in metrics.values())
+
+
+def test_sapo_gates_the_ratio_softly_and_averages_per_sequence():
+    # sequence 0: two tokens, ratios 1.5 and 1 with A = +1 (tau_pos 1); sequence 1: one token
+    # of ratio 0.5 with A = -2 (tau_neg 1.05)
+    old = [[-1.0 - math.log(1.5), -2.0], [-1.0 - math.log(0.5), 0.0]]
+    new = torch.tensor([[-1.0, -2.0], [-1.0, 0.0]], dtype=torch.float64, requires_grad=True)
+    loss = build(L.SAPO, CONFIG, SapoArgs())
+    value, metrics = loss(
+        old_log_prob=torch.tensor(old, dtype=torch.float64),
+        log_prob=new,
+        advantages=torch.tensor([[1.0, 1.0], [-2.0, -2.0]], dtype=torch.float64),
+        response_mask=torch.tensor([[1, 1], [1, 0]]),
+        aggregate=TOKEN_MEAN,
+    )
+
+    def gate(ratio, tau):
+        return 4.0 / tau / (1.0 + math.exp(-tau * (ratio - 1.0)))
+
+    first = (-gate(1.5, 1.0) - gate(1.0, 1.0)) / 2  # the mean over the sequence's tokens
+    second = 2.0 * gate(0.5, 1.05)
+    # per sequence whatever loss_agg_mode says (token-mean here would weigh 3 tokens alike)
+    assert float(value) == pytest.approx((first + second) / 2)
+    value.backward()
+    # the gate's slope is 1 at ratio 1: the on-policy gradient of -A * log_prob, / 2 tokens
+    # / 2 sequences
+    assert float(new.grad[0, 1]) == pytest.approx(-1.0 / 4)
+    assert float(new.grad[1, 1]) == 0.0
+    assert metrics["actor/pg_clipfrac"] == 0.0
+
+
+def test_sapo_rejects_a_temperature_that_is_not_positive():
+    from plugrl.errors import RecipeError
+    from plugrl.structuring import structure
+
+    with pytest.raises(RecipeError, match=r"tau_neg: must be > 0"):
+        structure(SapoArgs, {"tau_neg": 0}, "actor.policy_loss_args")

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from plugrl.errors import RecipeError
-from plugrl_fsdp2.batching import left_align, token_budget_micro_batches
+from plugrl_fsdp2.batching import left_align, packed_micro_batches, token_budget_micro_batches
 
 
 @pytest.mark.parametrize("budget", [9, 20, 33, 100])
@@ -48,6 +48,17 @@ def test_a_row_longer_than_the_budget_names_the_key():
     assert str(info.value) == (
         "actor.ppo_max_token_len_per_gpu: a sequence of 40 tokens does not fit the micro-batch "
         "token budget of 32; set it to at least the prompt plus response length (40)"
+    )
+
+
+@pytest.mark.parametrize("cut", [token_budget_micro_batches, packed_micro_batches])
+def test_a_row_longer_than_a_sequence_parallel_budget_names_each_ranks_share(cut):
+    with pytest.raises(RecipeError) as info:
+        cut([5, 41, 3], 32, ranks=2)
+    assert str(info.value) == (
+        "actor.ppo_max_token_len_per_gpu: a sequence of 41 tokens does not fit the micro-batch "
+        "token budget of 32 (16 on each of the 2 ranks it is split over); set it to at least "
+        "21, a rank's share of the sequence"
     )
 
 

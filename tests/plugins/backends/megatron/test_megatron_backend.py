@@ -281,6 +281,12 @@ def test_qwen3_with_qk_norms_and_tied_embeddings_matches_hugging_face(tmp_path, 
             "(megatron's pipeline schedules allocate on CUDA); set it to 1 on cpu",
         ),
         (
+            {"use_dist_checkpointing": True},
+            "actor.dist_checkpointing_path: use_dist_checkpointing is true but no folder is "
+            "named; give the megatron-core dist_checkpointing folder to load, or set "
+            "actor.use_dist_checkpointing false to load model.path",
+        ),
+        (
             {"context_parallel_size": 2},
             "actor.context_parallel_size: context parallelism is not implemented by the "
             "megatron backend yet (inputs are not split along the sequence); set it to 1",
@@ -308,3 +314,137 @@ def test_an_unknown_transformer_config_override_is_named(tiny_model):
     assert str(error.value).startswith(
         "actor.override_transformer_config.num_layerz: TransformerConfig has no field 'num_layerz'"
     )
+
+
+# ------------------------------------------------------------------------ offload
+
+OFFLOAD_ALL = {"param_offload": True, "grad_offload": True, "optimizer_offload": True}
+
+
+def _parked(backend):
+    """Bytes still held on the device by the parameters, the gradient buffer and the
+    optimizer's state (0 each when parked)."""
+    params = list(backend._parameters())
+    state = [t for s in backend.optimizer.state.values() for t in s.values()]
+    return tuple(
+        sum(t.untyped_storage().nbytes() for t in tensors)
+        for tensors in (params, [p.main_grad for p in params], state)
+    )
+
+
+def test_offloaded_state_comes_back_bitwise_for_each_phase_and_leaves_after_it(
+    tiny_model, tmp_path
+):
+    """On the cpu device "host" and "device" are one memory, so what this proves is the
+    bookkeeping: the storages are emptied between phases, and every phase finds them as they
+    were (the updates, weights and checkpoint equal a backend that never offloads)."""
+    plain = make_megatron_backend(megatron_recipe(tiny_model))
+    offloaded = make_megatron_backend(megatron_recipe(tiny_model, **OFFLOAD_ALL))
+    assert _parked(offloaded) == (0, 0, 0)
+    batch = make_batch(8)
+    plain_log_probs_ = plain.compute_log_prob(batch)["log_probs"]
+    assert torch.equal(offloaded.compute_log_prob(batch)["log_probs"], plain_log_probs_)
+    for seed in (1, 2):
+        step = make_batch(8, seed=seed)
+        assert offloaded.update_policy(step, TokenMeanReinforce()) == plain.update_policy(
+            step, TokenMeanReinforce()
+        )
+        assert _parked(offloaded) == (0, 0, 0)
+    # the weights outlive the phase that gathered them (copies, not the parked parameters)
+    assert max_weight_difference(full_weights(offloaded), full_weights(plain)) == 0.0
+    offloaded.save_checkpoint(tmp_path / "ckpt")
+    offloaded.load_checkpoint(tmp_path / "ckpt")  # replaces the optimizer's state: parked too
+    assert _parked(offloaded) == (0, 0, 0)
+    step = make_batch(8, seed=3)
+    assert offloaded.update_policy(step, TokenMeanReinforce()) == plain.update_policy(
+        step, TokenMeanReinforce()
+    )
+    assert max_weight_difference(full_weights(offloaded), full_weights(plain)) == 0.0
+
+
+def test_the_reference_model_offloads_with_its_own_switch(tiny_model, actor):
+    recipe = megatron_recipe(tiny_model, ref_param_offload=True)
+    ref = make_megatron_backend(recipe, role="ref")
+    assert sum(p.untyped_storage().nbytes() for p in ref._parameters()) == 0
+    batch = make_batch(4)
+    expected = actor.compute_log_prob(batch)["log_probs"]
+    assert torch.equal(ref.compute_log_prob(batch)["log_probs"], expected)
+    assert sum(p.untyped_storage().nbytes() for p in ref._parameters()) == 0
+    assert ref.offloader.parts == ["params"]
+    # the actor's switches are the actor's
+    assert make_megatron_backend(recipe).offloader.parts == []
+
+
+# ------------------------------------------------------------------------ dist checkpoints
+
+
+def _dist_checkpoint(backend, folder, monkeypatch):
+    """The backend's model written by megatron-core's own dist_checkpointing.save."""
+    from megatron.core import dist_checkpointing
+
+    folder.mkdir()
+    with monkeypatch.context() as patch:
+        # megatron's writer waits for device-to-host copies; on the cpu there are none
+        patch.setattr(torch.cuda, "synchronize", lambda *args, **kwargs: None)
+        dist_checkpointing.save(backend.chunks[0].sharded_state_dict(), str(folder))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def other_model(tmp_path_factory):
+    from tests.plugins.backends.fsdp2.fsdp2_testing import save_tiny_qwen2
+
+    return save_tiny_qwen2(tmp_path_factory.mktemp("other-qwen2"), seed=1)
+
+
+def test_initial_weights_come_from_a_dist_checkpointing_folder(
+    tiny_model, other_model, tmp_path, monkeypatch
+):
+    # the folder holds other weights than model.path's: the log-probs say which were loaded
+    source = make_megatron_backend(megatron_recipe(other_model))
+    folder = _dist_checkpoint(source, tmp_path / "dist", monkeypatch)
+    recipe = megatron_recipe(
+        tiny_model, use_dist_checkpointing=True, dist_checkpointing_path=str(folder)
+    )
+    loaded = make_megatron_backend(recipe)
+    batch = make_batch(8)
+    got = loaded.compute_log_prob(batch)["log_probs"]
+    assert torch.equal(got, source.compute_log_prob(batch)["log_probs"])
+    expected, _ = plain_log_probs(other_model, batch)
+    torch.testing.assert_close(got, expected, atol=LOG_PROB_TOLERANCE, rtol=0)
+    assert (got - plain_log_probs(tiny_model, batch)[0]).abs().max() > 1e-2
+    # and the dist checkpoint's weights leave in Hugging Face names exactly as the source's
+    assert max_weight_difference(full_weights(loaded), full_weights(source)) == 0.0
+
+
+def test_a_missing_or_corrupt_dist_checkpointing_folder_is_named_with_the_fix(
+    actor, tmp_path, monkeypatch, tiny_model
+):
+    fix = (
+        "give a folder written by megatron.core.dist_checkpointing.save from the model's "
+        "sharded_state_dict(), or set actor.use_dist_checkpointing false to load model.path"
+    )
+    missing = tmp_path / "missing"
+    recipe = megatron_recipe(
+        tiny_model, use_dist_checkpointing=True, dist_checkpointing_path=str(missing)
+    )
+    with pytest.raises(RecipeError) as error:
+        make_megatron_backend(recipe)
+    assert str(error.value) == (
+        f"actor.dist_checkpointing_path: {str(missing)!r} is not a megatron-core "
+        f"dist_checkpointing folder (no readable metadata.json); {fix}"
+    )
+    corrupt = _dist_checkpoint(actor, tmp_path / "corrupt", monkeypatch)
+    for shard in corrupt.glob("*.distcp"):
+        shard.write_bytes(b"not a tensor")
+    recipe = megatron_recipe(
+        tiny_model, use_dist_checkpointing=True, dist_checkpointing_path=str(corrupt)
+    )
+    with pytest.raises(RecipeError) as error:
+        make_megatron_backend(recipe)
+    message = str(error.value)
+    assert "\n" not in message
+    assert message.startswith(
+        f"actor.dist_checkpointing_path: {str(corrupt)!r} could not be loaded into the model ("
+    )
+    assert message.endswith(fix)

@@ -1,6 +1,8 @@
 """A GRPO run of the tiny quickstart task through ``plugrl run`` with ``actor.backend:
 megatron``: the hook's patches logged, a KL loss against a megatron reference model, weights
-pushed to the hf engine, checkpoints, the export, and a resume."""
+pushed to the hf engine, checkpoints, the export, and a resume; with every offload switch on,
+so each of those phases finds its state parked and brings it back (the unit tests show the
+numbers do not change with them)."""
 
 from __future__ import annotations
 
@@ -37,7 +39,14 @@ def test_a_grpo_run_with_the_megatron_backend_trains_exports_and_resumes(tmp_pat
     task = build_untrained_task(tmp_path / "task")
     sections = {
         **REFERENCE_SECTIONS,
-        "actor": {**REFERENCE_SECTIONS["actor"], "backend": "megatron"},
+        "actor": {
+            **REFERENCE_SECTIONS["actor"],
+            "backend": "megatron",
+            "param_offload": True,
+            "grad_offload": True,
+            "optimizer_offload": True,
+            "ref_param_offload": True,
+        },
     }
     recipe = write_recipe(tmp_path / "recipe.yaml", tiny_recipe(task, tmp_path / "run", **sections))
     result = check_ok(run_cli(recipe, *REFERENCE_OVERRIDES))

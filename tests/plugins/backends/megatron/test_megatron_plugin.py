@@ -75,6 +75,85 @@ def test_the_recipe_keys_carry_verl_names():
     assert verl["optimizer_cpu_offload"] == (
         "actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_cpu_offload"
     )
+    megatron = "actor_rollout_ref.actor.megatron"
+    for name in (
+        "param_offload",
+        "grad_offload",
+        "optimizer_offload",
+        "use_dist_checkpointing",
+        "dist_checkpointing_path",
+        "use_mbridge",
+        "vanilla_mbridge",
+    ):
+        assert verl[name] == f"{megatron}.{name}"
+    assert verl["ref_param_offload"] == "actor_rollout_ref.ref.megatron.param_offload"
+
+
+VERL_SCRIPT = r"""python3 -m verl.trainer.main_ppo --config-name='ppo_megatron_trainer.yaml' \
+    actor_rollout_ref.model.path=/models/qwen \
+    actor_rollout_ref.actor.megatron.param_offload=False \
+    actor_rollout_ref.actor.megatron.grad_offload=True \
+    actor_rollout_ref.actor.megatron.optimizer_offload=True \
+    actor_rollout_ref.ref.megatron.param_offload=True \
+    actor_rollout_ref.actor.megatron.use_dist_checkpointing=True \
+    actor_rollout_ref.actor.megatron.dist_checkpointing_path=/ckpt/mcore \
+    actor_rollout_ref.ref.megatron.use_dist_checkpointing=True \
+    actor_rollout_ref.ref.megatron.dist_checkpointing_path=/ckpt/mcore \
+    actor_rollout_ref.actor.megatron.use_mbridge=True \
+    actor_rollout_ref.actor.megatron.vanilla_mbridge=False
+"""
+
+
+def test_verl_s_offload_dist_checkpoint_and_mbridge_keys_convert(plugrl_make_plugin_manager):
+    from plugrl_tools.convert.output import validate
+    from plugrl_tools.convert.verl import convert_script
+
+    plugins = plugrl_make_plugin_manager()
+    conversion = convert_script(VERL_SCRIPT, "run.sh", plugins=plugins)
+    # the reference model's offload is its own key, not the actor's (they differ here); its
+    # dist checkpoint is the actor's (plugrl's reference model starts from the actor's weights)
+    assert conversion.recipe["actor"] == {
+        "backend": "megatron",
+        "grad_offload": True,
+        "optimizer_offload": True,
+        "ref_param_offload": True,
+        "use_dist_checkpointing": True,
+        "dist_checkpointing_path": "/ckpt/mcore",
+    }
+    assert [(u.category, u.override) for u in conversion.unmapped] == [
+        ("invalid", "actor_rollout_ref.actor.megatron.vanilla_mbridge=False")
+    ]
+    assert conversion.unmapped[0].reason == (
+        "actor.vanilla_mbridge: false asks for NVIDIA's Megatron-Bridge (its model providers "
+        "and LoRA), which plugrl-megatron does not have; set it true (plugrl converts "
+        "Qwen2/Qwen3 dense weights itself)"
+    )
+    result = validate(conversion.recipe, plugins, check_files=False)
+    assert (result.error, result.missing) == (None, ())
+
+
+def test_megatron_bridge_is_refused_in_one_line(plugrl_plugin_manager):
+    with pytest.raises(RecipeError) as error:
+        build_recipe(
+            {"actor": {"backend": "megatron", "vanilla_mbridge": False}}, plugrl_plugin_manager
+        )
+    assert str(error.value) == (
+        "actor.vanilla_mbridge: false asks for NVIDIA's Megatron-Bridge (its model providers "
+        "and LoRA), which plugrl-megatron does not have; set it true (plugrl converts "
+        "Qwen2/Qwen3 dense weights itself) (got False)"
+    )
+
+
+def test_the_readme_names_every_key_of_the_backend():
+    import attrs
+
+    from plugrl.parts.backend import ActorConfig
+    from plugrl_megatron.config import MegatronActorConfig
+
+    common = {field.name for field in attrs.fields(ActorConfig)}
+    own = [f.name for f in attrs.fields(MegatronActorConfig) if f.name not in common]
+    readme = (PLUGIN_FOLDER / "README.md").read_text(encoding="utf-8")
+    assert [name for name in own if f"`{name}`" not in readme] == []
 
 
 def test_importing_the_backend_module_does_not_import_megatron():

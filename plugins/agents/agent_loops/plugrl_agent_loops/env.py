@@ -1,0 +1,269 @@
+"""``env``: an environment drives the turns. The model answers, the environment replies with an
+observation, a reward and whether the episode is over, until it is over or a limit is reached.
+
+Token in, token out: the sampled tokens of each turn are kept as the engine returned them; what
+comes between turns (the close of the model's turn, the observation, the opening of the next
+turn) is rendered by the tokenizer's chat template as a delta and appended with ``loss_mask``
+0, so earlier turns are never tokenized again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from plugrl.parts.agent import AgentLoop, Environment, Message, Session, StepResult, Trajectory
+
+log = logging.getLogger(__name__)
+
+TRUNCATED_MARK = " ...(truncated)"
+"""Appended to an observation cut to ``rollout.agent.max_tool_response_length`` tokens, so the
+model can tell it did not see all of it."""
+
+# The delta between two turns is rendered after a stand-in assistant turn whose content is this
+# marker: the text that follows it is what the template writes after a model turn, whatever
+# the real conversation was. Rendering the real conversation again would re-render sampled
+# turns, which templates may rewrite (Qwen3's drops the thinking of earlier turns).
+_MARKER = "PLUGRL-TURN-7f3a"
+_BASE: list[Message] = [
+    {"role": "user", "content": "u"},
+    {"role": "assistant", "content": _MARKER},
+]
+
+
+class EnvLoop(AgentLoop):
+    """Runs one episode of ``rollout.agent.env`` per sample.
+
+    The opening messages are what the environment's ``reset`` returns, or the row's own prompt
+    (``raw_prompt_ids`` as the data prepared it) when it returns ``None``. Each step's reward
+    is put at the end of the turn it answers (``turn_rewards``) and the episode's reward is
+    their sum. A ``reset``, ``step`` or ``close`` that raises or takes longer than
+    ``rollout.agent.tool_timeout_s`` ends the trajectory with finish reason ``error`` and is
+    counted in the trajectory's metrics; it never fails the run.
+
+    Metrics per trajectory (averaged into ``agent/...``): ``env/step_latency_s`` (mean seconds
+    of one step), ``env/reward`` (the episode's reward), ``env/errors`` and ``env/timeouts``
+    (1 when the episode ended so), ``env/truncated_observations`` (observations cut to
+    ``max_tool_response_length``).
+    """
+
+    async def run(self, row: Mapping[str, Any], session: Session) -> Trajectory:
+        env = session.make_environment()
+        episode = _Episode(session)
+        try:
+            await episode.play(env, row)
+        finally:
+            await episode.guarded("close", env.close())
+        return episode.finish()
+
+
+class _EnvFailed(Exception):
+    """An environment call raised or timed out; the episode ends with ``error``."""
+
+
+class _Episode:
+    """The state of one trajectory while its turns are played."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.tokenizer = session.tokenizer
+        self.config = session.config
+        self.trajectory = Trajectory(prompt_ids=[])
+        self.step_latencies: list[float] = []
+        self.truncated = 0
+        self.failure: str | None = None  # "errors" or "timeouts"
+
+    async def guarded(self, what: str, call: Any) -> Any:
+        """Await an environment call under the timeout; a failure is recorded and raised as
+        :class:`_EnvFailed` (``close`` failures are only recorded: the episode is over)."""
+        try:
+            return await asyncio.wait_for(call, timeout=self.config.tool_timeout_s)
+        except asyncio.TimeoutError:
+            log.warning(
+                "environment %s of sample %s took longer than rollout.agent.tool_timeout_s "
+                "(%ss); the trajectory ends with finish_reason error",
+                what,
+                self.session.sample_id,
+                self.config.tool_timeout_s,
+            )
+            failure = "timeouts"
+        except Exception as exc:
+            log.warning(
+                "environment %s of sample %s raised %s: %s; the trajectory ends with "
+                "finish_reason error",
+                what,
+                self.session.sample_id,
+                type(exc).__name__,
+                exc,
+            )
+            failure = "errors"
+        if self.failure is None:
+            self.failure = failure
+            self.trajectory.finish_reason = "error"
+        if what != "close":
+            raise _EnvFailed(what)
+        return None
+
+    async def play(self, env: Environment, row: Mapping[str, Any]) -> None:
+        trajectory = self.trajectory
+        try:
+            opening = await self.guarded("reset", env.reset(row))
+        except _EnvFailed:
+            trajectory.prompt_ids = list(row.get("raw_prompt_ids", ()))
+            return
+        schemas = env.tools()
+        if opening is None and "raw_prompt_ids" in row and not schemas:
+            trajectory.prompt_ids = list(row["raw_prompt_ids"])
+            messages = list(row.get("prompt") or [])
+        else:
+            if opening is None and not row.get("prompt"):
+                raise ValueError(
+                    f"the env agent loop has no opening messages for sample "
+                    f"{self.session.sample_id}: the environment's reset returned None and "
+                    f"the row has no prompt messages; return the opening messages from reset"
+                )
+            messages = list(opening if opening is not None else row["prompt"])
+            trajectory.prompt_ids = self.tokenizer.encode(
+                self.tokenizer.apply_chat_template(
+                    messages, tools=schemas or None, add_generation_prompt=True, tokenize=False
+                ),
+                add_special_tokens=False,
+            )
+        trajectory.messages = messages
+        limit = self.session.max_response_length
+        while True:
+            completion = await self.session.generate(
+                [*trajectory.prompt_ids, *trajectory.response_ids],
+                limit - len(trajectory.response_ids),
+            )
+            self._add_turn(completion)
+            text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+            messages.append({"role": "assistant", "content": text})
+            if completion.finish_reason == "aborted":
+                trajectory.finish_reason = "aborted"
+                trajectory.turn_rewards.append(0.0)
+                return
+            started = time.perf_counter()
+            try:
+                result: StepResult = await self.guarded("step", env.step(text))
+            except _EnvFailed:
+                trajectory.turn_rewards.append(0.0)
+                return
+            finally:
+                self.step_latencies.append(time.perf_counter() - started)
+            trajectory.turn_rewards.append(float(result.reward))
+            for key, value in result.metrics.items():
+                trajectory.metrics[f"env/{key}"] = float(value)
+            # the turn's tokens ran out: the response is cut whatever the environment says
+            if completion.finish_reason == "length" or len(trajectory.response_ids) >= limit:
+                trajectory.finish_reason = "length"
+                return
+            if result.done:
+                trajectory.finish_reason = "stop"
+                return
+            if trajectory.num_turns >= self.config.max_turns:
+                trajectory.finish_reason = "max_turns"
+                return
+            observation = self._observation_messages(result.observation)
+            delta = self._delta_ids(completion.token_ids, observation, schemas)
+            # the next turn needs room for at least one sampled token
+            if len(trajectory.response_ids) + len(delta) >= limit:
+                trajectory.finish_reason = "length"
+                return
+            messages.extend(observation)
+            self._add_appended(delta, completion.weight_version)
+
+    def _add_turn(self, completion: Any) -> None:
+        trajectory = self.trajectory
+        trajectory.response_ids.extend(completion.token_ids)
+        trajectory.loss_mask.extend([1] * len(completion.token_ids))
+        trajectory.log_probs.extend(completion.log_probs)
+        trajectory.token_versions.extend(completion.token_versions)
+        trajectory.weight_version = completion.weight_version
+        trajectory.num_turns += 1
+        if completion.token_ids:
+            trajectory.turn_ends.append(len(trajectory.response_ids) - 1)
+        else:
+            # an empty turn has no sampled token to carry its reward; the episode's reward
+            # still counts it
+            trajectory.turn_ends.append(-1)
+
+    def _add_appended(self, token_ids: Sequence[int], version: int) -> None:
+        trajectory = self.trajectory
+        trajectory.response_ids.extend(token_ids)
+        trajectory.loss_mask.extend([0] * len(token_ids))
+        trajectory.log_probs.extend([0.0] * len(token_ids))
+        trajectory.token_versions.extend([version] * len(token_ids))
+
+    def _observation_messages(self, observation: str | list[Message]) -> list[Message]:
+        """The observation as messages, each one's content cut to
+        ``max_tool_response_length`` tokens."""
+        if isinstance(observation, str):
+            observation = [{"role": "user", "content": observation}]
+        limit = self.config.max_tool_response_length
+        messages = []
+        for message in observation:
+            content = message.get("content")
+            if isinstance(content, str):
+                ids = self.tokenizer.encode(content, add_special_tokens=False)
+                if len(ids) > limit:
+                    self.truncated += 1
+                    content = self.tokenizer.decode(ids[:limit]) + TRUNCATED_MARK
+                    message = {**message, "content": content}
+            messages.append(message)
+        return messages
+
+    def _delta_ids(
+        self,
+        sampled: Sequence[int],
+        observation: list[Message],
+        schemas: list[dict[str, Any]],
+    ) -> list[int]:
+        """The tokens between the model's last sampled token and the next turn's first: the
+        rest of the assistant turn's close (its end-of-turn token when the model did not
+        sample it), the observation messages and the next assistant turn's opening."""
+        text = self.tokenizer.apply_chat_template(
+            [*_BASE, *observation],
+            tools=schemas or None,
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+        if text.count(_MARKER) != 1:
+            raise ValueError(
+                "the tokenizer's chat template does not render an assistant message's content "
+                "as given, so observations cannot be appended to sampled tokens; use a chat "
+                "template that renders assistant turns verbatim"
+            )
+        # the assistant turn's close, e.g. "<|im_end|>\n", then the observation and the next
+        # turn's opening; the model may have sampled the close's first token (end of turn)
+        delta = text[text.index(_MARKER) + len(_MARKER) :]
+        if sampled and sampled[-1] in self.tokenizer.all_special_ids:
+            last = self.tokenizer.decode([sampled[-1]], skip_special_tokens=False)
+            if delta.startswith(last):
+                delta = delta[len(last) :]
+        return self.tokenizer.encode(delta, add_special_tokens=False)
+
+    def finish(self) -> Trajectory:
+        trajectory = self.trajectory
+        # turn ends of empty turns carry no token; they are dropped with their rewards, whose
+        # sum is still the episode's reward
+        kept = [
+            (end, reward)
+            for end, reward in zip(trajectory.turn_ends, trajectory.turn_rewards, strict=True)
+            if end >= 0
+        ]
+        trajectory.reward = float(sum(trajectory.turn_rewards))
+        trajectory.turn_ends = [end for end, _ in kept]
+        trajectory.turn_rewards = [reward for _, reward in kept]
+        metrics = trajectory.metrics
+        metrics["env/reward"] = trajectory.reward
+        if self.step_latencies:
+            metrics["env/step_latency_s"] = sum(self.step_latencies) / len(self.step_latencies)
+        metrics["env/errors"] = float(self.failure == "errors")
+        metrics["env/timeouts"] = float(self.failure == "timeouts")
+        metrics["env/truncated_observations"] = float(self.truncated)
+        trajectory.check()
+        return trajectory
