@@ -255,6 +255,9 @@ def update_from_batch(parts: RunParts, batch: Batch, timer: StepTimer) -> dict[s
     if parts.ref is not None:
         with timer("ref"):
             batch["ref_log_prob"] = parts.ref.compute_log_prob(batch)["log_probs"]
+    elif parts.ref_in_actor:
+        with timer("ref"):
+            batch["ref_log_prob"] = parts.actor.compute_ref_log_prob(batch)["log_probs"]
     if parts.critic is not None:
         with timer("values"):
             batch["values"] = parts.critic.compute_values(batch)

@@ -112,6 +112,15 @@ def _structure_str_list(value: Any, _: Any) -> list[str]:
     raise TypeError(f"expected a list of strings, got {value!r}")
 
 
+def _structure_str_or_list(value: Any, _: Any) -> str | list[str] | None:
+    # a word or pattern (`all-linear`) stays a string; a list stays a list
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return _structure_str_list(value, list[str])
+    raise TypeError(f"expected a string or a list of strings, got {value!r}")
+
+
 @functools.cache
 def converter() -> cattrs.Converter:
     conv = cattrs.Converter(forbid_extra_keys=True)
@@ -120,6 +129,9 @@ def converter() -> cattrs.Converter:
     conv.register_structure_hook(bool, _structure_bool)
     conv.register_structure_hook(str, _structure_str)
     conv.register_structure_hook_func(lambda tp: tp == list[str], _structure_str_list)
+    conv.register_structure_hook_func(
+        lambda tp: tp in (str | list[str], str | list[str] | None), _structure_str_or_list
+    )
     return conv
 
 

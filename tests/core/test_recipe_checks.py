@@ -311,3 +311,36 @@ def test_custom_function_kwargs_without_a_path_are_refused():
         "receives them; set the path of the file that defines the function, or give a "
         "registered function its options with reward.function_args.<name>"
     )
+
+
+def test_lora_options_read_a_word_a_pattern_or_a_list():
+    recipe = build("model.lora_rank=8", "model.target_modules=all-linear")
+    assert recipe.model.target_modules == "all-linear"
+    assert recipe.model.exclude_modules is None
+    recipe = build("model.lora_rank=8", "model.target_modules=[q_proj,v_proj]")
+    assert recipe.model.target_modules == ["q_proj", "v_proj"]
+    recipe = build("model.exclude_modules=.*layers\\.0\\..*")
+    assert recipe.model.exclude_modules == ".*layers\\.0\\..*"
+
+
+def test_lora_options_of_the_wrong_kind_are_refused():
+    assert error_of("model.lora_rank=-1") == "model.lora_rank: must be >= 0, got -1"
+    assert error_of("model.target_modules={q: 1}") == (
+        "model.target_modules: expected a string or a list of strings, got {'q': 1}"
+    )
+    from plugrl.config import ConfigValueError
+    from plugrl.recipe import ModelConfig
+
+    with pytest.raises(ConfigValueError) as info:
+        ModelConfig(exclude_modules=[3])
+    assert str(info.value) == (
+        "exclude_modules: must be a string or a list of module names, got [3]"
+    )
+
+
+def test_lora_alpha_zero_is_refused_only_with_adapters():
+    assert build("model.lora_alpha=0").model.lora_alpha == 0  # verl scripts with LoRA off
+    assert error_of("model.lora_rank=8", "model.lora_alpha=0") == (
+        "model.lora_alpha: is 0, so the adapters of rank 8 would change nothing; set it > 0 "
+        "(16, or twice model.lora_rank)"
+    )

@@ -205,6 +205,9 @@ class WorkerGroup(ABC):
             "compute_log_prob", batch, pad=True, calculate_entropy=calculate_entropy
         )
 
+    def compute_ref_log_prob(self, batch: Batch) -> dict[str, torch.Tensor]:
+        return self._dispatch_batch("compute_ref_log_prob", batch, pad=True)
+
     def compute_values(self, batch: Batch) -> torch.Tensor:
         return self._dispatch_batch("compute_values", batch, pad=True)
 

@@ -67,6 +67,9 @@ class RunParts:
     checkpoints: CheckpointManager
     total_training_steps: int
     shares_model: bool = False
+    ref_in_actor: bool = False
+    """The actor computes the reference log-probs itself (its LoRA adapters off), so there is
+    no ref role (see :meth:`~plugrl.parts.backend.TrainingBackend.compute_ref_log_prob`)."""
     engines_sleep: bool = False
     """The engines share the trainer's devices and sleep while it trains
     (``rollout.free_cache_engine``)."""
@@ -336,6 +339,9 @@ def build_run_parts(context: RunContext, engine_needs: dict[str, str] | None = N
     total = recipe.trainer.total_training_steps or len(train_loader) * recipe.trainer.total_epochs
 
     needs_ref = recipe.actor.use_kl_loss or algorithm.use_kl_in_reward
+    # a LoRA actor holds the reference model under its adapters: no second copy
+    ref_in_actor = needs_ref and recipe.model.lora_rank > 0
+    needs_ref = needs_ref and not ref_in_actor
     needs_values = "values" in estimator.requires
     critic_on = recipe.critic.enable if recipe.critic.enable is not None else needs_values
     on_ray_colocated = recipe.cluster.mode == "ray" and recipe.rollout.colocate
@@ -420,6 +426,7 @@ def build_run_parts(context: RunContext, engine_needs: dict[str, str] | None = N
         ),
         total_training_steps=total,
         shares_model=shares_model,
+        ref_in_actor=ref_in_actor,
         engines_sleep=(
             on_ray_colocated
             and recipe.rollout.free_cache_engine

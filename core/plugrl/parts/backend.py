@@ -131,6 +131,11 @@ class ActorConfig(PolicyLossConfig):
     )
     optim: OptimConfig = section(OptimConfig, "Optimizer.", verl="actor_rollout_ref.actor.optim")
 
+    supports_lora: ClassVar[bool] = False
+    """Whether the backend trains LoRA adapters (``model.lora_rank``): a recipe that asks for
+    them with another backend is refused when it is read. Such a backend implements
+    :meth:`TrainingBackend.compute_ref_log_prob`."""
+
     def mini_batch_rows(self, n: int) -> int:
         """Sequences per optimizer step over all ranks: ``ppo_mini_batch_size x rollout.n``."""
         return self.ppo_mini_batch_size * n
@@ -251,6 +256,13 @@ class TrainingBackend(ABC):
 
         Returns ``{"log_probs": [B, R]}`` plus ``{"entropys": [B, R]}`` when asked.
         """
+
+    def compute_ref_log_prob(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """Reference log-probs ``{"log_probs": [B, R]}`` from the actor itself: the model it
+        started from, which a LoRA actor still holds under its adapters. Called on the actor
+        role instead of building a reference model when ``model.lora_rank`` is set (a backend
+        whose config has :attr:`ActorConfig.supports_lora` must implement it)."""
+        raise NotImplementedError(f"{type(self).__name__} trains no LoRA adapters")
 
     def compute_values(self, batch: Batch) -> torch.Tensor:
         """Per-token values [B, R] (critic role only)."""

@@ -40,6 +40,7 @@ def check_recipe(recipe: Recipe) -> None:
     _check_sampling(recipe)
     _check_kl(recipe)
     _check_reward(recipe)
+    _check_lora(recipe)
 
 
 def _warn(key: str, message: str) -> None:
@@ -303,3 +304,19 @@ def _check_reward(recipe: Recipe) -> None:
                 "its options with reward.function_args.<name>",
                 key=f"{prefix}.custom_function.kwargs",
             )
+
+
+def _check_lora(recipe: Recipe) -> None:
+    if recipe.model.lora_rank > 0 and not type(recipe.actor).supports_lora:
+        raise RecipeError(
+            f"is {recipe.model.lora_rank}, but the {recipe.actor.backend} backend trains no "
+            "LoRA adapters; set model.lora_rank=0 to train every weight, or "
+            "actor.backend=fsdp2",
+            key="model.lora_rank",
+        )
+    if recipe.model.lora_rank > 0 and recipe.model.lora_alpha == 0:
+        raise RecipeError(
+            f"is 0, so the adapters of rank {recipe.model.lora_rank} would change nothing; set "
+            "it > 0 (16, or twice model.lora_rank)",
+            key="model.lora_alpha",
+        )

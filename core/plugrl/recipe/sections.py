@@ -16,7 +16,7 @@ import attrs
 import cattrs
 import yaml
 
-from plugrl.config import non_negative, option, positive, section
+from plugrl.config import ConfigValueError, non_negative, option, positive, section
 from plugrl.parts.algorithm import AlgorithmConfig
 from plugrl.parts.backend import ActorConfig, CriticConfig
 from plugrl.parts.device import DeviceConfig
@@ -28,6 +28,15 @@ from plugrl.structuring import fields_of
 # a recipe written out (to_dict, to_yaml): the structure hooks of plugrl.structuring
 # read user input and play no part here
 _UNSTRUCTURE = cattrs.Converter()
+
+
+def _names_or_pattern(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value is None or isinstance(value, str):
+        return
+    if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
+        raise ConfigValueError(
+            attribute.name, f"must be a string or a list of module names, got {value!r}"
+        )
 
 
 @attrs.define(kw_only=True)
@@ -63,6 +72,42 @@ class ModelConfig:
         factory=dict,
         help="Fields set on the model's config at load (attention_dropout: 0.0).",
         verl="actor_rollout_ref.model.override_config",
+    )
+    lora_rank: int = option(
+        0,
+        "Rank of the LoRA adapters trained in place of the actor's weights; 0 trains every "
+        "weight. The reference log-probs then come from the actor with its adapters off, so "
+        "no reference model is built. The critic always trains every weight.",
+        verl="actor_rollout_ref.model.lora_rank",
+        validator=non_negative,
+    )
+    lora_alpha: float = option(
+        16,
+        "LoRA scaling numerator: an adapter adds (lora_alpha / lora_rank) x B A to its weight.",
+        verl="actor_rollout_ref.model.lora_alpha",
+        validator=non_negative,
+    )
+    target_modules: str | list[str] = option(
+        "all-linear",
+        "Modules that get an adapter: all-linear (every linear layer but the output head), "
+        "a list of module names (q_proj, v_proj) or a regular expression matched against "
+        "whole module paths.",
+        verl="actor_rollout_ref.model.target_modules",
+        validator=_names_or_pattern,
+    )
+    exclude_modules: str | list[str] | None = option(
+        None,
+        "Modules left without an adapter among target_modules: a list of module names or a "
+        "regular expression matched against whole module paths.",
+        verl="actor_rollout_ref.model.exclude_modules",
+        validator=_names_or_pattern,
+    )
+    lora_adapter_path: str | None = option(
+        None,
+        "A PEFT adapter folder (adapter_config.json, adapter_model.safetensors) to start "
+        "from instead of fresh adapters; its rank, alpha and target modules are used.",
+        verl="actor_rollout_ref.model.lora_adapter_path",
+        path="input",
     )
 
 

@@ -82,6 +82,9 @@ def test_local_group_forwards_calls_and_results(plugins, tmp_path):
     with pytest.raises(CheckpointError, match="rank0' is missing"):
         group.load_checkpoint(tmp_path / "absent")
     assert group.rollout_model() is None  # the fake backend has none to share
+    with pytest.raises(NotImplementedError) as info:  # nor LoRA adapters to turn off
+        group.compute_ref_log_prob(batch)
+    assert str(info.value) == "FakeBackend trains no LoRA adapters"
     group.close()
 
 

@@ -255,6 +255,7 @@ def test_the_update_checks_what_the_estimator_returns(plugins, batch, plugrl_rec
         recipe=recipe,
         plugins=get_plugin_manager(),
         ref=None,
+        ref_in_actor=False,
         critic=None,
         kl_in_reward=None,
         estimator=build_estimator(recipe, get_plugin_manager()),

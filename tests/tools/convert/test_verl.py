@@ -1141,10 +1141,48 @@ def test_switches_of_verls_own_machinery(plugrl_plugin_manager):
             "verl's choice between its own worker implementations; plugrl has one per backend"
         ),
         "actor_rollout_ref.model.use_shm=False": (
-            "plugrl reads the model from model.path; it does not copy it to shared memory "
-            "first, as False asks"
+            "plugrl reads the model from model.path; it does not copy it to shared memory first"
         ),
         "critic.model.use_shm=True": (
             "plugrl reads the model from model.path; it does not copy it to shared memory first"
         ),
+    }
+
+
+def test_lora_keys_map_and_their_loading_switches_drop(plugrl_plugin_manager):
+    conversion = convert(
+        "actor_rollout_ref.model.lora_rank=32",
+        "actor_rollout_ref.model.lora_alpha=32",
+        "actor_rollout_ref.model.target_modules=all-linear",
+        "actor_rollout_ref.model.exclude_modules='.*visual.*'",
+        "actor_rollout_ref.model.use_shm=True",
+        "actor_rollout_ref.rollout.load_format=safetensors",
+        "actor_rollout_ref.rollout.layered_summon=True",
+    )
+    # target_modules all-linear is plugrl's default too, so the recipe leaves it out
+    assert conversion.recipe["model"] == {
+        "lora_rank": 32,
+        "lora_alpha": 32.0,
+        "exclude_modules": ".*visual.*",
+    }
+    assert set(unmapped(conversion, "dropped")) == {
+        "actor_rollout_ref.model.use_shm=True",
+        "actor_rollout_ref.rollout.load_format=safetensors",
+        "actor_rollout_ref.rollout.layered_summon=True",
+    }
+    assert unmapped(conversion) == unmapped(conversion, "dropped")
+
+
+def test_lora_keys_of_the_critic_do_not_follow_the_actors(plugrl_plugin_manager):
+    conversion = convert(
+        "actor_rollout_ref.model.lora_rank=32",
+        "critic.model.lora_rank=32",
+        "critic.model.lora_alpha=16",
+    )
+    assert conversion.recipe["model"] == {"lora_rank": 32}
+    reason = "plugrl's critic trains every weight; LoRA adapters (model.lora_rank) are the actor's"
+    assert unmapped(conversion, "unknown") == {"critic.model.lora_rank=32": reason}
+    assert unmapped(conversion, "dropped") == {"critic.model.lora_alpha=16": reason}
+    assert unmapped(convert("critic.model.lora_rank=0"), "dropped") == {
+        "critic.model.lora_rank=0": reason
     }

@@ -173,6 +173,17 @@ DROPPED = {
         "plugrl's reward model always reads responses decoded with the run's tokenizer and "
         "rendered with the reward model's own chat template"
     ),
+    "actor_rollout_ref.model.use_shm": (
+        "plugrl reads the model from model.path; it does not copy it to shared memory first"
+    ),
+    "actor_rollout_ref.rollout.load_format": (
+        "plugrl's engines start from model.path and get the trainer's whole weights (merged "
+        "with its LoRA adapters) before their first generation"
+    ),
+    "actor_rollout_ref.rollout.layered_summon": (
+        "plugrl gathers the trainer's weights one tensor at a time, merging LoRA adapters as "
+        "it goes"
+    ),
 }
 """verl keys plugrl covers in its own way, with what it does instead."""
 
@@ -201,10 +212,6 @@ NEUTRAL = {
         "plugrl does not normalise the importance weights over the batch",
     ),
     "trainer.critic_warmup": (0, "plugrl has no critic warm-up"),
-    "actor_rollout_ref.model.use_shm": (
-        False,
-        "plugrl reads the model from model.path; it does not copy it to shared memory first",
-    ),
     "trainer.balance_batch": (
         False,
         "plugrl does not reorder a batch to balance tokens across ranks",
@@ -231,6 +238,22 @@ CRITIC_SHARES = {
 """``critic.*`` keys plugrl covers with the actor's key of the same name (besides ``model.*``),
 and why."""
 
+_CRITIC_TRAINS_EVERY_WEIGHT = (
+    "plugrl's critic trains every weight; LoRA adapters (model.lora_rank) are the actor's"
+)
+
+CRITIC_OWN_MODEL_KEYS = {
+    f"model.{name}": _CRITIC_TRAINS_EVERY_WEIGHT
+    for name in (
+        "lora_rank",
+        "lora_alpha",
+        "target_modules",
+        "exclude_modules",
+        "lora_adapter_path",
+    )
+}
+"""``critic.model.*`` keys that do not follow the actor's, and why."""
+
 GLOBAL_MICRO_BATCHES = {
     "actor_rollout_ref.actor.ppo_micro_batch_size": "actor_rollout_ref.actor.ulysses_",
     "actor_rollout_ref.rollout.log_prob_micro_batch_size": "actor_rollout_ref.actor.ulysses_",
@@ -256,12 +279,10 @@ ENGINE_KEYS = {
     "enable_chunked_prefill",
     "max_num_batched_tokens",
     "max_model_len",
-    "load_format",
     "disable_log_stats",
     "enable_prefix_caching",
     "engine_kwargs",
     "cudagraph_capture_sizes",
-    "layered_summon",
 }
 """``actor_rollout_ref.rollout.*`` keys of vLLM and SGLang engines, not of plugrl's core."""
 
@@ -950,6 +971,10 @@ class _Converter:
         decides it. What plugrl shares between the models is carried over as the actor's; a
         feature plugrl lacks is reported for the same reason as the actor's."""
         rest = key.removeprefix("critic.")
+        if rest in CRITIC_OWN_MODEL_KEYS:
+            # adapters on the critic are asked for by a rank above 0 alone
+            off = rest != "model.lora_rank" or value in (0, None)
+            return _Skip("dropped" if off else "unknown", CRITIC_OWN_MODEL_KEYS[rest])
         actor = (
             "actor_rollout_ref." + rest
             if rest.startswith("model.")

@@ -24,7 +24,7 @@ from plugrl.metrics import mean_metrics
 from plugrl.parts.algorithm import LossScale
 from plugrl.parts.backend import OptimConfig, TrainingBackend
 from plugrl.parts.rollout import WeightMeta
-from plugrl_fsdp2 import checkpoint, packing, ulysses
+from plugrl_fsdp2 import checkpoint, lora, packing, ulysses
 from plugrl_fsdp2.batching import (
     left_align,
     packed_micro_batches,
@@ -89,6 +89,8 @@ class FSDP2Backend(TrainingBackend):
         """Completed update calls: the position in the learning-rate schedule."""
         self.torch_device = self.device.torch_device(self.dist.local_rank)
         self.param_dtype, self.compute_dtype = weight_dtypes(self.recipe, self.role)
+        self.lora = self.role == "actor" and self.recipe.model.lora_rank > 0
+        """The actor trains LoRA adapters (:mod:`plugrl_fsdp2.lora`), not its weights."""
         self._sp = self.config.ulysses_sequence_parallel_size
         # refuses a rank count the groups do not divide, before the worker group dispatches
         self._dp_size = self.config.data_parallel_size(self.dist.world_size)
@@ -116,10 +118,13 @@ class FSDP2Backend(TrainingBackend):
         # with several ranks only rank 0 reads the weights; the others build the structure on
         # the meta device and receive their shards from it after sharding
         several = self.dist.world_size > 1
+        # a LoRA actor's base weights are frozen: held in the dtype forward computes in, not
+        # float32; peft makes the adapters float32 (the dtype the optimizer updates)
+        dtype = self.compute_dtype if self.lora else self.param_dtype
         source = None
         if not several or self.dist.rank == 0:
-            source = load_model(self.recipe, self.role, self.param_dtype)
-        model = empty_model(self.recipe, self.role, self.param_dtype) if several else source
+            source = load_model(self.recipe, self.role, dtype)
+        model = empty_model(self.recipe, self.role, dtype) if several else source
         assert model is not None
         self._hf_class = type(model)
         self._hf_config = model.config
@@ -130,6 +135,11 @@ class FSDP2Backend(TrainingBackend):
         forward_args = inspect.signature(model.forward).parameters
         self._packed = self._can_pack(model.config)
         self._keep_logits_arg = self.role != "critic" and "logits_to_keep" in forward_args
+        if self.lora:
+            # before sharding, so that each layer's shards hold its adapters too
+            if several and source is not None:
+                source = lora.wrap(source, self.recipe, load_adapter=True)
+            model = lora.wrap(model, self.recipe, load_adapter=not several)
         if self._sp > 1:
             ulysses.check_model(model.config.get_text_config(decoder=True), self._sp)
             ulysses.register()
@@ -156,8 +166,10 @@ class FSDP2Backend(TrainingBackend):
         del source
         self.model.eval()
         if self.role != "ref":
+            # with LoRA the adapters alone: the frozen weights need no optimizer state
+            trainable = [p for p in self.model.parameters() if p.requires_grad]
             self.optimizer, self.lr_scheduler = build_optimizer(
-                self.model.parameters(), self._optim_config, total_training_steps
+                trainable, self._optim_config, total_training_steps
             )
 
     def _can_pack(self, hf_config: Any) -> bool:
@@ -446,6 +458,19 @@ class FSDP2Backend(TrainingBackend):
         return out.result()
 
     @torch.no_grad()
+    def compute_ref_log_prob(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """The reference log-probs of a LoRA actor: its own model with the adapters off,
+        which is the model it started from."""
+        model = self._require("actor", method="compute_ref_log_prob")
+        if not self.lora:
+            raise RuntimeError(
+                "compute_ref_log_prob() needs an actor that trains LoRA adapters "
+                "(model.lora_rank > 0); otherwise the ref role computes them"
+            )
+        with lora.adapters_off(model):
+            return {"log_probs": self.compute_log_prob(batch)["log_probs"]}
+
+    @torch.no_grad()
     def compute_values(self, batch: Batch) -> torch.Tensor:
         model = self._require("critic", method="compute_values")
         batch.require(*training.SEQUENCE_COLUMNS, "response_mask", by="fsdp2 compute_values")
@@ -615,24 +640,39 @@ class FSDP2Backend(TrainingBackend):
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Each full weight in the model's dtype, gathered one at a time (collective; only
         rank 0 yields, every rank must run the iterator to its end). A tied weight comes once,
-        under its first name."""
+        under its first name. With LoRA each adapted weight comes merged with its adapter,
+        under the Hugging Face name it had before peft wrapped the model."""
         self._require("actor", "ref", "critic", method="named_weights")
+        adapters = lora.adapters(self._reshard()) if self.lora else {}
         for name, tensor in self._unique_state():
-            if isinstance(tensor, DTensor):
-                # offloaded shards live on the CPU, but collectives run on the device
-                full = tensor.to(self.torch_device).full_tensor()
-            else:
-                full = tensor
+            hf_name = lora.hf_name(name) if self.lora else name
+            if hf_name is None:
+                continue  # an adapter factor: merged into its weight
+            full = self._full(tensor)
+            adapter = adapters.get(name)
+            if adapter is not None:
+                lora_a, lora_b = self._full(adapter.lora_a), self._full(adapter.lora_b)
+                full = lora.merge(full, lora_a, lora_b, adapter.scaling, adapter.transposed)
             if self.dist.rank == 0:
-                yield name, full.detach().to("cpu", self.compute_dtype)
+                yield hf_name, full.detach().to("cpu", self.compute_dtype)
+
+    def _full(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The whole tensor of a shard (collective for a DTensor)."""
+        if isinstance(tensor, DTensor):
+            # offloaded shards live on the CPU, but collectives run on the device
+            return tensor.to(self.torch_device).full_tensor()
+        return tensor
 
     def weight_metadata(self) -> list[WeightMeta]:
         """What :meth:`named_weights` yields, from the shards' global shapes (no gathering)."""
         self._require("actor", "ref", "critic", method="weight_metadata")
         dtype = str(self.compute_dtype).removeprefix("torch.")
-        return [
-            WeightMeta(name, tuple(tensor.shape), dtype) for name, tensor in self._unique_state()
-        ]
+        described = []
+        for name, tensor in self._unique_state():
+            hf_name = lora.hf_name(name) if self.lora else name
+            if hf_name is not None:
+                described.append(WeightMeta(hf_name, tuple(tensor.shape), dtype))
+        return described
 
     def rollout_model(self) -> Any:
         """The live module when it is whole on this rank (one rank, actor role), else None.
@@ -640,8 +680,10 @@ class FSDP2Backend(TrainingBackend):
         Its layers then keep their gathered weights after a forward instead of gathering them
         again for every decoding step (several times faster generation); backward still
         releases them, so each optimizer step is seen by the next forward.
+
+        None with LoRA: an engine needs the merged weights, which :meth:`named_weights` makes.
         """
-        if self.role != "actor" or self.dist.world_size != 1 or self.model is None:
+        if self.role != "actor" or self.dist.world_size != 1 or self.model is None or self.lora:
             return None
         self.model.set_reshard_after_forward(False, recurse=True)
         return self.model
@@ -656,8 +698,16 @@ class FSDP2Backend(TrainingBackend):
         return model
 
     def export_hf(self, path: Path) -> None:
-        self._require("actor", "ref", "critic", method="export_hf")
+        """Write the model as a Hugging Face folder at ``path`` (rank 0; collective). With
+        LoRA the weights are merged with the adapters, and ``path/lora_adapter`` holds the
+        adapters alone as a PEFT folder for the model they started from."""
+        model = self._require("actor", "ref", "critic", method="export_hf")
         weights = list(self.named_weights())
+        adapter_weights = [
+            (name, self._full(tensor).detach().cpu())
+            for name, tensor in self._unique_state()
+            if self.lora and lora.hf_name(name) is None
+        ]
         if self.dist.rank == 0:
             model_folder, _ = model_path(self.recipe, self.role)
             write_hf_folder(
@@ -668,6 +718,13 @@ class FSDP2Backend(TrainingBackend):
                 dtype=self.compute_dtype,
                 source_folders=[self.recipe.model.tokenizer_path, model_folder],
             )
+            if self.lora:
+                lora.write_adapter_folder(
+                    Path(path) / lora.ADAPTER_FOLDER,
+                    model=model,
+                    weights=adapter_weights,
+                    base=model_folder,
+                )
         dist.barrier()
 
     # ------------------------------------------------------------------------ checkpoints
@@ -685,6 +742,7 @@ class FSDP2Backend(TrainingBackend):
             model=model,
             optimizer=self.optimizer,
             extra_state=extra_state,
+            trainable_only=self.lora,
             role=self.role,
             rank=self.dist.rank,
             world_size=self.dist.world_size,
@@ -694,7 +752,11 @@ class FSDP2Backend(TrainingBackend):
         self._require("actor", "ref", "critic", method="load_checkpoint")
         model = self._reshard()
         extra_state = checkpoint.load(
-            Path(path), model=model, optimizer=self.optimizer, rank=self.dist.rank
+            Path(path),
+            model=model,
+            optimizer=self.optimizer,
+            rank=self.dist.rank,
+            trainable_only=self.lora,
         )
         if self.lr_scheduler is not None and extra_state.get("lr_scheduler") is not None:
             self.lr_scheduler.load_state_dict(extra_state["lr_scheduler"])

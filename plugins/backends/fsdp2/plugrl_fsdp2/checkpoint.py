@@ -35,6 +35,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.planner import ReadItem
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
@@ -163,9 +164,10 @@ class PlainDataLoadPlanner(DefaultLoadPlanner):
 
 
 def _sharded_state(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, trainable_only: bool = False
 ) -> dict[str, Any]:
-    state: dict[str, Any] = {"model": get_model_state_dict(model)}
+    options = StateDictOptions(ignore_frozen_params=trainable_only)
+    state: dict[str, Any] = {"model": get_model_state_dict(model, options=options)}
     if optimizer is not None:
         state["optimizer"] = get_optimizer_state_dict(model, optimizer)
     return state
@@ -177,13 +179,17 @@ def save(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer | None,
     extra_state: dict[str, Any],
+    trainable_only: bool = False,
     role: str,
     rank: int,
     world_size: int,
 ) -> None:
-    """Write this rank's part of the checkpoint (collective: every rank of the role calls it)."""
+    """Write this rank's part of the checkpoint (collective: every rank of the role calls it).
+
+    ``trainable_only``: leave out frozen weights (a LoRA actor's base model, which setup reads
+    from the model folder again)."""
     path.mkdir(parents=True, exist_ok=True)
-    dcp.save(_sharded_state(model, optimizer), checkpoint_id=path)
+    dcp.save(_sharded_state(model, optimizer, trainable_only), checkpoint_id=path)
     torch.save(extra_state, extra_state_file(path, rank))
     if rank == 0:
         manifest = {"format": FORMAT_VERSION, "role": role, "world_size": world_size}
@@ -239,9 +245,11 @@ def load(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer | None,
     rank: int,
+    trainable_only: bool = False,
 ) -> dict[str, Any]:
     """Read a checkpoint written by :func:`save` into ``model`` and ``optimizer`` (collective);
-    returns this rank's extra state."""
+    returns this rank's extra state. ``trainable_only`` as :func:`save` was given it: the
+    frozen weights stay as they are."""
     problem: CheckpointError | None = None
     extra_state: dict[str, Any] = {}
     try:
@@ -252,7 +260,7 @@ def load(
     raise_if_any_rank_failed(problem)
     if optimizer is not None:
         initialize_optimizer_state(optimizer)
-    state = _sharded_state(model, optimizer)
+    state = _sharded_state(model, optimizer, trainable_only)
     if optimizer is not None and "optimizer" not in _saved_keys(path):
         raise CheckpointError(
             f"checkpoint {str(path)!r} holds no optimizer state (it was saved by a frozen "
@@ -273,7 +281,11 @@ def load(
             f"checkpoint {str(path)!r} could not be read into this model ({_cause(exc)}); is it "
             f"from a different model? {RESUME_FIX}"
         ) from exc
-    set_model_state_dict(model, state["model"])
+    set_model_state_dict(
+        model,
+        state["model"],
+        options=StateDictOptions(ignore_frozen_params=trainable_only, strict=not trainable_only),
+    )
     if optimizer is not None:
         set_optimizer_state_dict(model, optimizer, state["optimizer"])
     return extra_state

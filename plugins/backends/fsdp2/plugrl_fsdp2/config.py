@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 
@@ -23,6 +23,8 @@ class FSDP2ActorConfig(ActorConfig):
     With ``ulysses_sequence_parallel_size`` > 1 the rank count of a role must be a multiple of
     it; each group of that many ranks is one data-parallel rank.
     """
+
+    supports_lora: ClassVar[bool] = True
 
     fsdp_size: int = option(
         -1,

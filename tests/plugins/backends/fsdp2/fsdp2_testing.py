@@ -48,12 +48,16 @@ def make_recipe(
     critic: dict[str, Any] | None = None,
     gradient_checkpointing: bool = False,
     cluster: str = "local",
+    model: dict[str, Any] | None = None,
     **actor: Any,
 ) -> Recipe:
     actor.setdefault("ppo_mini_batch_size", 8)
     return Recipe(
         model=ModelConfig(
-            path=str(model_dir), dtype=dtype, enable_gradient_checkpointing=gradient_checkpointing
+            path=str(model_dir),
+            dtype=dtype,
+            enable_gradient_checkpointing=gradient_checkpointing,
+            **(model or {}),
         ),
         actor=FSDP2ActorConfig(optim=OptimConfig(lr=lr, **(optim or {})), **actor),
         critic=CriticConfig(optim=OptimConfig(lr=critic_lr), **(critic or {})),
@@ -149,9 +153,17 @@ def max_weight_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]
     return max(float((a[name] - b[name]).abs().max()) for name in a)
 
 
-def rank_log_probs_worker(rank: int, world_size: int, port: int, model_dir: str, out: str) -> None:
+def rank_log_probs_worker(
+    rank: int,
+    world_size: int,
+    port: int,
+    model_dir: str,
+    out: str,
+    model_options: dict[str, Any] | None = None,
+) -> None:
     """One of ``world_size`` spawned ranks: build the actor (only rank 0 may read the weights;
-    elsewhere loading them fails) and save the log-probs of :func:`make_batch` ``(8)``."""
+    elsewhere loading them fails) and save the log-probs of :func:`make_batch` ``(8)``, and
+    rank 0 the weights ``named_weights`` gathers."""
     import torch.distributed as dist
 
     import plugrl_fsdp2.backend as backend_module
@@ -166,7 +178,8 @@ def rank_log_probs_worker(rank: int, world_size: int, port: int, model_dir: str,
         backend_module.load_model = refuse
     init_process_group(CpuDevice(), DistInfo(rank=rank, world_size=world_size), "127.0.0.1", port)
     try:
-        recipe = make_recipe(Path(model_dir))
+        options = dict(model_options or {})
+        recipe = make_recipe(Path(model_dir), dtype=options.pop("dtype", "float32"), model=options)
         context = PartContext(
             recipe=recipe,
             role="actor",
@@ -177,5 +190,8 @@ def rank_log_probs_worker(rank: int, world_size: int, port: int, model_dir: str,
         backend.setup(10)
         log_probs = backend.compute_log_prob(make_batch(8))["log_probs"]
         torch.save(log_probs, Path(out) / f"rank{rank}.pt")
+        weights = dict(backend.named_weights())
+        if rank == 0:
+            torch.save(weights, Path(out) / "weights.pt")
     finally:
         dist.destroy_process_group()

@@ -263,3 +263,14 @@ def test_ranks_that_do_not_make_whole_model_copies_are_refused_with_the_recipe()
         "parallel = 2 x 1 x 1 = 2 ranks per model copy; make the role's rank count a multiple "
         "of 2"
     )
+
+
+def test_lora_is_refused_when_the_recipe_is_read(plugrl_plugin_manager):
+    with pytest.raises(RecipeError) as error:
+        build_recipe(
+            {"actor": {"backend": "megatron"}, "model": {"lora_rank": 8}}, plugrl_plugin_manager
+        )
+    assert str(error.value) == (
+        "model.lora_rank: is 8, but the megatron backend trains no LoRA adapters; set "
+        "model.lora_rank=0 to train every weight, or actor.backend=fsdp2"
+    )
