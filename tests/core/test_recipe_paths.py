@@ -79,6 +79,7 @@ def test_every_path_option_of_the_core_is_known():
     assert path_keys(Recipe()) == {
         "model.path",
         "model.tokenizer_path",
+        "model.lora_adapter_path",
         "data.train_files",
         "data.val_files",
         "critic.model_path",
