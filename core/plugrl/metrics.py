@@ -84,10 +84,13 @@ def length_metrics(
     batch: Batch, max_response_length: int | None = None, max_prompt_length: int | None = None
 ) -> dict[str, float]:
     """``response_length/{mean,max,min}`` and, with the batch's ``prompt_attention_mask``,
-    ``prompt_length/{mean,max,min}``, in valid tokens; each ``clip_ratio`` (the fraction of
+    ``prompt_length/{mean,max,min}``, in tokens (a response's appended tool results and
+    observations count: they fill its length budget); each ``clip_ratio`` (the fraction of
     rows at the limit) when its limit is given."""
+    from plugrl.data.batch import response_attention_mask
+
     metrics: dict[str, float] = {}
-    lengths = batch["response_mask"].bool().sum(dim=-1)
+    lengths = response_attention_mask(batch).bool().sum(dim=-1)
     metrics.update(_stats("response_length", lengths))
     if max_response_length:
         metrics["response_length/clip_ratio"] = (

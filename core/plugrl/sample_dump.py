@@ -2,9 +2,12 @@
 scored response of a training step or a validation as one JSON line, for reading what the
 policy wrote and what the reward said of it.
 
-A line holds ``prompt``, ``response`` (texts, special tokens skipped), ``score`` (the
-response's total reward score), ``ground_truth``, ``data_source``, ``step``, and every extra
-column of the reward output (``acc``, a judge's text, each component's ``<name>_score``...).
+A line holds ``prompt``, ``response`` (texts, special tokens skipped; a multi-turn response
+includes the tool results and observations appended between its turns), ``score`` (the
+response's total reward score), ``ground_truth``, ``data_source``, ``step``, for a sample of
+an agent loop ``num_turns``, ``finish_reason`` and ``turns`` (the conversation's messages, one
+per turn: the model's, the tools', the environment's), and every extra column of the reward
+output (``acc``, a judge's text, each component's ``<name>_score``...).
 Values are made JSON-safe: tensors and NumPy values become numbers and lists, NaN and the
 infinities ``null``, anything else unknown its ``str``.
 
@@ -23,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 FIRST_COLUMNS = ("prompt", "response", "score", "ground_truth", "data_source", "step")
+AGENT_COLUMNS = ("num_turns", "finish_reason", "turns")
+"""What a line of an agent loop's sample adds, when its batch has the conversation."""
 """What every line holds, before the reward's extra columns (which cannot replace them)."""
 
 
@@ -51,9 +56,12 @@ def sample_rows(
 ) -> list[dict[str, Any]]:
     """One JSON-safe row per response of ``batch`` (a batch in the rollout layout:
     ``raw_prompt_ids``, ``responses``, ``response_mask``, ``data_source``, ``ground_truth``)."""
+    from plugrl.data.batch import response_attention_mask
+
+    response_mask = response_attention_mask(batch)
     rows = []
     for row in range(len(batch)):
-        mask = batch["response_mask"][row].bool()
+        mask = response_mask[row].bool()
         line: dict[str, Any] = {
             "prompt": tokenizer.decode(
                 list(batch["raw_prompt_ids"][row]), skip_special_tokens=True
@@ -66,8 +74,12 @@ def sample_rows(
             "data_source": batch["data_source"][row],
             "step": step,
         }
+        if "messages" in batch and batch["messages"][row]:
+            line["num_turns"] = batch["num_turns"][row]
+            line["finish_reason"] = batch["finish_reason"][row]
+            line["turns"] = batch["messages"][row]
         for name, column in extra.items():
-            if name not in FIRST_COLUMNS:
+            if name not in FIRST_COLUMNS and name not in AGENT_COLUMNS:
                 line[name] = column[row]
         rows.append(json_safe(line))
     return rows

@@ -71,6 +71,9 @@ def generate(parts: RunParts, prompts: Batch, params: SamplingParams) -> Batch:
     (:func:`score`, :func:`reward_output`), which takes those results."""
     from plugrl.data.rollout_batch import build_rollout_batch
 
+    loop_names = agent_loop_names(parts, prompts)
+    if loop_names is not None:
+        return generate_with_agents(parts, prompts, params, loop_names)
     prompt_ids = list(prompts["raw_prompt_ids"])
     if scores_early(parts):
 
@@ -81,6 +84,55 @@ def generate(parts: RunParts, prompts: Batch, params: SamplingParams) -> Batch:
     else:
         completions = parts.engines.generate(prompt_ids, params)
     batch = build_rollout_batch(prompts, completions, n=params.n, pad_token_id=parts.pad_token_id)
+    batch.meta["temperature"] = params.temperature or 1.0
+    return batch
+
+
+SINGLE_TURN = "single_turn"
+"""The agent loop of a run without agents: rows that use only it take the batched path."""
+
+
+def row_loop_names(parts: RunParts, prompts: Batch) -> list[str]:
+    """The agent loop of each row of ``prompts``: its ``agent_name``, else
+    ``rollout.agent.loop``."""
+    default = parts.recipe.rollout.agent.loop
+    return [
+        str(name) if name else default for name in prompts.get("agent_name", [None] * len(prompts))
+    ]
+
+
+def agent_loop_names(parts: RunParts, prompts: Batch) -> list[str] | None:
+    """The agent loop of each row of ``prompts`` (:func:`row_loop_names`), or ``None`` when
+    every row's is ``single_turn``: those are sampled as one batch of requests, as a run
+    without agents is."""
+    names = row_loop_names(parts, prompts)
+    registry = parts.plugins.registry("agent_loops")
+    if all(registry.get(name).name == SINGLE_TURN for name in set(names)):
+        return None
+    return names
+
+
+def run_uses_agents(parts: RunParts) -> bool:
+    """Whether any training row needs an agent loop other than ``single_turn`` (by
+    ``rollout.agent.loop`` or its ``agent_name``): a scheduler that samples prompt by prompt
+    then runs every prompt through the agent runtime, so all its batches have one layout."""
+    names = {parts.recipe.rollout.agent.loop}
+    names.update(r.agent_name for r in parts.train_data.records if r.agent_name)
+    registry = parts.plugins.registry("agent_loops")
+    return any(registry.get(name).name != SINGLE_TURN for name in names)
+
+
+def generate_with_agents(
+    parts: RunParts, prompts: Batch, params: SamplingParams, loop_names: list[str]
+) -> Batch:
+    """:func:`generate` through the rows' agent loops: ``params.n`` trajectories per row,
+    all running concurrently (:class:`plugrl.agents.session.AgentRuntime`), as a batch of
+    :func:`plugrl.agents.batch.build_trajectory_batch`. Responses go to the reward manager
+    when the batch is scored, not as they finish."""
+    from plugrl.agents.batch import agent_rows, build_trajectory_batch
+
+    samples = parts.agent_runtime().run(agent_rows(prompts), loop_names, params)
+    batch = build_trajectory_batch(prompts, samples, pad_token_id=parts.pad_token_id)
     batch.meta["temperature"] = params.temperature or 1.0
     return batch
 
@@ -115,10 +167,17 @@ def prefetch_scores(
 def reward_output(parts: RunParts, batch: Batch) -> RewardOutput:
     """What the run's reward manager says of every response of ``batch``, checked: scores of
     the wrong shape or type stop the run with one line naming the manager
-    (:func:`plugrl.compose.boundaries.check_reward_output`)."""
-    return check_reward_output(
+    (:func:`plugrl.compose.boundaries.check_reward_output`). For a batch of trajectories
+    the scores move where the trajectory says (:func:`plugrl.agents.batch.agent_scores`:
+    episode rewards, per-turn rewards, the score on the last sampled token)."""
+    output = check_reward_output(
         parts.reward(batch), batch, parts.recipe.reward.manager, parts.plugins
     )
+    if "turn_rewards" in batch:
+        from plugrl.agents.batch import agent_scores
+
+        output.token_level_scores = agent_scores(batch, output.token_level_scores)
+    return output
 
 
 def score(parts: RunParts, batch: Batch) -> dict[str, Any]:
@@ -156,13 +215,21 @@ def step_metrics(parts: RunParts, batch: Batch, timer: StepTimer, step: int) -> 
     """What every step logs of the batch it trained on: scores, rewards, advantages and
     lengths (``critic/*``, ``response_length/*``, ``prompt_length/*``), the timer's phases
     (``timing_s/*``, ``step`` included: call this after the timed step ends), throughput,
-    device memory, ``training/global_step`` and ``training/epoch``. With
+    device memory, for a batch of trajectories ``agent/*``
+    (:func:`plugrl.agents.batch.agent_metrics`), ``training/global_step`` and
+    ``training/epoch``. With
     ``trainer.rollout_data_dir`` set it also writes the batch's responses to
     ``<rollout_data_dir>/<step>.jsonl`` (:mod:`plugrl.sample_dump`)."""
     from plugrl.metrics import compute_data_metrics, compute_throughput_metrics
 
     data = parts.recipe.data
     metrics = compute_data_metrics(batch, data.max_response_length, data.max_prompt_length)
+    if "num_turns" in batch:
+        from plugrl.agents.batch import agent_metrics
+
+        metrics.update(agent_metrics(batch))
+        if parts.agents is not None:
+            metrics.update(parts.agents.take_tool_metrics())
     metrics.update(timer.metrics())
     num_tokens = int(batch["attention_mask"].sum().item())
     metrics.update(
@@ -252,8 +319,10 @@ def validate(parts: RunParts, recipe: Recipe, step: int) -> dict[str, float]:
 
 
 def _log_generations(parts: RunParts, batch: Batch, scores: list[float], left: int) -> int:
+    from plugrl.data.batch import response_attention_mask
+
     for row in range(min(left, len(batch))):
-        mask = batch["response_mask"][row].bool()
+        mask = response_attention_mask(batch)[row].bool()
         prompt = parts.tokenizer.decode(batch["raw_prompt_ids"][row], skip_special_tokens=True)
         response = parts.tokenizer.decode(
             batch["responses"][row][mask].tolist(), skip_special_tokens=True

@@ -19,6 +19,7 @@ from plugrl.parts.rollout import Capability, check_capabilities
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from plugrl.agents.session import AgentRuntime
     from plugrl.algorithms.kl_in_reward import KLInReward
     from plugrl.algorithms.objective import PolicyObjective
     from plugrl.cluster.base import WorkerGroup
@@ -76,6 +77,17 @@ class RunParts:
     placement: Any = None
     """The Ray devices the roles share (:class:`plugrl.cluster.ray_group.RayPlacement`), or
     ``None``."""
+    agents: AgentRuntime | None = None
+    """The agent loops, tools and their event loop, built by :meth:`agent_runtime` on the
+    first batch whose rows need an agent loop other than ``single_turn``."""
+
+    def agent_runtime(self) -> AgentRuntime:
+        """The run's :class:`~plugrl.agents.session.AgentRuntime`, built on first use."""
+        if self.agents is None:
+            from plugrl.agents.session import AgentRuntime
+
+            self.agents = AgentRuntime(self.recipe, self.plugins, self.tokenizer, self.engines)
+        return self.agents
 
     # ------------------------------------------------------------------------- weights
 
@@ -143,6 +155,7 @@ class RunParts:
 
     def close(self) -> None:
         for closer in (
+            *([self.agents.close] if self.agents is not None else []),
             self.engines.close,
             self.reward.close,
             *(group.close for group in self.groups().values()),

@@ -387,3 +387,14 @@ def _pad_to(name: str, tensor: torch.Tensor, layout: _Layout, target: _Layout) -
             dim=-1,
         )
     return _pad(tensor, 1, after=grow_response, value=fill)
+
+
+def response_attention_mask(batch: Batch) -> torch.Tensor:
+    """[B, R]: 1 on every token of each response, the sampled ones and those an agent loop
+    appended between turns (tool results, observations), 0 on padding: what a response's
+    text and length are. ``response_mask`` is 1 on the sampled tokens only, the ones trained
+    on. A batch without ``attention_mask`` gives ``response_mask``."""
+    if "attention_mask" not in batch:
+        return batch["response_mask"]
+    width = batch["responses"].shape[-1]
+    return batch["attention_mask"][:, -width:]

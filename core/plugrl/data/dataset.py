@@ -50,6 +50,8 @@ class PromptRecord:
     messages: tuple[dict[str, str], ...] = ()
     """The row's chat messages, before any template: what a reward model re-renders with its
     own template."""
+    agent_name: str | None = None
+    """The row's agent loop (verl's ``agent_name`` column), over ``rollout.agent.loop``."""
 
 
 def truncate(ids: Sequence[int], limit: int, mode: str) -> list[int]:
@@ -154,6 +156,7 @@ class _FileRows:
     rewards: list[Any]
     extra_infos: list[Any]
     abilities: list[Any]
+    agent_names: list[Any]
 
     @classmethod
     def read(cls, path: Path, config: DataConfig, files_key: str) -> _FileRows:
@@ -183,6 +186,7 @@ class _FileRows:
             rewards=column("reward_model"),
             extra_infos=column("extra_info"),
             abilities=column("ability"),
+            agent_names=column("agent_name"),
         )
 
     @property
@@ -279,6 +283,7 @@ class PromptDataset:
                         ability=rows.abilities[row],
                         origin=rows.origins[row],
                         messages=tuple(messages[row]),
+                        agent_name=rows.agent_names[row] or None,
                     )
                 )
         self._check_filtered(records, filtered)
@@ -333,7 +338,8 @@ def collate(records: Sequence[PromptRecord], uids: Sequence[str], pad_token_id: 
     """A prompt batch: ``prompts`` [B, P] left-padded to the longest prompt of the batch with
     ``pad_token_id``, ``prompt_attention_mask`` [B, P], and the columns ``uid``, ``index``,
     ``data_source``, ``ground_truth``, ``extra_info``, ``ability``, ``raw_prompt_ids``
-    (unpadded lists of ints) and ``raw_prompt`` (the chat messages, verl's name)."""
+    (unpadded lists of ints), ``raw_prompt`` (the chat messages, verl's name) and
+    ``agent_name`` (the row's agent loop, ``None`` for ``rollout.agent.loop``)."""
     from plugrl.data.batch import Batch, left_pad
 
     prompts, mask = left_pad([r.prompt_ids for r in records], pad_token_id)
@@ -348,6 +354,7 @@ def collate(records: Sequence[PromptRecord], uids: Sequence[str], pad_token_id: 
             "ability": [r.ability for r in records],
             "raw_prompt_ids": [list(r.prompt_ids) for r in records],
             "raw_prompt": [[dict(m) for m in r.messages] for r in records],
+            "agent_name": [r.agent_name for r in records],
         },
     )
 

@@ -332,6 +332,10 @@ class Session(ABC):
     config: AgentConfig
     max_response_length: int
     """``data.max_response_length``: the tokens of all turns together, appended ones too."""
+    last_tool_reward: float | None = None
+    """The sum of the rewards the tools of the last :meth:`call_tools` gave
+    (``ToolResult.reward``), ``None`` when none gave one: the reward of the turn that called
+    them."""
 
     @abstractmethod
     async def generate(self, token_ids: Sequence[int], max_tokens: int) -> Completion:

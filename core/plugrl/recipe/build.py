@@ -155,6 +155,34 @@ def validate_names(recipe: Recipe, plugins: PluginManager) -> None:
         structure(config_cls, dict(args), kind.args_key)
     for name in recipe.reward.function_args:
         function_options(recipe, name, plugins)
+    check_tool_args(recipe, plugins)
+
+
+def tool_args(recipe: Recipe, name: str, plugins: PluginManager) -> Any:
+    """Tool ``name``'s options (``rollout.agent.tool_args.<name>``) read into its config class,
+    ``None`` when it registered none (then it takes no options)."""
+    key = f"rollout.agent.tool_args.{name}"
+    raw = dict(recipe.rollout.agent.tool_args.get(name) or {})
+    config_cls = plugins.registry("tools").get(name).load_config()
+    if config_cls is None:
+        if raw:
+            raise RecipeError(f"tool {name!r} takes no options, got {', '.join(raw)}", key=key)
+        return None
+    return structure(config_cls, raw, key)
+
+
+def check_tool_args(recipe: Recipe, plugins: PluginManager) -> None:
+    """Refuse options of a tool the run does not use; check each used tool's options."""
+    agent = recipe.rollout.agent
+    for name in agent.tool_args:
+        if name not in agent.tools:
+            raise RecipeError(
+                f"options for tool {name!r}, which rollout.agent.tools does not list "
+                f"({', '.join(agent.tools) or 'empty'}); add it there or drop its options",
+                key=f"rollout.agent.tool_args.{name}",
+            )
+    for name in agent.tools:
+        tool_args(recipe, name, plugins)
 
 
 def part_args(recipe: Recipe, section_name: str, args_key: str, plugins: PluginManager) -> Any:

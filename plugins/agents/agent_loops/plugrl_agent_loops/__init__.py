@@ -1,4 +1,5 @@
-"""The built-in agent loops: ``single_turn`` (one prompt, one response: the default)."""
+"""The built-in agent loops: ``single_turn`` (one prompt, one response: the default) and
+``tool`` (turns of the model calling the run's tools)."""
 
 from __future__ import annotations
 
@@ -12,4 +13,10 @@ def register_agent_loops(register):
         "plugrl_agent_loops.single_turn:SingleTurnLoop",
         description="one response to the row's prompt (a run without agents)",
         aliases=["single_turn_agent"],
+    )
+    register(
+        "tool",
+        "plugrl_agent_loops.tool:ToolLoop",
+        description="the model calls rollout.agent.tools between its turns",
+        aliases=["tool_agent"],
     )

@@ -39,6 +39,7 @@ import attrs
 import torch
 
 from plugrl.config import non_negative, option, positive, section
+from plugrl.data.batch import response_attention_mask
 from plugrl.errors import PluginError, RecipeError
 from plugrl.parts.reward import RewardConfig, RewardManager, RewardOutput, expect_config
 from plugrl.parts.rollout import GenerationRequest, SamplingParams, derive_seed
@@ -219,9 +220,10 @@ class JudgeRewardManager(RewardManager):
         )
         size = len(batch["responses"])
         extra_infos = list(batch.get("extra_info", [None] * size))
+        response_mask = response_attention_mask(batch)
         prompts = []
         for row in range(size):
-            valid = batch["response_mask"][row].bool()
+            valid = response_mask[row].bool()
             response_ids = batch["responses"][row][valid].tolist()
             ground_truth = batch["ground_truth"][row]
             text = self.template.format(
@@ -352,7 +354,7 @@ class JudgeRewardManager(RewardManager):
         scores = [
             self.config.failure_score() if v.raw is None else self.normalise(v.raw) for v in rows
         ]
-        mask = batch["response_mask"]
+        mask = response_attention_mask(batch)
         token_scores = torch.zeros(mask.shape, dtype=torch.float32)
         if rows:
             last = (mask.sum(dim=-1).to(torch.long) - 1).clamp(min=0)

@@ -44,6 +44,7 @@ import attrs
 import torch
 
 from plugrl.config import non_negative, option, positive
+from plugrl.data.batch import response_attention_mask
 from plugrl.errors import RecipeError
 from plugrl.parts.reward import RewardConfig, RewardManager, RewardOutput, expect_config
 from plugrl.rewards.results import SampleResult, extra_columns, score_metrics
@@ -503,7 +504,7 @@ class RemoteRewardManager(RewardManager):
             by=f"reward manager {self.name!r}",
         )
         responses: torch.Tensor = batch["responses"]
-        mask: torch.Tensor = batch["response_mask"]
+        mask: torch.Tensor = response_attention_mask(batch)
         size = responses.shape[0]
         prompts = self._prompt_ids(batch)
         extra_infos = list(batch.get("extra_info", [None] * size))
@@ -631,7 +632,7 @@ class RemoteRewardManager(RewardManager):
     ) -> RewardOutput:
         responses: torch.Tensor = batch["responses"]
         size = responses.shape[0]
-        lengths = batch["response_mask"].sum(dim=-1).to(torch.long)
+        lengths = response_attention_mask(batch).sum(dim=-1).to(torch.long)
         scores = torch.zeros(responses.shape, dtype=torch.float32)
         if size:
             last = (lengths - 1).clamp(min=0)  # an empty response keeps its score on token 0

@@ -47,7 +47,7 @@ import attrs
 import torch
 
 from plugrl.config import non_negative, option, positive, section
-from plugrl.data.batch import Batch
+from plugrl.data.batch import Batch, response_attention_mask
 from plugrl.errors import RecipeError
 from plugrl.parts.reward import RewardConfig, RewardManager, RewardOutput, expect_config
 from plugrl.rewards.results import SampleResult, extra_columns, score_metrics
@@ -117,7 +117,7 @@ class ScoringRewardManager(RewardManager):
         samples = self.samples(batch)
         responses: torch.Tensor = batch["responses"]
         size = responses.shape[0]
-        lengths = batch["response_mask"].sum(dim=-1).to(torch.long)
+        lengths = response_attention_mask(batch).sum(dim=-1).to(torch.long)
         data_sources = [s["data_source"] for s in samples]
         with self._early_lock:
             early = self._early
@@ -166,7 +166,7 @@ class ScoringRewardManager(RewardManager):
             by=f"reward manager {self.name!r}",
         )
         size = batch["responses"].shape[0]
-        texts = self.decode(batch["responses"], batch["response_mask"])
+        texts = self.decode(batch["responses"], response_attention_mask(batch))
         extra_infos = list(batch.get("extra_info", [None] * size))
         return [
             {

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from plugrl.config import non_negative, option, positive, section
+from plugrl.data.batch import response_attention_mask
 from plugrl.errors import PluginError, RecipeError
 from plugrl.parts.reward import RewardConfig, RewardManager, RewardOutput, expect_config
 from plugrl.rewards.scoring import ScoringError
@@ -227,7 +228,7 @@ class RewardModelManager(RewardManager):
         started = time.monotonic()
         batch.require("responses", "response_mask", by="reward manager 'reward_model'")
         responses: torch.Tensor = batch["responses"]
-        mask: torch.Tensor = batch["response_mask"]
+        mask: torch.Tensor = response_attention_mask(batch)
         size = responses.shape[0]
         sequences, truncated = self.encode(batch)
         scores, errors = self.score(sequences)
@@ -261,7 +262,7 @@ class RewardModelManager(RewardManager):
         messages and response, cut to ``max_length``), and how many rows were cut."""
         from plugrl.data.dataset import truncate
 
-        responses, mask = batch["responses"], batch["response_mask"]
+        responses, mask = batch["responses"], response_attention_mask(batch)
         chats = self.prompt_messages(batch)
         sequences: list[list[int]] = []
         truncated = 0

@@ -10,6 +10,7 @@ engines declare, so any engine (or a stand-in that only sleeps) works under it.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import threading
@@ -36,12 +37,16 @@ if TYPE_CHECKING:
     from plugrl.cluster.engines import EngineGroup
     from plugrl.data.batch import Batch
     from plugrl.data.dataset import PromptLoader
+    from plugrl.parts.agent import Trajectory
 
     from .buffer import SampleBuffer
 
 logger = logging.getLogger("plugrl.run")
 
 PartialMode = Literal["keep", "abort"]
+AgentSampler = Callable[[Any, SamplingParams, str], "concurrent.futures.Future"]
+"""``(prompt batch of one row, sampling params, request prefix)`` -> a future of that row's
+samples, each a list of trajectories (:meth:`plugrl.agents.session.AgentRuntime.submit`)."""
 PromptKey = tuple[int, int]
 """(epoch, dataset position) of a prompt: enough to build it again after a resume."""
 
@@ -87,23 +92,44 @@ class PromptStream:
 
 @attrs.define
 class Sample:
-    """One prompt and its responses, as the trainer takes it."""
+    """One prompt and its responses, as the trainer takes it: ``completions`` of the
+    engines, or, in a run with agent loops, ``trajectories`` (each response's sequences)."""
 
     sample_id: int
     key: PromptKey
     prompt: Batch
     completions: list[Completion]
+    trajectories: list[list[Trajectory]] = attrs.field(factory=list)
+
+    def _sampled_versions(self) -> list[int]:
+        return [
+            version
+            for sequences in self.trajectories
+            for trajectory in sequences
+            for version, sampled in zip(
+                trajectory.token_versions, trajectory.loss_mask, strict=True
+            )
+            if sampled
+        ] or [t.weight_version for sequences in self.trajectories for t in sequences]
 
     @property
     def oldest_version(self) -> int:
+        """The oldest version of a sampled token: a trajectory is as stale as its first
+        turn, however many turns and syncs it spans."""
+        if self.trajectories:
+            return min(self._sampled_versions())
         return min(c.min_weight_version for c in self.completions)
 
     @property
     def newest_version(self) -> int:
+        if self.trajectories:
+            return max(self._sampled_versions())
         return max(c.max_weight_version for c in self.completions)
 
     @property
     def response_tokens(self) -> int:
+        if self.trajectories:
+            return sum(len(t.response_ids) for s in self.trajectories for t in s)
         return sum(len(c.token_ids) for c in self.completions)
 
 
@@ -129,8 +155,13 @@ class Rollouter:
         resubmit: Sequence[PromptKey] = (),
         cluster_mode: str | None = None,
         on_finished: Callable[[Sample], None] | None = None,
+        agents: AgentSampler | None = None,
     ) -> None:
         self.engines = engines
+        self.agents = agents
+        """In a run with agent loops: what runs a prompt's samples through them
+        (``agents(prompt, params, request_prefix)`` -> a future of the samples'
+        trajectories); each prompt is then one unit in flight, whatever its turns."""
         self.on_finished = on_finished
         """Called (in a worker thread) with each sample that goes to the buffer, before it
         does: the scheduler starts scoring it there."""
@@ -291,17 +322,13 @@ class Rollouter:
         abandoned = False
         try:
             prompt = self.stream.prompt(key)
-            request = GenerationRequest(
-                request_id=_request_id(sample_id),
-                prompt_ids=prompt["raw_prompt_ids"][0],
-                params=self.sampling_params(number),
-            )
-            completions = await self.engines.agenerate(request)
-            if self.partial == "abort" or sample_id in self._doomed:
-                # ended by a weight sync, or aborted as too old: carry on unless it is
-                completions = await self._continue_aborted(request, completions)
-            completions = in_prompt_order([completions])
-            sample = Sample(sample_id, key, prompt, completions)
+            if self.agents is not None:
+                params = self.sampling_params(number)
+                future = self.agents(prompt, params, _request_id(sample_id))
+                [trajectories] = await asyncio.wrap_future(future)
+                sample = Sample(sample_id, key, prompt, [], trajectories)
+            else:
+                sample = await self._sample(sample_id, key, prompt, number)
         except BaseException as exc:
             if not self._stopping and not isinstance(exc, asyncio.CancelledError):
                 logger.error("the rollouter failed: %s", exc)
@@ -341,6 +368,18 @@ class Rollouter:
             )
         elif sample is not None and not self._stopping:
             await asyncio.get_running_loop().run_in_executor(None, self._hand_over, sample)
+
+    async def _sample(self, sample_id: int, key: PromptKey, prompt: Batch, number: int) -> Sample:
+        request = GenerationRequest(
+            request_id=_request_id(sample_id),
+            prompt_ids=prompt["raw_prompt_ids"][0],
+            params=self.sampling_params(number),
+        )
+        completions = await self.engines.agenerate(request)
+        if self.partial == "abort" or sample_id in self._doomed:
+            # ended by a weight sync, or aborted as too old: carry on unless it is
+            completions = await self._continue_aborted(request, completions)
+        return Sample(sample_id, key, prompt, in_prompt_order([completions]))
 
     def _hand_over(self, sample: Sample) -> None:
         if self.on_finished is not None:

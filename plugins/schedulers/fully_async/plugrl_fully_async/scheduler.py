@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from plugrl.agents.batch import agent_rows, build_trajectory_batch
 from plugrl.algorithms.functional import compute_rollout_is_weights
 from plugrl.data.batch import Batch
 from plugrl.data.rollout_batch import build_rollout_batch
@@ -21,6 +22,8 @@ from plugrl.parts.scheduler import Scheduler
 from plugrl.steps import (
     compute_old_log_probs,
     prefetch_scores,
+    row_loop_names,
+    run_uses_agents,
     sampling_params,
     score,
     scores_early,
@@ -31,7 +34,7 @@ from plugrl.steps import (
 from .accounting import StalenessAccount, implied_lag_bound
 from .buffer import make_buffer
 from .config import FullyAsyncConfig, warn_meaningless_bounds
-from .rollouter import PromptStream, Rollouter, Sample
+from .rollouter import AgentSampler, PromptStream, Rollouter, Sample
 
 if TYPE_CHECKING:
     from plugrl.compose.run_parts import RunParts
@@ -68,6 +71,8 @@ class FullyAsyncScheduler(Scheduler):
         self.rollouter: Rollouter | None = None
         self.buffer: Any = None
         self.resubmit: list[Any] = []
+        self.agents: Any = None
+        """The run's agent runtime, in a run with agent loops."""
         self.marks: _Marks
 
     def needed_capabilities(self) -> dict[str, str]:
@@ -186,6 +191,7 @@ class FullyAsyncScheduler(Scheduler):
             stop_after=config.total_rollout_steps,
             resubmit=self.resubmit,
             on_finished=self.score_early(parts),
+            agents=self.agent_sampler(parts),
         )
         self.marks = _Marks(
             time.monotonic(),
@@ -198,13 +204,36 @@ class FullyAsyncScheduler(Scheduler):
         self.rollouter = rollouter
         return rollouter
 
+    def agent_sampler(self, parts: RunParts) -> AgentSampler | None:
+        """In a run with agent loops (:func:`plugrl.steps.run_uses_agents`), what runs each
+        prompt's samples through them: every prompt goes through the agent runtime, so that
+        every batch has one layout. A turn that a weight sync aborts goes on from its
+        tokens (``scheduler.partial_rollout`` on an engine that cannot pause in place)."""
+        if not run_uses_agents(parts):
+            return None
+        runtime = self.agents = parts.agent_runtime()
+        runtime.continue_aborted = self.partial_mode(parts) == "abort"
+
+        def sample(prompt: Batch, params: SamplingParams, prefix: str) -> Any:
+            rows = agent_rows(prompt)
+            return runtime.submit(rows, row_loop_names(parts, prompt), params, prefix)
+
+        return sample
+
     def score_early(self, parts: RunParts) -> Callable[[Sample], None] | None:
         """What hands each finished sample's responses to the reward manager, which scores
         them while the trainer trains on others (``reward.overlap``)."""
         if not scores_early(parts):
             return None
         n = self.recipe.rollout.n
-        return lambda sample: prefetch_scores(parts, sample.prompt, sample.completions, n)
+
+        def prefetch(sample: Sample) -> None:
+            if sample.trajectories:
+                parts.reward.prefetch(self.sample_batch(parts, sample))
+            else:
+                prefetch_scores(parts, sample.prompt, sample.completions, n)
+
+        return prefetch
 
     def checkpoint_state(self) -> dict[str, Any]:
         """The rollouter's snapshot: the account, the data position and the prompts of every
@@ -212,6 +241,8 @@ class FullyAsyncScheduler(Scheduler):
         return self.rollouter.snapshot() if self.rollouter is not None else {}
 
     def close(self) -> None:
+        if self.agents is not None:
+            self.agents.continue_aborted = False  # the engines are being stopped
         if self.rollouter is not None:
             self.rollouter.close()
         if self.buffer is not None:
@@ -287,16 +318,23 @@ class FullyAsyncScheduler(Scheduler):
         return parts.sync_weights()
 
     def assemble(self, parts: RunParts, samples: list[Sample]) -> Batch:
-        n = self.recipe.rollout.n
-        batch = Batch.concat(
-            build_rollout_batch(
-                sample.prompt, sample.completions, n=n, pad_token_id=parts.pad_token_id
-            )
-            for sample in samples
-        )
+        batch = Batch.concat(self.sample_batch(parts, sample) for sample in samples)
         # log-probs are recomputed at the temperature the tokens were sampled with
         batch.meta["temperature"] = self.recipe.rollout.temperature or 1.0
         return batch
+
+    def sample_batch(self, parts: RunParts, sample: Sample) -> Batch:
+        """The batch rows of one sample (a prompt and its responses or trajectories)."""
+        if sample.trajectories:
+            return build_trajectory_batch(
+                sample.prompt, [sample.trajectories], pad_token_id=parts.pad_token_id
+            )
+        return build_rollout_batch(
+            sample.prompt,
+            sample.completions,
+            n=self.recipe.rollout.n,
+            pad_token_id=parts.pad_token_id,
+        )
 
     def old_log_probs(self, parts: RunParts, batch: Batch, timer: StepTimer) -> dict[str, Any]:
         """``use_rollout_log_probs``: the engines' log-probs are the old ones (verl's meaning).

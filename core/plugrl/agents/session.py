@@ -1,0 +1,454 @@
+"""The agent runtime of a run: the agent loops, tools and parser built once, and the
+:class:`AgentSession` each sample talks to the engines and tools through.
+
+All the samples of a batch run their agent loops concurrently on one asyncio event loop, in a
+thread of the runtime's own (the engine group's loop is another thread: a turn is a request
+sent there with :meth:`EngineGroup.agenerate <plugrl.cluster.engines.EngineGroup.agenerate>`).
+
+Seeds: turn 0 of sample ``s`` of prompt ``p`` samples exactly what the batched path
+(:meth:`EngineGroup.generate <plugrl.cluster.engines.EngineGroup.generate>`) samples for it,
+so a run whose rows all use ``single_turn`` draws the same responses through either path;
+turn ``t > 0`` draws with ``derive_seed(step seed, p, s, t)``.
+
+Tool failures never raise: a call that could not be read, names an unknown tool, has
+arguments the tool refuses, raises or runs past ``rollout.agent.tool_timeout_s`` becomes an
+error text the model reads as the tool's answer, and a counted metric.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from plugrl.errors import PluginError, RecipeError
+from plugrl.parts.agent import (
+    AgentLoop,
+    Environment,
+    ParsedTurn,
+    Session,
+    Tool,
+    ToolArgumentError,
+    ToolCall,
+    ToolContext,
+    ToolResult,
+    Trajectory,
+)
+from plugrl.parts.context import PartContext
+from plugrl.parts.rollout import (
+    GenerationRequest,
+    continuation_request,
+    derive_seed,
+    join_completions,
+)
+from plugrl.recipe.build import tool_args
+
+if TYPE_CHECKING:
+    from plugrl.cluster.engines import EngineGroup
+    from plugrl.parts.agent import AgentConfig
+    from plugrl.parts.rollout import Completion, SamplingParams
+    from plugrl.plugins import PluginManager
+    from plugrl.recipe import Recipe
+
+logger = logging.getLogger("plugrl.agents")
+
+TRUNCATION_MARK = "...(truncated)"
+"""Appended to a tool result cut to ``rollout.agent.max_tool_response_length`` tokens."""
+
+INVALID_CALLS = "invalid"
+"""The name under which calls that name no tool (unreadable, unknown) are counted."""
+
+_SEED_MODULUS = 2**63 - 1
+_SEED_MULTIPLIER = 1_000_003
+
+
+def one_sample_seed(sample_seed: int) -> int:
+    """The seed of a one-sample request whose sample draws with ``sample_seed``.
+
+    An engine draws sample ``i`` of a request seeded ``r`` with ``derive_seed(r, i)``; this
+    inverts that for ``i = 0``, so one sample sent alone draws what it would have drawn as
+    sample ``s`` of a batched request (``sample_seed = derive_seed(r, s)``)."""
+    inverse = pow(_SEED_MULTIPLIER, -1, _SEED_MODULUS)
+    return ((sample_seed - 7919) * inverse) % _SEED_MODULUS
+
+
+def truncate_text(tokenizer: Any, text: str, limit: int) -> tuple[str, bool]:
+    """``text`` cut to ``limit`` tokens and marked with :data:`TRUNCATION_MARK`, and whether
+    it was cut."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if len(ids) <= limit:
+        return text, False
+    return tokenizer.decode(ids[:limit], skip_special_tokens=False) + TRUNCATION_MARK, True
+
+
+@attrs.define
+class _Counters:
+    """What one sample's tool calls did, turned into ``Trajectory.metrics``."""
+
+    calls: dict[str, int] = attrs.field(factory=lambda: defaultdict(int))
+    errors: dict[str, int] = attrs.field(factory=lambda: defaultdict(int))
+    latency_s: dict[str, float] = attrs.field(factory=lambda: defaultdict(float))
+    truncated: int = 0
+
+    def metrics(self) -> dict[str, float]:
+        out = {
+            "tool_calls": float(sum(self.calls.values())),
+            "tool_errors": float(sum(self.errors.values())),
+            "tool_truncated": float(self.truncated),
+        }
+        for name in sorted(set(self.calls) | set(self.errors)):
+            out[f"tool/{name}/calls"] = float(self.calls.get(name, 0))
+            out[f"tool/{name}/errors"] = float(self.errors.get(name, 0))
+            if name in self.latency_s:
+                out[f"tool/{name}/latency_s"] = self.latency_s[name]
+        return out
+
+
+class AgentSession(Session):
+    """The run's :class:`~plugrl.parts.agent.Session` for one sample: sample ``sample_index``
+    of prompt ``prompt_index`` of a batch sampled with ``params``."""
+
+    def __init__(
+        self,
+        runtime: AgentRuntime,
+        *,
+        sample_id: str,
+        prompt_index: int,
+        sample_index: int,
+        params: SamplingParams,
+        request_prefix: str,
+    ) -> None:
+        self.runtime = runtime
+        self.sample_id = sample_id
+        self.tokenizer = runtime.tokenizer
+        self.config = runtime.config
+        self.max_response_length = runtime.recipe.data.max_response_length
+        self.prompt_index = prompt_index
+        self.sample_index = sample_index
+        self.params = params
+        self.request_prefix = request_prefix
+        self.turn = 0
+        """Turns generated so far."""
+        self.last_tool_reward: float | None = None
+        self.counters = _Counters()
+
+    def turn_seed(self, turn: int) -> int | None:
+        """The seed turn ``turn`` of this sample draws with (``None`` when unseeded)."""
+        if self.params.seed is None:
+            return None
+        indices = (self.prompt_index, self.sample_index) + ((turn,) if turn else ())
+        return one_sample_seed(derive_seed(self.params.seed, *indices))
+
+    async def generate(self, token_ids: Sequence[int], max_tokens: int) -> Completion:
+        params = attrs.evolve(
+            self.params, n=1, max_tokens=max(0, int(max_tokens)), seed=self.turn_seed(self.turn)
+        )
+        request = GenerationRequest(
+            request_id=f"{self.request_prefix}-{self.prompt_index}-{self.sample_index}"
+            f"-t{self.turn}",
+            prompt_ids=token_ids,
+            params=params,
+        )
+        self.turn += 1
+        engines = self.runtime.engines
+        (completion,) = await engines.agenerate(request)
+        part = 0
+        # a weight sync that ends requests in flight (partial rollout without pausing in
+        # place): the turn goes on from its tokens on the new weights
+        while (
+            completion.finish_reason == "aborted"
+            and self.runtime.continue_aborted
+            and len(completion.token_ids) < params.max_tokens
+        ):
+            part += 1
+            follow = continuation_request(
+                request, completion, request_id=f"{request.request_id}+{part}"
+            )
+            (rest,) = await engines.agenerate(follow)
+            completion = join_completions(completion, rest)
+        return completion
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        return [tool.schema() for tool in self.runtime.tools.values()]
+
+    def parse_tool_calls(self, text: str) -> ParsedTurn:
+        return self.runtime.parser(text)
+
+    async def call_tools(self, calls: Sequence[ToolCall], row: Mapping[str, Any]) -> list[str]:
+        limit = self.config.max_parallel_calls
+        self.last_tool_reward = None
+        running = [self._call_one(call, row) for call in calls[:limit]]
+        results: list[str] = list(await asyncio.gather(*running))
+        for call in calls[limit:]:
+            self._count(call.name or INVALID_CALLS, error=True)
+            results.append(
+                f"Error: at most {limit} tool calls are run per turn; call {call.name!r} was "
+                "not run."
+            )
+        return results
+
+    def _count(self, name: str, *, error: bool, latency_s: float | None = None) -> None:
+        counters = self.counters
+        known = name in self.runtime.tools
+        key = name if known else INVALID_CALLS
+        counters.calls[key] += 1
+        if error:
+            counters.errors[key] += 1
+        if latency_s is not None:
+            counters.latency_s[key] += latency_s
+
+    async def _call_one(self, call: ToolCall, row: Mapping[str, Any]) -> str:
+        if call.error is not None:
+            self._count(INVALID_CALLS, error=True)
+            return f"Error: the tool call could not be read ({call.error})."
+        tool = self.runtime.tools.get(call.name)
+        if tool is None:
+            self._count(INVALID_CALLS, error=True)
+            known = ", ".join(sorted(self.runtime.tools)) or "none"
+            return f"Error: unknown tool {call.name!r}; the tools are: {known}."
+        context = ToolContext(row=row, sample_id=self.sample_id)
+        timeout = self.config.tool_timeout_s
+        async with self.runtime.tools_in_flight:
+            start = time.perf_counter()
+            try:
+                result = await asyncio.wait_for(tool.call(call.arguments or {}, context), timeout)
+            except ToolArgumentError as exc:
+                text, error = f"Error: bad arguments for tool {call.name!r}: {exc}", True
+            except TimeoutError:
+                text, error = f"Error: tool {call.name!r} timed out after {timeout:g} s.", True
+            except Exception as exc:
+                text = f"Error: tool {call.name!r} failed: {type(exc).__name__}: {exc}"
+                error = True
+            else:
+                error = False
+                if isinstance(result, ToolResult):
+                    text = result.text
+                    if result.reward is not None:
+                        self.last_tool_reward = (self.last_tool_reward or 0.0) + result.reward
+                    for key, value in result.metrics.items():
+                        self.runtime.record_tool_metric(call.name, key, value)
+                else:
+                    text = str(result)
+            latency = time.perf_counter() - start
+        self._count(call.name, error=error, latency_s=latency)
+        text, cut = truncate_text(self.tokenizer, text, self.config.max_tool_response_length)
+        self.counters.truncated += int(cut)
+        return text
+
+    def make_environment(self) -> Environment:
+        return self.runtime.make_environment()
+
+
+class AgentRuntime:
+    """What the agent loops of a run share: the loops, tools and tool-call parser, built once
+    from ``rollout.agent``; the limit of tool calls in flight; and the event-loop thread the
+    samples run on. Built on the first batch that needs it; :meth:`close` ends it."""
+
+    def __init__(
+        self,
+        recipe: Recipe,
+        plugins: PluginManager,
+        tokenizer: Any,
+        engines: EngineGroup,
+    ) -> None:
+        from plugrl.cluster.engines import _LoopThread
+
+        self.recipe = recipe
+        self.plugins = plugins
+        self.tokenizer = tokenizer
+        self.engines = engines
+        self.config: AgentConfig = recipe.rollout.agent
+        self.parser = plugins.registry("tool_parsers").get(self.config.tool_parser).load()
+        self.tools: dict[str, Tool] = {}
+        self._loops: dict[str, AgentLoop] = {}
+        self._batches = 0
+        self.continue_aborted = False
+        """Continue a turn a weight sync aborted (set by a scheduler whose syncs abort the
+        requests in flight); otherwise the turn ends ``aborted`` and so does its trajectory."""
+        self._tool_metrics: dict[str, list[float]] = defaultdict(list)
+        self._thread = _LoopThread("plugrl-agents")
+        # created on the runtime's own loop, where every call that waits on it runs
+        self.tools_in_flight: asyncio.Semaphore = self._thread.submit(
+            _make_semaphore(self.config.max_tools_in_flight)
+        ).result()
+        try:
+            for name in self.config.tools:
+                tool = self._build("tools", name, tool_args(recipe, name, plugins))
+                self.tools[tool.name or name] = tool
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, kind: str, name: str, config: Any) -> Any:
+        from plugrl.compose.build import build_part
+
+        context = PartContext(recipe=self.recipe, plugins=self.plugins, tokenizer=self.tokenizer)
+        return build_part(kind, name, config, context)
+
+    def loop(self, name: str) -> AgentLoop:
+        """The agent loop registered as ``name`` (an alias too), built on first use: with
+        ``rollout.agent.loop_args`` when it is the run's loop, else its default options."""
+        registry = self.plugins.registry("agent_loops")
+        entry = registry.get(name)
+        if entry.name not in self._loops:
+            config_cls = entry.load_config()
+            chosen = registry.get(self.config.loop).name == entry.name
+            raw = dict(self.config.loop_args) if chosen else {}
+            config = None
+            if config_cls is not None:
+                from plugrl.structuring import structure
+
+                config = structure(config_cls, raw, "rollout.agent.loop_args")
+            self._loops[entry.name] = self._build("agent_loops", entry.name, config)
+        return self._loops[entry.name]
+
+    def make_environment(self) -> Environment:
+        """A fresh instance of ``rollout.agent.env``."""
+        name = self.config.env
+        if name is None:
+            raise RecipeError(
+                "no environment is set; set rollout.agent.env to a registered environment "
+                "(plugrl list environments)",
+                key="rollout.agent.env",
+            )
+        entry = self.plugins.registry("environments").get(name)
+        config_cls = entry.load_config()
+        config = None
+        if config_cls is not None:
+            from plugrl.structuring import structure
+
+            config = structure(config_cls, dict(self.config.env_args), "rollout.agent.env_args")
+        return self._build("environments", name, config)
+
+    def record_tool_metric(self, tool: str, key: str, value: float) -> None:
+        """A figure a tool reported with its result (``ToolResult.metrics``)."""
+        self._tool_metrics[f"agent/tool/{tool}/{key}"].append(float(value))
+
+    def take_tool_metrics(self) -> dict[str, float]:
+        """The mean of each figure tools reported since the last call."""
+        metrics = {key: sum(values) / len(values) for key, values in self._tool_metrics.items()}
+        self._tool_metrics.clear()
+        return metrics
+
+    # ------------------------------------------------------------------------------ running
+
+    def run(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        loop_names: Sequence[str],
+        params: SamplingParams,
+    ) -> list[list[list[Trajectory]]]:
+        """``params.n`` samples of each row through its agent loop (blocking): for each row,
+        for each sample, its sequences (one, unless the loop returned several)."""
+        self._batches += 1
+        return self.submit(rows, loop_names, params, f"agent{self._batches}").result()
+
+    def submit(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        loop_names: Sequence[str],
+        params: SamplingParams,
+        request_prefix: str,
+    ) -> concurrent.futures.Future:
+        """:meth:`run` without waiting, for a caller on another event loop or thread: the
+        future gets the samples; cancelling it cancels them. Request ids start with
+        ``request_prefix``, unique among the runtime's batches in flight."""
+        return self._thread.submit(self._run_all(rows, loop_names, params, request_prefix))
+
+    async def _run_all(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        loop_names: Sequence[str],
+        params: SamplingParams,
+        prefix: str,
+    ) -> list[list[list[Trajectory]]]:
+        samples = [
+            self._run_sample(row, loop_names[p], params, p, s, prefix)
+            for p, row in enumerate(rows)
+            for s in range(params.n)
+        ]
+        flat = await asyncio.gather(*samples)
+        return [flat[p * params.n : (p + 1) * params.n] for p in range(len(rows))]
+
+    async def _run_sample(
+        self,
+        row: Mapping[str, Any],
+        loop_name: str,
+        params: SamplingParams,
+        prompt_index: int,
+        sample_index: int,
+        prefix: str,
+    ) -> list[Trajectory]:
+        sample_id = f"{row.get('uid', prompt_index)}/{sample_index}"
+        session = AgentSession(
+            self,
+            sample_id=sample_id,
+            prompt_index=prompt_index,
+            sample_index=sample_index,
+            params=params,
+            request_prefix=prefix,
+        )
+        loop = self.loop(loop_name)
+        try:
+            out = await loop.run(row, session)
+        except Exception as exc:
+            raise PluginError(
+                f"agent loop {loop_name!r} failed on sample {sample_id}: "
+                f"{type(exc).__name__}: {exc}; fix the loop (tool and environment errors are "
+                "the model's to read, a loop's own are not)"
+            ) from exc
+        finally:
+            for tool in self.tools.values():
+                try:
+                    await tool.release(sample_id)
+                except Exception as exc:
+                    logger.warning("tool %r could not release %s: %s", tool, sample_id, exc)
+        trajectories = [out] if isinstance(out, Trajectory) else list(out)
+        if not trajectories:
+            raise PluginError(
+                f"agent loop {loop_name!r} returned no trajectory for sample {sample_id}; "
+                "return a Trajectory or a non-empty list of them"
+            )
+        limit = self.max_response_length
+        for trajectory in trajectories:
+            if not isinstance(trajectory, Trajectory):
+                raise PluginError(
+                    f"agent loop {loop_name!r} returned {type(trajectory).__name__} for sample "
+                    f"{sample_id}; return plugrl.parts.agent.Trajectory objects"
+                )
+            try:
+                trajectory.check()
+            except ValueError as exc:
+                raise PluginError(f"agent loop {loop_name!r}, sample {sample_id}: {exc}") from None
+            if len(trajectory.response_ids) > limit:
+                raise PluginError(
+                    f"agent loop {loop_name!r} returned a response of "
+                    f"{len(trajectory.response_ids)} tokens for sample {sample_id}, over "
+                    f"data.max_response_length={limit}; cut appended tokens to what is left"
+                )
+        last = trajectories[-1]
+        last.metrics = {**session.counters.metrics(), **last.metrics}
+        return trajectories
+
+    @property
+    def max_response_length(self) -> int:
+        return self.recipe.data.max_response_length
+
+    def close(self) -> None:
+        """Close the tools and stop the event-loop thread."""
+        for name, tool in self.tools.items():
+            try:
+                tool.close()
+            except Exception as exc:  # closing must not hide the error that ended the run
+                logger.warning("closing tool %r failed: %s", name, exc)
+        self._thread.stop()
+
+
+async def _make_semaphore(value: int) -> asyncio.Semaphore:
+    return asyncio.Semaphore(value)

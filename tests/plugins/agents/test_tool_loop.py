@@ -1,0 +1,145 @@
+"""The ``tool`` agent loop on the real session, a scripted engine and the tiny tokenizer with a
+tool-aware ChatML template: token in, token out across turns, and each way a trajectory
+ends."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from plugrl.agents.session import AgentRuntime
+from plugrl.parts.rollout import SamplingParams
+from plugrl_agent_loops.tool import appended_ids
+from tests.core.agents.agent_support import AgentTestPlugin, ScriptedEngines, tool_tokenizer
+
+PROMPT = [{"role": "user", "content": "Say hi."}]
+
+
+def call(text):
+    payload = json.dumps({"name": "echo", "arguments": {"text": text}})
+    return f"<tool_call>{payload}</tool_call>"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tool_tokenizer()
+
+
+@pytest.fixture
+def run_tool_loop(plugrl_recipe, plugrl_plugin_manager, plugrl_register_plugin, tokenizer):
+    """run_tool_loop(script, row=..., **agent) -> (trajectory, engines)."""
+    plugrl_register_plugin(AgentTestPlugin(), "agent-test-tools")
+    built = []
+
+    def run(script, row=None, max_response_length=256, **agent):
+        agent = {"loop": "tool", "tools": ["echo"], **agent}
+        recipe = plugrl_recipe(
+            {"rollout.agent": agent, "data.max_response_length": max_response_length}
+        )
+        engines = ScriptedEngines(tokenizer, script)
+        runtime = AgentRuntime(recipe, plugrl_plugin_manager, tokenizer, engines)
+        built.append(runtime)
+        row = row or {"uid": "u", "prompt": PROMPT, "raw_prompt_ids": [1]}
+        params = SamplingParams(n=1, seed=3, max_tokens=max_response_length)
+        [[[trajectory]]] = runtime.run([row], ["tool_agent"], params)
+        return trajectory, engines
+
+    yield run
+    for runtime in built:
+        runtime.close()
+
+
+def test_tool_results_are_appended_unmasked_between_turns_kept_exactly_as_sampled(
+    run_tool_loop, tokenizer
+):
+    trajectory, engines = run_tool_loop(lambda r, turn: call("hi") if turn == 0 else "It is hi.")
+    first, second = engines.requests
+    assert "Tools: echo" in tokenizer.decode(trajectory.prompt_ids)
+    assert list(first.prompt_ids) == trajectory.prompt_ids
+    eos = tokenizer.eos_token_id
+    turn_one = [*tokenizer.encode(call("hi"), add_special_tokens=False), eos]
+    turn_two = [*tokenizer.encode("It is hi.", add_special_tokens=False), eos]
+    appended = trajectory.response_ids[len(turn_one) : len(trajectory.response_ids) - len(turn_two)]
+    assert tokenizer.decode(appended) == (
+        "<|im_start|>tool\necho:hi<|im_end|>\n<|im_start|>assistant\n"
+    )
+    # the second turn continues the first's sampled tokens, not a re-rendering of them
+    assert list(second.prompt_ids) == trajectory.prompt_ids + turn_one + appended
+    assert trajectory.response_ids == turn_one + appended + turn_two
+    assert trajectory.loss_mask == [1] * len(turn_one) + [0] * len(appended) + [1] * len(turn_two)
+    assert trajectory.log_probs[len(turn_one) : len(turn_one) + len(appended)] == [0.0] * len(
+        appended
+    )
+    assert trajectory.turn_ends == [len(turn_one) - 1, len(trajectory.response_ids) - 1]
+    assert trajectory.turn_rewards == [1.0, 0.0]  # echo rewards the turn that called it
+    assert (trajectory.finish_reason, trajectory.num_turns) == ("stop", 2)
+    assert second.params.max_tokens == 256 - len(turn_one) - len(appended)
+    roles = [m["role"] for m in trajectory.messages]
+    assert roles == ["user", "assistant", "tool", "assistant"]
+    assert trajectory.messages[1]["tool_calls"][0]["function"] == {
+        "name": "echo",
+        "arguments": {"text": "hi"},
+    }
+    assert trajectory.metrics["tool_calls"] == 1
+
+
+def test_a_trajectory_that_keeps_calling_ends_at_max_turns_without_running_the_last_calls(
+    run_tool_loop,
+):
+    trajectory, engines = run_tool_loop(lambda r, turn: call(str(turn)), max_turns=3)
+    assert (trajectory.finish_reason, trajectory.num_turns) == ("max_turns", 3)
+    assert len(engines.requests) == 3
+    assert trajectory.metrics["tool_calls"] == 2
+    assert trajectory.loss_mask[-1] == 1  # it ends on the model's own tokens
+
+
+def test_a_tool_result_past_the_budget_is_cut_to_it_and_ends_the_trajectory(
+    run_tool_loop, tokenizer
+):
+    turn_one = len(tokenizer.encode(call("x"), add_special_tokens=False)) + 1
+    budget = turn_one + 4
+    trajectory, engines = run_tool_loop(
+        lambda r, turn: call("x"),
+        max_response_length=budget,
+        tool_args={"echo": {"prefix": "a long answer " * 10}},
+    )
+    assert trajectory.finish_reason == "length"
+    assert len(trajectory.response_ids) == budget
+    assert trajectory.loss_mask[-4:] == [0, 0, 0, 0]
+    assert len(engines.requests) == 1
+
+
+def test_a_turn_cut_by_the_engine_ends_the_trajectory_with_length(run_tool_loop):
+    trajectory, _ = run_tool_loop(lambda r, turn: "word " * 300)
+    assert (trajectory.finish_reason, trajectory.num_turns) == ("length", 1)
+    assert len(trajectory.response_ids) == 256
+
+
+def test_a_malformed_call_is_answered_with_an_error_and_the_model_goes_on(run_tool_loop, tokenizer):
+    script = {0: "<tool_call>{not json</tool_call>", 1: "Sorry."}
+    trajectory, _ = run_tool_loop(lambda r, turn: script[turn])
+    assert trajectory.finish_reason == "stop"
+    assert trajectory.messages[2]["content"].startswith("Error: the tool call could not be read")
+    assert trajectory.metrics["tool_errors"] == 1
+    assert trajectory.metrics["tool/invalid/errors"] == 1
+
+
+def test_a_row_without_chat_messages_is_its_decoded_prompt(run_tool_loop, tokenizer):
+    ids = tokenizer.encode("What is 2 + 2?", add_special_tokens=False)
+    trajectory, _ = run_tool_loop(lambda r, turn: "4", row={"uid": "u", "raw_prompt_ids": ids})
+    assert trajectory.messages[0] == {"role": "user", "content": "What is 2 + 2?"}
+
+
+def test_a_template_that_rerenders_earlier_turns_is_refused_in_one_line(tokenizer):
+    class Rerendering:
+        def apply_chat_template(self, messages, tools=None, add_generation_prompt=False, **kw):
+            return ("x" if add_generation_prompt else "y") * len(messages)
+
+    with pytest.raises(ValueError) as error:
+        appended_ids(Rerendering(), [{"role": "user", "content": "q"}], [{"role": "tool"}], None)
+    assert str(error.value) == (
+        "the chat template renders the conversation so far differently once tool results "
+        "follow it, so the tokens to append cannot be told apart; use a template that renders "
+        "earlier turns the same whatever follows"
+    )

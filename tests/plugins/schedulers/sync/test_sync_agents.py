@@ -1,0 +1,194 @@
+"""Agent loops under the sync scheduler, on the simulated parts: ``single_turn`` through the
+agent runtime samples what the batched path samples, a default run builds no agent runtime,
+and a ``tool`` run trains on multi-turn trajectories with their masks and metrics."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import plugrl
+import plugrl_sync.scheduler as sync_module
+from plugrl.data.batch import response_attention_mask
+from plugrl.parts.agent import AgentLoop, ParsedTurn, ToolCall, Trajectory
+from plugrl.run import RunContext
+from plugrl.steps import generate, generate_with_agents, sampling_params
+from plugrl_sim.parts import sim_recipe
+from plugrl_sync.scheduler import SyncScheduler
+from tests.core.agents.agent_support import AgentTestPlugin
+
+
+def always_echo(text: str) -> ParsedTurn:
+    """A parser that reads one echo call out of any turn (the sim engine writes noise)."""
+    return ParsedTurn(
+        content="", tool_calls=[ToolCall(id="call_0", name="echo", arguments={"text": "x"}, raw="")]
+    )
+
+
+class EchoParserPlugin:
+    @plugrl.hookimpl
+    def register_tool_parsers(self, register):
+        register("always_echo", f"{__name__}:always_echo")
+
+
+@pytest.fixture
+def sim_parts(sim_task, tmp_path, plugrl_recipe, plugrl_plugin_manager, plugrl_register_plugin):
+    """sim_parts(**recipe overrides) -> (scheduler, parts) of a sim run, weights synced."""
+    plugrl_register_plugin(AgentTestPlugin(), "agent-test-tools")
+    plugrl_register_plugin(EchoParserPlugin(), "agent-test-parser")
+    built = []
+
+    def make(overrides=None):
+        data = sim_recipe(sim_task, tmp_path / "run", train_batch_size=4, n=2, steps=3)
+        data["data"]["max_response_length"] = 48
+        recipe = plugrl_recipe(overrides or {}, base=data)
+        context = RunContext(recipe, tmp_path / "run", plugrl_plugin_manager, "cpu")
+        scheduler = SyncScheduler(recipe.scheduler, context)
+        parts = context.build_parts(scheduler.needed_capabilities())
+        built.append(parts)
+        parts.sync_weights()
+        return scheduler, parts
+
+    yield make
+    for parts in built:
+        parts.close()
+
+
+def test_single_turn_through_the_agent_runtime_samples_what_the_batched_path_does(sim_parts):
+    _, parts = sim_parts()
+    prompts = parts.train_loader.next_batch()
+    params = sampling_params(parts.recipe, 1)
+    batched = generate(parts, prompts, params)
+    assert parts.agents is None  # every row is single_turn: the batched path ran
+    looped = generate_with_agents(parts, prompts, params, ["single_turn"] * len(prompts))
+    for name in ("responses", "response_mask", "rollout_log_probs", "attention_mask", "input_ids"):
+        assert torch.equal(batched[name], looped[name]), name
+    for name in ("uid", "finish_reason", "min_weight_version"):
+        assert list(batched[name]) == list(looped[name]), name
+
+
+def test_a_default_step_logs_no_agent_metrics(sim_parts):
+    scheduler, parts = sim_parts()
+    metrics = scheduler.train_step(parts, 1)
+    assert parts.agents is None
+    assert not [key for key in metrics if key.startswith("agent/")]
+
+
+def test_a_tool_step_trains_on_multi_turn_trajectories_and_logs_their_metrics(
+    sim_parts, monkeypatch, tmp_path
+):
+    trained = []
+    update = sync_module.update_from_batch
+
+    def recording(parts, batch, timer):
+        trained.append(batch)
+        return update(parts, batch, timer)
+
+    monkeypatch.setattr(sync_module, "update_from_batch", recording)
+    scheduler, parts = sim_parts(
+        {
+            "rollout.agent": {
+                "loop": "tool_agent",
+                "tools": ["echo"],
+                "tool_parser": "always_echo",
+                "max_turns": 3,
+            },
+            "trainer.rollout_data_dir": str(tmp_path / "samples"),
+        }
+    )
+    metrics = scheduler.train_step(parts, 1)
+    (batch,) = trained
+    assert len(batch) == 8
+    mask, attention = batch["response_mask"], response_attention_mask(batch)
+    # appended tool results: attended, not trained on, no log-prob, no advantage
+    appended = attention.bool() & ~mask.bool()
+    assert appended.any()
+    assert (batch["rollout_log_probs"][appended] == 0).all()
+    assert (batch["advantages"][appended] == 0).all()
+    assert set(batch["finish_reason"]) <= {"max_turns", "length"}
+    assert metrics["agent/num_turns/max"] <= 3
+    assert metrics["agent/tool_calls/mean"] > 0
+    assert metrics["agent/tool/echo/calls"] > 0
+    assert metrics["agent/finish/max_turns"] + metrics["agent/finish/length"] == 1
+    assert metrics["response_length/max"] <= 48
+    # echo rewards each turn that called it, at the turn's end; the manager's score sits on
+    # each row's last trained token
+    assert (batch["turn_rewards"] != 0).any()
+    scores = batch["token_level_scores"] - batch["turn_rewards"]
+    for row in range(len(batch)):
+        last_trained = int(mask[row].nonzero().max())
+        assert set(scores[row].nonzero().flatten().tolist()) <= {last_trained}
+    lines = (tmp_path / "samples" / "1.jsonl").read_text().splitlines()
+    first = json.loads(lines[0])
+    assert first["num_turns"] >= 1
+    assert [turn["role"] for turn in first["turns"]][:2] == ["user", "assistant"]
+
+
+class TwoSequenceLoop(AgentLoop):
+    """A sample of two sequences that do not continue each other (a black-box agent's)."""
+
+    async def run(self, row, session):
+        out = []
+        for _ in range(2):
+            prompt = list(row["raw_prompt_ids"])
+            completion = await session.generate(prompt, 8)
+            tokens = list(completion.token_ids)
+            out.append(
+                Trajectory(
+                    prompt_ids=prompt,
+                    response_ids=tokens,
+                    loss_mask=[1] * len(tokens),
+                    log_probs=list(completion.log_probs),
+                    token_versions=list(completion.token_versions),
+                    finish_reason=completion.finish_reason,
+                    weight_version=completion.weight_version,
+                    turn_ends=[len(tokens) - 1] if tokens else [],
+                    num_turns=1,
+                )
+            )
+        return out
+
+
+class TwoSequencePlugin:
+    @plugrl.hookimpl
+    def register_agent_loops(self, register):
+        register("two_sequences", f"{__name__}:TwoSequenceLoop")
+
+
+def test_rows_choose_their_loop_by_agent_name_and_a_sample_may_be_several_rows(
+    sim_parts, plugrl_register_plugin
+):
+    plugrl_register_plugin(TwoSequencePlugin(), "agent-test-loop")
+    _, parts = sim_parts()
+    prompts = parts.train_loader.next_batch()
+    prompts["agent_name"] = ["two_sequences", None, "single_turn_agent", "two_sequences"]
+    params = sampling_params(parts.recipe, 1)
+    batch = generate(parts, prompts, params)
+    uids = list(prompts["uid"])
+    # n=2 samples per prompt; a two_sequences sample is two rows with its prompt's uid
+    assert list(batch["uid"]) == [uids[0]] * 4 + [uids[1]] * 2 + [uids[2]] * 2 + [uids[3]] * 4
+    assert list(batch["sample_last"])[:4] == [False, True, False, True]
+    scores = parts_scores(parts, batch)
+    assert scores[0] == scores[1] and scores[2] == scores[3]
+    assert batch["response_mask"].sum(-1)[:4].max() <= 8
+
+
+def parts_scores(parts, batch):
+    from plugrl.steps import reward_output
+
+    return reward_output(parts, batch).token_level_scores.sum(-1).tolist()
+
+
+def two_turn_trajectory(versions):
+    """Five tokens: two sampled, two appended, one sampled, with these versions."""
+    return Trajectory(
+        prompt_ids=[1],
+        response_ids=[5, 6, 7, 8, 9],
+        loss_mask=[1, 1, 0, 0, 1],
+        log_probs=[-1.0, -1.0, 0.0, 0.0, -1.0],
+        token_versions=list(versions),
+        turn_ends=[1, 4],
+        num_turns=2,
+    )
