@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import pyarrow.parquet as pq
 import pytest
 
-from plugrl_tools.quickstart import multiplication
+from plugrl_tools.quickstart import (
+    ToolQuickstartSettings,
+    describe,
+    multiplication,
+    prepare_quickstart,
+    quickstart_overrides,
+)
 from plugrl_tools.quickstart.arithmetic import score
 from plugrl_tools.quickstart.multiplication import Problem
 from plugrl_tools.quickstart.tool_warmstart import (
@@ -230,3 +237,57 @@ def test_the_toolbox_words_failures_as_a_run_does(toolbox):
         "Error: unknown tool 'abacus'; the tools are: calculator.",
         True,
     )
+
+
+# ------------------------------------------------------------------ build and a short run
+
+TINY = ToolQuickstartSettings(
+    num_warm_start=48, num_train=16, num_val=8, warm_start_epochs=1, warm_start_batch_size=16
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_assets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tool-quickstart") / "assets"
+    paths = prepare_quickstart(root, settings=TINY)
+    warm = paths.manifest["warm_start"]
+    assert paths.manifest["version"] == "tool-1" and warm["steps"] == 3
+    assert {"val_tool_calls_greedy", "val_tool_errors_greedy"} <= set(warm)
+    assert "calculator calls" in describe(paths)
+    assert prepare_quickstart(root, settings=TINY) == paths, "a cached build is reused"
+    return paths
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe_name", ["quickstart-tool", "quickstart-tool-async"])
+def test_the_tool_quickstart_builds_and_runs_two_steps(tmp_path, tiny_assets, recipe_name):
+    from plugrl.plugins import get_plugin_manager
+    from plugrl.recipe import load_recipe
+    from plugrl.run import run_recipe
+
+    paths = tiny_assets
+
+    plugins = get_plugin_manager()
+    overrides = [
+        *quickstart_overrides(paths),
+        f"trainer.default_local_dir={tmp_path / 'run'}",
+        "data.train_batch_size=4",
+        "actor.ppo_mini_batch_size=4",
+        "rollout.n=2",
+        "trainer.total_training_steps=2",
+        "trainer.test_freq=2",
+        "trainer.save_freq=-1",
+        "trainer.logger=[jsonl]",
+        "trainer.export_hf=false",
+    ]
+    if recipe_name.endswith("async"):
+        overrides.append("scheduler.max_in_flight_per_engine=4")
+    recipe = load_recipe(recipe_name, overrides, plugins)
+    assert recipe.rollout.agent.loop == "tool" and recipe.rollout.agent.tools == ["calculator"]
+    run_recipe(recipe, plugins)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    steps = [row for row in rows if "agent/num_turns/mean" in row]
+    assert [row["step"] for row in steps] == [1, 2]
+    for row in steps:
+        assert {"agent/tool_calls/mean", "agent/tool_errors/mean"} <= set(row)
+    assert "val-core/plugrl/arithmetic/acc/mean@1" in rows[-1]
