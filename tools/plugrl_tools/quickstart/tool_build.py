@@ -29,7 +29,7 @@ class ToolQuickstartSettings:
     hard_fraction: float = 0.75
     guess_probability: float = 0.7
     bad_call_probability: float = 0.25
-    warm_start_epochs: int = 6
+    warm_start_epochs: int = 8
     warm_start_batch_size: int = 32
     warm_start_lr: float = 1e-3
     vocab_size: int = 512
