@@ -291,3 +291,68 @@ def test_the_tool_quickstart_builds_and_runs_two_steps(tmp_path, tiny_assets, re
     for row in steps:
         assert {"agent/tool_calls/mean", "agent/tool_errors/mean"} <= set(row)
     assert "val-core/plugrl/arithmetic/acc/mean@1" in rows[-1]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "recipe_name", "settings_class", "folder"),
+    [
+        ([], "quickstart", "QuickstartSettings", "runs/quickstart-assets"),
+        (["--async"], "quickstart-async", "QuickstartSettings", "runs/quickstart-assets"),
+        (
+            ["--task", "tool"],
+            "quickstart-tool",
+            "ToolQuickstartSettings",
+            "runs/quickstart-tool-assets",
+        ),
+        (
+            ["--task", "tool", "--async", "--assets", "elsewhere"],
+            "quickstart-tool-async",
+            "ToolQuickstartSettings",
+            "elsewhere",
+        ),
+    ],
+)
+def test_the_quickstart_command_picks_the_task_and_scheduler(
+    monkeypatch, arguments, recipe_name, settings_class, folder
+):
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    import plugrl.recipe
+    import plugrl.run
+    import plugrl_tools.quickstart as quickstart
+    from plugrl_tools.cli import cli
+
+    seen = {}
+
+    def prepare(out_dir, *, settings):
+        seen["folder"], seen["settings"] = Path(out_dir), type(settings).__name__
+        return "paths"
+
+    def load(name, overrides, plugins):
+        seen["recipe"], seen["overrides"] = name, overrides
+        raise SystemExit(0)  # stop before a run
+
+    monkeypatch.setattr(quickstart, "prepare_quickstart", prepare)
+    monkeypatch.setattr(quickstart, "describe", lambda paths: "described")
+    monkeypatch.setattr(quickstart, "quickstart_overrides", lambda paths: ["model.path=m"])
+    monkeypatch.setattr(plugrl.recipe, "load_recipe", load)
+    result = CliRunner().invoke(cli, ["quickstart", *arguments, "rollout.n=4"])
+    assert result.exit_code == 0, result.output
+    assert seen == {
+        "folder": Path(folder),
+        "settings": settings_class,
+        "recipe": recipe_name,
+        "overrides": ["model.path=m", "rollout.n=4"],
+    }
+
+
+def test_an_unknown_quickstart_task_is_refused():
+    from click.testing import CliRunner
+
+    from plugrl_tools.cli import cli
+
+    result = CliRunner().invoke(cli, ["quickstart", "--task", "chess"])
+    assert result.exit_code == 2
+    assert "Invalid value for '--task': 'chess' is not one of 'arithmetic', 'tool'" in result.output
