@@ -239,6 +239,45 @@ def test_the_toolbox_words_failures_as_a_run_does(toolbox):
     )
 
 
+# -------------------------------------------------------------------------------- warm start
+
+
+def test_a_warm_start_teaches_the_call_format(toolbox):
+    """A small model trained on calling conversations writes well-formed calls, reads the
+    result and answers: tokens, loss masks, generation and the parser fit together."""
+    import torch
+
+    from plugrl.testing import make_tiny_model
+    from plugrl_tools.quickstart.tool_warmstart import rollouts
+    from plugrl_tools.quickstart.warmstart import train_on_sequences
+
+    problems = [Problem(100 + 37 * i, 200 + 53 * i) for i in range(8)]
+    conversations = multiplication.warm_start_conversations(
+        problems, 0, toolbox.run_arguments, guess_probability=0.0, bad_call_probability=0.0
+    )
+    texts = [t for c in conversations for t in multiplication.plain_text(c)]
+    tokenizer = make_tool_tokenizer(texts, vocab_size=300)
+    model = make_tiny_model(
+        tokenizer,
+        seed=0,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
+    sequences = [conversation_tokens(tokenizer, c, toolbox.schemas()) for c in conversations]
+    torch.manual_seed(0)
+    stats = train_on_sequences(
+        model, tokenizer, sequences, epochs=60, batch_size=8, lr=3e-3, seed=0
+    )
+    assert stats.last_loss < stats.first_loss / 3
+    for rollout in rollouts(model, tokenizer, problems[:4], toolbox, max_new_tokens=32):
+        assert rollout.text.startswith('<tool_call>{"name":"calculator","arguments":')
+        assert (rollout.turns, rollout.tool_calls, rollout.tool_errors) == (2, 1, 0)
+        assert "<tool_response>" in rollout.text and "\nAnswer: " in rollout.text
+
+
 # ------------------------------------------------------------------ build and a short run
 
 TINY = ToolQuickstartSettings(
