@@ -145,22 +145,51 @@ def run(recipe: str, overrides: tuple[str, ...], print_config: bool) -> None:
     default=None,
     metavar="DIR",
     help="Where the tiny model and data are built (once, then reused); default "
-    "runs/quickstart-assets.",
+    "runs/quickstart-assets (runs/quickstart-tool-assets for --task tool).",
 )
-def quickstart(overrides: tuple[str, ...], assets: str | None) -> None:
+@click.option(
+    "--task",
+    type=click.Choice(["arithmetic", "tool"]),
+    default="arithmetic",
+    show_default=True,
+    help="arithmetic: two-digit addition (recipe quickstart); tool: three-digit "
+    "multiplication with a calculator tool the model calls (recipe quickstart-tool).",
+)
+@click.option(
+    "--async",
+    "fully_async",
+    is_flag=True,
+    help="Run the task's fully_async recipe (quickstart-async, quickstart-tool-async).",
+)
+def quickstart(
+    overrides: tuple[str, ...], assets: str | None, task: str, fully_async: bool
+) -> None:
     """GRPO on CPU in minutes: build a tiny Qwen2-architecture model and an arithmetic task
     here (nothing is downloaded), then run the quickstart recipe and print held-out accuracy
     before and after. KEY=VALUE overrides apply to the recipe."""
     from plugrl.plugins import get_plugin_manager
     from plugrl.recipe import load_recipe
     from plugrl.run import run_recipe
-    from plugrl_tools.quickstart import describe, prepare_quickstart, quickstart_overrides
-    from plugrl_tools.quickstart.build import DEFAULT_DIR
+    from plugrl_tools.quickstart import (
+        DEFAULT_DIR,
+        DEFAULT_TOOL_DIR,
+        QuickstartSettings,
+        ToolQuickstartSettings,
+        describe,
+        prepare_quickstart,
+        quickstart_overrides,
+    )
 
-    paths = prepare_quickstart(assets or DEFAULT_DIR)
+    if task == "tool":
+        paths = prepare_quickstart(assets or DEFAULT_TOOL_DIR, settings=ToolQuickstartSettings())
+        name = "quickstart-tool"
+    else:
+        paths = prepare_quickstart(assets or DEFAULT_DIR, settings=QuickstartSettings())
+        name = "quickstart"
     click.echo(describe(paths), err=True)
     plugins = get_plugin_manager()
-    recipe = load_recipe("quickstart", [*quickstart_overrides(paths), *overrides], plugins)
+    recipe_name = f"{name}-async" if fully_async else name
+    recipe = load_recipe(recipe_name, [*quickstart_overrides(paths), *overrides], plugins)
     run_recipe(recipe, plugins)
     _plot_if_possible(recipe.run_dir)
 

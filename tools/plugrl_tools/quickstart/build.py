@@ -16,6 +16,11 @@ from typing import Any
 import attrs
 
 from plugrl_tools.quickstart import arithmetic
+from plugrl_tools.quickstart.tool_build import (
+    TOOL_QUICKSTART_VERSION,
+    ToolQuickstartSettings,
+    build_tool_into,
+)
 
 logger = logging.getLogger("plugrl_tools.quickstart")
 
@@ -33,13 +38,18 @@ DEFAULT_DIR = Path("runs") / "quickstart-assets"
 # Under load the progress lines' own estimates are the ones to read.
 WARM_START_EXAMPLE_S = 0.0125
 OTHER_BUILD_S = 15.0
+# a tool conversation is about 90 tokens, a worked addition about 50
+TOOL_EXAMPLE_TOKENS_RATIO = 1.8
 
 
-def _warm_start_seconds(settings: QuickstartSettings) -> float:
-    return settings.warm_start_epochs * settings.num_warm_start * WARM_START_EXAMPLE_S
+def _warm_start_seconds(settings: AnySettings) -> float:
+    per_example = WARM_START_EXAMPLE_S
+    if isinstance(settings, ToolQuickstartSettings):
+        per_example *= TOOL_EXAMPLE_TOKENS_RATIO
+    return settings.warm_start_epochs * settings.num_warm_start * per_example
 
 
-def _build_seconds(settings: QuickstartSettings) -> float:
+def _build_seconds(settings: AnySettings) -> float:
     return _warm_start_seconds(settings) + OTHER_BUILD_S
 
 
@@ -95,13 +105,23 @@ def _paths(root: Path, manifest: dict[str, Any]) -> QuickstartPaths:
     )
 
 
-def _cached(root: Path, seed: int, settings: QuickstartSettings) -> QuickstartPaths | None:
+AnySettings = QuickstartSettings | ToolQuickstartSettings
+"""The arithmetic task's settings, or the tool task's (multiplication with a calculator)."""
+
+
+def _version(settings: AnySettings) -> str:
+    if isinstance(settings, ToolQuickstartSettings):
+        return TOOL_QUICKSTART_VERSION
+    return QUICKSTART_VERSION
+
+
+def _cached(root: Path, seed: int, settings: AnySettings) -> QuickstartPaths | None:
     try:
         manifest = json.loads((root / MANIFEST).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     if (
-        manifest.get("version") != QUICKSTART_VERSION
+        manifest.get("version") != _version(settings)
         or manifest.get("seed") != seed
         or manifest.get("settings") != attrs.asdict(settings)
     ):
@@ -228,10 +248,13 @@ def prepare_quickstart(
     *,
     seed: int = 0,
     force: bool = False,
-    settings: QuickstartSettings = QuickstartSettings(),
+    settings: AnySettings = QuickstartSettings(),
 ) -> QuickstartPaths:
     """The quickstart's model and data under ``out_dir``, built unless a build of the same
-    version, seed and settings is already there (``force`` rebuilds).
+    version, seed and settings is already there (``force`` rebuilds). ``settings`` choose the
+    task: :class:`QuickstartSettings` for two-digit addition,
+    :class:`~plugrl_tools.quickstart.tool_build.ToolQuickstartSettings` for three-digit
+    multiplication with the calculator tool.
 
     The folder is written whole or not at all: the build happens in a sibling temporary folder
     that replaces ``out_dir`` at the end.
@@ -254,7 +277,10 @@ def prepare_quickstart(
     )
     staging = Path(tempfile.mkdtemp(prefix=f".{root.name}-", dir=root.parent))
     try:
-        manifest = build_into(staging, seed, settings)
+        if isinstance(settings, ToolQuickstartSettings):
+            manifest = build_tool_into(staging, seed, settings)
+        else:
+            manifest = build_into(staging, seed, settings)
         if root.exists():
             shutil.rmtree(root)
         os.replace(staging, root)
@@ -289,6 +315,14 @@ def describe(paths: QuickstartPaths) -> str:
             f"  warm start: {warm['examples']} examples, {warm['steps']} steps, "
             f"{warm['train_seconds']:.0f} s; greedy validation accuracy "
             f"{warm['val_accuracy_greedy']:.1%}",
+            *(
+                [
+                    f"              calculator calls {warm['val_tool_calls_greedy']:.2f} and "
+                    f"errors {warm['val_tool_errors_greedy']:.2f} per problem"
+                ]
+                if "val_tool_calls_greedy" in warm
+                else []
+            ),
         ]
     )
 

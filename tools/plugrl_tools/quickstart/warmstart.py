@@ -47,20 +47,37 @@ def supervised_fine_tune(
     response ends with the eos token, so the model learns to stop). Progress, with the loss
     averaged over the last :data:`RUNNING_LOSS_STEPS` steps, goes to stderr (see
     :class:`~plugrl_tools.quickstart.progress.Progress`)."""
+    eos = tokenizer.eos_token
+    sequences: list[tuple[list[int], list[bool]]] = []
+    for question, response in examples:
+        prompt_ids = tokenizer(render_prompt(tokenizer, question), add_special_tokens=False)
+        response_ids = tokenizer(response + eos, add_special_tokens=False)
+        ids = prompt_ids["input_ids"] + response_ids["input_ids"]
+        trained = [False] * len(prompt_ids["input_ids"]) + [True] * len(response_ids["input_ids"])
+        sequences.append((ids, trained))
+    return train_on_sequences(
+        model, tokenizer, sequences, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed
+    )
+
+
+def train_on_sequences(
+    model: Any,
+    tokenizer: Any,
+    sequences: Sequence[tuple[list[int], list[bool]]],
+    *,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+) -> FineTuneStats:
+    """Train on token sequences with the loss on the tokens marked ``True`` only (a
+    conversation's model turns: not its prompt, nor the tool results between turns)."""
     import time
 
     import torch
 
     start = time.perf_counter()
     pad_id = tokenizer.pad_token_id
-    eos = tokenizer.eos_token
-    sequences: list[tuple[list[int], int]] = []
-    for question, response in examples:
-        prompt_ids = tokenizer(render_prompt(tokenizer, question), add_special_tokens=False)
-        response_ids = tokenizer(response + eos, add_special_tokens=False)
-        ids = prompt_ids["input_ids"] + response_ids["input_ids"]
-        sequences.append((ids, len(prompt_ids["input_ids"])))
-
     total_steps = epochs * math.ceil(len(sequences) / batch_size)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     warmup = max(1, total_steps // 10)
@@ -86,9 +103,11 @@ def supervised_fine_tune(
             input_ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
             labels = torch.full((len(chunk), width), -100, dtype=torch.long)
             attention_mask = torch.zeros((len(chunk), width), dtype=torch.long)
-            for row, (ids, prompt_len) in enumerate(chunk):
+            for row, (ids, trained) in enumerate(chunk):
                 input_ids[row, : len(ids)] = torch.tensor(ids)
-                labels[row, prompt_len : len(ids)] = torch.tensor(ids[prompt_len:])
+                labels[row, : len(ids)] = torch.where(
+                    torch.tensor(trained), torch.tensor(ids), torch.tensor(-100)
+                )
                 attention_mask[row, : len(ids)] = 1
             loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
             optimizer.zero_grad(set_to_none=True)
