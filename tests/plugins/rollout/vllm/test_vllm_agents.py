@@ -1,33 +1,24 @@
 """Multi-turn sampling on vLLM's engine: a sync training step whose samples are tool-calling
 conversations, every turn sampled by vLLM, the tool results appended between turns read but
-not trained on."""
+not trained on (run in a process of its own: tests/plugins/rollout/vllm/agent_step.py)."""
 
 from __future__ import annotations
 
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
-import torch
 
 pytest.importorskip("vllm")
 
-import plugrl
-from plugrl.data.batch import response_attention_mask
-from plugrl.parts.agent import ParsedTurn, ToolCall
-from plugrl.run import RunContext
-from tests.core.agents.agent_support import TOOL_TEMPLATE, AgentTestPlugin
+from tests.core.agents.agent_support import TOOL_TEMPLATE
 from tests.e2e.e2e_support import tiny_recipe
 
-
-def call_echo_each_turn(text: str) -> ParsedTurn:
-    """Reads every turn as a call of ``echo`` with the turn's text, so that each sample has as
-    many turns as the run allows whatever the untrained model writes."""
-    call = ToolCall(id="call_0", name="echo", arguments={"text": text[:8]}, raw=text)
-    return ParsedTurn(content="", tool_calls=[call])
-
-
-class EchoEveryTurn:
-    @plugrl.hookimpl
-    def register_tool_parsers(self, register):
-        register("echo_every_turn", call_echo_each_turn)
+REPOSITORY = Path(__file__).resolve().parents[4]
 
 
 @pytest.fixture(scope="module")
@@ -45,15 +36,8 @@ def chat_task(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_a_sync_step_on_vllm_trains_on_tool_conversations(
-    chat_task, tmp_path, monkeypatch, plugrl_recipe, plugrl_plugin_manager, plugrl_register_plugin
-):
-    from plugrl_sync import scheduler as sync_module
-    from plugrl_sync.scheduler import SyncScheduler
-
-    plugrl_register_plugin(AgentTestPlugin(), "agent-test-tools")
-    plugrl_register_plugin(EchoEveryTurn(), "agent-test-parser")
-    data = tiny_recipe(
+def test_a_sync_step_on_vllm_trains_on_tool_conversations(chat_task, tmp_path):
+    recipe = tiny_recipe(
         chat_task,
         tmp_path / "run",
         data={"max_prompt_length": 96, "max_response_length": 40},
@@ -70,33 +54,30 @@ def test_a_sync_step_on_vllm_trains_on_tool_conversations(
             },
         },
     )
-    recipe = plugrl_recipe(base=data)
-    trained = []
-    update = sync_module.update_from_batch
-
-    def recording(parts, batch, timer):
-        trained.append(batch)
-        return update(parts, batch, timer)
-
-    monkeypatch.setattr(sync_module, "update_from_batch", recording)
-    context = RunContext(recipe, tmp_path / "run", plugrl_plugin_manager, "cpu")
-    scheduler = SyncScheduler(recipe.scheduler, context)
-    parts = context.build_parts(scheduler.needed_capabilities())
-    try:
-        parts.sync_weights()
-        metrics = scheduler.train_step(parts, 1)
-    finally:
-        parts.close()
-    (batch,) = trained
-    assert len(batch) == 8
+    recipe_file, out = tmp_path / "recipe.json", tmp_path / "out.json"
+    recipe_file.write_text(json.dumps(recipe), encoding="utf-8")
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.plugins.rollout.vllm.agent_step",
+            str(recipe_file),
+            str(tmp_path / "run"),
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPOSITORY,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    step = json.loads(out.read_text(encoding="utf-8"))
+    assert step["engine"] == "vllm" and step["rows"] == 8
     # every sample took more than one turn, each sampled by vLLM
-    assert metrics["agent/num_turns/max"] > 1
-    assert metrics["agent/tool/echo/calls"] > 0
-    mask, attention = batch["response_mask"], response_attention_mask(batch)
-    appended = attention.bool() & ~mask.bool()
-    assert appended.any()
-    # sampled tokens carry vLLM's log-probs; appended ones none, and no advantage
-    assert (batch["rollout_log_probs"][appended] == 0).all()
-    assert (batch["rollout_log_probs"][mask.bool()] < 0).any()
-    assert (batch["advantages"][appended] == 0).all()
-    assert torch.isfinite(torch.tensor(metrics["actor/pg_loss"]))
+    assert step["num_turns_max"] > 1 and step["echo_calls"] > 0
+    # appended tool results: attended, no log-prob, no advantage; sampled tokens carry vLLM's
+    assert step["appended_tokens"] > 0
+    assert step["appended_log_probs_zero"] and step["appended_advantages_zero"]
+    assert step["sampled_log_probs_negative"]
+    assert math.isfinite(step["pg_loss"])
