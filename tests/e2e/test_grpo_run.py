@@ -287,10 +287,8 @@ def _validation_lines(stderr):
         (),
         # one engine over the devices of both ranks, as verl's hybrid engine of TP 2
         ("rollout.tensor_model_parallel_size=2",),
-        # both ranks split each sequence (one data-parallel rank), for the actor and the ref
-        ("actor.ulysses_sequence_parallel_size=2",),
     ],
-    ids=["an-engine-per-rank", "one-engine-over-both", "one-sequence-parallel-group"],
+    ids=["an-engine-per-rank", "one-engine-over-both"],
 )
 def test_two_ray_ranks_train_like_one_local_rank(reference_run, tiny_task, tmp_path, engines):
     import torch
