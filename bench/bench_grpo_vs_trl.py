@@ -119,6 +119,10 @@ class BenchSettings:
     trl_micro_batch: int | None = TRL_MICRO_BATCH
     """TRL's samples per forward/backward; ``None``: the whole batch."""
     extra_plugrl_overrides: tuple[str, ...] = ()
+    dtype: str = "float32"
+    """float32 on both sides, or bfloat16: plugrl's mixed precision (float32 weights and
+    optimizer, bfloat16 compute; ``model.dtype`` and ``rollout.dtype``) against TRL's
+    ``bf16=True`` (float32 weights under bfloat16 autocast)."""
 
     @property
     def samples_per_step(self) -> int:
@@ -128,7 +132,8 @@ class BenchSettings:
         """The recipe of the plugrl side, as ``plugrl run`` overrides."""
         return [
             f"model.path={self.model_path}",
-            "model.dtype=float32",
+            f"model.dtype={self.dtype}",
+            f"rollout.dtype={self.dtype}",
             f"data.train_files=[{self.train_file}]",
             f"data.train_batch_size={self.prompts_per_step}",
             f"data.max_prompt_length={self.max_prompt_length}",
@@ -371,7 +376,7 @@ def trl_worker(conn: Any, settings: BenchSettings) -> None:
     config = GRPOConfig(
         output_dir=str(Path(settings.run_dir) / "trl"),
         use_cpu=True,
-        bf16=False,
+        bf16=settings.dtype == "bfloat16",
         fp16=False,
         use_vllm=False,
         activation_checkpointing=False,
@@ -498,7 +503,7 @@ def report(plugrl: Side, trl: Side, settings: BenchSettings) -> None:
         return f"{value:>10.3f}" if value == value else f"{'-':>10}"
 
     print(
-        f"GRPO step, quickstart model (float32, cpu, {settings.threads} threads): "
+        f"GRPO step, quickstart model ({settings.dtype}, cpu, {settings.threads} threads): "
         f"{settings.prompts_per_step} prompts x {settings.samples_per_prompt} samples, "
         f"<= {settings.max_response_length} new tokens, temperature {settings.temperature}; "
         f"trl {trl_package.__version__}, torch {torch.__version__}; "
@@ -581,6 +586,13 @@ def main() -> None:
         "samples (about as many tokens); whole: both do one forward/backward over all samples",
     )
     parser.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="float32 on both sides, or bfloat16 compute over float32 weights on both (plugrl: "
+        "model.dtype and rollout.dtype; TRL: bf16=True)",
+    )
+    parser.add_argument(
         "--trl-micro-batch",
         type=int,
         default=None,
@@ -617,6 +629,7 @@ def main() -> None:
         trl_micro_batch=args.trl_micro_batch
         or (TRL_MICRO_BATCH if args.batching == "budget" else None),
         extra_plugrl_overrides=tuple(args.plugrl_override),
+        dtype=args.dtype,
     )
     if settings.trl_micro_batch and settings.samples_per_step % settings.trl_micro_batch:
         raise SystemExit(

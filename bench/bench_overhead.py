@@ -111,6 +111,11 @@ class OverheadSettings:
         )
         return [
             f"model.path={self.model_path}",
+            # the bare loop trains and samples a plain float32 model, whatever the recipe ships
+            "model.dtype=float32",
+            "rollout.dtype=float32",
+            # the same work on both sides: the bare loop trains every sequence
+            "actor.skip_zero_advantage_rows=false",
             f"data.train_files=[{self.train_file}]",
             "data.val_files=[]",
             # one more step than the driver asks for, so the run's last step never comes

@@ -18,7 +18,7 @@ import math
 import re
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -189,6 +189,22 @@ def policy_update(
         entropy_in_loss=bool(getattr(objective, "needs_entropy", False)),
         derives_old_log_probs=derives,
     )
+
+
+def rows_to_run(
+    without_gradient: torch.Tensor, lengths: Sequence[int] | torch.Tensor, count: int
+) -> list[int]:
+    """``count`` row indices for an update to run, in batch order: the rows with a gradient
+    (``without_gradient`` false), then the shortest of the others (``lengths``: tokens per
+    row) up to ``count``, when ranks must run as many rows as each other or a step must run
+    at least one (an optimizer step over zero gradients still moves the weights by its
+    momentum, so the step is taken as usual)."""
+    keep = [int(i) for i in (~without_gradient).nonzero().flatten()]
+    if len(keep) < count:
+        others = (without_gradient).nonzero().flatten()
+        shortest = others[torch.argsort(torch.as_tensor(lengths)[others], stable=True)]
+        keep += [int(i) for i in shortest[: count - len(keep)]]
+    return sorted(keep)
 
 
 def check_single_step(epochs: int, num_rows: int, mini_rows: int) -> None:

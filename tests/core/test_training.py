@@ -357,3 +357,14 @@ def test_tokenizer_files_come_from_the_first_folder_that_has_them(tmp_path):
     training.copy_tokenizer_files(out, [None, first, "", second])
     assert sorted(p.name for p in out.iterdir()) == ["tokenizer.json", "vocab.txt"]
     assert (out / "tokenizer.json").read_text() == "first"
+
+
+def test_rows_to_run_keep_the_rows_with_a_gradient_in_order():
+    without = torch.tensor([False, True, False, True, True])
+    assert training.rows_to_run(without, [5, 9, 2, 1, 3], count=2) == [0, 2]
+
+
+def test_rows_to_run_top_up_with_the_shortest_rows_without_a_gradient():
+    without = torch.tensor([False, True, False, True, True])
+    assert training.rows_to_run(without, [5, 9, 2, 1, 3], count=4) == [0, 2, 3, 4]
+    assert training.rows_to_run(torch.ones(3, dtype=torch.bool), [4, 2, 2], count=1) == [1]

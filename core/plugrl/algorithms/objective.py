@@ -95,6 +95,24 @@ class PolicyObjective:
 
     # ------------------------------------------------------------------------ the loss
 
+    def rows_without_gradient(self, micro_batch: Batch) -> torch.Tensor | None:
+        """Rows whose advantages are all zero, when that makes their loss exactly zero: no
+        entropy bonus, no KL loss, a policy loss that declares
+        :attr:`~plugrl.parts.algorithm.PolicyLoss.zero_at_zero_advantage`, and
+        ``actor.skip_zero_advantage_rows`` on. Importance weights multiply the per-token loss,
+        so they keep a zero a zero."""
+        actor = self.recipe.actor
+        if (
+            not getattr(actor, "skip_zero_advantage_rows", False)
+            or actor.entropy_coeff != 0
+            or actor.use_kl_loss
+            or not type(self.policy_loss).zero_at_zero_advantage
+        ):
+            return None
+        micro_batch.require("advantages", "response_mask", by="the actor objective")
+        valid = micro_batch["response_mask"] != 0
+        return ~((micro_batch["advantages"] != 0) & valid).any(dim=-1)
+
     def importance_weights(self, micro_batch: Batch, dtype: torch.dtype) -> torch.Tensor | None:
         """``rollout_is_weights`` of the batch if a scheduler computed them, else truncated IS
         weights from ``old_log_probs`` and ``rollout_log_probs`` when ``algorithm.rollout_is``
@@ -148,8 +166,10 @@ class PolicyObjective:
             aggregate=aggregate,
             importance_weights=weights,
         )
-        # a policy loss reports token means over this micro-batch; weigh them into shares
-        share = aggregate.token_share(mask)
+        # a policy loss reports token means over this micro-batch; weigh them into shares of
+        # the sequences the backend ran (all of them, unless it left out zero-loss ones)
+        metric_aggregate = LossAggregator(actor.loss_agg_mode, scale.for_metrics())
+        share = metric_aggregate.token_share(mask)
         metrics = {
             name: float(value) if name == PG_LOSS else float(value) * share
             for name, value in pg_metrics.items()
@@ -166,7 +186,11 @@ class PolicyObjective:
             )
         if entropy is not None:
             entropy_term = aggregate(entropy.to(dtype), mask)
-            metrics["actor/entropy"] = float(entropy_term.detach())
+            metrics["actor/entropy"] = float(
+                metric_aggregate(entropy.detach().to(dtype), mask)
+                if scale.metric_scale is not None
+                else entropy_term.detach()
+            )
             if actor.entropy_coeff != 0:
                 loss = loss - actor.entropy_coeff * entropy_term
 

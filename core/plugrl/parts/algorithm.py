@@ -56,6 +56,15 @@ class LossScale:
     loss_scale_factor: int | None = None
     """``actor.loss_scale_factor``: when set, ``seq-mean-token-sum-norm`` divides by it instead
     of ``max_response_length`` (verl's ``loss_scale_factor``)."""
+    metric_scale: LossScale | None = None
+    """The counts of the sequences the backend ran, when it left out some whose loss is zero
+    (:meth:`ActorObjective.rows_without_gradient`): the loss keeps the whole mini-batch's counts
+    above, so its gradient is unchanged, and metrics are averaged over the sequences run.
+    ``None``: every sequence ran."""
+
+    def for_metrics(self) -> LossScale:
+        """The counts metrics are averaged over."""
+        return self.metric_scale or self
 
 
 @attrs.define(kw_only=True)
@@ -270,6 +279,13 @@ class AdvantageEstimator(ABC):
 class PolicyLoss(ABC):
     """A policy-gradient loss over one micro-batch."""
 
+    zero_at_zero_advantage: ClassVar[bool] = False
+    """True when a token whose advantage is 0 adds exactly nothing to the loss and its
+    gradient, whatever the other tokens of the micro-batch: a backend may then leave sequences
+    with all-zero advantages out of the update. False (the safe default) for losses that use
+    statistics of the whole micro-batch (``clip_cov``, ``kl_cov``) or are not linear in the
+    advantage."""
+
     def __init__(self, config: PolicyLossConfig, context: PartContext) -> None:
         """``config``: the loss keys of the ``actor`` section. ``context.options`` (also
         :attr:`args`): ``actor.policy_loss_args`` read into the config class the loss was
@@ -309,6 +325,13 @@ class ActorObjective(Protocol):
 
     needs_entropy: bool
     needs_ref: bool
+
+    def rows_without_gradient(self, micro_batch: Batch) -> torch.Tensor | None:
+        """Boolean ``[b]``: the rows whose loss and gradient are exactly zero (all-zero
+        advantages, with no term that reads anything else), which a backend may leave out of
+        the forward and backward; ``None`` when none can be left out. Optional: a backend
+        treats an objective without this method as one that returns ``None``."""
+        ...
 
     def __call__(
         self,

@@ -123,6 +123,14 @@ class ActorConfig(PolicyLossConfig):
         "mini-batch) and nothing reads old log-probs before it, take them from the update's "
         "own forward (detached) and skip the separate old_log_prob pass; false always runs it.",
     )
+    skip_zero_advantage_rows: bool = option(
+        True,
+        "Leave out of the update's forward and backward the sequences whose advantages are "
+        "all zero (a GRPO group whose responses scored alike), when the actor loss is then "
+        "exactly zero for them: no entropy bonus, no KL loss, and a policy loss that says so. "
+        "The gradient is the same; actor/entropy, pg_clipfrac and ppo_kl become means over "
+        "the sequences trained. false runs every sequence.",
+    )
     grad_clip: float = option(
         1.0,
         "Gradient-norm clip; 0 disables.",

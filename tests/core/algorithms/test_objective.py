@@ -223,3 +223,67 @@ def test_objective_resolves_its_parts_in_a_fresh_process(recipe_from, plugins):
     with context.Pool(1) as pool:
         remote = pool.apply(_loss_in_a_fresh_process, (pickle.dumps(objective),))
     assert remote == pytest.approx(run(objective)[0])
+
+
+# ---------------------------------------------------------------- rows without a gradient
+
+
+def zero_row_batch():
+    # row 1's advantages are zero on its valid token and non-zero on its padding only
+    return micro_batch(advantages=torch.tensor([[1.0, 1.0], [0.0, 5.0]]))
+
+
+def test_rows_with_all_zero_advantages_have_no_gradient(recipe_from, plugins):
+    objective = PolicyObjective.from_recipe(recipe_from(), plugins)
+    assert objective.rows_without_gradient(zero_row_batch()).tolist() == [False, True]
+    # and indeed: the loss's gradient is zero on every token of that row
+    _, gradient, _ = run(objective, zero_row_batch())
+    assert gradient[1].abs().max() == 0.0 and gradient[0, 1] != 0.0
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("actor.skip_zero_advantage_rows=false",),
+        ("actor.entropy_coeff=0.01",),
+        ("actor.use_kl_loss=true",),
+        ("actor.policy_loss=clip_cov",),
+        ("actor.policy_loss=kl_cov",),
+    ],
+    ids=["option off", "entropy bonus", "kl loss", "clip_cov", "kl_cov"],
+)
+def test_nothing_is_skipped_when_a_zero_advantage_row_still_has_a_loss(
+    recipe_from, plugins, overrides
+):
+    objective = PolicyObjective.from_recipe(recipe_from(*overrides), plugins)
+    assert objective.rows_without_gradient(zero_row_batch()) is None
+
+
+@pytest.mark.parametrize("loss", ["vanilla", "gspo", "geo_mean", "cispo", "reinforce", "sapo"])
+def test_losses_that_vanish_with_the_advantage_say_so(recipe_from, plugins, loss):
+    objective = PolicyObjective.from_recipe(recipe_from(f"actor.policy_loss={loss}"), plugins)
+    assert objective.rows_without_gradient(zero_row_batch()).tolist() == [False, True]
+    _, gradient, _ = run(objective, zero_row_batch())
+    assert gradient[1].abs().max() == 0.0
+
+
+def test_metrics_average_over_the_rows_the_backend_ran(recipe_from, plugins):
+    objective = PolicyObjective.from_recipe(recipe_from(), plugins)
+    full = LossScale(num_tokens=3, num_seqs=2)
+    ran = LossScale(num_tokens=2, num_seqs=1)
+    entropy = [[0.5, 0.7], [0.9, 100.0]]
+    only_row_0 = zero_row_batch().select([0])
+    log_prob = torch.tensor([LOG_PROB[0]], dtype=torch.float64, requires_grad=True)
+    loss, metrics = objective(
+        only_row_0,
+        log_prob,
+        torch.tensor([entropy[0]], dtype=torch.float64),
+        LossScale(num_tokens=3, num_seqs=2, metric_scale=ran),
+    )
+    loss_full, _ = objective(
+        only_row_0, log_prob, torch.tensor([entropy[0]], dtype=torch.float64), full
+    )
+    # the loss keeps the whole mini-batch's normaliser, the metrics the rows that ran
+    assert float(loss.detach()) == pytest.approx(float(loss_full.detach()))
+    assert metrics["actor/entropy"] == pytest.approx((0.5 + 0.7) / 2)
+    assert metrics["actor/pg_clipfrac"] == pytest.approx(1 / 2)

@@ -75,6 +75,8 @@ class _ClippedLoss(PolicyLoss):
 class VanillaPPO(_ClippedLoss):
     """PPO's clipped surrogate with asymmetric clip range and dual clip for A < 0."""
 
+    zero_at_zero_advantage: ClassVar[bool] = True
+
     name = "vanilla"
     uses_dual_clip: ClassVar[bool] = True
 
@@ -109,6 +111,8 @@ class VanillaPPO(_ClippedLoss):
 class GSPO(_ClippedLoss):
     """Group sequence policy optimisation: PPO clipping of the sequence-level ratio
     (geometric mean of token ratios), with each token's gradient through its own log-prob."""
+
+    zero_at_zero_advantage: ClassVar[bool] = True
 
     name = "gspo"
 
@@ -256,6 +260,8 @@ class GeoMean(_ClippedLoss):
     ``1 / num_seqs``), whatever ``actor.loss_agg_mode`` says.
     """
 
+    zero_at_zero_advantage: ClassVar[bool] = True
+
     name = "geo_mean"
 
     def __call__(
@@ -296,6 +302,8 @@ class CISPO(_ClippedLoss):
     """CISPO: REINFORCE weighted by the clipped importance ratio, with no gradient through the
     ratio, so clipped tokens still contribute a gradient."""
 
+    zero_at_zero_advantage: ClassVar[bool] = True
+
     name = "cispo"
 
     def __call__(
@@ -323,6 +331,8 @@ class CISPO(_ClippedLoss):
 class Reinforce(PolicyLoss):
     """Plain policy gradient ``-A * log_prob`` (no ratio, no clipping)."""
 
+    zero_at_zero_advantage: ClassVar[bool] = True
+
     name = "reinforce"
 
     def __call__(
@@ -349,6 +359,8 @@ class SAPO(PolicyLoss):
     cut off at a hard edge. ``tau_pos`` serves tokens with a positive advantage, ``tau_neg``
     the others. As the method prescribes, the loss is averaged per sequence
     (``seq-mean-token-mean``) whatever ``loss_agg_mode`` says."""
+
+    zero_at_zero_advantage: ClassVar[bool] = True
 
     name = "sapo"
 
