@@ -18,7 +18,7 @@ import math
 import re
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -205,6 +205,38 @@ def rows_to_run(
         shortest = others[torch.argsort(torch.as_tensor(lengths)[others], stable=True)]
         keep += [int(i) for i in shortest[: count - len(keep)]]
     return sorted(keep)
+
+
+RowsWithoutGradient = Callable[["Batch"], "torch.Tensor | None"]
+
+
+def rows_with_gradient(
+    mini_batch: Batch,
+    config: ActorConfig,
+    rows_without_gradient: RowsWithoutGradient | None,
+    agree: Callable[[int], int] = lambda count: count,
+) -> tuple[Batch, float | None]:
+    """The rows of ``mini_batch`` an actor update runs, and the fraction of its rows left out
+    (``None`` when the objective cannot leave any out, or ``actor.skip_zero_advantage_rows``
+    is off).
+
+    ``rows_without_gradient`` is the objective's :meth:`ActorObjective.rows_without_gradient`
+    (``None`` for an objective without it). ``agree(count) -> count`` makes ranks agree on the
+    rows each runs (the largest count over them, when each forward has to run on every rank);
+    ranks short of it top up with their shortest rows without a gradient. At least one row
+    runs, so the optimizer steps as it would have. A backend that uses this passes the loss
+    the mini-batch's ``LossScale`` with ``metric_scale`` counted over the rows returned."""
+    if rows_without_gradient is None or not getattr(config, "skip_zero_advantage_rows", False):
+        return mini_batch, None
+    without = rows_without_gradient(mini_batch)
+    if without is None:
+        return mini_batch, None
+    count = agree(max(int((~without).sum()), min(1, len(mini_batch))))
+    if count >= len(mini_batch):
+        return mini_batch, 0.0
+    lengths = mini_batch["attention_mask"].sum(dim=-1)
+    rows = rows_to_run(without, lengths, count)
+    return mini_batch.select(rows), 1.0 - len(rows) / len(mini_batch)
 
 
 def check_single_step(epochs: int, num_rows: int, mini_rows: int) -> None:

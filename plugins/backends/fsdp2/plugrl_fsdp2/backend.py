@@ -54,7 +54,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MicroLoss = Callable[[Batch, LossScale], tuple[torch.Tensor, dict[str, float]]]
-RowsWithoutGradient = Callable[[Batch], "torch.Tensor | None"]
 PerToken = Callable[[torch.Tensor, torch.Tensor], list[torch.Tensor]]
 
 
@@ -567,7 +566,7 @@ class FSDP2Backend(TrainingBackend):
         epochs: int,
         micro_batch_size: int | None,
         grad_clip: float,
-        rows_without_gradient: RowsWithoutGradient | None = None,
+        rows_without_gradient: training.RowsWithoutGradient | None = None,
     ) -> dict[str, float]:
         model, optimizer, scheduler = self.model, self.optimizer, self.lr_scheduler
         assert model is not None and optimizer is not None and scheduler is not None
@@ -586,7 +585,13 @@ class FSDP2Backend(TrainingBackend):
                     update_step=self.update_steps,
                 ):
                     scale = self._loss_scale(mini_batch)
-                    run, skipped = self._rows_with_gradient(mini_batch, rows_without_gradient)
+                    run, skipped = training.rows_with_gradient(
+                        mini_batch,
+                        self.config,
+                        rows_without_gradient,
+                        # every forward gathers weights from every rank: run as many rows
+                        lambda count: self._agreed_count(count)[0],
+                    )
                     if skipped is not None:
                         scale = attrs.evolve(scale, metric_scale=self._loss_scale(run))
                     plan = self._plan(run, micro_batch_size)
@@ -612,29 +617,6 @@ class FSDP2Backend(TrainingBackend):
         scheduler.step()
         self.update_steps += 1
         return {**mean_metrics(step_metrics), f"{prefix}/lr": lr}
-
-    def _rows_with_gradient(
-        self, mini_batch: Batch, rows_without_gradient: RowsWithoutGradient | None
-    ) -> tuple[Batch, float | None]:
-        """The rows of ``mini_batch`` the update runs, and the fraction of its rows left out
-        (``None`` when the objective cannot leave any out or
-        ``actor.skip_zero_advantage_rows`` is off). Every rank runs as many rows as the rank
-        with the most rows that have a gradient, topping up with its shortest zero-loss rows:
-        each forward gathers weights from every rank, and fixed micro-batches need equal
-        counts. At least one row runs, so the optimizer steps as it would have."""
-        if rows_without_gradient is None or not getattr(
-            self.config, "skip_zero_advantage_rows", False
-        ):
-            return mini_batch, None
-        without = rows_without_gradient(mini_batch)
-        if without is None:
-            return mini_batch, None
-        wanted = max(int((~without).sum()), min(1, len(mini_batch)))
-        count, _ = self._agreed_count(wanted)
-        if count >= len(mini_batch):
-            return mini_batch, 0.0
-        rows = training.rows_to_run(without, valid_lengths(mini_batch["attention_mask"]), count)
-        return mini_batch.select(rows), 1.0 - len(rows) / len(mini_batch)
 
     def _clip_and_step(self, grad_clip: float) -> float:
         """Clip the gradient norm (or only measure it when ``grad_clip`` is 0) and step; a

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import attrs
 import torch
 import torch.distributed as dist
 
@@ -465,9 +466,14 @@ class MegatronBackend(TrainingBackend):
             return objective(micro_batch, log_prob, entropy, scale)
 
         with self.offloader.resident("params", "grads", "optimizer"):
-            return self._train(batch, micro_loss)
+            return self._train(batch, micro_loss, getattr(objective, "rows_without_gradient", None))
 
-    def _train(self, batch: Batch, micro_loss: Any) -> dict[str, float]:
+    def _train(
+        self,
+        batch: Batch,
+        micro_loss: Any,
+        rows_without_gradient: training.RowsWithoutGradient | None = None,
+    ) -> dict[str, float]:
         mini_rows = self._mini_batch_rows(len(batch))
         lr = self.lr_scheduler.current_lr()
         step_metrics = []
@@ -482,7 +488,9 @@ class MegatronBackend(TrainingBackend):
                 seed=self.recipe.trainer.seed,
                 update_step=self.update_steps,
             ):
-                step_metrics.append(self._optimizer_step(mini_batch, micro_loss))
+                step_metrics.append(
+                    self._optimizer_step(mini_batch, micro_loss, rows_without_gradient)
+                )
         finally:
             for module in self.model:
                 module.eval()
@@ -490,13 +498,27 @@ class MegatronBackend(TrainingBackend):
         self.update_steps += 1
         return {**mean_metrics(step_metrics), "actor/lr": lr}
 
-    def _optimizer_step(self, mini_batch: Batch, micro_loss: Any) -> dict[str, float]:
+    def _optimizer_step(
+        self,
+        mini_batch: Batch,
+        micro_loss: Any,
+        rows_without_gradient: training.RowsWithoutGradient | None = None,
+    ) -> dict[str, float]:
         """One mini-batch: every micro-batch's forward and backward, then one step. Metrics
-        are the objective's, summed over micro-batches (they are shares of the mini-batch)."""
+        are the objective's, summed over micro-batches (they are shares of the mini-batch).
+        Rows whose loss is zero are left out (``actor.skip_zero_advantage_rows``): the
+        tensor-parallel ranks and pipeline stages of a model copy hold the same rows and
+        leave out the same ones, and data-parallel copies may run different micro-batch
+        counts, as they do with token budgets, since gradients are reduced after the last."""
         scale = self._loss_scale(mini_batch)
-        plan = self._plan(mini_batch, self.config.ppo_micro_batch_size_per_gpu)
+        run, skipped = training.rows_with_gradient(mini_batch, self.config, rows_without_gradient)
+        if skipped is not None:
+            scale = attrs.evolve(scale, metric_scale=self._loss_scale(run))
+        plan = self._plan(run, self.config.ppo_micro_batch_size_per_gpu)
         self._zero_grad()
         metrics: dict[str, float] = defaultdict(float)
+        if skipped is not None:
+            metrics["actor/skipped_rows"] = skipped
 
         def loss(micro_batch: Batch, logits: torch.Tensor, layout: Any) -> tuple:
             value, micro_metrics = micro_loss(micro_batch, logits, layout, scale)
@@ -505,7 +527,7 @@ class MegatronBackend(TrainingBackend):
                 metrics[name] += float(metric)
             return value, micro_metrics
 
-        self._micro_batches(mini_batch, plan, loss, forward_only=False)
+        self._micro_batches(run, plan, loss, forward_only=False)
         grad_norm = self._reduce_clip_and_step()
         # only the last pipeline stage saw the losses; the worker group reads that rank
         return {**metrics, "actor/grad_norm": grad_norm}

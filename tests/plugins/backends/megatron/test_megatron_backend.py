@@ -448,3 +448,27 @@ def test_a_missing_or_corrupt_dist_checkpointing_folder_is_named_with_the_fix(
         f"actor.dist_checkpointing_path: {str(corrupt)!r} could not be loaded into the model ("
     )
     assert message.endswith(fix)
+
+
+@pytest.mark.parametrize("micro_batches", [{"ppo_micro_batch_size_per_gpu": 3}, {}])
+def test_sequences_without_advantage_are_left_out_with_the_same_update(tiny_model, micro_batches):
+    from plugrl.algorithms.objective import PolicyObjective
+    from plugrl.plugins import get_plugin_manager
+
+    batch = make_batch(8, prompt=10, response=7, seed=3)
+    batch.pop("old_log_probs")
+    advantages = batch["advantages"].clone()
+    advantages[[1, 4, 5]] = 0.0
+    batch["advantages"] = advantages
+    results = []
+    for skip in (True, False):
+        recipe = megatron_recipe(tiny_model, skip_zero_advantage_rows=skip, **micro_batches)
+        backend = make_megatron_backend(recipe)
+        objective = PolicyObjective.from_recipe(recipe, get_plugin_manager())
+        results.append((backend.update_policy(batch.copy(), objective), full_weights(backend)))
+    (skipped, skipped_weights), (full, full_weights_) = results
+    assert skipped["actor/skipped_rows"] == pytest.approx(3 / 8)
+    for name in ("actor/loss", "actor/pg_loss", "actor/grad_norm"):
+        assert skipped[name] == pytest.approx(full[name], rel=1e-5, abs=1e-6), name
+    # Adam's first step divides each gradient by its own size (see the test above)
+    assert max_weight_difference(skipped_weights, full_weights_) < UPDATE_TOLERANCE
