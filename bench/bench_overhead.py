@@ -100,6 +100,8 @@ class OverheadSettings:
     bare_lean_decode: bool = True
     """Whether the bare loop's engine may use its lean decode path (plugrl's hooked model
     cannot)."""
+    extra_overrides: tuple[str, ...] = ()
+    """More recipe overrides (both sides read the recipe; the bare loop only its settings)."""
 
     def overrides(self) -> list[str]:
         """The quickstart recipe, pointed at the bench's model and data, with validation,
@@ -125,6 +127,7 @@ class OverheadSettings:
             "trainer.save_freq=-1",
             "trainer.export_hf=false",
             *budget,
+            *self.extra_overrides,
         ]
 
 
@@ -529,6 +532,8 @@ def report(plugrl: Side, bare: Side, settings: OverheadSettings, same_tokens: st
         "bare loop decodes with "
         + ("the engine's lean path (plain model)" if settings.bare_lean_decode else "the forward")
     )
+    if settings.extra_overrides:
+        print(f"also set: {' '.join(settings.extra_overrides)}")
     print(f"step 1 token ids: {same_tokens}")
     ours, theirs = phase_rows(plugrl), phase_rows(bare)
     print(f"{'phase (median s)':<20}{'plugrl':>10}{'bare':>10}{'plugrl-bare':>13}")
@@ -614,6 +619,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         "engine serves a plain model; forward: through the model's forward, as plugrl's "
         "FSDP-wrapped model does",
     )
+    parser.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra recipe override (repeatable), e.g. reward.overlap=false",
+    )
     args = parser.parse_args(argv)
     if args.steps < 1 or args.warmup < 1:
         raise SystemExit("--steps and --warmup must be at least 1 (the first step is set-up)")
@@ -639,6 +651,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         total_steps=args.warmup + args.steps,
         token_budget=QUICKSTART_TOKEN_BUDGET if args.batching == "budget" else None,
         bare_lean_decode=args.bare_decode == "lean",
+        extra_overrides=tuple(args.override),
     )
     os.environ.update(
         {
