@@ -16,6 +16,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -60,16 +61,12 @@ def grpo_batch(rows: int, prompt: int, response: int, vocab: int, seed: int) -> 
     )
 
 
-def actor(model: Path, packed: bool, batching: str, rows: int, budget: int) -> FSDP2Backend:
-    options = {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": budget}
+def actor(model: Path, rows: int, **options: Any) -> FSDP2Backend:
+    """A set-up fsdp2 actor of ``model`` whose mini-batch is ``rows`` rows, with more
+    ``FSDP2ActorConfig`` options."""
     recipe = Recipe(
         model=ModelConfig(path=str(model)),
-        actor=FSDP2ActorConfig(
-            optim=OptimConfig(lr=1e-4),
-            ppo_mini_batch_size=rows,
-            use_remove_padding=packed,
-            **(options if batching == "budget" else {}),
-        ),
+        actor=FSDP2ActorConfig(optim=OptimConfig(lr=1e-4), ppo_mini_batch_size=rows, **options),
         trainer=TrainerConfig(seed=0),
         cluster=ClusterConfig(mode="local", num_cpus=1),
     )
@@ -77,6 +74,22 @@ def actor(model: Path, packed: bool, batching: str, rows: int, budget: int) -> F
     backend = FSDP2Backend(recipe.actor, context)
     backend.setup(100)
     return backend
+
+
+def quickstart_shaped_model(folder: Path) -> Path:
+    """A 4M-parameter Qwen2 of the quickstart model's shape, with random weights."""
+    from plugrl.testing import save_tiny_model
+
+    return save_tiny_model(
+        folder,
+        tokenizer_vocab_size=306,
+        vocab_size=306,
+        hidden_size=256,
+        intermediate_size=1024,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
 
 
 def main() -> None:
@@ -90,22 +103,15 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as scratch:
-        model = Path(args.model) if args.model else None
-        if model is None:
-            from plugrl.testing import save_tiny_model
-
-            model = save_tiny_model(
-                Path(scratch) / "model",
-                tokenizer_vocab_size=306,
-                vocab_size=306,
-                hidden_size=256,
-                intermediate_size=1024,
-                num_hidden_layers=4,
-                num_attention_heads=4,
-                num_key_value_heads=2,
-            )
+        model = Path(args.model) if args.model else quickstart_shaped_model(Path(scratch) / "m")
+        budget = {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": args.budget}
         backends = {
-            packed: actor(model, packed, args.batching, args.rows, args.budget)
+            packed: actor(
+                model,
+                args.rows,
+                use_remove_padding=packed,
+                **(budget if args.batching == "budget" else {}),
+            )
             for packed in (True, False)
         }
         vocab = backends[True]._hf_config.vocab_size

@@ -25,16 +25,11 @@ import time
 from pathlib import Path
 
 import torch
+from bench_packed_update import actor, quickstart_shaped_model
 
 from plugrl.algorithms.objective import PolicyObjective
 from plugrl.data.batch import Batch
-from plugrl.parts.backend import OptimConfig
-from plugrl.parts.context import DistInfo, PartContext
 from plugrl.plugins import get_plugin_manager
-from plugrl.recipe import ClusterConfig, ModelConfig, Recipe, TrainerConfig
-from plugrl_cpu.device import CpuDevice
-from plugrl_fsdp2.backend import FSDP2Backend
-from plugrl_fsdp2.config import FSDP2ActorConfig
 
 
 def grpo_batch(
@@ -75,25 +70,6 @@ def grpo_batch(
     )
 
 
-def actor(model: Path, skip: bool, rows: int, budget: int) -> FSDP2Backend:
-    recipe = Recipe(
-        model=ModelConfig(path=str(model)),
-        actor=FSDP2ActorConfig(
-            optim=OptimConfig(lr=1e-4),
-            ppo_mini_batch_size=rows,
-            use_dynamic_bsz=True,
-            ppo_max_token_len_per_gpu=budget,
-            skip_zero_advantage_rows=skip,
-        ),
-        trainer=TrainerConfig(seed=0),
-        cluster=ClusterConfig(mode="local", num_cpus=1),
-    )
-    context = PartContext(recipe=recipe, role="actor", device=CpuDevice(), dist=DistInfo())
-    backend = FSDP2Backend(recipe.actor, context)
-    backend.setup(100)
-    return backend
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="a Hugging Face model folder")
@@ -109,21 +85,12 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     rows = args.groups * args.n
     with tempfile.TemporaryDirectory() as scratch:
-        model = Path(args.model) if args.model else None
-        if model is None:
-            from plugrl.testing import save_tiny_model
-
-            model = save_tiny_model(
-                Path(scratch) / "model",
-                tokenizer_vocab_size=306,
-                vocab_size=306,
-                hidden_size=256,
-                intermediate_size=1024,
-                num_hidden_layers=4,
-                num_attention_heads=4,
-                num_key_value_heads=2,
-            )
-        backends = {skip: actor(model, skip, rows, args.budget) for skip in (True, False)}
+        model = Path(args.model) if args.model else quickstart_shaped_model(Path(scratch) / "m")
+        budget = {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": args.budget}
+        backends = {
+            skip: actor(model, rows, skip_zero_advantage_rows=skip, **budget)
+            for skip in (True, False)
+        }
         objective = PolicyObjective.from_recipe(backends[True].recipe, get_plugin_manager())
         vocab = backends[True]._hf_config.vocab_size
         batch = grpo_batch(args.groups, args.n, args.uniform, 21, 48, vocab, seed=0)
