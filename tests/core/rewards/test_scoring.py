@@ -263,6 +263,7 @@ def test_an_interruption_during_the_import_is_not_blamed_on_the_file(
     make_recipe, scorer_file, tmp_path
 ):
     import _thread
+    import signal
     import sys
     import threading
 
@@ -279,9 +280,15 @@ def test_an_interruption_during_the_import_is_not_blamed_on_the_file(
             threading.Event().wait(0.01)
         _thread.interrupt_main()  # what Ctrl-C, or SIGTERM through the CLI, raises
 
-    threading.Thread(target=interrupt_once_importing, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        make_resolver(make_recipe(custom(path)), get_plugin_manager())
+    # Python's own Ctrl-C handler, whatever an earlier test in this process left installed
+    # (interrupt_main does nothing under SIG_IGN, and a server's handler may not raise)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Thread(target=interrupt_once_importing, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            make_resolver(make_recipe(custom(path)), get_plugin_manager())
+    finally:
+        signal.signal(signal.SIGINT, previous)
     # nothing of the half-imported file is kept: a later run imports it afresh
     assert str(path.resolve()) not in scoring._FILE_MODULES
     assert not [name for name in sys.modules if name.startswith("plugrl_reward_file_slow_")]
