@@ -180,24 +180,39 @@ def warm_start_examples(
     return examples
 
 
+def verl_row(
+    question: str, answer: int, *, split: str, index: int, ability: str = ABILITY, **extra: Any
+) -> dict[str, Any]:
+    """One row in verl's parquet schema, scored by the ``plugrl/arithmetic`` scorer; ``extra``
+    goes into its ``extra_info`` beside the split and the index."""
+    return {
+        "data_source": DATA_SOURCE,
+        "prompt": [{"role": "user", "content": question}],
+        "ability": ability,
+        "reward_model": {"style": "rule", "ground_truth": str(answer)},
+        "extra_info": {"split": split, "index": index, **extra},
+    }
+
+
 def verl_rows(problems: Sequence[Problem], split: str) -> list[dict[str, Any]]:
     """Rows in verl's parquet schema."""
     return [
-        {
-            "data_source": DATA_SOURCE,
-            "prompt": [{"role": "user", "content": problem.question}],
-            "ability": ABILITY,
-            "reward_model": {"style": "rule", "ground_truth": str(problem.answer)},
-            "extra_info": {"split": split, "index": index, "carries": problem.carries},
-        }
+        verl_row(
+            problem.question, problem.answer, split=split, index=index, carries=problem.carries
+        )
         for index, problem in enumerate(problems)
     ]
 
 
-def write_parquet(problems: Sequence[Problem], split: str, path: Path) -> Path:
+def write_rows(rows: Sequence[dict[str, Any]], path: Path) -> Path:
+    """``rows`` as a parquet file at ``path`` (its folder made if missing)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(verl_rows(problems, split)), path)
+    pq.write_table(pa.Table.from_pylist(list(rows)), path)
     return path
+
+
+def write_parquet(problems: Sequence[Problem], split: str, path: Path) -> Path:
+    return write_rows(verl_rows(problems, split), path)

@@ -35,6 +35,7 @@ from typing import Any
 
 import attrs
 
+from plugrl_tools.quickstart import arithmetic
 from plugrl_tools.quickstart.arithmetic import DATA_SOURCE, score
 
 __all__ = ["DATA_SOURCE", "score"]
@@ -210,24 +211,20 @@ def warm_start_conversations(
 def verl_rows(problems: Sequence[Problem], split: str) -> list[dict[str, Any]]:
     """Rows in verl's parquet schema, scored by the ``plugrl/arithmetic`` scorer."""
     return [
-        {
-            "data_source": DATA_SOURCE,
-            "prompt": [{"role": "user", "content": problem.question}],
-            "ability": ABILITY,
-            "reward_model": {"style": "rule", "ground_truth": str(problem.answer)},
-            "extra_info": {"split": split, "index": index, "hard": problem.hard},
-        }
+        arithmetic.verl_row(
+            problem.question,
+            problem.answer,
+            split=split,
+            index=index,
+            ability=ABILITY,
+            hard=problem.hard,
+        )
         for index, problem in enumerate(problems)
     ]
 
 
 def write_parquet(problems: Sequence[Problem], split: str, path: Path) -> Path:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(verl_rows(problems, split)), path)
-    return path
+    return arithmetic.write_rows(verl_rows(problems, split), path)
 
 
 def plain_text(messages: Sequence[dict[str, Any]]) -> Iterator[str]:
