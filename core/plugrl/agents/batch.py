@@ -47,6 +47,7 @@ def build_trajectory_batch(
     import torch
 
     from plugrl.data.batch import left_pad
+    from plugrl.data.rollout_batch import fit_response_width
 
     if len(samples) != len(prompts):
         raise ValueError(f"expected samples for {len(prompts)} prompts, got {len(samples)}")
@@ -60,13 +61,7 @@ def build_trajectory_batch(
                 rows.append(prompt_index)
                 flat.append(trajectory)
                 last.append(position == len(sequences) - 1)
-    longest = max((len(t.response_ids) for t in flat), default=0)
-    if response_width is None:
-        response_width = max(1, longest)
-    elif longest > response_width:
-        raise ValueError(
-            f"a response has {longest} tokens, more than the response width {response_width}"
-        )
+    response_width = fit_response_width((len(t.response_ids) for t in flat), response_width)
 
     size = len(flat)
     responses = torch.full((size, response_width), pad_token_id, dtype=torch.long)

@@ -6,12 +6,26 @@ of prompt 0, then those of prompt 1...), so rows sharing a ``uid`` form a GRPO g
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from plugrl.data.batch import Batch
     from plugrl.parts.rollout import Completion
+
+
+def fit_response_width(lengths: Iterable[int], response_width: int | None) -> int:
+    """The response width a batch of responses of ``lengths`` tokens gets: ``response_width``
+    when given (no response may be longer: ``ValueError``), else the longest (at least 1, so
+    tensors are never empty)."""
+    longest = max(lengths, default=0)
+    if response_width is None:
+        return max(1, longest)
+    if longest > response_width:
+        raise ValueError(
+            f"a response has {longest} tokens, more than the response width {response_width}"
+        )
+    return response_width
 
 
 def build_rollout_batch(
@@ -55,13 +69,7 @@ def build_rollout_batch(
                 f"completion {position} has {len(completion.token_ids)} tokens but "
                 f"{len(completion.log_probs)} log-probs"
             )
-    longest = max((len(c.token_ids) for c in completions), default=0)
-    if response_width is None:
-        response_width = max(1, longest)
-    elif longest > response_width:
-        raise ValueError(
-            f"a response has {longest} tokens, more than the response width {response_width}"
-        )
+    response_width = fit_response_width((len(c.token_ids) for c in completions), response_width)
 
     rows = len(completions)
     responses = torch.full((rows, response_width), pad_token_id, dtype=torch.long)
