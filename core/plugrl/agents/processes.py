@@ -36,7 +36,12 @@ from typing import Any
 import attrs
 
 from plugrl.agents.limits import ResourceLimits
-from plugrl.rewards.workers import REAP_TIMEOUT_S, _die_with_parent, _kill_group
+from plugrl.rewards.workers import (
+    REAP_TIMEOUT_S,
+    _die_with_parent,
+    _kill_group,
+    spawn_worker_process,
+)
 
 MAX_IDLE_WORKERS = 4
 """Idle workers kept for the next calls; more are started when more calls run at once, and
@@ -159,19 +164,8 @@ _lock = threading.Lock()
 
 
 def _start_worker() -> _Worker:
-    parent_end, child_end = socket.socketpair()
-    try:
-        # a process group of its own: a timeout kills what the function started too (the
-        # worker still dies with the driver, by its parent-death signal)
-        process = subprocess.Popen(
-            [sys.executable, "-c", _WORKER_CODE, str(child_end.fileno())],
-            pass_fds=(child_end.fileno(),),
-            stdin=subprocess.DEVNULL,
-            close_fds=True,
-            start_new_session=True,
-        )
-    finally:
-        child_end.close()
+    # a process group of its own: a timeout kills what the function started too
+    process, parent_end = spawn_worker_process(_WORKER_CODE)
     parent_end.setblocking(False)
     return _Worker(process, parent_end)
 

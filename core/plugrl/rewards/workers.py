@@ -322,6 +322,25 @@ def check_pool_size(num_workers: int, max_workers: int | None) -> PoolSizing:
     return PoolSizing(num_workers, max_workers or num_workers)
 
 
+def spawn_worker_process(code: str) -> tuple[subprocess.Popen, socket.socket]:
+    """A fresh interpreter running ``code`` with the child end of a socket pair's file
+    descriptor as ``sys.argv[1]``; returns the process and the parent end. The process leads
+    a process group of its own, so killing the group kills what the worker started too (the
+    worker still dies with the driver, by its parent-death signal)."""
+    parent_end, child_end = socket.socketpair()
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-c", code, str(child_end.fileno())],
+            pass_fds=(child_end.fileno(),),
+            stdin=subprocess.DEVNULL,
+            close_fds=True,
+            start_new_session=True,
+        )
+    finally:
+        child_end.close()
+    return process, parent_end
+
+
 class ProcessPool:
     """Worker processes that run scoring calls with per-call deadlines; ``num_workers`` of
     them, growing up to ``max_workers`` while the calls wait rather than compute (see module
@@ -348,19 +367,7 @@ class ProcessPool:
     # ------------------------------------------------------------------------ worker lifecycle
 
     def _start_worker(self) -> _Worker:
-        parent_end, child_end = socket.socketpair()
-        try:
-            # a process group of its own: killing the worker kills what its scoring functions
-            # started too (it still dies with the driver, by its parent-death signal)
-            process = subprocess.Popen(
-                [sys.executable, "-c", _WORKER_CODE, str(child_end.fileno())],
-                pass_fds=(child_end.fileno(),),
-                stdin=subprocess.DEVNULL,
-                close_fds=True,
-                start_new_session=True,
-            )
-        finally:
-            child_end.close()
+        process, parent_end = spawn_worker_process(_WORKER_CODE)
         connection = Connection(parent_end.detach())
         connection.send_bytes(pickle.dumps(list(sys.path)))
         worker = _Worker(process, connection)
