@@ -5,6 +5,7 @@ example plugin's README, from its own folder) and the targets of relative links.
 from __future__ import annotations
 
 import re
+from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,13 @@ DOCUMENTS = sorted(
 ELSEWHERE = {
     "docs/advanced_features/sglang_for_rl.md": "SGLang's repository",
 }
+# Top-level names that .gitignore ignores (``runs/``, ``outputs/``, ``.venv/``): a run or a
+# build makes them, so their presence in a checkout says nothing about the documents.
+GENERATED = [
+    line.strip().strip("/")
+    for line in (ROOT / ".gitignore").read_text(encoding="utf-8").splitlines()
+    if line.strip() and not line.startswith(("#", "!"))
+]
 CODE = re.compile(r"`([^`\s]+)`")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
@@ -34,15 +42,26 @@ def base_of(document: Path) -> Path:
     return document.parent if document.is_relative_to(ROOT / "examples") else ROOT
 
 
+def is_generated(name: str) -> bool:
+    """Whether a top-level name is one that git ignores, made by runs and builds."""
+    return any(fnmatch(name, pattern) for pattern in GENERATED)
+
+
 def named_paths(document: Path) -> list[str]:
-    """Backquoted words whose first part is a file or folder at the document's base
-    (``tests/...``, ``plugins/...``; ``plugrl_vllm/...`` is a module, not a path here)."""
+    """Backquoted words whose first part is a file or folder of the repository at the
+    document's base (``tests/...``, ``plugins/...``; ``plugrl_vllm/...`` is a module, and
+    ``runs/...`` a run's output, not a path here)."""
     base = base_of(document)
     names = []
     for word in CODE.findall(document.read_text(encoding="utf-8")):
         path = word.split("[")[0].rstrip(".,:;")
         first = path.split("/")[0]
-        if "/" in path and first not in ("", ".", "..") and (base / first).exists():
+        if (
+            "/" in path
+            and first not in ("", ".", "..")
+            and not is_generated(first)
+            and (base / first).exists()
+        ):
             names.append(path)
     return names
 
@@ -81,3 +100,16 @@ def test_the_check_finds_a_path_that_is_not_there(tmp_path):
     stale.write_text("`recipes/gsm8k-grpo-qwen2.5-0.5b-vllm.yaml` and `plugrl_vllm/engine.py`\n")
     assert named_paths(stale) == ["recipes/gsm8k-grpo-qwen2.5-0.5b-vllm.yaml"]
     assert not (ROOT / "recipes/gsm8k-grpo-qwen2.5-0.5b-vllm.yaml").exists()
+
+
+def test_a_generated_folder_in_the_checkout_is_not_a_path_to_check(tmp_path, monkeypatch):
+    """A ``runs/`` folder left by a quickstart does not turn ``runs/<name>/...`` in a document
+    into a path that must exist; a folder of the repository still does."""
+    checkout = tmp_path / "examples"  # an example plugin's README: paths from its own folder
+    (checkout / "runs").mkdir(parents=True)
+    (checkout / "recipes").mkdir()
+    readme = checkout / "README.md"
+    readme.write_text("`runs/quickstart/metrics.jsonl` and `recipes/nowhere.yaml`\n")
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    assert is_generated("runs") and is_generated("outputs") and not is_generated("recipes")
+    assert named_paths(readme) == ["recipes/nowhere.yaml"]
