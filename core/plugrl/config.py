@@ -73,6 +73,20 @@ def section(cls: type, help: str = "", *, verl: str | None = None) -> Any:
     return option(help=help, verl=verl, factory=cls)
 
 
+@attrs.frozen
+class PackageNeed:
+    """An optional package that a recipe's settings need: ``model.lora_rank`` > 0 on the fsdp2
+    backend needs peft. A section's config class lists them in ``packages_needed(recipe)``, and
+    the recipe is refused when it is read if one is not installed, before anything loads."""
+
+    key: str
+    """The recipe key whose value asks for the package."""
+    module: str
+    """Its import name (``peft``), looked up without importing it."""
+    install: str
+    """The command that installs it, with the setting that avoids it if there is one."""
+
+
 class ConfigValueError(ValueError):
     """Raised by config validators; names the attribute so the recipe error names the key."""
 

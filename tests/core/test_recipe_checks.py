@@ -2,6 +2,7 @@
 instead of failing after the first rollout or going unnoticed."""
 
 import logging
+import sys
 from pathlib import Path
 
 import pytest
@@ -343,4 +344,18 @@ def test_lora_alpha_zero_is_refused_only_with_adapters():
     assert error_of("model.lora_rank=8", "model.lora_alpha=0") == (
         "model.lora_alpha: is 0, so the adapters of rank 8 would change nothing; set it > 0 "
         "(16, or twice model.lora_rank)"
+    )
+
+
+def test_lora_without_peft_is_refused_when_the_recipe_is_read(monkeypatch):
+    """The shipped LoRA recipe on an install without peft stops at reading, with the package
+    and the command, not after the model has loaded."""
+    assert build("model.lora_rank=8").model.lora_rank == 8  # peft is installed with plugrl
+    monkeypatch.setitem(sys.modules, "peft", None)  # find_spec says it is absent
+    assert build("model.lora_rank=0").model.lora_rank == 0
+    with pytest.raises(RecipeError) as info:
+        load_recipe("quickstart-lora", [], get_plugin_manager())
+    assert str(info.value) == (
+        "model.lora_rank: is 32, which needs the package peft, not installed here; "
+        "pip install peft (or set model.lora_rank=0)"
     )

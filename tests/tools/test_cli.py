@@ -235,6 +235,31 @@ def test_doctor_looks_up_modules_not_distribution_names(tmp_path):
     assert any(line.split() == ["rollout", "engine", "vllm", "ok"] for line in lines)
 
 
+def test_doctor_covers_lora_and_the_serve_and_agents_extras(tmp_path):
+    """peft, uvicorn, starlette and openai each get a line: a version when installed, and
+    when missing what needs the package and the command that installs it."""
+    result = plugrl("doctor")
+    assert result.returncode == 0, result.stderr
+    names = [line.split()[0] for line in result.stdout.splitlines() if line.strip()]
+    assert {"peft", "uvicorn", "starlette", "openai"} <= set(names)
+    # a folder on the import path whose packages shadow them as absent (None in sys.modules
+    # is what a missing module looks like to find_spec)
+    (tmp_path / "sitecustomize.py").write_text(
+        "import sys\nfor name in ('peft', 'uvicorn', 'openai'):\n    sys.modules[name] = None\n"
+    )
+    result = plugrl("doctor", env_extra={"PYTHONPATH": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "peft          not installed (model.lora_rank needs it: pip install peft)" in lines
+    assert (
+        "uvicorn       not installed (plugrl serve and the openai agent loop: "
+        "pip install 'plugrl[serve]')"
+    ) in lines
+    assert (
+        "openai        not installed (the openai agent loop needs it: pip install 'plugrl[agents]')"
+    ) in lines
+
+
 def test_the_cli_lets_idle_torch_threads_sleep_unless_told_otherwise():
     code = (
         "import os; from plugrl_tools.cli import cli; cli(['plugins'], standalone_mode=False); "

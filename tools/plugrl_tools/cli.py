@@ -435,15 +435,23 @@ def compare(run_dirs: tuple[str, ...], out: str | None) -> None:
 
 
 DOCTOR_LIBRARIES = [
-    # (name shown, module looked up)
-    ("torch", "torch"),
-    ("transformers", "transformers"),
-    ("ray", "ray"),
-    ("vllm", "vllm"),
-    ("sglang", "sglang"),
-    ("torch-npu", "torch_npu"),
-    ("megatron-core", "megatron.core"),
-    ("mindspeed", "mindspeed"),
+    # (name shown, module looked up, what needs it and how to install it: shown when missing)
+    ("torch", "torch", ""),
+    ("transformers", "transformers", ""),
+    ("peft", "peft", "model.lora_rank needs it: pip install peft"),
+    ("ray", "ray", "cluster.mode=ray needs it: pip install 'plugrl[ray]'"),
+    ("uvicorn", "uvicorn", "plugrl serve and the openai agent loop: pip install 'plugrl[serve]'"),
+    (
+        "starlette",
+        "starlette",
+        "plugrl serve and the openai agent loop: pip install 'plugrl[serve]'",
+    ),
+    ("openai", "openai", "the openai agent loop needs it: pip install 'plugrl[agents]'"),
+    ("vllm", "vllm", ""),
+    ("sglang", "sglang", ""),
+    ("torch-npu", "torch_npu", ""),
+    ("megatron-core", "megatron.core", ""),
+    ("mindspeed", "mindspeed", ""),
 ]
 
 
@@ -491,8 +499,11 @@ def doctor() -> None:
 
     click.echo(f"python        {platform.python_version()} ({sys.executable})")
     click.echo(f"plugrl        {__version__}")
-    for name, module in DOCTOR_LIBRARIES:
-        click.echo(f"{name:<13} {library_status(name, module)}")
+    for name, module, needed_by in DOCTOR_LIBRARIES:
+        status = library_status(name, module)
+        if status == "not installed" and needed_by:
+            status += f" ({needed_by})"
+        click.echo(f"{name:<13} {status}")
     try:
         import torch
 

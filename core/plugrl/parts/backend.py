@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
-from plugrl.config import fraction, non_negative, option, positive, section
+from plugrl.config import PackageNeed, fraction, non_negative, option, positive, section
 from plugrl.parts.algorithm import PolicyLossConfig
 from plugrl.parts.context import DistInfo, PartContext, Role
 
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from plugrl.data.batch import Batch
     from plugrl.parts.algorithm import ActorObjective
     from plugrl.parts.rollout import WeightMeta
+    from plugrl.recipe import Recipe
 
 
 @attrs.define(kw_only=True)
@@ -143,6 +144,11 @@ class ActorConfig(PolicyLossConfig):
     """Whether the backend trains LoRA adapters (``model.lora_rank``): a recipe that asks for
     them with another backend is refused when it is read. Such a backend implements
     :meth:`TrainingBackend.compute_ref_log_prob`."""
+
+    def packages_needed(self, recipe: Recipe) -> list[PackageNeed]:
+        """Optional packages that this backend needs for ``recipe``'s settings (LoRA's, say);
+        the recipe is refused when it is read if one is missing. None by default."""
+        return []
 
     def mini_batch_rows(self, n: int) -> int:
         """Sequences per optimizer step over all ranks: ``ppo_mini_batch_size x rollout.n``."""

@@ -14,6 +14,7 @@ that have no effect, or probably not the one meant, are one warning each on the
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import math
 from typing import TYPE_CHECKING
@@ -41,6 +42,7 @@ def check_recipe(recipe: Recipe) -> None:
     _check_kl(recipe)
     _check_reward(recipe)
     _check_lora(recipe)
+    _check_packages(recipe)
 
 
 def _warn(key: str, message: str) -> None:
@@ -320,3 +322,35 @@ def _check_lora(recipe: Recipe) -> None:
             "it > 0 (16, or twice model.lora_rank)",
             key="model.lora_alpha",
         )
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _check_packages(recipe: Recipe) -> None:
+    """Optional packages that the chosen plugins need for these settings (peft for
+    ``model.lora_rank`` on fsdp2): refused now, not after a minute of loading the model."""
+    for field in attrs.fields(type(recipe)):
+        section = getattr(recipe, field.name)
+        packages_needed = getattr(section, "packages_needed", None)
+        if packages_needed is None:
+            continue
+        for need in packages_needed(recipe):
+            if not _installed(need.module):
+                value = _value_at(recipe, need.key)
+                raise RecipeError(
+                    f"is {value!r}, which needs the package {need.module}, not installed "
+                    f"here; {need.install}",
+                    key=need.key,
+                )
+
+
+def _value_at(recipe: Recipe, key: str) -> object:
+    value: object = recipe
+    for name in key.split("."):
+        value = getattr(value, name)
+    return value

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
-from plugrl.config import ConfigValueError, option, positive
+from plugrl.config import ConfigValueError, PackageNeed, option, positive
 from plugrl.errors import RecipeError
 from plugrl.parts.backend import ActorConfig
+
+if TYPE_CHECKING:
+    from plugrl.recipe import Recipe
+
+LORA_INSTALL = "pip install peft (or set model.lora_rank=0)"
+"""How to get what LoRA adapters need; peft comes with plugrl, so only a trimmed install lacks
+it."""
 
 
 def _all_or_positive(instance: Any, attribute: attrs.Attribute, value: int) -> None:
@@ -80,6 +87,11 @@ class FSDP2ActorConfig(ActorConfig):
         verl="actor_rollout_ref.actor.ulysses_sequence_parallel_size",
         validator=positive,
     )
+
+    def packages_needed(self, recipe: Recipe) -> list[PackageNeed]:
+        if recipe.model.lora_rank > 0:
+            return [PackageNeed("model.lora_rank", "peft", LORA_INSTALL)]
+        return []
 
     def data_parallel_size(self, ranks: int) -> int:
         """``ranks`` over ``ulysses_sequence_parallel_size``: a sequence-parallel group splits

@@ -20,6 +20,7 @@ import attrs
 import torch
 
 from plugrl.errors import RecipeError
+from plugrl_fsdp2.config import LORA_INSTALL
 
 if TYPE_CHECKING:
     from plugrl.recipe import Recipe
@@ -33,8 +34,6 @@ ADAPTER = "default"
 ADAPTER_FOLDER = "lora_adapter"
 """The PEFT adapter folder an export writes inside the merged model's folder."""
 
-INSTALL_HINT = "pip install 'plugrl[lora]' (or set model.lora_rank=0)"
-
 
 def require_peft() -> Any:
     """The ``peft`` module, or a :class:`RecipeError` saying how to install it."""
@@ -42,7 +41,7 @@ def require_peft() -> Any:
         import peft
     except ImportError:
         raise RecipeError(
-            f"is set but peft is not installed; {INSTALL_HINT}", key="model.lora_rank"
+            f"is set but peft is not installed; {LORA_INSTALL}", key="model.lora_rank"
         ) from None
     return peft
 
