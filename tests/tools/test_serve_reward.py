@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -37,6 +38,11 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def server_log(scorer: Path) -> Path:
+    """What the server of the ``served`` fixture prints, beside its scorer file."""
+    return scorer.parent / "server.log"
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """(base URL, scorer file) of ``plugrl serve reward`` running the SCORER file."""
@@ -44,29 +50,30 @@ def served(tmp_path_factory):
     path = folder / "reward.py"
     path.write_text(SCORER, encoding="utf-8")
     port = free_port()
-    process = subprocess.Popen(
-        [
-            *PLUGRL,
-            "serve",
-            "reward",
-            f"{path}:compute_score",
-            "--port",
-            str(port),
-            "--workers",
-            "2",
-            "--timeout-s",
-            "2",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    with server_log(path).open("w") as log:
+        process = subprocess.Popen(
+            [
+                *PLUGRL,
+                "serve",
+                "reward",
+                f"{path}:compute_score",
+                "--port",
+                str(port),
+                "--workers",
+                "2",
+                "--timeout-s",
+                "2",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while True:
         if process.poll() is not None:
-            pytest.fail(f"plugrl serve reward exited: {process.stdout.read()}")
+            pytest.fail(f"plugrl serve reward exited: {server_log(path).read_text()}")
         try:
             if httpx.get(f"{base}/health", timeout=2).status_code == 200:
                 break
@@ -187,6 +194,41 @@ def test_malformed_requests_are_a_400_saying_what_is_wrong(served, path, body, e
     answer = post(base, path, body)
     assert answer.status_code == 400
     assert answer.json() == {"error": error}
+
+
+def wait_for_line(log: Path, text: str, timeout: float = 10) -> str:
+    deadline = time.monotonic() + timeout
+    while text not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return log.read_text()
+
+
+def test_requests_are_not_logged_one_line_each_but_failures_are(served):
+    """A run makes hundreds of requests a step: by default they print nothing, while a
+    request that fails prints one line saying why."""
+    base, path = served
+    for _ in range(3):
+        assert post(base, "/score", {"samples": [sample("4")]}).status_code == 200
+    assert post(base, "/score", {"samples": "no"}).status_code == 400
+    output = wait_for_line(server_log(path), "POST /score: 400")
+    assert 'POST /score: 400 the body must be a JSON object {"samples": [...]}' in output, output
+    assert "HTTP/1.1" not in output, output  # uvicorn's access lines
+
+
+def test_access_log_turns_the_per_request_lines_on(tmp_path, monkeypatch):
+    import uvicorn
+    from click.testing import CliRunner
+
+    from plugrl_tools.cli import cli
+
+    path = tmp_path / "reward.py"
+    path.write_text(SCORER, encoding="utf-8")
+    calls = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **options: calls.append(options))
+    for flags in ([], ["--access-log"]):
+        result = CliRunner().invoke(cli, ["serve", "reward", str(path), "--workers", "1", *flags])
+        assert result.exit_code == 0, result.output
+    assert [call["access_log"] for call in calls] == [False, True]
 
 
 def test_a_spec_without_a_python_file_is_one_line(tmp_path):

@@ -298,13 +298,21 @@ def serve() -> None:
     type=click.FloatRange(min=0, min_open=True),
     help="Seconds one sample (a batch function: one request) may take to score.",
 )
-def serve_reward(function: str, host: str, port: int, workers: int, timeout_s: float) -> None:
+@click.option(
+    "--access-log/--no-access-log",
+    default=False,
+    show_default=True,
+    help="Log one line per request; failed requests are logged either way.",
+)
+def serve_reward(
+    function: str, host: str, port: int, workers: int, timeout_s: float, access_log: bool
+) -> None:
     """Serve a verl-style compute_score (or a batch function) from FILE.py over HTTP:
     POST /score (plugrl's schema, for reward.manager=remote), POST /get_reward (OpenRLHF's,
     for --remote_rm_url) and GET /health."""
     from plugrl_tools.serve import serve_reward as serve_function
 
-    serve_function(function, host, port, workers, timeout_s)
+    serve_function(function, host, port, workers, timeout_s, access_log)
 
 
 @cli.group()

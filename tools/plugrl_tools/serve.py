@@ -26,6 +26,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,10 @@ from plugrl.rewards.workers import Call, Outcome, ProcessPool
 INSTALL_HINT = "plugrl serve needs uvicorn and starlette: pip install 'plugrl[serve]'"
 OPENRLHF_DATA_SOURCE = "openrlhf"
 SAMPLE_FIELDS = ("data_source", "prompt", "response", "ground_truth", "extra_info")
+
+# uvicorn's own logger for what goes wrong, printed in its format; the per-request access log
+# is off by default (--access-log), as a run makes hundreds of requests a step.
+error_log = logging.getLogger("uvicorn.error")
 
 
 class BadRequest(ValueError):
@@ -219,19 +224,23 @@ def build_app(service: RewardService) -> Any:
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
+    def failed(request: Request, status: int, error: str) -> JSONResponse:
+        error_log.warning("%s %s: %d %s", request.method, request.url.path, status, error)
+        return JSONResponse({"error": error}, status_code=status)
+
     async def answer(request: Request, read: Any, write: Any) -> JSONResponse:
         try:
             body = json.loads(await request.body())
         except ValueError as exc:
-            return JSONResponse({"error": f"the body is not JSON ({exc})"}, status_code=400)
+            return failed(request, 400, f"the body is not JSON ({exc})")
         try:
             samples = read(body)
         except BadRequest as exc:
-            return JSONResponse({"error": str(exc)}, status_code=400)
+            return failed(request, 400, str(exc))
         try:
             results = await service.score(samples)
         except (ScoringFailed, PlugrlError) as exc:
-            return JSONResponse({"error": str(exc)}, status_code=500)
+            return failed(request, 500, str(exc))
         return JSONResponse(write(results))
 
     async def score(request: Request) -> JSONResponse:
@@ -266,14 +275,19 @@ def check_installed() -> None:
         raise PlugrlError(INSTALL_HINT)
 
 
-def serve_reward(spec: str, host: str, port: int, workers: int, timeout_s: float) -> None:
-    """Serve the scorer ``spec`` names until interrupted."""
+def serve_reward(
+    spec: str, host: str, port: int, workers: int, timeout_s: float, access_log: bool = False
+) -> None:
+    """Serve the scorer ``spec`` names until interrupted. Failed requests are logged, one
+    line each; every request only with ``access_log``."""
     check_installed()
     import uvicorn
 
     scorer = load_scorer(spec)
     service = RewardService(scorer, workers, timeout_s)
     try:
-        uvicorn.run(build_app(service), host=host, port=port, log_level="info")
+        uvicorn.run(
+            build_app(service), host=host, port=port, log_level="info", access_log=access_log
+        )
     finally:
         service.close()
