@@ -17,7 +17,14 @@ from plugrl.parts.logger import MetricLogger
 from plugrl.parts.scheduler import Scheduler
 from plugrl.plugins import PluginManager
 from plugrl.recipe import Recipe, resolve_paths
-from plugrl.run_folder import check_model_folders, check_resume, prepare_run_dir, record_recipe
+from plugrl.run_folder import (
+    check_model_folders,
+    check_resume,
+    missing_folders,
+    prepare_run_dir,
+    record_recipe,
+    remove_empty_folders,
+)
 
 if TYPE_CHECKING:
     from plugrl.compose.run_parts import RunParts
@@ -128,9 +135,22 @@ def run_recipe(recipe: Recipe, plugins: PluginManager) -> dict[str, Any]:
         )
     check_model_folders(recipe)
     apply_device_env(device_entry.load(), recipe)
+    new_folders = missing_folders(Path(os.path.abspath(recipe.run_dir)))
     run_dir = prepare_run_dir(recipe)
-    check_resume(recipe, run_dir, plugins)
-    context = RunContext(recipe, run_dir, plugins, device_name)
+    try:
+        check_resume(recipe, run_dir, plugins)
+        return _run_in(RunContext(recipe, run_dir, plugins, device_name))
+    except BaseException:
+        # a run that failed before it wrote anything (at start-up, mostly) leaves behind no
+        # folder that it made; a folder that existed before, or holds anything, stays
+        remove_empty_folders(new_folders)
+        raise
+
+
+def _run_in(context: RunContext) -> dict[str, Any]:
+    """The run loop in the run folder that ``context`` names, with the loggers and the
+    ``on_run_end`` hook told how it ended."""
+    recipe, run_dir, plugins = context.recipe, context.run_dir, context.plugins
     status, error = "failed", None
     try:
         from plugrl.compose.build import build_part

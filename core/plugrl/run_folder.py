@@ -291,6 +291,28 @@ def record_recipe(recipe: Recipe, run_dir: Path, plugins: PluginManager | None =
     return path
 
 
+def missing_folders(path: Path) -> list[Path]:
+    """``path`` and those of its parents that do not exist yet, deepest first: the folders that
+    creating ``path`` makes."""
+    missing = []
+    for folder in [path, *path.parents]:
+        if folder.exists():
+            break
+        missing.append(folder)
+    return missing
+
+
+def remove_empty_folders(folders: Sequence[Path]) -> None:
+    """Remove ``folders`` (deepest first) while they are empty; the first that holds anything,
+    and every folder after it, stays. A run that fails before writing anything leaves no
+    folder behind that it made, and never touches one that holds a file."""
+    for folder in folders:
+        try:
+            folder.rmdir()  # refuses a folder that is not empty
+        except OSError:
+            return
+
+
 def prepare_run_dir(recipe: Recipe) -> Path:
     """The run folder as an absolute path (workers elsewhere write into it too), created and
     checked writable, with a one-line error otherwise."""

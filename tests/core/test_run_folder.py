@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from plugrl.errors import RecipeError
+from plugrl.errors import DataError, RecipeError
 from plugrl.plugins import get_plugin_manager
 from plugrl.recipe import build_recipe
 from plugrl.run import run_recipe
@@ -268,3 +268,49 @@ def test_the_folder_suggested_for_another_experiment_is_a_new_one(tmp_path, monk
     assert _another_folder(tmp_path / "run") == tmp_path / "run-3"
     monkeypatch.chdir(tmp_path / "run")
     assert _another_folder(Path(".")) == tmp_path / "run-3"
+
+
+def broken_data_run(task, run_dir, tmp_path):
+    """A run that fails at start-up: its training file is not parquet."""
+    broken = tmp_path / "broken.parquet"
+    broken.write_text("not parquet")
+    return sim_run(task, run_dir, data={"train_files": str(broken)})
+
+
+def test_a_run_that_fails_at_start_up_leaves_no_folder_it_made(task, tmp_path):
+    run_dir = tmp_path / "runs" / "project" / "broken"
+    with pytest.raises(DataError, match=r"cannot read .* as parquet"):
+        run_recipe(broken_data_run(task, run_dir, tmp_path), get_plugin_manager())
+    assert not (tmp_path / "runs").exists()  # nor the parents it made for it
+
+
+def test_a_failed_start_keeps_a_folder_that_existed_or_holds_anything(task, tmp_path):
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    with pytest.raises(DataError, match=r"cannot read .* as parquet"):
+        run_recipe(broken_data_run(task, existing, tmp_path), get_plugin_manager())
+    assert existing.is_dir() and not any(existing.iterdir())
+    # a parent that existed before stays, holding the user's file, though the run made the
+    # folder inside it
+    (tmp_path / "project").mkdir()
+    (tmp_path / "project" / "notes.txt").write_text("mine")
+    with pytest.raises(DataError, match=r"cannot read .* as parquet"):
+        run_recipe(
+            broken_data_run(task, tmp_path / "project" / "run", tmp_path), get_plugin_manager()
+        )
+    assert sorted(p.name for p in (tmp_path / "project").iterdir()) == ["notes.txt"]
+
+
+def test_only_empty_folders_are_removed_deepest_first(tmp_path):
+    from plugrl.run_folder import missing_folders, remove_empty_folders
+
+    run_dir = tmp_path / "a" / "b" / "c"
+    made = missing_folders(run_dir)
+    assert made == [run_dir, tmp_path / "a" / "b", tmp_path / "a"]
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text("{}\n")  # something the run wrote before failing
+    remove_empty_folders(made)
+    assert (run_dir / "metrics.jsonl").read_text() == "{}\n"
+    (run_dir / "metrics.jsonl").unlink()
+    remove_empty_folders(made)
+    assert not (tmp_path / "a").exists() and tmp_path.is_dir()
