@@ -131,11 +131,12 @@ def test_the_table_has_a_row_per_run_and_dashes_for_missing_metrics(tmp_path):
         [tmp_path / "sync-2dev", tmp_path / "async-1-1"], tmp_path / "out.png"
     )
     lines, verdicts = table.split("\n\n")[0].splitlines(), table.split("\n\n")[1:]
-    assert len(lines) == 3
+    assert len(lines) == 4  # two header lines, a row per run
     assert len(verdicts) == 1 and verdicts[0].startswith("async-1-1: the trainer is the bottleneck")
-    assert lines[0].split()[:3] == ["run", "steps", "wall"]
-    assert "trained tok/s" in lines[0] and "val acc last" in lines[0]
-    sync_row, async_row = lines[1].split(), lines[2].split()
+    assert lines[0].split()[:2] == ["wall", "trained"]
+    assert lines[1].split()[:4] == ["run", "steps", "s", "tok/s"]
+    assert lines[1].split()[-2:] == ["first", "last"]
+    sync_row, async_row = lines[2].split(), lines[3].split()
     assert sync_row[0] == "sync-2dev" and async_row[0] == "async-1-1"
     assert sync_row.count("-") == 7
     assert "-" not in async_row
@@ -146,7 +147,25 @@ def test_the_table_has_a_row_per_run_and_dashes_for_missing_metrics(tmp_path):
 def test_runs_of_the_same_folder_name_are_told_apart(tmp_path):
     labels = run_labels([tmp_path / "a" / "run", tmp_path / "b" / "run", tmp_path / "c"])
     assert labels == ["a/run", "b/run", "c"]
-    assert format_table(["x"], [{}]).splitlines()[1].split()[1:] == ["-"] * 15
+    assert format_table(["x", "y"], [{}, {"steps": 3}]).splitlines()[1:] == [
+        "run  steps",
+        "x        -",
+        "y        3",
+    ]
+
+
+def test_two_sync_runs_get_a_narrow_table_without_the_fully_async_columns(tmp_path):
+    """The columns only a fully-async run fills are left out when no run has them, and the
+    table of two sync runs fits in 100 characters."""
+    write_run(tmp_path / "quickstart", sync_records())
+    write_run(tmp_path / "quickstart-lora", sync_records(seconds_per_step=12.5))
+    table, _ = compare_runs([tmp_path / "quickstart", tmp_path / "quickstart-lora"])
+    lines = table.splitlines()
+    assert len(lines) == 4 and max(map(len, lines)) <= 100, table
+    top = ["wall", "trained", "median", "reward", "reward", "val", "acc", "val", "acc"]
+    bottom = ["run", "steps", "s", "tok/s", "step", "s", "last", "last5", "first", "last"]
+    assert lines[0].split() == top and lines[1].split() == bottom
+    assert "-" not in lines[2].split() and "-" not in lines[3].split()
 
 
 def test_compare_command(tmp_path):
@@ -157,7 +176,7 @@ def test_compare_command(tmp_path):
         cli, ["compare", str(tmp_path / "sync"), str(tmp_path / "async"), "-o", str(out)]
     )
     assert result.exit_code == 0, result.output
-    assert result.stdout.splitlines()[1].startswith("sync ")
+    assert result.stdout.splitlines()[2].startswith("sync ")
     assert out.exists()
 
 

@@ -205,23 +205,24 @@ def summarize(history: RunHistory) -> dict[str, float | None]:
     }
 
 
-COLUMNS: list[tuple[str, str, str]] = [
-    # (summary key, header, format)
-    ("steps", "steps", "{:.0f}"),
-    ("wall_clock_s", "wall s", "{:.1f}"),
-    ("trained_tokens_per_s", "trained tok/s", "{:.1f}"),
-    ("generated_tokens_per_s", "gen tok/s", "{:.1f}"),
-    ("median_step_s", "median step s", "{:.2f}"),
-    ("rollouter_idle", "gen idle", "{:.2f}"),
-    ("trainer_idle", "train idle", "{:.2f}"),
-    ("stale_samples", "stale", "{:.0f}"),
-    ("dropped_samples", "dropped", "{:.0f}"),
-    ("max_version_lag", "max lag", "{:.0f}"),
-    ("pauses", "pauses", "{:.0f}"),
-    ("reward_last", "reward last", "{:.3f}"),
-    ("reward_last5", f"reward last{FINAL_REWARD_STEPS}", "{:.3f}"),
-    ("val_acc_first", "val acc first", "{:.3f}"),
-    ("val_acc_last", "val acc last", "{:.3f}"),
+COLUMNS: list[tuple[str, tuple[str, str], str]] = [
+    # (summary key, header on two lines, format): two short lines keep the table of two sync
+    # runs under 100 characters
+    ("steps", ("", "steps"), "{:.0f}"),
+    ("wall_clock_s", ("wall", "s"), "{:.1f}"),
+    ("trained_tokens_per_s", ("trained", "tok/s"), "{:.1f}"),
+    ("generated_tokens_per_s", ("gen", "tok/s"), "{:.1f}"),
+    ("median_step_s", ("median", "step s"), "{:.2f}"),
+    ("rollouter_idle", ("gen", "idle"), "{:.2f}"),
+    ("trainer_idle", ("train", "idle"), "{:.2f}"),
+    ("stale_samples", ("", "stale"), "{:.0f}"),
+    ("dropped_samples", ("", "dropped"), "{:.0f}"),
+    ("max_version_lag", ("max", "lag"), "{:.0f}"),
+    ("pauses", ("", "pauses"), "{:.0f}"),
+    ("reward_last", ("reward", "last"), "{:.3f}"),
+    ("reward_last5", ("reward", f"last{FINAL_REWARD_STEPS}"), "{:.3f}"),
+    ("val_acc_first", ("val acc", "first"), "{:.3f}"),
+    ("val_acc_last", ("val acc", "last"), "{:.3f}"),
 ]
 
 
@@ -335,16 +336,21 @@ def run_labels(run_dirs: Sequence[Path]) -> list[str]:
 
 
 def format_table(labels: Sequence[str], rows: Sequence[Mapping[str, float | None]]) -> str:
-    """The rows as an aligned text table, ``-`` for a missing value."""
-    header = ["run", *(title for _, title, _ in COLUMNS)]
-    lines = [header]
+    """The rows as an aligned text table under a two-line header, ``-`` for a missing value;
+    a column that no run logged (the fully-async ones, when every run is sync) is left out."""
+    columns = [
+        (key, header, form)
+        for key, header, form in COLUMNS
+        if any(row.get(key) is not None for row in rows)
+    ]
+    lines = [["", *(top for _, (top, _), _ in columns)], ["run", *(b for _, (_, b), _ in columns)]]
     for label, row in zip(labels, rows, strict=True):
         cells = [label]
-        for key, _, form in COLUMNS:
+        for key, _, form in columns:
             value = row.get(key)
             cells.append("-" if value is None else form.format(value))
         lines.append(cells)
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(columns) + 1)]
     return "\n".join(
         "  ".join(
             cell.ljust(width) if i == 0 else cell.rjust(width)
