@@ -287,9 +287,32 @@ def test_progress_is_a_bar_on_a_terminal_and_lines_elsewhere(caplog):
         progress = Progress("warm start", 25, "steps", stream=io.StringIO())
         for _ in range(25):
             progress.update(loss=0.25)
-    # a line every tenth of the phase (every 2 of 25 steps) and one at its end
+    # a line after the first step, every tenth of the phase (every 2 of 25 steps) and one at
+    # its end
     shown = [message.split(" (")[0] for message in caplog.messages]
     assert shown == [
+        "warm start: 1/25 steps, loss 0.250",
         *(f"warm start: {done}/25 steps, loss 0.250" for done in range(2, 25, 2)),
         "warm start: 25/25 steps, loss 0.250",
+    ]
+
+
+def test_a_slow_phase_says_where_it_is_at_least_every_half_minute(caplog):
+    """Under load a tenth of a phase takes minutes: a line comes after any step that ends
+    30 s or more after the last line, with the time left."""
+    import logging
+
+    from plugrl_tools.quickstart.progress import Progress
+
+    readings = iter([0.0, 5.0, 20.0, 36.0, 50.0, 70.0])  # start, then one per step
+    with caplog.at_level(logging.INFO, logger="plugrl_tools.quickstart"):
+        progress = Progress(
+            "warm start", 100, "steps", stream=io.StringIO(), clock=lambda: next(readings)
+        )
+        for _ in range(5):
+            progress.update()
+    assert caplog.messages == [
+        "warm start: 1/100 steps (5 s, about 495 s left)",
+        "warm start: 3/100 steps (36 s, about 1164 s left)",
+        "warm start: 5/100 steps (70 s, about 1330 s left)",
     ]

@@ -285,6 +285,46 @@ TINY = ToolQuickstartSettings(
 )
 
 
+def test_each_tool_build_phase_says_what_it_does_and_how_it_progresses(tmp_path):
+    """What a user sees on stderr while the tool quickstart builds, as the arithmetic one
+    shows it: each phase, the warm start's rough duration, and its steps with the time left."""
+    import re
+    import subprocess
+    import sys
+
+    code = (
+        "from plugrl_tools.cli import _setup_logging; _setup_logging(False); "
+        "from plugrl_tools.quickstart import ToolQuickstartSettings, prepare_quickstart; "
+        f"prepare_quickstart({str(tmp_path / 'qs')!r}, settings=ToolQuickstartSettings("
+        "num_warm_start=24, num_train=16, num_val=8, warm_start_epochs=1, "
+        "warm_start_batch_size=8))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr
+    # transformers' own bar of save_pretrained is not ours
+    lines = [
+        line for line in result.stderr.splitlines() if line and "Writing model shards" not in line
+    ]
+    assert lines[0].startswith(f"building the quickstart's tokenizer, model and data in {tmp_path}")
+    assert lines[1:4] == [
+        "tokenizer: training a byte-level BPE of 512 tokens on 24 warm-start conversations "
+        "(seconds)",
+        "model: a Qwen2-architecture model of about 4M parameters, from seed 0",
+        "warm start: 1 epochs on 24 conversations (3 steps of 8) so that the model calls the "
+        "calculator, imperfectly; about 10 s on an idle 2-core CPU, longer under load",
+    ]
+    progress = r" \(\d+ s, about \d+ s left\)"
+    for line, done in zip(lines[4:7], (1, 2, 3), strict=True):
+        assert re.fullmatch(rf"warm start: {done}/3 steps, loss \d+\.\d{{3}}{progress}", line)
+    assert lines[7].startswith("evaluation: greedy accuracy of the warm-started model on 8 ")
+    assert re.fullmatch(rf"evaluation: 1/1 batches{progress}", lines[8])
+    assert lines[9:] == [
+        "data: writing the model and 16 training and 8 validation problems (verl's parquet schema)"
+    ]
+
+
 @pytest.fixture(scope="module")
 def tiny_assets(tmp_path_factory):
     root = tmp_path_factory.mktemp("tool-quickstart") / "assets"

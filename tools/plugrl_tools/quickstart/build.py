@@ -15,6 +15,7 @@ from typing import Any
 
 import attrs
 
+from plugrl.data.hf_loading import quiet_hf_loading
 from plugrl_tools.quickstart import arithmetic
 from plugrl_tools.quickstart.tool_build import (
     TOOL_QUICKSTART_VERSION,
@@ -42,7 +43,7 @@ OTHER_BUILD_S = 15.0
 TOOL_EXAMPLE_TOKENS_RATIO = 1.8
 
 
-def _warm_start_seconds(settings: AnySettings) -> float:
+def warm_start_seconds(settings: AnySettings) -> float:
     per_example = WARM_START_EXAMPLE_S
     if isinstance(settings, ToolQuickstartSettings):
         per_example *= TOOL_EXAMPLE_TOKENS_RATIO
@@ -50,10 +51,10 @@ def _warm_start_seconds(settings: AnySettings) -> float:
 
 
 def _build_seconds(settings: AnySettings) -> float:
-    return _warm_start_seconds(settings) + OTHER_BUILD_S
+    return warm_start_seconds(settings) + OTHER_BUILD_S
 
 
-def _rough_duration(seconds: float) -> str:
+def rough_duration(seconds: float) -> str:
     """``about 2 minutes on an idle 2-core CPU``: a figure to plan by, not a promise."""
     if seconds < 90:
         figure = f"about {max(10, round(seconds, -1)):.0f} s"
@@ -185,7 +186,7 @@ def build_into(
         len(examples),
         steps,
         settings.warm_start_batch_size,
-        _rough_duration(_warm_start_seconds(settings)),
+        rough_duration(warm_start_seconds(settings)),
     )
     # the warm start is short and runs where the user is: keep it reproducible for a seed
     torch.manual_seed(seed)
@@ -218,7 +219,8 @@ def build_into(
         len(splits.val),
     )
     model_dir = root / "model"
-    model.save_pretrained(model_dir)
+    with quiet_hf_loading():
+        model.save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
     arithmetic.write_parquet(splits.train, "train", root / "data" / "train.parquet")
     arithmetic.write_parquet(splits.val, "val", root / "data" / "val.parquet")
@@ -273,7 +275,7 @@ def prepare_quickstart(
         "building the quickstart's tokenizer, model and data in %s, once (later runs reuse "
         "them); %s",
         root,
-        _rough_duration(_build_seconds(settings)),
+        rough_duration(_build_seconds(settings)),
     )
     staging = Path(tempfile.mkdtemp(prefix=f".{root.name}-", dir=root.parent))
     try:
@@ -337,6 +339,7 @@ def save_untrained_model(
     _splits, _examples, tokenizer = _task(seed, settings)
     model = build_tiny_model(tokenizer, seed)
     path = Path(out_dir)
-    model.save_pretrained(path)
+    with quiet_hf_loading():
+        model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path

@@ -1,12 +1,13 @@
 """Progress of the quickstart's build phases, shown as the training loop shows its steps: a bar
-on a terminal, otherwise a line every tenth of the phase, so that a build under load is never
-minutes of silence."""
+on a terminal, otherwise a line after the first unit, every tenth of the phase and at least
+every half minute, so that a build under load is never minutes of silence."""
 
 from __future__ import annotations
 
 import logging
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
 logger = logging.getLogger("plugrl_tools.quickstart")
@@ -14,19 +15,33 @@ logger = logging.getLogger("plugrl_tools.quickstart")
 LINES_PER_PHASE = 10
 """Progress lines of a phase away from a terminal (and one at its end)."""
 
+LINE_EVERY_S = 30.0
+"""The longest silence between two progress lines away from a terminal: under load a tenth of
+a phase can take minutes."""
+
 
 class Progress:
     """``done`` of ``total`` units of one phase: a tqdm bar when ``stream`` is a terminal,
-    otherwise a line on the quickstart's logger every ``total // LINES_PER_PHASE`` units and
-    at the last one, with the elapsed and the estimated remaining seconds and the figures
-    given to :meth:`update` (``loss=0.41``)."""
+    otherwise a line on the quickstart's logger after the first unit (the first estimate of
+    the time left), every ``total // LINES_PER_PHASE`` units, after any unit that ends
+    :data:`LINE_EVERY_S` seconds without a line, and at the last one, with the elapsed and
+    the estimated remaining seconds and the figures given to :meth:`update` (``loss=0.41``)."""
 
-    def __init__(self, what: str, total: int, unit: str, stream: TextIO | None = None) -> None:
+    def __init__(
+        self,
+        what: str,
+        total: int,
+        unit: str,
+        stream: TextIO | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.what = what
+        self.clock = clock
         self.total = max(1, total)
         self.unit = unit
         self.done = 0
-        self.started = time.monotonic()
+        self.started = clock()
+        self.last_line = self.started
         self.every = max(1, self.total // LINES_PER_PHASE)
         stream = stream if stream is not None else sys.stderr
         self._bar: Any = None
@@ -44,9 +59,17 @@ class Progress:
             if figures:
                 self._bar.set_postfix({k: f"{v:.3f}" for k, v in figures.items()}, refresh=False)
             return
-        if self.done % self.every and self.done != self.total:
+        now = self.clock()
+        due = (
+            self.done == 1
+            or self.done % self.every == 0
+            or self.done == self.total
+            or now - self.last_line >= LINE_EVERY_S
+        )
+        if not due:
             return
-        elapsed = time.monotonic() - self.started
+        self.last_line = now
+        elapsed = now - self.started
         left = elapsed / self.done * (self.total - self.done)
         shown = "".join(f", {name} {value:.3f}" for name, value in figures.items())
         logger.info(

@@ -11,6 +11,7 @@ from typing import Any
 
 import attrs
 
+from plugrl.data.hf_loading import quiet_hf_loading
 from plugrl_tools.quickstart import multiplication
 
 logger = logging.getLogger("plugrl_tools.quickstart")
@@ -42,6 +43,12 @@ def tool_task(seed: int, settings: ToolQuickstartSettings, toolbox: Any) -> tupl
     """The problems, the warm-start conversations, and the tokenizer trained on them."""
     from plugrl_tools.quickstart.tool_warmstart import make_tool_tokenizer
 
+    logger.info(
+        "tokenizer: training a byte-level BPE of %d tokens on %d warm-start conversations "
+        "(seconds)",
+        settings.vocab_size,
+        settings.num_warm_start,
+    )
     splits = multiplication.make_splits(
         seed,
         num_warm_start=settings.num_warm_start,
@@ -69,6 +76,7 @@ def build_tool_into(
 
     import torch
 
+    from plugrl_tools.quickstart.build import rough_duration, warm_start_seconds
     from plugrl_tools.quickstart.model import build_tiny_model
     from plugrl_tools.quickstart.progress import Progress
     from plugrl_tools.quickstart.tool_warmstart import (
@@ -82,17 +90,21 @@ def build_tool_into(
     started = time.perf_counter()
     toolbox = Toolbox()
     splits, conversations, tokenizer = tool_task(seed, settings, toolbox)
+    logger.info("model: a Qwen2-architecture model of about 4M parameters, from seed %d", seed)
     model = build_tiny_model(tokenizer, seed)
-    sequences = [conversation_tokens(tokenizer, c, toolbox.schemas()) for c in conversations]
-    steps = settings.warm_start_epochs * math.ceil(len(sequences) / settings.warm_start_batch_size)
+    steps = settings.warm_start_epochs * math.ceil(
+        len(conversations) / settings.warm_start_batch_size
+    )
     logger.info(
         "warm start: %d epochs on %d conversations (%d steps of %d) so that the model calls "
-        "the calculator, imperfectly",
+        "the calculator, imperfectly; %s",
         settings.warm_start_epochs,
-        len(sequences),
+        len(conversations),
         steps,
         settings.warm_start_batch_size,
+        rough_duration(warm_start_seconds(settings)),
     )
+    sequences = [conversation_tokens(tokenizer, c, toolbox.schemas()) for c in conversations]
     torch.manual_seed(seed)
     stats = train_on_sequences(
         model,
@@ -113,8 +125,15 @@ def build_tool_into(
     with Progress("evaluation", batches, "batches") as progress:
         greedy = evaluate(model, tokenizer, splits.val, toolbox, progress=progress)
     eval_seconds = time.perf_counter() - eval_started
+    logger.info(
+        "data: writing the model and %d training and %d validation problems (verl's parquet "
+        "schema)",
+        len(splits.train),
+        len(splits.val),
+    )
     model_dir = root / "model"
-    model.save_pretrained(model_dir)
+    with quiet_hf_loading():
+        model.save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
     multiplication.write_parquet(splits.train, "train", root / "data" / "train.parquet")
     multiplication.write_parquet(splits.val, "val", root / "data" / "val.parquet")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from plugrl.data.hf_loading import quiet_hf_loading
 from plugrl.training import copy_tokenizer_files, staged_folder
 
 
@@ -40,7 +41,8 @@ def write_hf_folder(
             )
         model.tie_weights()
         model.config.dtype = dtype
-        model.save_pretrained(staging)
+        with quiet_hf_loading():
+            model.save_pretrained(staging)
         copy_tokenizer_files(staging, source_folders)
 
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import torch
 
+from plugrl.data.hf_loading import quiet_hf_loading
 from plugrl.errors import RecipeError
 from plugrl_fsdp2.config import LORA_INSTALL
 
@@ -89,7 +90,8 @@ def wrap(model: torch.nn.Module, recipe: Recipe, *, load_adapter: bool) -> torch
     peft = require_peft()
     config = _adapter_config(recipe)
     try:
-        wrapped = peft.get_peft_model(model, config)
+        with quiet_hf_loading():
+            wrapped = peft.get_peft_model(model, config)
     except ValueError as exc:
         from_folder = recipe.model.lora_adapter_path
         key = "model.lora_adapter_path" if from_folder else "model.target_modules"

@@ -9,6 +9,7 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
+from plugrl.data.hf_loading import quiet_hf_loading
 from plugrl.errors import RecipeError
 
 if TYPE_CHECKING:
@@ -79,9 +80,10 @@ def load_model(recipe: Recipe, role: Role, dtype: torch.dtype) -> torch.nn.Modul
     same network with a one-output token-classification head (the value head) instead of the
     LM head, initialised from the seeded RNG."""
     config, model_class, path = _model_config(recipe, role)
-    return model_class.from_pretrained(
-        path, config=config, dtype=dtype, trust_remote_code=recipe.model.trust_remote_code
-    )
+    with quiet_hf_loading():
+        return model_class.from_pretrained(
+            path, config=config, dtype=dtype, trust_remote_code=recipe.model.trust_remote_code
+        )
 
 
 def empty_model(recipe: Recipe, role: Role, dtype: torch.dtype) -> torch.nn.Module:

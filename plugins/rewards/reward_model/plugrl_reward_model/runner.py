@@ -39,9 +39,12 @@ class RewardModelRunner:
         import torch
         from transformers import AutoModelForSequenceClassification
 
-        model = AutoModelForSequenceClassification.from_pretrained(
-            path, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code
-        )
+        from plugrl.data.hf_loading import quiet_hf_loading
+
+        with quiet_hf_loading():
+            model = AutoModelForSequenceClassification.from_pretrained(
+                path, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code
+            )
         # the model finds each sequence's last token by the pad id; without one it refuses
         # batches of more than one sequence
         model.config.pad_token_id = pad_token_id

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import attrs
 import torch
 
+from plugrl.data.hf_loading import quiet_hf_loading
 from plugrl.errors import PluginError, RecipeError
 from plugrl.parts.rollout import (
     Capability,
@@ -81,13 +82,14 @@ def load_model(
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust)
     for name, value in recipe.model.override_config.items():
         setattr(config, name, value)
-    model = AutoModelForCausalLM.from_pretrained(
-        path,
-        config=config,
-        dtype=dtype or DTYPES[recipe.model.dtype],
-        attn_implementation=attn_implementation,
-        trust_remote_code=trust,
-    )
+    with quiet_hf_loading():
+        model = AutoModelForCausalLM.from_pretrained(
+            path,
+            config=config,
+            dtype=dtype or DTYPES[recipe.model.dtype],
+            attn_implementation=attn_implementation,
+            trust_remote_code=trust,
+        )
     return model.to(device).eval()
 
 
@@ -403,7 +405,8 @@ class HFRolloutEngine(RolloutEngine):
         copy_weights(source, plain)
         self._source = source
         self._use_model(plain, owns=False)
-        logger.info(
+        # a detail of how the engine works, not news at every start: shown with --verbose
+        logger.debug(
             "hf rollout engine: generates from its own %s copy of the trainer's weights, "
             "refreshed at each weight sync (rollout.copy_trainer_weights): %s",
             self.dtype_name,

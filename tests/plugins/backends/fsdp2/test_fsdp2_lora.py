@@ -340,3 +340,16 @@ def test_an_adapter_file_of_another_model_is_refused(tiny_model, trained, tmp_pa
         "fit the model's adapters: missing ['base_model.model.model.layers.1."
     )
     assert message.endswith("; is it an adapter of another model?")
+
+
+@pytest.mark.filterwarnings("error:`is_gradient_checkpointing`:FutureWarning")
+def test_peft_wraps_a_model_without_the_renamed_attribute_warning(tiny_model):
+    """peft's get_peft_model reads an attribute transformers 5 renamed: the fsdp2 backend's
+    LoRA wrapping does not show that warning (an error here, as the filter turns it into
+    one)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    recipe = lora_recipe(tiny_model)
+    wrapped = lora.wrap(model, recipe, load_adapter=False)
+    assert any(".lora_A." in name for name, _ in wrapped.named_parameters())

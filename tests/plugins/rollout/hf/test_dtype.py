@@ -165,16 +165,21 @@ def test_weights_are_cast_as_they_arrive_and_bfloat16_samples_near_float32(
 
 
 def test_a_colocated_bfloat16_engine_generates_from_its_own_copy(model, tokenizer, caplog):
-    with caplog.at_level(logging.INFO, logger="plugrl.rollout.hf"):
+    with caplog.at_level(logging.DEBUG, logger="plugrl.rollout.hf"):
         engine = bound(model, tokenizer, dtype="bfloat16")
     assert engine.model is not model
     assert {p.dtype for p in engine.model.parameters()} == {torch.bfloat16}
     assert {p.dtype for p in model.parameters()} == {torch.float32}
-    assert (
-        "hf rollout engine: generates from its own bfloat16 copy of the trainer's weights, "
-        "refreshed at each weight sync (rollout.copy_trainer_weights): the trainer's weights "
-        "are float32, rollout.dtype bfloat16"
-    ) in caplog.messages
+    # said once, and only at debug level (plugrl run --verbose): not news at every start
+    explained = [r for r in caplog.records if "copy of the trainer's weights" in r.getMessage()]
+    assert [(r.levelno, r.getMessage()) for r in explained] == [
+        (
+            logging.DEBUG,
+            "hf rollout engine: generates from its own bfloat16 copy of the trainer's weights, "
+            "refreshed at each weight sync (rollout.copy_trainer_weights): the trainer's weights "
+            "are float32, rollout.dtype bfloat16",
+        )
+    ]
     lean = engine._batch.kv.lean  # type: ignore[union-attr]
     assert lean is not None
     spy = Spy(lean)
