@@ -12,7 +12,6 @@ import pytest
 from plugrl.agents.session import AgentRuntime
 from plugrl.errors import RecipeError
 from plugrl.parts.rollout import SamplingParams
-from plugrl_agent_loops.tool import appended_ids
 from tests.core.agents.agent_support import AgentTestPlugin, ScriptedEngines, tool_tokenizer
 
 PROMPT = [{"role": "user", "content": "Say hi."}]
@@ -136,20 +135,6 @@ def test_a_row_without_chat_messages_is_its_decoded_prompt(run_tool_loop, tokeni
     assert trajectory.messages[0] == {"role": "user", "content": "What is 2 + 2?"}
 
 
-def test_a_template_that_rerenders_earlier_turns_is_refused_in_one_line(tokenizer):
-    class Rerendering:
-        def apply_chat_template(self, messages, tools=None, add_generation_prompt=False, **kw):
-            return ("x" if add_generation_prompt else "y") * len(messages)
-
-    with pytest.raises(ValueError) as error:
-        appended_ids(Rerendering(), [{"role": "user", "content": "q"}], [{"role": "tool"}], None)
-    assert str(error.value) == (
-        "the chat template renders the conversation so far differently once tool results "
-        "follow it, so the tokens to append cannot be told apart; use a template that renders "
-        "earlier turns the same whatever follows"
-    )
-
-
 def test_a_prompt_the_tool_schemas_push_past_max_prompt_length_is_refused_in_one_line(
     run_tool_loop,
 ):
@@ -162,10 +147,12 @@ def test_a_prompt_the_tool_schemas_push_past_max_prompt_length_is_refused_in_one
     )
 
 
-def test_the_templates_glue_after_eos_is_appended_only_when_the_turn_ended_on_eos(tokenizer):
-    messages = [*PROMPT, {"role": "assistant", "content": "x"}]
-    new = [{"role": "tool", "content": "y"}]
-    on_eos = tokenizer.decode(appended_ids(tokenizer, messages, new, None, ended_on_eos=True))
-    plain = tokenizer.decode(appended_ids(tokenizer, messages, new, None))
-    assert on_eos == "\n" + plain
-    assert plain.startswith("<|im_start|>tool\n")
+def test_a_turn_cut_by_max_turn_tokens_is_closed_before_the_tool_results(run_tool_loop, tokenizer):
+    head = call("hi")
+    cap = len(tokenizer.encode(head, add_special_tokens=False))
+    # the turn's eos is cut off: the loop appends the template's close of the turn itself
+    trajectory, _ = run_tool_loop(
+        lambda r, turn: head if turn == 0 else "ok", max_turn_tokens=cap, max_turns=2
+    )
+    appended = [t for t, m in zip(trajectory.response_ids, trajectory.loss_mask) if m == 0]
+    assert tokenizer.decode(appended).startswith("<|im_end|>\n<|im_start|>tool\necho:hi")
