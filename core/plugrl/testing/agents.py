@@ -162,10 +162,10 @@ class ScriptedSession(Session):
 
     def parse_tool_calls(self, text: str) -> ParsedTurn:
         if not callable(self.parser):
-            from plugrl.plugins import get_plugin_manager
+            from plugrl.testing import part_context
 
             name = self.parser if self.parser is not None else self.config.tool_parser
-            plugins = self.plugins if self.plugins is not None else get_plugin_manager()
+            plugins = self.plugins if self.plugins is not None else part_context().plugins
             self.parser = plugins.registry("tool_parsers").get(name).load()
         return self.parser(text)
 
