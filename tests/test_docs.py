@@ -54,6 +54,9 @@ DATA_TYPES = (
     "plugrl.parts.rollout:SamplingParams",
     "plugrl.parts.rollout:Completion",
     "plugrl.parts.rollout:WeightMeta",
+    "plugrl.parts.agent:Session",
+    "plugrl.parts.agent:ToolResult",
+    "plugrl.parts.agent:Trajectory",
 )
 IMPLEMENT = ("required", "optional", "provided", "set", "read")
 
@@ -428,8 +431,9 @@ def test_the_documented_unit_tests_of_parts_pass(tmp_path):
     text = page_section("Testing a plugin")
     builders = text[text.index("### Builders") :]
     blocks = re.findall(r"```python\n(.*?)```", builders, re.S)
-    # unit tests of parts; a test with a tiny model; a scheduler's run on the simulated parts
-    assert len(blocks) == 3
+    # unit tests of parts; a tool called by a scripted policy; a test with a tiny model; a
+    # scheduler's run on the simulated parts
+    assert len(blocks) == 4
     for index, block in enumerate(blocks):
         (tmp_path / f"test_documented_{index}.py").write_text(block, encoding="utf-8")
     result = subprocess.run(
@@ -473,6 +477,11 @@ def doc_section(path: Path, title: str) -> str:
     match = re.search(rf"^## {re.escape(title)}.*?$(.*?)(?=^## |\Z)", text, re.M | re.S)
     assert match, f"{path.name} has no section '## {title}'"
     return match.group(1)
+
+
+def test_the_documented_part_options_test_passes(tmp_path):
+    """The ``part_args`` example of "Config classes" runs as its reader would run it."""
+    run_documented_files(page_section("Registering parts"), tmp_path)
 
 
 def test_the_documented_reward_manager_and_its_test_pass(tmp_path):

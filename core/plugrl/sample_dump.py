@@ -2,8 +2,10 @@
 scored response of a training step or a validation as one JSON line, for reading what the
 policy wrote and what the reward said of it.
 
-A line holds ``prompt``, ``response`` (texts, special tokens skipped; a multi-turn response
-includes the tool results and observations appended between its turns), ``score`` (the
+A line holds ``prompt``, ``response`` (texts, special tokens skipped; ``prompt`` is what the
+model was given, so for an agent loop's sample the prompt its loop rendered: an environment's
+opening messages, the row's prompt with the tools' schemas; a multi-turn response includes the
+tool results and observations appended between its turns), ``score`` (the
 response's total reward score), ``ground_truth``, ``data_source``, ``step``, for a sample of
 an agent loop ``num_turns``, ``finish_reason`` and ``turns`` (the conversation's messages, one
 per turn: the model's, the tools', the environment's), and every extra column of the reward
@@ -47,6 +49,18 @@ def json_safe(value: Any) -> Any:
     return str(value)
 
 
+def prompt_text(tokenizer: Any, batch: Any, row: int) -> str:
+    """The prompt the model was given for ``row`` of ``batch`` (a batch in the rollout layout),
+    decoded with special tokens skipped: its ``prompts`` less the left padding. An agent
+    loop's prompt is the one it rendered (an environment's opening messages), which may differ
+    from the dataset row's ``raw_prompt_ids``."""
+    if "prompts" in batch and "prompt_attention_mask" in batch:
+        ids = batch["prompts"][row][batch["prompt_attention_mask"][row].bool()].tolist()
+    else:
+        ids = list(batch["raw_prompt_ids"][row])
+    return tokenizer.decode(ids, skip_special_tokens=True)
+
+
 def sample_rows(
     tokenizer: Any,
     batch: Any,
@@ -55,7 +69,8 @@ def sample_rows(
     step: int,
 ) -> list[dict[str, Any]]:
     """One JSON-safe row per response of ``batch`` (a batch in the rollout layout:
-    ``raw_prompt_ids``, ``responses``, ``response_mask``, ``data_source``, ``ground_truth``)."""
+    ``prompts`` and ``prompt_attention_mask`` (or ``raw_prompt_ids``), ``responses``,
+    ``response_mask``, ``data_source``, ``ground_truth``)."""
     from plugrl.data.batch import response_attention_mask
 
     response_mask = response_attention_mask(batch)
@@ -63,9 +78,7 @@ def sample_rows(
     for row in range(len(batch)):
         mask = response_mask[row].bool()
         line: dict[str, Any] = {
-            "prompt": tokenizer.decode(
-                list(batch["raw_prompt_ids"][row]), skip_special_tokens=True
-            ),
+            "prompt": prompt_text(tokenizer, batch, row),
             "response": tokenizer.decode(
                 batch["responses"][row][mask].tolist(), skip_special_tokens=True
             ),

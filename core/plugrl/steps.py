@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from plugrl.compose.boundaries import check_estimator_output, check_reward_output
-from plugrl.sample_dump import sample_rows, write_jsonl
+from plugrl.sample_dump import prompt_text, sample_rows, write_jsonl
 
 if TYPE_CHECKING:
     from plugrl.compose.run_parts import RunParts
@@ -326,7 +326,7 @@ def _log_generations(parts: RunParts, batch: Batch, scores: list[float], left: i
 
     for row in range(min(left, len(batch))):
         mask = response_attention_mask(batch)[row].bool()
-        prompt = parts.tokenizer.decode(batch["raw_prompt_ids"][row], skip_special_tokens=True)
+        prompt = prompt_text(parts.tokenizer, batch, row)
         response = parts.tokenizer.decode(
             batch["responses"][row][mask].tolist(), skip_special_tokens=True
         )

@@ -13,7 +13,8 @@ Builders, for unit tests of parts:
   whole mini-batch.
 * :func:`make_recipe`: a validated :class:`~plugrl.recipe.Recipe` from a mapping of overrides.
 * :class:`ScriptedSession`: a :class:`~plugrl.parts.agent.Session` whose model turns are
-  scripted, for testing agent loops and environments without engines.
+  scripted and whose tools are real, for testing agent loops, tools and environments without
+  engines; :func:`tool_call_text` writes a scripted turn that calls a tool.
 
 Builders of a tiny model (:mod:`plugrl.testing.tiny`), for parts that need a real one:
 
@@ -39,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from plugrl.testing.agents import ScriptedSession
+from plugrl.testing.agents import ScriptedSession, tool_call_text
 from plugrl.testing.tiny import (
     make_tiny_model,
     make_tiny_reward_model,
@@ -70,6 +71,7 @@ __all__ = [
     "part_context",
     "save_tiny_model",
     "save_tiny_reward_model",
+    "tool_call_text",
 ]
 
 

@@ -363,8 +363,8 @@ def test_a_chat_template_that_drops_assistant_content_is_a_one_line_error(tokeni
         play(dropping, ["1", "7"])
     assert str(info.value) == (
         "the tokenizer's chat template does not render an assistant message's content as "
-        "given, so observations cannot be appended to sampled tokens; use a chat template that "
-        "renders assistant turns verbatim"
+        "given, so what comes between two turns cannot be appended to sampled tokens; use a "
+        "chat template that renders assistant turns verbatim"
     )
 
 
