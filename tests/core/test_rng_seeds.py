@@ -83,9 +83,7 @@ def test_dynamic_sampling_later_rounds_do_not_draw_validation_seeds():
     """Round 1 of a step once drew on validation's stream at that step; no later round of any
     step may meet validation's seeds, nor another round's or step's."""
     for run_seed in (0, 1, 42):
-        validation = {
-            sampling_seed(run_seed, Stream.VALIDATION, step) for step in range(0, 200)
-        }
+        validation = {sampling_seed(run_seed, Stream.VALIDATION, step) for step in range(0, 200)}
         rounds = {
             (step, round_index): round_seed(run_seed, step, round_index)
             for step in range(1, 200)
