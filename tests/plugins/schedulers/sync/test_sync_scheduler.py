@@ -9,8 +9,8 @@ import json
 import pytest
 
 import plugrl_sync.scheduler as sync_module
-from plugrl.run import RunContext
 from plugrl.rng import Stream, round_seed, sampling_seed
+from plugrl.run import RunContext
 from plugrl_sim.parts import sim_recipe
 from plugrl_sync.scheduler import SyncScheduler
 
