@@ -309,7 +309,7 @@ class BareLoop:
 
     def generate(self, step: int) -> list[list[int]]:
         """``rollout.n`` responses per prompt, prompt after prompt, seeded as plugrl seeds
-        them (:func:`plugrl.steps.sampling_seed`, one request per prompt)."""
+        them (:func:`plugrl.rng.round_seed`, one request per prompt)."""
         from plugrl.parts.rollout import batch_requests
         from plugrl.steps import sampling_params
 

@@ -244,6 +244,7 @@ def test_the_kernel_reaches_the_plugin_manager_only_through_the_run():
         "plugrl.cluster.worker",
         "plugrl.testing",
         "plugrl.testing.fixtures",
+        "plugrl.testing.simulated",
     }
     callers = sorted(
         f"{path.relative_to(ROOT)}:{node.lineno}"

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from plugrl.compose.boundaries import check_estimator_output, check_reward_output
+from plugrl.rng import Stream, round_seed, sampling_seed
 from plugrl.sample_dump import prompt_text, sample_rows, write_jsonl
 
 if TYPE_CHECKING:
@@ -40,22 +41,26 @@ logger = logging.getLogger("plugrl.run")  # where a run's progress lines go
 REWARD_EXTRA_KEY = "reward_extra_columns"
 """The ``meta`` key under which :func:`score` lists the reward's extra columns it added."""
 
-VALIDATION_SEED = 1
-"""The stream of :func:`sampling_seed` validation samples with, apart from training's (0)."""
 
-
-def sampling_seed(seed: int, step: int, stream: int = 0) -> int:
-    """A seed per (run seed, step, stream): a resumed run samples exactly what the
-    uninterrupted one did, without saving the engines' generators. Streams keep apart what is
-    sampled for different purposes at the same step (training rounds, validation)."""
-    return (seed * 1_000_003 + step * 7919 + stream) % (2**63 - 1)
-
-
-def sampling_params(recipe: Recipe, step: int, stream: int = 0) -> SamplingParams:
+def sampling_params(
+    recipe: Recipe, step: int, round_index: int = 0, *, stream: Stream = Stream.ROLLOUT
+) -> SamplingParams:
     """The recipe's training sampling (``rollout.n``, ``temperature``, ``top_p``, ...,
-    ``data.max_response_length`` new tokens at most) seeded for ``step`` and ``stream``."""
+    ``data.max_response_length`` new tokens at most) seeded for generation round
+    ``round_index`` of ``step`` (:func:`plugrl.rng.round_seed`: every round of every step
+    draws apart from the others and from validation), so a resumed run samples exactly what
+    the uninterrupted one did. ``stream`` puts the seed on another stream of
+    :class:`plugrl.rng.Stream`, ``step`` then being the position in it (a sample's number)."""
     params = recipe.rollout.sampling_params(recipe.data.max_response_length)
-    params.seed = sampling_seed(recipe.trainer.seed, step, stream)
+    if stream == Stream.ROLLOUT:
+        params.seed = round_seed(recipe.trainer.seed, step, round_index)
+    elif round_index:
+        raise ValueError(
+            f"generation rounds are training's (stream ROLLOUT); got round {round_index} on "
+            f"stream {stream.name}"
+        )
+    else:
+        params.seed = sampling_seed(recipe.trainer.seed, stream, step)
     return params
 
 
@@ -292,7 +297,7 @@ def validate(parts: RunParts, recipe: Recipe, step: int) -> dict[str, float]:
 
     loader = PromptLoader.for_validation(parts.val_data, recipe.data, parts.pad_token_id)
     params = recipe.rollout.sampling_params(recipe.data.max_response_length, validate=True)
-    params.seed = sampling_seed(recipe.trainer.seed, step, VALIDATION_SEED)
+    params.seed = sampling_seed(recipe.trainer.seed, Stream.VALIDATION, step)
     values: dict[tuple[str, str], list[float]] = defaultdict(list)
     samples_left = recipe.trainer.log_val_generations
     dump_folder = recipe.trainer.validation_data_dir

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from plugrl.errors import RecipeError
 from plugrl.parts.algorithm import LossScale
+from plugrl.rng import mini_batch_order_seed
 
 if TYPE_CHECKING:
     from plugrl.data.batch import Batch
@@ -260,7 +261,9 @@ def mini_batches(
     ``update_step`` and the epoch only, so a resumed run draws the orders it would have."""
     for epoch in range(epochs):
         if shuffle:
-            generator = torch.Generator().manual_seed(seed + 1_000_003 * update_step + epoch)
+            generator = torch.Generator().manual_seed(
+                mini_batch_order_seed(seed, update_step, epoch)
+            )
             order = torch.randperm(len(batch), generator=generator)
         else:
             order = torch.arange(len(batch))

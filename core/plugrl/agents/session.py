@@ -50,6 +50,7 @@ from plugrl.parts.rollout import (
     join_completions,
 )
 from plugrl.recipe.build import tool_args
+from plugrl.rng import one_sample_request_seed
 
 if TYPE_CHECKING:
     from plugrl.cluster.engines import EngineGroup
@@ -64,19 +65,6 @@ TRUNCATION_MARK = "...(truncated)"
 
 INVALID_CALLS = "invalid"
 """The name under which calls that name no tool (unreadable, unknown) are counted."""
-
-_SEED_MODULUS = 2**63 - 1
-_SEED_MULTIPLIER = 1_000_003
-
-
-def one_sample_seed(sample_seed: int) -> int:
-    """The seed of a one-sample request whose sample draws with ``sample_seed``.
-
-    An engine draws sample ``i`` of a request seeded ``r`` with ``derive_seed(r, i)``; this
-    inverts that for ``i = 0``, so one sample sent alone draws what it would have drawn as
-    sample ``s`` of a batched request (``sample_seed = derive_seed(r, s)``)."""
-    inverse = pow(_SEED_MULTIPLIER, -1, _SEED_MODULUS)
-    return ((sample_seed - 7919) * inverse) % _SEED_MODULUS
 
 
 def truncate_text(tokenizer: Any, text: str, limit: int) -> tuple[str, bool]:
@@ -251,7 +239,7 @@ class AgentSession(Session):
         if self.params.seed is None:
             return None
         indices = (self.prompt_index, self.sample_index) + ((turn,) if turn else ())
-        return one_sample_seed(derive_seed(self.params.seed, *indices))
+        return one_sample_request_seed(derive_seed(self.params.seed, *indices))
 
     async def generate(self, token_ids: Sequence[int], max_tokens: int) -> Completion:
         max_tokens = max(0, int(max_tokens))

@@ -16,6 +16,12 @@ Builders, for unit tests of parts:
   scripted and whose tools are real, for testing agent loops, tools and environments without
   engines; :func:`tool_call_text` writes a scripted turn that calls a tool.
 
+A run, for schedulers (:mod:`plugrl.testing.simulated`):
+
+* :func:`run_scheduler`: a scheduler's run of a few steps on the simulated parts, through the
+  core's run loop; returns a :class:`~plugrl.testing.simulated.SchedulerRun` (metrics per
+  step, checkpoints, the engines' calls).
+
 Builders of a tiny model (:mod:`plugrl.testing.tiny`), for parts that need a real one:
 
 * :func:`save_tiny_model`: a Hugging Face folder with a tokenizer and a Qwen2-architecture
@@ -41,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from plugrl.testing.agents import ScriptedSession, tool_call_text
+from plugrl.testing.simulated import run_scheduler
 from plugrl.testing.tiny import (
     make_tiny_model,
     make_tiny_reward_model,
@@ -69,6 +76,7 @@ __all__ = [
     "make_tiny_reward_model",
     "make_tiny_tokenizer",
     "part_context",
+    "run_scheduler",
     "save_tiny_model",
     "save_tiny_reward_model",
     "tool_call_text",

@@ -7,10 +7,11 @@ import asyncio
 
 import pytest
 
-from plugrl.agents.session import AgentRuntime, AgentSession, one_sample_seed
+from plugrl.agents.session import AgentRuntime, AgentSession
 from plugrl.errors import PluginError, RecipeError
 from plugrl.parts.agent import AgentLoop, ToolCall, Trajectory
 from plugrl.parts.rollout import SamplingParams, derive_seed
+from plugrl.rng import one_sample_request_seed
 
 from .agent_support import (
     AgentTestEnvironments,
@@ -69,7 +70,7 @@ def test_a_one_sample_request_draws_with_the_seed_its_sample_has_in_a_batched_re
     request_seed = 987654321
     for sample in range(4):
         wanted = derive_seed(request_seed, sample)
-        assert derive_seed(one_sample_seed(wanted), 0) == wanted
+        assert derive_seed(one_sample_request_seed(wanted), 0) == wanted
 
 
 def test_turn_zero_samples_as_the_batched_path_and_later_turns_draw_seeds_of_their_own(

@@ -42,9 +42,10 @@ from plugrl.config import non_negative, option, positive, section
 from plugrl.data.batch import response_attention_mask
 from plugrl.errors import PluginError, RecipeError
 from plugrl.parts.reward import RewardConfig, RewardManager, RewardOutput, expect_config
-from plugrl.parts.rollout import GenerationRequest, SamplingParams, derive_seed
+from plugrl.parts.rollout import GenerationRequest, SamplingParams
 from plugrl.recipe import ModelConfig, read_section
 from plugrl.rewards.scoring import ScoringError
+from plugrl.rng import Stream, sampling_seed
 from plugrl.structuring import structure
 
 if TYPE_CHECKING:
@@ -249,7 +250,8 @@ class JudgeRewardManager(RewardManager):
         if attempt > 0 and temperature == 0:
             temperature = self.judge.retry_temperature
         # seeded by the prompt, not its row: a prefetched request samples what the batch's would
-        seed = derive_seed(self.recipe.trainer.seed, zlib.crc32(repr(prompt).encode()), attempt)
+        checksum = zlib.crc32(repr(prompt).encode())
+        seed = sampling_seed(self.recipe.trainer.seed, Stream.JUDGE, checksum, attempt)
         return attrs.evolve(base, n=1, temperature=temperature, seed=seed)
 
     def _submit(self, prompt: tuple[int, ...], attempt: int) -> concurrent.futures.Future:

@@ -19,6 +19,7 @@ from plugrl.errors import RecipeError
 from plugrl.metrics import StepTimer
 from plugrl.parts.rollout import Capability, SamplingParams
 from plugrl.parts.scheduler import Scheduler
+from plugrl.rng import Stream
 from plugrl.steps import (
     compute_old_log_probs,
     prefetch_scores,
@@ -41,8 +42,6 @@ if TYPE_CHECKING:
     from plugrl.run import RunContext
 
 logger = logging.getLogger("plugrl.run")
-
-_ROLLOUT_SEED = 2  # a stream of sampling seeds apart from validation's (plugrl.steps)
 
 
 class FullyAsyncScheduler(Scheduler):
@@ -276,7 +275,7 @@ class FullyAsyncScheduler(Scheduler):
 
     def sampling_params(self, sample_number: int) -> SamplingParams:
         """Each sample is seeded by its number in the run, on a stream of its own."""
-        return sampling_params(self.recipe, sample_number, _ROLLOUT_SEED)
+        return sampling_params(self.recipe, sample_number, stream=Stream.SAMPLE_ROLLOUT)
 
     def train_step(self, parts: RunParts, step: int) -> dict[str, Any] | None:
         """Take ``required_samples`` finished samples from the rollouter, score them, compute

@@ -19,8 +19,9 @@ They implement the real interfaces, so a scheduler runs its own code over them t
 * reward function ``plugrl/sim``: the parity of the response text's length.
 
 The plugin is installed with plugrl (entry point ``sim``);
-:func:`plugrl_sim.parts.build_sim_task` and :func:`plugrl_sim.parts.sim_recipe` make a run of
-it.
+:func:`plugrl_sim.parts.build_sim_task` and :func:`plugrl_sim.parts.sim_recipe` (the test
+kit's, :mod:`plugrl.testing.simulated`) make a run of it, and
+:func:`plugrl.testing.run_scheduler` runs a scheduler on it.
 """
 
 from __future__ import annotations
