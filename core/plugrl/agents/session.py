@@ -314,7 +314,7 @@ class AgentRuntime:
         tokenizer: Any,
         engines: EngineGroup,
     ) -> None:
-        from plugrl.cluster.engines import _LoopThread
+        from plugrl.loop_thread import EventLoopThread
 
         self.recipe = recipe
         self.plugins = plugins
@@ -329,7 +329,7 @@ class AgentRuntime:
         """Continue a turn a weight sync aborted (set by a scheduler whose syncs abort the
         requests in flight); otherwise the turn ends ``aborted`` and so does its trajectory."""
         self._tool_metrics: dict[str, list[float]] = defaultdict(list)
-        self._thread = _LoopThread("plugrl-agents")
+        self._thread = EventLoopThread("plugrl-agents")
         # created on the runtime's own loop, where every call that waits on it runs
         self.tools_in_flight: asyncio.Semaphore = self._thread.submit(
             _make_semaphore(self.config.max_tools_in_flight)

@@ -584,7 +584,7 @@ class ParallelRewardManager(ScoringRewardManager):
 
     def make_pool(self) -> Any:
         if self.config.backend == "ray":  # type: ignore[attr-defined]
-            from plugrl.rewards.ray_pool import RayPool
+            from plugrl_reward_managers.ray_pool import RayPool
 
             return RayPool(self.num_workers(), self.max_workers())
         return ProcessPool(self.num_workers(), self.max_workers())

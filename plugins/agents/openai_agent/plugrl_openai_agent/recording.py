@@ -1,5 +1,5 @@
 """The token record of a sample whose model calls come from outside: a black-box agent talking
-to the OpenAI-compatible endpoint (:mod:`plugrl.agents.endpoint`) sends text, not token ids.
+to the OpenAI-compatible endpoint (:mod:`plugrl_openai_agent.endpoint`) sends text, not token ids.
 
 Every call's prompt ids and sampled ids are recorded. A call whose prompt ids extend an earlier
 call's prompt and completion token for token continues that call's trajectory: the new prompt's

@@ -11,7 +11,7 @@ Each running sample has its own route, ``/samples/<sample id>/v1``, with:
 * ``POST .../completions``: a text (or token ids) prompt, continued as a ``text_completion``;
 * ``GET .../models``: the one model name the endpoint answers to (any name is accepted).
 
-Every call is recorded in the sample's :class:`~plugrl.agents.recording.SampleRecording`. The
+Every call is recorded in the sample's :class:`~plugrl_openai_agent.recording.SampleRecording`. The
 run's sampling applies whatever the request says (the log-probs train the policy that sampled):
 ``max_tokens`` (or ``max_completion_tokens``) is clipped to what is left of
 ``data.max_response_length``; ``stop`` cuts the answer before the first stop text (the
@@ -41,9 +41,9 @@ from urllib.parse import quote
 
 import attrs
 
-from plugrl.agents.recording import SampleRecording, rendered_span
 from plugrl.errors import PluginError
 from plugrl.parts.agent import Message, Session
+from plugrl_openai_agent.recording import SampleRecording, rendered_span
 
 if TYPE_CHECKING:
     from plugrl.parts.rollout import Completion

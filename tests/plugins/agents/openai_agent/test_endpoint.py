@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from plugrl.agents.endpoint import EndpointError, OpenAIEndpoint, read_chat_request
 from plugrl.errors import PluginError
+from plugrl_openai_agent.endpoint import EndpointError, OpenAIEndpoint, read_chat_request
 
 from .endpoint_support import ADD_TOOL, ScriptedSession, make_tokenizer
 

@@ -69,9 +69,9 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 
 @pytest.mark.slow
 def test_ray_actors_grow_while_calls_wait(ray_cluster, scorer_file):
-    from plugrl.rewards.ray_pool import RayPool
     from plugrl.rewards.scoring import FileFunction, Scorer
     from plugrl.rewards.workers import Call
+    from plugrl_reward_managers.ray_pool import RayPool
 
     scorer = Scorer.wrap(FileFunction(str(scorer_file(WAITS)), "compute_score"), "waits")
     sample = {"data_source": "x", "solution_str": "a", "ground_truth": "a", "extra_info": None}
