@@ -240,7 +240,7 @@ def test_the_kernel_reaches_the_plugin_manager_only_through_the_run():
     Everything else receives it from the run (``RunContext.plugins``, ``RunParts.plugins``,
     ``PartContext.plugins``) or from its caller."""
     allowed = {
-        "plugrl.plugins",
+        "plugrl.plugin.manager",
         "plugrl.cluster.worker",
         "plugrl.testing",
         "plugrl.testing.fixtures",

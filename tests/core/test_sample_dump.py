@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from plugrl.sample_dump import json_safe, write_jsonl
+from plugrl.run.sample_dump import json_safe, write_jsonl
 
 
 def test_values_become_plain_json():

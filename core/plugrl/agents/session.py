@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from plugrl.cluster.engines import EngineGroup
     from plugrl.parts.agent import AgentConfig
     from plugrl.parts.rollout import Completion, SamplingParams
-    from plugrl.plugins import PluginManager
+    from plugrl.plugin.manager import PluginManager
     from plugrl.recipe import Recipe
 
 logger = logging.getLogger("plugrl.agents")
@@ -312,7 +312,7 @@ class AgentRuntime:
             self.tools[tool.name] = tool
 
     def _build(self, kind: str, name: str, config: Any) -> Any:
-        from plugrl.compose.build import build_part
+        from plugrl.plugin.build import build_part
 
         context = PartContext(recipe=self.recipe, plugins=self.plugins, tokenizer=self.tokenizer)
         return build_part(kind, name, config, context)
@@ -328,7 +328,7 @@ class AgentRuntime:
             raw = dict(self.config.loop_args) if chosen else {}
             config = None
             if config_cls is not None:
-                from plugrl.structuring import structure
+                from plugrl.config.structuring import structure
 
                 config = structure(config_cls, raw, "rollout.agent.loop_args")
             self._loops[entry.name] = self._build("agent_loops", entry.name, config)
@@ -347,7 +347,7 @@ class AgentRuntime:
         config_cls = entry.load_config()
         config = None
         if config_cls is not None:
-            from plugrl.structuring import structure
+            from plugrl.config.structuring import structure
 
             config = structure(config_cls, dict(self.config.env_args), "rollout.agent.env_args")
         return self._build("environments", name, config)

@@ -3,7 +3,7 @@
 Every part class has the same constructor shape, ``Part(config, context)``: ``config`` is the
 part's own config object (its recipe section, read into the config class it registered) and
 ``context`` a :class:`PartContext` that says where the part runs and holds what the run around
-it provides. Build parts with :func:`plugrl.compose.build.build_part`, which also checks that the
+it provides. Build parts with :func:`plugrl.plugin.build.build_part`, which also checks that the
 class fits its interface.
 """
 
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from plugrl.parts.device import Device
-    from plugrl.plugins import PluginManager
+    from plugrl.plugin.manager import PluginManager
     from plugrl.recipe import Recipe
 
 Role = Literal["actor", "ref", "critic"]

@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from plugrl.errors import PluginError, RecipeError
-from plugrl.loop import run_loop
 from plugrl.parts.context import PartContext
 from plugrl.parts.logger import MetricLogger
 from plugrl.parts.scheduler import Scheduler
-from plugrl.plugins import PluginManager
+from plugrl.plugin.manager import PluginManager
 from plugrl.recipe import Recipe, resolve_paths
-from plugrl.run_folder import check_model_folders, check_resume, prepare_run_dir, record_recipe
+from plugrl.run.folder import check_model_folders, check_resume, prepare_run_dir, record_recipe
+from plugrl.run.loop import run_loop
 
 if TYPE_CHECKING:
     from plugrl.compose.run_parts import RunParts
@@ -47,7 +47,7 @@ class RunContext:
 
     :meth:`build_parts` composes the run the recipe describes (data, reward, algorithm pieces,
     trainer worker groups, engine group, weight transport; :mod:`plugrl.compose`); the run
-    loop (:func:`plugrl.loop.run_loop`) calls it once.
+    loop (:func:`plugrl.run.loop.run_loop`) calls it once.
     """
 
     recipe: Recipe
@@ -93,7 +93,7 @@ class RunContext:
 
 
 def build_loggers(recipe: Recipe, run_dir: Path, plugins: PluginManager) -> list[MetricLogger]:
-    from plugrl.compose.build import build_part
+    from plugrl.plugin.build import build_part
 
     context = PartContext(recipe=recipe, plugins=plugins, run_dir=run_dir)
     return [build_part("loggers", name, recipe.trainer, context) for name in recipe.trainer.logger]
@@ -133,7 +133,7 @@ def run_recipe(recipe: Recipe, plugins: PluginManager) -> dict[str, Any]:
     context = RunContext(recipe, run_dir, plugins, device_name)
     status, error = "failed", None
     try:
-        from plugrl.compose.build import build_part
+        from plugrl.plugin.build import build_part
 
         context.loggers = build_loggers(recipe, run_dir, plugins)
         scheduler: Scheduler = build_part(

@@ -24,16 +24,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from plugrl.compose.boundaries import check_estimator_output, check_reward_output
-from plugrl.sample_dump import sample_rows, write_jsonl
+from plugrl.plugin.boundaries import check_estimator_output, check_reward_output
+from plugrl.run.sample_dump import sample_rows, write_jsonl
 
 if TYPE_CHECKING:
     from plugrl.compose.run_parts import RunParts
     from plugrl.data.batch import Batch
-    from plugrl.metrics import StepTimer
     from plugrl.parts.reward import RewardOutput
     from plugrl.parts.rollout import Completion, SamplingParams
     from plugrl.recipe import Recipe
+    from plugrl.run.metrics import StepTimer
 
 logger = logging.getLogger("plugrl.run")  # where a run's progress lines go
 
@@ -167,7 +167,7 @@ def prefetch_scores(
 def reward_output(parts: RunParts, batch: Batch) -> RewardOutput:
     """What the run's reward manager says of every response of ``batch``, checked: scores of
     the wrong shape or type stop the run with one line naming the manager
-    (:func:`plugrl.compose.boundaries.check_reward_output`). For a batch of trajectories
+    (:func:`plugrl.plugin.boundaries.check_reward_output`). For a batch of trajectories
     the scores move where the trajectory says (:func:`plugrl.agents.batch.agent_scores`:
     episode rewards, per-turn rewards, the score on the last sampled token)."""
     output = check_reward_output(
@@ -219,8 +219,8 @@ def step_metrics(parts: RunParts, batch: Batch, timer: StepTimer, step: int) -> 
     (:func:`plugrl.agents.batch.agent_metrics`), ``training/global_step`` and
     ``training/epoch``. With
     ``trainer.rollout_data_dir`` set it also writes the batch's responses to
-    ``<rollout_data_dir>/<step>.jsonl`` (:mod:`plugrl.sample_dump`)."""
-    from plugrl.metrics import compute_data_metrics, compute_throughput_metrics
+    ``<rollout_data_dir>/<step>.jsonl`` (:mod:`plugrl.run.sample_dump`)."""
+    from plugrl.run.metrics import compute_data_metrics, compute_throughput_metrics
 
     data = parts.recipe.data
     metrics = compute_data_metrics(batch, data.max_response_length, data.max_prompt_length)

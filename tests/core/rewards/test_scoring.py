@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from plugrl.errors import DataError, PluginError, RecipeError
-from plugrl.plugins import get_plugin_manager
-from plugrl.rewards.scoring import (
+from plugrl.parts.scoring import (
     FileFunction,
     Scorer,
     ScoringError,
@@ -18,6 +17,7 @@ from plugrl.rewards.scoring import (
     make_resolver,
     normalize_result,
 )
+from plugrl.plugin.manager import get_plugin_manager
 
 SYNC = """
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):

@@ -18,13 +18,14 @@ import torch.nn.functional as F
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from plugrl import rng, training
+from plugrl.algorithms import training
 from plugrl.cluster.distributed import ensure_process_group
 from plugrl.data.batch import Batch
-from plugrl.metrics import mean_metrics
 from plugrl.parts.algorithm import LossScale
 from plugrl.parts.backend import OptimConfig, TrainingBackend
 from plugrl.parts.rollout import WeightMeta
+from plugrl.run.metrics import mean_metrics
+from plugrl.state import rng
 from plugrl_fsdp2 import checkpoint, lora, packing, ulysses
 from plugrl_fsdp2.batching import (
     left_align,

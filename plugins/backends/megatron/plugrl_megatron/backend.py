@@ -19,14 +19,15 @@ import attrs
 import torch
 import torch.distributed as dist
 
-from plugrl import rng, training
+from plugrl.algorithms import training
 from plugrl.cluster.distributed import ensure_process_group
 from plugrl.data.batch import Batch
 from plugrl.errors import RecipeError
-from plugrl.metrics import mean_metrics
 from plugrl.parts.algorithm import LossScale
 from plugrl.parts.backend import TrainingBackend
 from plugrl.parts.rollout import WeightMeta
+from plugrl.run.metrics import mean_metrics
+from plugrl.state import rng
 from plugrl_megatron import checkpoint, convert, optim
 from plugrl_megatron.batching import pack, token_budget_micro_batches
 from plugrl_megatron.config import MegatronActorConfig

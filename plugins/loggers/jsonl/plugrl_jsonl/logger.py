@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from plugrl.metrics import METRICS_FILE
 from plugrl.parts.logger import MetricLogger
+from plugrl.run.metrics import METRICS_FILE
 
 if TYPE_CHECKING:
     from plugrl.parts.context import PartContext

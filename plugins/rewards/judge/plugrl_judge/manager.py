@@ -39,13 +39,13 @@ import attrs
 import torch
 
 from plugrl.config import non_negative, option, positive, section
+from plugrl.config.structuring import structure
 from plugrl.data.batch import response_attention_mask
 from plugrl.errors import PluginError, RecipeError
 from plugrl.parts.reward import RewardConfig, RewardManager, RewardOutput, expect_config
 from plugrl.parts.rollout import GenerationRequest, SamplingParams, derive_seed
+from plugrl.parts.scoring import ScoringError
 from plugrl.recipe import ModelConfig, read_section
-from plugrl.rewards.scoring import ScoringError
-from plugrl.structuring import structure
 
 if TYPE_CHECKING:
     from plugrl.cluster.engines import EngineGroup
@@ -193,7 +193,7 @@ class JudgeRewardManager(RewardManager):
 
     def _start_engines(self) -> EngineGroup:
         from plugrl.cluster.engines import make_frozen_engine_group
-        from plugrl.run import resolve_device_name
+        from plugrl.run.runner import resolve_device_name
 
         return make_frozen_engine_group(
             self.recipe,

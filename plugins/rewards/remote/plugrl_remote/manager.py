@@ -47,8 +47,8 @@ from plugrl.config import non_negative, option, positive
 from plugrl.data.batch import response_attention_mask
 from plugrl.errors import RecipeError
 from plugrl.parts.reward import RewardConfig, RewardManager, RewardOutput, expect_config
+from plugrl.parts.scoring import ScoringError
 from plugrl.rewards.results import SampleResult, extra_columns, score_metrics
-from plugrl.rewards.scoring import ScoringError
 
 if TYPE_CHECKING:
     from plugrl.data.batch import Batch

@@ -50,8 +50,8 @@ from plugrl.config import non_negative, option, positive, section
 from plugrl.data.batch import Batch, response_attention_mask
 from plugrl.errors import RecipeError
 from plugrl.parts.reward import RewardConfig, RewardManager, RewardOutput, expect_config
+from plugrl.parts.scoring import Scorer, ScoringError
 from plugrl.rewards.results import SampleResult, extra_columns, score_metrics
-from plugrl.rewards.scoring import Scorer, ScoringError
 from plugrl.rewards.workers import Call, Outcome, ProcessPool
 
 from .early import EarlyScores

@@ -47,7 +47,7 @@ from plugrl.config import non_negative, option, positive, section
 from plugrl.data.batch import response_attention_mask
 from plugrl.errors import PluginError, RecipeError
 from plugrl.parts.reward import RewardConfig, RewardManager, RewardOutput, expect_config
-from plugrl.rewards.scoring import ScoringError
+from plugrl.parts.scoring import ScoringError
 from plugrl_reward_model.runner import RewardModelRunner
 
 if TYPE_CHECKING:
@@ -485,7 +485,7 @@ def _device_of(context: PartContext) -> Device | None:
     if context.plugins is None:
         return None
     from plugrl.cluster.worker import build_device
-    from plugrl.run import resolve_device_name
+    from plugrl.run.runner import resolve_device_name
 
     return build_device(
         context.plugins, resolve_device_name(context.recipe, context.plugins), context.recipe

@@ -16,10 +16,10 @@ from plugrl.algorithms.functional import compute_rollout_is_weights
 from plugrl.data.batch import Batch
 from plugrl.data.rollout_batch import build_rollout_batch
 from plugrl.errors import RecipeError
-from plugrl.metrics import StepTimer
 from plugrl.parts.rollout import Capability, SamplingParams
 from plugrl.parts.scheduler import Scheduler
-from plugrl.steps import (
+from plugrl.run.metrics import StepTimer
+from plugrl.run.steps import (
     compute_old_log_probs,
     prefetch_scores,
     row_loop_names,
@@ -38,11 +38,11 @@ from .rollouter import AgentSampler, PromptStream, Rollouter, Sample
 
 if TYPE_CHECKING:
     from plugrl.compose.run_parts import RunParts
-    from plugrl.run import RunContext
+    from plugrl.run.runner import RunContext
 
 logger = logging.getLogger("plugrl.run")
 
-_ROLLOUT_SEED = 2  # a stream of sampling seeds apart from validation's (plugrl.steps)
+_ROLLOUT_SEED = 2  # a stream of sampling seeds apart from validation's (plugrl.run.steps)
 
 
 class FullyAsyncScheduler(Scheduler):
@@ -205,7 +205,7 @@ class FullyAsyncScheduler(Scheduler):
         return rollouter
 
     def agent_sampler(self, parts: RunParts) -> AgentSampler | None:
-        """In a run with agent loops (:func:`plugrl.steps.run_uses_agents`), what runs each
+        """In a run with agent loops (:func:`plugrl.run.steps.run_uses_agents`), what runs each
         prompt's samples through them: every prompt goes through the agent runtime, so that
         every batch has one layout. A turn that a weight sync aborts goes on from its
         tokens (``scheduler.partial_rollout`` on an engine that cannot pause in place)."""

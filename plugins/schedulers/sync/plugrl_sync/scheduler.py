@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from plugrl.algorithms.dynamic_sampling import DynamicSampler
-from plugrl.metrics import StepTimer
 from plugrl.parts.scheduler import Scheduler
-from plugrl.steps import (
+from plugrl.run.metrics import StepTimer
+from plugrl.run.steps import (
     compute_old_log_probs,
     generate,
     reward_output,

@@ -2,7 +2,7 @@
 that take the time a model would, without a model.
 
 They implement the real interfaces, so a scheduler runs its own code over them through
-:func:`plugrl.run.run_recipe`; only the costs are simulated, in milliseconds:
+:func:`plugrl.run.runner.run_recipe`; only the costs are simulated, in milliseconds:
 
 * ``rollout.engine: sim`` (:class:`~plugrl_sim.parts.SimEngine`): continuous batching on
   ``sim_devices`` simulated devices, each running up to ``rollout.max_num_seqs`` sequences;

@@ -520,7 +520,7 @@ class SimBackend(TrainingBackend):
         import torch
 
         from plugrl.algorithms.functional import loss_scale_from_mask
-        from plugrl.metrics import mean_metrics
+        from plugrl.run.metrics import mean_metrics
 
         needed = ["response_mask", "advantages", "old_log_probs", "attention_mask"]
         if getattr(objective, "needs_ref", False):
@@ -573,7 +573,7 @@ class SimBackend(TrainingBackend):
         torch.save(state, path / _CHECKPOINT_FILE)
 
     def load_checkpoint(self, path: Path) -> None:
-        from plugrl.checkpoint import load_weights_only
+        from plugrl.state.checkpoint import load_weights_only
 
         file = path / _CHECKPOINT_FILE
         try:

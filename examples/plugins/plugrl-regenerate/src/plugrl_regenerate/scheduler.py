@@ -7,9 +7,9 @@ import attrs
 
 from plugrl.config import non_negative, option
 from plugrl.data.batch import Batch
-from plugrl.metrics import StepTimer
 from plugrl.parts.scheduler import Scheduler, SchedulerConfig
-from plugrl.steps import (
+from plugrl.run.metrics import StepTimer
+from plugrl.run.steps import (
     compute_old_log_probs,
     generate,
     sampling_params,
