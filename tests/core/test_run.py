@@ -7,9 +7,10 @@ import pytest
 import plugrl
 from plugrl.cluster.worker import prepare_backend_once
 from plugrl.errors import PluginError, RecipeError
+from plugrl.parts.device import resolve_device_name
 from plugrl.plugin.manager import get_plugin_manager
 from plugrl.recipe import build_recipe
-from plugrl.run.runner import resolve_device_name, run_recipe
+from plugrl.run.runner import run_recipe
 from tests.fake_parts import BASE_RECIPE
 
 

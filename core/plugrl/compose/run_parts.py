@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from plugrl.cluster.services import RunServices
 from plugrl.errors import RecipeError
 from plugrl.parts.context import PartContext
 from plugrl.parts.rollout import Capability, check_capabilities
@@ -243,7 +244,9 @@ def build_reward_manager(
             lambda name, config, context: build_part("reward_managers", name, config, context),
             device=device,
         )
-    context = PartContext(recipe=recipe, plugins=plugins, tokenizer=tokenizer, device=device)
+    context = PartContext(
+        recipe=recipe, plugins=plugins, tokenizer=tokenizer, device=device, services=RunServices()
+    )
     return build_part("reward_managers", recipe.reward.manager, recipe.reward, context)
 
 

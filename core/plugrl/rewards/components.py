@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import torch
 
+from plugrl.cluster.services import RunServices
 from plugrl.errors import PlugrlError
 from plugrl.parts.context import PartContext
 from plugrl.parts.reward import RewardConfig, RewardManager, RewardOutput
@@ -96,6 +97,7 @@ class WeightedRewardComponents(RewardManager):
                     plugins=plugins,
                     tokenizer=tokenizer,
                     device=device,
+                    services=RunServices(),
                 )
                 try:
                     manager = build_manager(spec.manager, spec.config, context)
@@ -106,7 +108,13 @@ class WeightedRewardComponents(RewardManager):
             for component in built:  # no scoring worker outlives a failed start
                 component.manager.close()
             raise
-        context = PartContext(recipe=recipe, plugins=plugins, tokenizer=tokenizer, device=device)
+        context = PartContext(
+            recipe=recipe,
+            plugins=plugins,
+            tokenizer=tokenizer,
+            device=device,
+            services=RunServices(),
+        )
         return cls(recipe.reward, context, built)
 
     def check_data_sources(self, data_sources: Iterable[str]) -> None:

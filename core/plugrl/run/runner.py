@@ -10,8 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from plugrl.errors import PluginError, RecipeError
+from plugrl.cluster.services import RunServices
+from plugrl.errors import RecipeError
 from plugrl.parts.context import PartContext
+from plugrl.parts.device import resolve_device_name
 from plugrl.parts.logger import MetricLogger
 from plugrl.parts.scheduler import Scheduler
 from plugrl.plugin.manager import PluginManager
@@ -23,21 +25,6 @@ if TYPE_CHECKING:
     from plugrl.compose.run_parts import RunParts
 
 logger = logging.getLogger("plugrl.run")
-
-
-def resolve_device_name(recipe: Recipe, plugins: PluginManager) -> str:
-    """The device a run uses: ``device.name``, or for ``auto`` the first one a plugin detects."""
-    name = recipe.device.name
-    if name != "auto":
-        return name
-    detected = plugins.hook.detect_device()
-    if detected is None:
-        raise PluginError(
-            "device.name is 'auto' but no plugin detected a device (the plugin manager has "
-            "no device plugin: was it built without loading the installed plugins?); set "
-            "device.name"
-        )
-    return detected
 
 
 @attrs.define
@@ -64,6 +51,7 @@ class RunContext:
 
     def part_context(self, **fields: Any) -> PartContext:
         """A :class:`PartContext` of this run (recipe, plugins, run folder) plus ``fields``."""
+        fields.setdefault("services", RunServices())
         return PartContext(recipe=self.recipe, plugins=self.plugins, run_dir=self.run_dir, **fields)
 
     def build_parts(self, engine_needs: Mapping[str, str] | None = None) -> RunParts:

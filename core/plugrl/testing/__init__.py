@@ -79,11 +79,13 @@ def part_context(recipe: Any = None, **fields: Any) -> Any:
     ``tokenizer``, ...), for constructing a part directly in a test. ``plugins`` defaults to
     the process's plugin manager (in a test with the ``plugrl_plugin_manager`` fixture, that
     one): a test is an edge of the program, as the command line is."""
+    from plugrl.cluster.services import RunServices
     from plugrl.parts.context import PartContext
     from plugrl.plugin.manager import get_plugin_manager
     from plugrl.recipe import Recipe
 
     fields.setdefault("plugins", get_plugin_manager())
+    fields.setdefault("services", RunServices())
     return PartContext(recipe=recipe if recipe is not None else Recipe(), **fields)
 
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from plugrl.parts.agent import AgentLoop, Environment, Message, Session, StepResult, Trajectory
+from plugrl.api.agents import AgentLoop, Environment, Message, Session, StepResult, Trajectory
 
 log = logging.getLogger(__name__)
 

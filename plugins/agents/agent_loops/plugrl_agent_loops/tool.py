@@ -12,8 +12,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from plugrl.errors import RecipeError
-from plugrl.parts.agent import AgentLoop, Message, Session, ToolCall, Trajectory
+from plugrl.api import RecipeError
+from plugrl.api.agents import AgentLoop, Message, Session, ToolCall, Trajectory
 
 
 def render(tokenizer: Any, messages: Sequence[Message], tools: list[dict] | None, *, gen: bool):

@@ -42,8 +42,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from plugrl.errors import CheckpointError
-from plugrl.state.checkpoint import load_weights_only, raise_if_any_rank_failed, refused_file_error
+from plugrl.api import CheckpointError
+from plugrl.api.backend import load_weights_only, raise_if_any_rank_failed, refused_file_error
 from plugrl_fsdp2.optim import initialize_optimizer_state
 
 FORMAT_VERSION = 1

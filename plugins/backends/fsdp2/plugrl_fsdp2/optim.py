@@ -7,8 +7,7 @@ from collections.abc import Iterable
 
 import torch
 
-from plugrl.algorithms.training import adamw, lr_schedule
-from plugrl.parts.backend import OptimConfig
+from plugrl.api.backend import OptimConfig, adamw, lr_schedule
 
 
 def build_optimizer(

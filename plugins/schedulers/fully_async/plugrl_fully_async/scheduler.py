@@ -11,15 +11,15 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from plugrl.agents.batch import agent_rows, build_trajectory_batch
-from plugrl.algorithms.functional import compute_rollout_is_weights
-from plugrl.data.batch import Batch
-from plugrl.data.rollout_batch import build_rollout_batch
-from plugrl.errors import RecipeError
-from plugrl.parts.rollout import Capability, SamplingParams
-from plugrl.parts.scheduler import Scheduler
-from plugrl.run.metrics import StepTimer
-from plugrl.run.steps import (
+from plugrl.api import RecipeError
+from plugrl.api.algorithms import compute_rollout_is_weights
+from plugrl.api.data import Batch, build_rollout_batch
+from plugrl.api.rollout import Capability, SamplingParams
+from plugrl.api.scheduler import (
+    Scheduler,
+    StepTimer,
+    agent_rows,
+    build_trajectory_batch,
     compute_old_log_probs,
     prefetch_scores,
     row_loop_names,
@@ -37,8 +37,7 @@ from .config import FullyAsyncConfig, warn_meaningless_bounds
 from .rollouter import AgentSampler, PromptStream, Rollouter, Sample
 
 if TYPE_CHECKING:
-    from plugrl.compose.run_parts import RunParts
-    from plugrl.run.runner import RunContext
+    from plugrl.api.scheduler import RunContext, RunParts
 
 logger = logging.getLogger("plugrl.run")
 

@@ -27,13 +27,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import plugrl
+from plugrl.api import hookimpl
 
 SIM_NAME = "sim"
 SIM_DATA_SOURCE = "plugrl/sim"
 
 
-@plugrl.hookimpl
+@hookimpl
 def register_rollout_engines(register: Any) -> None:
     register(
         SIM_NAME,
@@ -43,7 +43,7 @@ def register_rollout_engines(register: Any) -> None:
     )
 
 
-@plugrl.hookimpl
+@hookimpl
 def register_training_backends(register: Any) -> None:
     register(
         SIM_NAME,
@@ -53,6 +53,6 @@ def register_training_backends(register: Any) -> None:
     )
 
 
-@plugrl.hookimpl
+@hookimpl
 def register_reward_functions(register: Any) -> None:
     register(SIM_DATA_SOURCE, "plugrl_sim.parts:compute_score")
