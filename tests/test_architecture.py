@@ -224,7 +224,7 @@ def test_the_plugin_api_check_finds_private_and_tool_imports(tmp_path):
     (folder / "__init__.py").write_text("import plugrl\nfrom plugrl.api import hookimpl\n")
     (folder / "manager.py").write_text(
         "from plugrl.api.rewards import RewardManager\n"
-        "from plugrl.testing import make_context\n"
+        "from plugrl.testing import part_context\n"
         "def later():\n"
         "    from plugrl.cluster.engines import EngineGroup\n"
         "    from plugrl_tools.quickstart.arithmetic import parse_answer\n"

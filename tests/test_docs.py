@@ -129,14 +129,21 @@ def _balanced(text: str) -> str:
 
 
 def documented_classes() -> dict[str, tuple[str, str]]:
-    """``"module:Class"`` -> (heading, body) of its reference subsection."""
+    """``"module:Class"`` (where the class is defined) -> (heading, body) of its reference
+    subsection. A heading names the class by its plugin-API name (``plugrl.api...``), the one
+    plugins import."""
     found = {}
     for heading, body in subsections(page_section("Reference")):
         paths = re.findall(r"`(plugrl[\w.]*)\.(\w+)`", heading)
         if not paths:  # prose (metric names)
             continue
         module, name = paths[-1]
-        found[f"{module}:{name}"] = (heading, body)
+        assert module == "plugrl.api" or module.startswith("plugrl.api."), (
+            f"the reference heading {heading!r} names {module}.{name}; name it by its "
+            "plugrl.api path, the one plugins import"
+        )
+        cls = import_object(f"{module}:{name}")
+        found[f"{cls.__module__}:{cls.__qualname__}"] = (heading, body)
     return found
 
 

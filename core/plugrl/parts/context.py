@@ -83,7 +83,7 @@ class PartContext:
     ``algorithm.adv_estimator_args`` of an estimator, ``actor.policy_loss_args`` of a loss."""
     services: PartServices | None = None
     """What the run builds on request (:meth:`build_device`, :meth:`frozen_engine_group`);
-    set by the kernel wherever it builds a part, and by :func:`plugrl.testing.make_context`."""
+    set by the kernel wherever it builds a part, and by :func:`plugrl.testing.part_context`."""
 
     def device_name(self) -> str:
         """The run's device: ``device.name``, or for ``auto`` the one a device plugin detects."""
@@ -115,6 +115,6 @@ class PartContext:
         if self.services is None:
             raise PluginError(
                 f"this part's context has no run services to {purpose}; build the part "
-                "through the run, or in a test with plugrl.testing.make_context"
+                "through the run, or in a test with plugrl.testing.part_context"
             )
         return self.services
