@@ -5,10 +5,9 @@ from collections import defaultdict
 
 import attrs
 
-from plugrl.config import non_negative, option
-from plugrl.data.batch import Batch
-from plugrl.parts.scheduler import Scheduler, SchedulerConfig
-from plugrl.run.metrics import StepTimer
+from plugrl.api import non_negative, option
+from plugrl.api.data import Batch
+from plugrl.api.scheduler import Scheduler, SchedulerConfig, StepTimer
 from plugrl.run.steps import (
     compute_old_log_probs,
     generate,
