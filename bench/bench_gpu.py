@@ -479,9 +479,9 @@ def run_shape(name: str, args: argparse.Namespace) -> dict[str, Any]:
         from transformers import AutoTokenizer
 
         import plugrl
-        from plugrl.plugins import get_plugin_manager
+        from plugrl.plugin.manager import get_plugin_manager
         from plugrl.recipe import load_recipe
-        from plugrl.run import run_recipe
+        from plugrl.run.runner import run_recipe
 
         start = time.perf_counter()
         model = build_model(workdir / "model", shape)

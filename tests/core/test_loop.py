@@ -1,4 +1,4 @@
-"""The run loop's contract with a scheduler (plugrl.loop): when steps run and stop, when
+"""The run loop's contract with a scheduler (plugrl.run.loop): when steps run and stop, when
 validation, logging and checkpoints happen and in which order, what a resumed run hands back,
 and what is closed when a step fails.
 
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-import plugrl.loop as loop_module
-from plugrl.loop import run_loop
+import plugrl.run.loop as loop_module
+from plugrl.run.loop import run_loop
 from plugrl.parts.scheduler import Scheduler
 from plugrl.testing import run_scheduler
 

@@ -1,4 +1,4 @@
-"""The seeds of what a run samples (plugrl.rng): the values the quickstart's runs depend on,
+"""The seeds of what a run samples (plugrl.state.rng): the values the quickstart's runs depend on,
 the streams kept apart, and the inverse an agent's one-sample requests use."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from plugrl.rng import (
+from plugrl.state.rng import (
     SEED_MODULUS,
     Stream,
     derive_seed,
@@ -16,7 +16,7 @@ from plugrl.rng import (
     round_seed,
     sampling_seed,
 )
-from plugrl.steps import sampling_params
+from plugrl.run.steps import sampling_params
 
 # Computed with the formulas the kernel wrote out in four places before seeds had a module of
 # their own: a run with the same seed must keep sampling exactly these, so its metrics repeat.

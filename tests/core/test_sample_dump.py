@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from plugrl.sample_dump import json_safe, write_jsonl
+from plugrl.run.sample_dump import json_safe, write_jsonl
 
 
 def test_values_become_plain_json():
@@ -60,7 +60,7 @@ def test_an_agent_sample_shows_the_prompt_its_loop_rendered_not_the_rows():
     from plugrl.agents.batch import build_trajectory_batch
     from plugrl.data.batch import Batch
     from plugrl.parts.agent import Trajectory
-    from plugrl.sample_dump import sample_rows
+    from plugrl.run.sample_dump import sample_rows
     from plugrl.testing import make_tiny_tokenizer
 
     tokenizer = make_tiny_tokenizer()
@@ -98,7 +98,7 @@ def test_an_agent_sample_shows_the_prompt_its_loop_rendered_not_the_rows():
 
 
 def test_a_plain_sample_shows_the_rows_prompt():
-    from plugrl.sample_dump import sample_rows
+    from plugrl.run.sample_dump import sample_rows
     from plugrl.testing import make_batch, make_tiny_tokenizer
 
     tokenizer = make_tiny_tokenizer()

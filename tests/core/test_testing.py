@@ -9,14 +9,14 @@ import pytest
 import torch
 
 import plugrl
-from plugrl import registry
 from plugrl.algorithms.functional import LOSS_AGG_MODES, LossAggregator
 from plugrl.config import option
 from plugrl.data.batch import Batch
 from plugrl.errors import PluginError, RecipeError
 from plugrl.parts.agent import ParsedTurn, Tool, ToolResult
 from plugrl.parts.algorithm import PolicyLoss
-from plugrl.plugins import get_plugin_manager
+from plugrl.plugin import registry
+from plugrl.plugin.manager import get_plugin_manager
 from plugrl.testing import (
     ScriptedSession,
     make_batch,
@@ -113,7 +113,7 @@ def test_make_batch_widths_and_finish_reasons():
 
 
 def test_make_batch_feeds_a_registered_estimator(plugrl_recipe):
-    from plugrl.compose.build import build_estimator
+    from plugrl.plugin.build import build_estimator
 
     recipe = plugrl_recipe({"algorithm.adv_estimator": "grpo", "rollout.n": 4})
     batch = make_batch((3, 4), 2, n=4, scores=[1, 0, 0, 1, 1, 1, 1, 0])

@@ -50,12 +50,12 @@ from plugrl.parts.rollout import (
     join_completions,
 )
 from plugrl.recipe.build import tool_args
-from plugrl.rng import one_sample_request_seed
+from plugrl.state.rng import one_sample_request_seed
 
 if TYPE_CHECKING:
     from plugrl.cluster.engines import EngineGroup
     from plugrl.parts.rollout import Completion, SamplingParams
-    from plugrl.plugins import PluginManager
+    from plugrl.plugin.manager import PluginManager
     from plugrl.recipe import Recipe
 
 logger = logging.getLogger("plugrl.agents")
@@ -359,7 +359,7 @@ class AgentRuntime:
             self.tools[tool.name] = tool
 
     def _build(self, kind: str, name: str, config: Any) -> Any:
-        from plugrl.compose.build import build_part
+        from plugrl.plugin.build import build_part
 
         context = PartContext(recipe=self.recipe, plugins=self.plugins, tokenizer=self.tokenizer)
         return build_part(kind, name, config, context)
@@ -375,7 +375,7 @@ class AgentRuntime:
             raw = dict(self.config.loop_args) if chosen else {}
             config = None
             if config_cls is not None:
-                from plugrl.structuring import structure
+                from plugrl.config.structuring import structure
 
                 config = structure(config_cls, raw, "rollout.agent.loop_args")
             self._loops[entry.name] = self._build("agent_loops", entry.name, config)
@@ -394,7 +394,7 @@ class AgentRuntime:
         config_cls = entry.load_config()
         config = None
         if config_cls is not None:
-            from plugrl.structuring import structure
+            from plugrl.config.structuring import structure
 
             config = structure(config_cls, dict(self.config.env_args), "rollout.agent.env_args")
         return self._build("environments", name, config)

@@ -65,7 +65,7 @@ from plugrl.parts.rollout import (
 if TYPE_CHECKING:
     from plugrl.cluster.ray_group import RayPlacement
     from plugrl.parts.rollout import RolloutEngine
-    from plugrl.plugins import PluginManager
+    from plugrl.plugin.manager import PluginManager
     from plugrl.recipe import ModelConfig, Recipe
 
 logger = logging.getLogger("plugrl.cluster")
@@ -102,8 +102,8 @@ class EngineWorker:
     async def start(self, plugins: PluginManager | None = None) -> dict[str, Any]:
         """Build the engine; returns ``{"pid", "capabilities", "node"}`` (``node``: its
         machine's address and Ray node id, ``None`` outside Ray)."""
-        from plugrl.compose.build import build_part
         from plugrl.data.dataset import load_tokenizer
+        from plugrl.plugin.build import build_part
 
         self.plugins = plugins = plugins or worker_plugin_manager(self.plugin_modules)
         device = build_device(plugins, self.device_name, self.recipe)
@@ -167,7 +167,7 @@ class EngineWorker:
 
     async def transport_receive(self, transport_name: str, session: Any) -> Any:
         """Run the worker side of a weight transport in this engine worker."""
-        from plugrl.compose.build import build_part
+        from plugrl.plugin.build import build_part
 
         engine = self._engine()
         context = PartContext(

@@ -17,7 +17,7 @@ from plugrl.cluster.base import WorkerGroup
 from plugrl.cluster.worker import BackendWorker
 from plugrl.errors import PluginError, PlugrlError, RecipeError
 from plugrl.parts.context import DistInfo
-from plugrl.plugins import PluginManager
+from plugrl.plugin.manager import PluginManager
 
 if TYPE_CHECKING:
     from plugrl.parts.backend import Role

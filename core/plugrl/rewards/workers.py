@@ -44,7 +44,7 @@ from typing import Any
 import attrs
 
 from plugrl.errors import PluginError
-from plugrl.rewards.scoring import IMPORT_TIMEOUT_S
+from plugrl.parts.scoring import IMPORT_TIMEOUT_S
 from plugrl.worker_processes import (
     REAP_TIMEOUT_S,
     kill_and_reap,
@@ -65,11 +65,11 @@ LOAD_TIMEOUT_S = IMPORT_TIMEOUT_S
 class Call:
     """One call of a scorer, run in a worker under ``timeout_s``.
 
-    ``scorer`` is a :class:`~plugrl.rewards.scoring.Scorer` (``RewardManager.resolve``
+    ``scorer`` is a :class:`~plugrl.parts.scoring.Scorer` (``RewardManager.resolve``
     returns one). ``kind`` is ``"sample"``, where ``arguments`` are the keyword arguments of
-    :meth:`~plugrl.rewards.scoring.Scorer.score_sample` (``data_source``, ``solution_str``,
+    :meth:`~plugrl.parts.scoring.Scorer.score_sample` (``data_source``, ``solution_str``,
     ``ground_truth``, ``extra_info``), or ``"batch"``, where they are those of
-    :meth:`~plugrl.rewards.scoring.Scorer.score_batch` (the same names in the plural, one
+    :meth:`~plugrl.parts.scoring.Scorer.score_batch` (the same names in the plural, one
     list each)."""
 
     scorer: Any

@@ -61,7 +61,7 @@ if TYPE_CHECKING:
 
     from plugrl.algorithms.functional import LossAggregator
     from plugrl.data.batch import Batch
-    from plugrl.plugins import PluginManager
+    from plugrl.plugin.manager import PluginManager
     from plugrl.recipe import Recipe
 
 __all__ = [
@@ -89,11 +89,13 @@ def part_context(recipe: Any = None, **fields: Any) -> Any:
     ``tokenizer``, ...), for constructing a part directly in a test. ``plugins`` defaults to
     the process's plugin manager (in a test with the ``plugrl_plugin_manager`` fixture, that
     one): a test is an edge of the program, as the command line is."""
+    from plugrl.cluster.services import RunServices
     from plugrl.parts.context import PartContext
-    from plugrl.plugins import get_plugin_manager
+    from plugrl.plugin.manager import get_plugin_manager
     from plugrl.recipe import Recipe
 
     fields.setdefault("plugins", get_plugin_manager())
+    fields.setdefault("services", RunServices())
     return PartContext(recipe=recipe if recipe is not None else Recipe(), **fields)
 
 
@@ -127,7 +129,7 @@ def make_recipe(
         for part in reversed(path):
             update = {part: update}
         raw = deep_merge(raw, normalize_shorthand(update))
-    from plugrl.plugins import get_plugin_manager
+    from plugrl.plugin.manager import get_plugin_manager
 
     return build_recipe(raw, plugins or get_plugin_manager())
 
@@ -352,7 +354,7 @@ class FakeEntryPoint:
     def load(self) -> Any:
         """The target; a ``"module"`` or ``"module:attr"`` path is imported now (a module
         that does not exist fails as a broken plugin's import does)."""
-        from plugrl.registry import import_object
+        from plugrl.plugin.registry import import_object
 
         if not isinstance(self.target, str):
             return self.target

@@ -36,7 +36,7 @@ from plugrl.parts.rollout import Completion
 
 if TYPE_CHECKING:
     from plugrl.agents.session import ToolCaller
-    from plugrl.plugins import PluginManager
+    from plugrl.plugin.manager import PluginManager
 
 Reply = str | Completion
 """A scripted model turn: a text (encoded, followed by the eos token) or a whole

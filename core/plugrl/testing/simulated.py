@@ -18,7 +18,7 @@ import plugrl
 
 if TYPE_CHECKING:
     from plugrl.parts.scheduler import Scheduler, SchedulerConfig
-    from plugrl.plugins import PluginManager
+    from plugrl.plugin.manager import PluginManager
     from plugrl.recipe import Recipe
 
 SIM_PARTS = "sim"
@@ -130,7 +130,7 @@ class SchedulerRun:
     logged: list[tuple[int, dict[str, Any]]]
     """Every ``(step, metrics)`` in the order the run logged them."""
     last_metrics: dict[str, Any]
-    """The last step's metrics, as :func:`plugrl.run.run_recipe` returned them."""
+    """The last step's metrics, as :func:`plugrl.run.runner.run_recipe` returned them."""
     checkpoints: list[int]
     """The steps whose checkpoint is in the run folder when the run ends."""
     engine_calls: list[dict[str, Any]]
@@ -190,10 +190,10 @@ def run_scheduler(
     ``overrides`` (``{"trainer.save_freq": 1, "scheduler.my_option": 2}``; top-level keys may
     be dotted). ``plugins`` defaults to the process's plugin manager (in a test with the
     ``plugrl_plugin_manager`` fixture, that one). A failing run raises what it raised."""
-    from plugrl.checkpoint import CheckpointManager
+    from plugrl.state.checkpoint import CheckpointManager
     from plugrl.parts.scheduler import Scheduler, SchedulerConfig
-    from plugrl.plugins import get_plugin_manager
-    from plugrl.run import run_recipe
+    from plugrl.plugin.manager import get_plugin_manager
+    from plugrl.run.runner import run_recipe
     from plugrl.testing import make_recipe
 
     if steps < 1:

@@ -25,7 +25,7 @@ from plugrl.parts.rollout import (
     check_capabilities,
     derive_seed,
 )
-from plugrl.plugins import PluginManager
+from plugrl.plugin.manager import PluginManager
 from plugrl.recipe import ClusterConfig, Recipe
 from tests.core.cluster import cluster_fake_backend, cluster_fake_engine
 from tests.support import local_ray, wait_until

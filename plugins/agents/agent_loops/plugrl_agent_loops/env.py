@@ -16,8 +16,15 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from plugrl.agents.turns import tokens_between_turns
-from plugrl.parts.agent import AgentLoop, Environment, Message, Session, StepResult, Trajectory
+from plugrl.api.agents import (
+    AgentLoop,
+    Environment,
+    Message,
+    Session,
+    StepResult,
+    Trajectory,
+    tokens_between_turns,
+)
 
 log = logging.getLogger(__name__)
 

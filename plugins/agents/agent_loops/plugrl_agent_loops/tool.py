@@ -11,9 +11,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from plugrl.agents.turns import tokens_between_turns
-from plugrl.errors import RecipeError
-from plugrl.parts.agent import AgentLoop, Message, Session, ToolCall, Trajectory
+from plugrl.api import RecipeError
+from plugrl.api.agents import (
+    AgentLoop,
+    Message,
+    Session,
+    ToolCall,
+    Trajectory,
+    tokens_between_turns,
+)
 
 
 def render(tokenizer: Any, messages: Sequence[Message], tools: list[dict] | None, *, gen: bool):

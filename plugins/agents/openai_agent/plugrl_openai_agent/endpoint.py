@@ -41,8 +41,8 @@ from urllib.parse import quote
 
 import attrs
 
-from plugrl.errors import PluginError
-from plugrl.parts.agent import Message, Session
+from plugrl.api import PluginError
+from plugrl.api.agents import Message, Session
 from plugrl_openai_agent.recording import SampleRecording, rendered_span
 
 if TYPE_CHECKING:
@@ -330,7 +330,7 @@ class EndpointSample:
         self, prompt_ids: list[int], max_tokens: int | None
     ) -> tuple[Completion, bool]:
         """The completion, and whether a limit answered it with nothing (not a turn)."""
-        from plugrl.parts.rollout import Completion
+        from plugrl.api.rollout import Completion
 
         budget = self.recording.budget(prompt_ids, max_tokens)
         if budget.limit is not None:

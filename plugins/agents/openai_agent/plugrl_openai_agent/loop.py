@@ -32,10 +32,8 @@ from typing import Any
 
 import attrs
 
-from plugrl.config import ConfigValueError, non_negative, option, positive
-from plugrl.errors import RecipeError
-from plugrl.parts.agent import AgentLoop, AgentLoopConfig, Session, Trajectory
-from plugrl.parts.context import PartContext
+from plugrl.api import ConfigValueError, PartContext, RecipeError, non_negative, option, positive
+from plugrl.api.agents import AgentLoop, AgentLoopConfig, Session, Trajectory
 from plugrl_openai_agent.endpoint import OpenAIEndpoint
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from plugrl.parts.agent import Message, Trajectory
+from plugrl.api.agents import Message, Trajectory
 
 if TYPE_CHECKING:
     from plugrl.parts.rollout import Completion

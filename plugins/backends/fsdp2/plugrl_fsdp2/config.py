@@ -6,9 +6,8 @@ from typing import Any, ClassVar
 
 import attrs
 
-from plugrl.config import ConfigValueError, option, positive
-from plugrl.errors import RecipeError
-from plugrl.parts.backend import ActorConfig
+from plugrl.api import ConfigValueError, RecipeError, option, positive
+from plugrl.api.backend import ActorConfig
 
 
 def _all_or_positive(instance: Any, attribute: attrs.Attribute, value: int) -> None:

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import torch
 
-from plugrl.errors import RecipeError
+from plugrl.api import RecipeError
 
 if TYPE_CHECKING:
-    from plugrl.recipe import Recipe
+    from plugrl.api import Recipe
 
 PEFT_PREFIX = "base_model.model."
 """What peft puts before every name of the model it wraps."""

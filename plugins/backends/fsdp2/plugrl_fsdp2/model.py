@@ -9,12 +9,12 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-from plugrl.errors import RecipeError
+from plugrl.api import RecipeError
 
 if TYPE_CHECKING:
-    from plugrl.parts.backend import Role
-    from plugrl.parts.device import Device
-    from plugrl.recipe import Recipe
+    from plugrl.api import Recipe
+    from plugrl.api.backend import Role
+    from plugrl.api.devices import Device
     from plugrl_fsdp2.config import FSDP2ActorConfig
 
 DTYPES: dict[str, torch.dtype] = {

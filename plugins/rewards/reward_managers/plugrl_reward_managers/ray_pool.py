@@ -13,8 +13,8 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from plugrl.errors import PluginError
-from plugrl.rewards.workers import LOAD_TIMEOUT_S, Call, Outcome, check_pool_size, run_call
+from plugrl.api import PluginError
+from plugrl.api.rewards import LOAD_TIMEOUT_S, Call, Outcome, check_pool_size, run_call
 
 
 class ScoringActor:
@@ -34,7 +34,7 @@ class RayPool:
     compute) that run scoring calls under per-call deadlines."""
 
     def __init__(self, num_workers: int, max_workers: int | None = None) -> None:
-        from plugrl.cluster.ray_group import import_ray, init_ray
+        from plugrl.api.cluster import import_ray, init_ray
 
         self.sizing = check_pool_size(num_workers, max_workers)
         self.ray = ray = import_ray("reward.backend=ray")

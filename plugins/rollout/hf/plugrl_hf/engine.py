@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import attrs
 import torch
 
-from plugrl.errors import PluginError, RecipeError
-from plugrl.parts.rollout import (
+from plugrl.api import PluginError, RecipeError
+from plugrl.api.rollout import (
     Capability,
     Completion,
     GenerationRequest,
@@ -49,8 +49,7 @@ from plugrl_hf.config import HFRolloutConfig
 from plugrl_hf.sampler import StopStringMatcher, default_stop_token_ids
 
 if TYPE_CHECKING:
-    from plugrl.parts.context import PartContext
-    from plugrl.recipe import Recipe
+    from plugrl.api import PartContext, Recipe
 
 logger = logging.getLogger("plugrl.rollout.hf")
 

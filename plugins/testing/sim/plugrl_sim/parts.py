@@ -16,10 +16,17 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
-from plugrl.config import fraction, non_negative, option, positive
-from plugrl.errors import CheckpointError, PluginError, PlugrlError
-from plugrl.parts.backend import ActorConfig, TrainingBackend
-from plugrl.parts.rollout import (
+from plugrl.api import (
+    CheckpointError,
+    PluginError,
+    PlugrlError,
+    fraction,
+    non_negative,
+    option,
+    positive,
+)
+from plugrl.api.backend import ActorConfig, TrainingBackend
+from plugrl.api.rollout import (
     Capability,
     Completion,
     GenerationRequest,
@@ -46,9 +53,9 @@ __all__ = [
 if TYPE_CHECKING:
     import torch
 
-    from plugrl.data.batch import Batch
-    from plugrl.parts.algorithm import ActorObjective
-    from plugrl.parts.context import PartContext
+    from plugrl.api import PartContext
+    from plugrl.api.algorithms import ActorObjective
+    from plugrl.api.data import Batch
 
 _CHECKPOINT_FILE = "sim_backend.pt"
 _RESUME_FIX = (
@@ -532,8 +539,8 @@ class SimBackend(TrainingBackend):
     def update_policy(self, batch: Batch, objective: ActorObjective) -> dict[str, float]:
         import torch
 
-        from plugrl.algorithms.functional import loss_scale_from_mask
-        from plugrl.metrics import mean_metrics
+        from plugrl.api.algorithms import loss_scale_from_mask
+        from plugrl.api.backend import mean_metrics
 
         needed = ["response_mask", "advantages", "old_log_probs", "attention_mask"]
         if getattr(objective, "needs_ref", False):
@@ -586,7 +593,7 @@ class SimBackend(TrainingBackend):
         torch.save(state, path / _CHECKPOINT_FILE)
 
     def load_checkpoint(self, path: Path) -> None:
-        from plugrl.checkpoint import load_weights_only
+        from plugrl.api.backend import load_weights_only
 
         file = path / _CHECKPOINT_FILE
         try:

@@ -20,7 +20,7 @@ from plugrl.parts.agent import (
     Trajectory,
 )
 from plugrl.parts.rollout import Completion
-from plugrl.plugins import get_plugin_manager
+from plugrl.plugin.manager import get_plugin_manager
 from plugrl.testing import ScriptedSession, make_tiny_tokenizer, part_context
 from plugrl_agent_loops.env import TRUNCATED_MARK, EnvLoop
 

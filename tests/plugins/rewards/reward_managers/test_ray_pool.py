@@ -69,7 +69,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 
 @pytest.mark.slow
 def test_ray_actors_grow_while_calls_wait(ray_cluster, scorer_file):
-    from plugrl.rewards.scoring import FileFunction, Scorer
+    from plugrl.parts.scoring import FileFunction, Scorer
     from plugrl.rewards.workers import Call
     from plugrl_reward_managers.ray_pool import RayPool
 

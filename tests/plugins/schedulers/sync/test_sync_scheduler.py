@@ -9,8 +9,8 @@ import json
 import pytest
 
 import plugrl_sync.scheduler as sync_module
-from plugrl.rng import Stream, round_seed, sampling_seed
-from plugrl.run import RunContext
+from plugrl.run.runner import RunContext
+from plugrl.state.rng import Stream, round_seed, sampling_seed
 from plugrl_sim.parts import sim_recipe
 from plugrl_sync.scheduler import SyncScheduler
 
@@ -153,7 +153,7 @@ def test_remax_baselines_come_from_one_greedy_response_per_prompt(step_of, gener
 def sim_run_records(sim_task, folder, plugrl_recipe, plugins, overlap):
     """The metrics of each step of a short sync run of the simulated parts, validation
     included, with reward.overlap on or off."""
-    from plugrl.run import run_recipe
+    from plugrl.run.runner import run_recipe
 
     data = sim_recipe(sim_task, folder, train_batch_size=4, n=4, steps=3)
     data["data"]["max_response_length"] = 64

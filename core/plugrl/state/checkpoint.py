@@ -489,7 +489,7 @@ def _check_plain_trainer_state(data: bytes, step: int) -> None:
 
 def _trainer_state_problem(state: Any) -> str | None:
     """What keeps the core from resuming with ``state``, or ``None``."""
-    from plugrl import rng
+    from plugrl.state import rng
 
     if not isinstance(state, dict):
         return f"holds a {type(state).__name__}, not a dict"

@@ -30,9 +30,10 @@ from typing import Any
 import attrs
 import pluggy
 
-from plugrl import ENTRY_POINT_GROUP, PROJECT_NAME, hookspecs
+from plugrl import ENTRY_POINT_GROUP, PROJECT_NAME
 from plugrl.errors import PluginError
-from plugrl.registry import PART_KINDS, Registry, bound_register
+from plugrl.plugin import hookspecs
+from plugrl.plugin.registry import PART_KINDS, Registry, bound_register
 
 logger = logging.getLogger("plugrl.plugins")
 
@@ -245,8 +246,8 @@ class PluginManager:
     # ---------------------------------------------------------------------------- registries
 
     def registry(self, kind: str) -> Registry:
-        """The registry of ``kind`` (see :data:`plugrl.registry.PART_KINDS`), filled on first use
-        by calling every plugin's registration hook."""
+        """The registry of ``kind`` (see :data:`plugrl.plugin.registry.PART_KINDS`), filled on
+        first use by calling every plugin's registration hook."""
         if kind not in self._registries:
             registry = Registry(kind)  # refuses an unknown kind
             hook_name = PART_KINDS[kind].hook

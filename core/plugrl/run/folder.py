@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import yaml
 
-from plugrl.checkpoint import LATEST_FILE, CheckpointManager, step_dir_name
 from plugrl.errors import RecipeError
 from plugrl.recipe import Recipe, path_keys
 from plugrl.recipe.paths import resolve_value
+from plugrl.state.checkpoint import LATEST_FILE, CheckpointManager, step_dir_name
 
 if TYPE_CHECKING:
-    from plugrl.plugins import PluginManager
+    from plugrl.plugin.manager import PluginManager
 
 logger = logging.getLogger("plugrl.run")
 

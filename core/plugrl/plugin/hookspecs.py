@@ -9,7 +9,7 @@ Two kinds of hook:
 * **Registration hooks** (``register_*``) are called once per process, in the driver and in each
   worker, with a ``register`` callable. They must be cheap: register a class or function, or the
   ``"module:attribute"`` path to one, never an instance, so that only the part a recipe chooses
-  imports its heavy libraries. See :class:`plugrl.registry.Registry.register` for the options
+  imports its heavy libraries. See :class:`plugrl.plugin.registry.Registry.register` for the options
   ``register`` accepts (``config``, ``requires``, ``install``, ``description``, ``aliases``).
   A name registered twice in one kind is an error that names both plugins.
 * **Lifecycle hooks** run at fixed points of a run. Each docstring says in which process.
@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from pathlib import Path
 
+    from plugrl.plugin.registry import RegisterFn
     from plugrl.recipe import Recipe
-    from plugrl.registry import RegisterFn
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 
@@ -167,7 +167,7 @@ def register_judge_parsers(register: RegisterFn) -> None:
 @hookspec
 def register_schedulers(register: RegisterFn) -> None:
     """Register schedulers, what one training step does (``sync``, ``fully_async``); the core's
-    run loop (:func:`plugrl.loop.run_loop`) runs the steps.
+    run loop (:func:`plugrl.run.loop.run_loop`) runs the steps.
 
     Process: driver.
     Target: a subclass of :class:`plugrl.parts.scheduler.Scheduler`.

@@ -17,13 +17,13 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from plugrl.metrics import resident_memory_gb
-from plugrl.steps import validate
+from plugrl.run.metrics import resident_memory_gb
+from plugrl.run.steps import validate
 
 if TYPE_CHECKING:
     from plugrl.compose.run_parts import RunParts
     from plugrl.parts.scheduler import Scheduler
-    from plugrl.run import RunContext
+    from plugrl.run.runner import RunContext
 
 logger = logging.getLogger("plugrl.run")
 

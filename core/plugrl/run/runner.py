@@ -10,34 +10,21 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from plugrl.errors import PluginError, RecipeError
-from plugrl.loop import run_loop
+from plugrl.cluster.services import RunServices
+from plugrl.errors import RecipeError
 from plugrl.parts.context import PartContext
+from plugrl.parts.device import resolve_device_name
 from plugrl.parts.logger import MetricLogger
 from plugrl.parts.scheduler import Scheduler
-from plugrl.plugins import PluginManager
+from plugrl.plugin.manager import PluginManager
 from plugrl.recipe import Recipe, resolve_paths
-from plugrl.run_folder import check_model_folders, check_resume, prepare_run_dir, record_recipe
+from plugrl.run.folder import check_model_folders, check_resume, prepare_run_dir, record_recipe
+from plugrl.run.loop import run_loop
 
 if TYPE_CHECKING:
     from plugrl.compose.run_parts import RunParts
 
 logger = logging.getLogger("plugrl.run")
-
-
-def resolve_device_name(recipe: Recipe, plugins: PluginManager) -> str:
-    """The device a run uses: ``device.name``, or for ``auto`` the first one a plugin detects."""
-    name = recipe.device.name
-    if name != "auto":
-        return name
-    detected = plugins.hook.detect_device()
-    if detected is None:
-        raise PluginError(
-            "device.name is 'auto' but no plugin detected a device (the plugin manager has "
-            "no device plugin: was it built without loading the installed plugins?); set "
-            "device.name"
-        )
-    return detected
 
 
 @attrs.define
@@ -47,7 +34,7 @@ class RunContext:
 
     :meth:`build_parts` composes the run the recipe describes (data, reward, algorithm pieces,
     trainer worker groups, engine group, weight transport; :mod:`plugrl.compose`); the run
-    loop (:func:`plugrl.loop.run_loop`) calls it once.
+    loop (:func:`plugrl.run.loop.run_loop`) calls it once.
     """
 
     recipe: Recipe
@@ -64,6 +51,7 @@ class RunContext:
 
     def part_context(self, **fields: Any) -> PartContext:
         """A :class:`PartContext` of this run (recipe, plugins, run folder) plus ``fields``."""
+        fields.setdefault("services", RunServices())
         return PartContext(recipe=self.recipe, plugins=self.plugins, run_dir=self.run_dir, **fields)
 
     def build_parts(self, engine_needs: Mapping[str, str] | None = None) -> RunParts:
@@ -93,7 +81,7 @@ class RunContext:
 
 
 def build_loggers(recipe: Recipe, run_dir: Path, plugins: PluginManager) -> list[MetricLogger]:
-    from plugrl.compose.build import build_part
+    from plugrl.plugin.build import build_part
 
     context = PartContext(recipe=recipe, plugins=plugins, run_dir=run_dir)
     return [build_part("loggers", name, recipe.trainer, context) for name in recipe.trainer.logger]
@@ -133,7 +121,7 @@ def run_recipe(recipe: Recipe, plugins: PluginManager) -> dict[str, Any]:
     context = RunContext(recipe, run_dir, plugins, device_name)
     status, error = "failed", None
     try:
-        from plugrl.compose.build import build_part
+        from plugrl.plugin.build import build_part
 
         context.loggers = build_loggers(recipe, run_dir, plugins)
         scheduler: Scheduler = build_part(

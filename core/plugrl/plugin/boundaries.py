@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     import torch
 
     from plugrl.data.batch import Batch
-    from plugrl.plugins import PluginManager
+    from plugrl.plugin.manager import PluginManager
 
 _SHAPE_MEANING = "one row per response and one column per response token"
 
@@ -126,7 +126,7 @@ def _kind(value: Any) -> str:
 
 def _who(kind: str, name: str, plugins: PluginManager) -> str:
     """``reward manager 'x' (plugin 'y')``: the part at fault and where it comes from."""
-    from plugrl.registry import PART_KINDS
+    from plugrl.plugin.registry import PART_KINDS
 
     label = f"{PART_KINDS[kind].human_name} {name!r}"
     try:

@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from plugrl.config.structuring import describe_value, structure
 from plugrl.errors import DataError, PluginError, RecipeError
-from plugrl.structuring import describe_value, structure
 
 if TYPE_CHECKING:
-    from plugrl.plugins import PluginManager
+    from plugrl.plugin.manager import PluginManager
 
 SAMPLE_PARAMS = ("data_source", "solution_str", "ground_truth", "extra_info")
 BATCH_PARAMS = ("data_sources", "solution_strs", "ground_truths", "extra_infos")

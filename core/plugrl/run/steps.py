@@ -24,17 +24,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from plugrl.compose.boundaries import check_estimator_output, check_reward_output
-from plugrl.rng import Stream, round_seed, sampling_seed
-from plugrl.sample_dump import prompt_text, sample_rows, write_jsonl
+from plugrl.plugin.boundaries import check_estimator_output, check_reward_output
+from plugrl.run.sample_dump import prompt_text, sample_rows, write_jsonl
+from plugrl.state.rng import Stream, round_seed, sampling_seed
 
 if TYPE_CHECKING:
     from plugrl.compose.run_parts import RunParts
     from plugrl.data.batch import Batch
-    from plugrl.metrics import StepTimer
     from plugrl.parts.reward import RewardOutput
     from plugrl.parts.rollout import Completion, SamplingParams
     from plugrl.recipe import Recipe
+    from plugrl.run.metrics import StepTimer
 
 logger = logging.getLogger("plugrl.run")  # where a run's progress lines go
 
@@ -47,10 +47,10 @@ def sampling_params(
 ) -> SamplingParams:
     """The recipe's training sampling (``rollout.n``, ``temperature``, ``top_p``, ...,
     ``data.max_response_length`` new tokens at most) seeded for generation round
-    ``round_index`` of ``step`` (:func:`plugrl.rng.round_seed`: every round of every step
+    ``round_index`` of ``step`` (:func:`plugrl.state.rng.round_seed`: every round of every step
     draws apart from the others and from validation), so a resumed run samples exactly what
     the uninterrupted one did. ``stream`` puts the seed on another stream of
-    :class:`plugrl.rng.Stream`, ``step`` then being the position in it (a sample's number)."""
+    :class:`plugrl.state.rng.Stream`, ``step`` then being the position in it (a sample's number)."""
     params = recipe.rollout.sampling_params(recipe.data.max_response_length)
     if stream == Stream.ROLLOUT:
         params.seed = round_seed(recipe.trainer.seed, step, round_index)
@@ -172,7 +172,7 @@ def prefetch_scores(
 def reward_output(parts: RunParts, batch: Batch) -> RewardOutput:
     """What the run's reward manager says of every response of ``batch``, checked: scores of
     the wrong shape or type stop the run with one line naming the manager
-    (:func:`plugrl.compose.boundaries.check_reward_output`). For a batch of trajectories
+    (:func:`plugrl.plugin.boundaries.check_reward_output`). For a batch of trajectories
     the scores move where the trajectory says (:func:`plugrl.agents.batch.agent_scores`:
     episode rewards, per-turn rewards, the score on the last sampled token)."""
     output = check_reward_output(
@@ -224,8 +224,8 @@ def step_metrics(parts: RunParts, batch: Batch, timer: StepTimer, step: int) -> 
     (:func:`plugrl.agents.batch.agent_metrics`), ``training/global_step`` and
     ``training/epoch``. With
     ``trainer.rollout_data_dir`` set it also writes the batch's responses to
-    ``<rollout_data_dir>/<step>.jsonl`` (:mod:`plugrl.sample_dump`)."""
-    from plugrl.metrics import compute_data_metrics, compute_throughput_metrics
+    ``<rollout_data_dir>/<step>.jsonl`` (:mod:`plugrl.run.sample_dump`)."""
+    from plugrl.run.metrics import compute_data_metrics, compute_throughput_metrics
 
     data = parts.recipe.data
     metrics = compute_data_metrics(batch, data.max_response_length, data.max_prompt_length)

@@ -6,17 +6,17 @@ from __future__ import annotations
 import inspect
 from typing import TYPE_CHECKING, Any
 
+from plugrl.config.structuring import structure
 from plugrl.errors import PluginError
 from plugrl.parts.context import PartContext
-from plugrl.recipe import part_args
-from plugrl.registry import PART_KINDS, import_object
+from plugrl.plugin.registry import PART_KINDS, import_object
 
 if TYPE_CHECKING:
     from plugrl.parts.algorithm import AdvantageEstimator, PolicyLoss
     from plugrl.parts.device import Device
-    from plugrl.plugins import PluginManager
+    from plugrl.plugin.manager import PluginManager
+    from plugrl.plugin.registry import Entry
     from plugrl.recipe import Recipe
-    from plugrl.registry import Entry
 
 
 def check_constructor(entry: Entry, cls: Any) -> None:
@@ -245,7 +245,7 @@ def check_torch_device_type(entry: Entry, device: Device) -> None:
 def build_part(kind: str, name: str, config: Any, context: Any) -> Any:
     """The part registered as ``name`` of ``kind``, built as ``cls(config, context)`` with the
     registry of ``context.plugins``, the run's plugin manager. ``context`` is
-    a :class:`PartContext`, or the :class:`~plugrl.run.RunContext` for a scheduler."""
+    a :class:`PartContext`, or the :class:`~plugrl.run.runner.RunContext` for a scheduler."""
     plugins = context.plugins
     if plugins is None:
         raise ValueError(
@@ -272,3 +272,24 @@ def build_policy_loss(recipe: Recipe, plugins: PluginManager) -> PolicyLoss:
     options = part_args(recipe, "actor", "policy_loss_args", plugins)
     context = PartContext(recipe=recipe, plugins=plugins, options=options)
     return build_part("policy_losses", recipe.actor.policy_loss, recipe.actor, context)
+
+
+def part_args(recipe: Recipe, section_name: str, args_key: str, plugins: PluginManager) -> Any:
+    """The chosen part's args (``algorithm.adv_estimator_args``) as its config object, or
+    ``None`` when the part registered no config class."""
+    dotted = f"{section_name}.{args_key}"
+    kind = next((k for k in PART_KINDS.values() if k.args_key == dotted), None)
+    if kind is None:
+        raise ValueError(f"{dotted} is not the options key of any kind of part")
+    owner = getattr(recipe, section_name)
+    config_cls = plugins.registry(kind.name).get(dotted_get(owner, kind.selector)).load_config()
+    if config_cls is None:
+        return None
+    return structure(config_cls, dict(dotted_get(owner, args_key)), dotted)
+
+
+def dotted_get(config: Any, dotted: str) -> Any:
+    """The option at ``dotted`` (``"agent.loop"``) within a config object."""
+    for name in dotted.split("."):
+        config = getattr(config, name)
+    return config
