@@ -78,7 +78,7 @@ def run_cell(
     recipe_data: dict[str, Any], plugins: Any, label: str, work_dir: Path
 ) -> dict[str, Any]:
     """One run through ``run_recipe``; its summary as ``plugrl compare`` computes it."""
-    from plugrl.run import run_recipe
+    from plugrl.run.runner import run_recipe
     from plugrl.testing import make_recipe
     from plugrl_tools.compare import RunHistory, summarize
 
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     import yaml
 
     import plugrl_sim
-    from plugrl.plugins import get_plugin_manager
+    from plugrl.plugin.manager import get_plugin_manager
     from plugrl_sim.parts import SimBackendConfig, SimEngineConfig, build_sim_task, sim_recipe
 
     splits = parse_splits(args.splits, args.devices)

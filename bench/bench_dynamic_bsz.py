@@ -138,7 +138,7 @@ class ActivationMeter:
 
 
 def build(model_dir: Path, device_name: str, rows: int, **actor: Any) -> FSDP2Backend:
-    from plugrl.plugins import get_plugin_manager
+    from plugrl.plugin.manager import get_plugin_manager
 
     device = get_plugin_manager().registry("devices").load(device_name)()
     recipe = Recipe(

@@ -191,9 +191,9 @@ def plugrl_worker(conn: Any, settings: BenchSettings) -> None:
     """Run plugrl's sync GRPO loop through ``run_recipe``, one step per driver "go"."""
     _start_worker(settings, "plugrl")
     import plugrl
-    from plugrl.plugins import get_plugin_manager
+    from plugrl.plugin.manager import get_plugin_manager
     from plugrl.recipe import load_recipe
-    from plugrl.run import run_recipe
+    from plugrl.run.runner import run_recipe
 
     class LockStep:
         @plugrl.hookimpl
@@ -223,7 +223,7 @@ def _trl_rows(settings: BenchSettings) -> tuple[list[dict[str, Any]], list[list[
     import pyarrow.parquet as pq
 
     from plugrl.data.dataset import PromptDataset, PromptLoader, load_tokenizer, pad_token_id_of
-    from plugrl.plugins import get_plugin_manager
+    from plugrl.plugin.manager import get_plugin_manager
     from plugrl.recipe import load_recipe
 
     recipe = load_recipe(None, settings.plugrl_overrides(), get_plugin_manager())
@@ -258,9 +258,9 @@ def _trl_rows(settings: BenchSettings) -> tuple[list[dict[str, Any]], list[list[
 
 def _plugrl_reward_function(settings: BenchSettings) -> Any:
     """plugrl's scorer for each row's data source, as a TRL reward function."""
-    from plugrl.plugins import get_plugin_manager
+    from plugrl.parts.scoring import make_resolver
+    from plugrl.plugin.manager import get_plugin_manager
     from plugrl.recipe import load_recipe
-    from plugrl.rewards.scoring import make_resolver
 
     plugins = get_plugin_manager()
     resolve = make_resolver(load_recipe(None, settings.plugrl_overrides(), plugins), plugins)
@@ -605,7 +605,7 @@ def main() -> None:
     if args.steps < 1 or args.warmup < 1:
         raise SystemExit("--steps and --warmup must be at least 1 (the first step is set-up)")
 
-    from plugrl.plugins import get_plugin_manager
+    from plugrl.plugin.manager import get_plugin_manager
     from plugrl.recipe import load_recipe
     from plugrl_tools.quickstart import DEFAULT_DIR, prepare_quickstart
 

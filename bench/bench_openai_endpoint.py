@@ -17,10 +17,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from plugrl.agents.endpoint import OpenAIEndpoint
 from plugrl.parts.agent import AgentConfig, Environment, ParsedTurn, Session, ToolCall
 from plugrl.parts.rollout import Completion
 from plugrl.testing.tiny import make_tiny_tokenizer
+from plugrl_openai_agent.endpoint import OpenAIEndpoint
 
 ANSWER = "The answer is 42, as the question asks."
 

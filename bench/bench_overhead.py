@@ -132,7 +132,7 @@ class OverheadSettings:
 
 
 def load_settings_recipe(settings: OverheadSettings) -> Any:
-    from plugrl.plugins import get_plugin_manager
+    from plugrl.plugin.manager import get_plugin_manager
     from plugrl.recipe import load_recipe
 
     return load_recipe("quickstart", settings.overrides(), get_plugin_manager())
@@ -309,9 +309,9 @@ class BareLoop:
 
     def generate(self, step: int) -> list[list[int]]:
         """``rollout.n`` responses per prompt, prompt after prompt, seeded as plugrl seeds
-        them (:func:`plugrl.steps.sampling_seed`, one request per prompt)."""
+        them (:func:`plugrl.state.rng.round_seed`, one request per prompt)."""
         from plugrl.parts.rollout import batch_requests
-        from plugrl.steps import sampling_params
+        from plugrl.run.steps import sampling_params
 
         params = sampling_params(self.recipe, step)
         requests = batch_requests(self.prompts[step - 1].prompt_ids, params, f"step{step}")
@@ -431,8 +431,8 @@ def plugrl_worker(conn: Any, settings: OverheadSettings) -> None:
     _start_worker(settings, "plugrl")
     import plugrl
     import plugrl_sync.scheduler as sync_scheduler
-    from plugrl.plugins import get_plugin_manager
-    from plugrl.run import run_recipe
+    from plugrl.plugin.manager import get_plugin_manager
+    from plugrl.run.runner import run_recipe
 
     generate = sync_scheduler.generate
     first_tokens: list[list[list[int]]] = []
@@ -630,7 +630,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.steps < 1 or args.warmup < 1:
         raise SystemExit("--steps and --warmup must be at least 1 (the first step is set-up)")
 
-    from plugrl.plugins import get_plugin_manager
+    from plugrl.plugin.manager import get_plugin_manager
     from plugrl.recipe import load_recipe
     from plugrl_tools.quickstart import DEFAULT_DIR, prepare_quickstart
 

@@ -46,7 +46,7 @@ def run_once(
     recipe_data: dict[str, Any], plugins: Any, run_dir: Path, skip: int
 ) -> dict[str, float]:
     """One run; the medians over its steps after the first ``skip``."""
-    from plugrl.run import run_recipe
+    from plugrl.run.runner import run_recipe
     from plugrl.testing import make_recipe
 
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--steps {args.steps}: the first step is warm-up, so at least 2")
 
     import plugrl_sim
-    from plugrl.plugins import get_plugin_manager
+    from plugrl.plugin.manager import get_plugin_manager
     from plugrl_sim.parts import build_sim_task, sim_recipe
 
     plugins = get_plugin_manager()

@@ -28,8 +28,8 @@ import torch
 
 from plugrl.data.batch import Batch
 from plugrl.parts.context import PartContext
+from plugrl.parts.scoring import FileFunction, Scorer
 from plugrl.recipe import Recipe
-from plugrl.rewards.scoring import FileFunction, Scorer
 from plugrl_reward_managers.managers import (
     ParallelRewardConfig,
     ParallelRewardManager,

@@ -29,7 +29,7 @@ from bench_packed_update import actor, quickstart_shaped_model
 
 from plugrl.algorithms.objective import PolicyObjective
 from plugrl.data.batch import Batch
-from plugrl.plugins import get_plugin_manager
+from plugrl.plugin.manager import get_plugin_manager
 
 
 def grpo_batch(

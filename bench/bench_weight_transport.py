@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None) -> None:
     import bench_weight_transport as engine_plugin
     import ray
 
-    from plugrl.plugins import PluginManager
+    from plugrl.plugin.manager import PluginManager
 
     plugins = PluginManager()
     plugins.load_entry_points()

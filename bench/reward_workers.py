@@ -24,8 +24,8 @@ import torch
 from plugrl.data.batch import Batch
 from plugrl.parts.context import PartContext
 from plugrl.parts.reward import RewardConfig
+from plugrl.parts.scoring import Scorer
 from plugrl.recipe import Recipe
-from plugrl.rewards.scoring import Scorer
 from plugrl_reward_managers.managers import (
     NaiveRewardManager,
     ParallelRewardConfig,

@@ -18,7 +18,7 @@ import plugrl_jsonl
 import plugrl_kl_penalties
 import plugrl_policy_losses
 from plugrl.parts.scheduler import Scheduler
-from plugrl.plugins import PluginManager, set_plugin_manager
+from plugrl.plugin.manager import PluginManager, set_plugin_manager
 from plugrl.recipe import Recipe, apply_overrides, build_recipe
 
 

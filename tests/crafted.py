@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from plugrl.checkpoint import MANIFEST_FILE, file_crc32
+from plugrl.state.checkpoint import MANIFEST_FILE, file_crc32
 
 SYSTEM = f"{os.system.__module__}.system"
 """How a pickle names ``os.system`` (``posix.system`` on Linux)."""

@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,3 +48,16 @@ def local_ray(num_cpus: int) -> Iterator[Any]:
         yield ray
     finally:
         ray.shutdown()
+
+
+def wait_until(
+    condition: Callable[[], Any], what: str, timeout: float = 60.0, every: float = 0.002
+) -> None:
+    """Return once ``condition()`` is true; fail naming ``what`` was awaited if it is not
+    within ``timeout`` seconds. The deadline is generous on purpose: a test waits for an
+    event, never for an amount of time, so a loaded machine is slower but not failing."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited {timeout:g} s for {what}; it did not happen")
+        time.sleep(every)

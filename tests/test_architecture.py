@@ -1,5 +1,7 @@
-"""The shape of the code: the kernel has no import circle and never imports the tools or a
-plugin; no plugin imports another; every package lives in a folder of its own name.
+"""The shape of the code: the kernel has no import circle, between its modules or between its
+packages, and never imports the tools or a plugin; a plugin imports from the kernel only its
+plugin API (``plugrl.api``, and ``plugrl.testing`` for test helpers), never the tools, and no
+other plugin; every package lives in a folder of its own name.
 
 Imports are read from the source (every ``import`` and ``from ... import``, those inside
 functions included); only imports under ``if TYPE_CHECKING:`` are left out, since they never
@@ -20,6 +22,13 @@ import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNEL, TOOLS = "plugrl", "plugrl_tools"
+PLUGIN_API = ("plugrl.api", "plugrl.testing")
+"""What a plugin may import from the kernel: the plugin API and the test kit."""
+PROGRAMS = "smoke"
+"""A plugin module of this name is a program, not plugin code: the accelerator smoke script
+run as ``python -m plugrl_<name>.smoke``. Like the command line it starts the process's
+plugin manager and runs whole recipes with the tools' smoke harness, so it is held to neither
+the plugin API nor the no-tools rule."""
 SOURCE_ROOTS = {KERNEL: ROOT / "core" / KERNEL, TOOLS: ROOT / "tools" / TOOLS}
 
 
@@ -138,9 +147,109 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def package_of(module: str) -> str:
+    """The node of ``module`` in the package graph: its first-level subpackage of the kernel
+    (``plugrl.run.loop`` -> ``plugrl.run``); a top-level module is a node of its own."""
+    return ".".join(module.split(".")[:2])
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """``graph`` with each module replaced by its package (:func:`package_of`)."""
+    packages: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        node = packages.setdefault(package_of(module), set())
+        node.update(package_of(t) for t in targets if package_of(t) != package_of(module))
+    return packages
+
+
+def plugin_api_violations(plugins: dict[str, Path], root: Path = ROOT) -> list[str]:
+    """``path:line imports name`` for each import of a plugin module (programs aside) that
+    reaches into the kernel outside its plugin API, or into the tools."""
+    violations = []
+    for package, folder in plugins.items():
+        for module, path in modules_of(package, folder).items():
+            if module.rpartition(".")[2] == PROGRAMS:
+                continue
+            for line, name in imports_of(module, path):
+                top = name.partition(".")[0]
+                private = top == KERNEL and not any(
+                    name == api or name.startswith(api + ".") for api in PLUGIN_API
+                )
+                if private or top == TOOLS:
+                    violations.append(f"{path.relative_to(root)}:{line} imports {name}")
+    return violations
+
+
 def test_the_kernel_has_no_import_circle():
     kernel = modules_of(KERNEL, SOURCE_ROOTS[KERNEL])
     assert circles(import_graph(kernel)) == []
+
+
+def test_the_kernel_packages_have_no_import_circle():
+    """Each first-level package of the kernel (``plugrl.plugin``, ``plugrl.parts``,
+    ``plugrl.run``, ...) and each top-level module is one node: the layers import downwards
+    only, so a package can be read, and moved, without the ones above it."""
+    kernel = modules_of(KERNEL, SOURCE_ROOTS[KERNEL])
+    assert circles(package_graph(import_graph(kernel))) == []
+
+
+def test_the_package_check_finds_a_circle_no_module_circle_shows(tmp_path):
+    """``a.one`` imports ``b.two`` and ``b.three`` imports ``a.four``: no module circle, but
+    packages ``a`` and ``b`` import each other."""
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "__init__.py").write_text("")
+    files = {
+        "a/one.py": "from x.b.two import value\n",
+        "a/four.py": "value = 4\n",
+        "b/two.py": "value = 2\n",
+        "b/three.py": "from x.a.four import value\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    graph = import_graph(modules_of("x", tmp_path))
+    assert circles(graph) == []
+    assert circles(package_graph(graph)) == [["x.a", "x.b"]]
+
+
+def test_plugins_import_only_the_plugin_api_and_never_the_tools():
+    assert plugin_api_violations(plugin_packages()) == []
+
+
+def test_the_plugin_api_check_finds_private_and_tool_imports(tmp_path):
+    """A plugin that reaches into the kernel, with ``import plugrl`` or a function-local
+    import, or into the tools, is caught; the API, the test kit and a smoke program are not."""
+    folder = tmp_path / "plugins" / "rewards" / "planted" / "plugrl_planted"
+    folder.mkdir(parents=True)
+    (folder / "__init__.py").write_text("import plugrl\nfrom plugrl.api import hookimpl\n")
+    (folder / "manager.py").write_text(
+        "from plugrl.api.rewards import RewardManager\n"
+        "from plugrl.testing import part_context\n"
+        "def later():\n"
+        "    from plugrl.cluster.engines import EngineGroup\n"
+        "    from plugrl_tools.quickstart.arithmetic import parse_answer\n"
+    )
+    (folder / "smoke.py").write_text("from plugrl_tools.smoke import check\n")
+    violations = plugin_api_violations({"plugrl_planted": folder}, root=folder)
+    assert sorted(violations) == [
+        "__init__.py:1 imports plugrl",
+        "manager.py:4 imports plugrl.cluster.engines",
+        "manager.py:4 imports plugrl.cluster.engines.EngineGroup",
+        "manager.py:5 imports plugrl_tools.quickstart.arithmetic",
+        "manager.py:5 imports plugrl_tools.quickstart.arithmetic.parse_answer",
+    ]
+
+
+def test_the_plugin_api_modules_declare_what_they_export():
+    """Every module of ``plugrl.api`` lists its names in ``__all__``, and each name is there."""
+    import importlib
+
+    for module in modules_of(KERNEL, SOURCE_ROOTS[KERNEL]):
+        if module == "plugrl.api" or module.startswith("plugrl.api."):
+            imported = importlib.import_module(module)
+            assert imported.__all__, module
+            missing = [name for name in imported.__all__ if not hasattr(imported, name)]
+            assert missing == [], module
 
 
 def test_the_check_finds_a_circle():
@@ -240,10 +349,11 @@ def test_the_kernel_reaches_the_plugin_manager_only_through_the_run():
     Everything else receives it from the run (``RunContext.plugins``, ``RunParts.plugins``,
     ``PartContext.plugins``) or from its caller."""
     allowed = {
-        "plugrl.plugins",
+        "plugrl.plugin.manager",
         "plugrl.cluster.worker",
         "plugrl.testing",
         "plugrl.testing.fixtures",
+        "plugrl.testing.simulated",
     }
     callers = sorted(
         f"{path.relative_to(ROOT)}:{node.lineno}"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from plugrl.registry import KNOWN_EXTERNAL
+from plugrl.plugin.registry import KNOWN_EXTERNAL
 
 ROOT = Path(__file__).resolve().parents[1]
 OWN_DISTRIBUTIONS = sorted(path.parent for path in ROOT.glob("plugins/*/*/pyproject.toml"))
@@ -131,7 +131,7 @@ OWN_EXTRA = re.compile(r"'plugrl\[([a-z,_-]+)\]'")
 
 def registered_hints() -> dict[str, str]:
     """Every ``install`` hint a part of this repository registers, by part."""
-    from plugrl.plugins import PluginManager
+    from plugrl.plugin.manager import PluginManager
 
     plugins = PluginManager()
     plugins.load_entry_points()

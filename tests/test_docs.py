@@ -15,7 +15,7 @@ Checked: every class a plugin implements (the ``interface`` of each kind of
 returns has a subsection; every public member of the class is in it, with the same parameter
 names, kinds and defaults, ``async`` exactly where it is a coroutine, and ``required`` in the
 second column exactly where it is abstract; and every member the page names exists. The hooks
-of ``plugrl.hookspecs`` are checked the same way against "The hooks".
+of ``plugrl.plugin.hookspecs`` are checked the same way against "The hooks".
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from typing import Any
 import attrs
 import pytest
 
-from plugrl import hookspecs
-from plugrl.registry import PART_KINDS, import_object
-from plugrl.rewards.scoring import BATCH_PARAMS, SAMPLE_PARAMS
+from plugrl.parts.scoring import BATCH_PARAMS, SAMPLE_PARAMS
+from plugrl.plugin import hookspecs
+from plugrl.plugin.registry import PART_KINDS, import_object
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "plugins.md"
@@ -49,11 +49,14 @@ DATA_TYPES = (
     "plugrl.parts.algorithm:ActorObjective",
     "plugrl.parts.reward:RewardOutput",
     "plugrl.parts.reward:BatchScoringFunction",
-    "plugrl.run:RunContext",
+    "plugrl.run.runner:RunContext",
     "plugrl.parts.rollout:GenerationRequest",
     "plugrl.parts.rollout:SamplingParams",
     "plugrl.parts.rollout:Completion",
     "plugrl.parts.rollout:WeightMeta",
+    "plugrl.parts.agent:Session",
+    "plugrl.parts.agent:ToolResult",
+    "plugrl.parts.agent:Trajectory",
 )
 IMPLEMENT = ("required", "optional", "provided", "set", "read")
 
@@ -129,14 +132,21 @@ def _balanced(text: str) -> str:
 
 
 def documented_classes() -> dict[str, tuple[str, str]]:
-    """``"module:Class"`` -> (heading, body) of its reference subsection."""
+    """``"module:Class"`` (where the class is defined) -> (heading, body) of its reference
+    subsection. A heading names the class by its plugin-API name (``plugrl.api...``), the one
+    plugins import."""
     found = {}
     for heading, body in subsections(page_section("Reference")):
         paths = re.findall(r"`(plugrl[\w.]*)\.(\w+)`", heading)
         if not paths:  # prose (metric names)
             continue
         module, name = paths[-1]
-        found[f"{module}:{name}"] = (heading, body)
+        assert module == "plugrl.api" or module.startswith("plugrl.api."), (
+            f"the reference heading {heading!r} names {module}.{name}; name it by its "
+            "plugrl.api path, the one plugins import"
+        )
+        cls = import_object(f"{module}:{name}")
+        found[f"{cls.__module__}:{cls.__qualname__}"] = (heading, body)
     return found
 
 
@@ -428,8 +438,9 @@ def test_the_documented_unit_tests_of_parts_pass(tmp_path):
     text = page_section("Testing a plugin")
     builders = text[text.index("### Builders") :]
     blocks = re.findall(r"```python\n(.*?)```", builders, re.S)
-    # unit tests of parts; a test with a tiny model; a scheduler's run on the simulated parts
-    assert len(blocks) == 3
+    # unit tests of parts; a tool called by a scripted policy; a test with a tiny model; a
+    # scheduler's run on the simulated parts
+    assert len(blocks) == 4
     for index, block in enumerate(blocks):
         (tmp_path / f"test_documented_{index}.py").write_text(block, encoding="utf-8")
     result = subprocess.run(
@@ -473,6 +484,11 @@ def doc_section(path: Path, title: str) -> str:
     match = re.search(rf"^## {re.escape(title)}.*?$(.*?)(?=^## |\Z)", text, re.M | re.S)
     assert match, f"{path.name} has no section '## {title}'"
     return match.group(1)
+
+
+def test_the_documented_part_options_test_passes(tmp_path):
+    """The ``part_args`` example of "Config classes" runs as its reader would run it."""
+    run_documented_files(page_section("Registering parts"), tmp_path)
 
 
 def test_the_documented_reward_manager_and_its_test_pass(tmp_path):
@@ -582,7 +598,7 @@ def test_code_in_the_docs_imports_plugrl_not_another_plugin(document):
 def test_the_import_check_finds_a_plugin_import(tmp_path):
     document = tmp_path / "page.md"
     document.write_text(
-        "## Scoring\n\n```python\nimport json\nfrom plugrl.plugins import load_part\n"
+        "## Scoring\n\n```python\nimport json\nfrom plugrl.plugin.manager import load_part\n"
         "from plugrl_scorers.gsm8k import compute_score\n```\n\n"
         "## The simulator (`plugrl_sim`)\n\n```python\nfrom plugrl_sim.parts import "
         "sim_recipe\n```\n",

@@ -31,8 +31,8 @@ bench = _load_bench()
 
 
 def test_grpo_advantages_equal_the_grpo_estimator():
-    from plugrl.compose.build import build_estimator
-    from plugrl.plugins import get_plugin_manager
+    from plugrl.plugin.build import build_estimator
+    from plugrl.plugin.manager import get_plugin_manager
     from plugrl.testing import make_recipe
 
     n = 4
@@ -59,7 +59,7 @@ def test_grpo_advantages_equal_the_grpo_estimator():
 
 def test_the_clipped_loss_equals_the_actor_objective_over_micro_batches():
     from plugrl.algorithms.objective import PolicyObjective
-    from plugrl.plugins import get_plugin_manager
+    from plugrl.plugin.manager import get_plugin_manager
     from plugrl.testing import make_recipe
 
     generator = torch.Generator().manual_seed(0)

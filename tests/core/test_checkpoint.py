@@ -7,14 +7,14 @@ import traceback
 import pytest
 import torch
 
-from plugrl import rng
-from plugrl.checkpoint import (
+from plugrl.errors import CheckpointError
+from plugrl.state import rng
+from plugrl.state.checkpoint import (
     LATEST_FILE,
     MANIFEST_FILE,
     TRAINER_STATE_FORMAT,
     CheckpointManager,
 )
-from plugrl.errors import CheckpointError
 from tests.crafted import SYSTEM, plant_in_torch_file, runs_when_unpickled
 
 

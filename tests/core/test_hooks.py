@@ -4,8 +4,8 @@ import inspect
 import re
 from pathlib import Path
 
-from plugrl import hookspecs
-from plugrl.registry import PART_KINDS
+from plugrl.plugin import hookspecs
+from plugrl.plugin.registry import PART_KINDS
 
 ROOT = Path(__file__).resolve().parents[2]
 HOOKS = sorted(

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from plugrl.data.batch import Batch
-from plugrl.metrics import (
+from plugrl.run.metrics import (
     StepTimer,
     compute_data_metrics,
     compute_throughput_metrics,

@@ -5,7 +5,7 @@ import pytest
 
 import plugrl
 from plugrl.errors import PluginError
-from plugrl.plugins import PluginManager, get_plugin_manager, set_plugin_manager
+from plugrl.plugin.manager import PluginManager, get_plugin_manager, set_plugin_manager
 
 
 def plugin_module(name: str, **hooks) -> types.ModuleType:

@@ -4,7 +4,7 @@ import pytest
 import yaml
 
 from plugrl.errors import PluginError, RecipeError, UnknownNameError
-from plugrl.plugins import get_plugin_manager
+from plugrl.plugin.manager import get_plugin_manager
 from plugrl.recipe import (
     Recipe,
     apply_overrides,
@@ -64,7 +64,7 @@ def test_nested_defaults_and_merge_order(base, write_recipe):
 
 
 def test_a_shipped_recipe_is_a_default_by_name(tmp_path):
-    from plugrl.plugins import PluginManager
+    from plugrl.plugin.manager import PluginManager
 
     path = tmp_path / "mine.yaml"
     path.write_text(
@@ -79,7 +79,7 @@ def test_a_shipped_recipe_is_a_default_by_name(tmp_path):
 
 
 def test_a_shipped_recipe_with_dots_in_its_name_is_a_default_by_name(tmp_path):
-    from plugrl.plugins import PluginManager
+    from plugrl.plugin.manager import PluginManager
 
     path = tmp_path / "mine.yaml"
     path.write_text("defaults: [gsm8k-grpo-qwen2.5-0.5b]\nrollout: {n: 4}\n")

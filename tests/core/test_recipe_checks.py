@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from plugrl.errors import RecipeError
-from plugrl.plugins import get_plugin_manager
+from plugrl.plugin.manager import get_plugin_manager
 from plugrl.recipe import apply_overrides, build_recipe, load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from plugrl.config import option
-from plugrl.plugins import get_plugin_manager
+from plugrl.plugin.manager import get_plugin_manager
 from plugrl.recipe import (
     Recipe,
     apply_overrides,

@@ -6,7 +6,7 @@ import attrs
 import plugrl
 from plugrl.config import option
 from plugrl.parts.rollout import RolloutConfig
-from plugrl.plugins import get_plugin_manager
+from plugrl.plugin.manager import get_plugin_manager
 from plugrl.recipe.verl_names import verl_names
 
 

@@ -3,7 +3,7 @@ import re
 import pytest
 
 from plugrl.errors import PluginError, UnknownNameError
-from plugrl.registry import PART_KINDS, Registry, import_object, section_kind
+from plugrl.plugin.registry import PART_KINDS, Registry, import_object, section_kind
 from tests import install_hints as hints
 
 
@@ -161,7 +161,7 @@ def test_the_registry_imports_no_config_class():
     import sys
 
     code = (
-        "import sys, plugrl.registry as r; r.PART_KINDS; "
+        "import sys, plugrl.plugin.registry as r; r.PART_KINDS; "
         "print(sorted(m for m in sys.modules if m.startswith('plugrl.parts')))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

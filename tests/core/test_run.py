@@ -7,9 +7,10 @@ import pytest
 import plugrl
 from plugrl.cluster.worker import prepare_backend_once
 from plugrl.errors import PluginError, RecipeError
-from plugrl.plugins import get_plugin_manager
+from plugrl.parts.device import resolve_device_name
+from plugrl.plugin.manager import get_plugin_manager
 from plugrl.recipe import build_recipe
-from plugrl.run import resolve_device_name, run_recipe
+from plugrl.run.runner import run_recipe
 from tests.fake_parts import BASE_RECIPE
 
 
@@ -152,7 +153,7 @@ class AllocatorDevice:
 
 def test_a_run_in_one_process_takes_the_device_environment_the_user_did_not_set(monkeypatch):
     from plugrl.recipe import Recipe
-    from plugrl.run import apply_device_env
+    from plugrl.run.runner import apply_device_env
 
     for name in ("FAKE_TRAINER_CONF", "FAKE_ROLLOUT_CONF"):
         monkeypatch.delenv(name, raising=False)
@@ -163,7 +164,7 @@ def test_a_run_in_one_process_takes_the_device_environment_the_user_did_not_set(
 
 
 def test_a_run_folder_that_cannot_be_made_is_one_line(tmp_path):
-    from plugrl.run_folder import prepare_run_dir
+    from plugrl.run.folder import prepare_run_dir
 
     blocker = tmp_path / "a-file"
     blocker.write_text("")
@@ -179,7 +180,7 @@ def test_a_run_folder_that_cannot_be_made_is_one_line(tmp_path):
 
 
 def test_a_model_folder_without_a_model_or_tokenizer_is_one_line(tmp_path):
-    from plugrl.run_folder import check_model_folders
+    from plugrl.run.folder import check_model_folders
 
     folder = tmp_path / "model"
     folder.mkdir()
@@ -201,7 +202,7 @@ def test_a_model_folder_without_a_model_or_tokenizer_is_one_line(tmp_path):
 def test_each_segment_of_a_run_keeps_its_recipe_and_changes_are_named(tmp_path, caplog):
     import logging
 
-    from plugrl.run_folder import record_recipe
+    from plugrl.run.folder import record_recipe
 
     actor = {"ppo_mini_batch_size": 8}
     first = build_recipe({"data": {"train_batch_size": 8}, "actor": actor}, get_plugin_manager())
@@ -265,7 +266,7 @@ def test_a_dead_ray_actor_is_one_line():
 
 def test_resident_memory_follows_what_the_process_holds():
     """Resident memory now, not the peak: it goes down when memory is given back."""
-    from plugrl.metrics import resident_memory_gb
+    from plugrl.run.metrics import resident_memory_gb
 
     before = resident_memory_gb()
     block = bytearray(512 * 1024**2)  # touched page by page: resident

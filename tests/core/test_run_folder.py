@@ -10,15 +10,15 @@ import pytest
 import yaml
 
 from plugrl.errors import DataError, RecipeError
-from plugrl.plugins import get_plugin_manager
+from plugrl.plugin.manager import get_plugin_manager
 from plugrl.recipe import build_recipe
-from plugrl.run import run_recipe
-from plugrl.run_folder import (
+from plugrl.run.folder import (
     NOT_EXPERIMENT_KEYS,
     check_resume,
     describe_changes,
     recipe_changes,
 )
+from plugrl.run.runner import run_recipe
 from plugrl_sim.parts import build_sim_task, sim_recipe
 
 
@@ -261,7 +261,7 @@ def test_a_mapping_given_keys_is_named_by_its_keys_once():
 
 
 def test_the_folder_suggested_for_another_experiment_is_a_new_one(tmp_path, monkeypatch):
-    from plugrl.run_folder import _another_folder
+    from plugrl.run.folder import _another_folder
 
     (tmp_path / "run").mkdir()
     (tmp_path / "run-2").mkdir()
@@ -302,7 +302,7 @@ def test_a_failed_start_keeps_a_folder_that_existed_or_holds_anything(task, tmp_
 
 
 def test_only_empty_folders_are_removed_deepest_first(tmp_path):
-    from plugrl.run_folder import missing_folders, remove_empty_folders
+    from plugrl.run.folder import missing_folders, remove_empty_folders
 
     run_dir = tmp_path / "a" / "b" / "c"
     made = missing_folders(run_dir)

@@ -12,11 +12,11 @@ import pytest
 
 import plugrl
 from plugrl.config import option
+from plugrl.config.structuring import check_finite, structure
 from plugrl.errors import RecipeError
 from plugrl.parts.rollout import RolloutConfig
-from plugrl.plugins import get_plugin_manager
+from plugrl.plugin.manager import get_plugin_manager
 from plugrl.recipe import load_recipe
-from plugrl.structuring import check_finite, structure
 from tests.fake_parts import BASE_RECIPE
 
 

@@ -9,13 +9,14 @@ import pytest
 import torch
 
 import plugrl
-from plugrl import registry
 from plugrl.algorithms.functional import LOSS_AGG_MODES, LossAggregator
 from plugrl.config import option
 from plugrl.data.batch import Batch
 from plugrl.errors import PluginError, RecipeError
+from plugrl.parts.agent import ParsedTurn, Tool, ToolResult
 from plugrl.parts.algorithm import PolicyLoss
-from plugrl.plugins import get_plugin_manager
+from plugrl.plugin import registry
+from plugrl.plugin.manager import get_plugin_manager
 from plugrl.testing import (
     ScriptedSession,
     make_batch,
@@ -23,6 +24,8 @@ from plugrl.testing import (
     make_loss_aggregator,
     make_recipe,
     make_tiny_tokenizer,
+    part_context,
+    tool_call_text,
 )
 
 # ------------------------------------------------------------------------------ make_batch
@@ -110,7 +113,7 @@ def test_make_batch_widths_and_finish_reasons():
 
 
 def test_make_batch_feeds_a_registered_estimator(plugrl_recipe):
-    from plugrl.compose.build import build_estimator
+    from plugrl.plugin.build import build_estimator
 
     recipe = plugrl_recipe({"algorithm.adv_estimator": "grpo", "rollout.n": 4})
     batch = make_batch((3, 4), 2, n=4, scores=[1, 0, 0, 1, 1, 1, 1, 0])
@@ -266,3 +269,65 @@ def test_a_scripted_session_plays_its_script_and_cuts_at_max_tokens():
         "this ScriptedSession has no environment; pass environment=<a function returning a "
         "fresh Environment>"
     )
+
+
+class Lookup(Tool):
+    """A tool with state per sample, as a plugin author writes one."""
+
+    def __init__(self, config, context):
+        super().__init__(config, context)
+        self.seen: dict[str, int] = {}
+        self.released: list[str] = []
+
+    def schema(self):
+        return {"type": "function", "function": {"name": "lookup", "parameters": {}}}
+
+    async def call(self, arguments, context):
+        self.seen[context.sample_id] = self.seen.get(context.sample_id, 0) + 1
+        if arguments.get("key") != "k":
+            return ToolResult(text=f"no entry {arguments.get('key')!r}", error=True)
+        return ToolResult(text="value", reward=0.5)
+
+    async def release(self, sample_id):
+        self.released.append(sample_id)
+
+
+def test_a_scripted_session_parses_and_runs_its_tools_as_a_run_does():
+    tokenizer = make_tiny_tokenizer()
+    lookup = Lookup(None, part_context())
+    session = ScriptedSession(tokenizer, [], tools=[lookup], sample_id="u/1")
+    assert session.tool_schemas() == [lookup.schema()]
+    text = "Let me look.\n" + tool_call_text("lookup", {"key": "k"})
+    text += "\n" + tool_call_text("lookup", {"key": "x"}) + "\n" + tool_call_text("nope", {})
+    parsed = session.parse_tool_calls(text)  # the registered hermes parser, by default
+    assert parsed.content == "Let me look."
+    results = asyncio.run(session.call_tools(parsed.tool_calls, {"uid": "u"}))
+    assert [(r.text, r.error) for r in results] == [
+        ("value", False),
+        ("no entry 'x'", True),
+        ("Error: unknown tool 'nope'; the tools are: lookup.", True),
+    ]
+    assert session.last_tool_reward == 0.5
+    assert lookup.seen == {"u/1": 2}
+    metrics = session.tool_metrics()
+    assert (metrics["tool_calls"], metrics["tool_errors"]) == (3, 2)
+    assert (metrics["tool/lookup/errors"], metrics["tool/invalid/errors"]) == (1, 1)
+    asyncio.run(session.release_tools())
+    assert lookup.released == ["u/1"]
+
+
+def test_a_scripted_session_takes_a_parser_function_and_refuses_what_is_not_a_tool():
+    tokenizer = make_tiny_tokenizer()
+    session = ScriptedSession(tokenizer, [], parser=lambda text: ParsedTurn(content=text.upper()))
+    assert session.parse_tool_calls("hi") == ParsedTurn(content="HI")
+    with pytest.raises(TypeError) as info:
+        ScriptedSession(tokenizer, [], tools=[Lookup])
+    assert str(info.value) == (
+        "ScriptedSession tools must be built Tool objects, got ABCMeta; pass "
+        "MyTool(config, part_context())"
+    )
+    with pytest.raises(ValueError, match="tool_call_text writes the formats hermes, "):
+        tool_call_text("f", {}, format="pythonic")
+    harmony = tool_call_text("f", {"x": 1}, format="gpt-oss")
+    (call,) = get_plugin_manager().registry("tool_parsers").load("gpt-oss")(harmony).tool_calls
+    assert (call.name, call.arguments) == ("f", {"x": 1})

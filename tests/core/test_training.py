@@ -1,4 +1,4 @@
-"""The pieces training backends share (plugrl.training), on their own."""
+"""The pieces training backends share (plugrl.algorithms.training), on their own."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import attrs
 import pytest
 import torch
 
-from plugrl import training
+from plugrl.algorithms import training
 from plugrl.data.batch import Batch
 from plugrl.errors import RecipeError
 from plugrl.parts.algorithm import LossScale

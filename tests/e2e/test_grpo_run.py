@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from plugrl.plugins import get_plugin_manager
+from plugrl.plugin.manager import get_plugin_manager
 from tests.e2e.e2e_support import (
     REFERENCE_OVERRIDES,
     REFERENCE_STEPS,
@@ -210,7 +210,7 @@ def test_a_run_killed_between_logging_a_step_and_saving_it_logs_the_step_once(
     """The gap a kill -9 can fall into: step 2 is logged, its checkpoint not written yet."""
     from click.testing import CliRunner
 
-    from plugrl.checkpoint import CheckpointManager
+    from plugrl.state.checkpoint import CheckpointManager
     from plugrl_tools.cli import cli
 
     recipe = reference_recipe(tiny_task, tmp_path)

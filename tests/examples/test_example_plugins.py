@@ -16,7 +16,7 @@ import torch
 
 from plugrl.data.batch import Batch
 from plugrl.errors import RecipeError
-from plugrl.plugins import PluginManager, get_plugin_manager, set_plugin_manager
+from plugrl.plugin.manager import PluginManager, get_plugin_manager, set_plugin_manager
 from plugrl.recipe import build_recipe, load_recipe, part_args
 from plugrl.testing import make_batch, make_loss_aggregator, part_context
 from tests.support import pip_install_into
@@ -116,7 +116,7 @@ def test_each_packages_own_tests_pass_against_the_installed_package(installed, p
 
 
 def test_countdown_options_reach_the_scoring_function_from_a_recipe(manager, tmp_path):
-    from plugrl.rewards.scoring import make_resolver
+    from plugrl.parts.scoring import make_resolver
 
     path = tmp_path / "recipe.yaml"
     path.write_text(
@@ -309,7 +309,7 @@ def test_median_baseline_values_reach_the_policy_loss(manager):
     """A recipe chooses the third-party estimator; its advantages drive the built-in loss."""
     from plugrl.algorithms.functional import loss_scale_from_mask
     from plugrl.algorithms.objective import PolicyObjective
-    from plugrl.compose.build import build_estimator
+    from plugrl.plugin.build import build_estimator
     from tests import fake_parts
 
     manager.register(fake_parts, "fake-parts")

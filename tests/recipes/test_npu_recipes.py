@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from plugrl.plugins import PluginManager
+from plugrl.plugin.manager import PluginManager
 from tests.accelerator_plugins import ROOT, pip_install, plugrl
 
 RECIPES = ROOT / "recipes" / "npu"

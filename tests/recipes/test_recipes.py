@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from plugrl.errors import RecipeError
-from plugrl.plugins import get_plugin_manager
+from plugrl.plugin.manager import get_plugin_manager
 from plugrl.recipe import find_recipe, load_recipe, shipped_recipes
 
 ROOT = Path(__file__).resolve().parents[2]

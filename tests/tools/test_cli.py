@@ -48,7 +48,7 @@ def fake_parts_env(tmp_path):
 
 def test_help_imports_nothing_heavy():
     code = (
-        "import sys; from plugrl_tools.cli import cli; from plugrl.plugins import "
+        "import sys; from plugrl_tools.cli import cli; from plugrl.plugin.manager import "
         "get_plugin_manager; get_plugin_manager().registries(); "
         "print(sorted(m for m in ('torch','transformers','ray') if m in sys.modules))"
     )

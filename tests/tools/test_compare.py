@@ -5,7 +5,7 @@ import pytest
 from click.testing import CliRunner
 
 from plugrl.errors import PlugrlError
-from plugrl.plugins import get_plugin_manager
+from plugrl.plugin.manager import get_plugin_manager
 from plugrl_tools.cli import cli
 from plugrl_tools.compare import (
     RunHistory,

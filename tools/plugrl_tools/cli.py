@@ -113,7 +113,7 @@ def cli(verbose: bool) -> None:
 )
 def run(recipe: str, overrides: tuple[str, ...], print_config: bool) -> None:
     """Run RECIPE (a YAML file), with KEY=VALUE overrides (actor.optim.lr=1e-6)."""
-    from plugrl.plugins import get_plugin_manager
+    from plugrl.plugin.manager import get_plugin_manager
     from plugrl.recipe import load_recipe
 
     plugins = get_plugin_manager()
@@ -132,7 +132,7 @@ def run(recipe: str, overrides: tuple[str, ...], print_config: bool) -> None:
                 err=True,
             )
         return
-    from plugrl.run import run_recipe
+    from plugrl.run.runner import run_recipe
 
     run_recipe(resolved, plugins)
     _plot_if_possible(resolved.run_dir)
@@ -167,9 +167,9 @@ def quickstart(
     """GRPO on CPU in minutes: build a tiny Qwen2-architecture model and an arithmetic task
     here (nothing is downloaded), then run the quickstart recipe and print held-out accuracy
     before and after. KEY=VALUE overrides apply to the recipe."""
-    from plugrl.plugins import get_plugin_manager
+    from plugrl.plugin.manager import get_plugin_manager
     from plugrl.recipe import load_recipe
-    from plugrl.run import run_recipe
+    from plugrl.run.runner import run_recipe
     from plugrl_tools.quickstart import (
         DEFAULT_DIR,
         DEFAULT_TOOL_DIR,
@@ -217,7 +217,7 @@ def _plot_if_possible(run_dir: Path) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def plugins(show_all: bool, as_json: bool) -> None:
     """List installed plugins and the parts they register."""
-    from plugrl.plugins import get_plugin_manager
+    from plugrl.plugin.manager import get_plugin_manager
 
     manager = get_plugin_manager()
     rows = manager.describe(include_all=show_all or as_json)
@@ -254,7 +254,7 @@ def plugins(show_all: bool, as_json: bool) -> None:
 @click.argument("key")
 def explain(key: str) -> None:
     """What a recipe KEY (or section) means: type, default, choices, verl name."""
-    from plugrl.plugins import get_plugin_manager
+    from plugrl.plugin.manager import get_plugin_manager
     from plugrl.recipe import explain as explain_key
 
     info = explain_key(key, get_plugin_manager())
@@ -389,7 +389,7 @@ def convert_verl(script: str, output: str | None, env: tuple[str, ...], force: b
         raise ConvertError(f"cannot read script {script!r}: {exc.strerror}") from None
     if output and Path(output).exists() and not force:
         raise ConvertError(f"{output} exists; pass --force to overwrite it")
-    from plugrl.plugins import get_plugin_manager
+    from plugrl.plugin.manager import get_plugin_manager
 
     plugins = get_plugin_manager()
     inherited = {name: os.environ[name] for name in INHERITED if name in os.environ}
@@ -503,7 +503,7 @@ def library_status(name: str, module: str) -> str:
 @cli.command()
 def doctor() -> None:
     """Python, torch and device libraries here, and which parts can run here and why not."""
-    from plugrl.plugins import get_plugin_manager
+    from plugrl.plugin.manager import get_plugin_manager
 
     click.echo(f"python        {platform.python_version()} ({sys.executable})")
     click.echo(f"plugrl        {__version__}")

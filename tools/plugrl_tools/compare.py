@@ -20,8 +20,8 @@ from typing import Any
 import attrs
 
 from plugrl.errors import PlugrlError
-from plugrl.metrics import METRICS_FILE, read_metrics
-from plugrl.run_folder import recorded_recipe
+from plugrl.run.folder import recorded_recipe
+from plugrl.run.metrics import METRICS_FILE, read_metrics
 from plugrl_tools.plot import REWARD_KEY
 
 WALL_CLOCK_KEY = "perf/wall_clock_s"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from plugrl.errors import PlugrlError
-from plugrl.metrics import METRICS_FILE, read_metrics
+from plugrl.run.metrics import METRICS_FILE, read_metrics
 
 PLOT_FILE = "progress.png"
 REWARD_KEY = "critic/score/mean"

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from plugrl.errors import PlugrlError, RecipeError
-from plugrl.rewards.scoring import FileFunction, Scorer
+from plugrl.parts.scoring import FileFunction, Scorer
 from plugrl.rewards.workers import Call, Outcome, ProcessPool
 
 INSTALL_HINT = "plugrl serve needs uvicorn and starlette: pip install 'plugrl[serve]'"

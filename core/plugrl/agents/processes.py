@@ -6,9 +6,9 @@ computes, blocks or hangs must run where a timeout can end it. :func:`run_in_pro
 passes, the worker's whole process group (the worker and every process the function started)
 is SIGKILLed and reaped, and :class:`ToolTimeout` is raised.
 
-Workers are the reward workers' kind (:mod:`plugrl.rewards.workers`): fresh interpreters, not
-forks, run with the driver's ``sys.path`` as of each call, in a process group of their own,
-and killed by the kernel when the driver dies. A few are kept warm between calls
+Workers are :mod:`plugrl.worker_processes` workers, as the reward workers are: fresh
+interpreters, not forks, run with the driver's ``sys.path`` as of each call, in a process group
+of their own, and killed by the kernel when the driver dies. A few are kept warm between calls
 (:data:`MAX_IDLE_WORKERS`), so a call costs a message, not an interpreter's start. A call with
 :class:`ResourceLimits` gets a fresh worker that applies them and is thrown away after the
 call: limits cannot be lifted again.
@@ -24,7 +24,6 @@ import inspect
 import pickle
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -36,11 +35,13 @@ from typing import Any
 import attrs
 
 from plugrl.agents.limits import ResourceLimits
-from plugrl.rewards.workers import (
-    REAP_TIMEOUT_S,
-    _die_with_parent,
-    _kill_group,
+from plugrl.worker_processes import (
+    encode_message,
+    kill_and_reap,
+    receive_message_async,
+    serve_worker,
     spawn_worker_process,
+    worker_code,
 )
 
 MAX_IDLE_WORKERS = 4
@@ -93,46 +94,33 @@ def worker_main(fd: int) -> None:
     ``(function, args, limits, sys_path)`` with the driver's ``sys_path`` and send back
     ``("ok", value)`` or ``("error", last line, traceback)``. An empty message or EOF ends
     it."""
-    _die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
-    connection = Connection(fd)
+    serve_worker(fd, _run_call, greeting=b"ready")
+
+
+def _run_call(message: bytes, connection: Connection) -> None:
+    function = "the function"
     try:
-        connection.send_bytes(b"ready")
-    except (EOFError, OSError):
-        return
-    while True:
-        try:
-            message = connection.recv_bytes()
-        except (EOFError, OSError):
-            return
-        if not message:
-            return
-        function = "the function"
-        try:
-            function, args, limits, path = pickle.loads(message)
-            # the driver's path as of this call: a warm worker follows a path changed since
-            sys.path[:] = path
-            if limits is not None:
-                limits.apply()
-            value = _resolve(function)(*args)
-            if inspect.isawaitable(value):
-                value = asyncio.run(_awaited(value))
-            reply: tuple[Any, ...] = ("ok", value)
-        except BaseException as exc:  # SystemExit too: the caller is told
-            text = "".join(traceback.format_exception(exc))
-            reply = ("error", _last_line(text), text)
-        try:
-            payload = pickle.dumps(reply)
-        except Exception as exc:
-            text = (
-                f"the result of {function} cannot be pickled ({type(exc).__name__}: {exc}); "
-                "return plain data (str, numbers, lists, dicts)"
-            )
-            payload = pickle.dumps(("error", _last_line(text), text))
-        try:
-            connection.send_bytes(payload)
-        except (EOFError, OSError):
-            return
+        function, args, limits, path = pickle.loads(message)
+        # the driver's path as of this call: a warm worker follows a path changed since
+        sys.path[:] = path
+        if limits is not None:
+            limits.apply()
+        value = _resolve(function)(*args)
+        if inspect.isawaitable(value):
+            value = asyncio.run(_awaited(value))
+        reply: tuple[Any, ...] = ("ok", value)
+    except BaseException as exc:  # SystemExit too: the caller is told
+        text = "".join(traceback.format_exception(exc))
+        reply = ("error", _last_line(text), text)
+    try:
+        payload = pickle.dumps(reply)
+    except Exception as exc:
+        text = (
+            f"the result of {function} cannot be pickled ({type(exc).__name__}: {exc}); "
+            "return plain data (str, numbers, lists, dicts)"
+        )
+        payload = pickle.dumps(("error", _last_line(text), text))
+    connection.send_bytes(payload)
 
 
 async def _awaited(awaitable: Any) -> Any:
@@ -144,13 +132,7 @@ async def _awaited(awaitable: Any) -> Any:
 # --------------------------------------------------------------------------------------------
 
 
-_WORKER_CODE = (
-    "import sys\n"
-    "if sys.path and sys.path[0] == '':\n"
-    "    del sys.path[0]\n"
-    "from plugrl.agents.processes import worker_main\n"
-    "worker_main(int(sys.argv[1]))\n"
-)
+_WORKER_CODE = worker_code("plugrl.agents.processes:worker_main")
 
 
 @attrs.define(eq=False)
@@ -174,41 +156,13 @@ def _kill(worker: _Worker) -> None:
     """SIGKILL the worker's process group and reap the worker."""
     with contextlib.suppress(OSError):
         worker.sock.close()
-    _kill_group(worker.process)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        worker.process.wait(REAP_TIMEOUT_S)
-
-
-def _frame(payload: bytes) -> bytes:
-    # multiprocessing.Connection's framing, which the worker reads: a 4-byte signed length
-    if len(payload) > 0x7FFFFFFF:
-        raise ValueError("run_in_process cannot send arguments of 2 GiB or more")
-    return struct.pack("!i", len(payload)) + payload
-
-
-async def _recv_exactly(sock: socket.socket, size: int) -> bytes:
-    loop = asyncio.get_running_loop()
-    chunks, left = [], size
-    while left:
-        chunk = await loop.sock_recv(sock, min(left, 1 << 20))
-        if not chunk:
-            raise EOFError
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
-
-
-async def _recv_message(sock: socket.socket) -> bytes:
-    (size,) = struct.unpack("!i", await _recv_exactly(sock, 4))
-    if size == -1:  # a message of 2 GiB or more carries an 8-byte length
-        (size,) = struct.unpack("!Q", await _recv_exactly(sock, 8))
-    return await _recv_exactly(sock, size)
+    kill_and_reap(worker.process)
 
 
 async def _new_worker() -> _Worker:
     worker = _start_worker()
     try:
-        await asyncio.wait_for(_recv_message(worker.sock), START_TIMEOUT_S)
+        await asyncio.wait_for(receive_message_async(worker.sock), START_TIMEOUT_S)
     except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11 on
         _kill(worker)
         raise RemoteError(
@@ -293,7 +247,7 @@ async def run_in_process(
     if timeout_s <= 0:
         raise ValueError(f"run_in_process needs a positive timeout_s, got {timeout_s}")
     try:
-        payload = _frame(pickle.dumps((function, args, limits, list(sys.path))))
+        payload = encode_message(pickle.dumps((function, args, limits, list(sys.path))))
     except Exception as exc:
         raise TypeError(
             f"the arguments of {function} cannot be pickled ({type(exc).__name__}: {exc}); "
@@ -303,7 +257,7 @@ async def run_in_process(
     loop = asyncio.get_running_loop()
     try:
         await loop.sock_sendall(worker.sock, payload)
-        reply = pickle.loads(await asyncio.wait_for(_recv_message(worker.sock), timeout_s))
+        reply = pickle.loads(await asyncio.wait_for(receive_message_async(worker.sock), timeout_s))
     except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11 on
         _kill(worker)
         raise ToolTimeout(f"{function} took over {timeout_s:g} s; its process was killed") from None

@@ -11,8 +11,9 @@ so a run whose rows all use ``single_turn`` draws the same responses through eit
 turn ``t > 0`` draws with ``derive_seed(step seed, p, s, t)``.
 
 Tool failures never raise: a call that could not be read, names an unknown tool, has
-arguments the tool refuses, raises or runs past ``rollout.agent.tool_timeout_s`` becomes an
-error text the model reads as the tool's answer, and a counted metric.
+arguments the tool refuses, raises or runs past ``rollout.agent.tool_timeout_s`` becomes a
+:class:`~plugrl.parts.agent.ToolResult` with ``error`` set, whose text the model reads as the
+tool's answer, and a counted metric.
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ import concurrent.futures
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from plugrl.errors import PluginError, PlugrlError, RecipeError
 from plugrl.parts.agent import (
+    AgentConfig,
     AgentLoop,
     Environment,
     ParsedTurn,
@@ -48,12 +50,12 @@ from plugrl.parts.rollout import (
     join_completions,
 )
 from plugrl.recipe.build import tool_args
+from plugrl.state.rng import one_sample_request_seed
 
 if TYPE_CHECKING:
     from plugrl.cluster.engines import EngineGroup
-    from plugrl.parts.agent import AgentConfig
     from plugrl.parts.rollout import Completion, SamplingParams
-    from plugrl.plugins import PluginManager
+    from plugrl.plugin.manager import PluginManager
     from plugrl.recipe import Recipe
 
 logger = logging.getLogger("plugrl.agents")
@@ -63,19 +65,6 @@ TRUNCATION_MARK = "...(truncated)"
 
 INVALID_CALLS = "invalid"
 """The name under which calls that name no tool (unreadable, unknown) are counted."""
-
-_SEED_MODULUS = 2**63 - 1
-_SEED_MULTIPLIER = 1_000_003
-
-
-def one_sample_seed(sample_seed: int) -> int:
-    """The seed of a one-sample request whose sample draws with ``sample_seed``.
-
-    An engine draws sample ``i`` of a request seeded ``r`` with ``derive_seed(r, i)``; this
-    inverts that for ``i = 0``, so one sample sent alone draws what it would have drawn as
-    sample ``s`` of a batched request (``sample_seed = derive_seed(r, s)``)."""
-    inverse = pow(_SEED_MULTIPLIER, -1, _SEED_MODULUS)
-    return ((sample_seed - 7919) * inverse) % _SEED_MODULUS
 
 
 def truncate_text(tokenizer: Any, text: str, limit: int) -> tuple[str, bool]:
@@ -110,6 +99,106 @@ class _Counters:
         return out
 
 
+class ToolCaller:
+    """Runs the tool calls of one sample: at most ``config.max_parallel_calls`` of a turn,
+    concurrently, each under ``config.tool_timeout_s`` and ``in_flight`` (the run-wide limit
+    of calls running); every failure becomes an error :class:`ToolResult` the model reads.
+    Counts calls, errors, latencies and truncations in ``counters``; ``last_reward`` is the
+    sum of the rewards the last turn's calls gave. :class:`AgentSession` and
+    :class:`plugrl.testing.ScriptedSession` call tools through it."""
+
+    def __init__(
+        self,
+        tools: Mapping[str, Tool],
+        config: AgentConfig,
+        tokenizer: Any,
+        *,
+        sample_id: str,
+        in_flight: asyncio.Semaphore | None = None,
+        record_metric: Callable[[str, str, float], None] | None = None,
+    ) -> None:
+        self.tools = tools
+        self.config = config
+        self.tokenizer = tokenizer
+        self.sample_id = sample_id
+        self.in_flight = in_flight
+        self.record_metric = record_metric
+        self.counters = _Counters()
+        self.last_reward: float | None = None
+
+    async def call_all(self, calls: Sequence[ToolCall], row: Mapping[str, Any]) -> list[ToolResult]:
+        """One result per call of ``calls``, in order."""
+        if self.in_flight is None:
+            # made here, on the loop the calls run on
+            self.in_flight = asyncio.Semaphore(self.config.max_tools_in_flight)
+        limit = self.config.max_parallel_calls
+        self.last_reward = None
+        running = [self._call_one(call, row) for call in calls[:limit]]
+        results: list[ToolResult] = list(await asyncio.gather(*running))
+        for call in calls[limit:]:
+            self._count(call.name or INVALID_CALLS, error=True)
+            results.append(
+                _failed(
+                    f"Error: at most {limit} tool calls are run per turn; call {call.name!r} "
+                    "was not run."
+                )
+            )
+        return results
+
+    def _count(self, name: str, *, error: bool, latency_s: float | None = None) -> None:
+        counters = self.counters
+        key = name if name in self.tools else INVALID_CALLS
+        counters.calls[key] += 1
+        if error:
+            counters.errors[key] += 1
+        if latency_s is not None:
+            counters.latency_s[key] += latency_s
+
+    async def _call_one(self, call: ToolCall, row: Mapping[str, Any]) -> ToolResult:
+        if call.error is not None:
+            self._count(INVALID_CALLS, error=True)
+            return _failed(f"Error: the tool call could not be read ({call.error}).")
+        tool = self.tools.get(call.name)
+        if tool is None:
+            self._count(INVALID_CALLS, error=True)
+            known = ", ".join(sorted(self.tools)) or "none"
+            return _failed(f"Error: unknown tool {call.name!r}; the tools are: {known}.")
+        context = ToolContext(row=row, sample_id=self.sample_id)
+        timeout = self.config.tool_timeout_s
+        assert self.in_flight is not None
+        async with self.in_flight:
+            start = time.perf_counter()
+            try:
+                answer = await asyncio.wait_for(tool.call(call.arguments or {}, context), timeout)
+            except ToolArgumentError as exc:
+                result = _failed(f"Error: bad arguments for tool {call.name!r}: {exc}")
+            except TimeoutError:
+                result = _failed(f"Error: tool {call.name!r} timed out after {timeout:g} s.")
+            except Exception as exc:
+                result = _failed(f"Error: tool {call.name!r} failed: {type(exc).__name__}: {exc}")
+            else:
+                if isinstance(answer, ToolResult):
+                    result = attrs.evolve(answer, metrics=dict(answer.metrics))
+                else:
+                    result = ToolResult(text=str(answer))
+                if result.reward is not None:
+                    self.last_reward = (self.last_reward or 0.0) + result.reward
+                if self.record_metric is not None:
+                    for key, value in result.metrics.items():
+                        self.record_metric(call.name, key, value)
+            latency = time.perf_counter() - start
+        self._count(call.name, error=result.error, latency_s=latency)
+        result.text, cut = truncate_text(
+            self.tokenizer, result.text, self.config.max_tool_response_length
+        )
+        self.counters.truncated += int(cut)
+        return result
+
+
+def _failed(text: str) -> ToolResult:
+    return ToolResult(text=text, error=True)
+
+
 class AgentSession(Session):
     """The run's :class:`~plugrl.parts.agent.Session` for one sample: sample ``sample_index``
     of prompt ``prompt_index`` of a batch sampled with ``params``."""
@@ -136,14 +225,21 @@ class AgentSession(Session):
         self.turn = 0
         """Turns generated so far."""
         self.last_tool_reward: float | None = None
-        self.counters = _Counters()
+        self.tool_caller = ToolCaller(
+            runtime.tools,
+            runtime.config,
+            runtime.tokenizer,
+            sample_id=sample_id,
+            in_flight=runtime.tools_in_flight,
+            record_metric=runtime.record_tool_metric,
+        )
 
     def turn_seed(self, turn: int) -> int | None:
         """The seed turn ``turn`` of this sample draws with (``None`` when unseeded)."""
         if self.params.seed is None:
             return None
         indices = (self.prompt_index, self.sample_index) + ((turn,) if turn else ())
-        return one_sample_seed(derive_seed(self.params.seed, *indices))
+        return one_sample_request_seed(derive_seed(self.params.seed, *indices))
 
     async def generate(self, token_ids: Sequence[int], max_tokens: int) -> Completion:
         max_tokens = max(0, int(max_tokens))
@@ -190,66 +286,17 @@ class AgentSession(Session):
     def parse_tool_calls(self, text: str) -> ParsedTurn:
         return self.runtime.parser(text)
 
-    async def call_tools(self, calls: Sequence[ToolCall], row: Mapping[str, Any]) -> list[str]:
-        limit = self.config.max_parallel_calls
-        self.last_tool_reward = None
-        running = [self._call_one(call, row) for call in calls[:limit]]
-        results: list[str] = list(await asyncio.gather(*running))
-        for call in calls[limit:]:
-            self._count(call.name or INVALID_CALLS, error=True)
-            results.append(
-                f"Error: at most {limit} tool calls are run per turn; call {call.name!r} was "
-                "not run."
-            )
+    async def call_tools(
+        self, calls: Sequence[ToolCall], row: Mapping[str, Any]
+    ) -> list[ToolResult]:
+        results = await self.tool_caller.call_all(calls, row)
+        self.last_tool_reward = self.tool_caller.last_reward
         return results
 
-    def _count(self, name: str, *, error: bool, latency_s: float | None = None) -> None:
-        counters = self.counters
-        known = name in self.runtime.tools
-        key = name if known else INVALID_CALLS
-        counters.calls[key] += 1
-        if error:
-            counters.errors[key] += 1
-        if latency_s is not None:
-            counters.latency_s[key] += latency_s
-
-    async def _call_one(self, call: ToolCall, row: Mapping[str, Any]) -> str:
-        if call.error is not None:
-            self._count(INVALID_CALLS, error=True)
-            return f"Error: the tool call could not be read ({call.error})."
-        tool = self.runtime.tools.get(call.name)
-        if tool is None:
-            self._count(INVALID_CALLS, error=True)
-            known = ", ".join(sorted(self.runtime.tools)) or "none"
-            return f"Error: unknown tool {call.name!r}; the tools are: {known}."
-        context = ToolContext(row=row, sample_id=self.sample_id)
-        timeout = self.config.tool_timeout_s
-        async with self.runtime.tools_in_flight:
-            start = time.perf_counter()
-            try:
-                result = await asyncio.wait_for(tool.call(call.arguments or {}, context), timeout)
-            except ToolArgumentError as exc:
-                text, error = f"Error: bad arguments for tool {call.name!r}: {exc}", True
-            except TimeoutError:
-                text, error = f"Error: tool {call.name!r} timed out after {timeout:g} s.", True
-            except Exception as exc:
-                text = f"Error: tool {call.name!r} failed: {type(exc).__name__}: {exc}"
-                error = True
-            else:
-                error = False
-                if isinstance(result, ToolResult):
-                    text = result.text
-                    if result.reward is not None:
-                        self.last_tool_reward = (self.last_tool_reward or 0.0) + result.reward
-                    for key, value in result.metrics.items():
-                        self.runtime.record_tool_metric(call.name, key, value)
-                else:
-                    text = str(result)
-            latency = time.perf_counter() - start
-        self._count(call.name, error=error, latency_s=latency)
-        text, cut = truncate_text(self.tokenizer, text, self.config.max_tool_response_length)
-        self.counters.truncated += int(cut)
-        return text
+    @property
+    def counters(self) -> _Counters:
+        """What this sample's tool calls did so far."""
+        return self.tool_caller.counters
 
     def make_environment(self) -> Environment:
         return self.runtime.make_environment()
@@ -267,7 +314,7 @@ class AgentRuntime:
         tokenizer: Any,
         engines: EngineGroup,
     ) -> None:
-        from plugrl.cluster.engines import _LoopThread
+        from plugrl.loop_thread import EventLoopThread
 
         self.recipe = recipe
         self.plugins = plugins
@@ -282,7 +329,7 @@ class AgentRuntime:
         """Continue a turn a weight sync aborted (set by a scheduler whose syncs abort the
         requests in flight); otherwise the turn ends ``aborted`` and so does its trajectory."""
         self._tool_metrics: dict[str, list[float]] = defaultdict(list)
-        self._thread = _LoopThread("plugrl-agents")
+        self._thread = EventLoopThread("plugrl-agents")
         # created on the runtime's own loop, where every call that waits on it runs
         self.tools_in_flight: asyncio.Semaphore = self._thread.submit(
             _make_semaphore(self.config.max_tools_in_flight)
@@ -312,7 +359,7 @@ class AgentRuntime:
             self.tools[tool.name] = tool
 
     def _build(self, kind: str, name: str, config: Any) -> Any:
-        from plugrl.compose.build import build_part
+        from plugrl.plugin.build import build_part
 
         context = PartContext(recipe=self.recipe, plugins=self.plugins, tokenizer=self.tokenizer)
         return build_part(kind, name, config, context)
@@ -328,7 +375,7 @@ class AgentRuntime:
             raw = dict(self.config.loop_args) if chosen else {}
             config = None
             if config_cls is not None:
-                from plugrl.structuring import structure
+                from plugrl.config.structuring import structure
 
                 config = structure(config_cls, raw, "rollout.agent.loop_args")
             self._loops[entry.name] = self._build("agent_loops", entry.name, config)
@@ -347,7 +394,7 @@ class AgentRuntime:
         config_cls = entry.load_config()
         config = None
         if config_cls is not None:
-            from plugrl.structuring import structure
+            from plugrl.config.structuring import structure
 
             config = structure(config_cls, dict(self.config.env_args), "rollout.agent.env_args")
         return self._build("environments", name, config)

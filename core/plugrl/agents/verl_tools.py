@@ -15,7 +15,9 @@ Such a class is built as ``cls(config=..., tool_schema=...)`` and has verl's asy
 :func:`tools_from_verl_yaml` wraps each in a :class:`VerlStyleTool`, named by its schema: one
 instance per sample, created at its first call with the row's ``tools_kwargs`` (verl's column,
 or ``extra_info.tools_kwargs``) and released when the sample's trajectory ends. verl itself is
-needed only for classes of verl's own modules.
+needed only for classes of verl's own modules: a user's class that imports
+``verl.tools.base_tool`` or ``verl.tools.schemas`` is imported with the stand-ins of
+:mod:`plugrl.agents.verl_compat` in their place when verl is not installed.
 
 For the session that builds a run's tools: call :func:`tools_from_verl_yaml` once, with
 ``rollout.agent.tool_config_path`` and the run's part context, when the path is set; offer
@@ -41,25 +43,6 @@ if TYPE_CHECKING:
     from plugrl.parts.context import PartContext
 
 KEY = "rollout.agent.tool_config_path"
-
-
-class SchemaView:
-    """A JSON schema read by attribute (``schema.function.name``) and dumped back with
-    ``model_dump()``: what verl's classes get as ``tool_schema`` when verl's pydantic schema is
-    not installed."""
-
-    def __init__(self, data: Mapping[str, Any]) -> None:
-        self._data = dict(data)
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            value = self._data[name]
-        except KeyError:
-            raise AttributeError(name) from None
-        return SchemaView(value) if isinstance(value, Mapping) else value
-
-    def model_dump(self, **_: Any) -> dict[str, Any]:
-        return dict(self._data)
 
 
 class VerlStyleTool(Tool):
@@ -163,15 +146,23 @@ def _load_class(class_name: str, where: str) -> type:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        if module_name.split(".")[0] == "verl" and exc.name and exc.name.split(".")[0] == "verl":
-            raise PluginError(
-                f"{KEY}: {where}.class_name {class_name} is a tool of verl, which is not "
-                "installed: pip install verl, or write the tool as a plugrl tool (docs/agents.md)"
-            ) from None
-        raise PluginError(
-            f"{KEY}: {where}.class_name {class_name} cannot be imported ({exc}); install its "
-            "package or put its folder on PYTHONPATH"
-        ) from None
+        if not _is_verl(exc.name) or _is_verl(module_name):
+            raise _import_error(class_name, module_name, where, exc) from None
+        # a user's class written against verl's tool API: import it with the stand-ins
+        from plugrl.agents.verl_compat import STAND_IN_MODULES, verl_stand_ins
+
+        try:
+            with verl_stand_ins():
+                module = importlib.import_module(module_name)
+        except ModuleNotFoundError as again:
+            if _is_verl(again.name):
+                raise PluginError(
+                    f"{KEY}: {where}.class_name {class_name} imports {again.name}, which "
+                    f"plugrl's stand-ins for verl do not offer (they offer "
+                    f"{' and '.join(STAND_IN_MODULES)}): pip install verl, or import that "
+                    "from elsewhere"
+                ) from None
+            raise _import_error(class_name, module_name, where, again) from None
     try:
         return getattr(module, attribute)
     except AttributeError:
@@ -180,15 +171,34 @@ def _load_class(class_name: str, where: str) -> type:
         ) from None
 
 
+def _is_verl(module_name: str | None) -> bool:
+    return bool(module_name) and module_name.split(".")[0] == "verl"
+
+
+def _import_error(
+    class_name: str, module_name: str, where: str, exc: ModuleNotFoundError
+) -> PluginError:
+    if _is_verl(module_name) and _is_verl(exc.name):
+        return PluginError(
+            f"{KEY}: {where}.class_name {class_name} is a tool of verl, which is not "
+            "installed: pip install verl, or write the tool as a plugrl tool (docs/agents.md)"
+        )
+    return PluginError(
+        f"{KEY}: {where}.class_name {class_name} cannot be imported ({exc}); install its "
+        "package or put its folder on PYTHONPATH"
+    )
+
+
 def _schema_argument(schema: dict[str, Any] | None) -> Any:
     """The ``tool_schema`` a verl-style class is built with: verl's pydantic schema when verl
-    is installed (its classes read it by attribute and dump it), else a :class:`SchemaView`."""
+    is installed (its classes read it by attribute and dump it), else plugrl's stand-in
+    (:class:`plugrl.agents.verl_compat.OpenAIFunctionToolSchema`)."""
     if schema is None:
         return None
     try:
         from verl.tools.schemas import OpenAIFunctionToolSchema
     except ImportError:
-        return SchemaView(schema)
+        from plugrl.agents.verl_compat import OpenAIFunctionToolSchema
     return OpenAIFunctionToolSchema.model_validate(schema)
 
 
@@ -196,7 +206,7 @@ def _schema_of(target: Any) -> Any:
     """The schema a built verl-style object gives itself, as a plain mapping."""
     getter = getattr(target, "get_openai_tool_schema", None)
     schema = getter() if getter is not None else getattr(target, "tool_schema", None)
-    if hasattr(schema, "model_dump"):  # verl's pydantic schema, or a SchemaView
+    if hasattr(schema, "model_dump"):  # verl's pydantic schema, or plugrl's stand-in
         schema = schema.model_dump(exclude_unset=True, exclude_none=True)
     return schema
 

@@ -6,5 +6,7 @@
   (policy loss + KL loss - entropy bonus, with importance weights);
 * :mod:`plugrl.algorithms.kl_in_reward`: the KL penalty in the reward and its controllers;
 * :mod:`plugrl.algorithms.dynamic_sampling`: DAPO's group filtering;
-* :mod:`plugrl.algorithms.checks`: the start-up checks of the algorithm keys.
+* :mod:`plugrl.algorithms.checks`: the start-up checks of the algorithm keys;
+* :mod:`plugrl.algorithms.training`: what training backends share (optimizer and schedule,
+  mini- and micro-batches of an update, response log-probs).
 """

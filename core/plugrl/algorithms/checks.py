@@ -13,7 +13,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from plugrl.errors import RecipeError
-from plugrl.plugins import PluginManager
+from plugrl.plugin.manager import PluginManager
 
 if TYPE_CHECKING:
     from plugrl.recipe import Recipe

@@ -68,7 +68,7 @@ def loss_scale_from_mask(
     """The :class:`LossScale` of a whole mini-batch, given all of its response mask.
 
     A data-parallel backend counts its own rows and all-reduces the two counts instead
-    (:func:`plugrl.training.all_reduced_loss_scale`). Give ``max_response_length``
+    (:func:`plugrl.algorithms.training.all_reduced_loss_scale`). Give ``max_response_length``
     (``data.max_response_length``) and ``loss_scale_factor`` (``actor.loss_scale_factor``)
     from the recipe: see :func:`sum_norm_divisor`.
     """

@@ -14,7 +14,7 @@ from plugrl.algorithms.functional import masked_mean
 from plugrl.data.batch import Batch
 from plugrl.errors import RecipeError
 from plugrl.parts.algorithm import KLControlConfig
-from plugrl.plugins import PluginManager
+from plugrl.plugin.manager import PluginManager
 
 if TYPE_CHECKING:
     from plugrl.recipe import Recipe

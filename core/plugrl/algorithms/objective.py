@@ -15,7 +15,7 @@ from plugrl.algorithms.functional import LossAggregator, compute_rollout_is_weig
 from plugrl.data.batch import Batch
 from plugrl.errors import DataError, PluginError
 from plugrl.parts.algorithm import KLPenalty, LossScale, PolicyLoss
-from plugrl.plugins import PluginManager
+from plugrl.plugin.manager import PluginManager
 
 if TYPE_CHECKING:
     from plugrl.recipe import Recipe
@@ -66,7 +66,7 @@ class PolicyObjective:
 
     def resolve(self) -> None:
         """Load the policy loss (and KL estimator) from the attached plugin manager."""
-        from plugrl.compose.build import build_policy_loss
+        from plugrl.plugin.build import build_policy_loss
 
         plugins = self._plugins
         if plugins is None:

@@ -34,7 +34,6 @@ import contextlib
 import itertools
 import logging
 import os
-import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -49,6 +48,7 @@ from plugrl.cluster.worker import (
     worker_plugin_manager,
 )
 from plugrl.errors import PluginError, PlugrlError
+from plugrl.loop_thread import EventLoopThread
 from plugrl.parts.context import PartContext
 from plugrl.parts.rollout import (
     Capability,
@@ -65,7 +65,7 @@ from plugrl.parts.rollout import (
 if TYPE_CHECKING:
     from plugrl.cluster.ray_group import RayPlacement
     from plugrl.parts.rollout import RolloutEngine
-    from plugrl.plugins import PluginManager
+    from plugrl.plugin.manager import PluginManager
     from plugrl.recipe import ModelConfig, Recipe
 
 logger = logging.getLogger("plugrl.cluster")
@@ -102,8 +102,8 @@ class EngineWorker:
     async def start(self, plugins: PluginManager | None = None) -> dict[str, Any]:
         """Build the engine; returns ``{"pid", "capabilities", "node"}`` (``node``: its
         machine's address and Ray node id, ``None`` outside Ray)."""
-        from plugrl.compose.build import build_part
         from plugrl.data.dataset import load_tokenizer
+        from plugrl.plugin.build import build_part
 
         self.plugins = plugins = plugins or worker_plugin_manager(self.plugin_modules)
         device = build_device(plugins, self.device_name, self.recipe)
@@ -167,7 +167,7 @@ class EngineWorker:
 
     async def transport_receive(self, transport_name: str, session: Any) -> Any:
         """Run the worker side of a weight transport in this engine worker."""
-        from plugrl.compose.build import build_part
+        from plugrl.plugin.build import build_part
 
         engine = self._engine()
         context = PartContext(
@@ -195,33 +195,6 @@ class EngineWorker:
 # --------------------------------------------------------------------------------------------
 
 
-class _LoopThread:
-    """An asyncio event loop running in a daemon thread."""
-
-    def __init__(self, name: str) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
-
-    def submit(self, coroutine: Coroutine[Any, Any, Any]) -> concurrent.futures.Future:
-        if threading.current_thread() is self.thread:
-            coroutine.close()
-            raise RuntimeError("an engine group's blocking methods cannot run on its own loop")
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
-
-    def stop(self) -> None:
-        if self.loop.is_closed():
-            return
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=30)
-        if not self.thread.is_alive():
-            self.loop.close()
-
-
 class EngineGroup(ABC):
     """The engine workers of a run, driven as one."""
 
@@ -244,7 +217,7 @@ class EngineGroup(ABC):
         self._resyncing: set[int] = set()
         self._paused: PauseMode | None = None
         self._batch_ids = itertools.count()
-        self._thread = _LoopThread(f"plugrl-engines-{recipe.rollout.engine}")
+        self._thread = EventLoopThread(f"plugrl-engines-{recipe.rollout.engine}")
 
     # ---------------------------------------------------------------------- how calls travel
 

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from plugrl.cluster.base import WorkerGroup
     from plugrl.cluster.ray_group import RayPlacement
     from plugrl.parts.backend import Role
-    from plugrl.plugins import PluginManager
+    from plugrl.plugin.manager import PluginManager
     from plugrl.recipe import Recipe
 
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from plugrl.cluster.base import WorkerGroup
 from plugrl.cluster.worker import BackendWorker
 from plugrl.parts.context import DistInfo
-from plugrl.plugins import PluginManager
+from plugrl.plugin.manager import PluginManager
 
 if TYPE_CHECKING:
     from plugrl.parts.backend import Role, TrainingBackend

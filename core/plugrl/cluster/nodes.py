@@ -27,7 +27,7 @@ from plugrl.errors import PluginError, RecipeError
 from plugrl.recipe import path_options
 
 if TYPE_CHECKING:
-    from plugrl.plugins import PluginManager
+    from plugrl.plugin.manager import PluginManager
     from plugrl.recipe import Recipe
 
 NODE_CHECK_TIMEOUT_S = 120.0

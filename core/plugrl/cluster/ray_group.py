@@ -17,7 +17,7 @@ from plugrl.cluster.base import WorkerGroup
 from plugrl.cluster.worker import BackendWorker
 from plugrl.errors import PluginError, PlugrlError, RecipeError
 from plugrl.parts.context import DistInfo
-from plugrl.plugins import PluginManager
+from plugrl.plugin.manager import PluginManager
 
 if TYPE_CHECKING:
     from plugrl.parts.backend import Role
@@ -80,7 +80,7 @@ def ray_needs(recipe: Recipe) -> list[str]:
         needs.append("cluster.mode=ray")
     if recipe.rollout.weight_transport == "object_store":
         needs.append("rollout.weight_transport=object_store")
-    # the parallel reward manager's option (plugrl.rewards.ray_pool); other managers lack it
+    # the parallel reward manager's option (its Ray actor pool); other managers lack it
     if getattr(recipe.reward, "backend", None) == "ray":
         needs.append("reward.backend=ray")
     # the reward_model manager's option: the reward model on Ray actors

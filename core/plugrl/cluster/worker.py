@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from plugrl.cluster.distributed import ensure_process_group, free_port, init_process_group
 from plugrl.errors import PluginError
 from plugrl.parts.context import DistInfo, PartContext
-from plugrl.plugins import PluginManager, get_plugin_manager
+from plugrl.plugin.manager import PluginManager, get_plugin_manager
 
 if TYPE_CHECKING:
     from plugrl.parts.backend import Role, TrainingBackend
@@ -84,7 +84,7 @@ def prepare_backend_once(
 def build_device(plugins: PluginManager, device_name: str, recipe: Recipe) -> Device:
     """The device ``device_name`` names, checked against its interface and, once built (a
     torch extension registers its device type then), against torch."""
-    from plugrl.compose.build import check_constructor, check_torch_device_type
+    from plugrl.plugin.build import check_constructor, check_torch_device_type
 
     entry = plugins.registry("devices").get(device_name)
     device_cls = entry.load()
@@ -102,7 +102,7 @@ def build_backend(
     plugins: PluginManager,
 ) -> TrainingBackend:
     """The backend ``actor.backend`` names, for one rank of ``role`` (hook first, then import)."""
-    from plugrl.compose.build import build_part
+    from plugrl.plugin.build import build_part
 
     backend_name = recipe.actor.backend
     plugins.registry("training_backends").get(backend_name).check_available()
@@ -225,7 +225,7 @@ class BackendWorker:
 
     def transport_send(self, transport_name: str, session: Any) -> Any:
         """Run the worker side of a weight transport in this trainer rank."""
-        from plugrl.compose.build import build_part
+        from plugrl.plugin.build import build_part
 
         plugins = self.plugins
         backend = self._backend()

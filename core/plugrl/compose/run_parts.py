@@ -10,11 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from plugrl import rng
-from plugrl.checkpoint import CheckpointManager
+from plugrl.cluster.services import RunServices
 from plugrl.errors import RecipeError
 from plugrl.parts.context import PartContext
 from plugrl.parts.rollout import Capability, check_capabilities
+from plugrl.state import rng
+from plugrl.state.checkpoint import CheckpointManager
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -29,9 +30,9 @@ if TYPE_CHECKING:
     from plugrl.parts.device import Device
     from plugrl.parts.reward import RewardManager
     from plugrl.parts.transport import WeightTransport
-    from plugrl.plugins import PluginManager
+    from plugrl.plugin.manager import PluginManager
     from plugrl.recipe import Recipe
-    from plugrl.run import RunContext
+    from plugrl.run.runner import RunContext
 
 logger = logging.getLogger("plugrl.run")
 
@@ -231,7 +232,7 @@ def build_reward_manager(
     sum of the components' managers, given the driver's ``device`` (where a reward model
     runs). Call its ``check_data_sources`` with the data's ``data_source`` values before
     generating, and ``close()`` at the end of the run."""
-    from plugrl.compose.build import build_part
+    from plugrl.plugin.build import build_part
 
     if recipe.reward.components:
         from plugrl.rewards.components import WeightedRewardComponents
@@ -243,7 +244,9 @@ def build_reward_manager(
             lambda name, config, context: build_part("reward_managers", name, config, context),
             device=device,
         )
-    context = PartContext(recipe=recipe, plugins=plugins, tokenizer=tokenizer, device=device)
+    context = PartContext(
+        recipe=recipe, plugins=plugins, tokenizer=tokenizer, device=device, services=RunServices()
+    )
     return build_part("reward_managers", recipe.reward.manager, recipe.reward, context)
 
 
@@ -257,7 +260,7 @@ def choose_transport(
 ) -> WeightTransport:
     """The transport ``rollout.weight_transport`` names, or for ``auto`` the first built-in
     one that can connect ``actor`` and ``engines``; one line when the named one cannot."""
-    from plugrl.compose.build import build_part
+    from plugrl.plugin.build import build_part
 
     registry = plugins.registry("weight_transports")
     chosen = recipe.rollout.weight_transport
@@ -307,8 +310,8 @@ def build_run_parts(context: RunContext, engine_needs: dict[str, str] | None = N
     from plugrl.cluster.groups import make_placement, make_worker_group
     from plugrl.cluster.ray_group import check_cluster_paths, check_ray_installed
     from plugrl.cluster.worker import build_device
-    from plugrl.compose.build import build_estimator, check_constructor
     from plugrl.data.dataset import PromptDataset, load_tokenizer, pad_token_id_of
+    from plugrl.plugin.build import build_estimator, check_constructor
 
     recipe, plugins = context.recipe, context.plugins
     check_ray_installed(recipe)

@@ -12,6 +12,8 @@ class of its recipe section (what a plugin's own config class extends).
   ``ActorObjective``, ``LossScale``, ``AlgorithmConfig``, ``PolicyLossConfig``
 * :mod:`plugrl.parts.reward`: ``RewardManager``, ``RewardConfig``, ``RewardOutput``,
   ``ScoringFunction``
+* :mod:`plugrl.parts.scoring`: the scoring function of each data source, its options, and one
+  call of it on one sample (``Scorer``)
 * :mod:`plugrl.parts.scheduler`: ``Scheduler``, ``SchedulerConfig``
 * :mod:`plugrl.parts.logger`: ``MetricLogger``
 * :mod:`plugrl.parts.context`: ``PartContext``, what every part but a scheduler is built with

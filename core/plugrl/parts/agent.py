@@ -182,12 +182,23 @@ class ToolCallParser(Protocol):
 
 @attrs.define(kw_only=True)
 class ToolResult:
-    """What a tool call returns to the model. ``reward`` (optional) is a reward at the end of
-    the turn that called it; ``metrics`` are averaged into ``agent/tool/<name>/...``."""
+    """The answer to one tool call: what :meth:`Tool.call` may return, and what
+    :meth:`Session.call_tools` returns for each call.
+
+    ``text`` is what the model reads as the tool's answer (from :meth:`Session.call_tools`:
+    cut to ``rollout.agent.max_tool_response_length`` tokens and marked when longer, and for
+    a failed call, the error message). ``reward`` (optional) is a reward at the end of the
+    turn that called it. ``metrics`` are figures of this call, averaged into
+    ``agent/tool/<name>/<key>``. ``error`` says the call failed: a tool may return
+    ``error=True`` for a failure it explains in ``text`` instead of raising; the session sets
+    it for a call it could not read, an unknown tool, refused arguments, an exception, a
+    timeout or a call past ``rollout.agent.max_parallel_calls``. Failed calls are counted in
+    ``tool_errors`` and ``agent/tool/<name>/errors``."""
 
     text: str
     reward: float | None = None
     metrics: dict[str, float] = attrs.field(factory=dict)
+    error: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -315,6 +326,31 @@ class Trajectory:
     """Per-trajectory figures (``tool_calls``, ``tool_errors``, ...), averaged over the batch
     into ``agent/...`` metrics."""
 
+    def add_turn(self, completion: Completion) -> None:
+        """Append a model turn as the engine sampled it: its tokens with ``loss_mask`` 1,
+        their log-probs and versions; the turn's last token becomes a turn end (an empty turn
+        adds none); ``num_turns`` and ``weight_version`` follow."""
+        tokens = list(completion.token_ids)
+        self.response_ids.extend(tokens)
+        self.loss_mask.extend([1] * len(tokens))
+        self.log_probs.extend(completion.log_probs)
+        self.token_versions.extend(completion.token_versions)
+        self.weight_version = completion.weight_version
+        self.num_turns += 1
+        if tokens:
+            self.turn_ends.append(len(self.response_ids) - 1)
+
+    def add_appended(self, token_ids: Sequence[int]) -> None:
+        """Append tokens the model did not sample (tool results, observations, the chat
+        template's turn markers: see :func:`plugrl.agents.turns.tokens_between_turns`) with
+        ``loss_mask`` 0, log-prob 0.0 and the version of the token before them. Cut them to
+        what is left of ``data.max_response_length`` first."""
+        version = self.token_versions[-1] if self.token_versions else self.weight_version
+        self.response_ids.extend(token_ids)
+        self.loss_mask.extend([0] * len(token_ids))
+        self.log_probs.extend([0.0] * len(token_ids))
+        self.token_versions.extend([version] * len(token_ids))
+
     def check(self) -> None:
         """Raise ``ValueError`` when the per-token lists differ in length or a turn end is
         out of range."""
@@ -365,10 +401,14 @@ class Session(ABC):
         """``text`` read by the run's tool-call parser."""
 
     @abstractmethod
-    async def call_tools(self, calls: Sequence[ToolCall], row: Mapping[str, Any]) -> list[str]:
+    async def call_tools(
+        self, calls: Sequence[ToolCall], row: Mapping[str, Any]
+    ) -> list[ToolResult]:
         """Run ``calls`` (at most ``max_parallel_calls``, concurrently, each under
-        ``tool_timeout_s``) and return each one's result text, errors included; count the
-        calls, errors and latencies in the session's metrics."""
+        ``tool_timeout_s``) and return one :class:`ToolResult` per call, in order: its
+        ``text`` the model reads (an error message when ``error`` is set), its ``reward`` and
+        ``metrics``. Never raises for what a call does; counts the calls, errors and
+        latencies in the session's metrics."""
 
     @abstractmethod
     def make_environment(self) -> Environment:

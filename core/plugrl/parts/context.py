@@ -3,24 +3,44 @@
 Every part class has the same constructor shape, ``Part(config, context)``: ``config`` is the
 part's own config object (its recipe section, read into the config class it registered) and
 ``context`` a :class:`PartContext` that says where the part runs and holds what the run around
-it provides. Build parts with :func:`plugrl.compose.build.build_part`, which also checks that the
+it provides. Build parts with :func:`plugrl.plugin.build.build_part`, which also checks that the
 class fits its interface.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import attrs
+
+from plugrl.errors import PluginError
 
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from plugrl.cluster.engines import EngineGroup
     from plugrl.parts.device import Device
-    from plugrl.plugins import PluginManager
-    from plugrl.recipe import Recipe
+    from plugrl.parts.rollout import RolloutConfig
+    from plugrl.plugin.manager import PluginManager
+    from plugrl.recipe import ModelConfig, Recipe
 
 Role = Literal["actor", "ref", "critic"]
+
+
+class PartServices(Protocol):
+    """What the run builds for a part on request; the kernel's is
+    :class:`plugrl.cluster.services.RunServices`. A protocol here, so that the part interfaces
+    do not import the cluster that implements it."""
+
+    def build_device(self, context: PartContext) -> Device:
+        """A new device object for the run's device (``context.device_name()``)."""
+        ...
+
+    def frozen_engine_group(
+        self, context: PartContext, model: ModelConfig, rollout: RolloutConfig
+    ) -> EngineGroup:
+        """Engines that serve ``model`` with ``rollout`` and never receive weights."""
+        ...
 
 
 @attrs.frozen
@@ -61,3 +81,40 @@ class PartContext:
     options: Any = None
     """The part's own options when they are not a whole section: the parsed
     ``algorithm.adv_estimator_args`` of an estimator, ``actor.policy_loss_args`` of a loss."""
+    services: PartServices | None = None
+    """What the run builds on request (:meth:`build_device`, :meth:`frozen_engine_group`);
+    set by the kernel wherever it builds a part, and by :func:`plugrl.testing.part_context`."""
+
+    def device_name(self) -> str:
+        """The run's device: ``device.name``, or for ``auto`` the one a device plugin detects."""
+        from plugrl.parts.device import resolve_device_name
+
+        if self.plugins is None:
+            raise PluginError(
+                "the run's device is resolved by its device plugins, and this part's context "
+                "has no plugin manager; build the context with plugins=..."
+            )
+        return resolve_device_name(self.recipe, self.plugins)
+
+    def build_device(self) -> Device:
+        """A new device object of the run's device, for a part that runs a model where the
+        run gave it no device (``device`` is ``None``)."""
+        return self._services("build a device").build_device(self)
+
+    def frozen_engine_group(self, model: ModelConfig, rollout: RolloutConfig) -> EngineGroup:
+        """Engines that serve a second model that does not train (an LLM judge): ``model``
+        and its engine section ``rollout`` (read with :func:`plugrl.api.read_section`) in
+        place of the run's. They load ``model.path`` themselves, never receive weights and
+        never sit on the trainer's devices (in this process for ``cluster: local``, on a Ray
+        placement of their own otherwise). Close the group when done with it."""
+        return self._services("start a frozen engine group").frozen_engine_group(
+            self, model, rollout
+        )
+
+    def _services(self, purpose: str) -> PartServices:
+        if self.services is None:
+            raise PluginError(
+                f"this part's context has no run services to {purpose}; build the part "
+                "through the run, or in a test with plugrl.testing.part_context"
+            )
+        return self.services

@@ -8,11 +8,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import attrs
 
 from plugrl.config import option
+from plugrl.errors import PluginError
 
 if TYPE_CHECKING:
     import torch
 
     from plugrl.parts.context import PartContext
+    from plugrl.plugin.manager import PluginManager
+    from plugrl.recipe import Recipe
 
 WorkerKind = Literal["trainer", "rollout"]
 
@@ -115,3 +118,18 @@ class Device(ABC):
         ``rollout.dtype: auto`` resolves by (bfloat16 when they do, else float32). True by
         default: accelerators have bfloat16 units."""
         return True
+
+
+def resolve_device_name(recipe: Recipe, plugins: PluginManager) -> str:
+    """The device a run uses: ``device.name``, or for ``auto`` the first one a plugin detects."""
+    name = recipe.device.name
+    if name != "auto":
+        return name
+    detected = plugins.hook.detect_device()
+    if detected is None:
+        raise PluginError(
+            "device.name is 'auto' but no plugin detected a device (the plugin manager has "
+            "no device plugin: was it built without loading the installed plugins?); set "
+            "device.name"
+        )
+    return detected

@@ -81,7 +81,7 @@ def continues_earlier_run(recipe: Recipe, run_dir: Path) -> bool:
     if mode == "disable":
         return False
     if mode == "auto":
-        from plugrl.checkpoint import LATEST_FILE
+        from plugrl.state.checkpoint import LATEST_FILE
 
         return (run_dir / LATEST_FILE).exists()
     return True  # a checkpoint path

@@ -168,7 +168,7 @@ class RewardManager(ABC):
     """
 
     def __init__(self, config: RewardConfig, context: PartContext) -> None:
-        from plugrl.rewards.scoring import make_resolver
+        from plugrl.parts.scoring import make_resolver
 
         self.config = config
         self.context = context

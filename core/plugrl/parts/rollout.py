@@ -38,6 +38,7 @@ import attrs
 from plugrl.config import fraction, non_negative, option, positive, section
 from plugrl.errors import RecipeError
 from plugrl.parts.agent import AgentConfig
+from plugrl.state.rng import derive_seed  # engines narrow request seeds with it, imported from here
 
 if TYPE_CHECKING:
     import torch
@@ -88,14 +89,6 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
-
-
-def derive_seed(seed: int, *indices: int) -> int:
-    """A seed for one part of a seeded whole (a request of a batch, a sample of a request),
-    so that each part samples the same whatever else runs beside it."""
-    for index in indices:
-        seed = (seed * 1_000_003 + 7919 * (index + 1)) % (2**63 - 1)
-    return seed
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Schedulers: what one training step does (generate, score, estimate, update, sync weights).
 
-The core owns the run around the steps (:func:`plugrl.loop.run_loop`): building the parts,
+The core owns the run around the steps (:func:`plugrl.run.loop.run_loop`): building the parts,
 resuming, the first weight sync, validation, logging, checkpoints, export. A scheduler only
 says what a step is.
 """
@@ -16,7 +16,7 @@ from plugrl.config import option
 
 if TYPE_CHECKING:
     from plugrl.compose.run_parts import RunParts
-    from plugrl.run import RunContext
+    from plugrl.run.runner import RunContext
 
 
 @attrs.define(kw_only=True)
@@ -35,11 +35,11 @@ class SchedulerConfig:
 class Scheduler(ABC):
     """What one training step does. Built in the driver as ``Scheduler(config, context)``:
     ``config`` is the ``scheduler`` section read into the scheduler's config class,
-    ``context`` the :class:`~plugrl.run.RunContext`. Raise a
+    ``context`` the :class:`~plugrl.run.runner.RunContext`. Raise a
     :class:`~plugrl.errors.RecipeError` in ``__init__`` for a recipe the scheduler cannot
     run: nothing is built or written yet.
 
-    The core's run loop (:func:`plugrl.loop.run_loop`) builds the run's parts (with the engine
+    The core's run loop (:func:`plugrl.run.loop.run_loop`) builds the run's parts (with the engine
     capabilities :meth:`needed_capabilities` asks for), loads the checkpoint, calls
     :meth:`start`, gives the engines the actor's weights, validates, then calls
     :meth:`train_step` for each step until :meth:`total_steps` are done or it returns

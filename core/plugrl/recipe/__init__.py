@@ -17,15 +17,15 @@ The modules, one concern each:
 * :mod:`~plugrl.recipe.explaining`: ``plugrl explain``;
 * :mod:`~plugrl.recipe.verl_names`: verl's name of each key, the installed plugins' included.
 
-Reading a mapping into a config class, and its one-line errors, is :mod:`plugrl.structuring`.
-The kinds of part, and which recipe key chooses each, are :data:`plugrl.registry.PART_KINDS`.
+Reading a mapping into a config class, and its one-line errors, is :mod:`plugrl.config.structuring`.
+The kinds of part, and which recipe key chooses each, are :data:`plugrl.plugin.registry.PART_KINDS`.
 """
 
+from plugrl.plugin.build import part_args
 from plugrl.recipe.build import (
     build_recipe,
     iter_options,
     load_recipe,
-    part_args,
     read_section,
     section_class,
     validate_names,

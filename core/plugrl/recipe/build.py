@@ -11,8 +11,12 @@ from typing import Any
 
 import attrs
 
+from plugrl.config.structuring import describe_value, fields_of, structure, unknown_key_error
 from plugrl.errors import PluginError, RecipeError
-from plugrl.plugins import PluginManager
+from plugrl.parts.scoring import function_options
+from plugrl.plugin.build import dotted_get
+from plugrl.plugin.manager import PluginManager
+from plugrl.plugin.registry import PART_KINDS, PartKind, section_kind
 from plugrl.recipe.checks import check_recipe
 from plugrl.recipe.composition import (
     apply_overrides,
@@ -21,11 +25,8 @@ from plugrl.recipe.composition import (
     normalize_shorthand,
 )
 from plugrl.recipe.paths import resolve_paths
+from plugrl.recipe.reward_components import component_sections
 from plugrl.recipe.sections import Recipe, verl_index
-from plugrl.registry import PART_KINDS, PartKind, section_kind
-from plugrl.rewards.components import component_sections
-from plugrl.rewards.scoring import function_options
-from plugrl.structuring import describe_value, fields_of, structure, unknown_key_error
 
 
 def section_class(name: str, raw: Mapping[str, Any], plugins: PluginManager) -> type:
@@ -188,27 +189,6 @@ def check_tool_args(recipe: Recipe, plugins: PluginManager) -> None:
             )
     for name in agent.tools:
         tool_args(recipe, name, plugins)
-
-
-def part_args(recipe: Recipe, section_name: str, args_key: str, plugins: PluginManager) -> Any:
-    """The chosen part's args (``algorithm.adv_estimator_args``) as its config object, or
-    ``None`` when the part registered no config class."""
-    dotted = f"{section_name}.{args_key}"
-    kind = next((k for k in PART_KINDS.values() if k.args_key == dotted), None)
-    if kind is None:
-        raise ValueError(f"{dotted} is not the options key of any kind of part")
-    owner = getattr(recipe, section_name)
-    config_cls = plugins.registry(kind.name).get(dotted_get(owner, kind.selector)).load_config()
-    if config_cls is None:
-        return None
-    return structure(config_cls, dict(dotted_get(owner, args_key)), dotted)
-
-
-def dotted_get(config: Any, dotted: str) -> Any:
-    """The option at ``dotted`` (``"agent.loop"``) within a config object."""
-    for name in dotted.split("."):
-        config = getattr(config, name)
-    return config
 
 
 def _args_field(kind: PartKind) -> str:

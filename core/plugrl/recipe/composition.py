@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from plugrl.errors import RecipeError
-from plugrl.registry import section_kind
+from plugrl.plugin.registry import section_kind
 
 
 def read_yaml(path: Path) -> dict[str, Any]:

@@ -7,13 +7,13 @@ from typing import Any
 
 import attrs
 
+from plugrl.config.structuring import fields_of, unknown_key_error
 from plugrl.errors import PluginError, RecipeError
 from plugrl.parts.reward import RewardConfig
-from plugrl.plugins import PluginManager
+from plugrl.plugin.manager import PluginManager
+from plugrl.plugin.registry import PART_KINDS, section_kind
+from plugrl.recipe.reward_components import NOT_INHERITED, ComponentKeys
 from plugrl.recipe.sections import Recipe, verl_index
-from plugrl.registry import PART_KINDS, section_kind
-from plugrl.rewards.components import NOT_INHERITED, ComponentKeys
-from plugrl.structuring import fields_of, unknown_key_error
 
 
 @attrs.frozen

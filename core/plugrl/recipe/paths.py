@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from plugrl.structuring import fields_of
+from plugrl.config.structuring import fields_of
 
 if TYPE_CHECKING:
-    from plugrl.plugins import PluginManager
+    from plugrl.plugin.manager import PluginManager
     from plugrl.recipe.sections import Recipe
 
 

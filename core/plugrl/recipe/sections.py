@@ -17,15 +17,15 @@ import cattrs
 import yaml
 
 from plugrl.config import ConfigValueError, non_negative, option, positive, section
+from plugrl.config.structuring import fields_of
 from plugrl.parts.algorithm import AlgorithmConfig
 from plugrl.parts.backend import ActorConfig, CriticConfig
 from plugrl.parts.device import DeviceConfig
 from plugrl.parts.reward import RewardConfig
 from plugrl.parts.rollout import RolloutConfig
 from plugrl.parts.scheduler import SchedulerConfig
-from plugrl.structuring import fields_of
 
-# a recipe written out (to_dict, to_yaml): the structure hooks of plugrl.structuring
+# a recipe written out (to_dict, to_yaml): the structure hooks of plugrl.config.structuring
 # read user input and play no part here
 _UNSTRUCTURE = cattrs.Converter()
 

@@ -14,11 +14,11 @@ from typing import Any
 
 import attrs
 
+from plugrl.config.structuring import fields_of
 from plugrl.errors import PluginError
-from plugrl.plugins import PluginManager
+from plugrl.plugin.manager import PluginManager
+from plugrl.plugin.registry import PART_KINDS
 from plugrl.recipe.sections import Recipe
-from plugrl.registry import PART_KINDS
-from plugrl.structuring import fields_of
 
 
 @attrs.frozen

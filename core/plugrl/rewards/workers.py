@@ -15,14 +15,14 @@ neither computing nor waiting for a core, the pool starts more workers, up to as
 measured in the worker; as long as the cores are taken (by the scorers, or by anything else on
 the machine) the calls wait for them and the pool does not grow.
 
-Workers are fresh interpreters (``python -c``), not forks: they inherit none of the driver's
-threads, locks or GPU state, and unlike multiprocessing's spawn they never re-import the
-driver's ``__main__`` (a training script without an ``if __name__ == "__main__"`` guard works).
-They get the driver's ``sys.path``, so functions the driver can import, they can too, and
-their working folder is not on it before then (a folder named ``plugrl`` there does not
-shadow plugrl). They
-ask the kernel to kill them when the driver dies, and exit on EOF when the pool closes, so
-none outlive the run; a killed worker is always waited for, so none is left a zombie.
+Workers are :mod:`plugrl.worker_processes` workers: fresh interpreters (``python -c``), not
+forks: they inherit none of the driver's threads, locks or GPU state, and unlike
+multiprocessing's spawn they never re-import the driver's ``__main__`` (a training script
+without an ``if __name__ == "__main__"`` guard works). They get the driver's ``sys.path``, so
+functions the driver can import, they can too, and their working folder is not on it before
+then (a folder named ``plugrl`` there does not shadow plugrl). They ask the kernel to kill
+them when the driver dies, and exit on EOF when the pool closes, so none outlive the run; a
+killed worker is always waited for, so none is left a zombie.
 """
 
 from __future__ import annotations
@@ -31,8 +31,6 @@ import contextlib
 import logging
 import os
 import pickle
-import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -46,26 +44,32 @@ from typing import Any
 import attrs
 
 from plugrl.errors import PluginError
-from plugrl.rewards.scoring import IMPORT_TIMEOUT_S
+from plugrl.parts.scoring import IMPORT_TIMEOUT_S
+from plugrl.worker_processes import (
+    REAP_TIMEOUT_S,
+    kill_and_reap,
+    kill_process_group,
+    serve_worker,
+    spawn_worker_process,
+    worker_code,
+)
 
 logger = logging.getLogger("plugrl.rewards")
 
 # A worker may take this long to import the scoring functions of a task (a first import of
 # SymPy, a custom file) before its calls start being timed: as long as the driver allows.
 LOAD_TIMEOUT_S = IMPORT_TIMEOUT_S
-# After SIGKILL, how long to wait for the process to be reaped.
-REAP_TIMEOUT_S = 10.0
 
 
 @attrs.frozen
 class Call:
     """One call of a scorer, run in a worker under ``timeout_s``.
 
-    ``scorer`` is a :class:`~plugrl.rewards.scoring.Scorer` (``RewardManager.resolve``
+    ``scorer`` is a :class:`~plugrl.parts.scoring.Scorer` (``RewardManager.resolve``
     returns one). ``kind`` is ``"sample"``, where ``arguments`` are the keyword arguments of
-    :meth:`~plugrl.rewards.scoring.Scorer.score_sample` (``data_source``, ``solution_str``,
+    :meth:`~plugrl.parts.scoring.Scorer.score_sample` (``data_source``, ``solution_str``,
     ``ground_truth``, ``extra_info``), or ``"batch"``, where they are those of
-    :meth:`~plugrl.rewards.scoring.Scorer.score_batch` (the same names in the plural, one
+    :meth:`~plugrl.parts.scoring.Scorer.score_batch` (the same names in the plural, one
     list each)."""
 
     scorer: Any
@@ -186,23 +190,6 @@ class PoolSizing:
 # --------------------------------------------------------------------------------------------
 
 
-def _die_with_parent() -> None:
-    """Linux: have the kernel SIGKILL this process when its parent exits.
-
-    Strictly, when the parent *thread* that started it exits: a pool used from a thread that
-    ends loses its workers, and the next batch finds them dead and starts new ones.
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def run_call(call: Call) -> Outcome:
     """Run one call in this process, turning any failure into an ``error`` outcome; an ``ok``
     outcome carries the call's times."""
@@ -241,41 +228,43 @@ def _describe(exc: BaseException) -> str:
 def worker_main(fd: int) -> None:
     """The worker's loop on the socket ``fd``: receive the driver's ``sys.path``, then for each
     pickled task report ``loaded`` and one ``result`` per call. An empty message or EOF ends
-    it."""
-    _die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
-    connection = Connection(fd)
+    it. A pool whose workers die with the thread that started them (see
+    :func:`~plugrl.worker_processes.die_with_parent`) finds them dead at its next batch and
+    starts new ones."""
+    path_received = False
+
+    def handle(message: bytes, connection: Connection) -> None:
+        nonlocal path_received
+        if not path_received:
+            sys.path[:] = pickle.loads(message)
+            path_received = True
+            return
+        _run_task(message, connection)
+
+    serve_worker(fd, handle)
+
+
+def _run_task(message: bytes, connection: Connection) -> None:
     try:
-        sys.path[:] = pickle.loads(connection.recv_bytes())
-    except (EOFError, OSError):
+        calls: list[Call] = pickle.loads(message)
+        for scorer in {id(call.scorer): call.scorer for call in calls}.values():
+            scorer.prepare()
+    except (Exception, SystemExit) as exc:
+        connection.send(("load_error", _describe(exc)))
         return
-    while True:
+    connection.send(("loaded",))
+    # each call is timed from the end of the one before: sending that one's result is
+    # counted in it, which is microseconds
+    wall_mark, busy_mark = time.perf_counter(), _busy_clock().read()
+    for position, call in enumerate(calls):
+        outcome, wall_mark, busy_mark = _run_timed(call, wall_mark, busy_mark)
         try:
-            message = connection.recv_bytes()
+            connection.send(("result", position, outcome))
         except (EOFError, OSError):
-            return
-        if not message:
-            return
-        try:
-            calls: list[Call] = pickle.loads(message)
-            for scorer in {id(call.scorer): call.scorer for call in calls}.values():
-                scorer.prepare()
-        except (Exception, SystemExit) as exc:
-            connection.send(("load_error", _describe(exc)))
-            continue
-        connection.send(("loaded",))
-        # each call is timed from the end of the one before: sending that one's result is
-        # counted in it, which is microseconds
-        wall_mark, busy_mark = time.perf_counter(), _busy_clock().read()
-        for position, call in enumerate(calls):
-            outcome, wall_mark, busy_mark = _run_timed(call, wall_mark, busy_mark)
-            try:
-                connection.send(("result", position, outcome))
-            except (BrokenPipeError, EOFError, OSError):
-                return
-            except Exception as exc:  # a result that does not pickle
-                message_text = f"its result cannot be sent back: {_describe(exc)}"
-                connection.send(("result", position, Outcome("error", message=message_text)))
+            raise  # the driver is gone: the loop ends
+        except Exception as exc:  # a result that does not pickle
+            message_text = f"its result cannot be sent back: {_describe(exc)}"
+            connection.send(("result", position, Outcome("error", message=message_text)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -283,18 +272,8 @@ def worker_main(fd: int) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-# `python -c` puts the working folder first on the import path ('' in sys.path[0]), where a
-# folder named plugrl (a checkout, a run's output) would shadow the installed one; it is
-# dropped before plugrl is imported. -P would do it too, but only from Python 3.11 on, and -I
-# would drop PYTHONPATH as well. The driver's sys.path, the worker's next message, then
-# replaces the whole path.
-_WORKER_CODE = (
-    "import sys\n"
-    "if sys.path and sys.path[0] == '':\n"
-    "    del sys.path[0]\n"
-    "from plugrl.rewards.workers import worker_main\n"
-    "worker_main(int(sys.argv[1]))\n"
-)
+# the driver's sys.path, the worker's first message, replaces the whole path
+_WORKER_CODE = worker_code("plugrl.rewards.workers:worker_main")
 
 
 @attrs.define(eq=False)
@@ -320,25 +299,6 @@ def check_pool_size(num_workers: int, max_workers: int | None) -> PoolSizing:
     if max_workers is not None and max_workers < num_workers:
         raise ValueError(f"max_workers must be >= num_workers {num_workers}, got {max_workers}")
     return PoolSizing(num_workers, max_workers or num_workers)
-
-
-def spawn_worker_process(code: str) -> tuple[subprocess.Popen, socket.socket]:
-    """A fresh interpreter running ``code`` with the child end of a socket pair's file
-    descriptor as ``sys.argv[1]``; returns the process and the parent end. The process leads
-    a process group of its own, so killing the group kills what the worker started too (the
-    worker still dies with the driver, by its parent-death signal)."""
-    parent_end, child_end = socket.socketpair()
-    try:
-        process = subprocess.Popen(
-            [sys.executable, "-c", code, str(child_end.fileno())],
-            pass_fds=(child_end.fileno(),),
-            stdin=subprocess.DEVNULL,
-            close_fds=True,
-            start_new_session=True,
-        )
-    finally:
-        child_end.close()
-    return process, parent_end
 
 
 class ProcessPool:
@@ -386,10 +346,7 @@ class ProcessPool:
             self.workers.remove(worker)
         with contextlib.suppress(OSError):
             worker.connection.close()
-        _kill_group(worker.process)
-        try:
-            worker.process.wait(REAP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
+        if not kill_and_reap(worker.process):
             logger.warning("reward worker %s did not exit after SIGKILL", worker.process.pid)
 
     def close(self) -> None:
@@ -627,14 +584,7 @@ class ProcessPool:
         # a pool dropped without close(): its daemon workers would otherwise live until exit
         try:
             for worker in list(self.workers):
-                _kill_group(worker.process)
+                kill_process_group(worker.process)
                 worker.process.wait(REAP_TIMEOUT_S)
         except Exception:
             pass
-
-
-def _kill_group(process: subprocess.Popen) -> None:
-    """SIGKILL every process of the group ``process`` leads; the group outlives its leader
-    while a child of it runs, so this also ends what an exited worker left behind."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)

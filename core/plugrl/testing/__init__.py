@@ -13,7 +13,14 @@ Builders, for unit tests of parts:
   whole mini-batch.
 * :func:`make_recipe`: a validated :class:`~plugrl.recipe.Recipe` from a mapping of overrides.
 * :class:`ScriptedSession`: a :class:`~plugrl.parts.agent.Session` whose model turns are
-  scripted, for testing agent loops and environments without engines.
+  scripted and whose tools are real, for testing agent loops, tools and environments without
+  engines; :func:`tool_call_text` writes a scripted turn that calls a tool.
+
+A run, for schedulers (:mod:`plugrl.testing.simulated`):
+
+* :func:`run_scheduler`: a scheduler's run of a few steps on the simulated parts, through the
+  core's run loop; returns a :class:`~plugrl.testing.simulated.SchedulerRun` (metrics per
+  step, checkpoints, the engines' calls).
 
 Builders of a tiny model (:mod:`plugrl.testing.tiny`), for parts that need a real one:
 
@@ -39,7 +46,8 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from plugrl.testing.agents import ScriptedSession
+from plugrl.testing.agents import ScriptedSession, tool_call_text
+from plugrl.testing.simulated import run_scheduler
 from plugrl.testing.tiny import (
     make_tiny_model,
     make_tiny_reward_model,
@@ -53,7 +61,7 @@ if TYPE_CHECKING:
 
     from plugrl.algorithms.functional import LossAggregator
     from plugrl.data.batch import Batch
-    from plugrl.plugins import PluginManager
+    from plugrl.plugin.manager import PluginManager
     from plugrl.recipe import Recipe
 
 __all__ = [
@@ -68,8 +76,10 @@ __all__ = [
     "make_tiny_reward_model",
     "make_tiny_tokenizer",
     "part_context",
+    "run_scheduler",
     "save_tiny_model",
     "save_tiny_reward_model",
+    "tool_call_text",
 ]
 
 
@@ -79,11 +89,13 @@ def part_context(recipe: Any = None, **fields: Any) -> Any:
     ``tokenizer``, ...), for constructing a part directly in a test. ``plugins`` defaults to
     the process's plugin manager (in a test with the ``plugrl_plugin_manager`` fixture, that
     one): a test is an edge of the program, as the command line is."""
+    from plugrl.cluster.services import RunServices
     from plugrl.parts.context import PartContext
-    from plugrl.plugins import get_plugin_manager
+    from plugrl.plugin.manager import get_plugin_manager
     from plugrl.recipe import Recipe
 
     fields.setdefault("plugins", get_plugin_manager())
+    fields.setdefault("services", RunServices())
     return PartContext(recipe=recipe if recipe is not None else Recipe(), **fields)
 
 
@@ -117,7 +129,7 @@ def make_recipe(
         for part in reversed(path):
             update = {part: update}
         raw = deep_merge(raw, normalize_shorthand(update))
-    from plugrl.plugins import get_plugin_manager
+    from plugrl.plugin.manager import get_plugin_manager
 
     return build_recipe(raw, plugins or get_plugin_manager())
 
@@ -342,7 +354,7 @@ class FakeEntryPoint:
     def load(self) -> Any:
         """The target; a ``"module"`` or ``"module:attr"`` path is imported now (a module
         that does not exist fails as a broken plugin's import does)."""
-        from plugrl.registry import import_object
+        from plugrl.plugin.registry import import_object
 
         if not isinstance(self.target, str):
             return self.target

@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from plugrl import plugins as plugins_module
-from plugrl.plugins import PluginManager, set_plugin_manager
+from plugrl.plugin import manager as plugins_module
+from plugrl.plugin.manager import PluginManager, set_plugin_manager
 from plugrl.testing import FakeEntryPoint, make_fake_entry_point, make_recipe
 
 if TYPE_CHECKING:

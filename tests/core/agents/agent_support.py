@@ -90,7 +90,8 @@ class EchoConfig(ToolConfig):
 
 
 class EchoTool(Tool):
-    """Answers its ``text`` argument (refusing a call without one), with reward 1."""
+    """Answers its ``text`` argument (refusing a call without one), with reward 1; the text
+    ``FAIL`` is answered as a failed call."""
 
     def schema(self) -> dict[str, Any]:
         return {
@@ -105,7 +106,8 @@ class EchoTool(Tool):
     async def call(self, arguments: Mapping[str, Any], context: ToolContext) -> ToolResult:
         if "text" not in arguments:
             raise ToolArgumentError("echo needs a 'text' argument")
-        return ToolResult(text=f"{self.config.prefix}{arguments['text']}", reward=1.0)
+        text = arguments["text"]
+        return ToolResult(text=f"{self.config.prefix}{text}", reward=1.0, error=text == "FAIL")
 
 
 class BoomTool(Tool):

@@ -11,10 +11,10 @@ import torch
 from plugrl.agents.batch import build_trajectory_batch
 from plugrl.algorithms.functional import LOSS_AGG_MODES
 from plugrl.algorithms.objective import PolicyObjective
-from plugrl.compose.build import build_estimator
+from plugrl.algorithms.training import all_reduced_loss_scale, response_log_probs
 from plugrl.data.batch import Batch, left_pad
 from plugrl.parts.agent import Trajectory
-from plugrl.training import all_reduced_loss_scale, response_log_probs
+from plugrl.plugin.build import build_estimator
 
 OBSERVED = [0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 0, 0]
 """1 where a token was appended between turns (a tool result), for a 12-token response."""

@@ -7,10 +7,11 @@ import asyncio
 
 import pytest
 
-from plugrl.agents.session import AgentRuntime, AgentSession, one_sample_seed
+from plugrl.agents.session import AgentRuntime, AgentSession
 from plugrl.errors import PluginError, RecipeError
 from plugrl.parts.agent import AgentLoop, ToolCall, Trajectory
 from plugrl.parts.rollout import SamplingParams, derive_seed
+from plugrl.state.rng import one_sample_request_seed
 
 from .agent_support import (
     AgentTestEnvironments,
@@ -69,7 +70,7 @@ def test_a_one_sample_request_draws_with_the_seed_its_sample_has_in_a_batched_re
     request_seed = 987654321
     for sample in range(4):
         wanted = derive_seed(request_seed, sample)
-        assert derive_seed(one_sample_seed(wanted), 0) == wanted
+        assert derive_seed(one_sample_request_seed(wanted), 0) == wanted
 
 
 def test_turn_zero_samples_as_the_batched_path_and_later_turns_draw_seeds_of_their_own(
@@ -99,7 +100,8 @@ def test_generate_sends_one_sample_with_the_turn_budget_and_counts_turns(runtime
 def test_a_tool_answers_and_its_reward_and_counts_are_kept(runtime_of):
     runtime = runtime_of(tools=["echo"], tool_args={"echo": {"prefix": ">"}})
     session = session_of(runtime)
-    assert call_tools(runtime, session, [echo("hi")]) == [">hi"]
+    (result,) = call_tools(runtime, session, [echo("hi")])
+    assert (result.text, result.error, result.reward) == (">hi", False, 1.0)
     assert session.last_tool_reward == 1.0
     metrics = session.counters.metrics()
     assert metrics["tool_calls"] == 1 and metrics["tool_errors"] == 0
@@ -134,19 +136,35 @@ def test_every_failed_call_is_an_error_the_model_reads_and_a_counted_error(
 ):
     runtime = runtime_of(tools=["echo", "boom", "slow"], tool_timeout_s=0.05)
     session = session_of(runtime)
-    assert call_tools(runtime, session, [call]) == [message]
+    (result,) = call_tools(runtime, session, [call])
+    assert (result.text, result.error) == (message, True)
     metrics = session.counters.metrics()
     assert (metrics["tool_calls"], metrics["tool_errors"]) == (1, 1)
     name = call.name if call.name in runtime.tools else "invalid"
     assert metrics[f"tool/{name}/errors"] == 1
 
 
+def test_a_tool_may_report_a_failure_it_explains_without_raising(runtime_of):
+    runtime = runtime_of(tools=["echo"], tool_args={"echo": {"prefix": "no file "}})
+    session = session_of(runtime)
+    (result,) = call_tools(runtime, session, [echo("missing.txt", 0)])
+    assert (result.text, result.error) == ("no file missing.txt", False)
+    # the same tool, told to report the call as failed
+    (result,) = call_tools(runtime, session, [echo("FAIL", 1)])
+    assert (result.text, result.error) == ("no file FAIL", True)
+    metrics = session.counters.metrics()
+    assert (metrics["tool/echo/calls"], metrics["tool/echo/errors"]) == (2, 1)
+
+
 def test_calls_past_max_parallel_calls_are_not_run_and_say_so(runtime_of):
     runtime = runtime_of(tools=["echo"], max_parallel_calls=2)
     session = session_of(runtime)
     results = call_tools(runtime, session, [echo(str(i), i) for i in range(3)])
-    assert results[:2] == ["echo:0", "echo:1"]
-    assert results[2] == ("Error: at most 2 tool calls are run per turn; call 'echo' was not run.")
+    assert [(r.text, r.error) for r in results[:2]] == [("echo:0", False), ("echo:1", False)]
+    assert results[2].text == (
+        "Error: at most 2 tool calls are run per turn; call 'echo' was not run."
+    )
+    assert results[2].error
     assert session.counters.metrics()["tool_errors"] == 1
 
 
@@ -160,14 +178,15 @@ def test_max_tools_in_flight_bounds_the_calls_running_across_samples(runtime_of)
         return await asyncio.gather(*(s.call_tools([call] * 3, {}) for s in sessions))
 
     results = runtime._thread.submit(all_samples()).result()
-    assert results == [["rested"] * 3] * 3
+    assert [[r.text for r in sample] for sample in results] == [["rested"] * 3] * 3
     assert SlowTool.most == 2
 
 
 def test_a_long_result_is_cut_to_max_tool_response_length_tokens_and_marked(runtime_of, tokenizer):
     runtime = runtime_of(tools=["echo"], max_tool_response_length=5)
     session = session_of(runtime)
-    (text,) = call_tools(runtime, session, [echo("the quick brown fox jumps " * 10)])
+    (result,) = call_tools(runtime, session, [echo("the quick brown fox jumps " * 10)])
+    text = result.text
     assert text.endswith("...(truncated)")
     kept = text.removesuffix("...(truncated)")
     assert len(tokenizer.encode(kept, add_special_tokens=False)) <= 5
@@ -313,7 +332,7 @@ def test_the_tools_of_a_verl_tool_file_are_offered_and_called_beside_registered_
     row = {"uid": "u0", "extra_info": {"tools_kwargs": {"guess": {"create_kwargs": {}}}}}
     call = ToolCall(id="c", name="guess", arguments={"guess": "7"}, raw="{}")
     (answer,) = runtime._thread.submit(session.call_tools([call], row)).result()
-    assert answer == "wrong"
+    assert (answer.text, answer.error) == ("wrong", False)
     assert session.counters.metrics()["tool/guess/calls"] == 1
 
 

@@ -76,6 +76,8 @@ class CountingEngine(RolloutEngine):
         self.in_flight = 0
         self.most_in_flight = 0
         """The most samples generating at once so far."""
+        self.tokens_so_far: dict[str, int] = {}
+        """Tokens generated so far, by request id (its samples together)."""
 
     async def generate_request(self, request: GenerationRequest) -> list[Completion]:
         params = request.params
@@ -100,6 +102,8 @@ class CountingEngine(RolloutEngine):
                     break
                 tokens.append(self.offset + (seed + position) % 97)
                 versions.append(self.weight_version)
+                key = request.request_id
+                self.tokens_so_far[key] = self.tokens_so_far.get(key, 0) + 1
         finally:
             self.in_flight -= 1
         return Completion(

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import time
 
 import pytest
 import torch
@@ -26,10 +25,10 @@ from plugrl.parts.rollout import (
     check_capabilities,
     derive_seed,
 )
-from plugrl.plugins import PluginManager
+from plugrl.plugin.manager import PluginManager
 from plugrl.recipe import ClusterConfig, Recipe
 from tests.core.cluster import cluster_fake_backend, cluster_fake_engine
-from tests.support import local_ray
+from tests.support import local_ray, wait_until
 
 MAX = 97
 
@@ -78,6 +77,14 @@ def push(group, version: int, value: float, indices=None) -> None:
     group.begin_weight_update(version, [WeightMeta("w", (2,), "float32")], indices)
     group.load_weights([("w", weight)], indices)
     group.finish_weight_update(indices)
+
+
+def generating(group: LocalEngineGroup, request_id: str) -> None:
+    """Wait until the group's engine has generated a token of ``request_id``."""
+    wait_until(
+        lambda: group.engine.tokens_so_far.get(request_id, 0) > 0,
+        f"the engine to generate a token of request {request_id!r}",
+    )
 
 
 # ---------------------------------------------------------------------------- one engine, here
@@ -140,18 +147,23 @@ def test_each_prompts_completions_are_handed_over_as_its_request_ends(local_grou
 
 
 def test_many_requests_are_in_flight_at_once(local_group):
+    # paused, the engine holds every request it was given: a group that sent them one after
+    # another would never have all 20 in flight at once
+    local_group.pause("keep")
     futures = [local_group.submit(request(f"r{i}", 50)) for i in range(20)]
-    results = [future.result() for future in futures]
+    wait_until(
+        lambda: local_group.engine.in_flight == 20, "the engine to hold all 20 requests at once"
+    )
+    local_group.resume()
+    results = [future.result(timeout=60) for future in futures]
     assert [r[0].request_id for r in results] == [f"r{i}" for i in range(20)]
-    # submitted together, they generate together, not one after another: a request's 50
-    # steps outlast the submission of the other 19 by far
-    assert local_group.engine.most_in_flight >= 10
+    assert all(len(r[0].token_ids) == 50 for r in results)
 
 
 def test_abort_ends_the_named_requests_with_the_tokens_they_have(local_group):
     long = local_group.submit(request("long", 100_000))
     short = local_group.submit(request("short", 5))
-    time.sleep(0.1)
+    generating(local_group, "long")
     local_group.abort(["long"])
     (aborted,) = long.result(timeout=30)
     (finished,) = short.result(timeout=30)
@@ -162,8 +174,10 @@ def test_abort_ends_the_named_requests_with_the_tokens_they_have(local_group):
 
 def test_paused_requests_continue_with_new_weights_and_say_so(local_group):
     future = local_group.submit(request("partial", 400))
-    time.sleep(0.1)
+    generating(local_group, "partial")
     local_group.pause("keep")
+    made = local_group.engine.tokens_so_far["partial"]
+    assert made < 400, "the request ended before the pause reached the engine"
     push(local_group, version=1, value=1000.0)
     local_group.resume()
     (completion,) = future.result(timeout=30)
@@ -177,7 +191,7 @@ def test_paused_requests_continue_with_new_weights_and_say_so(local_group):
 
 def test_pause_abort_ends_requests_in_flight(local_group):
     future = local_group.submit(request("cut", 100_000))
-    time.sleep(0.05)
+    generating(local_group, "cut")
     local_group.pause("abort")
     (completion,) = future.result(timeout=30)
     local_group.resume()
@@ -252,7 +266,7 @@ def test_a_killed_engine_is_restarted_and_every_request_answered_once(ray_sessio
         push(engines, version=1, value=500.0)
         old_pids = engines.engine_pids()
         futures = [engines.submit(request(f"r{i}", 200, seed=i)) for i in range(8)]
-        time.sleep(0.3)
+        wait_until(lambda: engines.in_flight() == 8, "the 8 requests to reach the engines")
         os.kill(old_pids[0], signal.SIGKILL)
         results = [future.result(timeout=120) for future in futures]
         assert engines.restarts == 1 and resynced == [[0]]
@@ -276,7 +290,7 @@ def test_an_engine_that_keeps_dying_stops_the_run_with_the_limit(ray_session, pl
     )
     try:
         future = engines.submit(request("doomed", 100_000), engine_index=0)
-        time.sleep(0.2)
+        wait_until(lambda: engines.in_flight() == 1, "the request to reach engine 0")
         os.kill(engines.engine_pids()[0], signal.SIGKILL)
         with pytest.raises(PluginError) as info:
             future.result(timeout=60)

@@ -10,7 +10,7 @@ from plugrl.cluster.local import LocalWorkerGroup
 from plugrl.data.batch import Batch
 from plugrl.errors import CheckpointError, PluginError, RecipeError
 from plugrl.parts.backend import ActorConfig
-from plugrl.plugins import PluginManager
+from plugrl.plugin.manager import PluginManager
 from plugrl.recipe import ClusterConfig, Recipe
 from tests.core.cluster import cluster_fake_backend
 from tests.core.cluster.cluster_fake_backend import SumRowIds

@@ -10,7 +10,7 @@ from plugrl.cluster.ray_group import RayPlacement, RayWorkerGroup, in_process_pl
 from plugrl.data.batch import Batch
 from plugrl.errors import CheckpointError, RecipeError
 from plugrl.parts.backend import ActorConfig
-from plugrl.plugins import PluginManager
+from plugrl.plugin.manager import PluginManager
 from plugrl.recipe import ClusterConfig, Recipe, TrainerConfig
 from tests.core.cluster import cluster_fake_backend
 from tests.core.cluster.cluster_fake_backend import SumRowIds

@@ -11,7 +11,7 @@ import pytest
 from plugrl.cluster.engines import RayEngineGroup, engine_spans, make_engine_group, span_env
 from plugrl.cluster.groups import make_placement
 from plugrl.errors import PluginError
-from plugrl.plugins import PluginManager
+from plugrl.plugin.manager import PluginManager
 from plugrl.recipe import build_recipe
 from tests.core.cluster import cluster_fake_gpu
 
@@ -135,7 +135,7 @@ def test_a_ray_run_sleeps_the_engines_to_train_and_wakes_them_with_new_weights(
 ):
     """Two trainer ranks and one engine over both of their devices, through the sync
     scheduler: the phases of each step in the order the engine saw them."""
-    from plugrl.run import run_recipe
+    from plugrl.run.runner import run_recipe
     from plugrl_sim.parts import sim_recipe
 
     trace = tmp_path / "trace.jsonl"

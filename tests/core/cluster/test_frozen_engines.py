@@ -15,7 +15,7 @@ from plugrl.data.dataset import load_tokenizer
 from plugrl.errors import RecipeError
 from plugrl.parts.backend import ActorConfig
 from plugrl.parts.rollout import RolloutConfig, SamplingParams
-from plugrl.plugins import PluginManager
+from plugrl.plugin.manager import PluginManager
 from plugrl.recipe import ClusterConfig, ModelConfig, Recipe, read_section
 from plugrl.testing import save_tiny_model
 from tests.core.cluster import cluster_fake_engine

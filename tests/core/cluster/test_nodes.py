@@ -21,7 +21,7 @@ from plugrl.cluster.nodes import (
     run_folder_marker,
 )
 from plugrl.errors import PluginError
-from plugrl.plugins import get_plugin_manager
+from plugrl.plugin.manager import get_plugin_manager
 from plugrl.recipe import apply_overrides, build_recipe
 
 

@@ -16,9 +16,9 @@ from plugrl.cluster.ray_group import (
     ray_needs,
 )
 from plugrl.errors import PluginError, RecipeError
-from plugrl.plugins import get_plugin_manager
+from plugrl.plugin.manager import get_plugin_manager
 from plugrl.recipe import ClusterConfig, build_recipe, load_recipe
-from plugrl.rewards.ray_pool import RayPool
+from plugrl_reward_managers.ray_pool import RayPool
 from plugrl_sim.parts import build_sim_task, sim_recipe
 
 INSTALL = "pip install 'plugrl[ray]'"

@@ -9,16 +9,16 @@ import pytest
 import torch
 
 import plugrl
-from plugrl.compose.boundaries import check_estimator_output, check_reward_output
-from plugrl.compose.build import build_estimator, build_part
 from plugrl.data.dataset import PromptRecord
 from plugrl.errors import PluginError
-from plugrl.metrics import StepTimer
 from plugrl.parts.algorithm import AdvantageEstimator
 from plugrl.parts.reward import RewardManager, RewardOutput
 from plugrl.parts.rollout import Completion
-from plugrl.plugins import get_plugin_manager
-from plugrl.steps import update_from_batch, validate
+from plugrl.plugin.boundaries import check_estimator_output, check_reward_output
+from plugrl.plugin.build import build_estimator, build_part
+from plugrl.plugin.manager import get_plugin_manager
+from plugrl.run.metrics import StepTimer
+from plugrl.run.steps import update_from_batch, validate
 from plugrl.testing import make_batch, part_context
 
 B, R = 4, 5  # make_batch((3, 5), 5, n=2): two prompts, two responses each

@@ -9,12 +9,12 @@ import torch
 
 import plugrl
 from plugrl.cluster.worker import build_device
-from plugrl.compose.build import build_part, signature_fixes
 from plugrl.errors import PluginError
 from plugrl.parts.device import Device
 from plugrl.parts.reward import RewardManager
 from plugrl.parts.rollout import Capability, RolloutEngine
-from plugrl.plugins import PluginManager
+from plugrl.plugin.build import build_part, signature_fixes
+from plugrl.plugin.manager import PluginManager
 from plugrl.recipe import Recipe
 from plugrl.testing import part_context
 

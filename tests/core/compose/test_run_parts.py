@@ -1,7 +1,7 @@
 import pytest
 
 from plugrl.compose.run_parts import training_loader, update_derives_old_log_probs
-from plugrl.plugins import get_plugin_manager
+from plugrl.plugin.manager import get_plugin_manager
 from plugrl.recipe import build_recipe
 
 

@@ -16,10 +16,11 @@ from plugrl.compose.run_parts import build_reward_manager
 from plugrl.config import option
 from plugrl.errors import DataError, PluginError, RecipeError
 from plugrl.parts.reward import RewardConfig, RewardManager, RewardOutput
+from plugrl.parts.scoring import ScoringError
 from plugrl.recipe import build_recipe
 from plugrl.recipe.explaining import explain
-from plugrl.rewards.components import WeightedRewardComponents, read_components
-from plugrl.rewards.scoring import ScoringError
+from plugrl.recipe.reward_components import read_components
+from plugrl.rewards.components import WeightedRewardComponents
 from tests.plugins.rewards.rewards_testlib import STUB_SECTIONS, make_batch
 
 ARITH = "plugrl/arithmetic"

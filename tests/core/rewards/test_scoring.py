@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from plugrl.errors import DataError, PluginError, RecipeError
-from plugrl.plugins import get_plugin_manager
-from plugrl.rewards.scoring import (
+from plugrl.parts.scoring import (
     FileFunction,
     Scorer,
     ScoringError,
@@ -18,6 +17,7 @@ from plugrl.rewards.scoring import (
     make_resolver,
     normalize_result,
 )
+from plugrl.plugin.manager import get_plugin_manager
 
 SYNC = """
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
@@ -246,7 +246,7 @@ def test_is_batch_form():
 def test_a_file_whose_import_hangs_stops_the_run_at_a_deadline(
     make_recipe, scorer_file, monkeypatch
 ):
-    from plugrl.rewards import scoring
+    from plugrl.parts import scoring
 
     monkeypatch.setattr(scoring, "IMPORT_TIMEOUT_S", 0.5)
     path = scorer_file("import time\ntime.sleep(30)\n" + SYNC, name="hangs.py")
@@ -267,7 +267,7 @@ def test_an_interruption_during_the_import_is_not_blamed_on_the_file(
     import sys
     import threading
 
-    from plugrl.rewards import scoring
+    from plugrl.parts import scoring
 
     started = tmp_path / "started"
     path = scorer_file(

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from plugrl.errors import PluginError
-from plugrl.rewards.scoring import FileFunction, Scorer
+from plugrl.parts.scoring import FileFunction, Scorer
 from plugrl.rewards.workers import Call, Outcome, PoolSizing, ProcessPool
 
 BEHAVIOURS = """
@@ -190,7 +190,7 @@ def running(pid: int) -> bool:
 DRIVER = """
 import sys, threading, time
 from plugrl.rewards.workers import Call, Outcome, PoolSizing, ProcessPool
-from plugrl.rewards.scoring import FileFunction, Scorer
+from plugrl.parts.scoring import FileFunction, Scorer
 
 scorer = Scorer.wrap(FileFunction(sys.argv[1], "compute_score"), "behaviours")
 pool = ProcessPool(1)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from plugrl.run import RunContext
-from plugrl.steps import generate, generate_with_agents, sampling_params
+from plugrl.run.runner import RunContext
+from plugrl.run.steps import generate, generate_with_agents, sampling_params
 from plugrl_sync.scheduler import SyncScheduler
 from tests.e2e.e2e_support import tiny_recipe
 

@@ -4,6 +4,7 @@ ends."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 
@@ -11,8 +12,10 @@ import pytest
 
 from plugrl.agents.session import AgentRuntime
 from plugrl.errors import RecipeError
+from plugrl.parts.agent import AgentConfig, Tool, ToolArgumentError, ToolResult
 from plugrl.parts.rollout import SamplingParams
-from plugrl_agent_loops.tool import appended_ids
+from plugrl.testing import ScriptedSession, part_context, tool_call_text
+from plugrl_agent_loops.tool import ToolLoop
 from tests.core.agents.agent_support import AgentTestPlugin, ScriptedEngines, tool_tokenizer
 
 PROMPT = [{"role": "user", "content": "Say hi."}]
@@ -136,20 +139,6 @@ def test_a_row_without_chat_messages_is_its_decoded_prompt(run_tool_loop, tokeni
     assert trajectory.messages[0] == {"role": "user", "content": "What is 2 + 2?"}
 
 
-def test_a_template_that_rerenders_earlier_turns_is_refused_in_one_line(tokenizer):
-    class Rerendering:
-        def apply_chat_template(self, messages, tools=None, add_generation_prompt=False, **kw):
-            return ("x" if add_generation_prompt else "y") * len(messages)
-
-    with pytest.raises(ValueError) as error:
-        appended_ids(Rerendering(), [{"role": "user", "content": "q"}], [{"role": "tool"}], None)
-    assert str(error.value) == (
-        "the chat template renders the conversation so far differently once tool results "
-        "follow it, so the tokens to append cannot be told apart; use a template that renders "
-        "earlier turns the same whatever follows"
-    )
-
-
 def test_a_prompt_the_tool_schemas_push_past_max_prompt_length_is_refused_in_one_line(
     run_tool_loop,
 ):
@@ -162,10 +151,90 @@ def test_a_prompt_the_tool_schemas_push_past_max_prompt_length_is_refused_in_one
     )
 
 
-def test_the_templates_glue_after_eos_is_appended_only_when_the_turn_ended_on_eos(tokenizer):
-    messages = [*PROMPT, {"role": "assistant", "content": "x"}]
-    new = [{"role": "tool", "content": "y"}]
-    on_eos = tokenizer.decode(appended_ids(tokenizer, messages, new, None, ended_on_eos=True))
-    plain = tokenizer.decode(appended_ids(tokenizer, messages, new, None))
-    assert on_eos == "\n" + plain
-    assert plain.startswith("<|im_start|>tool\n")
+def test_a_turn_cut_by_max_turn_tokens_is_closed_before_the_tool_results(run_tool_loop, tokenizer):
+    head = call("hi")
+    cap = len(tokenizer.encode(head, add_special_tokens=False))
+    # the turn's eos is cut off: the loop appends the template's close of the turn itself
+    trajectory, _ = run_tool_loop(
+        lambda r, turn: head if turn == 0 else "ok", max_turn_tokens=cap, max_turns=2
+    )
+    appended = [
+        t for t, m in zip(trajectory.response_ids, trajectory.loss_mask, strict=True) if m == 0
+    ]
+    assert tokenizer.decode(appended).startswith("<|im_end|>\n<|im_start|>tool\necho:hi")
+
+
+# ---------------------------------------------------------------- a tool tested as its author would
+
+
+class AddTool(Tool):
+    """What a plugin author writes: adds two numbers, refuses anything else."""
+
+    def schema(self):
+        return {
+            "type": "function",
+            "function": {
+                "name": "add",
+                "description": "Add two numbers.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+                    "required": ["a", "b"],
+                },
+            },
+        }
+
+    async def call(self, arguments, context):
+        try:
+            total = float(arguments["a"]) + float(arguments["b"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ToolArgumentError(f"add needs numbers a and b ({exc})") from None
+        return ToolResult(text=f"{total:g}", metrics={"magnitude": abs(total)})
+
+
+def play_tool_loop(tokenizer, replies, **session_options):
+    session = ScriptedSession(
+        tokenizer, replies, tools=[AddTool(None, part_context())], **session_options
+    )
+    loop = ToolLoop(None, part_context())
+    row = {"uid": "u", "prompt": [{"role": "user", "content": "What is 1 + 2?"}]}
+    return asyncio.run(loop.run(row, session)), session
+
+
+@pytest.mark.parametrize("call_format", ["hermes", "llama3_json"])
+def test_a_scripted_policy_calls_a_tool_through_the_tool_loop_and_reads_its_answer(
+    tokenizer, call_format
+):
+    turn_one = tool_call_text("add", {"a": 1, "b": 2}, format=call_format)
+    trajectory, session = play_tool_loop(
+        tokenizer,
+        [turn_one, "It is 3."],
+        config=AgentConfig(tool_parser=call_format),
+    )
+    assert [m["role"] for m in trajectory.messages] == ["user", "assistant", "tool", "assistant"]
+    assert trajectory.messages[1]["tool_calls"][0]["function"] == {
+        "name": "add",
+        "arguments": {"a": 1, "b": 2},
+    }
+    assert trajectory.messages[2]["content"] == "3"
+    # the answer is in the tokens the model reads next, and never trained on
+    appended = [
+        t for t, m in zip(trajectory.response_ids, trajectory.loss_mask, strict=True) if m == 0
+    ]
+    assert tokenizer.decode(appended) == (
+        "\n<|im_start|>tool\n3<|im_end|>\n<|im_start|>assistant\n"
+    )
+    turn_two_starts = max(i for i, m in enumerate(trajectory.loss_mask) if m == 0) + 1
+    assert session.calls[1][0] == (
+        trajectory.prompt_ids + trajectory.response_ids[:turn_two_starts]
+    )
+    assert (trajectory.finish_reason, trajectory.num_turns) == ("stop", 2)
+    assert session.tool_metrics()["tool/add/calls"] == 1
+    assert session.reported_metrics == [("add", "magnitude", 3.0)]
+
+
+def test_a_scripted_call_with_bad_arguments_is_an_error_result_the_model_reads(tokenizer):
+    trajectory, session = play_tool_loop(tokenizer, [tool_call_text("add", {"a": "one"}), "Sorry."])
+    assert trajectory.messages[2]["content"].startswith("Error: bad arguments for tool 'add'")
+    metrics = session.tool_metrics()
+    assert (metrics["tool_errors"], metrics["tool/add/errors"]) == (1, 1)

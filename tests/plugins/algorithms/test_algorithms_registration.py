@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from plugrl.parts.algorithm import AdvantageEstimator, PolicyLoss
-from plugrl.plugins import set_plugin_manager
+from plugrl.plugin.manager import set_plugin_manager
 from plugrl_estimators import ESTIMATORS
 from plugrl_kl_penalties import KL_PENALTIES
 from plugrl_policy_losses import LOSSES

@@ -8,9 +8,9 @@ import sys
 import pytest
 
 from plugrl.errors import RecipeError
-from plugrl.plugins import get_plugin_manager
+from plugrl.plugin.manager import get_plugin_manager
 from plugrl.recipe import build_recipe
-from plugrl.run import run_recipe
+from plugrl.run.runner import run_recipe
 from tests import fake_parts
 from tests.plugins.loggers.trackers_testlib import (
     mlflow_client,
@@ -48,7 +48,7 @@ def test_all_six_are_registered_and_the_trackers_say_what_they_need(plugrl_plugi
 
 def test_loggers_import_their_library_only_when_chosen():
     code = (
-        "import sys; from plugrl.plugins import get_plugin_manager; "
+        "import sys; from plugrl.plugin.manager import get_plugin_manager; "
         "registry = get_plugin_manager().registry('loggers'); "
         "[registry.get(n).describe() for n in registry.names()]; "
         f"print(sorted(m for m in {tuple(TRACKERS.values())} if m in sys.modules))"

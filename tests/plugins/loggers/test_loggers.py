@@ -1,7 +1,7 @@
 import json
 
-from plugrl.metrics import read_metrics
 from plugrl.recipe import TrainerConfig
+from plugrl.run.metrics import read_metrics
 from plugrl.testing import part_context
 from plugrl_console.logger import summary_line
 from plugrl_jsonl.logger import JsonlLogger

@@ -15,11 +15,11 @@ import attrs
 import numpy as np
 import torch
 
-from plugrl.checkpoint import LATEST_FILE
-from plugrl.compose.build import build_part
 from plugrl.parts.context import PartContext
-from plugrl.plugins import get_plugin_manager
+from plugrl.plugin.build import build_part
+from plugrl.plugin.manager import get_plugin_manager
 from plugrl.recipe import Recipe, TrainerConfig
+from plugrl.state.checkpoint import LATEST_FILE
 
 PROJECT, EXPERIMENT = "plugrl-tests", "grpo-tiny"
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from plugrl.data.batch import Batch
-from plugrl.plugins import PluginManager, set_plugin_manager
+from plugrl.plugin.manager import PluginManager, set_plugin_manager
 from plugrl.recipe import build_recipe
 from tests.plugins.rewards import rewards_stub_parts
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from plugrl.plugins import get_plugin_manager
+from plugrl.plugin.manager import get_plugin_manager
 from plugrl.recipe import explain
 from plugrl_scorers import arithmetic
 
@@ -42,7 +42,7 @@ def test_the_json_to_parquet_example_runs_and_its_rows_score(tmp_path):
 
 
 def test_the_batch_form_example_is_a_batch_function(make_recipe, tmp_path):
-    from plugrl.rewards.scoring import make_resolver
+    from plugrl.parts.scoring import make_resolver
 
     block = next(b for b in code_blocks("python") if "solution_strs" in b)
     path = tmp_path / "batch_reward.py"
@@ -60,7 +60,7 @@ def test_the_batch_form_example_is_a_batch_function(make_recipe, tmp_path):
 
 
 def test_the_flexible_gsm8k_file_from_the_docs(make_recipe, tmp_path):
-    from plugrl.rewards.scoring import make_resolver
+    from plugrl.parts.scoring import make_resolver
 
     block = next(b for b in code_blocks("python") if 'method="flexible"' in b)
     path = tmp_path / "flexible.py"
@@ -74,7 +74,7 @@ def test_the_flexible_gsm8k_file_from_the_docs(make_recipe, tmp_path):
 def test_the_lenient_gsm8k_options_from_the_docs(make_recipe):
     import yaml
 
-    from plugrl.rewards.scoring import make_resolver
+    from plugrl.parts.scoring import make_resolver
 
     reward = next(b for b in code_blocks("yaml") if "lenient" in b)
     scorer = make_resolver(make_recipe(yaml.safe_load(reward)["reward"]), get_plugin_manager())(
@@ -87,7 +87,7 @@ def test_the_lenient_gsm8k_options_from_the_docs(make_recipe):
 
 
 def test_a_reward_file_can_pass_the_scorer_its_own_keyword_arguments(make_recipe, tmp_path):
-    from plugrl.rewards.scoring import make_resolver
+    from plugrl.parts.scoring import make_resolver
 
     block = next(
         b
@@ -128,7 +128,7 @@ def test_function_args_are_checked_by_the_functions_options(make_recipe):
 
 
 def test_a_glob_registered_function_gets_its_options_for_every_match(make_recipe):
-    from plugrl.rewards.scoring import make_resolver
+    from plugrl.parts.scoring import make_resolver
 
     recipe = make_recipe({"function_args": {"aime*": {"strict_box_verify": True}}})
     scorer = make_resolver(recipe, get_plugin_manager())("aime2025")
@@ -185,7 +185,7 @@ def test_no_scorer_evaluates_text():
 
 def test_explain_covers_the_options_of_parts_and_scoring_functions():
     from plugrl.errors import RecipeError
-    from plugrl.plugins import PluginManager
+    from plugrl.plugin.manager import PluginManager
 
     manager = PluginManager(environ={"PLUGRL_DISABLE_PLUGIN_AUTOLOAD": "1"})
     manager.load_entry_points()

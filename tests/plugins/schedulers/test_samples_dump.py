@@ -8,7 +8,7 @@ import json
 import pytest
 
 import plugrl_sim
-from plugrl.run import run_recipe
+from plugrl.run.runner import run_recipe
 from plugrl_sim.parts import sim_recipe
 
 LINE_KEYS = {"prompt", "response", "score", "ground_truth", "data_source", "step", "acc"}

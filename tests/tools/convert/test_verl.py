@@ -5,7 +5,7 @@ then each mapping rule on a small script, then the errors."""
 import pytest
 
 from plugrl.errors import ConvertError
-from plugrl.plugins import get_plugin_manager
+from plugrl.plugin.manager import get_plugin_manager
 from plugrl.recipe import build_recipe, normalize_shorthand
 from plugrl_tools.convert.output import recipe_yaml, validate
 from plugrl_tools.convert.verl import convert_script

@@ -340,9 +340,9 @@ def tiny_assets(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe_name", ["quickstart-tool", "quickstart-tool-async"])
 def test_the_tool_quickstart_builds_and_runs_two_steps(tmp_path, tiny_assets, recipe_name):
-    from plugrl.plugins import get_plugin_manager
+    from plugrl.plugin.manager import get_plugin_manager
     from plugrl.recipe import load_recipe
-    from plugrl.run import run_recipe
+    from plugrl.run.runner import run_recipe
 
     paths = tiny_assets
 
@@ -399,7 +399,7 @@ def test_the_quickstart_command_picks_the_task_and_scheduler(
     from click.testing import CliRunner
 
     import plugrl.recipe
-    import plugrl.run
+    import plugrl.run.runner
     import plugrl_tools.quickstart as quickstart
     from plugrl_tools.cli import cli
 

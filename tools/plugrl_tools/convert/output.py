@@ -12,10 +12,10 @@ import attrs
 import yaml
 
 from plugrl.errors import PlugrlError
-from plugrl.plugins import PluginManager
+from plugrl.plugin.manager import PluginManager
+from plugrl.plugin.registry import KNOWN_EXTERNAL, PART_KINDS
 from plugrl.recipe.build import build_recipe
 from plugrl.recipe.composition import normalize_shorthand
-from plugrl.registry import KNOWN_EXTERNAL, PART_KINDS
 from plugrl_tools.convert.verl import CATEGORIES, Conversion
 from plugrl_tools.paths import missing_files
 

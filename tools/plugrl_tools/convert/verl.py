@@ -22,12 +22,12 @@ from typing import Any
 import attrs
 
 from plugrl.config import ConfigValueError
+from plugrl.config.structuring import converter, describe_value, fields_of
 from plugrl.errors import ConvertError, PluginError
-from plugrl.plugins import PluginManager
+from plugrl.plugin.manager import PluginManager
+from plugrl.plugin.registry import KNOWN_EXTERNAL, PART_KINDS, section_kind
 from plugrl.recipe.sections import Recipe
 from plugrl.recipe.verl_names import VerlName, verl_names
-from plugrl.registry import KNOWN_EXTERNAL, PART_KINDS, section_kind
-from plugrl.structuring import converter, describe_value, fields_of
 from plugrl_tools.convert.overrides import Override, OverrideError, parse_override
 from plugrl_tools.convert.shell import Command, Script, Word, read_script
 

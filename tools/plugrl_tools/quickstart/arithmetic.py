@@ -4,17 +4,9 @@ A prompt asks ``What is 47 + 38?``; a response works the columns and ends with t
 ``Answer: 85``. The ground truth is the sum as a string, and :func:`score` checks the last
 ``Answer:`` line, so a response is right or wrong whatever the steps before it say.
 
-:func:`parse_answer` is the one reading of a response, used by the warm start's accuracy and
-by the ``plugrl/arithmetic`` reward alike, so the accuracy before reinforcement learning and
-the one after it are measured the same way. Exactly:
-
-1. Lines are scanned for one that starts (after spaces) with ``Answer:`` in any case, ASCII or
-   full-width colon. The **last** such line is the answer; text elsewhere is ignored, and an
-   invalid last answer is not rescued by a valid earlier one.
-2. Its value is the rest of the line with surrounding spaces and one trailing period removed.
-3. The value must be one integer: optional sign (``+``, ``-``, ``−``), digits, optionally
-   grouped in threes by commas (``1,234``). Decimals (``3.0``), fractions, words and several
-   numbers are rejected.
+A response is read by :func:`plugrl.rewards.answers.parse_answer` (its rules are in that
+module), for the warm start's accuracy and the ``plugrl/arithmetic`` reward alike, so the
+accuracy before reinforcement learning and the one after it are measured the same way.
 
 The warm-start examples are imperfect on purpose: in most examples whose units column
 carries, the carry is forgotten (``7 + 8 = 15`` instead of ``7 + 8 = 15, carry 1``) and the
@@ -25,21 +17,16 @@ then, and greedily forgets it. Reinforcement learning has a clear thing to learn
 from __future__ import annotations
 
 import random
-import re
 from collections.abc import Iterator, Sequence
-from numbers import Integral
 from pathlib import Path
 from typing import Any
 
 import attrs
 
+from plugrl.rewards.answers import ground_truth_value, parse_answer
+
 DATA_SOURCE = "plugrl/arithmetic"
 ABILITY = "arithmetic"
-
-ANSWER_LABEL = re.compile(r"answer\s*[:：]", re.IGNORECASE)
-"""``Answer:`` in any case, with an ASCII or a full-width colon (Chinese-language models write
-``Answer：``); the reward scorers that read answer lines use it too."""
-_INTEGER = re.compile(r"[+-]?(?:\d+|\d{1,3}(?:,\d{3})+)")
 
 
 @attrs.frozen
@@ -77,41 +64,6 @@ def worked_answer(problem: Problem, *, forget_carry: bool = False) -> str:
     tens_line = f"{left_tens} + {right_tens}" + (" + 1" if carry else "") + f" = {tens_sum}"
     answer = tens_sum * 10 + units_sum % 10
     return f"{units_line}\n{tens_line}\nAnswer: {answer}"
-
-
-def parse_integer(text: str) -> int | None:
-    """``"1,234."`` -> 1234; ``None`` for anything that is not one integer.
-
-    Accepted: optional sign (``+``, ``-`` or the Unicode minus ``−``), digits, thousands
-    separated by commas in groups of three, surrounding spaces and one trailing period.
-    Rejected: decimals (``3.5``, ``3.0``), fractions, words, several numbers, empty text.
-    """
-    value = text.strip().replace("−", "-")
-    if value.endswith("."):
-        value = value[:-1].rstrip()
-    if not _INTEGER.fullmatch(value):
-        return None
-    return int(value.replace(",", ""))
-
-
-def parse_answer(response: str) -> int | None:
-    """The integer of the response's last line that opens with ``Answer:``, or ``None``
-    (rules in the module docstring)."""
-    value = None
-    for line in response.splitlines():
-        match = ANSWER_LABEL.match(line.lstrip())
-        if match:
-            value = line.lstrip()[match.end() :]
-    return None if value is None else parse_integer(value)
-
-
-def ground_truth_value(ground_truth: Any) -> int:
-    """The ground truth as an integer (an integer, or its text as :func:`parse_integer` reads
-    it); a ``ValueError`` otherwise."""
-    truth = ground_truth if isinstance(ground_truth, Integral) else parse_integer(str(ground_truth))
-    if truth is None or isinstance(truth, bool):
-        raise ValueError(f"ground truth {ground_truth!r} is not an integer")
-    return int(truth)
 
 
 def score(response: str, ground_truth: Any) -> float:

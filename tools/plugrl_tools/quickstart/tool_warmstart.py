@@ -118,7 +118,7 @@ class Toolbox:
     for the warm start's conversations and its accuracy check."""
 
     def __init__(self, plugins: Any = None) -> None:
-        from plugrl.plugins import get_plugin_manager
+        from plugrl.plugin.manager import get_plugin_manager
 
         plugins = plugins or get_plugin_manager()
         entry = plugins.registry("tools").get(TOOL_NAME)

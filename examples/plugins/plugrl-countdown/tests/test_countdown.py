@@ -6,9 +6,9 @@ import pytest
 import plugrl_countdown
 from plugrl.compose.run_parts import build_reward_manager
 from plugrl.errors import RecipeError
-from plugrl.plugins import get_plugin_manager
+from plugrl.parts.scoring import make_resolver
+from plugrl.plugin.manager import get_plugin_manager
 from plugrl.recipe import explain
-from plugrl.rewards.scoring import make_resolver
 from plugrl.testing import make_batch
 from plugrl_countdown.scoring import compute_score
 

@@ -6,9 +6,9 @@ import torch
 
 import plugrl_median_baseline
 from plugrl.algorithms.objective import PolicyObjective
-from plugrl.compose.build import build_estimator, build_policy_loss
 from plugrl.errors import RecipeError
-from plugrl.plugins import get_plugin_manager
+from plugrl.plugin.build import build_estimator, build_policy_loss
+from plugrl.plugin.manager import get_plugin_manager
 from plugrl.recipe import explain
 from plugrl.testing import make_batch, make_loss_aggregator, part_context
 from plugrl_median_baseline.estimator import MedianBaseline

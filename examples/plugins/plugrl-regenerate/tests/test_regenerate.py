@@ -8,8 +8,8 @@ import pytest
 
 import plugrl_regenerate
 from plugrl.errors import RecipeError
-from plugrl.plugins import get_plugin_manager
-from plugrl.run import run_recipe
+from plugrl.plugin.manager import get_plugin_manager
+from plugrl.run.runner import run_recipe
 from plugrl.testing import make_batch
 from plugrl_regenerate.scheduler import RegenerateScheduler, flat_groups
 from plugrl_sim.parts import build_sim_task, sim_recipe

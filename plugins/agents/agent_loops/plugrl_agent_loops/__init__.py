@@ -4,10 +4,10 @@ each turn)."""
 
 from __future__ import annotations
 
-import plugrl
+from plugrl.api import hookimpl
 
 
-@plugrl.hookimpl
+@hookimpl
 def register_agent_loops(register):
     register(
         "single_turn",

@@ -3,8 +3,9 @@ observation, a reward and whether the episode is over, until it is over or a lim
 
 Token in, token out: the sampled tokens of each turn are kept as the engine returned them; what
 comes between turns (the close of the model's turn, the observation, the opening of the next
-turn) is rendered by the tokenizer's chat template as a delta and appended with ``loss_mask``
-0, so earlier turns are never tokenized again.
+turn) is rendered by the tokenizer's chat template alone
+(:func:`plugrl.agents.turns.tokens_between_turns`) and appended with ``loss_mask`` 0, so
+earlier turns are never tokenized again.
 """
 
 from __future__ import annotations
@@ -12,26 +13,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
-from plugrl.parts.agent import AgentLoop, Environment, Message, Session, StepResult, Trajectory
+from plugrl.api.agents import (
+    AgentLoop,
+    Environment,
+    Message,
+    Session,
+    StepResult,
+    Trajectory,
+    tokens_between_turns,
+)
 
 log = logging.getLogger(__name__)
 
 TRUNCATED_MARK = " ...(truncated)"
 """Appended to an observation cut to ``rollout.agent.max_tool_response_length`` tokens, so the
 model can tell it did not see all of it."""
-
-# The delta between two turns is rendered after a stand-in assistant turn whose content is this
-# marker: the text that follows it is what the template writes after a model turn, whatever
-# the real conversation was. Rendering the real conversation again would re-render sampled
-# turns, which templates may rewrite (Qwen3's drops the thinking of earlier turns).
-_MARKER = "PLUGRL-TURN-7f3a"
-_BASE: list[Message] = [
-    {"role": "user", "content": "u"},
-    {"role": "assistant", "content": _MARKER},
-]
 
 
 class EnvLoop(AgentLoop):
@@ -168,13 +167,18 @@ class _Episode:
                 trajectory.finish_reason = "max_turns"
                 return
             observation = self._observation_messages(result.observation)
-            delta = self._delta_ids(completion.token_ids, observation, schemas)
+            delta = tokens_between_turns(
+                self.tokenizer,
+                observation,
+                last_token_ids=completion.token_ids,
+                tools=schemas or None,
+            )
             # the next turn needs room for at least one sampled token
             if len(trajectory.response_ids) + len(delta) >= limit:
                 trajectory.finish_reason = "length"
                 return
             messages.extend(observation)
-            self._add_appended(delta, completion.weight_version)
+            trajectory.add_appended(delta)
 
     def _add_turn(self, completion: Any) -> None:
         trajectory = self.trajectory
@@ -190,13 +194,6 @@ class _Episode:
             # an empty turn has no sampled token to carry its reward; the episode's reward
             # still counts it
             trajectory.turn_ends.append(-1)
-
-    def _add_appended(self, token_ids: Sequence[int], version: int) -> None:
-        trajectory = self.trajectory
-        trajectory.response_ids.extend(token_ids)
-        trajectory.loss_mask.extend([0] * len(token_ids))
-        trajectory.log_probs.extend([0.0] * len(token_ids))
-        trajectory.token_versions.extend([version] * len(token_ids))
 
     def _observation_messages(self, observation: str | list[Message]) -> list[Message]:
         """The observation as messages, each one's content cut to
@@ -215,36 +212,6 @@ class _Episode:
                     message = {**message, "content": content}
             messages.append(message)
         return messages
-
-    def _delta_ids(
-        self,
-        sampled: Sequence[int],
-        observation: list[Message],
-        schemas: list[dict[str, Any]],
-    ) -> list[int]:
-        """The tokens between the model's last sampled token and the next turn's first: the
-        rest of the assistant turn's close (its end-of-turn token when the model did not
-        sample it), the observation messages and the next assistant turn's opening."""
-        text = self.tokenizer.apply_chat_template(
-            [*_BASE, *observation],
-            tools=schemas or None,
-            add_generation_prompt=True,
-            tokenize=False,
-        )
-        if text.count(_MARKER) != 1:
-            raise ValueError(
-                "the tokenizer's chat template does not render an assistant message's content "
-                "as given, so observations cannot be appended to sampled tokens; use a chat "
-                "template that renders assistant turns verbatim"
-            )
-        # the assistant turn's close, e.g. "<|im_end|>\n", then the observation and the next
-        # turn's opening; the model may have sampled the close's first token (end of turn)
-        delta = text[text.index(_MARKER) + len(_MARKER) :]
-        if sampled and sampled[-1] in self.tokenizer.all_special_ids:
-            last = self.tokenizer.decode([sampled[-1]], skip_special_tokens=False)
-            if delta.startswith(last):
-                delta = delta[len(last) :]
-        return self.tokenizer.encode(delta, add_special_tokens=False)
 
     def finish(self) -> Trajectory:
         trajectory = self.trajectory

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from plugrl.parts.agent import AgentLoop, Session, Trajectory
+from plugrl.api.agents import AgentLoop, Session, Trajectory
 
 
 class SingleTurnLoop(AgentLoop):

@@ -1,19 +1,25 @@
 """``tool``: the model answers, calling the run's tools between its turns.
 
 Token in, token out: the model's tokens stay exactly as the engine sampled them; between two
-turns the loop appends only the tokens the chat template adds for the tool results and the
-next generation prompt (the rendered conversation with the results, less the rendered
-conversation without them), with ``loss_mask`` 0.
+turns the loop appends only the tokens the chat template writes there (the close of the model's
+turn, the tool results, the next generation prompt:
+:func:`plugrl.agents.turns.tokens_between_turns`), with ``loss_mask`` 0.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from plugrl.errors import RecipeError
-from plugrl.parts.agent import AgentLoop, Message, Session, ToolCall, Trajectory
+from plugrl.api import RecipeError
+from plugrl.api.agents import (
+    AgentLoop,
+    Message,
+    Session,
+    ToolCall,
+    Trajectory,
+    tokens_between_turns,
+)
 
 
 def render(tokenizer: Any, messages: Sequence[Message], tools: list[dict] | None, *, gen: bool):
@@ -26,33 +32,6 @@ def render(tokenizer: Any, messages: Sequence[Message], tools: list[dict] | None
 def encode(tokenizer: Any, text: str) -> list[int]:
     """The ids of rendered text (the template wrote its special tokens itself)."""
     return list(tokenizer.encode(text, add_special_tokens=False))
-
-
-def appended_ids(
-    tokenizer: Any,
-    messages: Sequence[Message],
-    new: Sequence[Message],
-    tools: list[dict] | None,
-    *,
-    ended_on_eos: bool = False,
-) -> list[int]:
-    """The tokens the chat template adds after ``messages`` for the ``new`` messages and the
-    next generation prompt. ``ended_on_eos``: the model's turn ended with the eos token, so
-    what the template writes after it to close the turn (ChatML's newline after
-    ``<|im_end|>``) was not sampled and is appended too."""
-    before = render(tokenizer, messages, tools, gen=False)
-    after = render(tokenizer, [*messages, *new], tools, gen=True)
-    if not after.startswith(before):
-        raise ValueError(
-            "the chat template renders the conversation so far differently once tool results "
-            "follow it, so the tokens to append cannot be told apart; use a template that "
-            "renders earlier turns the same whatever follows"
-        )
-    glue = ""
-    eos = getattr(tokenizer, "eos_token", None)
-    if ended_on_eos and eos and eos in before:
-        glue = before[before.rindex(eos) + len(eos) :]
-    return encode(tokenizer, glue + after[len(before) :])
 
 
 def call_message(call: ToolCall) -> dict[str, Any]:
@@ -101,14 +80,8 @@ class ToolLoop(AgentLoop):
                 [*prompt_ids, *out.response_ids], budget - len(out.response_ids)
             )
             tokens = list(completion.token_ids)
-            out.response_ids += tokens
-            out.loss_mask += [1] * len(tokens)
-            out.log_probs += list(completion.log_probs)
-            out.token_versions += list(completion.token_versions)
-            out.weight_version = completion.weight_version
-            out.num_turns = turn + 1
+            out.add_turn(completion)
             if tokens:
-                out.turn_ends.append(len(out.response_ids) - 1)
                 rewards.append(None)
             text = tokenizer.decode(tokens, skip_special_tokens=True)
             parsed = session.parse_tool_calls(text)
@@ -135,20 +108,14 @@ class ToolLoop(AgentLoop):
                     "role": "tool",
                     "tool_call_id": call.id,
                     "name": call.name,
-                    "content": result if isinstance(result, str) else json.dumps(result),
+                    "content": result.text,
                 }
-                for call, result in zip(parsed.tool_calls, results, strict=False)
+                for call, result in zip(parsed.tool_calls, results, strict=True)
             ]
-            ended_on_eos = bool(tokens) and tokens[-1] == tokenizer.eos_token_id
-            appended = appended_ids(tokenizer, messages, answers, tools, ended_on_eos=ended_on_eos)
+            appended = tokens_between_turns(tokenizer, answers, last_token_ids=tokens, tools=tools)
             messages += answers
             room = budget - len(out.response_ids)
-            kept = appended[:room]
-            version = out.token_versions[-1] if out.token_versions else out.weight_version
-            out.response_ids += kept
-            out.loss_mask += [0] * len(kept)
-            out.log_probs += [0.0] * len(kept)
-            out.token_versions += [version] * len(kept)
+            out.add_appended(appended[:room])
             if len(appended) >= room:
                 finish = "length"  # no room left for the model to answer the results
                 break

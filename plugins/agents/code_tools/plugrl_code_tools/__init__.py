@@ -4,10 +4,10 @@ verl's ``code_interpreter``) and ``sandbox`` (a remote sandbox service with Sand
 
 from __future__ import annotations
 
-import plugrl
+from plugrl.api import hookimpl
 
 
-@plugrl.hookimpl
+@hookimpl
 def register_tools(register):
     register(
         "python",

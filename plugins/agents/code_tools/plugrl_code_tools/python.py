@@ -27,9 +27,8 @@ from typing import Any
 
 import attrs
 
-from plugrl.agents import limits
-from plugrl.config import option, positive
-from plugrl.parts.agent import Tool, ToolArgumentError, ToolConfig, ToolContext, ToolResult
+from plugrl.api import option, positive
+from plugrl.api.agents import Tool, ToolArgumentError, ToolConfig, ToolContext, ToolResult, limits
 from plugrl_code_tools.output import describe_run, truncate
 
 logger = logging.getLogger("plugrl.agents")

@@ -17,8 +17,8 @@ from typing import Any
 
 import attrs
 
-from plugrl.config import option, positive
-from plugrl.parts.agent import Tool, ToolArgumentError, ToolConfig, ToolContext, ToolResult
+from plugrl.api import option, positive
+from plugrl.api.agents import Tool, ToolArgumentError, ToolConfig, ToolContext, ToolResult
 from plugrl_code_tools.output import describe_run, truncate
 
 

@@ -4,10 +4,10 @@ is sampled by the run's engines and recorded token for token."""
 
 from __future__ import annotations
 
-import plugrl
+from plugrl.api import hookimpl
 
 
-@plugrl.hookimpl
+@hookimpl
 def register_agent_loops(register):
     register(
         "openai",

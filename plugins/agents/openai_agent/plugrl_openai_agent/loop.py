@@ -1,5 +1,5 @@
 """``openai``: each sample runs the user's agent function against the run's OpenAI-compatible
-endpoint (:mod:`plugrl.agents.endpoint`), and becomes the trajectories its calls made.
+endpoint (:mod:`plugrl_openai_agent.endpoint`), and becomes the trajectories its calls made.
 
 The agent is ``rollout.agent.loop_args.agent``, ``package.module:function`` or
 ``path/to/file.py:function``::
@@ -32,11 +32,9 @@ from typing import Any
 
 import attrs
 
-from plugrl.agents.endpoint import OpenAIEndpoint
-from plugrl.config import ConfigValueError, non_negative, option, positive
-from plugrl.errors import RecipeError
-from plugrl.parts.agent import AgentLoop, AgentLoopConfig, Session, Trajectory
-from plugrl.parts.context import PartContext
+from plugrl.api import ConfigValueError, PartContext, RecipeError, non_negative, option, positive
+from plugrl.api.agents import AgentLoop, AgentLoopConfig, Session, Trajectory
+from plugrl_openai_agent.endpoint import OpenAIEndpoint
 
 log = logging.getLogger(__name__)
 

@@ -4,10 +4,10 @@ code) played by the ``env`` agent loop."""
 
 from __future__ import annotations
 
-import plugrl
+from plugrl.api import hookimpl
 
 
-@plugrl.hookimpl
+@hookimpl
 def register_environments(register):
     register(
         "skyrl_gym",

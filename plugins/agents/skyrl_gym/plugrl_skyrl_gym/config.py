@@ -7,8 +7,8 @@ from typing import Any
 
 import attrs
 
-from plugrl.config import option
-from plugrl.parts.agent import EnvironmentConfig
+from plugrl.api import option
+from plugrl.api.agents import EnvironmentConfig
 
 
 @attrs.define(kw_only=True)

@@ -23,8 +23,8 @@ from typing import Any
 import skyrl_gym
 from omegaconf import OmegaConf
 
-from plugrl.parts.agent import Environment, Message, StepResult
-from plugrl.parts.context import PartContext
+from plugrl.api import PartContext
+from plugrl.api.agents import Environment, Message, StepResult
 from plugrl_skyrl_gym.config import SkyrlGymConfig
 
 # what plugrl's data adds to a row, which a skyrl-gym environment has no use for

@@ -4,10 +4,10 @@ objects with ``name`` and ``parameters``) and ``gpt-oss`` (OpenAI's harmony mess
 
 from __future__ import annotations
 
-import plugrl
+from plugrl.api import hookimpl
 
 
-@plugrl.hookimpl
+@hookimpl
 def register_tool_parsers(register):
     register(
         "hermes",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 
-from plugrl.parts.agent import ParsedTurn, ToolCall
+from plugrl.api.agents import ParsedTurn, ToolCall
 
 START, MESSAGE, CHANNEL = "<|start|>", "<|message|>", "<|channel|>"
 _ENDS = ("<|call|>", "<|end|>", "<|return|>")

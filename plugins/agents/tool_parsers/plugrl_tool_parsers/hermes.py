@@ -7,7 +7,7 @@ import json
 import re
 from typing import Any
 
-from plugrl.parts.agent import ParsedTurn, ToolCall
+from plugrl.api.agents import ParsedTurn, ToolCall
 
 # an unclosed tag at the end of a turn is still a call (the turn may have stopped on the
 # closing tag as a stop string, or run out of tokens inside it)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from plugrl.parts.agent import ParsedTurn, ToolCall
+from plugrl.api.agents import ParsedTurn, ToolCall
 from plugrl_tool_parsers.hermes import read_payload
 
 PYTHON_TAG = "<|python_tag|>"

@@ -4,10 +4,10 @@ played by the ``env`` agent loop, the rubric's score as the episode's reward."""
 
 from __future__ import annotations
 
-import plugrl
+from plugrl.api import hookimpl
 
 
-@plugrl.hookimpl
+@hookimpl
 def register_environments(register):
     register(
         "verifiers",

@@ -7,8 +7,8 @@ from typing import Any
 
 import attrs
 
-from plugrl.config import ConfigValueError, option
-from plugrl.parts.agent import EnvironmentConfig
+from plugrl.api import ConfigValueError, option
+from plugrl.api.agents import EnvironmentConfig
 
 
 def _not_empty(instance: Any, attribute: attrs.Attribute, value: str) -> None:

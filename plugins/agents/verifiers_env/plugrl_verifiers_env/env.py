@@ -28,8 +28,8 @@ import verifiers as vf
 from verifiers.legacy.clients.client import Client
 from verifiers.legacy.types import Response, ResponseMessage
 
-from plugrl.parts.agent import Environment, Message, StepResult
-from plugrl.parts.context import PartContext
+from plugrl.api import PartContext
+from plugrl.api.agents import Environment, Message, StepResult
 from plugrl_verifiers_env.config import VerifiersConfig
 
 _LOADED: dict[str, Any] = {}

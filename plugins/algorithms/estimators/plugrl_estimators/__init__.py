@@ -7,7 +7,7 @@ Formulas: docs/algorithms.md.
 
 from __future__ import annotations
 
-import plugrl
+from plugrl.api import hookimpl
 
 ESTIMATORS = {
     "gae": ("GAE", "plugrl_estimators.options:GAEArgs"),
@@ -34,7 +34,7 @@ ESTIMATOR_DESCRIPTIONS = {
 }
 
 
-@plugrl.hookimpl
+@hookimpl
 def register_advantage_estimators(register):
     for name, (attr, config) in ESTIMATORS.items():
         register(

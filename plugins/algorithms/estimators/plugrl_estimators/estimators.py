@@ -12,10 +12,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from plugrl.algorithms.functional import masked_whiten
-from plugrl.data.batch import Batch
-from plugrl.errors import DataError
-from plugrl.parts.algorithm import AdvantageEstimator
+from plugrl.api import DataError
+from plugrl.api.algorithms import AdvantageEstimator, masked_whiten
+from plugrl.api.data import Batch
 
 from .options import GAEArgs
 

@@ -6,7 +6,7 @@ Registration only; the functions (torch) are imported when a recipe chooses one.
 
 from __future__ import annotations
 
-import plugrl
+from plugrl.api import hookimpl
 
 KL_PENALTIES = {
     "kl": ("kl_k1", ("k1",), "k1 = log_prob - ref_log_prob"),
@@ -19,7 +19,7 @@ KL_PENALTIES = {
 }
 
 
-@plugrl.hookimpl
+@hookimpl
 def register_kl_penalties(register):
     for name, (attr, aliases, description) in KL_PENALTIES.items():
         register(

@@ -8,7 +8,7 @@ Formulas: docs/algorithms.md.
 
 from __future__ import annotations
 
-import plugrl
+from plugrl.api import hookimpl
 
 LOSSES = {
     "vanilla": ("VanillaPPO", None, "PPO clipped surrogate, asymmetric and dual clip"),
@@ -38,7 +38,7 @@ ALIASES = {"reinforce": ["gpg"]}
 ``loss_agg_mode``, which is ``reinforce``."""
 
 
-@plugrl.hookimpl
+@hookimpl
 def register_policy_losses(register):
     for name, (attr, config, description) in LOSSES.items():
         register(

@@ -29,8 +29,7 @@ from typing import ClassVar
 
 import torch
 
-from plugrl.algorithms.functional import masked_mean
-from plugrl.parts.algorithm import Aggregate, PolicyLoss
+from plugrl.api.algorithms import Aggregate, PolicyLoss, masked_mean
 
 from .options import ClipCovArgs, KLCovArgs, SapoArgs
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import attrs
 
-from plugrl.config import ConfigValueError, option, positive
+from plugrl.api import ConfigValueError, option, positive
 
 
 def _above_lower_bound(instance: Any, attribute: attrs.Attribute, value: float) -> None:

@@ -5,10 +5,10 @@ Only the registration lives here; torch and transformers are imported when a run
 
 from __future__ import annotations
 
-import plugrl
+from plugrl.api import hookimpl
 
 
-@plugrl.hookimpl
+@hookimpl
 def register_training_backends(register):
     register(
         "fsdp2",

@@ -18,13 +18,29 @@ import torch.nn.functional as F
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from plugrl import rng, training
-from plugrl.cluster.distributed import ensure_process_group
-from plugrl.data.batch import Batch
-from plugrl.metrics import mean_metrics
-from plugrl.parts.algorithm import LossScale
-from plugrl.parts.backend import OptimConfig, TrainingBackend
-from plugrl.parts.rollout import WeightMeta
+from plugrl.api.algorithms import LossScale
+from plugrl.api.backend import (
+    SEQUENCE_COLUMNS,
+    LogProbRows,
+    OptimConfig,
+    RowsWithoutGradient,
+    TrainingBackend,
+    all_reduced_loss_scale,
+    backend_config,
+    capture_rng_state,
+    ensure_process_group,
+    fixed_micro_batches,
+    mean_metrics,
+    mini_batch_rows,
+    mini_batches,
+    policy_update,
+    response_log_probs,
+    restore_rng_state,
+    rows_with_gradient,
+    sampling_temperature,
+)
+from plugrl.api.data import Batch
+from plugrl.api.rollout import WeightMeta
 from plugrl_fsdp2 import checkpoint, lora, packing, ulysses
 from plugrl_fsdp2.batching import (
     left_align,
@@ -47,9 +63,9 @@ from plugrl_fsdp2.model import (
 from plugrl_fsdp2.optim import build_optimizer
 
 if TYPE_CHECKING:
-    from plugrl.parts.algorithm import ActorObjective
-    from plugrl.parts.backend import ActorConfig
-    from plugrl.parts.context import PartContext
+    from plugrl.api import PartContext
+    from plugrl.api.algorithms import ActorObjective
+    from plugrl.api.backend import ActorConfig
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +98,7 @@ class FSDP2Backend(TrainingBackend):
 
     def __init__(self, config: ActorConfig, context: PartContext) -> None:
         super().__init__(config, context)
-        self.config: FSDP2ActorConfig = training.backend_config(config, FSDP2ActorConfig)
+        self.config: FSDP2ActorConfig = backend_config(config, FSDP2ActorConfig)
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
@@ -231,7 +247,7 @@ class FSDP2Backend(TrainingBackend):
                 largest, smallest = self._agreed_count(len(plan))
                 if largest == smallest:
                     return plan
-        plan = training.fixed_micro_batches(len(batch), micro_batch_size)
+        plan = fixed_micro_batches(len(batch), micro_batch_size)
         largest, smallest = self._agreed_count(len(plan))
         if largest != smallest:
             raise RuntimeError(
@@ -241,11 +257,11 @@ class FSDP2Backend(TrainingBackend):
         return plan
 
     def _mini_batch_rows(self, num_rows: int) -> int:
-        return training.mini_batch_rows(self.config, self.recipe.rollout.n, self.dp_size, num_rows)
+        return mini_batch_rows(self.config, self.recipe.rollout.n, self.dp_size, num_rows)
 
     def _loss_scale(self, mini_batch: Batch) -> LossScale:
         # over data-parallel ranks only: the ranks of a sequence-parallel group hold the same rows
-        return training.all_reduced_loss_scale(
+        return all_reduced_loss_scale(
             mini_batch["response_mask"],
             self.config,
             self.recipe,
@@ -400,7 +416,7 @@ class FSDP2Backend(TrainingBackend):
                 entropy_grad=entropy_grad,
             )
         logits, _ = self._forward(micro_batch)
-        return training.response_log_probs(
+        return response_log_probs(
             logits, micro_batch, temperature, with_entropy=with_entropy, entropy_grad=entropy_grad
         )
 
@@ -414,7 +430,7 @@ class FSDP2Backend(TrainingBackend):
         def per_token(logits: torch.Tensor, next_ids: torch.Tensor) -> list[torch.Tensor]:
             # every position of the slice is scored: its next id is its target
             positions = Batch({"responses": next_ids, "attention_mask": torch.ones_like(next_ids)})
-            log_prob, entropy = training.response_log_probs(
+            log_prob, entropy = response_log_probs(
                 logits,
                 positions,
                 temperature,
@@ -443,15 +459,15 @@ class FSDP2Backend(TrainingBackend):
         self, batch: Batch, *, calculate_entropy: bool = False
     ) -> dict[str, torch.Tensor]:
         model = self._require("actor", "ref", method="compute_log_prob")
-        batch.require(*training.SEQUENCE_COLUMNS, by="fsdp2 compute_log_prob")
-        temperature = training.sampling_temperature(batch, self.recipe.rollout)
+        batch.require(*SEQUENCE_COLUMNS, by="fsdp2 compute_log_prob")
+        temperature = sampling_temperature(batch, self.recipe.rollout)
         size = self.config.log_prob_micro_batch_size_per_gpu
         plan = self._plan(batch, size or self.config.ppo_micro_batch_size_per_gpu)
-        out = training.LogProbRows(batch, with_entropy=calculate_entropy)
+        out = LogProbRows(batch, with_entropy=calculate_entropy)
         model.eval()
         with self._attention():
             for rows in plan:
-                part = self._on_device(batch, rows, training.SEQUENCE_COLUMNS)
+                part = self._on_device(batch, rows, SEQUENCE_COLUMNS)
                 log_prob, entropy = self._log_probs(
                     part, temperature=temperature, with_entropy=calculate_entropy
                 )
@@ -474,13 +490,13 @@ class FSDP2Backend(TrainingBackend):
     @torch.no_grad()
     def compute_values(self, batch: Batch) -> torch.Tensor:
         model = self._require("critic", method="compute_values")
-        batch.require(*training.SEQUENCE_COLUMNS, "response_mask", by="fsdp2 compute_values")
+        batch.require(*SEQUENCE_COLUMNS, "response_mask", by="fsdp2 compute_values")
         plan = self._plan(batch, self._critic_micro_batch_size)
         values = torch.zeros(batch["responses"].shape, dtype=torch.float32)
         model.eval()
         with self._attention():
             for rows in plan:
-                part = self._on_device(batch, rows, (*training.SEQUENCE_COLUMNS, "response_mask"))
+                part = self._on_device(batch, rows, (*SEQUENCE_COLUMNS, "response_mask"))
                 values[torch.tensor(rows)] = self._values(part).cpu()
         return values
 
@@ -494,7 +510,7 @@ class FSDP2Backend(TrainingBackend):
 
     def update_policy(self, batch: Batch, objective: ActorObjective) -> dict[str, float]:
         self._require("actor", method="update_policy")
-        update = training.policy_update(
+        update = policy_update(
             batch, objective, self.config, self.recipe, self.dp_size, by="the fsdp2 actor update"
         )
 
@@ -521,9 +537,7 @@ class FSDP2Backend(TrainingBackend):
 
     def update_critic(self, batch: Batch) -> dict[str, float]:
         self._require("critic", method="update_critic")
-        batch.require(
-            *training.SEQUENCE_COLUMNS, "response_mask", "values", "returns", by="fsdp2 critic"
-        )
+        batch.require(*SEQUENCE_COLUMNS, "response_mask", "values", "returns", by="fsdp2 critic")
         clip = self.recipe.critic.cliprange_value
 
         def micro_loss(micro_batch: Batch, scale: LossScale) -> tuple[torch.Tensor, dict]:
@@ -566,7 +580,7 @@ class FSDP2Backend(TrainingBackend):
         epochs: int,
         micro_batch_size: int | None,
         grad_clip: float,
-        rows_without_gradient: training.RowsWithoutGradient | None = None,
+        rows_without_gradient: RowsWithoutGradient | None = None,
     ) -> dict[str, float]:
         model, optimizer, scheduler = self.model, self.optimizer, self.lr_scheduler
         assert model is not None and optimizer is not None and scheduler is not None
@@ -576,7 +590,7 @@ class FSDP2Backend(TrainingBackend):
         model.train()
         try:
             with self._attention():
-                for mini_batch in training.mini_batches(
+                for mini_batch in mini_batches(
                     batch,
                     mini_rows,
                     epochs=epochs,
@@ -585,7 +599,7 @@ class FSDP2Backend(TrainingBackend):
                     update_step=self.update_steps,
                 ):
                     scale = self._loss_scale(mini_batch)
-                    run, skipped = training.rows_with_gradient(
+                    run, skipped = rows_with_gradient(
                         mini_batch,
                         self.config,
                         rows_without_gradient,
@@ -748,7 +762,7 @@ class FSDP2Backend(TrainingBackend):
         model = self._reshard()
         extra_state = {
             "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler else None,
-            "rng": rng.capture(self.device),
+            "rng": capture_rng_state(self.device),
             "update_steps": self.update_steps,
         }
         checkpoint.save(
@@ -774,7 +788,7 @@ class FSDP2Backend(TrainingBackend):
         )
         if self.lr_scheduler is not None and extra_state.get("lr_scheduler") is not None:
             self.lr_scheduler.load_state_dict(extra_state["lr_scheduler"])
-        rng.restore(extra_state["rng"], self.device)
+        restore_rng_state(extra_state["rng"], self.device)
         self.update_steps = int(extra_state["update_steps"])
 
     def close(self) -> None:

@@ -15,7 +15,7 @@ import attrs
 import numpy as np
 import torch
 
-from plugrl.errors import RecipeError
+from plugrl.api import RecipeError
 
 
 def _consecutive_groups(sorted_lengths: Sequence[int], cap: int) -> list[range]:

@@ -42,8 +42,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from plugrl.checkpoint import load_weights_only, raise_if_any_rank_failed, refused_file_error
-from plugrl.errors import CheckpointError
+from plugrl.api import CheckpointError
+from plugrl.api.backend import load_weights_only, raise_if_any_rank_failed, refused_file_error
 from plugrl_fsdp2.optim import initialize_optimizer_state
 
 FORMAT_VERSION = 1
@@ -147,7 +147,7 @@ class PlainDataReader(dcp.FileSystemReader):
 
 class PlainDataLoadPlanner(DefaultLoadPlanner):
     """torch's load planner, reading the non-tensor entries of ``path``'s ``.distcp`` files
-    weights-only (:func:`plugrl.checkpoint.load_weights_only`)."""
+    weights-only (:func:`plugrl.state.checkpoint.load_weights_only`)."""
 
     def __init__(self, path: Path) -> None:
         super().__init__()

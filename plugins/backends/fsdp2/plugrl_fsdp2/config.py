@@ -6,9 +6,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
-from plugrl.config import ConfigValueError, PackageNeed, option, positive
-from plugrl.errors import RecipeError
-from plugrl.parts.backend import ActorConfig
+from plugrl.api import ConfigValueError, PackageNeed, RecipeError, option, positive
+from plugrl.api.backend import ActorConfig
 
 if TYPE_CHECKING:
     from plugrl.recipe import Recipe

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-from plugrl.data.hf_loading import quiet_hf_loading
-from plugrl.training import copy_tokenizer_files, staged_folder
+from plugrl.api.backend import copy_tokenizer_files, staged_folder
+from plugrl.api.data import quiet_hf_loading
 
 
 def write_hf_folder(

@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import torch
 
-from plugrl.data.hf_loading import quiet_hf_loading
-from plugrl.errors import RecipeError
+from plugrl.api import RecipeError
+from plugrl.api.data import quiet_hf_loading
 from plugrl_fsdp2.config import LORA_INSTALL
 
 if TYPE_CHECKING:
-    from plugrl.recipe import Recipe
+    from plugrl.api import Recipe
 
 PEFT_PREFIX = "base_model.model."
 """What peft puts before every name of the model it wraps."""

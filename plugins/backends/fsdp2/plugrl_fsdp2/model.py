@@ -9,13 +9,13 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-from plugrl.data.hf_loading import quiet_hf_loading
-from plugrl.errors import RecipeError
+from plugrl.api import RecipeError
+from plugrl.api.data import quiet_hf_loading
 
 if TYPE_CHECKING:
-    from plugrl.parts.backend import Role
-    from plugrl.parts.device import Device
-    from plugrl.recipe import Recipe
+    from plugrl.api import Recipe
+    from plugrl.api.backend import Role
+    from plugrl.api.devices import Device
     from plugrl_fsdp2.config import FSDP2ActorConfig
 
 DTYPES: dict[str, torch.dtype] = {

@@ -1,4 +1,5 @@
-"""AdamW and its learning-rate schedule (:mod:`plugrl.training`'s, stepped by torch's LambdaLR)."""
+"""AdamW and its learning-rate schedule (:mod:`plugrl.algorithms.training`'s, stepped by
+torch's LambdaLR)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,7 @@ from collections.abc import Iterable
 
 import torch
 
-from plugrl.parts.backend import OptimConfig
-from plugrl.training import adamw, lr_schedule
+from plugrl.api.backend import OptimConfig, adamw, lr_schedule
 
 
 def build_optimizer(

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from plugrl.errors import RecipeError
+from plugrl.api import RecipeError
 from plugrl_fsdp2 import packing
 
 ATTENTION = "plugrl_ulysses"

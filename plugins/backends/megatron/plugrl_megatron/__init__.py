@@ -8,16 +8,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import plugrl
+from plugrl.api import hookimpl
 
 if TYPE_CHECKING:
-    from plugrl.recipe import Recipe
+    from plugrl.api import Recipe
 
 # plugrl-megatron is not on a package index: it installs from its folder in plugrl's repository
 INSTALL = "pip install './plugins/backends/megatron[megatron]' from the root of plugrl's repository"
 
 
-@plugrl.hookimpl
+@hookimpl
 def register_training_backends(register):
     register(
         "megatron",
@@ -33,7 +33,7 @@ def register_training_backends(register):
     )
 
 
-@plugrl.hookimpl
+@hookimpl
 def prepare_backend(device: str, backend: str, recipe: Recipe) -> list[str] | None:
     """On the cpu device, the shims megatron-core needs without CUDA (see cpu_shims)."""
     if backend != "megatron" or device != "cpu":

@@ -19,14 +19,29 @@ import attrs
 import torch
 import torch.distributed as dist
 
-from plugrl import rng, training
-from plugrl.cluster.distributed import ensure_process_group
-from plugrl.data.batch import Batch
-from plugrl.errors import RecipeError
-from plugrl.metrics import mean_metrics
-from plugrl.parts.algorithm import LossScale
-from plugrl.parts.backend import TrainingBackend
-from plugrl.parts.rollout import WeightMeta
+from plugrl.api import RecipeError
+from plugrl.api.algorithms import LossScale
+from plugrl.api.backend import (
+    SEQUENCE_COLUMNS,
+    LogProbRows,
+    RowsWithoutGradient,
+    TrainingBackend,
+    all_reduced_loss_scale,
+    backend_config,
+    capture_rng_state,
+    ensure_process_group,
+    fixed_micro_batches,
+    mean_metrics,
+    mini_batch_rows,
+    mini_batches,
+    policy_update,
+    response_log_probs,
+    restore_rng_state,
+    rows_with_gradient,
+    sampling_temperature,
+)
+from plugrl.api.data import Batch
+from plugrl.api.rollout import WeightMeta
 from plugrl_megatron import checkpoint, convert, optim
 from plugrl_megatron.batching import pack, token_budget_micro_batches
 from plugrl_megatron.config import MegatronActorConfig
@@ -36,9 +51,9 @@ from plugrl_megatron.offload import Offloader, optimizer_tensors
 from plugrl_megatron.sharding import partition_dim, unshard
 
 if TYPE_CHECKING:
-    from plugrl.parts.algorithm import ActorObjective
-    from plugrl.parts.backend import ActorConfig
-    from plugrl.parts.context import PartContext
+    from plugrl.api import PartContext
+    from plugrl.api.algorithms import ActorObjective
+    from plugrl.api.backend import ActorConfig
 
 
 def _parallel_state() -> Any:
@@ -77,7 +92,7 @@ class MegatronBackend(TrainingBackend):
 
     def __init__(self, config: ActorConfig, context: PartContext) -> None:
         super().__init__(config, context)
-        self.config: MegatronActorConfig = training.backend_config(config, MegatronActorConfig)
+        self.config: MegatronActorConfig = backend_config(config, MegatronActorConfig)
         c = self.config
         self.grid = grid_position(
             self.dist.rank,
@@ -286,15 +301,15 @@ class MegatronBackend(TrainingBackend):
         if self.config.use_dynamic_bsz:
             lengths = batch["attention_mask"].sum(dim=-1).tolist()
             return token_budget_micro_batches(lengths, self.config.ppo_max_token_len_per_gpu)
-        return training.fixed_micro_batches(len(batch), micro_batch_size)
+        return fixed_micro_batches(len(batch), micro_batch_size)
 
     def _mini_batch_rows(self, num_rows: int) -> int:
-        return training.mini_batch_rows(self.config, self.recipe.rollout.n, self.dp_size, num_rows)
+        return mini_batch_rows(self.config, self.recipe.rollout.n, self.dp_size, num_rows)
 
     def _loss_scale(self, mini_batch: Batch) -> LossScale:
         group = _parallel_state().get_data_parallel_group() if self.dp_size > 1 else None
         mask = mini_batch["response_mask"]
-        return training.all_reduced_loss_scale(
+        return all_reduced_loss_scale(
             mask, self.config, self.recipe, self.dp_size, self.torch_device, group
         )
 
@@ -345,7 +360,7 @@ class MegatronBackend(TrainingBackend):
         vocab = logits.shape[-1]
         predict = layout.predict.to(logits.device)
         logits = logits.gather(1, predict[..., None].expand(-1, -1, vocab)).float()
-        return training.response_log_probs(
+        return response_log_probs(
             logits, micro_batch, temperature, with_entropy=with_entropy, entropy_grad=entropy_grad
         )
 
@@ -418,11 +433,11 @@ class MegatronBackend(TrainingBackend):
         self, batch: Batch, *, calculate_entropy: bool = False
     ) -> dict[str, torch.Tensor]:
         self._require("actor", "ref", method="compute_log_prob")
-        batch.require(*training.SEQUENCE_COLUMNS, by="megatron compute_log_prob")
-        temperature = training.sampling_temperature(batch, self.recipe.rollout)
+        batch.require(*SEQUENCE_COLUMNS, by="megatron compute_log_prob")
+        temperature = sampling_temperature(batch, self.recipe.rollout)
         size = self.config.log_prob_micro_batch_size_per_gpu
         plan = self._plan(batch, size or self.config.ppo_micro_batch_size_per_gpu)
-        out = training.LogProbRows(batch, with_entropy=calculate_entropy)
+        out = LogProbRows(batch, with_entropy=calculate_entropy)
         results: list[tuple[torch.Tensor, torch.Tensor | None]] = []
 
         def keep(micro_batch: Batch, logits: torch.Tensor, layout: Any) -> tuple:
@@ -446,7 +461,7 @@ class MegatronBackend(TrainingBackend):
 
     def update_policy(self, batch: Batch, objective: ActorObjective) -> dict[str, float]:
         self._require("actor", method="update_policy")
-        update = training.policy_update(
+        update = policy_update(
             batch, objective, self.config, self.recipe, self.dp_size, by="the megatron actor update"
         )
 
@@ -472,7 +487,7 @@ class MegatronBackend(TrainingBackend):
         self,
         batch: Batch,
         micro_loss: Any,
-        rows_without_gradient: training.RowsWithoutGradient | None = None,
+        rows_without_gradient: RowsWithoutGradient | None = None,
     ) -> dict[str, float]:
         mini_rows = self._mini_batch_rows(len(batch))
         lr = self.lr_scheduler.current_lr()
@@ -480,7 +495,7 @@ class MegatronBackend(TrainingBackend):
         for module in self.model:
             module.train()
         try:
-            for mini_batch in training.mini_batches(
+            for mini_batch in mini_batches(
                 batch,
                 mini_rows,
                 epochs=self.config.ppo_epochs,
@@ -502,7 +517,7 @@ class MegatronBackend(TrainingBackend):
         self,
         mini_batch: Batch,
         micro_loss: Any,
-        rows_without_gradient: training.RowsWithoutGradient | None = None,
+        rows_without_gradient: RowsWithoutGradient | None = None,
     ) -> dict[str, float]:
         """One mini-batch: every micro-batch's forward and backward, then one step. Metrics
         are the objective's, summed over micro-batches (they are shares of the mini-batch).
@@ -511,7 +526,7 @@ class MegatronBackend(TrainingBackend):
         leave out the same ones, and data-parallel copies may run different micro-batch
         counts, as they do with token budgets, since gradients are reduced after the last."""
         scale = self._loss_scale(mini_batch)
-        run, skipped = training.rows_with_gradient(mini_batch, self.config, rows_without_gradient)
+        run, skipped = rows_with_gradient(mini_batch, self.config, rows_without_gradient)
         if skipped is not None:
             scale = attrs.evolve(scale, metric_scale=self._loss_scale(run))
         plan = self._plan(run, self.config.ppo_micro_batch_size_per_gpu)
@@ -675,7 +690,7 @@ class MegatronBackend(TrainingBackend):
             optimizer=self.optimizer,
             extra_state={
                 "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler else None,
-                "rng": rng.capture(self.device),
+                "rng": capture_rng_state(self.device),
                 "update_steps": self.update_steps,
             },
             layout=self._layout(),
@@ -700,7 +715,7 @@ class MegatronBackend(TrainingBackend):
         )
         if self.lr_scheduler is not None and extra_state.get("lr_scheduler") is not None:
             self.lr_scheduler.load_state_dict(extra_state["lr_scheduler"])
-        rng.restore(extra_state["rng"], self.device)
+        restore_rng_state(extra_state["rng"], self.device)
         self.update_steps = int(extra_state["update_steps"])
 
     def _layout(self) -> dict[str, Any]:

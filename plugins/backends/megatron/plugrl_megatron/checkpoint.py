@@ -22,8 +22,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from plugrl.checkpoint import load_weights_only, raise_if_any_rank_failed
-from plugrl.errors import CheckpointError
+from plugrl.api import CheckpointError
+from plugrl.api.backend import load_weights_only, raise_if_any_rank_failed
 
 MANIFEST = "megatron.json"
 RESUME_FIX = (

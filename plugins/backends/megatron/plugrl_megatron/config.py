@@ -7,8 +7,8 @@ from typing import Any
 
 import attrs
 
-from plugrl.config import ConfigValueError, fraction, option, positive
-from plugrl.parts.backend import ActorConfig
+from plugrl.api import ConfigValueError, fraction, option, positive
+from plugrl.api.backend import ActorConfig
 from plugrl_megatron.layout import data_parallel_size
 
 _MEGATRON = "actor_rollout_ref.actor.megatron"

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from plugrl.errors import RecipeError
+from plugrl.api import RecipeError
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,

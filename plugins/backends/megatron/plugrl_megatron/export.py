@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from plugrl.training import copy_tokenizer_files, staged_folder
+from plugrl.api.backend import copy_tokenizer_files, staged_folder
 
 
 def write_hf_folder(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import attrs
 
-from plugrl.errors import RecipeError
+from plugrl.api import RecipeError
 
 
 @attrs.frozen

@@ -15,14 +15,14 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer import TransformerConfig
 
-from plugrl.errors import RecipeError
+from plugrl.api import RecipeError
 from plugrl_megatron import convert
 from plugrl_megatron.sharding import partition_dim, shard
 
 logger = logging.getLogger("plugrl.megatron")
 
 if TYPE_CHECKING:
-    from plugrl.recipe import Recipe
+    from plugrl.api import Recipe
     from plugrl_megatron.config import MegatronActorConfig
 
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from plugrl.training import LRSchedule, adamw, lr_schedule
+from plugrl.api.backend import LRSchedule, adamw, lr_schedule
 
 if TYPE_CHECKING:
     from megatron.core.transformer import TransformerConfig

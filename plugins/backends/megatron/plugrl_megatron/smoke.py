@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args(argv)
-    from plugrl.metrics import read_metrics
+    from plugrl.run.metrics import read_metrics
     from plugrl_tools.quickstart.untrained import build_untrained_task
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="plugrl-megatron-smoke-"))

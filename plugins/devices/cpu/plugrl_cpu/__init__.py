@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import plugrl
+from plugrl.api import hookimpl
 
 
-@plugrl.hookimpl
+@hookimpl
 def register_devices(register):
     register("cpu", "plugrl_cpu.device:CpuDevice")
 
 
-@plugrl.hookimpl(trylast=True)
+@hookimpl(trylast=True)
 def detect_device():
     return "cpu"

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from plugrl.parts.device import Device
+from plugrl.api.devices import Device
 
 BFLOAT16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 """CPU flags of bfloat16 dot-product instructions (AVX512-BF16, AMX): oneDNN's bfloat16 matrix

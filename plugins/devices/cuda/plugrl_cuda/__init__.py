@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import plugrl
+from plugrl.api import hookimpl
 
 
-@plugrl.hookimpl
+@hookimpl
 def register_devices(register):
     register("cuda", "plugrl_cuda.device:CudaDevice")
 
 
-@plugrl.hookimpl
+@hookimpl
 def detect_device():
     from plugrl_cuda.device import CudaDevice
 

@@ -6,7 +6,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from plugrl.parts.device import Device
+from plugrl.api.devices import Device
 
 _GIB = 1024**3
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from plugrl.metrics import read_metrics
+from plugrl.run.metrics import read_metrics
 from plugrl_tools.quickstart.untrained import UntrainedTask, build_untrained_task
 from plugrl_tools.smoke import (
     SmokeFailure,
@@ -135,7 +135,7 @@ class Smoke:
         return 1 if self.failures else 0
 
     def device_is_there(self) -> str:
-        from plugrl.plugins import get_plugin_manager
+        from plugrl.plugin.manager import get_plugin_manager
 
         device_cls = get_plugin_manager().registry("devices").load(self.device)
         if not device_cls.is_available():

@@ -7,7 +7,7 @@ This module only registers; torch_npu and MindSpeed are imported when a run uses
 
 from __future__ import annotations
 
-import plugrl
+from plugrl.api import hookimpl
 
 INSTALL = (
     "pip install torch-npu matching your torch and Ascend CANN; see "
@@ -15,7 +15,7 @@ INSTALL = (
 )
 
 
-@plugrl.hookimpl
+@hookimpl
 def register_devices(register):
     register(
         "npu",
@@ -27,7 +27,7 @@ def register_devices(register):
     )
 
 
-@plugrl.hookimpl
+@hookimpl
 def detect_device():
     from plugrl_npu.device import NpuDevice, torch_npu_present
 
@@ -35,7 +35,7 @@ def detect_device():
     return "npu" if torch_npu_present() and NpuDevice.is_available() else None
 
 
-@plugrl.hookimpl
+@hookimpl
 def prepare_backend(device, backend, recipe):
     if device != "npu":
         return None

@@ -10,8 +10,8 @@ from typing import Any, ClassVar
 import attrs
 import torch
 
-from plugrl.config import option
-from plugrl.parts.device import Device, DeviceConfig
+from plugrl.api import option
+from plugrl.api.devices import Device, DeviceConfig
 
 _GIB = 1024**3
 

@@ -23,10 +23,10 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from plugrl.errors import PluginError
+from plugrl.api import PluginError
 
 if TYPE_CHECKING:
-    from plugrl.recipe import Recipe
+    from plugrl.api import Recipe
 
 logger = logging.getLogger("plugrl.npu")
 

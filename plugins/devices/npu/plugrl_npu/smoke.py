@@ -18,7 +18,7 @@ import argparse
 import sys
 from typing import Any
 
-from plugrl.metrics import read_metrics
+from plugrl.run.metrics import read_metrics
 from plugrl_npu import INSTALL
 from plugrl_tools.smoke import SmokeFailure, check, each_step, parse_run_arguments, run_quickstart
 

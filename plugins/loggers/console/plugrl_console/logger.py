@@ -6,7 +6,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from plugrl.parts.logger import MetricLogger
+from plugrl.api.loggers import MetricLogger
 
 # (metric, short label, format) in the order they are printed when present
 SUMMARY = [

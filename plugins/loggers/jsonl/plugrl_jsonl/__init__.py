@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import plugrl
+from plugrl.api import hookimpl
 
 
-@plugrl.hookimpl
+@hookimpl
 def register_loggers(register):
     register("jsonl", "plugrl_jsonl.logger:JsonlLogger")

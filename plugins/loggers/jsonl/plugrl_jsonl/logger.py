@@ -8,12 +8,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from plugrl.metrics import METRICS_FILE
-from plugrl.parts.logger import MetricLogger
+from plugrl.api.loggers import METRICS_FILE, MetricLogger
 
 if TYPE_CHECKING:
-    from plugrl.parts.context import PartContext
-    from plugrl.recipe import TrainerConfig
+    from plugrl.api import PartContext, TrainerConfig
 
 
 def _plain(value: Any) -> Any:

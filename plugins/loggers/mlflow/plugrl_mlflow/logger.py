@@ -11,12 +11,11 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from plugrl.errors import PluginError
-from plugrl.parts.logger import MetricLogger, RunIdFile, continues_earlier_run, flat_params, scalars
+from plugrl.api import PluginError
+from plugrl.api.loggers import MetricLogger, RunIdFile, continues_earlier_run, flat_params, scalars
 
 if TYPE_CHECKING:
-    from plugrl.parts.context import PartContext
-    from plugrl.recipe import TrainerConfig
+    from plugrl.api import PartContext, TrainerConfig
 
 logger = logging.getLogger("plugrl.loggers")
 

@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-import plugrl
+from plugrl.api import hookimpl
 
 
-@plugrl.hookimpl
+@hookimpl
 def register_loggers(register):
     register(
         "swanlab",

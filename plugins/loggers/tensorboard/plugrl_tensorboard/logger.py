@@ -9,11 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 from torch.utils.tensorboard import SummaryWriter
 
-from plugrl.parts.logger import MetricLogger, scalars
+from plugrl.api.loggers import MetricLogger, scalars
 
 if TYPE_CHECKING:
-    from plugrl.parts.context import PartContext
-    from plugrl.recipe import TrainerConfig
+    from plugrl.api import PartContext, TrainerConfig
 
 
 def _markdown_code(text: str) -> str:

@@ -8,11 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 import wandb
 
-from plugrl.parts.logger import MetricLogger, RunIdFile, continues_earlier_run, scalars
+from plugrl.api.loggers import MetricLogger, RunIdFile, continues_earlier_run, scalars
 
 if TYPE_CHECKING:
-    from plugrl.parts.context import PartContext
-    from plugrl.recipe import TrainerConfig
+    from plugrl.api import PartContext, TrainerConfig
 
 EXIT_CODES = {"completed": 0, "failed": 1, "interrupted": 255}
 

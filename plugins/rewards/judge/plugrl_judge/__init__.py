@@ -7,13 +7,13 @@ Registered by path, so nothing here imports torch until a run chooses the judge.
 
 from __future__ import annotations
 
-import plugrl
+from plugrl.api import hookimpl
 
 _MANAGER = "plugrl_judge.manager"
 _PARSERS = "plugrl_judge.parsers"
 
 
-@plugrl.hookimpl
+@hookimpl
 def register_reward_managers(register):
     register(
         "judge",
@@ -23,7 +23,7 @@ def register_reward_managers(register):
     )
 
 
-@plugrl.hookimpl
+@hookimpl
 def register_judge_parsers(register):
     register("rating", f"{_PARSERS}:rating", description="'Rating: [[7]]' or 'Score: 7'")
     register("number", f"{_PARSERS}:number", description="The last number in the answer")

@@ -2,7 +2,7 @@
 and its text answer is parsed into the score.
 
 The judge model is served by any rollout engine (``reward.judge.engine``) in an engine group of
-its own (:func:`plugrl.cluster.engines.make_frozen_engine_group`), with its own ``rollout``
+its own (:meth:`plugrl.api.PartContext.frozen_engine_group`), with its own ``rollout``
 section, its own tokenizer, and no weight updates. Each sample's judge prompt is
 ``reward.judge.template`` filled in and wrapped in the judge tokenizer's chat template as one
 user message. Requests are seeded from ``trainer.seed`` and the judge prompt itself, so the same
@@ -38,19 +38,31 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import torch
 
-from plugrl.config import non_negative, option, positive, section
-from plugrl.data.batch import response_attention_mask
-from plugrl.errors import PluginError, RecipeError
-from plugrl.parts.reward import RewardConfig, RewardManager, RewardOutput, expect_config
-from plugrl.parts.rollout import GenerationRequest, SamplingParams, derive_seed
-from plugrl.recipe import ModelConfig, read_section
-from plugrl.rewards.scoring import ScoringError
-from plugrl.structuring import structure
+from plugrl.api import (
+    ModelConfig,
+    PluginError,
+    RecipeError,
+    non_negative,
+    option,
+    positive,
+    read_section,
+    section,
+    structure,
+)
+from plugrl.api.data import response_attention_mask
+from plugrl.api.rewards import (
+    RewardConfig,
+    RewardManager,
+    RewardOutput,
+    ScoringError,
+    expect_config,
+)
+from plugrl.api.rollout import GenerationRequest, SamplingParams, Stream, sampling_seed
 
 if TYPE_CHECKING:
-    from plugrl.cluster.engines import EngineGroup
-    from plugrl.data.batch import Batch
-    from plugrl.parts.context import PartContext
+    from plugrl.api import PartContext
+    from plugrl.api.cluster import EngineGroup
+    from plugrl.api.data import Batch
 
 logger = logging.getLogger("plugrl.rewards.judge")
 
@@ -173,7 +185,7 @@ class JudgeRewardManager(RewardManager):
                 "the judge needs a model folder; set it to a Hugging Face model folder",
                 key="reward.judge.model.path",
             )
-        from plugrl.data.dataset import load_tokenizer
+        from plugrl.api.data import load_tokenizer
 
         try:
             self.judge_tokenizer = load_tokenizer(self.judge.model)
@@ -192,16 +204,7 @@ class JudgeRewardManager(RewardManager):
         self.engines = self._start_engines()
 
     def _start_engines(self) -> EngineGroup:
-        from plugrl.cluster.engines import make_frozen_engine_group
-        from plugrl.run import resolve_device_name
-
-        return make_frozen_engine_group(
-            self.recipe,
-            model=self.judge.model,
-            rollout=self.rollout,
-            device_name=resolve_device_name(self.recipe, self.plugins),
-            plugins=self.plugins,
-        )
+        return self.context.frozen_engine_group(self.judge.model, self.rollout)
 
     def check_data_sources(self, data_sources: Iterable[str]) -> None:
         """The judge scores rows of any data source."""
@@ -249,7 +252,8 @@ class JudgeRewardManager(RewardManager):
         if attempt > 0 and temperature == 0:
             temperature = self.judge.retry_temperature
         # seeded by the prompt, not its row: a prefetched request samples what the batch's would
-        seed = derive_seed(self.recipe.trainer.seed, zlib.crc32(repr(prompt).encode()), attempt)
+        checksum = zlib.crc32(repr(prompt).encode())
+        seed = sampling_seed(self.recipe.trainer.seed, Stream.JUDGE, checksum, attempt)
         return attrs.evolve(base, n=1, temperature=temperature, seed=seed)
 
     def _submit(self, prompt: tuple[int, ...], attempt: int) -> concurrent.futures.Future:

@@ -6,12 +6,12 @@ Registered by path, so nothing here imports httpx or torch until a run chooses i
 
 from __future__ import annotations
 
-import plugrl
+from plugrl.api import hookimpl
 
 _MANAGER = "plugrl_remote.manager"
 
 
-@plugrl.hookimpl
+@hookimpl
 def register_reward_managers(register):
     register(
         "remote",

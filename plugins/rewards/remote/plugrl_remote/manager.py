@@ -43,16 +43,22 @@ from urllib.parse import urlsplit
 import attrs
 import torch
 
-from plugrl.config import non_negative, option, positive
-from plugrl.data.batch import response_attention_mask
-from plugrl.errors import RecipeError
-from plugrl.parts.reward import RewardConfig, RewardManager, RewardOutput, expect_config
-from plugrl.rewards.results import SampleResult, extra_columns, score_metrics
-from plugrl.rewards.scoring import ScoringError
+from plugrl.api import RecipeError, non_negative, option, positive
+from plugrl.api.data import response_attention_mask
+from plugrl.api.rewards import (
+    RewardConfig,
+    RewardManager,
+    RewardOutput,
+    SampleResult,
+    ScoringError,
+    expect_config,
+    extra_columns,
+    score_metrics,
+)
 
 if TYPE_CHECKING:
-    from plugrl.data.batch import Batch
-    from plugrl.parts.context import PartContext
+    from plugrl.api import PartContext
+    from plugrl.api.data import Batch
 
 logger = logging.getLogger("plugrl.rewards")
 

@@ -5,12 +5,12 @@ Registered by path, so nothing here imports torch until a run chooses one.
 
 from __future__ import annotations
 
-import plugrl
+from plugrl.api import hookimpl
 
 _MANAGERS = "plugrl_reward_managers.managers"
 
 
-@plugrl.hookimpl
+@hookimpl
 def register_reward_managers(register):
     register(
         "naive",

@@ -46,18 +46,27 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import torch
 
-from plugrl.config import non_negative, option, positive, section
-from plugrl.data.batch import Batch, response_attention_mask
-from plugrl.errors import RecipeError
-from plugrl.parts.reward import RewardConfig, RewardManager, RewardOutput, expect_config
-from plugrl.rewards.results import SampleResult, extra_columns, score_metrics
-from plugrl.rewards.scoring import Scorer, ScoringError
-from plugrl.rewards.workers import Call, Outcome, ProcessPool
+from plugrl.api import RecipeError, non_negative, option, positive, section
+from plugrl.api.data import Batch, response_attention_mask
+from plugrl.api.rewards import (
+    Call,
+    Outcome,
+    ProcessPool,
+    RewardConfig,
+    RewardManager,
+    RewardOutput,
+    SampleResult,
+    Scorer,
+    ScoringError,
+    expect_config,
+    extra_columns,
+    score_metrics,
+)
 
 from .early import EarlyScores
 
 if TYPE_CHECKING:
-    from plugrl.parts.context import PartContext
+    from plugrl.api import PartContext
 
 logger = logging.getLogger("plugrl.rewards")
 
@@ -584,7 +593,7 @@ class ParallelRewardManager(ScoringRewardManager):
 
     def make_pool(self) -> Any:
         if self.config.backend == "ray":  # type: ignore[attr-defined]
-            from plugrl.rewards.ray_pool import RayPool
+            from plugrl_reward_managers.ray_pool import RayPool
 
             return RayPool(self.num_workers(), self.max_workers())
         return ProcessPool(self.num_workers(), self.max_workers())

@@ -5,12 +5,12 @@ Registered by path, so torch and transformers are imported only when a run choos
 
 from __future__ import annotations
 
-import plugrl
+from plugrl.api import hookimpl
 
 _MANAGER = "plugrl_reward_model.manager"
 
 
-@plugrl.hookimpl
+@hookimpl
 def register_reward_managers(register):
     register(
         "reward_model",

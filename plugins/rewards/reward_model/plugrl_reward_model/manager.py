@@ -43,19 +43,23 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from plugrl.config import non_negative, option, positive, section
-from plugrl.data.batch import response_attention_mask
-from plugrl.errors import PluginError, RecipeError
-from plugrl.parts.reward import RewardConfig, RewardManager, RewardOutput, expect_config
-from plugrl.rewards.scoring import ScoringError
+from plugrl.api import PluginError, RecipeError, non_negative, option, positive, section
+from plugrl.api.data import response_attention_mask
+from plugrl.api.rewards import (
+    RewardConfig,
+    RewardManager,
+    RewardOutput,
+    ScoringError,
+    expect_config,
+)
 from plugrl_reward_model.runner import RewardModelRunner
 
 if TYPE_CHECKING:
     import torch
 
-    from plugrl.data.batch import Batch
-    from plugrl.parts.context import PartContext
-    from plugrl.parts.device import Device
+    from plugrl.api import PartContext
+    from plugrl.api.data import Batch
+    from plugrl.api.devices import Device
 
 logger = logging.getLogger("plugrl.rewards")
 
@@ -195,7 +199,7 @@ class RewardModelManager(RewardManager):
         }
 
     def _start_actors(self) -> None:
-        from plugrl.cluster.ray_group import ensure_ray, import_ray
+        from plugrl.api.cluster import ensure_ray, import_ray
 
         import_ray("reward.placement=ray")
         self._ray = ray = ensure_ray(self.recipe.cluster)
@@ -260,7 +264,7 @@ class RewardModelManager(RewardManager):
     def encode(self, batch: Batch) -> tuple[list[list[int]], int]:
         """The reward model's token ids of every row (its template applied to the row's
         messages and response, cut to ``max_length``), and how many rows were cut."""
-        from plugrl.data.dataset import truncate
+        from plugrl.api.data import truncate
 
         responses, mask = batch["responses"], response_attention_mask(batch)
         chats = self.prompt_messages(batch)
@@ -484,12 +488,7 @@ def _device_of(context: PartContext) -> Device | None:
     """The device ``device.name`` names, for a manager built without the run's device."""
     if context.plugins is None:
         return None
-    from plugrl.cluster.worker import build_device
-    from plugrl.run import resolve_device_name
-
-    return build_device(
-        context.plugins, resolve_device_name(context.recipe, context.plugins), context.recipe
-    )
+    return context.build_device()
 
 
 def _dtype(dtype: str, device_type: str) -> str:

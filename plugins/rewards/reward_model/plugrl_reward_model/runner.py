@@ -39,7 +39,7 @@ class RewardModelRunner:
         import torch
         from transformers import AutoModelForSequenceClassification
 
-        from plugrl.data.hf_loading import quiet_hf_loading
+        from plugrl.api.data import quiet_hf_loading
 
         with quiet_hf_loading():
             model = AutoModelForSequenceClassification.from_pretrained(

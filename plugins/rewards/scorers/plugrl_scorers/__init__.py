@@ -6,7 +6,7 @@ Registered by path, so nothing here imports a scorer's libraries until a run sco
 
 from __future__ import annotations
 
-import plugrl
+from plugrl.api import hookimpl
 
 _PKG = "plugrl_scorers"
 
@@ -54,7 +54,7 @@ FUNCTION_OPTIONS: dict[str, str] = {
 }
 
 
-@plugrl.hookimpl
+@hookimpl
 def register_reward_functions(register):
     for data_source, (target, description) in REWARD_FUNCTIONS.items():
         register(

@@ -1,6 +1,6 @@
 """The quickstart's arithmetic task (data source ``plugrl/arithmetic``).
 
-The answer is read by :func:`plugrl_tools.quickstart.arithmetic.parse_answer` (the last line that
+The answer is read by :func:`plugrl.api.rewards.parse_answer` (the last line that
 opens with ``Answer:``, holding one integer; its docstring has the rules), the same function
 that measures the quickstart's warm-start accuracy. Score 1.0 when the integer equals the
 ground truth, else 0.0 (also when no answer parses). ``pred`` is the parsed integer written
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from plugrl_tools.quickstart.arithmetic import ground_truth_value, parse_answer
+from plugrl.api.rewards import ground_truth_value, parse_answer
 
 
 def compute_score(

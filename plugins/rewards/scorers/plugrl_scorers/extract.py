@@ -6,7 +6,7 @@ LaTeX maths, parsed by a math-verification library that builds expressions, neve
 
 from __future__ import annotations
 
-from plugrl_tools.quickstart.arithmetic import ANSWER_LABEL
+from plugrl.api.rewards import ANSWER_LABEL
 
 BOX_COMMANDS = ("\\boxed", "\\fbox")
 
@@ -43,7 +43,7 @@ def last_boxed(text: str) -> str | None:
 def last_answer_line(text: str) -> str | None:
     """The text after the last ``Answer:`` label, up to the end of its line, stripped.
 
-    The label (:data:`plugrl_tools.quickstart.arithmetic.ANSWER_LABEL`) matches in any case, with an
+    The label (:data:`plugrl.api.rewards.ANSWER_LABEL`) matches in any case, with an
     ASCII or a full-width colon, anywhere in a line (``The final answer: 5``), the last one of
     the line counting.
     """

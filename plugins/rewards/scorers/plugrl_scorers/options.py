@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import attrs
 
-from plugrl.config import option
+from plugrl.api import option
 
 
 @attrs.define(kw_only=True)

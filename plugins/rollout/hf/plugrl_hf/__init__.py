@@ -3,10 +3,10 @@ cache, colocated with the trainer's model or holding its own copy."""
 
 from __future__ import annotations
 
-import plugrl
+from plugrl.api import hookimpl
 
 
-@plugrl.hookimpl
+@hookimpl
 def register_rollout_engines(register):
     register(
         "hf",

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from plugrl.parts.rollout import SamplingParams
+from plugrl.api.rollout import SamplingParams
 from plugrl_hf.kv import DynamicKV, SlotKV, slot_kv_unsupported
 from plugrl_hf.sampler import BatchSampling, StopStringMatcher, UniformStream
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import attrs
 
-from plugrl.config import option, positive
-from plugrl.parts.rollout import RolloutConfig
+from plugrl.api import option, positive
+from plugrl.api.rollout import RolloutConfig
 
 
 @attrs.define(kw_only=True)

@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import attrs
 import torch
 
-from plugrl.data.hf_loading import quiet_hf_loading
-from plugrl.errors import PluginError, RecipeError
-from plugrl.parts.rollout import (
+from plugrl.api import PluginError, RecipeError
+from plugrl.api.data import quiet_hf_loading
+from plugrl.api.rollout import (
     Capability,
     Completion,
     GenerationRequest,
@@ -50,8 +50,7 @@ from plugrl_hf.config import HFRolloutConfig
 from plugrl_hf.sampler import StopStringMatcher, default_stop_token_ids
 
 if TYPE_CHECKING:
-    from plugrl.parts.context import PartContext
-    from plugrl.recipe import Recipe
+    from plugrl.api import PartContext, Recipe
 
 logger = logging.getLogger("plugrl.rollout.hf")
 

@@ -41,7 +41,7 @@ from transformers import AttentionInterface
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from plugrl.data.batch import left_pad
+from plugrl.api.data import left_pad
 from plugrl_hf.lean import LeanDecoder, lean_unsupported
 
 MIN_COLUMNS = 64

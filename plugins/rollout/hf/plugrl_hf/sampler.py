@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from plugrl.parts.rollout import SamplingParams
+from plugrl.api.rollout import SamplingParams
 
 UNIFORM_BLOCK = 64
 """Uniforms a row draws from its generator at a time."""

@@ -6,13 +6,13 @@ sglang``, in the process that hosts the engine.
 
 from __future__ import annotations
 
-import plugrl
+from plugrl.api import hookimpl
 
 # plugrl-sglang is not on a package index: it installs from its folder in plugrl's repository
 INSTALL = "pip install './plugins/rollout/sglang[sglang]' from the root of plugrl's repository"
 
 
-@plugrl.hookimpl
+@hookimpl
 def register_rollout_engines(register):
     register(
         "sglang",

@@ -10,8 +10,8 @@ from typing import Any
 
 import attrs
 
-from plugrl.config import ConfigValueError, option
-from plugrl.parts.rollout import RolloutConfig
+from plugrl.api import ConfigValueError, option
+from plugrl.api.rollout import RolloutConfig
 
 
 def _positive_or_none(instance: Any, attribute: attrs.Attribute, value: int | None) -> None:

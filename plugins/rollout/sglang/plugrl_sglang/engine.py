@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
-from plugrl.errors import PluginError
-from plugrl.parts.rollout import (
+from plugrl.api import PluginError
+from plugrl.api.rollout import (
     Capability,
     Completion,
     FinishReason,
@@ -39,7 +39,7 @@ from plugrl_sglang.config import SGLangRolloutConfig
 if TYPE_CHECKING:
     import torch
 
-    from plugrl.parts.context import PartContext
+    from plugrl.api import PartContext
 
 logger = logging.getLogger("plugrl.sglang")
 

@@ -17,7 +17,7 @@ import importlib.util
 import sys
 from typing import Any
 
-from plugrl.metrics import read_metrics
+from plugrl.run.metrics import read_metrics
 from plugrl_sglang import INSTALL
 from plugrl_tools.smoke import SmokeFailure, check, each_step, parse_run_arguments, run_quickstart
 
@@ -33,7 +33,7 @@ def library_present() -> str:
 
 
 def device_present(device: str) -> str:
-    from plugrl.plugins import get_plugin_manager
+    from plugrl.plugin.manager import get_plugin_manager
 
     plugins = get_plugin_manager()
     if device == "auto":

@@ -7,7 +7,7 @@ unavailable, with the command that installs it, and a run that chooses it stops 
 
 from __future__ import annotations
 
-import plugrl
+from plugrl.api import hookimpl
 
 # plugrl-vllm is not on a package index: it installs from its folder in plugrl's repository
 INSTALL = (
@@ -16,7 +16,7 @@ INSTALL = (
 )
 
 
-@plugrl.hookimpl
+@hookimpl
 def register_rollout_engines(register):
     register(
         "vllm",

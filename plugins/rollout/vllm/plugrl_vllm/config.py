@@ -7,12 +7,11 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from plugrl.config import option, positive
-from plugrl.errors import RecipeError
-from plugrl.parts.rollout import RolloutConfig
+from plugrl.api import RecipeError, option, positive
+from plugrl.api.rollout import RolloutConfig
 
 if TYPE_CHECKING:
-    from plugrl.recipe import Recipe
+    from plugrl.api import Recipe
 
 WEIGHT_ROUTES = ("auto", "reload_weights", "load_weights")
 

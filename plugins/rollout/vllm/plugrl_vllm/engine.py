@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import attrs
 import torch
 
-from plugrl.errors import PluginError, RecipeError
-from plugrl.parts.rollout import (
+from plugrl.api import PluginError, RecipeError
+from plugrl.api.rollout import (
     Capability,
     Completion,
     FinishReason,
@@ -48,7 +48,7 @@ from plugrl_vllm.sampling import sampling_kwargs
 from plugrl_vllm.worker import FusedGroups, WeightPlan
 
 if TYPE_CHECKING:
-    from plugrl.parts.context import PartContext
+    from plugrl.api import PartContext
 
 logger = logging.getLogger("plugrl.rollout.vllm")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from plugrl.parts.rollout import SamplingParams
+from plugrl.api.rollout import SamplingParams
 
 
 def sampling_kwargs(params: SamplingParams, seed: int) -> dict[str, Any]:

@@ -35,9 +35,9 @@ def _records(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def run_steps(args: argparse.Namespace, paths: Any, run_dir: Path) -> list[tuple[bool, str]]:
-    from plugrl.plugins import get_plugin_manager
+    from plugrl.plugin.manager import get_plugin_manager
     from plugrl.recipe import load_recipe
-    from plugrl.run import run_recipe
+    from plugrl.run.runner import run_recipe
     from plugrl_tools.quickstart import quickstart_overrides
 
     plugins = get_plugin_manager()  # a script's edge: the process's plugins
@@ -91,9 +91,9 @@ def check_engine(args: argparse.Namespace, paths: Any) -> list[tuple[bool, str]]
     from plugrl.cluster.worker import build_device
     from plugrl.parts.context import PartContext
     from plugrl.parts.rollout import SamplingParams
-    from plugrl.plugins import get_plugin_manager
+    from plugrl.plugin.manager import get_plugin_manager
     from plugrl.recipe import load_recipe
-    from plugrl.run import resolve_device_name
+    from plugrl.run.runner import resolve_device_name
     from plugrl_vllm.engine import VLLMRolloutEngine
 
     plugins = get_plugin_manager()

@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from plugrl.errors import PluginError
+from plugrl.api import PluginError
 from plugrl_vllm.logs import hide_rotary_reload_notice
 
 ROUTES = ("reload_weights", "load_weights")

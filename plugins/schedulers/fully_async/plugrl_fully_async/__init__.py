@@ -3,12 +3,12 @@ trains, within a bound on how stale a trained sample may be (verl's fully-async 
 
 from __future__ import annotations
 
-import plugrl
+from plugrl.api import hookimpl
 
 from .config import FullyAsyncConfig
 
 
-@plugrl.hookimpl
+@hookimpl
 def register_schedulers(register):
     register(
         "fully_async",

@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from plugrl.config import ConfigValueError, non_negative, option, positive
-from plugrl.parts.scheduler import SchedulerConfig
+from plugrl.api import ConfigValueError, non_negative, option, positive
+from plugrl.api.scheduler import SchedulerConfig
 
 if TYPE_CHECKING:
-    from plugrl.recipe import Recipe
+    from plugrl.api import Recipe
 
 # the logger of the recipe's own warnings (plugrl.recipe.checks): these are warnings about the
 # recipe too, only ones that need the run's length

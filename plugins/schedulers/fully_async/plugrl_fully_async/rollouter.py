@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
-from plugrl.parts.rollout import (
+from plugrl.api.rollout import (
     Capability,
     Completion,
     GenerationRequest,
@@ -34,10 +34,9 @@ from plugrl.parts.rollout import (
 from .accounting import PauseReason, StalenessAccount
 
 if TYPE_CHECKING:
-    from plugrl.cluster.engines import EngineGroup
-    from plugrl.data.batch import Batch
-    from plugrl.data.dataset import PromptLoader
-    from plugrl.parts.agent import Trajectory
+    from plugrl.api.agents import Trajectory
+    from plugrl.api.cluster import EngineGroup
+    from plugrl.api.data import Batch, PromptLoader
 
     from .buffer import SampleBuffer
 
@@ -76,7 +75,7 @@ class PromptStream:
 
     def prompt(self, key: PromptKey) -> Batch:
         """A one-row prompt batch, with the ``uid`` the loader gives the prompt."""
-        from plugrl.data.dataset import collate
+        from plugrl.api.data import collate
 
         epoch, position = key
         loader = self.loader

@@ -11,15 +11,15 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from plugrl.agents.batch import agent_rows, build_trajectory_batch
-from plugrl.algorithms.functional import compute_rollout_is_weights
-from plugrl.data.batch import Batch
-from plugrl.data.rollout_batch import build_rollout_batch
-from plugrl.errors import RecipeError
-from plugrl.metrics import StepTimer
-from plugrl.parts.rollout import Capability, SamplingParams
-from plugrl.parts.scheduler import Scheduler
-from plugrl.steps import (
+from plugrl.api import RecipeError
+from plugrl.api.algorithms import compute_rollout_is_weights
+from plugrl.api.data import Batch, build_rollout_batch
+from plugrl.api.rollout import Capability, SamplingParams, Stream
+from plugrl.api.scheduler import (
+    Scheduler,
+    StepTimer,
+    agent_rows,
+    build_trajectory_batch,
     compute_old_log_probs,
     prefetch_scores,
     row_loop_names,
@@ -37,12 +37,9 @@ from .config import FullyAsyncConfig, warn_meaningless_bounds
 from .rollouter import AgentSampler, PromptStream, Rollouter, Sample
 
 if TYPE_CHECKING:
-    from plugrl.compose.run_parts import RunParts
-    from plugrl.run import RunContext
+    from plugrl.api.scheduler import RunContext, RunParts
 
 logger = logging.getLogger("plugrl.run")
-
-_ROLLOUT_SEED = 2  # a stream of sampling seeds apart from validation's (plugrl.steps)
 
 
 class FullyAsyncScheduler(Scheduler):
@@ -205,7 +202,7 @@ class FullyAsyncScheduler(Scheduler):
         return rollouter
 
     def agent_sampler(self, parts: RunParts) -> AgentSampler | None:
-        """In a run with agent loops (:func:`plugrl.steps.run_uses_agents`), what runs each
+        """In a run with agent loops (:func:`plugrl.run.steps.run_uses_agents`), what runs each
         prompt's samples through them: every prompt goes through the agent runtime, so that
         every batch has one layout. A turn that a weight sync aborts goes on from its
         tokens (``scheduler.partial_rollout`` on an engine that cannot pause in place)."""
@@ -276,7 +273,7 @@ class FullyAsyncScheduler(Scheduler):
 
     def sampling_params(self, sample_number: int) -> SamplingParams:
         """Each sample is seeded by its number in the run, on a stream of its own."""
-        return sampling_params(self.recipe, sample_number, _ROLLOUT_SEED)
+        return sampling_params(self.recipe, sample_number, stream=Stream.SAMPLE_ROLLOUT)
 
     def train_step(self, parts: RunParts, step: int) -> dict[str, Any] | None:
         """Take ``required_samples`` finished samples from the rollouter, score them, compute

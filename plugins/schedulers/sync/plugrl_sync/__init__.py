@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import plugrl
+from plugrl.api import hookimpl
 
 
-@plugrl.hookimpl
+@hookimpl
 def register_schedulers(register):
     register(
         "sync",

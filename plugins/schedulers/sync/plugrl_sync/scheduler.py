@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from plugrl.algorithms.dynamic_sampling import DynamicSampler
-from plugrl.metrics import StepTimer
-from plugrl.parts.scheduler import Scheduler
-from plugrl.steps import (
+from plugrl.api.scheduler import (
+    DynamicSampler,
+    Scheduler,
+    StepTimer,
     compute_old_log_probs,
     generate,
     reward_output,
@@ -18,9 +18,9 @@ from plugrl.steps import (
 )
 
 if TYPE_CHECKING:
-    from plugrl.compose.run_parts import RunParts
-    from plugrl.data.batch import Batch
-    from plugrl.parts.rollout import SamplingParams
+    from plugrl.api.data import Batch
+    from plugrl.api.rollout import SamplingParams
+    from plugrl.api.scheduler import RunParts
 
 
 class SyncScheduler(Scheduler):

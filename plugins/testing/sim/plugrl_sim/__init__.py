@@ -2,7 +2,7 @@
 that take the time a model would, without a model.
 
 They implement the real interfaces, so a scheduler runs its own code over them through
-:func:`plugrl.run.run_recipe`; only the costs are simulated, in milliseconds:
+:func:`plugrl.run.runner.run_recipe`; only the costs are simulated, in milliseconds:
 
 * ``rollout.engine: sim`` (:class:`~plugrl_sim.parts.SimEngine`): continuous batching on
   ``sim_devices`` simulated devices, each running up to ``rollout.max_num_seqs`` sequences;
@@ -19,21 +19,22 @@ They implement the real interfaces, so a scheduler runs its own code over them t
 * reward function ``plugrl/sim``: the parity of the response text's length.
 
 The plugin is installed with plugrl (entry point ``sim``);
-:func:`plugrl_sim.parts.build_sim_task` and :func:`plugrl_sim.parts.sim_recipe` make a run of
-it.
+:func:`plugrl_sim.parts.build_sim_task` and :func:`plugrl_sim.parts.sim_recipe` (the test
+kit's, :mod:`plugrl.testing.simulated`) make a run of it, and
+:func:`plugrl.testing.run_scheduler` runs a scheduler on it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import plugrl
+from plugrl.api import hookimpl
 
 SIM_NAME = "sim"
 SIM_DATA_SOURCE = "plugrl/sim"
 
 
-@plugrl.hookimpl
+@hookimpl
 def register_rollout_engines(register: Any) -> None:
     register(
         SIM_NAME,
@@ -43,7 +44,7 @@ def register_rollout_engines(register: Any) -> None:
     )
 
 
-@plugrl.hookimpl
+@hookimpl
 def register_training_backends(register: Any) -> None:
     register(
         SIM_NAME,
@@ -53,6 +54,6 @@ def register_training_backends(register: Any) -> None:
     )
 
 
-@plugrl.hookimpl
+@hookimpl
 def register_reward_functions(register: Any) -> None:
     register(SIM_DATA_SOURCE, "plugrl_sim.parts:compute_score")

@@ -1,4 +1,5 @@
-"""The simulated parts and the task they run on (see :mod:`plugrl_sim`)."""
+"""The simulated parts (see :mod:`plugrl_sim`); the task and recipe they run on are the test
+kit's (:mod:`plugrl.testing.simulated`), named here too."""
 
 from __future__ import annotations
 
@@ -15,10 +16,17 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
-from plugrl.config import fraction, non_negative, option, positive
-from plugrl.errors import CheckpointError, PluginError, PlugrlError
-from plugrl.parts.backend import ActorConfig, TrainingBackend
-from plugrl.parts.rollout import (
+from plugrl.api import (
+    CheckpointError,
+    PluginError,
+    PlugrlError,
+    fraction,
+    non_negative,
+    option,
+    positive,
+)
+from plugrl.api.backend import ActorConfig, TrainingBackend
+from plugrl.api.rollout import (
     Capability,
     Completion,
     GenerationRequest,
@@ -28,14 +36,26 @@ from plugrl.parts.rollout import (
     WeightMeta,
     derive_seed,
 )
-from plugrl_sim import SIM_DATA_SOURCE, SIM_NAME
+from plugrl.testing.simulated import SimTask, build_sim_task, sim_recipe
+
+__all__ = [
+    "SimBackend",
+    "SimBackendConfig",
+    "SimEngine",
+    "SimEngineConfig",
+    "SimTask",
+    "build_sim_task",
+    "compute_score",
+    "sim_recipe",
+    "sim_weights",
+]
 
 if TYPE_CHECKING:
     import torch
 
-    from plugrl.data.batch import Batch
-    from plugrl.parts.algorithm import ActorObjective
-    from plugrl.parts.context import PartContext
+    from plugrl.api import PartContext
+    from plugrl.api.algorithms import ActorObjective
+    from plugrl.api.data import Batch
 
 _CHECKPOINT_FILE = "sim_backend.pt"
 _RESUME_FIX = (
@@ -519,8 +539,8 @@ class SimBackend(TrainingBackend):
     def update_policy(self, batch: Batch, objective: ActorObjective) -> dict[str, float]:
         import torch
 
-        from plugrl.algorithms.functional import loss_scale_from_mask
-        from plugrl.metrics import mean_metrics
+        from plugrl.api.algorithms import loss_scale_from_mask
+        from plugrl.api.backend import mean_metrics
 
         needed = ["response_mask", "advantages", "old_log_probs", "attention_mask"]
         if getattr(objective, "needs_ref", False):
@@ -573,7 +593,7 @@ class SimBackend(TrainingBackend):
         torch.save(state, path / _CHECKPOINT_FILE)
 
     def load_checkpoint(self, path: Path) -> None:
-        from plugrl.checkpoint import load_weights_only
+        from plugrl.api.backend import load_weights_only
 
         file = path / _CHECKPOINT_FILE
         try:
@@ -597,7 +617,7 @@ class SimBackend(TrainingBackend):
 
 
 # --------------------------------------------------------------------------------------------
-# The reward, the data and the recipe
+# The reward
 # --------------------------------------------------------------------------------------------
 
 
@@ -607,96 +627,3 @@ def compute_score(
     """1 when the response text's length has the parity the ground truth names, else 0."""
     correct = len(solution_str) % 2 == int(ground_truth) % 2
     return {"score": float(correct), "acc": float(correct)}
-
-
-@attrs.frozen
-class SimTask:
-    """A tokenizer folder and prompt files for simulated runs."""
-
-    root: Path
-    tokenizer: Path
-    train_file: Path
-    val_file: Path
-
-
-def build_sim_task(root: str | Path, *, num_train: int = 256, num_val: int = 16) -> SimTask:
-    """Write a tokenizer (a tiny one of :mod:`plugrl.testing.tiny`, trained here) and
-    ``num_train`` / ``num_val`` prompts of data source ``plugrl/sim`` under ``root``."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from plugrl.testing import make_tiny_tokenizer
-
-    root = Path(root)
-    task = SimTask(root, root / "tokenizer", root / "train.parquet", root / "val.parquet")
-    root.mkdir(parents=True, exist_ok=True)
-    if not (task.tokenizer / "tokenizer_config.json").exists():
-        make_tiny_tokenizer(vocab_size=300).save_pretrained(task.tokenizer)
-    for path, count, split in (
-        (task.train_file, num_train, "train"),
-        (task.val_file, num_val, "val"),
-    ):
-        rows = [
-            {
-                "data_source": SIM_DATA_SOURCE,
-                "prompt": [{"role": "user", "content": f"Write {index} words."}],
-                "ability": "sim",
-                "reward_model": {"style": "rule", "ground_truth": str(index % 2)},
-                "extra_info": {"split": split, "index": index},
-            }
-            for index in range(count)
-        ]
-        pq.write_table(pa.Table.from_pylist(rows), path)
-    return task
-
-
-def sim_recipe(
-    task: SimTask,
-    run_dir: str | Path,
-    *,
-    scheduler: str = "sync",
-    rollout_devices: int = 2,
-    train_devices: int = 2,
-    colocate: bool = True,
-    max_response_length: int = 256,
-    train_batch_size: int = 16,
-    n: int = 4,
-    steps: int = 4,
-) -> dict[str, Any]:
-    """A recipe of the simulated parts on ``task``: a GRPO run whose engine has
-    ``rollout_devices`` simulated devices and trainer ``train_devices``, one process."""
-    return {
-        "model": {"tokenizer_path": str(task.tokenizer)},
-        "data": {
-            "train_files": [str(task.train_file)],
-            "val_files": [str(task.val_file)],
-            "train_batch_size": train_batch_size,
-            "max_prompt_length": 32,
-            "max_response_length": max_response_length,
-        },
-        "device": "cpu",
-        "actor": {
-            "backend": SIM_NAME,
-            "sim_devices": train_devices,
-            "ppo_mini_batch_size": train_batch_size,
-            "optim": {"lr": 0.01},
-        },
-        "rollout": {
-            "engine": SIM_NAME,
-            "sim_devices": rollout_devices,
-            "colocate": colocate,
-            "n": n,
-            "max_num_seqs": 64,
-        },
-        "algorithm": {"adv_estimator": "grpo"},
-        "scheduler": {"name": scheduler},
-        "trainer": {
-            "total_training_steps": steps,
-            "default_local_dir": str(run_dir),
-            "logger": ["jsonl"],
-            "val_before_train": False,
-            "test_freq": -1,
-            "save_freq": -1,
-            "seed": 1,
-        },
-    }

@@ -17,7 +17,7 @@ from plugrl.errors import PluginError
 from plugrl.parts.backend import ActorConfig
 from plugrl.parts.context import PartContext
 from plugrl.parts.rollout import RolloutConfig, SamplingParams
-from plugrl.plugins import PluginManager
+from plugrl.plugin.manager import PluginManager
 from plugrl.recipe import ClusterConfig, Recipe
 from tests.core.cluster import cluster_fake_engine
 from tests.core.cluster.transports import transport_fake_backend

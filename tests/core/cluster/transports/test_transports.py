@@ -19,7 +19,7 @@ from plugrl.compose.run_parts import choose_transport
 from plugrl.errors import RecipeError
 from plugrl.parts.rollout import RolloutConfig, WeightMeta
 from plugrl.parts.transport import WeightTransport
-from plugrl.plugins import PluginManager
+from plugrl.plugin.manager import PluginManager
 from plugrl.recipe import Recipe
 from plugrl.testing import part_context
 from plugrl_cpu.device import CpuDevice

@@ -20,7 +20,7 @@ from plugrl.parts.agent import (
     Trajectory,
 )
 from plugrl.parts.rollout import Completion
-from plugrl.plugins import get_plugin_manager
+from plugrl.plugin.manager import get_plugin_manager
 from plugrl.testing import ScriptedSession, make_tiny_tokenizer, part_context
 from plugrl_agent_loops.env import TRUNCATED_MARK, EnvLoop
 
@@ -363,8 +363,8 @@ def test_a_chat_template_that_drops_assistant_content_is_a_one_line_error(tokeni
         play(dropping, ["1", "7"])
     assert str(info.value) == (
         "the tokenizer's chat template does not render an assistant message's content as "
-        "given, so observations cannot be appended to sampled tokens; use a chat template that "
-        "renders assistant turns verbatim"
+        "given, so what comes between two turns cannot be appended to sampled tokens; use a "
+        "chat template that renders assistant turns verbatim"
     )
 
 

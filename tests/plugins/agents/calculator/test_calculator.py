@@ -50,7 +50,7 @@ def test_schema_names_the_one_argument():
 
 
 def test_the_tool_is_registered():
-    from plugrl.plugins import get_plugin_manager
+    from plugrl.plugin.manager import get_plugin_manager
 
     entry = get_plugin_manager().registry("tools").get("calculator")
     assert entry.plugin == "calculator"

@@ -8,7 +8,7 @@ from typing import Any
 
 import openai
 
-from tests.core.agents.endpoint_support import ADD_TOOL
+from tests.plugins.agents.openai_agent.endpoint_support import ADD_TOOL
 
 SEEN: list[dict[str, Any]] = []
 """What :func:`takes_everything` was called with."""

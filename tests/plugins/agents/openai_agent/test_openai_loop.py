@@ -18,7 +18,7 @@ import yaml
 from plugrl.errors import RecipeError
 from plugrl.recipe import build_recipe
 from plugrl.testing import make_recipe, part_context
-from tests.core.agents.endpoint_support import ScriptedSession, make_tokenizer
+from tests.plugins.agents.openai_agent.endpoint_support import ScriptedSession, make_tokenizer
 
 from . import agents
 

@@ -3,10 +3,10 @@ import math
 import pytest
 import torch
 
-from plugrl.compose.build import build_estimator
 from plugrl.data.batch import Batch
 from plugrl.errors import DataError
 from plugrl.parts.algorithm import AlgorithmConfig
+from plugrl.plugin.build import build_estimator
 from plugrl.recipe import part_args
 from plugrl.testing import part_context
 from plugrl_estimators import estimators as E

@@ -302,8 +302,8 @@ def test_sapo_gates_the_ratio_softly_and_averages_per_sequence():
 
 
 def test_sapo_rejects_a_temperature_that_is_not_positive():
+    from plugrl.config.structuring import structure
     from plugrl.errors import RecipeError
-    from plugrl.structuring import structure
 
     with pytest.raises(RecipeError, match=r"tau_neg: must be > 0"):
         structure(SapoArgs, {"tau_neg": 0}, "actor.policy_loss_args")

@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
+from plugrl.config.structuring import structure
 from plugrl.errors import RecipeError
-from plugrl.plugins import get_plugin_manager
-from plugrl.structuring import structure
+from plugrl.plugin.manager import get_plugin_manager
 from plugrl_fsdp2.config import FSDP2ActorConfig
 from tests.plugins.backends.fsdp2.fsdp2_testing import (
     TokenMeanReinforce,
@@ -317,7 +317,7 @@ def test_fsdp_size_must_divide_the_ranks(tiny_model):
 
 
 def test_the_backend_is_registered_with_its_config():
-    from plugrl.plugins import PluginManager
+    from plugrl.plugin.manager import PluginManager
 
     plugins = PluginManager()
     plugins.load_entry_points()

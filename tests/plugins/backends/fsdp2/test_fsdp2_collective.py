@@ -10,7 +10,7 @@ from plugrl.cluster.ray_group import RayWorkerGroup
 from plugrl.cluster.transports.collective import CollectiveTransport
 from plugrl.parts.context import PartContext
 from plugrl.parts.rollout import RolloutConfig, WeightMeta
-from plugrl.plugins import PluginManager
+from plugrl.plugin.manager import PluginManager
 from plugrl.recipe import ClusterConfig, Recipe
 from tests.plugins.backends.fsdp2.fsdp2_testing import make_recipe
 from tests.support import local_ray

@@ -5,7 +5,7 @@ import pytest
 
 from plugrl.algorithms.objective import PolicyObjective
 from plugrl.errors import RecipeError
-from plugrl.plugins import get_plugin_manager
+from plugrl.plugin.manager import get_plugin_manager
 from tests.plugins.backends.fsdp2.fsdp2_testing import (
     full_weights,
     make_backend,

@@ -7,7 +7,7 @@ import transformers
 from plugrl.cluster.local import LocalWorkerGroup
 from plugrl.cluster.ray_group import RayWorkerGroup
 from plugrl.errors import CheckpointError
-from plugrl.plugins import get_plugin_manager
+from plugrl.plugin.manager import get_plugin_manager
 from plugrl_fsdp2.checkpoint import RESUME_FIX
 from tests.plugins.backends.fsdp2.fsdp2_testing import (
     TokenMeanReinforce,

@@ -16,7 +16,7 @@ from plugrl.algorithms.objective import PolicyObjective
 from plugrl.cluster.distributed import free_port
 from plugrl.data.batch import Batch
 from plugrl.parts.context import DistInfo, PartContext
-from plugrl.plugins import get_plugin_manager
+from plugrl.plugin.manager import get_plugin_manager
 from plugrl_cpu.device import CpuDevice
 from plugrl_fsdp2.backend import FSDP2Backend
 from tests.plugins.backends.fsdp2.fsdp2_testing import (

@@ -213,7 +213,7 @@ def test_ranks_the_groups_do_not_divide_are_refused(tiny_model):
 
 
 def test_the_recipe_check_splits_mini_batches_over_the_groups():
-    from plugrl.plugins import get_plugin_manager
+    from plugrl.plugin.manager import get_plugin_manager
     from plugrl.recipe import apply_overrides, build_recipe
 
     def build(*overrides: str) -> Any:

@@ -54,7 +54,7 @@ def test_a_tied_weight_is_sent_once_and_ties_again_in_the_engine(tmp_path):
     from plugrl.cluster.engines import LocalEngineGroup
     from plugrl.cluster.groups import make_worker_group
     from plugrl.cluster.transports.buckets import LocalTransport
-    from plugrl.plugins import get_plugin_manager
+    from plugrl.plugin.manager import get_plugin_manager
     from plugrl.testing import part_context
     from plugrl_hf.config import HFRolloutConfig
     from plugrl_tools.quickstart import save_untrained_model

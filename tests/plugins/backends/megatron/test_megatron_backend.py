@@ -453,7 +453,7 @@ def test_a_missing_or_corrupt_dist_checkpointing_folder_is_named_with_the_fix(
 @pytest.mark.parametrize("micro_batches", [{"ppo_micro_batch_size_per_gpu": 3}, {}])
 def test_sequences_without_advantage_are_left_out_with_the_same_update(tiny_model, micro_batches):
     from plugrl.algorithms.objective import PolicyObjective
-    from plugrl.plugins import get_plugin_manager
+    from plugrl.plugin.manager import get_plugin_manager
 
     batch = make_batch(8, prompt=10, response=7, seed=3)
     batch.pop("old_log_probs")

@@ -15,8 +15,8 @@ import torch
 
 import plugrl_npu
 from plugrl.errors import RecipeError
-from plugrl.plugins import get_plugin_manager
-from plugrl.run import run_recipe
+from plugrl.plugin.manager import get_plugin_manager
+from plugrl.run.runner import run_recipe
 from plugrl_npu.device import NpuDevice, NpuDeviceConfig
 from tests.plugins.devices.npu import fake_ascend
 
@@ -93,8 +93,8 @@ def test_torch_devices_are_npu_devices(tmp_path):
         torch.utils.rename_privateuse1_backend("npu")
         device = NpuDevice()
         # the start-up check of the device's torch type passes once torch_npu registered it
-        from plugrl.compose.build import check_torch_device_type
-        from plugrl.registry import Entry
+        from plugrl.plugin.build import check_torch_device_type
+        from plugrl.plugin.registry import Entry
         check_torch_device_type(Entry("devices", "npu", NpuDevice, "npu"), device)
         device.set_device(3)
         print(json.dumps({

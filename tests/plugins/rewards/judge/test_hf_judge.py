@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from plugrl.compose.build import build_part
 from plugrl.data.dataset import load_tokenizer
+from plugrl.plugin.build import build_part
 from plugrl.recipe import ModelConfig
 from plugrl.testing import make_batch, part_context, save_tiny_model
 

@@ -9,11 +9,11 @@ import re
 import pytest
 import torch
 
-from plugrl.compose.build import build_part
 from plugrl.data.dataset import load_tokenizer
 from plugrl.errors import PluginError, RecipeError
+from plugrl.parts.scoring import ScoringError
+from plugrl.plugin.build import build_part
 from plugrl.recipe import ModelConfig
-from plugrl.rewards.scoring import ScoringError
 from plugrl.testing import make_batch, part_context, save_tiny_model
 from tests.plugins.rewards.judge import scripted_judge
 from tests.plugins.rewards.judge.scripted_judge import ScriptedJudge

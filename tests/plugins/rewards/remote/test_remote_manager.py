@@ -10,7 +10,7 @@ import torch
 
 from plugrl.compose.run_parts import build_reward_manager
 from plugrl.errors import RecipeError
-from plugrl.rewards.scoring import ScoringError
+from plugrl.parts.scoring import ScoringError
 from plugrl_remote.manager import RemoteClient, RemoteRewardConfig, RemoteRewardManager
 from tests.plugins.rewards.remote.scoring_server import TOKEN, ScoringServer
 from tests.plugins.rewards.rewards_testlib import make_batch

@@ -14,9 +14,9 @@ import time
 import httpx
 import pytest
 
-from plugrl.plugins import get_plugin_manager
+from plugrl.plugin.manager import get_plugin_manager
 from plugrl.recipe import build_recipe
-from plugrl.run import run_recipe
+from plugrl.run.runner import run_recipe
 from plugrl_sim.parts import sim_recipe
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,7 @@ from plugrl.compose.run_parts import build_reward_manager
 from plugrl.data.batch import Batch
 from plugrl.errors import DataError, RecipeError
 from plugrl.parts.reward import RewardOutput
-from plugrl.rewards.scoring import ScoringError
+from plugrl.parts.scoring import ScoringError
 from plugrl.testing import part_context
 from plugrl_reward_managers.managers import (
     BatchRewardManager,

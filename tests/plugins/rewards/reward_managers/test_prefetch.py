@@ -11,7 +11,7 @@ import torch
 
 from plugrl.compose.run_parts import build_reward_manager
 from plugrl.errors import DataError
-from plugrl.rewards.scoring import ScoringError
+from plugrl.parts.scoring import ScoringError
 from plugrl_reward_managers import early as early_module
 from tests.plugins.rewards.rewards_testlib import make_batch
 

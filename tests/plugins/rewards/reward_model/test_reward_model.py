@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from plugrl.errors import RecipeError
-from plugrl.rewards.scoring import ScoringError
+from plugrl.parts.scoring import ScoringError
 from plugrl.testing import (
     make_tiny_reward_model,
     make_tiny_tokenizer,

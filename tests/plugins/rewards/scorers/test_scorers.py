@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from plugrl.rewards.answers import parse_integer
 from plugrl_scorers import arithmetic, gsm8k, math_boxed, math_dapo
 from plugrl_scorers import multiple_choice as mc
 from plugrl_scorers.extract import last_boxed
-from plugrl_tools.quickstart.arithmetic import parse_integer
 
 # ------------------------------------------------------------------------------ arithmetic
 

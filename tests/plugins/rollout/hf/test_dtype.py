@@ -14,7 +14,7 @@ from plugrl.errors import PluginError, RecipeError
 from plugrl.parts.context import PartContext
 from plugrl.parts.device import Device
 from plugrl.parts.rollout import RolloutConfig, SamplingParams
-from plugrl.plugins import get_plugin_manager
+from plugrl.plugin.manager import get_plugin_manager
 from plugrl.recipe import ModelConfig, Recipe, TrainerConfig, load_recipe
 from plugrl_cpu.device import BFLOAT16_ENV, CpuDevice
 from plugrl_hf.config import HFRolloutConfig

@@ -155,7 +155,7 @@ async def until(condition, limit=100_000):
 
 
 def test_hf_is_registered_with_its_config_class_and_capabilities():
-    from plugrl.plugins import PluginManager
+    from plugrl.plugin.manager import PluginManager
 
     manager = PluginManager(environ={})
     manager.load_entry_points()

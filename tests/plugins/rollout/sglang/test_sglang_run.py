@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import plugrl_sglang
-from plugrl.metrics import read_metrics
-from plugrl.plugins import get_plugin_manager
-from plugrl.run import run_recipe
+from plugrl.plugin.manager import get_plugin_manager
+from plugrl.run.metrics import read_metrics
+from plugrl.run.runner import run_recipe
 from plugrl_tools.quickstart.untrained import build_untrained_task
 from tests.plugins.rollout.sglang import fake_sglang
 

@@ -31,8 +31,8 @@ class EchoEveryTurn:
 
 def run_step(recipe_data: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     from plugrl.data.batch import response_attention_mask
-    from plugrl.plugins import PluginManager, set_plugin_manager
-    from plugrl.run import RunContext
+    from plugrl.plugin.manager import PluginManager, set_plugin_manager
+    from plugrl.run.runner import RunContext
     from plugrl.testing import make_recipe
     from plugrl_sync import scheduler as sync_module
     from plugrl_sync.scheduler import SyncScheduler

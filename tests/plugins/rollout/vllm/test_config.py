@@ -8,9 +8,9 @@ import os
 import pytest
 import torch
 
+from plugrl.config.structuring import structure
 from plugrl.errors import PluginError, RecipeError
 from plugrl.parts.rollout import SamplingParams
-from plugrl.structuring import structure
 from plugrl_vllm.config import VLLMRolloutConfig, engine_args, resolve_weight_route
 from plugrl_vllm.sampling import sampling_kwargs
 from plugrl_vllm.worker import FusedGroups, layer_of, weight_plan

@@ -21,9 +21,9 @@ pytest.importorskip("vllm")
 
 JUDGE = """
 import json, sys
-from plugrl.compose.build import build_part
+from plugrl.plugin.build import build_part
 from plugrl.data.dataset import load_tokenizer
-from plugrl.plugins import get_plugin_manager
+from plugrl.plugin.manager import get_plugin_manager
 from plugrl.recipe import ModelConfig, build_recipe
 from plugrl.testing import make_batch, part_context
 

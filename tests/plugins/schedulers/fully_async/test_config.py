@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from plugrl.errors import RecipeError
-from plugrl.plugins import get_plugin_manager
+from plugrl.plugin.manager import get_plugin_manager
 from plugrl.recipe import load_recipe
 from plugrl_fully_async.config import FullyAsyncConfig, warn_meaningless_bounds
 
@@ -109,7 +109,7 @@ def test_a_run_warns_of_a_meaningless_bound_when_it_starts(
     goes on under the unbounded rollouter."""
     import logging
 
-    from plugrl.run import run_recipe
+    from plugrl.run.runner import run_recipe
     from plugrl_sim.parts import sim_recipe
 
     data = sim_recipe(sim_task, tmp_path / "run", scheduler="fully_async", colocate=False, steps=2)

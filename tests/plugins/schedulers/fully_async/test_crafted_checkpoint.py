@@ -44,7 +44,7 @@ def _recipe_data(sim_task, run_dir, steps):
 
 @pytest.fixture
 def run(sim_task, plugrl_recipe, plugrl_register_plugin, plugrl_plugin_manager):
-    from plugrl.run import run_recipe
+    from plugrl.run.runner import run_recipe
 
     plugrl_register_plugin(plugrl_sim, "plugrl-sim")
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from plugrl.metrics import read_metrics
-from plugrl.run import run_recipe
+from plugrl.run.metrics import read_metrics
+from plugrl.run.runner import run_recipe
 from plugrl_fully_async.rollouter import Sample
 from plugrl_sim.parts import sim_recipe
 from tests.core.agents.agent_support import AgentTestPlugin

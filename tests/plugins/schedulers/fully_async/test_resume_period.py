@@ -32,7 +32,7 @@ def test_a_resume_between_syncs_pushes_a_new_version_and_starts_a_period(
     plugrl_register_plugin,
     plugrl_plugin_manager,
 ):
-    from plugrl.run import run_recipe
+    from plugrl.run.runner import run_recipe
 
     plugrl_register_plugin(plugrl_sim, "plugrl-sim")
     pushes: list[tuple[int, int, int]] = []  # (segment, version, trainer steps in the weights)
@@ -134,7 +134,7 @@ def test_a_checkpoint_of_a_plugrl_whose_only_rule_was_the_strict_bound_resumes_u
     import torch
     import yaml
 
-    from plugrl.run import run_recipe
+    from plugrl.run.runner import run_recipe
     from tests.crafted import rewrite_manifest
 
     plugrl_register_plugin(plugrl_sim, "plugrl-sim")

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from plugrl.parts.rollout import Capability, Completion, SamplingParams
-from plugrl.plugins import get_plugin_manager
+from plugrl.plugin.manager import get_plugin_manager
 from plugrl_fully_async.accounting import StalenessAccount
 from plugrl_fully_async.buffer import LocalSampleBuffer
 from plugrl_fully_async.rollouter import PAUSE_SUMMARY_STEPS, Rollouter, Sample

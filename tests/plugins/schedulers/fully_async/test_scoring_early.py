@@ -47,7 +47,7 @@ def training(records):
 
 
 def run(sim_task, tmp_path, plugrl_recipe, plugins, overlap):
-    from plugrl.run import run_recipe
+    from plugrl.run.runner import run_recipe
 
     data = sim_recipe(
         sim_task,

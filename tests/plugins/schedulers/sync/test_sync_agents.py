@@ -13,8 +13,8 @@ import plugrl
 import plugrl_sync.scheduler as sync_module
 from plugrl.data.batch import response_attention_mask
 from plugrl.parts.agent import AgentLoop, ParsedTurn, ToolCall, Trajectory
-from plugrl.run import RunContext
-from plugrl.steps import generate, generate_with_agents, sampling_params
+from plugrl.run.runner import RunContext
+from plugrl.run.steps import generate, generate_with_agents, sampling_params
 from plugrl_sim.parts import sim_recipe
 from plugrl_sync.scheduler import SyncScheduler
 from tests.core.agents.agent_support import AgentTestPlugin
@@ -176,7 +176,7 @@ def test_rows_choose_their_loop_by_agent_name_and_a_sample_may_be_several_rows(
 
 
 def parts_scores(parts, batch):
-    from plugrl.steps import reward_output
+    from plugrl.run.steps import reward_output
 
     return reward_output(parts, batch).token_level_scores.sum(-1).tolist()
 

@@ -9,8 +9,8 @@ import json
 import pytest
 
 import plugrl_sync.scheduler as sync_module
-from plugrl.run import RunContext
-from plugrl.steps import sampling_seed
+from plugrl.run.runner import RunContext
+from plugrl.state.rng import Stream, round_seed, sampling_seed
 from plugrl_sim.parts import sim_recipe
 from plugrl_sync.scheduler import SyncScheduler
 
@@ -77,7 +77,7 @@ def test_a_step_trains_n_responses_per_prompt_then_gives_the_engines_the_weights
     scheduler, parts = step_of()
     metrics = scheduler.train_step(parts, 1)
     (params,) = generations
-    assert (params.n, params.seed) == (2, sampling_seed(parts.recipe.trainer.seed, 1, 0))
+    assert (params.n, params.seed) == (2, round_seed(parts.recipe.trainer.seed, 1))
     (batch,) = trained
     assert len(batch) == 4 * 2 and len(set(batch["uid"])) == 4
     assert {"token_level_scores", "old_log_probs", "advantages"} <= set(batch.keys())
@@ -93,7 +93,7 @@ def test_each_step_samples_with_a_seed_of_its_own(step_of, generations):
     scheduler.train_step(parts, 1)
     scheduler.train_step(parts, 2)
     seed = parts.recipe.trainer.seed
-    assert [p.seed for p in generations] == [sampling_seed(seed, 1), sampling_seed(seed, 2)]
+    assert [p.seed for p in generations] == [round_seed(seed, 1), round_seed(seed, 2)]
     assert parts.weight_version == 2
 
 
@@ -125,12 +125,14 @@ def test_dynamic_sampling_rounds_sample_with_seeds_of_their_own_until_the_batch_
     )
     metrics = scheduler.train_step(parts, 1)
     seed = parts.recipe.trainer.seed
-    # every round of step 1 has its own stream; the reward is a coin flip per response, so
+    # every round of step 1 has its own seed; the reward is a coin flip per response, so
     # some groups are all equal and it takes more than one round to keep 4 varied groups
     assert [p.seed for p in generations] == [
-        sampling_seed(seed, 1, round_index) for round_index in range(len(generations))
+        round_seed(seed, 1, round_index) for round_index in range(len(generations))
     ]
     assert len(generations) > 1
+    # and none draws what validation after step 1 draws
+    assert sampling_seed(seed, Stream.VALIDATION, 1) not in {p.seed for p in generations}
     (batch,) = trained
     assert len(set(batch["uid"])) == 4 and len(batch) == 8
     assert metrics["training/global_step"] == 1
@@ -151,7 +153,7 @@ def test_remax_baselines_come_from_one_greedy_response_per_prompt(step_of, gener
 def sim_run_records(sim_task, folder, plugrl_recipe, plugins, overlap):
     """The metrics of each step of a short sync run of the simulated parts, validation
     included, with reward.overlap on or off."""
-    from plugrl.run import run_recipe
+    from plugrl.run.runner import run_recipe
 
     data = sim_recipe(sim_task, folder, train_batch_size=4, n=4, steps=3)
     data["data"]["max_response_length"] = 64

@@ -13,7 +13,7 @@ import plugrl_sim
 from plugrl.errors import CheckpointError, PluginError, PlugrlError
 from plugrl.parts.context import DistInfo
 from plugrl.parts.rollout import GenerationRequest, SamplingParams, WeightMeta
-from plugrl.plugins import get_plugin_manager
+from plugrl.plugin.manager import get_plugin_manager
 from plugrl.testing import make_batch, part_context
 from plugrl_sim.parts import (
     SimBackend,
@@ -254,7 +254,7 @@ def read(run_dir):
 def test_sync_run_logs_wall_clock_and_keeps_it_across_resume(
     sim_task, tmp_path, plugrl_recipe, plugrl_register_plugin, plugrl_plugin_manager
 ):
-    from plugrl.run import run_recipe
+    from plugrl.run.runner import run_recipe
 
     plugrl_register_plugin(plugrl_sim, "plugrl-sim")
     data = sim_recipe(sim_task, tmp_path / "run", train_batch_size=4, n=2, steps=2)

@@ -4,10 +4,10 @@ Only names are registered here: the scorer and its options class are imported wh
 needs them.
 """
 
-import plugrl
+from plugrl.api import hookimpl
 
 
-@plugrl.hookimpl
+@hookimpl
 def register_reward_functions(register):
     register(
         "countdown",

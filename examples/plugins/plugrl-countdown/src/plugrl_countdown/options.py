@@ -8,7 +8,7 @@ from typing import Any
 
 import attrs
 
-from plugrl.config import ConfigValueError, non_negative, option
+from plugrl.api import ConfigValueError, non_negative, option
 
 
 def _below_correct_score(instance: Any, attribute: attrs.Attribute, value: float) -> None:

@@ -4,12 +4,12 @@ loss, two parts against outlier rewards.
 Only names are registered here; torch is imported when a recipe chooses a part.
 """
 
-import plugrl
+from plugrl.api import hookimpl
 
 _OPTIONS = "plugrl_median_baseline.options"
 
 
-@plugrl.hookimpl
+@hookimpl
 def register_advantage_estimators(register):
     register(
         "median_baseline",
@@ -19,7 +19,7 @@ def register_advantage_estimators(register):
     )
 
 
-@plugrl.hookimpl
+@hookimpl
 def register_policy_losses(register):
     register(
         "robust_ppo",

@@ -6,8 +6,8 @@ from collections import defaultdict
 
 import torch
 
-from plugrl.data.batch import Batch
-from plugrl.parts.algorithm import AdvantageEstimator
+from plugrl.api.algorithms import AdvantageEstimator
+from plugrl.api.data import Batch
 
 from .options import MedianBaselineConfig
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from plugrl.algorithms.functional import masked_mean
-from plugrl.parts.algorithm import Aggregate, PolicyLoss
+from plugrl.api.algorithms import Aggregate, PolicyLoss, masked_mean
 
 from .options import RobustPPOConfig
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import attrs
 
-from plugrl.config import option, positive
+from plugrl.api import option, positive
 
 
 @attrs.define(kw_only=True)

@@ -1,10 +1,10 @@
 """plugrl plugin: the ``regenerate`` scheduler. Only the name is registered here; the scheduler
 is imported when a recipe chooses it (``scheduler: regenerate``)."""
 
-import plugrl
+from plugrl.api import hookimpl
 
 
-@plugrl.hookimpl
+@hookimpl
 def register_schedulers(register):
     register(
         "regenerate",

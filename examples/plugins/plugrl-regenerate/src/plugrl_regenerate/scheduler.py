@@ -5,11 +5,10 @@ from collections import defaultdict
 
 import attrs
 
-from plugrl.config import non_negative, option
-from plugrl.data.batch import Batch
-from plugrl.metrics import StepTimer
-from plugrl.parts.scheduler import Scheduler, SchedulerConfig
-from plugrl.steps import (
+from plugrl.api import non_negative, option
+from plugrl.api.data import Batch
+from plugrl.api.scheduler import Scheduler, SchedulerConfig, StepTimer
+from plugrl.run.steps import (
     compute_old_log_probs,
     generate,
     sampling_params,

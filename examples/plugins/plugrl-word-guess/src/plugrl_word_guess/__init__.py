@@ -6,10 +6,10 @@ letters are in place, which are in the word elsewhere, and which are not in it.
 
 from __future__ import annotations
 
-import plugrl
+from plugrl.api import hookimpl
 
 
-@plugrl.hookimpl
+@hookimpl
 def register_environments(register):
     register(
         "word_guess",

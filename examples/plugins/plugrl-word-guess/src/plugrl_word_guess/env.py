@@ -7,7 +7,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from plugrl.parts.agent import Environment, Message, StepResult
+from plugrl.api.agents import Environment, Message, StepResult
 from plugrl_word_guess.options import WordGuessOptions
 
 WORDS = (

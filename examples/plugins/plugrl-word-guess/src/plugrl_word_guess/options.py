@@ -8,8 +8,8 @@ from typing import Any
 
 import attrs
 
-from plugrl.config import ConfigValueError, non_negative, option
-from plugrl.parts.agent import EnvironmentConfig
+from plugrl.api import ConfigValueError, non_negative, option
+from plugrl.api.agents import EnvironmentConfig
 
 
 def _below_solve_reward(instance: Any, attribute: attrs.Attribute, value: float) -> None:

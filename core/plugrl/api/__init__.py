@@ -1,0 +1,104 @@
+"""The plugin API: everything a plugin may import from plugrl, in one place.
+
+A plugin imports from ``plugrl.api`` and its submodules only (and, in its tests, from
+:mod:`plugrl.testing`); the rest of the kernel is private and may change without notice. See
+"The plugin API" in docs/plugins.md for the policy on changing these names.
+
+* ``plugrl.api``: the hook marker, the context every part is built with, errors, config
+  option helpers, the recipe's shared sections, and :class:`Batch`;
+* :mod:`plugrl.api.algorithms`: estimator, loss and KL interfaces and the shared formulas;
+* :mod:`plugrl.api.backend`: the training-backend interface and the kit backends share;
+* :mod:`plugrl.api.rollout`: the rollout-engine interface and its request types;
+* :mod:`plugrl.api.scheduler`: the scheduler interface and the step pieces schedulers share;
+* :mod:`plugrl.api.rewards`: the reward-manager interface and the scoring kit;
+* :mod:`plugrl.api.agents`: environments, tools, tool-call parsers and agent loops;
+* :mod:`plugrl.api.loggers`: the metric-logger interface and the metrics file;
+* :mod:`plugrl.api.devices`: the device interface;
+* :mod:`plugrl.api.data`: the batch, tokenizer and dataset helpers;
+* :mod:`plugrl.api.cluster`: the cluster services a plugin may use directly.
+
+Importing ``plugrl.api`` imports neither torch nor a plugin (a plugin's ``__init__`` imports it
+to register); :class:`Batch` is imported on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from plugrl import hookimpl
+from plugrl.config import (
+    ConfigValueError,
+    PackageNeed,
+    fraction,
+    non_negative,
+    one_of,
+    option,
+    positive,
+    section,
+)
+from plugrl.config.structuring import structure
+from plugrl.errors import (
+    CheckpointError,
+    DataError,
+    PluginError,
+    PlugrlError,
+    RecipeError,
+    UnknownNameError,
+)
+from plugrl.parts.context import DistInfo, PartContext, PartServices, Role
+from plugrl.recipe import (
+    ClusterConfig,
+    DataConfig,
+    ModelConfig,
+    Recipe,
+    TrainerConfig,
+    build_recipe,
+    load_recipe,
+    part_args,
+    read_section,
+)
+
+if TYPE_CHECKING:
+    from plugrl.data.batch import Batch
+
+__all__ = [
+    "Batch",
+    "CheckpointError",
+    "ClusterConfig",
+    "ConfigValueError",
+    "DataConfig",
+    "DataError",
+    "DistInfo",
+    "ModelConfig",
+    "PackageNeed",
+    "PartContext",
+    "PartServices",
+    "PluginError",
+    "PlugrlError",
+    "Recipe",
+    "RecipeError",
+    "Role",
+    "TrainerConfig",
+    "UnknownNameError",
+    "build_recipe",
+    "fraction",
+    "hookimpl",
+    "load_recipe",
+    "non_negative",
+    "one_of",
+    "option",
+    "part_args",
+    "positive",
+    "read_section",
+    "section",
+    "structure",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # Batch needs torch; a plugin's __init__ imports this module only to register.
+    if name == "Batch":
+        from plugrl.data.batch import Batch
+
+        return Batch
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,339 @@
+"""The pieces of a training step every scheduler shares, whatever order it runs them in:
+sampling (a seed per step, a batch from the engines), scoring, the old-log-prob pass, the
+update from a scored batch, the step's metrics, and validation.
+
+A synchronous step is, in order::
+
+    params = sampling_params(recipe, step)
+    batch = generate(parts, parts.train_loader.next_batch(), params)
+    metrics = score(parts, batch)
+    parts.before_training()
+    if not parts.old_log_probs_from_update:
+        metrics |= compute_old_log_probs(parts, batch, timer)
+    metrics |= update_from_batch(parts, batch, timer)
+    parts.weight_version += 1
+    metrics |= parts.sync_weights()
+    metrics |= step_metrics(parts, batch, timer, step)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from plugrl.plugin.boundaries import check_estimator_output, check_reward_output
+from plugrl.run.sample_dump import prompt_text, sample_rows, write_jsonl
+from plugrl.state.rng import Stream, round_seed, sampling_seed
+
+if TYPE_CHECKING:
+    from plugrl.compose.run_parts import RunParts
+    from plugrl.data.batch import Batch
+    from plugrl.parts.reward import RewardOutput
+    from plugrl.parts.rollout import Completion, SamplingParams
+    from plugrl.recipe import Recipe
+    from plugrl.run.metrics import StepTimer
+
+logger = logging.getLogger("plugrl.run")  # where a run's progress lines go
+
+REWARD_EXTRA_KEY = "reward_extra_columns"
+"""The ``meta`` key under which :func:`score` lists the reward's extra columns it added."""
+
+
+def sampling_params(
+    recipe: Recipe, step: int, round_index: int = 0, *, stream: Stream = Stream.ROLLOUT
+) -> SamplingParams:
+    """The recipe's training sampling (``rollout.n``, ``temperature``, ``top_p``, ...,
+    ``data.max_response_length`` new tokens at most) seeded for generation round
+    ``round_index`` of ``step`` (:func:`plugrl.state.rng.round_seed`: every round of every step
+    draws apart from the others and from validation), so a resumed run samples exactly what
+    the uninterrupted one did. ``stream`` puts the seed on another stream of
+    :class:`plugrl.state.rng.Stream`, ``step`` then being the position in it (a sample's number)."""
+    params = recipe.rollout.sampling_params(recipe.data.max_response_length)
+    if stream == Stream.ROLLOUT:
+        params.seed = round_seed(recipe.trainer.seed, step, round_index)
+    elif round_index:
+        raise ValueError(
+            f"generation rounds are training's (stream ROLLOUT); got round {round_index} on "
+            f"stream {stream.name}"
+        )
+    else:
+        params.seed = sampling_seed(recipe.trainer.seed, stream, step)
+    return params
+
+
+def generate(parts: RunParts, prompts: Batch, params: SamplingParams) -> Batch:
+    """``params.n`` responses to each prompt of ``prompts`` (a batch of the prompt loader)
+    from the engines, as a batch in verl's layout: the prompts' columns repeated per response,
+    ``responses``, ``response_mask``, ``input_ids``, ``attention_mask``, ``position_ids``,
+    ``rollout_log_probs``, and ``meta["temperature"]``, the temperature log-probs are
+    recomputed at.
+
+    When the run scores early (:func:`scores_early`), each prompt's responses go to the
+    reward manager's ``prefetch`` as soon as they finish; the caller then scores the batch
+    (:func:`score`, :func:`reward_output`), which takes those results."""
+    from plugrl.data.rollout_batch import build_rollout_batch
+
+    loop_names = agent_loop_names(parts, prompts)
+    if loop_names is not None:
+        return generate_with_agents(parts, prompts, params, loop_names)
+    prompt_ids = list(prompts["raw_prompt_ids"])
+    if scores_early(parts):
+
+        def on_finished(index: int, completions: list[Completion]) -> None:
+            prefetch_scores(parts, prompts.select([index]), completions, params.n)
+
+        completions = parts.engines.generate(prompt_ids, params, on_finished=on_finished)
+    else:
+        completions = parts.engines.generate(prompt_ids, params)
+    batch = build_rollout_batch(prompts, completions, n=params.n, pad_token_id=parts.pad_token_id)
+    batch.meta["temperature"] = params.temperature or 1.0
+    return batch
+
+
+SINGLE_TURN = "single_turn"
+"""The agent loop of a run without agents: rows that use only it take the batched path."""
+
+
+def row_loop_names(parts: RunParts, prompts: Batch) -> list[str]:
+    """The agent loop of each row of ``prompts``: its ``agent_name``, else
+    ``rollout.agent.loop``."""
+    default = parts.recipe.rollout.agent.loop
+    return [
+        str(name) if name else default for name in prompts.get("agent_name", [None] * len(prompts))
+    ]
+
+
+def agent_loop_names(parts: RunParts, prompts: Batch) -> list[str] | None:
+    """The agent loop of each row of ``prompts`` (:func:`row_loop_names`), or ``None`` when
+    every row's is ``single_turn``: those are sampled as one batch of requests, as a run
+    without agents is."""
+    names = row_loop_names(parts, prompts)
+    registry = parts.plugins.registry("agent_loops")
+    if all(registry.get(name).name == SINGLE_TURN for name in set(names)):
+        return None
+    return names
+
+
+def run_uses_agents(parts: RunParts) -> bool:
+    """Whether any training row needs an agent loop other than ``single_turn`` (by
+    ``rollout.agent.loop`` or its ``agent_name``): a scheduler that samples prompt by prompt
+    then runs every prompt through the agent runtime, so all its batches have one layout."""
+    names = {parts.recipe.rollout.agent.loop}
+    names.update(r.agent_name for r in parts.train_data.records if r.agent_name)
+    registry = parts.plugins.registry("agent_loops")
+    return any(registry.get(name).name != SINGLE_TURN for name in names)
+
+
+def generate_with_agents(
+    parts: RunParts, prompts: Batch, params: SamplingParams, loop_names: list[str]
+) -> Batch:
+    """:func:`generate` through the rows' agent loops: ``params.n`` trajectories per row,
+    all running concurrently (:class:`plugrl.agents.session.AgentRuntime`), as a batch of
+    :func:`plugrl.agents.batch.build_trajectory_batch`. Responses go to the reward manager
+    when the batch is scored, not as they finish."""
+    from plugrl.agents.batch import agent_rows, build_trajectory_batch
+
+    samples = parts.agent_runtime().run(agent_rows(prompts), loop_names, params)
+    batch = build_trajectory_batch(prompts, samples, pad_token_id=parts.pad_token_id)
+    batch.meta["temperature"] = params.temperature or 1.0
+    return batch
+
+
+def scores_early(parts: RunParts) -> bool:
+    """Whether responses are handed to the reward manager as they finish: ``reward.overlap``
+    is on and the manager implements :meth:`~plugrl.parts.reward.RewardManager.prefetch`."""
+    from plugrl.parts.reward import RewardManager
+
+    prefetch = getattr(type(parts.reward), "prefetch", RewardManager.prefetch)
+    return bool(parts.recipe.reward.overlap) and prefetch is not RewardManager.prefetch
+
+
+def prefetch_scores(
+    parts: RunParts, prompt: Batch, completions: Sequence[Completion], n: int
+) -> None:
+    """Hand one prompt's ``n`` finished ``completions`` (``prompt`` is its one row of a
+    prompt batch) to the reward manager's ``prefetch``, as the rows the batch will hold."""
+    import attrs
+
+    from plugrl.data.rollout_batch import build_rollout_batch
+
+    # copies: the engine group numbers the originals by their place in the whole batch
+    group = [
+        attrs.evolve(completion, prompt_index=0)
+        for completion in sorted(completions, key=lambda c: c.sample_index)
+    ]
+    rows = build_rollout_batch(prompt, group, n=n, pad_token_id=parts.pad_token_id)
+    parts.reward.prefetch(rows)
+
+
+def reward_output(parts: RunParts, batch: Batch) -> RewardOutput:
+    """What the run's reward manager says of every response of ``batch``, checked: scores of
+    the wrong shape or type stop the run with one line naming the manager
+    (:func:`plugrl.plugin.boundaries.check_reward_output`). For a batch of trajectories
+    the scores move where the trajectory says (:func:`plugrl.agents.batch.agent_scores`:
+    episode rewards, per-turn rewards, the score on the last sampled token)."""
+    output = check_reward_output(
+        parts.reward(batch), batch, parts.recipe.reward.manager, parts.plugins
+    )
+    if "turn_rewards" in batch:
+        from plugrl.agents.batch import agent_scores
+
+        output.token_level_scores = agent_scores(batch, output.token_level_scores)
+    return output
+
+
+def score(parts: RunParts, batch: Batch) -> dict[str, Any]:
+    """Score every response with the run's reward manager: ``token_level_scores`` [B, R], and
+    the manager's extra per-response columns (``acc``, ...) that the batch lacks. Returns the
+    manager's metrics."""
+    output = reward_output(parts, batch)
+    batch["token_level_scores"] = output.token_level_scores
+    added = []
+    for name, values in output.extra.items():
+        if len(values) == len(batch) and name not in batch:
+            batch[name] = values
+            added.append(name)
+    batch.meta[REWARD_EXTRA_KEY] = added
+    return dict(output.metrics)
+
+
+def compute_old_log_probs(parts: RunParts, batch: Batch, timer: StepTimer) -> dict[str, Any]:
+    """``old_log_probs``: the actor's log-probs of the sampled tokens on its current weights
+    (``timing_s/old_log_prob``, ``actor/entropy``). A synchronous step skips this pass when
+    the update derives them from its own forward, on the same weights
+    (:attr:`RunParts.old_log_probs_from_update
+    <plugrl.compose.run_parts.RunParts.old_log_probs_from_update>`)."""
+    metrics: dict[str, Any] = {}
+    with timer("old_log_prob"):
+        computed = parts.actor.compute_log_prob(batch, calculate_entropy=True)
+        batch["old_log_probs"] = computed["log_probs"]
+        if "entropys" in computed:
+            mask = batch["response_mask"].bool()
+            metrics["actor/entropy"] = computed["entropys"][mask].mean().item()
+    return metrics
+
+
+def step_metrics(parts: RunParts, batch: Batch, timer: StepTimer, step: int) -> dict[str, Any]:
+    """What every step logs of the batch it trained on: scores, rewards, advantages and
+    lengths (``critic/*``, ``response_length/*``, ``prompt_length/*``), the timer's phases
+    (``timing_s/*``, ``step`` included: call this after the timed step ends), throughput,
+    device memory, for a batch of trajectories ``agent/*``
+    (:func:`plugrl.agents.batch.agent_metrics`), ``training/global_step`` and
+    ``training/epoch``. With
+    ``trainer.rollout_data_dir`` set it also writes the batch's responses to
+    ``<rollout_data_dir>/<step>.jsonl`` (:mod:`plugrl.run.sample_dump`)."""
+    from plugrl.run.metrics import compute_data_metrics, compute_throughput_metrics
+
+    data = parts.recipe.data
+    metrics = compute_data_metrics(batch, data.max_response_length, data.max_prompt_length)
+    if "num_turns" in batch:
+        from plugrl.agents.batch import agent_metrics
+
+        metrics.update(agent_metrics(batch))
+        if parts.agents is not None:
+            metrics.update(parts.agents.take_tool_metrics())
+    metrics.update(timer.metrics())
+    num_tokens = int(batch["attention_mask"].sum().item())
+    metrics.update(
+        compute_throughput_metrics(num_tokens, timer.seconds["step"], parts.actor.world_size)
+    )
+    metrics.update(parts.device.memory_metrics())
+    metrics["training/global_step"] = step
+    metrics["training/epoch"] = parts.train_loader.epoch
+    folder = parts.recipe.trainer.rollout_data_dir
+    if folder:
+        extra = {name: batch[name] for name in batch.meta.get(REWARD_EXTRA_KEY, [])}
+        scores = batch["token_level_scores"].sum(dim=-1).tolist()
+        rows = sample_rows(parts.tokenizer, batch, scores, extra, step)
+        write_jsonl(Path(folder) / f"{step}.jsonl", rows)
+    return metrics
+
+
+def update_from_batch(parts: RunParts, batch: Batch, timer: StepTimer) -> dict[str, Any]:
+    """Train on a scored batch that holds ``old_log_probs``: reference log-probs and values
+    when the run has those roles, KL in the reward, advantages, then the critic's and the
+    actor's updates, each timed under its verl phase name. Returns their metrics."""
+    metrics: dict[str, Any] = {}
+    if parts.ref is not None:
+        with timer("ref"):
+            batch["ref_log_prob"] = parts.ref.compute_log_prob(batch)["log_probs"]
+    elif parts.ref_in_actor:
+        with timer("ref"):
+            batch["ref_log_prob"] = parts.actor.compute_ref_log_prob(batch)["log_probs"]
+    if parts.critic is not None:
+        with timer("values"):
+            batch["values"] = parts.critic.compute_values(batch)
+    with timer("adv"):
+        if parts.kl_in_reward is not None:
+            metrics.update(parts.kl_in_reward(batch))
+        else:
+            batch["token_level_rewards"] = batch["token_level_scores"]
+        batch["advantages"], batch["returns"] = check_estimator_output(
+            parts.estimator.compute(batch),
+            batch,
+            parts.recipe.algorithm.adv_estimator,
+            parts.plugins,
+        )
+    if parts.critic is not None:
+        with timer("update_critic"):
+            metrics.update(parts.critic.update_critic(batch))
+    with timer("update_actor"):
+        metrics.update(parts.actor.update_policy(batch, parts.objective))
+    return metrics
+
+
+def validate(parts: RunParts, recipe: Recipe, step: int) -> dict[str, float]:
+    """Score the validation set with ``rollout.val_kwargs`` sampling on the engines' current
+    weights: ``val-core/<data_source>/acc/mean@N`` (``reward`` when a scorer gives no
+    ``acc``) and ``val-aux/<data_source>/score/mean@N``. The first
+    ``trainer.log_val_generations`` samples are logged; with ``trainer.validation_data_dir``
+    set every response is written to ``<validation_data_dir>/val_<step>.jsonl``."""
+    import numpy as np
+
+    from plugrl.data.dataset import PromptLoader
+
+    loader = PromptLoader.for_validation(parts.val_data, recipe.data, parts.pad_token_id)
+    params = recipe.rollout.sampling_params(recipe.data.max_response_length, validate=True)
+    params.seed = sampling_seed(recipe.trainer.seed, Stream.VALIDATION, step)
+    values: dict[tuple[str, str], list[float]] = defaultdict(list)
+    samples_left = recipe.trainer.log_val_generations
+    dump_folder = recipe.trainer.validation_data_dir
+    dumped: list[dict[str, Any]] = []
+    for prompts in loader:
+        batch = generate(parts, prompts, params)
+        output = reward_output(parts, batch)
+        scores = output.token_level_scores.sum(dim=-1).tolist()
+        accuracy = output.extra.get("acc")
+        for row, data_source in enumerate(batch["data_source"]):
+            values[(data_source, "score")].append(scores[row])
+            if accuracy is not None:
+                values[(data_source, "acc")].append(float(accuracy[row]))
+        if samples_left > 0:
+            samples_left = _log_generations(parts, batch, scores, samples_left)
+        if dump_folder:
+            dumped += sample_rows(parts.tokenizer, batch, scores, output.extra, step)
+    if dump_folder:
+        write_jsonl(Path(dump_folder) / f"val_{step}.jsonl", dumped)
+    metrics: dict[str, float] = {}
+    for (data_source, name), items in sorted(values.items()):
+        core = name == "acc" or (name == "score" and (data_source, "acc") not in values)
+        label = name if name == "acc" or not core else "reward"
+        group = "val-core" if core else "val-aux"
+        metrics[f"{group}/{data_source}/{label}/mean@{params.n}"] = float(np.mean(items))
+    return metrics
+
+
+def _log_generations(parts: RunParts, batch: Batch, scores: list[float], left: int) -> int:
+    from plugrl.data.batch import response_attention_mask
+
+    for row in range(min(left, len(batch))):
+        mask = response_attention_mask(batch)[row].bool()
+        prompt = prompt_text(parts.tokenizer, batch, row)
+        response = parts.tokenizer.decode(
+            batch["responses"][row][mask].tolist(), skip_special_tokens=True
+        )
+        logger.info("[validation] %r -> %r (score %.2f)", prompt[-80:], response[:200], scores[row])
+    return left - min(left, len(batch))

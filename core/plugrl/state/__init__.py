@@ -1,0 +1,2 @@
+"""What a run saves and restores: checkpoints (:mod:`plugrl.state.checkpoint`) and the random
+generators' states (:mod:`plugrl.state.rng`)."""
