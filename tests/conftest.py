@@ -32,13 +32,27 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
+# Tiny models, tokenizers and data sets are built once per test session, whichever module or
+# xdist worker asks first (plugrl_build_once): fixtures asking for the same builder and
+# arguments share one folder, which no test may change.
+
+
 @pytest.fixture(scope="session")
-def sim_task(tmp_path_factory):
+def sim_task(plugrl_build_once):
     """A tokenizer and prompts for runs of the simulated parts (``plugrl_sim``): real
     schedulers, the core's loop, no model."""
     from plugrl_sim.parts import build_sim_task
 
-    return build_sim_task(tmp_path_factory.mktemp("sim-task"), num_train=32, num_val=4)
+    return plugrl_build_once(build_sim_task, num_train=32, num_val=4)
+
+
+@pytest.fixture(scope="session")
+def tiny_task(plugrl_build_once):
+    """The quickstart's untrained tiny model and arithmetic prompts (16 to train, 4 to
+    validate) for runs of the real parts."""
+    from plugrl_tools.quickstart.untrained import build_untrained_task
+
+    return plugrl_build_once(build_untrained_task)
 
 
 @pytest.fixture

@@ -3,8 +3,8 @@
 #   1. .venv: plugrl with its test extras, and every plugin distribution of this repository
 #      (megatron-core comes with plugrl-megatron, which is tested for real on the CPU);
 #   2. the main suite in .venv;
-#   3. the vLLM suite in .venv-vllm (vLLM's CPU build pins its own transformers), built on
-#      first use by plugins/rollout/vllm/test-env.sh.
+#   3. the vLLM suite in .venv-vllm (vLLM's CPU build pins its own transformers), made by
+#      plugins/rollout/vllm/test-env.sh over a build of vLLM cached outside the clone.
 # Both suites run even when the first fails; the exit status is 1 when either failed.
 # Arguments are passed to the main suite's pytest (tests/run.sh -m "not slow" for the fast tier).
 set -uo pipefail
@@ -30,7 +30,7 @@ phase "2/3 the main suite, two test processes (about 10 minutes on 2 cores)"
 .venv/bin/python -m pytest -q -n 2 "$@"
 main=$?
 
-phase "3/3 the vLLM suite in .venv-vllm (first run: about 3 minutes to install vLLM's CPU build)"
+phase "3/3 the vLLM suite in .venv-vllm (first run on a machine: about 3 minutes to build vLLM's CPU build into a cache)"
 plugins/rollout/vllm/test-env.sh
 vllm=$?
 

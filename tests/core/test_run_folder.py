@@ -19,12 +19,12 @@ from plugrl.run.folder import (
     recipe_changes,
 )
 from plugrl.run.runner import run_recipe
-from plugrl_sim.parts import build_sim_task, sim_recipe
+from plugrl_sim.parts import sim_recipe
 
 
 @pytest.fixture(scope="module")
-def task(tmp_path_factory):
-    return build_sim_task(tmp_path_factory.mktemp("sim-task"), num_train=32, num_val=4)
+def task(sim_task):
+    return sim_task
 
 
 def sim_run(task, run_dir, *, steps=2, **sections):

@@ -5,7 +5,6 @@ from pathlib import Path
 import attrs
 import pytest
 
-from plugrl_tools.quickstart.untrained import UntrainedTask, build_untrained_task
 from tests.e2e.e2e_support import (
     REFERENCE_OVERRIDES,
     check_ok,
@@ -19,11 +18,6 @@ class FinishedRun:
     recipe: Path
     run_dir: Path
     stderr: str
-
-
-@pytest.fixture(scope="session")
-def tiny_task(tmp_path_factory) -> UntrainedTask:
-    return build_untrained_task(tmp_path_factory.mktemp("tiny-task"))
 
 
 @pytest.fixture(scope="session")

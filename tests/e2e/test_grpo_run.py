@@ -21,10 +21,7 @@ from tests.e2e.e2e_support import (
     read_records,
     reference_recipe,
     run_cli,
-    sigterm_after_step,
-    tiny_recipe,
     wait_for_step,
-    write_recipe,
 )
 
 pytestmark = pytest.mark.slow
@@ -255,25 +252,6 @@ def test_sigterm_stops_a_run_cleanly_and_it_resumes(reference_run, tiny_task, tm
     assert sorted(records) == sorted(by_step(read_records(reference_run.run_dir)))
 
 
-def test_sigterm_stops_a_ray_run_as_it_stops_a_local_one(tiny_task, tmp_path):
-    # ray.init used to replace the command's SIGTERM handler: the run ended through Ray's
-    # (a stack dump, then sys.exit wherever the main thread was) and aborted, status 134
-    sections = {"trainer": {"total_training_steps": 30, "save_freq": 1}}
-    recipe = write_recipe(
-        tmp_path / "recipe.yaml", tiny_recipe(tiny_task, tmp_path / "run", **sections)
-    )
-    returncode, log, gone = sigterm_after_step(
-        recipe, 2, "cluster.mode=ray", "trainer.n_gpus_per_node=1"
-    )
-    assert returncode == 1, f"exit {returncode}:\n{log[-3000:]}"
-    assert "Aborted!" in log
-    assert "SIGTERM received" not in log
-    assert gone, "processes of the stopped run are still alive"
-    run_dir = tmp_path / "run"
-    assert not [p for p in run_dir.iterdir() if p.name.startswith(".")], "half-written folders"
-    assert {1, 2} <= set(by_step(read_records(run_dir)))
-
-
 # ---------------------------------------------------------------------------- Ray ranks
 
 
@@ -281,16 +259,9 @@ def _validation_lines(stderr):
     return [line for line in stderr.splitlines() if VALIDATION_LINE.search(line)]
 
 
-@pytest.mark.parametrize(
-    "engines",
-    [
-        (),
-        # one engine over the devices of both ranks, as verl's hybrid engine of TP 2
-        ("rollout.tensor_model_parallel_size=2",),
-    ],
-    ids=["an-engine-per-rank", "one-engine-over-both"],
-)
-def test_two_ray_ranks_train_like_one_local_rank(reference_run, tiny_task, tmp_path, engines):
+def test_two_ray_ranks_train_like_one_local_rank(reference_run, tiny_task, tmp_path):
+    # one engine over both ranks' devices (rollout.tensor_model_parallel_size=2) takes the same
+    # path but for where the engine sits: tests/core/cluster/test_colocated_tp.py places it
     import torch
 
     recipe = reference_recipe(tiny_task, tmp_path)
@@ -302,7 +273,6 @@ def test_two_ray_ranks_train_like_one_local_rank(reference_run, tiny_task, tmp_p
             "cluster.mode=ray",
             "trainer.n_gpus_per_node=2",
             "cluster.num_cpus=2",
-            *engines,
         )
     )
     # the engines are Ray actors on the trainer's devices: weights reach them through the

@@ -29,6 +29,9 @@ Builders of a tiny model (:mod:`plugrl.testing.tiny`), for parts that need a rea
 * :func:`make_tiny_tokenizer`, :func:`make_tiny_model`: the two, in memory.
 * :func:`save_tiny_reward_model`, :func:`make_tiny_reward_model`: the same tokenizer with a
   sequence-classification model (one score per text), for reward-model managers.
+* :func:`build_once` (:mod:`plugrl.testing.shared`): any of these builders run once for a
+  folder and its arguments, whatever the number of tests and processes asking; the
+  ``plugrl_build_once`` fixture does it once per test session.
 
 Example::
 
@@ -47,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from plugrl.testing.agents import ScriptedSession, tool_call_text
+from plugrl.testing.shared import build_once
 from plugrl.testing.simulated import run_scheduler
 from plugrl.testing.tiny import (
     make_tiny_model,
@@ -68,6 +72,7 @@ __all__ = [
     "FakeDistribution",
     "FakeEntryPoint",
     "ScriptedSession",
+    "build_once",
     "make_batch",
     "make_fake_entry_point",
     "make_loss_aggregator",

@@ -19,10 +19,17 @@ Fixtures:
 * ``plugrl_recipe``: ``make(overrides=None, *, base=None)``, :func:`make_recipe` with the
   test's plugin manager (``plugrl_plugin_manager``, with what ``plugrl_register_plugin``
   added).
+
+* ``plugrl_build_once`` (session): ``build(builder, *args, **kwargs)``,
+  :func:`~plugrl.testing.shared.build_once` in a folder of the test session that its
+  pytest-xdist workers share: ``builder(folder, *args, **kwargs)`` runs once per session for
+  the same arguments, whichever process asks first, e.g.
+  ``plugrl_build_once(save_tiny_model, seed=0)`` in a session-scoped fixture.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +39,7 @@ import pytest
 from plugrl.plugin import manager as plugins_module
 from plugrl.plugin.manager import PluginManager, set_plugin_manager
 from plugrl.testing import FakeEntryPoint, make_fake_entry_point, make_recipe
+from plugrl.testing.shared import build_once
 
 if TYPE_CHECKING:
     from plugrl.recipe import Recipe
@@ -116,3 +124,16 @@ def plugrl_register_plugin(
         for name in registered:
             if plugrl_plugin_manager.pm.has_plugin(name):
                 plugrl_plugin_manager.unregister(name)
+
+
+@pytest.fixture(scope="session")
+def plugrl_build_once(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Any]:
+    base = tmp_path_factory.getbasetemp()
+    # under pytest-xdist each worker's base folder sits in the session's, which all share
+    session = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    root = session / "plugrl-build-once"
+
+    def build(builder: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        return build_once(root, builder, *args, **kwargs)
+
+    return build

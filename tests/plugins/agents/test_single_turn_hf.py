@@ -4,20 +4,12 @@ them."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from plugrl.run.runner import RunContext
 from plugrl.run.steps import generate, generate_with_agents, sampling_params
 from plugrl_sync.scheduler import SyncScheduler
 from tests.e2e.e2e_support import tiny_recipe
-
-
-@pytest.fixture(scope="module")
-def tiny_task(tmp_path_factory):
-    from plugrl_tools.quickstart.untrained import build_untrained_task
-
-    return build_untrained_task(tmp_path_factory.mktemp("tiny-task"))
 
 
 def test_single_turn_through_agents_samples_what_the_batched_path_does_on_hf(

@@ -8,7 +8,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
 @pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory):
+def tiny_model(plugrl_build_once):
     from tests.plugins.backends.fsdp2.fsdp2_testing import save_tiny_qwen2
 
-    return save_tiny_qwen2(tmp_path_factory.mktemp("tiny-qwen2"))
+    return plugrl_build_once(save_tiny_qwen2)

@@ -13,7 +13,6 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-from plugrl_tools.quickstart.untrained import build_untrained_task
 from tests.e2e.e2e_support import (
     REFERENCE_OVERRIDES,
     REFERENCE_SECTIONS,
@@ -35,8 +34,8 @@ def weights(folder: Path) -> dict:
     return load_file(str(folder / "model.safetensors"))
 
 
-def test_a_grpo_run_with_the_megatron_backend_trains_exports_and_resumes(tmp_path):
-    task = build_untrained_task(tmp_path / "task")
+def test_a_grpo_run_with_the_megatron_backend_trains_exports_and_resumes(tiny_task, tmp_path):
+    task = tiny_task
     sections = {
         **REFERENCE_SECTIONS,
         "actor": {

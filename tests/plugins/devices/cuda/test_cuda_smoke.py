@@ -3,26 +3,84 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
+import yaml
 
 from plugrl_cuda import smoke
 
 pytestmark = pytest.mark.slow
 
 
-def test_the_smoke_script_passes_on_cpu_with_two_ray_ranks(tmp_path, monkeypatch, capsys):
+def test_the_smoke_script_passes_on_cpu(tmp_path, monkeypatch, capsys):
+    # one rank: two Ray ranks training like one is tests/e2e/test_grpo_run.py's
+    # test_two_ray_ranks_train_like_one_local_rank; the script's comparison is tested below
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
-    assert smoke.main(["--device", "cpu", "--ranks", "2", "--workdir", str(tmp_path)]) == 0
+    assert smoke.main(["--device", "cpu", "--ranks", "1", "--workdir", str(tmp_path)]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line[:4] in {"PASS", "FAIL"}]
     assert [line.split(":")[0] for line in lines] == [
         "PASS device",
         "PASS three steps on one rank",
         "PASS resume",
         "PASS param offload",
-        "PASS 2 ranks under Ray match one rank",
     ]
+
+
+def _runs_writing_metrics(monkeypatch, ray_gap):
+    """``smoke.run_plugrl`` replaced by one that writes two steps of metrics to the recipe's
+    run folder, those of a Ray recipe off by ``ray_gap`` (relative); returns the recipes run."""
+    ran = []
+
+    def run_plugrl(recipe, *overrides):
+        data = yaml.safe_load(recipe.read_text())
+        ran.append((data, overrides))
+        scale = 1 + ray_gap if data.get("cluster") == "ray" else 1
+        run_dir = data["trainer"]["default_local_dir"]
+        steps = [{"step": step, **GOOD_STEP} for step in (1, 2)]
+        for record in steps:
+            record.update({name: record[name] * scale for name in smoke.CHECKED_METRICS})
+        _write_metrics(Path(run_dir), *steps)
+        return ""
+
+    monkeypatch.setattr(smoke, "run_plugrl", run_plugrl)
+    return ran
+
+
+def _smoke_of_two_ranks(tmp_path):
+    from plugrl_tools.quickstart.untrained import UntrainedTask
+
+    check = smoke.Smoke("cpu", 2, tmp_path)
+    check.task = UntrainedTask(
+        root=tmp_path / "task",
+        model=tmp_path / "task" / "model",
+        train_file=tmp_path / "task" / "train.parquet",
+        val_file=tmp_path / "task" / "val.parquet",
+    )
+    return check
+
+
+def test_the_rank_check_runs_two_steps_on_one_rank_and_on_ray_ranks(tmp_path, monkeypatch):
+    ran = _runs_writing_metrics(monkeypatch, ray_gap=smoke.RANK_TOLERANCE / 2)
+    assert _smoke_of_two_ranks(tmp_path).ranks_match().startswith("largest relative gap 5.0e-04")
+    (local, local_overrides), (ray, ray_overrides) = ran
+    assert local.get("cluster") != "ray" and local["trainer"].get("n_gpus_per_node", 1) == 1
+    assert ray["cluster"] == "ray" and ray["trainer"]["n_gpus_per_node"] == 2
+    assert (
+        local_overrides
+        == ray_overrides
+        == (
+            "trainer.total_training_steps=2",
+            "trainer.save_freq=0",
+        )
+    )
+
+
+def test_the_rank_check_fails_on_a_gap_over_its_tolerance(tmp_path, monkeypatch):
+    _runs_writing_metrics(monkeypatch, ray_gap=smoke.RANK_TOLERANCE * 2)
+    failure = r"step 1 actor/pg_loss: one rank 0\.1, 2 ranks 0\.1002"
+    with pytest.raises(smoke.SmokeFailure, match=failure):
+        _smoke_of_two_ranks(tmp_path).ranks_match()
 
 
 def test_a_failing_check_is_reported_and_fails_the_script(tmp_path, capsys):

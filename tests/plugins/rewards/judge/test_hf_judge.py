@@ -13,8 +13,8 @@ from plugrl.testing import make_batch, part_context, save_tiny_model
 
 
 @pytest.fixture(scope="module")
-def model_folder(tmp_path_factory):
-    return save_tiny_model(tmp_path_factory.mktemp("tiny-hf-judge"))
+def model_folder(plugrl_build_once):
+    return plugrl_build_once(save_tiny_model)
 
 
 @pytest.fixture

@@ -22,8 +22,8 @@ TEMPLATE = "Q: {prompt}\nA: {response}\nRef: {ground_truth}"
 
 
 @pytest.fixture(scope="module")
-def model_folder(tmp_path_factory):
-    return save_tiny_model(tmp_path_factory.mktemp("tiny-judge"))
+def model_folder(plugrl_build_once):
+    return plugrl_build_once(save_tiny_model)
 
 
 @pytest.fixture(scope="module")

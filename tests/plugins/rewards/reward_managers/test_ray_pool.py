@@ -6,6 +6,7 @@ import pytest
 
 from plugrl.compose.run_parts import build_reward_manager
 from tests.plugins.rewards.rewards_testlib import make_batch
+from tests.support import local_ray
 
 ray = pytest.importorskip("ray")
 
@@ -22,12 +23,11 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 """
 
 
-@pytest.fixture
-def ray_cluster(monkeypatch):
-    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+@pytest.fixture(scope="module")
+def ray_cluster():
+    # one local Ray for the module: each test's pool starts and closes its own actors
+    with local_ray(num_cpus=2):
+        yield
 
 
 @pytest.mark.slow

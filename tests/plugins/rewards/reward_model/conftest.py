@@ -11,8 +11,8 @@ from tests.plugins.rewards.reward_model.rm_testlib import SMALL
 
 
 @pytest.fixture(scope="module")
-def rm_folder(tmp_path_factory):
-    return save_tiny_reward_model(tmp_path_factory.mktemp("rm"), seed=0, **SMALL)
+def rm_folder(plugrl_build_once):
+    return plugrl_build_once(save_tiny_reward_model, seed=0, **SMALL)
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -9,14 +10,14 @@ from plugrl.testing import save_tiny_model
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tiny_model_dir(plugrl_build_once: Callable[..., Any]) -> Path:
     """A tiny tokenizer and a ~4M-parameter Qwen2 model, built once.
 
     The weights are drawn with a large spread: a freshly initialised model's logits are nearly
     flat and every row emits the same token, while these give varied, context-dependent
     responses (different rows stop at different steps).
     """
-    return save_tiny_model(tmp_path_factory.mktemp("tiny-model"), seed=0, weight_std=0.15)
+    return plugrl_build_once(save_tiny_model, seed=0, weight_std=0.15)
 
 
 @pytest.fixture(scope="session")

@@ -24,8 +24,8 @@ FIXES = {
 
 
 @pytest.fixture(scope="module")
-def sim_task(tmp_path_factory):
-    return build_sim_task(tmp_path_factory.mktemp("sim-task"), num_train=16, num_val=4)
+def sim_task(plugrl_build_once):
+    return plugrl_build_once(build_sim_task, num_train=16, num_val=4)
 
 
 def _recipe_data(sim_task, run_dir, steps):
