@@ -309,7 +309,7 @@ class BareLoop:
 
     def generate(self, step: int) -> list[list[int]]:
         """``rollout.n`` responses per prompt, prompt after prompt, seeded as plugrl seeds
-        them (:func:`plugrl.state.rng.round_seed`, one request per prompt)."""
+        them (:func:`plugrl.state.seeds.round_seed`, one request per prompt)."""
         from plugrl.parts.rollout import batch_requests
         from plugrl.run.steps import sampling_params
 

@@ -241,10 +241,13 @@ def test_the_plugin_api_check_finds_private_and_tool_imports(tmp_path):
 
 
 def test_the_plugin_api_modules_declare_what_they_export():
-    """Every module of ``plugrl.api`` lists its names in ``__all__``, and each name is there."""
+    """Every public module of ``plugrl.api`` lists its names in ``__all__``, and each name is
+    there (the modules resolve them on first use: reading each one here imports its home)."""
     import importlib
 
     for module in modules_of(KERNEL, SOURCE_ROOTS[KERNEL]):
+        if module.rpartition(".")[2].startswith("_"):
+            continue
         if module == "plugrl.api" or module.startswith("plugrl.api."):
             imported = importlib.import_module(module)
             assert imported.__all__, module

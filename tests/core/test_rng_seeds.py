@@ -1,4 +1,4 @@
-"""The seeds of what a run samples (plugrl.state.rng): the values the quickstart's runs depend on,
+"""The seeds of what a run samples (plugrl.state.seeds): the values the quickstart's runs depend on,
 the streams kept apart, and the inverse an agent's one-sample requests use."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import itertools
 import pytest
 
 from plugrl.run.steps import sampling_params
-from plugrl.state.rng import (
+from plugrl.state.seeds import (
     SEED_MODULUS,
     Stream,
     derive_seed,

@@ -50,7 +50,7 @@ from plugrl.parts.rollout import (
     join_completions,
 )
 from plugrl.recipe.build import tool_args
-from plugrl.state.rng import one_sample_request_seed
+from plugrl.state.seeds import one_sample_request_seed
 
 if TYPE_CHECKING:
     from plugrl.cluster.engines import EngineGroup

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from plugrl.errors import RecipeError
 from plugrl.parts.algorithm import LossScale
-from plugrl.state.rng import mini_batch_order_seed
+from plugrl.state.seeds import mini_batch_order_seed
 
 if TYPE_CHECKING:
     from plugrl.data.batch import Batch

@@ -23,43 +23,44 @@ to register); :class:`Batch` is imported on first use.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from plugrl import hookimpl
-from plugrl.config import (
-    ConfigValueError,
-    PackageNeed,
-    fraction,
-    non_negative,
-    one_of,
-    option,
-    positive,
-    section,
-)
-from plugrl.config.structuring import structure
-from plugrl.errors import (
-    CheckpointError,
-    DataError,
-    PluginError,
-    PlugrlError,
-    RecipeError,
-    UnknownNameError,
-)
-from plugrl.parts.context import DistInfo, PartContext, PartServices, Role
-from plugrl.recipe import (
-    ClusterConfig,
-    DataConfig,
-    ModelConfig,
-    Recipe,
-    TrainerConfig,
-    build_recipe,
-    load_recipe,
-    part_args,
-    read_section,
-)
+from plugrl.api._lazy import lazy_module
 
 if TYPE_CHECKING:
+    from plugrl import hookimpl
+    from plugrl.config import (
+        ConfigValueError,
+        PackageNeed,
+        fraction,
+        non_negative,
+        one_of,
+        option,
+        positive,
+        section,
+    )
+    from plugrl.config.structuring import structure
     from plugrl.data.batch import Batch
+    from plugrl.errors import (
+        CheckpointError,
+        DataError,
+        PluginError,
+        PlugrlError,
+        RecipeError,
+        UnknownNameError,
+    )
+    from plugrl.parts.context import DistInfo, PartContext, PartServices, Role
+    from plugrl.recipe import (
+        ClusterConfig,
+        DataConfig,
+        ModelConfig,
+        Recipe,
+        TrainerConfig,
+        build_recipe,
+        load_recipe,
+        part_args,
+        read_section,
+    )
 
 __all__ = [
     "Batch",
@@ -94,11 +95,38 @@ __all__ = [
     "structure",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    # Batch needs torch; a plugin's __init__ imports this module only to register.
-    if name == "Batch":
-        from plugrl.data.batch import Batch
-
-        return Batch
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_module(
+    __name__,
+    {
+        "Batch": ("plugrl.data.batch", "Batch"),
+        "CheckpointError": ("plugrl.errors", "CheckpointError"),
+        "ClusterConfig": ("plugrl.recipe", "ClusterConfig"),
+        "ConfigValueError": ("plugrl.config", "ConfigValueError"),
+        "DataConfig": ("plugrl.recipe", "DataConfig"),
+        "DataError": ("plugrl.errors", "DataError"),
+        "DistInfo": ("plugrl.parts.context", "DistInfo"),
+        "ModelConfig": ("plugrl.recipe", "ModelConfig"),
+        "PackageNeed": ("plugrl.config", "PackageNeed"),
+        "PartContext": ("plugrl.parts.context", "PartContext"),
+        "PartServices": ("plugrl.parts.context", "PartServices"),
+        "PluginError": ("plugrl.errors", "PluginError"),
+        "PlugrlError": ("plugrl.errors", "PlugrlError"),
+        "Recipe": ("plugrl.recipe", "Recipe"),
+        "RecipeError": ("plugrl.errors", "RecipeError"),
+        "Role": ("plugrl.parts.context", "Role"),
+        "TrainerConfig": ("plugrl.recipe", "TrainerConfig"),
+        "UnknownNameError": ("plugrl.errors", "UnknownNameError"),
+        "build_recipe": ("plugrl.recipe", "build_recipe"),
+        "fraction": ("plugrl.config", "fraction"),
+        "hookimpl": ("plugrl", "hookimpl"),
+        "load_recipe": ("plugrl.recipe", "load_recipe"),
+        "non_negative": ("plugrl.config", "non_negative"),
+        "one_of": ("plugrl.config", "one_of"),
+        "option": ("plugrl.config", "option"),
+        "part_args": ("plugrl.recipe", "part_args"),
+        "positive": ("plugrl.config", "positive"),
+        "read_section": ("plugrl.recipe", "read_section"),
+        "section": ("plugrl.config", "section"),
+        "structure": ("plugrl.config.structuring", "structure"),
+    },
+)

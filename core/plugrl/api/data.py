@@ -1,9 +1,16 @@
 """The batch a run passes between parts, and the tokenizer and dataset helpers plugins share."""
 
-from plugrl.data.batch import Batch, left_pad, response_attention_mask
-from plugrl.data.dataset import PromptLoader, collate, load_tokenizer, truncate
-from plugrl.data.hf_loading import quiet_hf_loading
-from plugrl.data.rollout_batch import build_rollout_batch
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from plugrl.api._lazy import lazy_module
+
+if TYPE_CHECKING:
+    from plugrl.data.batch import Batch, left_pad, response_attention_mask
+    from plugrl.data.dataset import PromptLoader, collate, load_tokenizer, truncate
+    from plugrl.data.hf_loading import quiet_hf_loading
+    from plugrl.data.rollout_batch import build_rollout_batch
 
 __all__ = [
     "Batch",
@@ -16,3 +23,18 @@ __all__ = [
     "response_attention_mask",
     "truncate",
 ]
+
+__getattr__, __dir__ = lazy_module(
+    __name__,
+    {
+        "Batch": ("plugrl.data.batch", "Batch"),
+        "PromptLoader": ("plugrl.data.dataset", "PromptLoader"),
+        "build_rollout_batch": ("plugrl.data.rollout_batch", "build_rollout_batch"),
+        "collate": ("plugrl.data.dataset", "collate"),
+        "left_pad": ("plugrl.data.batch", "left_pad"),
+        "load_tokenizer": ("plugrl.data.dataset", "load_tokenizer"),
+        "quiet_hf_loading": ("plugrl.data.hf_loading", "quiet_hf_loading"),
+        "response_attention_mask": ("plugrl.data.batch", "response_attention_mask"),
+        "truncate": ("plugrl.data.dataset", "truncate"),
+    },
+)

@@ -1,27 +1,34 @@
 """The rollout-engine interface, the requests and completions it trades, and the weights it
 receives."""
 
-from plugrl.parts.rollout import (
-    ROLLOUT_DTYPES,
-    Capability,
-    Completion,
-    FinishReason,
-    GenerationRequest,
-    PauseMode,
-    RolloutConfig,
-    RolloutEngine,
-    SamplingParams,
-    ValKwargs,
-    WeightMeta,
-    batch_requests,
-    continuation_request,
-    derive_seed,
-    in_prompt_order,
-    join_completions,
-    run_blocking,
-)
-from plugrl.parts.transport import WeightTransport, weight_sync_metrics
-from plugrl.state.rng import Stream, round_seed, sampling_seed
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from plugrl.api._lazy import lazy_module
+
+if TYPE_CHECKING:
+    from plugrl.parts.rollout import (
+        ROLLOUT_DTYPES,
+        Capability,
+        Completion,
+        FinishReason,
+        GenerationRequest,
+        PauseMode,
+        RolloutConfig,
+        RolloutEngine,
+        SamplingParams,
+        ValKwargs,
+        WeightMeta,
+        batch_requests,
+        continuation_request,
+        derive_seed,
+        in_prompt_order,
+        join_completions,
+        run_blocking,
+    )
+    from plugrl.parts.transport import WeightTransport, weight_sync_metrics
+    from plugrl.state.seeds import Stream, round_seed, sampling_seed
 
 __all__ = [
     "ROLLOUT_DTYPES",
@@ -47,3 +54,31 @@ __all__ = [
     "sampling_seed",
     "weight_sync_metrics",
 ]
+
+__getattr__, __dir__ = lazy_module(
+    __name__,
+    {
+        "ROLLOUT_DTYPES": ("plugrl.parts.rollout", "ROLLOUT_DTYPES"),
+        "Capability": ("plugrl.parts.rollout", "Capability"),
+        "Completion": ("plugrl.parts.rollout", "Completion"),
+        "FinishReason": ("plugrl.parts.rollout", "FinishReason"),
+        "GenerationRequest": ("plugrl.parts.rollout", "GenerationRequest"),
+        "PauseMode": ("plugrl.parts.rollout", "PauseMode"),
+        "RolloutConfig": ("plugrl.parts.rollout", "RolloutConfig"),
+        "RolloutEngine": ("plugrl.parts.rollout", "RolloutEngine"),
+        "SamplingParams": ("plugrl.parts.rollout", "SamplingParams"),
+        "Stream": ("plugrl.state.seeds", "Stream"),
+        "ValKwargs": ("plugrl.parts.rollout", "ValKwargs"),
+        "WeightMeta": ("plugrl.parts.rollout", "WeightMeta"),
+        "WeightTransport": ("plugrl.parts.transport", "WeightTransport"),
+        "batch_requests": ("plugrl.parts.rollout", "batch_requests"),
+        "continuation_request": ("plugrl.parts.rollout", "continuation_request"),
+        "derive_seed": ("plugrl.parts.rollout", "derive_seed"),
+        "in_prompt_order": ("plugrl.parts.rollout", "in_prompt_order"),
+        "join_completions": ("plugrl.parts.rollout", "join_completions"),
+        "round_seed": ("plugrl.state.seeds", "round_seed"),
+        "run_blocking": ("plugrl.parts.rollout", "run_blocking"),
+        "sampling_seed": ("plugrl.state.seeds", "sampling_seed"),
+        "weight_sync_metrics": ("plugrl.parts.transport", "weight_sync_metrics"),
+    },
+)

@@ -38,7 +38,9 @@ import attrs
 from plugrl.config import fraction, non_negative, option, positive, section
 from plugrl.errors import RecipeError
 from plugrl.parts.agent import AgentConfig
-from plugrl.state.rng import derive_seed  # engines narrow request seeds with it, imported from here
+from plugrl.state.seeds import (
+    derive_seed,  # engines narrow request seeds with it, imported from here
+)
 
 if TYPE_CHECKING:
     import torch

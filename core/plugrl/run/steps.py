@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from plugrl.plugin.boundaries import check_estimator_output, check_reward_output
 from plugrl.run.sample_dump import prompt_text, sample_rows, write_jsonl
-from plugrl.state.rng import Stream, round_seed, sampling_seed
+from plugrl.state.seeds import Stream, round_seed, sampling_seed
 
 if TYPE_CHECKING:
     from plugrl.compose.run_parts import RunParts
@@ -47,10 +47,11 @@ def sampling_params(
 ) -> SamplingParams:
     """The recipe's training sampling (``rollout.n``, ``temperature``, ``top_p``, ...,
     ``data.max_response_length`` new tokens at most) seeded for generation round
-    ``round_index`` of ``step`` (:func:`plugrl.state.rng.round_seed`: every round of every step
+    ``round_index`` of ``step`` (:func:`plugrl.state.seeds.round_seed`: every round of every step
     draws apart from the others and from validation), so a resumed run samples exactly what
     the uninterrupted one did. ``stream`` puts the seed on another stream of
-    :class:`plugrl.state.rng.Stream`, ``step`` then being the position in it (a sample's number)."""
+    :class:`plugrl.state.seeds.Stream`, ``step`` then being the position in it (a sample's
+    number)."""
     params = recipe.rollout.sampling_params(recipe.data.max_response_length)
     if stream == Stream.ROLLOUT:
         params.seed = round_seed(recipe.trainer.seed, step, round_index)

@@ -11,7 +11,7 @@ from plugrl.agents.session import AgentRuntime, AgentSession
 from plugrl.errors import PluginError, RecipeError
 from plugrl.parts.agent import AgentLoop, ToolCall, Trajectory
 from plugrl.parts.rollout import SamplingParams, derive_seed
-from plugrl.state.rng import one_sample_request_seed
+from plugrl.state.seeds import one_sample_request_seed
 
 from .agent_support import (
     AgentTestEnvironments,

@@ -10,7 +10,7 @@ import pytest
 
 import plugrl_sync.scheduler as sync_module
 from plugrl.run.runner import RunContext
-from plugrl.state.rng import Stream, round_seed, sampling_seed
+from plugrl.state.seeds import Stream, round_seed, sampling_seed
 from plugrl_sim.parts import sim_recipe
 from plugrl_sync.scheduler import SyncScheduler
 
