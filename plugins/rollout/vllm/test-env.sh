@@ -7,8 +7,8 @@
 #
 # * the third-party packages (vLLM's CPU build, torch, plugrl's dependencies, pytest) in a
 #   virtualenv kept outside the clone, under ${PLUGRL_TEST_CACHE:-${XDG_CACHE_HOME:-~/.cache}/plugrl},
-#   named by a hash of what it installs (this script, constraints/cpu.txt, plugrl's
-#   pyproject.toml, the interpreter): built once, about 3 minutes, and shared by every clone
+#   named by a hash of what it installs (this script, constraints/cpu.txt, the dependencies in
+#   plugrl's pyproject.toml, the interpreter): built once, about 3 minutes, and shared by every clone
 #   on the machine, as pip's cache is; a changed input builds a new one;
 # * .venv-vllm, a small virtualenv of this clone that sees those packages (a .pth file adds
 #   the cached one's site-packages) and holds the editable installs of this clone's plugrl and
@@ -65,7 +65,10 @@ CACHE="${PLUGRL_TEST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/plugrl}"
 key="$(
     {
         declare -f build_base
-        cat constraints/cpu.txt pyproject.toml
+        cat constraints/cpu.txt
+        # plugrl's dependencies alone: entry points and extras change more often and do not
+        # change what the cached environment holds
+        python3 -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"])'
         python3 -c 'import os, sys; print(sys.version, os.path.realpath(sys.executable))'
     } | sha256sum | cut -c1-16
 )"
