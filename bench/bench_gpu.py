@@ -502,7 +502,8 @@ def run_shape(name: str, args: argparse.Namespace) -> dict[str, Any]:
         )
         recipe_file = workdir / "recipe.yaml"
         recipe_file.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
-        recipe = load_recipe(str(recipe_file), [], plugins)
+        recipe = load_recipe(str(recipe_file), list(args.set), plugins)
+        result["overrides"] = list(args.set)
         result["batch"] = {
             "prompts": shape.prompts,
             "n": shape.n,
@@ -584,6 +585,8 @@ def run_worker(name: str, args: argparse.Namespace, timeout: float, logs: Path) 
         command += ["--peak-tflops", str(args.peak_tflops)]
     if args.grad_ckpt:
         command.append("--grad-ckpt")
+    for override in args.set:
+        command += ["--set", override]
     log = logs / f"gpu-bench-{name}.log"
     start = time.perf_counter()
     with log.open("w", encoding="utf-8") as output:
@@ -721,6 +724,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--peak-tflops", type=float, default=None, help="the device's peak")
     parser.add_argument("--grad-ckpt", action="store_true", help="gradient checkpointing")
     parser.add_argument("--no-smoke", action="store_true", help="skip the device's smoke test")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a recipe override for every shape (model.lora_rank=32, say); repeatable",
+    )
     parser.add_argument("--out", default=None, help="default: $OUT, else bench/results")
     parser.add_argument("--workdir", default=None, help="models and runs (default: a temp dir)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
