@@ -26,6 +26,7 @@ from plugrl.algorithms.training import (
     rows_with_gradient,
     sampling_temperature,
     staged_folder,
+    update_mini_batch_rows,
 )
 from plugrl.cluster.distributed import ensure_process_group
 from plugrl.parts.algorithm import ActorObjective, LossScale
@@ -76,4 +77,5 @@ __all__ = [
     "rows_with_gradient",
     "sampling_temperature",
     "staged_folder",
+    "update_mini_batch_rows",
 ]
