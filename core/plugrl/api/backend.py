@@ -34,7 +34,12 @@ from plugrl.parts.backend import ActorConfig, CriticConfig, OptimConfig, Trainin
 from plugrl.parts.context import Role
 from plugrl.parts.rollout import WeightMeta
 from plugrl.run.metrics import mean_metrics
-from plugrl.state.checkpoint import load_weights_only, raise_if_any_rank_failed, refused_file_error
+from plugrl.state.checkpoint import (
+    load_weights_only,
+    one_line_cause,
+    raise_if_any_rank_failed,
+    refused_file_error,
+)
 from plugrl.state.rng import capture as capture_rng_state
 from plugrl.state.rng import restore as restore_rng_state
 
@@ -68,6 +73,7 @@ __all__ = [
     "mean_metrics",
     "mini_batch_rows",
     "mini_batches",
+    "one_line_cause",
     "policy_update",
     "raise_if_any_rank_failed",
     "refused_file_error",
