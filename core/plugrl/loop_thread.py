@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 from collections.abc import Coroutine
 from typing import Any
@@ -41,11 +42,36 @@ class EventLoopThread:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """Stop the loop and join the thread (up to ``timeout_s``); the loop is closed once
-        the thread ended. Stopping twice is harmless."""
+        """Cancel the tasks still pending on the loop and wait for them to end (up to
+        ``timeout_s``), then stop the loop and join the thread; the loop is closed once the
+        thread ended. Stopping twice is harmless.
+
+        A task left pending when its loop closes is reported at exit ("Task was destroyed but
+        it is pending"), with the traceback of whatever it was waiting on: a run that ends
+        with samples in flight would print one of each per sample."""
         if self.loop.is_closed():
             return
+        if self.thread.is_alive() and threading.current_thread() is not self.thread:
+            ending = asyncio.run_coroutine_threadsafe(_end_pending_tasks(timeout_s), self.loop)
+            with contextlib.suppress(Exception):
+                ending.result(timeout_s + 1)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=timeout_s)
         if not self.thread.is_alive():
             self.loop.close()
+
+
+async def _end_pending_tasks(timeout_s: float) -> None:
+    """Cancel every other task of the running loop, wait for them (up to ``timeout_s``), and
+    take their exceptions so that none is reported as never retrieved; then close the loop's
+    async generators."""
+    loop = asyncio.get_running_loop()
+    tasks = [task for task in asyncio.all_tasks(loop) if task is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=timeout_s)
+    for task in tasks:
+        if task.done() and not task.cancelled():
+            task.exception()
+    await loop.shutdown_asyncgens()

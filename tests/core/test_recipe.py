@@ -355,3 +355,19 @@ def test_explain_unknown_key(fake_parts_manager):
         explain("actor.optim.lrr", get_plugin_manager())
     with pytest.raises(RecipeError, match="'lr' is an option, not a section"):
         explain("actor.optim.lr.x", get_plugin_manager())
+
+
+@pytest.mark.parametrize("depth", [150, 1_000, 100_000])
+def test_a_deeply_nested_recipe_is_one_line(write_recipe, base, depth):
+    """A recipe nested thousands deep raised RecursionError with a traceback (the fourth
+    drill); any depth past the limit is one RecipeError naming the file."""
+    nested = "[" * depth + "]" * depth
+    deep = write_recipe(f"actor:\n  x: {nested}\n", "deep.yaml")
+    with pytest.raises(RecipeError) as caught:
+        load(deep)
+    assert str(caught.value) == (
+        f"{deep} nests mappings or lists more than 100 levels deep; a recipe's sections are a "
+        "few levels deep: check the file"
+    )
+    with pytest.raises(RecipeError, match=r"^override actor\.x nests mappings or lists more"):
+        load(base, f"actor.x={nested}")

@@ -26,6 +26,15 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
         time.sleep(60)
     if "raise" in solution_str:
         raise ZeroDivisionError("division by zero")
+    if solution_str.startswith("wait:"):  # until the test creates the file, a minute at most
+        import pathlib
+        release = pathlib.Path(solution_str[len("wait:"):])
+        release.with_suffix(".started").touch()
+        for _ in range(1200):
+            if release.exists():
+                break
+            time.sleep(0.05)
+        solution_str = "4"
     answer = solution_str.strip()
     return {"score": float(answer == str(ground_truth)), "acc": answer == str(ground_truth),
             "pred": answer}
@@ -46,7 +55,24 @@ def server_log(scorer: Path) -> Path:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """(base URL, scorer file) of ``plugrl serve reward`` running the SCORER file."""
-    folder = tmp_path_factory.mktemp("served")
+    yield from serve(tmp_path_factory.mktemp("served"), "--timeout-s", "2")
+
+
+@pytest.fixture(scope="module")
+def limited(tmp_path_factory):
+    """(base URL, scorer file) of a server with a long timeout and small request limits."""
+    yield from serve(
+        tmp_path_factory.mktemp("limited"),
+        "--timeout-s",
+        "60",
+        "--max-body-bytes",
+        "100000",
+        "--max-samples",
+        "50",
+    )
+
+
+def serve(folder: Path, *flags: str):
     path = folder / "reward.py"
     path.write_text(SCORER, encoding="utf-8")
     port = free_port()
@@ -61,8 +87,7 @@ def served(tmp_path_factory):
                 str(port),
                 "--workers",
                 "2",
-                "--timeout-s",
-                "2",
+                *flags,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -274,3 +299,79 @@ def test_without_uvicorn_the_command_says_which_extra_to_install(tmp_path):
     assert result.stderr.strip().splitlines() == [
         "Error: plugrl serve needs uvicorn and starlette: pip install 'plugrl[serve]'"
     ]
+
+
+def test_a_hanging_sample_holds_no_other_client(limited):
+    """While one client's sample waits (well inside --timeout-s), another client is answered
+    (the fourth drill: requests were scored one at a time, so every client waited out the
+    hanging sample's timeout)."""
+    import concurrent.futures
+
+    base, path = limited
+    release = path.parent / "release"
+    with concurrent.futures.ThreadPoolExecutor(2) as clients:
+        slow = clients.submit(post, base, "/score", {"samples": [sample(f"wait:{release}")]})
+        try:
+            started = release.with_suffix(".started")
+            for _ in range(1200):  # until the slow sample is being scored, a minute at most
+                if started.exists() or slow.done():
+                    break
+                time.sleep(0.05)
+            assert started.exists(), slow.result().text
+            for _ in range(3):
+                fast = post(base, "/score", {"samples": [sample("4"), sample("5")]})
+                assert fast.status_code == 200
+                assert [s["score"] for s in fast.json()["scores"]] == [1.0, 0.0]
+                assert not slow.done()
+        finally:
+            release.touch()
+        assert slow.result().status_code == 200
+        assert slow.result().json()["scores"][0]["score"] == 1.0
+
+
+def test_a_body_over_the_limit_is_a_413(limited):
+    base, _ = limited
+    body = {"samples": [sample("4" * 120_000)]}
+    answer = post(base, "/score", body)
+    assert answer.status_code == 413
+    assert answer.json()["error"].endswith(
+        "bytes or more, over --max-body-bytes 100000: send fewer samples a request"
+    )
+    # a body sent in chunks, without a Content-Length, is cut off as it streams in
+    chunks = (b'{"samples": [' + b" " * 10_000 for _ in range(20))
+    answer = httpx.post(f"{base}/score", content=chunks, timeout=60)
+    assert answer.status_code == 413
+
+
+def test_too_many_samples_are_a_413(limited):
+    base, _ = limited
+    answer = post(base, "/score", {"samples": [sample("4")] * 51})
+    assert answer.status_code == 413
+    assert answer.json() == {
+        "error": "the request has 51 samples, over --max-samples 50: send fewer samples a request"
+    }
+    assert post(base, "/score", {"samples": [sample("4")] * 50}).status_code == 200
+
+
+def test_a_deeply_nested_body_is_a_400_in_one_line(limited):
+    base, path = limited
+    answer = post(base, "/score", "[" * 50_000 + "]" * 50_000)
+    assert answer.status_code == 400
+    assert answer.json() == {"error": "the body's JSON is nested too deeply to read"}
+    output = wait_for_line(server_log(path), "nested too deeply")
+    assert "Traceback" not in output, output
+
+
+def test_clients_that_disconnect_before_their_body_leave_no_traceback(limited):
+    base, path = limited
+    port = int(base.rsplit(":", 1)[1])
+    for _ in range(20):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as half_open:
+            half_open.sendall(
+                b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b'Content-Length: 1000\r\n\r\n{"samples": ['
+            )
+    # the server goes on, and printed no traceback for them
+    assert post(base, "/score", {"samples": [sample("4")]}).status_code == 200
+    output = server_log(path).read_text()
+    assert "Traceback" not in output and "Exception in ASGI" not in output, output

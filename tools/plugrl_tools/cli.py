@@ -304,15 +304,38 @@ def serve() -> None:
     show_default=True,
     help="Log one line per request; failed requests are logged either way.",
 )
+@click.option(
+    "--max-body-bytes",
+    default=16 * 1024 * 1024,
+    show_default="16 MiB",
+    type=click.IntRange(min=1),
+    help="Largest request body; a larger one gets HTTP 413.",
+)
+@click.option(
+    "--max-samples",
+    default=4096,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Most samples in one request; more get HTTP 413.",
+)
 def serve_reward(
-    function: str, host: str, port: int, workers: int, timeout_s: float, access_log: bool
+    function: str,
+    host: str,
+    port: int,
+    workers: int,
+    timeout_s: float,
+    access_log: bool,
+    max_body_bytes: int,
+    max_samples: int,
 ) -> None:
     """Serve a verl-style compute_score (or a batch function) from FILE.py over HTTP:
     POST /score (plugrl's schema, for reward.manager=remote), POST /get_reward (OpenRLHF's,
     for --remote_rm_url) and GET /health."""
     from plugrl_tools.serve import serve_reward as serve_function
 
-    serve_function(function, host, port, workers, timeout_s, access_log)
+    serve_function(
+        function, host, port, workers, timeout_s, access_log, max_body_bytes, max_samples
+    )
 
 
 @cli.group()

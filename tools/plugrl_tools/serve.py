@@ -15,9 +15,13 @@ Endpoints:
 
 Every sample is scored in the kernel's worker processes (:mod:`plugrl.rewards.workers`), each
 under ``--timeout-s``; a batch function (one with ``solution_strs``) is called once per request
-under it. A sample whose scoring fails or times out fails its request with HTTP 500 and a JSON
-``{"error": ...}`` naming the sample, so the client's failure policy applies to it; a request
-that does not follow the schema gets HTTP 400 saying what is wrong.
+under it. Requests are scored at once, sharing the ``--workers`` workers: a sample that hangs
+holds one worker, not the other requests. A sample whose scoring fails or times out fails its
+request with HTTP 500 and a JSON ``{"error": ...}`` naming the sample, so the client's failure
+policy applies to it; a request that does not follow the schema (or is not JSON, or nests it
+too deeply) gets HTTP 400 saying what is wrong, and one whose body passes ``--max-body-bytes``
+or whose samples pass ``--max-samples`` gets HTTP 413. A client that disconnects before its
+body arrived is dropped with a debug line.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ from plugrl.rewards.workers import Call, Outcome, ProcessPool
 INSTALL_HINT = "plugrl serve needs uvicorn and starlette: pip install 'plugrl[serve]'"
 OPENRLHF_DATA_SOURCE = "openrlhf"
 SAMPLE_FIELDS = ("data_source", "prompt", "response", "ground_truth", "extra_info")
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+DEFAULT_MAX_SAMPLES = 4096
 
 # uvicorn's own logger for what goes wrong, printed in its format; the per-request access log
 # is off by default (--access-log), as a run makes hundreds of requests a step.
@@ -133,17 +139,55 @@ def read_openrlhf_request(body: Any) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------------------------
 
 
+class _Lane:
+    """One scoring worker and the thread that drives it: a worker process is tied to the
+    thread that started it (the kernel stops it when that thread ends), and its pool runs one
+    batch at a time, so each worker gets a thread of its own for the server's life."""
+
+    def __init__(self, index: int) -> None:
+        self.thread = concurrent.futures.ThreadPoolExecutor(1, f"plugrl reward worker {index}")
+        self.pool = ProcessPool(1)
+
+    async def run(self, call: Call) -> Outcome:
+        loop = asyncio.get_running_loop()
+        (outcome,) = await loop.run_in_executor(self.thread, self.pool.map, [call])
+        return outcome
+
+    def close(self) -> None:
+        self.thread.submit(self.pool.close).result()
+        self.thread.shutdown()
+
+
 class RewardService:
-    """Scores requests' samples in a worker pool. The pool is used from one thread of its
-    own: its workers are tied to the thread that started them, and it runs one batch at a
-    time anyway."""
+    """Scores the samples of requests that arrive at once, ``workers`` samples at a time over
+    all of them: each sample takes whichever worker is free, under its own deadline, so a
+    sample that hangs holds one worker for ``timeout_s`` and no other request. Each request
+    has at most ``workers`` samples waiting for a worker, so requests share the workers
+    turn about instead of queueing behind a large one."""
 
     def __init__(self, scorer: Scorer, workers: int, timeout_s: float) -> None:
         self.scorer = scorer
         self.timeout_s = timeout_s
-        self.pool = ProcessPool(workers)
-        self._thread = concurrent.futures.ThreadPoolExecutor(1, "plugrl reward pool")
+        self.workers = workers
+        self._lanes = [_Lane(index) for index in range(workers)]
+        self._free: asyncio.Queue[_Lane] | None = None
         self._closed = False
+
+    def _free_lanes(self) -> asyncio.Queue[_Lane]:
+        # made on the server's event loop, the first time a request needs it
+        if self._free is None:
+            self._free = asyncio.Queue()
+            for lane in self._lanes:
+                self._free.put_nowait(lane)
+        return self._free
+
+    async def _run(self, call: Call) -> Outcome:
+        free = self._free_lanes()
+        lane = await free.get()
+        try:
+            return await lane.run(call)
+        finally:
+            free.put_nowait(lane)
 
     async def score(self, samples: list[dict[str, Any]]) -> list[tuple[float, dict[str, Any]]]:
         """``(score, extras)`` per sample; :class:`ScoringFailed` naming the first sample
@@ -157,14 +201,17 @@ class RewardService:
                 "ground_truths": [s["ground_truth"] for s in samples],
                 "extra_infos": [s["extra_info"] for s in samples],
             }
-            calls = [Call(self.scorer, columns, self.timeout_s, kind="batch")]
-        else:
-            calls = [Call(self.scorer, sample, self.timeout_s) for sample in samples]
-        loop = asyncio.get_running_loop()
-        # each call goes to whichever worker is free: --workers samples score at once
-        outcomes = await loop.run_in_executor(self._thread, self.pool.map, calls)
-        if self.scorer.batch:
-            return _checked(outcomes[0], "the batch", samples[0]["data_source"], self.timeout_s)
+            outcome = await self._run(Call(self.scorer, columns, self.timeout_s, kind="batch"))
+            return _checked(outcome, "the batch", samples[0]["data_source"], self.timeout_s)
+        calls = [Call(self.scorer, sample, self.timeout_s) for sample in samples]
+        outcomes: list[Outcome | None] = [None] * len(calls)
+        pending = iter(range(len(calls)))
+
+        async def take_turns() -> None:
+            for index in pending:
+                outcomes[index] = await self._run(calls[index])
+
+        await asyncio.gather(*(take_turns() for _ in range(min(self.workers, len(calls)))))
         return [
             _checked(outcome, f"sample {index}", samples[index]["data_source"], self.timeout_s)
             for index, outcome in enumerate(outcomes)
@@ -175,8 +222,8 @@ class RewardService:
         if self._closed:
             return
         self._closed = True
-        self._thread.submit(self.pool.close).result()
-        self._thread.shutdown()
+        for lane in self._lanes:
+            lane.close()
 
 
 def _checked(outcome: Outcome, which: str, data_source: str, timeout_s: float) -> Any:
@@ -217,36 +264,83 @@ def _log_value(value: Any) -> float:
 # --------------------------------------------------------------------------------------------
 
 
-def build_app(service: RewardService) -> Any:
-    """The starlette app of the three endpoints, scoring with ``service``."""
+class BodyTooLarge(ValueError):
+    """A request body past ``--max-body-bytes`` (HTTP 413)."""
+
+
+async def read_body(request: Any, max_bytes: int) -> bytes:
+    """The request's body, refused with :class:`BodyTooLarge` as soon as it is known to pass
+    ``max_bytes``: from its ``Content-Length`` before reading, else while it streams in."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise BodyTooLarge(int(declared))
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise BodyTooLarge(size)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def build_app(
+    service: RewardService,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_samples: int = DEFAULT_MAX_SAMPLES,
+) -> Any:
+    """The starlette app of the three endpoints, scoring with ``service``; bodies past
+    ``max_body_bytes`` and requests of more than ``max_samples`` samples get HTTP 413."""
     from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import JSONResponse
+    from starlette.requests import ClientDisconnect, Request
+    from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
     def failed(request: Request, status: int, error: str) -> JSONResponse:
         error_log.warning("%s %s: %d %s", request.method, request.url.path, status, error)
         return JSONResponse({"error": error}, status_code=status)
 
-    async def answer(request: Request, read: Any, write: Any) -> JSONResponse:
+    async def answer(request: Request, read: Any, write: Any) -> Response:
         try:
-            body = json.loads(await request.body())
+            raw = await read_body(request, max_body_bytes)
+        except BodyTooLarge as exc:
+            return failed(
+                request,
+                413,
+                f"the body has {exc.args[0]} bytes or more, over --max-body-bytes "
+                f"{max_body_bytes}: send fewer samples a request",
+            )
+        except ClientDisconnect:
+            # a client that went away before sending its body: nobody is left to answer
+            error_log.debug("%s %s: the client disconnected", request.method, request.url.path)
+            return Response(status_code=400)
+        try:
+            body = json.loads(raw)
+        except RecursionError:
+            return failed(request, 400, "the body's JSON is nested too deeply to read")
         except ValueError as exc:
             return failed(request, 400, f"the body is not JSON ({exc})")
         try:
             samples = read(body)
         except BadRequest as exc:
             return failed(request, 400, str(exc))
+        if len(samples) > max_samples:
+            return failed(
+                request,
+                413,
+                f"the request has {len(samples)} samples, over --max-samples {max_samples}: "
+                "send fewer samples a request",
+            )
         try:
             results = await service.score(samples)
         except (ScoringFailed, PlugrlError) as exc:
             return failed(request, 500, str(exc))
         return JSONResponse(write(results))
 
-    async def score(request: Request) -> JSONResponse:
+    async def score(request: Request) -> Response:
         return await answer(request, read_plugrl_request, plugrl_answer)
 
-    async def get_reward(request: Request) -> JSONResponse:
+    async def get_reward(request: Request) -> Response:
         return await answer(request, read_openrlhf_request, openrlhf_answer)
 
     async def health(request: Request) -> JSONResponse:
@@ -276,7 +370,14 @@ def check_installed() -> None:
 
 
 def serve_reward(
-    spec: str, host: str, port: int, workers: int, timeout_s: float, access_log: bool = False
+    spec: str,
+    host: str,
+    port: int,
+    workers: int,
+    timeout_s: float,
+    access_log: bool = False,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_samples: int = DEFAULT_MAX_SAMPLES,
 ) -> None:
     """Serve the scorer ``spec`` names until interrupted. Failed requests are logged, one
     line each; every request only with ``access_log``."""
@@ -287,7 +388,11 @@ def serve_reward(
     service = RewardService(scorer, workers, timeout_s)
     try:
         uvicorn.run(
-            build_app(service), host=host, port=port, log_level="info", access_log=access_log
+            build_app(service, max_body_bytes, max_samples),
+            host=host,
+            port=port,
+            log_level="info",
+            access_log=access_log,
         )
     finally:
         service.close()

@@ -284,7 +284,7 @@ class AgentSession(Session):
         return [tool.schema() for tool in self.runtime.tools.values()]
 
     def parse_tool_calls(self, text: str) -> ParsedTurn:
-        return self.runtime.parser(text)
+        return self.runtime.parse_tool_calls(text)
 
     async def call_tools(
         self, calls: Sequence[ToolCall], row: Mapping[str, Any]
@@ -322,6 +322,7 @@ class AgentRuntime:
         self.engines = engines
         self.config: AgentConfig = recipe.rollout.agent
         self.parser = plugins.registry("tool_parsers").get(self.config.tool_parser).load()
+        self.parser_failures = 0
         self.tools: dict[str, Tool] = {}
         self._loops: dict[str, AgentLoop] = {}
         self._batches = 0
@@ -398,6 +399,33 @@ class AgentRuntime:
 
             config = structure(config_cls, dict(self.config.env_args), "rollout.agent.env_args")
         return self._build("environments", name, config)
+
+    def parse_tool_calls(self, text: str) -> ParsedTurn:
+        """``text`` read by the run's parser. A parser that raises (a bug in it, or input it
+        did not foresee) does not end the run: the turn becomes one call that failed, which
+        the model is told about; the first failure is logged with its traceback."""
+        try:
+            return self.parser(text)
+        except Exception as exc:  # a parser's bug must not end the run
+            self.parser_failures += 1
+            name = self.config.tool_parser
+            if self.parser_failures == 1:
+                logger.warning(
+                    "the tool-call parser %r raised on a model turn (%s: %s); the turn is "
+                    "read as a failed call. A parser must return a ToolCall with error set "
+                    "instead of raising",
+                    name,
+                    type(exc).__name__,
+                    exc,
+                    exc_info=not isinstance(exc, RecursionError),
+                )
+            else:
+                logger.debug(
+                    "the tool-call parser %r raised again (%d times)", name, self.parser_failures
+                )
+            error = f"the tool call could not be read ({type(exc).__name__})"
+            call = ToolCall(id="call_0", name="", arguments=None, raw=text, error=error)
+            return ParsedTurn(content="", tool_calls=[call])
 
     def record_tool_metric(self, tool: str, key: str, value: float) -> None:
         """A figure a tool reported with its result (``ToolResult.metrics``)."""

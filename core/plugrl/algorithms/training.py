@@ -125,6 +125,28 @@ def mini_batch_rows(config: ActorConfig, n: int, dp_size: int, num_rows: int) ->
     return rows
 
 
+SEVERAL_ROWS_A_SAMPLE = "sample_last"
+"""The column of a batch of agent trajectories, where a sample may be several rows (an agent
+whose calls do not extend each other): :func:`update_mini_batch_rows` then counts optimizer
+steps, not rows."""
+
+
+def update_mini_batch_rows(batch: Batch, config: ActorConfig, recipe: Recipe, dp_size: int) -> int:
+    """Rows of one mini-batch of an update of ``batch`` (this rank's share).
+
+    Usually :func:`mini_batch_rows`. A batch of agent trajectories whose samples are not one
+    row each has more (or fewer) rows than ``data.train_batch_size x rollout.n``: it is cut
+    into as many mini-batches as a usual batch is, ``train_batch_size / ppo_mini_batch_size``
+    optimizer steps an epoch, the last one the smaller when the rows do not divide. Every
+    data-parallel rank holds as many rows as the others, so they agree on the cut."""
+    num_rows = len(batch)
+    n = recipe.rollout.n
+    if SEVERAL_ROWS_A_SAMPLE not in batch or num_rows * dp_size == recipe.data.train_batch_size * n:
+        return mini_batch_rows(config, n, dp_size, num_rows)
+    steps = max(recipe.data.train_batch_size // config.ppo_mini_batch_size, 1)
+    return max(-(-num_rows // steps), 1)
+
+
 def fixed_micro_batches(num_rows: int, size: int | None) -> list[list[int]]:
     """Consecutive micro-batches of ``size`` rows (the last may be smaller); ``None``: one."""
     if num_rows == 0:
@@ -180,7 +202,7 @@ def policy_update(
     derives = "old_log_probs" not in batch
     if derives:
         num_rows = len(batch)
-        mini_rows = mini_batch_rows(config, recipe.rollout.n, dp_size, num_rows)
+        mini_rows = update_mini_batch_rows(batch, config, recipe, dp_size)
         check_single_step(config.ppo_epochs, num_rows, mini_rows)
     else:
         needed.append("old_log_probs")

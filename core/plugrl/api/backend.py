@@ -33,6 +33,7 @@ if TYPE_CHECKING:
         rows_with_gradient,
         sampling_temperature,
         staged_folder,
+        update_mini_batch_rows,
     )
     from plugrl.cluster.distributed import ensure_process_group
     from plugrl.parts.algorithm import ActorObjective, LossScale
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from plugrl.run.metrics import mean_metrics
     from plugrl.state.checkpoint import (
         load_weights_only,
+        one_line_cause,
         raise_if_any_rank_failed,
         refused_file_error,
     )
@@ -78,6 +80,7 @@ __all__ = [
     "mean_metrics",
     "mini_batch_rows",
     "mini_batches",
+    "one_line_cause",
     "policy_update",
     "raise_if_any_rank_failed",
     "refused_file_error",
@@ -87,6 +90,7 @@ __all__ = [
     "rows_with_gradient",
     "sampling_temperature",
     "staged_folder",
+    "update_mini_batch_rows",
 ]
 
 __getattr__, __dir__ = lazy_module(
@@ -121,6 +125,7 @@ __getattr__, __dir__ = lazy_module(
         "mean_metrics": ("plugrl.run.metrics", "mean_metrics"),
         "mini_batch_rows": ("plugrl.algorithms.training", "mini_batch_rows"),
         "mini_batches": ("plugrl.algorithms.training", "mini_batches"),
+        "one_line_cause": ("plugrl.state.checkpoint", "one_line_cause"),
         "policy_update": ("plugrl.algorithms.training", "policy_update"),
         "raise_if_any_rank_failed": ("plugrl.state.checkpoint", "raise_if_any_rank_failed"),
         "refused_file_error": ("plugrl.state.checkpoint", "refused_file_error"),
@@ -130,5 +135,6 @@ __getattr__, __dir__ = lazy_module(
         "rows_with_gradient": ("plugrl.algorithms.training", "rows_with_gradient"),
         "sampling_temperature": ("plugrl.algorithms.training", "sampling_temperature"),
         "staged_folder": ("plugrl.algorithms.training", "staged_folder"),
+        "update_mini_batch_rows": ("plugrl.algorithms.training", "update_mini_batch_rows"),
     },
 )

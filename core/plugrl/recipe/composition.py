@@ -17,6 +17,35 @@ import yaml
 from plugrl.errors import RecipeError
 from plugrl.plugin.registry import section_kind
 
+MAX_NESTING = 100
+"""The deepest nesting of mappings and lists a recipe may have: far past any real section,
+and well short of where reading, merging or copying it would run out of Python's stack."""
+
+
+def nested_deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests mappings and lists deeper than ``limit`` (walked without
+    recursion, so any depth is safe to check)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, Mapping):
+            children: Iterable[Any] = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def _too_deep(where: str) -> str:
+    return (
+        f"{where} nests mappings or lists more than {MAX_NESTING} levels deep; a recipe's "
+        "sections are a few levels deep: check the file"
+    )
+
 
 def read_yaml(path: Path) -> dict[str, Any]:
     """One recipe file as a mapping (its ``defaults`` not yet merged)."""
@@ -33,6 +62,10 @@ def read_yaml(path: Path) -> dict[str, Any]:
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise RecipeError(f"{path}:{where} is not valid YAML: {problem}") from None
+    except RecursionError:
+        raise RecipeError(_too_deep(str(path))) from None
+    if nested_deeper_than(data, MAX_NESTING):
+        raise RecipeError(_too_deep(str(path)))
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -123,6 +156,10 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         parsed = yaml.safe_load(value) if value.strip() else ""
     except yaml.YAMLError:
         parsed = value
+    except RecursionError:
+        raise RecipeError(_too_deep(f"override {key}")) from None
+    if nested_deeper_than(parsed, MAX_NESTING):
+        raise RecipeError(_too_deep(f"override {key}"))
     return key.split("."), parsed
 
 

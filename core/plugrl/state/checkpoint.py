@@ -207,11 +207,28 @@ def load_weights_only(
     except pickle.UnpicklingError as exc:
         refused = _refused_global(exc)
         if refused is None:
-            raise
+            raise  # not a torch file (or a damaged one): callers call it corrupt
         name = file if file is not None else source
         raise refused_file_error(
             name if isinstance(name, (str, Path)) else "<stream>", f"it refers to {refused}", fix
         ) from None
+
+
+_TORCH_REFUSAL = "Weights only load failed"
+_UNPICKLER_ERROR = re.compile(r"WeightsUnpickler error:\s*(.+?)\s*(?:\n\n|$)", re.DOTALL)
+
+
+def one_line_cause(exc: BaseException) -> str:
+    """``Type: reason`` of a failure to read a checkpoint file, in one line, without the
+    advice torch's weights-only refusal gives (to load with ``weights_only=False``, which
+    would run whatever code the file refers to)."""
+    text = str(exc).strip()
+    if text.startswith(_TORCH_REFUSAL):
+        detail = _UNPICKLER_ERROR.search(text)
+        reason = " ".join(detail.group(1).split()) if detail else "torch refused it"
+        return f"{type(exc).__name__}: {reason}"
+    lines = text.splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
 def _refused_global(exc: pickle.UnpicklingError) -> str | None:
@@ -455,10 +472,9 @@ class CheckpointManager:
         except CheckpointError:
             raise
         except Exception as exc:
-            reason = (str(exc).strip().splitlines() or [""])[0]
             raise CheckpointError(
                 f"checkpoint {path}: cannot read {TRAINER_STATE_FILE} as plain data "
-                f"({type(exc).__name__}: {reason}); {fix}"
+                f"({one_line_cause(exc)}); {fix}"
             ) from None
         problem = _trainer_state_problem(state)
         if problem is not None:

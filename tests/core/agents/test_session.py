@@ -368,3 +368,21 @@ def test_max_turn_tokens_caps_a_turn_and_a_turn_cut_there_is_read_as_ended(runti
     assert (first.params.max_tokens, second.params.max_tokens) == (4, 2)
     assert (len(capped.token_ids), capped.finish_reason) == (4, "stop")
     assert (len(last.token_ids), last.finish_reason) == (2, "length")
+
+
+def test_a_parser_that_raises_gives_a_failed_call_not_an_exception(runtime_of, caplog):
+    runtime = runtime_of(tools=["echo"])
+
+    def broken_parser(text):
+        raise RecursionError("maximum recursion depth exceeded")
+
+    runtime.parser = broken_parser
+    session = session_of(runtime)
+    with caplog.at_level("WARNING", logger="plugrl.agents"):
+        first = session.parse_tool_calls('<tool_call>{"name": "echo"}</tool_call>')
+        session.parse_tool_calls("again")
+    (call,) = first.tool_calls
+    assert call.arguments is None and "RecursionError" in call.error
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "raised on a model turn" in warnings[0].getMessage()
+    assert runtime.parser_failures == 2

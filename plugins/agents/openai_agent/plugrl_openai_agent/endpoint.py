@@ -8,7 +8,8 @@ Each running sample has its own route, ``/samples/<sample id>/v1``, with:
   run's chat template, one model turn sampled by the sample's :class:`~plugrl.parts.agent.Session`,
   the answer as a ``chat.completion`` (tool calls read by the run's tool-call parser when the
   request offers tools; ``logprobs`` when asked);
-* ``POST .../completions``: a text (or token ids) prompt, continued as a ``text_completion``;
+* ``POST .../completions``: a text (or token ids, each within the tokenizer's vocabulary)
+  prompt, continued as a ``text_completion``;
 * ``GET .../models``: the one model name the endpoint answers to (any name is accepted).
 
 Every call is recorded in the sample's :class:`~plugrl_openai_agent.recording.SampleRecording`. The
@@ -302,9 +303,11 @@ class EndpointSample:
 
     async def _complete(self, request: ChatRequest) -> dict[str, Any]:
         prompt = request.prompt
-        prompt_ids = (
-            list(prompt) if isinstance(prompt, list) else self.recording.encode(prompt or "")
-        )
+        if isinstance(prompt, list):
+            self._check_token_ids(prompt)
+            prompt_ids = list(prompt)
+        else:
+            prompt_ids = self.recording.encode(prompt or "")
         completion, limited = await self._generate(prompt_ids, request.max_tokens)
         completion = self._stopped(completion, request.stop)
         text = self._decode(completion)
@@ -326,22 +329,40 @@ class EndpointSample:
         }
         return self._response("text_completion", "cmpl", request, prompt_ids, completion, choice)
 
+    def _check_token_ids(self, token_ids: list[int]) -> None:
+        """Refuse ids outside the vocabulary here: sent on, one would fail the engine's whole
+        batch (other samples' calls with it) or, on a GPU, end the engine's process."""
+        vocabulary = len(self.tokenizer)
+        for position, token_id in enumerate(token_ids):
+            if not 0 <= token_id < vocabulary:
+                raise _bad(
+                    f"prompt token id {token_id} (at position {position}) is outside the "
+                    f"model's vocabulary: ids run from 0 to {vocabulary - 1}"
+                )
+
     async def _generate(
         self, prompt_ids: list[int], max_tokens: int | None
     ) -> tuple[Completion, bool]:
-        """The completion, and whether a limit answered it with nothing (not a turn)."""
+        """The completion, and whether a limit answered it with nothing (not a turn).
+
+        The turn is reserved before the engines are awaited and the reservation ends when
+        they answer (the caller records the turn before it next awaits): calls made at once
+        cannot all pass the ``max_turns`` check while none has been counted yet."""
         from plugrl.api.rollout import Completion
 
         budget = self.recording.budget(prompt_ids, max_tokens)
         if budget.limit is not None:
             self.recording.record_limit(prompt_ids, budget.limit)
             return Completion(token_ids=[], log_probs=[], finish_reason="length"), True
+        self.recording.calls_in_flight += 1
         try:
             return await self.session.generate(prompt_ids, budget.max_tokens), False
         except Exception as exc:
             raise EndpointError(
                 500, f"the engines failed to answer: {type(exc).__name__}: {exc}"
             ) from exc
+        finally:
+            self.recording.calls_in_flight -= 1
 
     def _stopped(self, completion: Completion, stop: tuple[str, ...]) -> Completion:
         """``completion`` cut before the first of the ``stop`` texts: the tokens whose text
@@ -670,6 +691,8 @@ class OpenAIEndpoint:
                     body = json.loads(await request.body())
                 except ValueError as exc:
                     raise _bad(f"the body is not JSON ({exc})") from None
+                except RecursionError:
+                    raise _bad("the body's JSON is nested too deeply to read") from None
                 # the sample's state and its engines belong to its own event loop
                 future = asyncio.run_coroutine_threadsafe(sample.handle(kind, body), sample.loop)
                 response = await asyncio.wrap_future(future)

@@ -59,6 +59,8 @@ class SampleRecording:
         self.max_turns = max_turns
         self.calls = 0
         """Calls answered by the engines."""
+        self.calls_in_flight = 0
+        """Calls the engines are sampling: they count against ``max_turns`` already."""
         self.limited_calls = 0
         """Calls answered with nothing because a limit was reached."""
         self.substituted = 0
@@ -115,7 +117,7 @@ class SampleRecording:
         """How many tokens a call with ``prompt_ids`` may sample: what is left of
         ``max_response_length`` in the trajectory it continues (the appended prompt tokens
         count), at most ``max_tokens`` (when the client asked for a number)."""
-        if self.calls >= self.max_turns:
+        if self.calls + self.calls_in_flight >= self.max_turns:
             return Budget(0, "max_turns")
         sequence = self._continued(prompt_ids)
         used = 0 if sequence is None else len(prompt_ids) - len(sequence.trajectory.prompt_ids)

@@ -12,10 +12,10 @@ with the body as its ``code``.
 
 from __future__ import annotations
 
-import json
 import re
 
 from plugrl.api.agents import ParsedTurn, ToolCall
+from plugrl_tool_parsers.json_reading import load_json
 
 START, MESSAGE, CHANNEL = "<|start|>", "<|message|>", "<|channel|>"
 _ENDS = ("<|call|>", "<|end|>", "<|return|>")
@@ -63,10 +63,9 @@ def _read_call(recipient: str, body: str, raw: str, has_body: bool, index: int) 
     if not recipient.startswith(FUNCTIONS):
         error = f"unknown recipient {recipient!r}: call a tool as to=functions.NAME"
         return ToolCall(id=call_id, name=name, arguments=None, raw=raw, error=error)
-    try:
-        arguments = json.loads(body) if body.strip() else {}
-    except json.JSONDecodeError as exc:
-        return ToolCall(id=call_id, name=name, arguments=None, raw=raw, error=f"bad JSON: {exc}")
+    arguments, error = load_json(body) if body.strip() else ({}, None)
+    if error is not None:
+        return ToolCall(id=call_id, name=name, arguments=None, raw=raw, error=error)
     if not isinstance(arguments, dict):
         error = "the arguments must be a JSON object"
         return ToolCall(id=call_id, name=name, arguments=None, raw=raw, error=error)

@@ -3,11 +3,11 @@ between ``<tool_call>`` and ``</tool_call>``, as Qwen2.5's and Qwen3's chat temp
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
 from plugrl.api.agents import ParsedTurn, ToolCall
+from plugrl_tool_parsers.json_reading import load_json
 
 # an unclosed tag at the end of a turn is still a call (the turn may have stopped on the
 # closing tag as a stop string, or run out of tokens inside it)
@@ -16,10 +16,8 @@ _CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 
 def read_call(raw: str, index: int, arguments_key: str = "arguments") -> ToolCall:
     """One call from its JSON text; a call that cannot be read carries ``error``."""
-    try:
-        payload = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        error = f"bad JSON: {exc}"
+    payload, error = load_json(raw)
+    if error is not None:
         return ToolCall(id=f"call_{index}", name="", arguments=None, raw=raw, error=error)
     return read_payload(payload, raw, index, (arguments_key,))
 
@@ -42,10 +40,9 @@ def read_payload(
     arguments = payload.get(arguments_key, {})
     if isinstance(arguments, str):
         # some models write the arguments as a JSON string, as OpenAI's API carries them
-        try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError as exc:
-            error = f"bad JSON in {arguments_key}: {exc}"
+        arguments, error = load_json(arguments)
+        if error is not None:
+            error = f"{error} (in {arguments_key})"
             return ToolCall(id=call_id, name=payload["name"], arguments=None, raw=raw, error=error)
     if not isinstance(arguments, dict):
         return ToolCall(

@@ -8,6 +8,7 @@ import json
 
 from plugrl.api.agents import ParsedTurn, ToolCall
 from plugrl_tool_parsers.hermes import read_payload
+from plugrl_tool_parsers.json_reading import decode_json_at
 
 PYTHON_TAG = "<|python_tag|>"
 # the end-of-turn tokens, present when the text was decoded with its special tokens
@@ -41,9 +42,8 @@ def _read_calls(text: str) -> list[ToolCall]:
     calls: list[ToolCall] = []
     position = 0
     while position < len(text):
-        try:
-            payload, end = decoder.raw_decode(text, position)
-        except json.JSONDecodeError as exc:
+        payload, end, error = decode_json_at(decoder, text, position)
+        if error is not None:
             raw = text[position:]
             calls.append(
                 ToolCall(
@@ -51,7 +51,7 @@ def _read_calls(text: str) -> list[ToolCall]:
                     name="",
                     arguments=None,
                     raw=raw,
-                    error=f"bad JSON: {exc}",
+                    error=error,
                 )
             )
             break

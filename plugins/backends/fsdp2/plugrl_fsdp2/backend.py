@@ -31,13 +31,13 @@ from plugrl.api.backend import (
     ensure_process_group,
     fixed_micro_batches,
     mean_metrics,
-    mini_batch_rows,
     mini_batches,
     policy_update,
     response_log_probs,
     restore_rng_state,
     rows_with_gradient,
     sampling_temperature,
+    update_mini_batch_rows,
 )
 from plugrl.api.data import Batch
 from plugrl.api.rollout import WeightMeta
@@ -256,8 +256,8 @@ class FSDP2Backend(TrainingBackend):
             )
         return plan
 
-    def _mini_batch_rows(self, num_rows: int) -> int:
-        return mini_batch_rows(self.config, self.recipe.rollout.n, self.dp_size, num_rows)
+    def _mini_batch_rows(self, batch: Batch) -> int:
+        return update_mini_batch_rows(batch, self.config, self.recipe, self.dp_size)
 
     def _loss_scale(self, mini_batch: Batch) -> LossScale:
         # over data-parallel ranks only: the ranks of a sequence-parallel group hold the same rows
@@ -584,7 +584,7 @@ class FSDP2Backend(TrainingBackend):
     ) -> dict[str, float]:
         model, optimizer, scheduler = self.model, self.optimizer, self.lr_scheduler
         assert model is not None and optimizer is not None and scheduler is not None
-        mini_rows = self._mini_batch_rows(len(batch))
+        mini_rows = self._mini_batch_rows(batch)
         lr = scheduler.get_last_lr()[0]
         step_metrics: list[dict[str, float]] = []
         model.train()

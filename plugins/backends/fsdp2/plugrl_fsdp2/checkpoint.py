@@ -43,7 +43,12 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from plugrl.api import CheckpointError
-from plugrl.api.backend import load_weights_only, raise_if_any_rank_failed, refused_file_error
+from plugrl.api.backend import (
+    load_weights_only,
+    one_line_cause,
+    raise_if_any_rank_failed,
+    refused_file_error,
+)
 from plugrl_fsdp2.optim import initialize_optimizer_state
 
 FORMAT_VERSION = 1
@@ -156,7 +161,20 @@ class PlainDataLoadPlanner(DefaultLoadPlanner):
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
         assert self.metadata is not None and self.metadata.storage_data is not None
         relative = self.metadata.storage_data[read_item.storage_index].relative_path
-        loaded = load_weights_only(value, file=self.path / relative, fix=RESUME_FIX)
+        file = self.path / relative
+        try:
+            loaded = load_weights_only(value, file=file, fix=RESUME_FIX)
+        except CheckpointError:
+            raise
+        except Exception as exc:
+            # torch's reader fails on bytes that are not a torch file in ways that say nothing
+            # of the file (a negative seek): name it, and what it should hold
+            raise refused_file_error(
+                file,
+                f"its entry {read_item.dest_index.fqn!r} is not a file torch.save wrote: "
+                f"{one_line_cause(exc)}",
+                RESUME_FIX,
+            ) from None
         if self.flatten_state_dict:
             set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
         else:
@@ -298,10 +316,8 @@ def _read_extra_state(path: Path, rank: int) -> dict[str, Any]:
     except CheckpointError:
         raise
     except Exception as exc:
-        reason = (str(exc).strip().splitlines() or [""])[0]
         raise CheckpointError(
-            f"checkpoint file {str(file)!r} is corrupt ({type(exc).__name__}: {reason}); "
-            f"{RESUME_FIX}"
+            f"checkpoint file {str(file)!r} is corrupt ({one_line_cause(exc)}); {RESUME_FIX}"
         ) from exc
 
 
@@ -323,8 +339,7 @@ def _cause(exc: BaseException) -> str:
     if isinstance(exc, CheckpointException) and exc.failures:
         failure = next(iter(exc.failures.values()))
         exc = failure[0] if isinstance(failure, tuple) else failure
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    return one_line_cause(exc)
 
 
 def _saved_keys(path: Path) -> set[str]:

@@ -32,13 +32,13 @@ from plugrl.api.backend import (
     ensure_process_group,
     fixed_micro_batches,
     mean_metrics,
-    mini_batch_rows,
     mini_batches,
     policy_update,
     response_log_probs,
     restore_rng_state,
     rows_with_gradient,
     sampling_temperature,
+    update_mini_batch_rows,
 )
 from plugrl.api.data import Batch
 from plugrl.api.rollout import WeightMeta
@@ -303,8 +303,8 @@ class MegatronBackend(TrainingBackend):
             return token_budget_micro_batches(lengths, self.config.ppo_max_token_len_per_gpu)
         return fixed_micro_batches(len(batch), micro_batch_size)
 
-    def _mini_batch_rows(self, num_rows: int) -> int:
-        return mini_batch_rows(self.config, self.recipe.rollout.n, self.dp_size, num_rows)
+    def _mini_batch_rows(self, batch: Batch) -> int:
+        return update_mini_batch_rows(batch, self.config, self.recipe, self.dp_size)
 
     def _loss_scale(self, mini_batch: Batch) -> LossScale:
         group = _parallel_state().get_data_parallel_group() if self.dp_size > 1 else None
@@ -489,7 +489,7 @@ class MegatronBackend(TrainingBackend):
         micro_loss: Any,
         rows_without_gradient: RowsWithoutGradient | None = None,
     ) -> dict[str, float]:
-        mini_rows = self._mini_batch_rows(len(batch))
+        mini_rows = self._mini_batch_rows(batch)
         lr = self.lr_scheduler.current_lr()
         step_metrics = []
         for module in self.model:

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from plugrl.api import CheckpointError
-from plugrl.api.backend import load_weights_only, raise_if_any_rank_failed
+from plugrl.api.backend import load_weights_only, one_line_cause, raise_if_any_rank_failed
 
 MANIFEST = "megatron.json"
 RESUME_FIX = (
@@ -129,9 +129,8 @@ def _read(file: Path, *, mmap: bool = False) -> Any:
     except CheckpointError:
         raise
     except Exception as exc:
-        reason = (str(exc).strip().splitlines() or [""])[0]
         raise CheckpointError(
-            f"{file} is missing or corrupt ({type(exc).__name__}: {reason}); {RESUME_FIX}"
+            f"{file} is missing or corrupt ({one_line_cause(exc)}); {RESUME_FIX}"
         ) from exc
 
 

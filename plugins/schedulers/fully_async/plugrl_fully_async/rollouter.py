@@ -256,6 +256,9 @@ class Rollouter:
                 await asyncio.wait(tasks, timeout=30)
                 for task in tasks:
                     task.cancel()
+                # a cancelled sample ends here, not as a pending task reported at exit
+                if tasks:
+                    await asyncio.wait(tasks, timeout=10)
 
     def _notify(self) -> None:
         loop, changed = self._loop, self._changed

@@ -615,3 +615,69 @@ def test_a_server_that_stops_at_once_is_reported(monkeypatch):
     )
     with pytest.raises(RuntimeError, match="the endpoint is not started"):
         _ = served.base_url
+
+
+def test_concurrent_calls_cannot_pass_max_turns(endpoint, tokenizer):
+    """Twenty calls at once with ``max_turns`` 5: five are sampled, the others get nothing
+    (the fourth drill had all twenty sampled: the count rose only after each answer)."""
+    session = ScriptedSession(tokenizer, ["a"] * 20, max_turns=5, delay_s=0.05)
+    reasons = []
+
+    async def talk(client):
+        answers = await asyncio.gather(
+            *(client.chat.completions.create(model="m", messages=QUESTION) for _ in range(20))
+        )
+        reasons.extend(answer.choices[0].finish_reason for answer in answers)
+
+    sample = served(endpoint, session, talk)
+    assert len(session.calls) == 5
+    assert sorted(reasons) == ["length"] * 15 + ["stop"] * 5
+    assert sample.metrics()["endpoint_calls"] == 5
+    assert sample.metrics()["endpoint_limited_calls"] == 15
+    assert sample.recording.calls_in_flight == 0
+
+
+def test_a_failed_call_gives_its_turn_back(endpoint, tokenizer):
+    session = ScriptedSession(tokenizer, ["x"], max_turns=1, fail=True)
+
+    async def talk(client):
+        with pytest.raises(openai.InternalServerError):
+            await client.chat.completions.create(model="m", messages=QUESTION)
+        session.fail = False
+        answer = await client.chat.completions.create(model="m", messages=QUESTION)
+        assert answer.choices[0].finish_reason == "stop"
+
+    sample = served(endpoint, session, talk)
+    assert sample.recording.calls_in_flight == 0 and sample.metrics()["endpoint_calls"] == 1
+
+
+@pytest.mark.parametrize("bad_id", [-1, "vocabulary", 2**70])
+def test_token_ids_outside_the_vocabulary_get_400_and_reach_no_engine(endpoint, tokenizer, bad_id):
+    vocabulary = len(tokenizer)
+    token_id = vocabulary if bad_id == "vocabulary" else bad_id
+    session = ScriptedSession(tokenizer, ["x"], sample_id="ids/0")
+
+    async def main():
+        endpoint.open(session.sample_id, session)
+        try:
+            async with httpx.AsyncClient(timeout=30) as http:
+                return await http.post(
+                    f"{endpoint.sample_url(session.sample_id)}/completions",
+                    json={"prompt": [1, 2, token_id]},
+                )
+        finally:
+            endpoint.release(session.sample_id)
+
+    response = asyncio.run(main())
+    assert response.status_code == 400
+    assert response.json()["error"]["message"] == (
+        f"prompt token id {token_id} (at position 2) is outside the model's vocabulary: ids "
+        f"run from 0 to {vocabulary - 1}"
+    )
+    assert session.calls == []
+
+
+def test_a_deeply_nested_body_gets_400(endpoint, tokenizer):
+    status, answer = post(endpoint, tokenizer, "completions", "[" * 100_000 + "]" * 100_000)
+    assert status == 400
+    assert answer["error"]["message"] == "the body's JSON is nested too deeply to read"

@@ -239,3 +239,46 @@ def test_the_plain_data_reader_and_planner_read_back_what_torch_writes(tmp_path)
         planner=PlainDataLoadPlanner(tmp_path),
     )
     assert torch.equal(loaded["weights"], state["weights"]) and loaded["lr"] == 0.5
+
+
+@pytest.mark.parametrize("kind", ["raw pickle", "cut zip"])
+def test_a_raw_pickle_entry_in_a_data_file_is_refused_in_one_line(
+    tiny_model, saved, tmp_path, kind
+):
+    """A non-tensor entry of a .distcp file that is a raw pickle, not a torch.save file: the
+    refusal names the file and the entry, without torch's advice to load it unsafely and
+    without guessing at a different model (the fourth drill, on a LoRA checkpoint)."""
+    import pickle
+
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    from tests.crafted import RunsACommand
+
+    path = _copy(saved, tmp_path)
+    marker = tmp_path / "ran"
+    metadata_file = path / ".metadata"
+    metadata = pickle.loads(metadata_file.read_bytes())  # the test's own checkpoint: trusted
+    fqn = next(
+        key
+        for key, entry in metadata.state_dict_metadata.items()
+        if isinstance(entry, BytesStorageMetadata)
+    )
+    index = next(index for index in metadata.storage_data if index.fqn == fqn)
+    info = metadata.storage_data[index]
+    data_file = path / info.relative_path
+    payload = pickle.dumps(RunsACommand(marker)) if kind == "raw pickle" else b"PK\x03\x04cut"
+    offset = data_file.stat().st_size
+    with data_file.open("ab") as stream:
+        stream.write(payload)
+    info.offset, info.length = offset, len(payload)
+    metadata_file.write_bytes(pickle.dumps(metadata))
+
+    message = _load_error(tiny_model, path)
+    assert message.startswith(
+        f"checkpoint file {str(data_file)!r} holds something other than a checkpoint's data "
+        f"(its entry {fqn!r} is not a file torch.save wrote: "
+    )
+    assert message.endswith(f"), so the run did not load it; {FIX}")
+    assert "different model" not in message and "weights_only" not in message
+    assert "\n" not in message
+    assert not marker.exists(), "loading the checkpoint ran its command"

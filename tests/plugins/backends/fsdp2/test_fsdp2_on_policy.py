@@ -76,3 +76,60 @@ def test_more_than_one_optimizer_step_needs_old_log_probs(tiny_model, actor, why
             batch, PolicyObjective.from_recipe(recipe, get_plugin_manager())
         )
     assert "compute_log_prob first" in str(info.value)
+
+
+def _agent_batch(rows):
+    """``rows`` rows of agent trajectories: eight samples, some of them several sequences."""
+    batch = make_batch(rows)
+    batch.pop("old_log_probs")
+    batch["sample_last"] = [True] * rows
+    return batch
+
+
+@pytest.mark.parametrize("rows", [13, 16, 5])
+def test_samples_of_several_rows_train_in_the_steps_the_recipe_asks(tiny_model, rows):
+    """An OpenAI-endpoint agent whose calls do not extend each other makes more rows than
+    train_batch_size x n: the update is still one optimizer step over all of them, its old
+    log-probs from its own forward, and does what the update after the separate pass does
+    (the fourth drill: it stopped naming actor.reuse_on_policy_log_prob)."""
+    import attrs
+
+    recipe = make_recipe(tiny_model)  # ppo_mini_batch_size 8
+    recipe = attrs.evolve(recipe, data=attrs.evolve(recipe.data, train_batch_size=8))
+    objective = PolicyObjective.from_recipe(recipe, get_plugin_manager())
+    batch = _agent_batch(rows)
+
+    recomputed = make_backend(recipe)
+    with_old = batch.copy()
+    with_old["old_log_probs"] = recomputed.compute_log_prob(batch)["log_probs"]
+    recomputed_metrics = recomputed.update_policy(with_old, objective)
+    derived = make_backend(recipe)
+    derived_metrics = derived.update_policy(batch.copy(), objective)
+
+    before, after = full_weights(recomputed), full_weights(derived)
+    assert max((before[name] - after[name]).abs().max().item() for name in before) < 2e-6
+    assert derived_metrics["actor/pg_loss"] == pytest.approx(
+        recomputed_metrics["actor/pg_loss"], rel=1e-5
+    )
+    assert recomputed.update_steps == derived.update_steps == 1
+
+
+def test_samples_of_several_rows_take_as_many_optimizer_steps_as_the_recipe(tiny_model):
+    import attrs
+
+    recipe = make_recipe(tiny_model, ppo_mini_batch_size=4)  # two optimizer steps a batch
+    recipe = attrs.evolve(recipe, data=attrs.evolve(recipe.data, train_batch_size=8))
+    objective = PolicyObjective.from_recipe(recipe, get_plugin_manager())
+    batch = _agent_batch(13)
+    backend = make_backend(recipe)
+    batch["old_log_probs"] = backend.compute_log_prob(batch)["log_probs"]
+    steps = []
+    original = backend.optimizer.step
+
+    def counting_step(*args, **kwargs):
+        steps.append(1)
+        return original(*args, **kwargs)
+
+    backend.optimizer.step = counting_step
+    backend.update_policy(batch, objective)
+    assert len(steps) == 2

@@ -472,3 +472,20 @@ def test_sequences_without_advantage_are_left_out_with_the_same_update(tiny_mode
         assert skipped[name] == pytest.approx(full[name], rel=1e-5, abs=1e-6), name
     # Adam's first step divides each gradient by its own size (see the test above)
     assert max_weight_difference(skipped_weights, full_weights_) < UPDATE_TOLERANCE
+
+
+def test_a_raw_pickle_rank_file_is_one_line_without_torchs_advice(actor, tmp_path):
+    """A rank file written with pickle, not torch.save: refused naming the file and the fix,
+    without quoting torch's advice to load it with weights_only=False (which would run it)."""
+    import pickle
+
+    actor.save_checkpoint(tmp_path / "ckpt")
+    file = tmp_path / "ckpt" / "megatron_rank_0.pt"
+    file.write_bytes(pickle.dumps({"model": [], "optimizer": None, "extra_state": {}}))
+    with pytest.raises(CheckpointError) as error:
+        actor.load_checkpoint(tmp_path / "ckpt")
+    message = str(error.value)
+    assert message == (
+        f"{file} is missing or corrupt (UnpicklingError: Unsupported operand 149); {FIX}"
+    )
+    assert "weights_only" not in message and "\n" not in message

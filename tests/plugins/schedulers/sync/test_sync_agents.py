@@ -192,3 +192,19 @@ def two_turn_trajectory(versions):
         turn_ends=[1, 4],
         num_turns=2,
     )
+
+
+@pytest.mark.parametrize("mini_batch", [4, 2])
+def test_a_step_whose_samples_are_several_rows_trains(
+    sim_parts, plugrl_register_plugin, mini_batch
+):
+    """A black-box agent whose calls do not extend each other makes more rows than
+    train_batch_size x n; the update trains on all of them (the fourth drill: the first update
+    stopped naming actor.reuse_on_policy_log_prob, a key the user never set)."""
+    plugrl_register_plugin(TwoSequencePlugin(), "agent-test-loop")
+    scheduler, parts = sim_parts(
+        {"rollout.agent.loop": "two_sequences", "actor.ppo_mini_batch_size": mini_batch}
+    )
+    metrics = scheduler.train_step(parts, 1)
+    assert metrics["agent/num_sequences/mean"] == 2
+    assert metrics["training/global_step"] == 1
