@@ -12,6 +12,7 @@ from plugrl.parts.rollout import (
     RolloutEngine,
     SamplingParams,
     ValKwargs,
+    WeightFingerprint,
     WeightMeta,
     batch_requests,
     continuation_request,
@@ -19,6 +20,7 @@ from plugrl.parts.rollout import (
     in_prompt_order,
     join_completions,
     run_blocking,
+    weight_fingerprint,
 )
 from plugrl.parts.transport import WeightTransport, weight_sync_metrics
 from plugrl.state.rng import Stream, round_seed, sampling_seed
@@ -35,6 +37,7 @@ __all__ = [
     "SamplingParams",
     "Stream",
     "ValKwargs",
+    "WeightFingerprint",
     "WeightMeta",
     "WeightTransport",
     "batch_requests",
@@ -45,5 +48,6 @@ __all__ = [
     "round_seed",
     "run_blocking",
     "sampling_seed",
+    "weight_fingerprint",
     "weight_sync_metrics",
 ]
