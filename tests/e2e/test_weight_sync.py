@@ -137,3 +137,31 @@ def test_a_stalled_transfer_ends_in_one_line_naming_the_engine(tiny_task, tmp_pa
         "load_weights within 2 s (rollout.update_weights_timeout_s); see that engine's log "
         "(is it alive, is its device busy?), or raise the timeout"
     )
+
+
+@pytest.mark.parametrize("engine", ["hf-transported", "hf-stale"])
+def test_a_lora_run_verifies_the_merged_weights(tiny_task, tmp_path, faulty, engine):
+    lora = {**tiny_recipe(tiny_task, tmp_path)["model"], "lora_rank": 8, "lora_alpha": 16}
+
+    def run():
+        data = tiny_recipe(
+            tiny_task,
+            tmp_path / "run",
+            model=lora,
+            rollout={"n": 2, "engine": engine, "dtype": "float32"},
+            trainer={
+                "total_training_steps": 2,
+                "default_local_dir": str(tmp_path / "run"),
+                "logger": ["jsonl"],
+                "verify_weight_sync": True,
+                "check_weight_sync": "off",
+            },
+        )
+        return run_recipe(build_recipe(data, faulty), faulty)
+
+    if engine == "hf-transported":
+        assert run()["training/weight_sync_verified_weights"] > 10
+    else:
+        # the adapters moved the merged weights at the first update; the engine kept the base
+        with pytest.raises(PluginError, match=r"engine worker 0 \(rollout engine 'hf-stale'\)"):
+            run()
