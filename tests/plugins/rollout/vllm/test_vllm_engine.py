@@ -195,6 +195,23 @@ def test_greedy_tokens_equal_hugging_face_after_each_weight_push(loop, engine, t
             assert completion.token_versions == [version] * len(completion.token_ids)
 
 
+def test_weights_read_back_are_the_pushed_ones_fused_layers_included(loop, engine, tiny_model_dir):
+    from plugrl.parts.rollout import fingerprint_difference, weight_fingerprint
+
+    pushed = hf_model(tiny_model_dir, seed=21)
+    push(loop, engine, pushed, version=7)
+    names = list(pushed.state_dict())
+    held = loop.run(engine.weight_fingerprints(names))
+    # every weight, q/k/v and gate/up read out of vLLM's fused layers
+    assert set(held) == set(names)
+    expected = {n: weight_fingerprint(t, torch.float32) for n, t in pushed.state_dict().items()}
+    assert {n: fingerprint_difference(expected[n], held[n]) for n in names} == dict.fromkeys(names)
+    # against other weights, each fused shard differs on its own
+    other = hf_model(tiny_model_dir, seed=22).state_dict()
+    for name in ("model.layers.0.self_attn.k_proj.weight", "model.layers.0.mlp.up_proj.weight"):
+        assert fingerprint_difference(weight_fingerprint(other[name]), held[name]) is not None
+
+
 def test_an_incomplete_weight_update_is_refused(loop, engine, tiny_model_dir):
     weights = hf_model(tiny_model_dir).state_dict()
     metas = [WeightMeta(name, t.shape, "float32") for name, t in weights.items()]
