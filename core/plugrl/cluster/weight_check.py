@@ -19,7 +19,7 @@ Two checks:
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from plugrl.errors import PluginError
@@ -29,7 +29,6 @@ if TYPE_CHECKING:
 
     from plugrl.cluster.base import WorkerGroup
     from plugrl.cluster.engines import EngineGroup
-    from plugrl.parts.rollout import WeightFingerprint
 
 logger = logging.getLogger("plugrl.run")
 
@@ -110,29 +109,19 @@ def check_probs_diff(
     return line
 
 
-def trainer_fingerprints(
-    trainer: WorkerGroup, dtype: torch.dtype, names: Sequence[str] | None = None
-) -> dict[str, WeightFingerprint]:
-    """The fingerprint of every weight the trainer sends (or of ``names``), cast to the
-    engine's ``dtype`` as the transfer does."""
-    from plugrl.parts.rollout import weight_fingerprint
-
-    wanted = None if names is None else set(names)
-    return {
-        name: weight_fingerprint(tensor, dtype)
-        for name, tensor in trainer.named_weights()
-        if wanted is None or name in wanted
-    }
-
-
 def verify_fingerprints(
     trainer: WorkerGroup, engines: EngineGroup, dtype: torch.dtype, weight_version: int
 ) -> int:
-    """Read back every engine's fingerprints of the trainer's weights and compare; raise one
-    :class:`~plugrl.errors.PluginError` line naming the engine, the weight and how it differs
-    at the first disagreement. Returns the number of weights compared per engine."""
-    expected = trainer_fingerprints(trainer, dtype)
-    names = sorted(expected)
+    """Read back every engine's fingerprints of the trainer's weights and compare them with
+    the trainer's, cast to the engine's ``dtype`` (over the rows an engine covered, when it
+    read back part of a weight); raise one :class:`~plugrl.errors.PluginError` line naming
+    the engine, the weight and how it differs at the first disagreement. Returns the number
+    of weights compared per engine."""
+    from plugrl.parts.rollout import fingerprint_difference, weight_fingerprint
+
+    weights = dict(trainer.named_weights())
+    names = sorted(weights)
+    whole = {name: weight_fingerprint(tensor, dtype) for name, tensor in weights.items()}
     engine = engines.recipe.rollout.engine
     try:
         answers = engines.weight_fingerprints(names)
@@ -148,9 +137,11 @@ def verify_fingerprints(
             if name not in held:
                 problems.append(f"{name} (not held)")
                 continue
-            from plugrl.parts.rollout import fingerprint_difference
-
-            difference = fingerprint_difference(expected[name], held[name])
+            rows = held[name].rows
+            expected = (
+                whole[name] if rows is None else weight_fingerprint(weights[name][:rows], dtype)
+            )
+            difference = fingerprint_difference(expected, held[name])
             if difference is not None:
                 problems.append(f"{name} ({difference})")
         if problems:

@@ -249,6 +249,9 @@ class WeightFingerprint:
     total: float
     sum_squares: float
     sample_digest: str
+    rows: int | None = None
+    """The fingerprint covers the first ``rows`` rows (along the first dimension) only, as an
+    engine that reads back part of a weight says; ``None``: all of it."""
 
 
 def weight_fingerprint(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> WeightFingerprint:
