@@ -165,3 +165,38 @@ def test_a_lora_run_verifies_the_merged_weights(tiny_task, tmp_path, faulty, eng
         # the adapters moved the merged weights at the first update; the engine kept the base
         with pytest.raises(PluginError, match=r"engine worker 0 \(rollout engine 'hf-stale'\)"):
             run()
+
+
+def test_an_update_that_derives_the_old_log_probs_compares_the_engine_in_its_forward(
+    tiny_task, tmp_path, faulty, caplog
+):
+    # one optimizer step over the whole batch: no separate old_log_prob pass runs
+    one_step = {"ppo_mini_batch_size": 4, "optim": {"lr": 1e-3}}
+
+    def run(engine):
+        data = tiny_recipe(
+            tiny_task,
+            tmp_path / engine,
+            actor=one_step,
+            rollout={"n": 2, "engine": engine, "dtype": "float32"},
+            trainer={
+                "total_training_steps": 2,
+                "default_local_dir": str(tmp_path / engine),
+                "logger": ["jsonl"],
+            },
+        )
+        recipe = build_recipe(data, faulty)
+        run_recipe(recipe, faulty)
+        lines = (tmp_path / engine / "metrics.jsonl").read_text().splitlines()
+        return {record["step"]: record for record in map(json.loads, lines)}
+
+    with caplog.at_level(logging.WARNING, logger="plugrl"):
+        synced = run("hf-transported")
+        assert not [r for r in caplog.records if "weight sync check" in r.getMessage()]
+        stale = run("hf-stale")
+    assert "timing_s/old_log_prob" not in synced[2]  # the pass was skipped
+    assert synced[1]["training/rollout_probs_diff_mean"] < 1e-6
+    assert synced[2]["training/rollout_probs_diff_mean"] < 1e-6
+    assert stale[2]["training/rollout_probs_diff_mean"] > 1e-4
+    warnings = [r.getMessage() for r in caplog.records if "weight sync check" in r.getMessage()]
+    assert len(warnings) == 1 and "'hf-stale'" in warnings[0], warnings
