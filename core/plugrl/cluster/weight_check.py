@@ -115,8 +115,9 @@ def verify_fingerprints(
     """Read back every engine's fingerprints of the trainer's weights and compare them with
     the trainer's, cast to the engine's ``dtype`` (over the rows an engine covered, when it
     read back part of a weight); raise one :class:`~plugrl.errors.PluginError` line naming
-    the engine, the weight and how it differs at the first disagreement. Returns the number
-    of weights compared per engine."""
+    the engine, the weight and how it differs at the first disagreement. A weight an engine
+    leaves out (one it cannot read back) is not compared; returns the fewest weights compared
+    on any engine."""
     from plugrl.parts.rollout import fingerprint_difference, weight_fingerprint
 
     weights = dict(trainer.named_weights())
@@ -131,11 +132,20 @@ def verify_fingerprints(
             f"back ({exc}); set trainer.verify_weight_sync=false or use an engine that "
             "implements weight_fingerprints"
         ) from None
+    compared = len(names)
     for index, held in enumerate(answers):
+        if not held:
+            raise PluginError(
+                f"weight sync check: engine worker {index} (rollout engine {engine!r}) read "
+                f"back none of the {len(names)} weights the trainer sent (names it does not "
+                "hold, or weights it keeps in a form of its own); set "
+                "trainer.verify_weight_sync=false for this engine"
+            )
+        # an engine leaves out what it cannot read back (a kernel's packed form)
+        compared = min(compared, len(held))
         problems = []
         for name in names:
             if name not in held:
-                problems.append(f"{name} (not held)")
                 continue
             rows = held[name].rows
             expected = (
@@ -152,4 +162,4 @@ def verify_fingerprints(
                 f"{problems[0]}{more}; the engine skipped or mis-loaded a weight, see its "
                 "weight loading for that name"
             )
-    return len(names)
+    return compared

@@ -185,3 +185,45 @@ def test_an_engine_that_blocks_its_loop_still_ends_in_one_line(group, monkeypatc
     with pytest.raises(PluginError, match=r"^weight sync stalled: an engine worker \(rollout "):
         group.finish_weight_update()
     assert time.monotonic() - start < 2.5
+
+
+# ---------------------------------------------------------------------- comparing the engines
+
+
+class _Trainer:
+    def __init__(self, weights):
+        self.weights = weights
+
+    def named_weights(self):
+        return list(self.weights.items())
+
+
+class _Engines:
+    def __init__(self, answers):
+        self.recipe = Recipe(rollout=RolloutConfig(engine="vllm"))
+        self.answers = answers
+
+    def weight_fingerprints(self, names):
+        return self.answers
+
+
+def test_verify_compares_what_each_engine_read_back_over_the_rows_it_covered():
+    import attrs
+
+    from plugrl.cluster.weight_check import verify_fingerprints
+
+    weights = {"a.weight": torch.randn(100, 4), "b.weight": torch.randn(3)}
+    first_rows = attrs.evolve(weight_fingerprint(weights["a.weight"][:64]), rows=64)
+    good = {"a.weight": first_rows, "b.weight": weight_fingerprint(weights["b.weight"])}
+    # one engine read back everything, one left out a weight it cannot read
+    engines = _Engines([good, {"b.weight": good["b.weight"]}])
+    assert verify_fingerprints(_Trainer(weights), engines, torch.float32, 4) == 1
+    stale = dict(good, **{"b.weight": weight_fingerprint(weights["b.weight"] * 2)})
+    with pytest.raises(PluginError) as info:
+        verify_fingerprints(_Trainer(weights), _Engines([good, stale]), torch.float32, 4)
+    assert str(info.value).startswith(
+        "weight sync check: engine worker 1 (rollout engine 'vllm') holds other weights than "
+        "the trainer's after the sync to version 4: b.weight (sum of squares"
+    )
+    with pytest.raises(PluginError, match=r"engine worker 0 .* read back none of the 2 weights"):
+        verify_fingerprints(_Trainer(weights), _Engines([{}]), torch.float32, 4)

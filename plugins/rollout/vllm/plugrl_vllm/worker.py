@@ -192,7 +192,8 @@ def hf_view(
     ``shape`` (one engine of one device): the parameter itself, the rows of a shard of a fused
     layer (``q_proj`` in ``qkv_proj``: the shards stack along the first dimension in the order
     of ``packed``, each as many rows as its shape in ``shapes``), or the first rows of a padded
-    one (a vocabulary padded to a multiple). ``None`` when no parameter holds it."""
+    one (a vocabulary padded to a multiple). ``None`` when no parameter holds it in that
+    shape (a layer whose kernel keeps the weight packed in a form of its own)."""
     module, _, kind = name.rpartition(".")
     parent, _, leaf = module.rpartition(".")
     offset = 0
@@ -207,8 +208,12 @@ def hf_view(
     parameter = held.get(target)
     if parameter is None:
         return None
-    rows = int(shape[0]) if shape else 0
     data = parameter.detach()
     if not shape:
         return data
-    return data[offset : offset + rows]
+    view = data[offset : offset + int(shape[0])]
+    if tuple(view.shape) != tuple(shape):
+        # the layer keeps its weights in a form of its own kernel's (vLLM's CPU build packs
+        # linear layers and leaves the parameter empty): nothing here to read back
+        return None
+    return view
