@@ -227,3 +227,37 @@ def test_verify_compares_what_each_engine_read_back_over_the_rows_it_covered():
     )
     with pytest.raises(PluginError, match=r"engine worker 0 .* read back none of the 2 weights"):
         verify_fingerprints(_Trainer(weights), _Engines([{}]), torch.float32, 4)
+
+
+# ------------------------------------------------------------------- the step's check
+
+
+def test_a_step_checks_only_the_responses_sampled_on_the_trainers_current_weights(caplog):
+    from types import SimpleNamespace
+
+    from plugrl.data.batch import Batch
+    from plugrl.run.steps import check_rollout_log_probs
+
+    recipe = Recipe(trainer=TrainerConfig(check_weight_sync="error"))
+    recipe.rollout.dtype = "float32"
+    parts = SimpleNamespace(recipe=recipe, weight_version=5, device=None)
+    trainer = torch.log(torch.full((2, 3), 0.5))
+    # row 0 on the current weights, agreeing; row 1 sampled on version 4 (asynchronous), far
+    engine = torch.stack([trainer[0], torch.log(torch.full((3,), 0.1))])
+    batch = Batch(
+        {
+            "rollout_log_probs": engine,
+            "old_log_probs": trainer,
+            "response_mask": torch.ones(2, 3),
+            "min_weight_version": [5, 4],
+        }
+    )
+    metrics = check_rollout_log_probs(parts, batch)
+    # logged over every response, as verl does; checked over the current ones: no error
+    assert metrics["training/rollout_probs_diff_mean"] == pytest.approx(0.2)
+    batch["min_weight_version"] = [5, 5]
+    with pytest.raises(PluginError, match="at weight version 5"):
+        check_rollout_log_probs(parts, batch)
+    # top-p sampling: the engine's probabilities are renormalised, not the trainer's
+    recipe.rollout.top_p = 0.9
+    assert check_rollout_log_probs(parts, batch)["training/rollout_probs_diff_mean"] > 0.1
