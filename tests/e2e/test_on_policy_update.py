@@ -36,7 +36,16 @@ def test_the_skipped_pass_changes_nothing_but_the_time(tiny_task, tmp_path):
         assert derived[step]["actor/ppo_kl"] == 0.0
         assert abs(recomputed[step]["actor/ppo_kl"]) < 1e-6
         assert derived[step]["actor/entropy"] > 0
+        # the update's forward compares the engine with the trainer by the mean only (the
+        # separate pass also logs the max, the spread and the correlation)
+        pass_only = {
+            name: value
+            for name, value in recomputed[step].items()
+            if name.startswith("training/rollout_") and name != "training/rollout_probs_diff_mean"
+        }
+        assert len(pass_only) == 4
+        recomputed_shared = {k: v for k, v in recomputed[step].items() if k not in pass_only}
         # the same samples, rewards, advantages, losses and entropy, step after step
         assert_same_metrics(
-            derived[step], recomputed[step], rel=1e-4, abs_=1e-6, where=f"step {step}"
+            derived[step], recomputed_shared, rel=1e-4, abs_=1e-6, where=f"step {step}"
         )

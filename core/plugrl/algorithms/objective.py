@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from plugrl.algorithms.functional import LossAggregator, compute_rollout_is_weights
+from plugrl.algorithms.training import DERIVED_OLD_LOG_PROBS
 from plugrl.data.batch import Batch
 from plugrl.errors import DataError, PluginError
 from plugrl.parts.algorithm import KLPenalty, LossScale, PolicyLoss
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from plugrl.recipe import Recipe
 
 PG_LOSS = "actor/pg_loss"
+ROLLOUT_PROBS_DIFF_MEAN = "training/rollout_probs_diff_mean"
 
 
 class PolicyObjective:
@@ -178,6 +180,14 @@ class PolicyObjective:
         if weights is not None:
             mean_weight = float((weights * mask).sum()) / max(int((mask != 0).sum()), 1)
             metrics["rollout_corr/rollout_is_mean"] = mean_weight * share
+        if micro_batch.meta.get(DERIVED_OLD_LOG_PROBS) and "rollout_log_probs" in micro_batch:
+            # no separate old_log_prob pass compared the engine with the trainer: this forward
+            # is on the weights the engine was given, so compare here (the mean only: a
+            # backend sums shares over micro-batches, which a max or a spread does not allow)
+            engine_probs = torch.exp(column("rollout_log_probs"))
+            gap = (engine_probs - torch.exp(log_prob.detach())).abs()
+            mean_gap = float((gap * mask).sum()) / max(int((mask != 0).sum()), 1)
+            metrics[ROLLOUT_PROBS_DIFF_MEAN] = mean_gap * share
 
         if actor.entropy_coeff != 0 and entropy is None:
             raise PluginError(

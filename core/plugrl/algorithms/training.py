@@ -155,6 +155,11 @@ def fixed_micro_batches(num_rows: int, size: int | None) -> list[list[int]]:
     return [list(range(start, min(start + size, num_rows))) for start in range(0, num_rows, size)]
 
 
+DERIVED_OLD_LOG_PROBS = "old_log_probs_derived"
+"""``meta`` key of a micro-batch whose ``old_log_probs`` the update derived from its own
+forward: the objective then logs how far the engine's log-probs are from them."""
+
+
 @attrs.frozen
 class PolicyUpdate:
     """How an actor update feeds its objective, from :func:`policy_update`.
@@ -180,6 +185,7 @@ class PolicyUpdate:
         derives them: the ratio is then exactly 1 in value and carries the gradient."""
         if self.derives_old_log_probs:
             micro_batch["old_log_probs"] = log_prob.detach()
+            micro_batch.meta[DERIVED_OLD_LOG_PROBS] = True
 
 
 def policy_update(

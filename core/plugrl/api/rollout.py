@@ -19,6 +19,7 @@ if TYPE_CHECKING:
         RolloutEngine,
         SamplingParams,
         ValKwargs,
+        WeightFingerprint,
         WeightMeta,
         batch_requests,
         continuation_request,
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
         in_prompt_order,
         join_completions,
         run_blocking,
+        weight_fingerprint,
     )
     from plugrl.parts.transport import WeightTransport, weight_sync_metrics
     from plugrl.state.seeds import Stream, round_seed, sampling_seed
@@ -42,6 +44,7 @@ __all__ = [
     "SamplingParams",
     "Stream",
     "ValKwargs",
+    "WeightFingerprint",
     "WeightMeta",
     "WeightTransport",
     "batch_requests",
@@ -52,6 +55,7 @@ __all__ = [
     "round_seed",
     "run_blocking",
     "sampling_seed",
+    "weight_fingerprint",
     "weight_sync_metrics",
 ]
 
@@ -69,6 +73,7 @@ __getattr__, __dir__ = lazy_module(
         "SamplingParams": ("plugrl.parts.rollout", "SamplingParams"),
         "Stream": ("plugrl.state.seeds", "Stream"),
         "ValKwargs": ("plugrl.parts.rollout", "ValKwargs"),
+        "WeightFingerprint": ("plugrl.parts.rollout", "WeightFingerprint"),
         "WeightMeta": ("plugrl.parts.rollout", "WeightMeta"),
         "WeightTransport": ("plugrl.parts.transport", "WeightTransport"),
         "batch_requests": ("plugrl.parts.rollout", "batch_requests"),
@@ -79,6 +84,7 @@ __getattr__, __dir__ = lazy_module(
         "round_seed": ("plugrl.state.seeds", "round_seed"),
         "run_blocking": ("plugrl.parts.rollout", "run_blocking"),
         "sampling_seed": ("plugrl.state.seeds", "sampling_seed"),
+        "weight_fingerprint": ("plugrl.parts.rollout", "weight_fingerprint"),
         "weight_sync_metrics": ("plugrl.parts.transport", "weight_sync_metrics"),
     },
 )

@@ -57,6 +57,7 @@ from plugrl.parts.rollout import (
     PauseMode,
     RolloutConfig,
     SamplingParams,
+    WeightFingerprint,
     WeightMeta,
     batch_requests,
     in_prompt_order,
@@ -69,6 +70,10 @@ if TYPE_CHECKING:
     from plugrl.recipe import ModelConfig, Recipe
 
 logger = logging.getLogger("plugrl.cluster")
+
+WEIGHT_TIMEOUT_GRACE_S = 10.0
+"""Seconds the driver waits past ``rollout.update_weights_timeout_s`` for a weight-update call
+before it gives up on the engine's own loop answering."""
 
 
 class EngineDied(Exception):
@@ -156,6 +161,9 @@ class EngineWorker:
 
     async def load_weights(self, bucket: Sequence[tuple[str, Any]]) -> None:
         await self._engine().load_weights(bucket)
+
+    async def weight_fingerprints(self, names: Sequence[str]) -> dict[str, Any]:
+        return await self._engine().weight_fingerprints(names)
 
     async def finish_weight_update(self) -> int:
         engine = self._engine()
@@ -381,27 +389,78 @@ class EngineGroup(ABC):
 
     # ---------------------------------------------------------------------- weights
 
+    @property
+    def weight_timeout_s(self) -> float:
+        """Seconds one phase of a weight update may take in an engine
+        (``rollout.update_weights_timeout_s``)."""
+        return float(self.recipe.rollout.update_weights_timeout_s)
+
+    def _stalled(self, index: int | None, method: str) -> PluginError:
+        engine = f"rollout engine {self.recipe.rollout.engine!r}"
+        worker = "an engine worker" if index is None else f"engine worker {index}"
+        return PluginError(
+            f"weight sync stalled: {worker} ({engine}) did not finish {method} within "
+            f"{self.weight_timeout_s:g} s (rollout.update_weights_timeout_s); see that "
+            "engine's log (is it alive, is its device busy?), or raise the timeout"
+        )
+
+    async def _weight_call(self, index: int, method: str, *args: Any) -> Any:
+        try:
+            return await asyncio.wait_for(
+                self._call_alive(index, method, *args), self.weight_timeout_s
+            )
+        except TimeoutError:
+            raise self._stalled(index, method) from None
+
+    async def _weight_broadcast(
+        self, method: str, *args: Any, indices: Sequence[int] | None
+    ) -> list:
+        targets = range(self.num_engines) if indices is None else indices
+        return list(await asyncio.gather(*(self._weight_call(i, method, *args) for i in targets)))
+
+    def wait_weights(self, future: concurrent.futures.Future, method: str) -> Any:
+        """The result of a weight-update call started on the group's loop, waited for at most
+        a little past the timeout: an engine that blocks the loop itself (so the timeout
+        inside cannot fire) still ends in one line naming the call, never a hang."""
+        try:
+            return future.result(timeout=self.weight_timeout_s + WEIGHT_TIMEOUT_GRACE_S)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise self._stalled(None, method) from None
+
     def begin_weight_update(
         self, version: int, weights: Sequence[WeightMeta], indices: Sequence[int] | None = None
     ) -> None:
-        self._blocking(
-            self._broadcast("begin_weight_update", version, list(weights), indices=indices)
+        coroutine = self._weight_broadcast(
+            "begin_weight_update", version, list(weights), indices=indices
         )
+        self.wait_weights(self._thread.submit(coroutine), "begin_weight_update")
 
     def load_weights_async(
         self, bucket: Any, indices: Sequence[int] | None = None
     ) -> concurrent.futures.Future:
         """Start loading one bucket (a list of named tensors, or an object-store reference to
-        one) into the engines; the future resolves when all have it."""
-        return self._thread.submit(self._broadcast("load_weights", bucket, indices=indices))
+        one) into the engines; the future resolves when all have it. Wait for it with
+        :meth:`wait_weights`."""
+        return self._thread.submit(self._weight_broadcast("load_weights", bucket, indices=indices))
 
     def load_weights(self, bucket: Any, indices: Sequence[int] | None = None) -> None:
-        self.load_weights_async(bucket, indices).result()
+        self.wait_weights(self.load_weights_async(bucket, indices), "load_weights")
 
     def finish_weight_update(self, indices: Sequence[int] | None = None) -> None:
-        versions = self._blocking(self._broadcast("finish_weight_update", indices=indices))
+        coroutine = self._weight_broadcast("finish_weight_update", indices=indices)
+        versions = self.wait_weights(self._thread.submit(coroutine), "finish_weight_update")
         if indices is None or len(indices) == self.num_engines:
             self.weight_version = int(versions[0])
+
+    def weight_fingerprints(
+        self, names: Sequence[str], indices: Sequence[int] | None = None
+    ) -> list[dict[str, WeightFingerprint]]:
+        """Each engine's :meth:`RolloutEngine.weight_fingerprints
+        <plugrl.parts.rollout.RolloutEngine.weight_fingerprints>` of ``names``, in engine
+        order, read back within the weight-update timeout."""
+        coroutine = self._weight_broadcast("weight_fingerprints", list(names), indices=indices)
+        return self.wait_weights(self._thread.submit(coroutine), "weight_fingerprints")
 
     def transport_receive(
         self, transport_name: str, sessions: Sequence[Any], indices: Sequence[int] | None = None

@@ -100,14 +100,28 @@ class RunParts:
         the transport's metrics (none when the engine shares the actor's model)."""
         if self.shares_model:
             self.engines.bind_model(self.actor.rollout_model(), self.weight_version)
-            return {}
-        assert self.transport is not None
-        if self.engines_sleep:
-            self.engines.wake_up(["weights"])
-        metrics = self.transport.push(self.actor, self.engines, self.weight_version)
-        if self.engines_sleep:
-            self.engines.wake_up(["kv_cache"])
+            metrics: dict[str, float] = {}
+        else:
+            assert self.transport is not None
+            if self.engines_sleep:
+                self.engines.wake_up(["weights"])
+            metrics = self.transport.push(self.actor, self.engines, self.weight_version)
+            if self.engines_sleep:
+                self.engines.wake_up(["kv_cache"])
+        if self.recipe.trainer.verify_weight_sync:
+            metrics["training/weight_sync_verified_weights"] = self.verify_weight_sync()
         return metrics
+
+    def verify_weight_sync(self) -> int:
+        """Compare every engine's fingerprints of the weights with the trainer's
+        (:func:`plugrl.cluster.weight_check.verify_fingerprints`); one line naming the engine and
+        the weight when they differ. Returns the number of weights compared."""
+        import torch
+
+        from plugrl.cluster.weight_check import verify_fingerprints
+
+        dtype = getattr(torch, self.recipe.rollout.resolved_dtype(self.device))
+        return verify_fingerprints(self.actor, self.engines, dtype, self.weight_version)
 
     def resync_engines(self, indices: list[int]) -> None:
         """Give restarted engines the current weights (the engine group calls this)."""

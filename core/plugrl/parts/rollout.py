@@ -234,6 +234,71 @@ class WeightMeta:
         return count * getattr(torch, self.dtype).itemsize
 
 
+FINGERPRINT_SAMPLE = 4096
+"""Elements of a weight, evenly strided over it, whose bytes a fingerprint hashes."""
+
+
+@attrs.frozen
+class WeightFingerprint:
+    """What a weight is, small enough to send back from an engine: its dtype and element
+    count, the sum and the sum of squares of its values (in float64), and a hash of the bytes
+    of a strided sample of its elements. Two copies of a weight in the same dtype agree on
+    all of them; a stale copy, a skipped tensor or a wrong shard does not
+    (:func:`weight_fingerprint`, :func:`fingerprint_difference`)."""
+
+    dtype: str
+    numel: int
+    total: float
+    sum_squares: float
+    sample_digest: str
+    rows: int | None = None
+    """The fingerprint covers the first ``rows`` rows (along the first dimension) only, as an
+    engine that reads back part of a weight says; ``None``: all of it."""
+
+
+def weight_fingerprint(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> WeightFingerprint:
+    """The :class:`WeightFingerprint` of ``tensor``, cast to ``dtype`` first when given (the
+    trainer's weight in the engine's dtype: the cast rounds the same way the engine's did)."""
+    import hashlib
+
+    import torch
+
+    values = tensor.detach()
+    if dtype is not None and values.dtype != dtype:
+        values = values.to(dtype)
+    flat = values.reshape(-1)
+    stride = max(1, flat.numel() // FINGERPRINT_SAMPLE)
+    sample = flat[::stride][:FINGERPRINT_SAMPLE].contiguous().cpu()
+    digest = hashlib.sha256(sample.view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
+    wide = flat.to(torch.float64)
+    return WeightFingerprint(
+        dtype=str(values.dtype).removeprefix("torch."),
+        numel=flat.numel(),
+        total=float(wide.sum().item()),
+        sum_squares=float((wide * wide).sum().item()),
+        sample_digest=digest,
+    )
+
+
+def fingerprint_difference(expected: WeightFingerprint, actual: WeightFingerprint) -> str | None:
+    """How ``actual`` (an engine's) differs from ``expected`` (the trainer's, in the engine's
+    dtype), in a few words; ``None`` when they agree. The sums may differ by the order they
+    were added in on another device, no more."""
+    if expected.numel != actual.numel:
+        return f"{actual.numel} elements, the trainer's {expected.numel}"
+    if expected.dtype != actual.dtype:
+        return f"dtype {actual.dtype}, the trainer's cast to {expected.dtype}"
+    scale = max(expected.sum_squares, actual.sum_squares, 1e-30)
+    tolerance = 1e-6 * scale
+    if abs(expected.sum_squares - actual.sum_squares) > tolerance:
+        return f"sum of squares {actual.sum_squares:.6g}, the trainer's {expected.sum_squares:.6g}"
+    if abs(expected.total - actual.total) > 1e-6 * (scale * expected.numel) ** 0.5:
+        return f"sum {actual.total:.6g}, the trainer's {expected.total:.6g}"
+    if expected.sample_digest != actual.sample_digest:
+        return "the same sums but other values in a strided sample"
+    return None
+
+
 # --------------------------------------------------------------------------------------------
 # Capabilities
 # --------------------------------------------------------------------------------------------
@@ -614,6 +679,14 @@ class RolloutEngine(ABC):
         """Check every announced weight arrived and make the new version current: tokens
         sampled from now on carry it."""
         raise NotImplementedError(f"{type(self).__name__} cannot receive weights")
+
+    async def weight_fingerprints(self, names: Sequence[str]) -> dict[str, WeightFingerprint]:
+        """Optional: the :func:`weight_fingerprint` of each named weight (Hugging Face names)
+        as the engine holds it now, in the engine's dtype, after a weight update has finished;
+        a name the engine does not hold is left out. ``trainer.verify_weight_sync`` compares
+        them with the trainer's after every sync. An engine that holds LoRA adapters apart
+        from its base weights fingerprints the weights it samples with (merged)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot read its weights back")
 
     def bind_model(self, model: Any, version: int) -> None:
         """Generate with the trainer's live ``model`` of this process (no copy), as

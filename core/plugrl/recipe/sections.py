@@ -22,7 +22,7 @@ from plugrl.parts.algorithm import AlgorithmConfig
 from plugrl.parts.backend import ActorConfig, CriticConfig
 from plugrl.parts.device import DeviceConfig
 from plugrl.parts.reward import RewardConfig
-from plugrl.parts.rollout import RolloutConfig
+from plugrl.parts.rollout import ROLLOUT_DTYPES, RolloutConfig
 from plugrl.parts.scheduler import SchedulerConfig
 
 # a recipe written out (to_dict, to_yaml): the structure hooks of plugrl.config.structuring
@@ -168,6 +168,40 @@ class DataConfig:
     )
 
 
+# Measured on the quickstart's untrained tiny model (Qwen2 architecture) through the hf engine
+# on a CPU: GRPO at lr 1e-3, temperature 1, 8 prompts x 4 responses of up to 16 tokens, steps
+# 2-4 (each after an update), training/rollout_probs_diff_mean (and _max, pearson):
+#   float32 engine, weights synced:         8e-10 to 1e-9   (max 1.3e-8, pearson 1.0)
+#   bfloat16 engine, weights synced:        6e-6 to 9e-6    (max 8e-5,   pearson 1.0)
+#   float32 engine kept step 0's weights:   1.3e-3 to 2e-3  (max 1.3e-2, pearson 0.2-0.3)
+#   bfloat16 engine kept step 0's weights:  1.2e-3 to 1.9e-3 (max 1.4e-2, pearson 0.3-0.4)
+# An untrained model spreads its probability thin, so its gaps are small; a trained model's
+# confident tokens make both the rounding gap of a correct bfloat16 engine (reported around
+# 1e-3 to 1e-2 for vLLM against a float32 trainer) and the gap of stale weights larger. float32
+# sits far between the two; bfloat16 and float16 get a threshold above the rounding gap of real
+# models, so they catch gross failures only (the tiny model's stale weights pass under it):
+# trainer.verify_weight_sync compares the weights themselves and misses nothing.
+DEFAULT_WEIGHT_SYNC_THRESHOLDS: dict[str, float] = {
+    "float32": 1e-4,
+    "bfloat16": 2e-2,
+    "float16": 2e-2,
+}
+"""Default ``trainer.weight_sync_thresholds``: the mean absolute difference of the engine's
+and the trainer's token probabilities above which the weights evidently did not arrive."""
+
+
+def _non_negative_values(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    dtypes = [name for name in ROLLOUT_DTYPES if name != "auto"]
+    unknown = sorted(set(value) - set(dtypes))
+    if unknown:
+        raise ConfigValueError(
+            attribute.name, f"keys are engine dtypes ({', '.join(dtypes)}), got {unknown}"
+        )
+    bad = {key: number for key, number in value.items() if not number >= 0}
+    if bad:
+        raise ConfigValueError(attribute.name, f"thresholds must be >= 0, got {bad}")
+
+
 @attrs.define(kw_only=True)
 class TrainerConfig:
     """The ``trainer`` section: length of the run, validation, checkpoints, logging."""
@@ -253,6 +287,33 @@ class TrainerConfig:
         "val_<step>.jsonl; unset: none.",
         verl="trainer.validation_data_dir",
         path="output",
+    )
+    check_weight_sync: str = option(
+        "warn",
+        "After each weight sync, compare the engine's log-probs of the sampled tokens with the "
+        "trainer's (training/rollout_probs_diff_*, logged whenever the engine returns "
+        "log-probs): when the mean probability gap passes the threshold of the engine's dtype "
+        "(trainer.weight_sync_thresholds) the weights evidently did not arrive; warn logs one "
+        "line, error stops the run with it, off does not check. Not checked when sampling "
+        "truncates the distribution (top_p < 1, top_k, greedy).",
+        choices=("warn", "error", "off"),
+    )
+    weight_sync_thresholds: dict[str, float] = option(
+        factory=lambda: dict(DEFAULT_WEIGHT_SYNC_THRESHOLDS),
+        help="Per engine dtype (float32, bfloat16, float16), the mean |p_engine - p_trainer| "
+        "over response tokens above which trainer.check_weight_sync acts; a dtype left out is "
+        "not checked. float32 (1e-4) sits far between a correct sync (1e-9) and stale weights "
+        "(1e-3); bfloat16 and float16 (2e-2) sit above the rounding gap of real models, so "
+        "they catch gross failures only (see trainer.verify_weight_sync).",
+        validator=_non_negative_values,
+    )
+    verify_weight_sync: bool = option(
+        False,
+        "After every weight sync, read back a fingerprint of every weight from each engine "
+        "(sum, sum of squares and a hash of a strided sample, in the engine's dtype) and "
+        "compare it with the trainer's; a difference stops the run naming the engine and the "
+        "weight. Costs a pass over the weights on both sides per sync; the engine must "
+        "implement weight_fingerprints.",
     )
     seed: int = option(42, "Seed of model initialisation and sampling.")
     nnodes: int = option(1, "Nodes in the cluster.", verl="trainer.nnodes", validator=positive)

@@ -214,7 +214,61 @@ def compute_old_log_probs(parts: RunParts, batch: Batch, timer: StepTimer) -> di
         if "entropys" in computed:
             mask = batch["response_mask"].bool()
             metrics["actor/entropy"] = computed["entropys"][mask].mean().item()
+    metrics.update(check_rollout_log_probs(parts, batch))
     return metrics
+
+
+def check_rollout_log_probs(parts: RunParts, batch: Batch) -> dict[str, float]:
+    """verl's ``training/rollout_probs_diff_*`` and ``training/rollout_actor_probs_pearson_corr``
+    of a batch holding both the engine's ``rollout_log_probs`` and the trainer's
+    ``old_log_probs`` (:func:`plugrl.cluster.weight_check.rollout_probs_diff_metrics`), and
+    ``trainer.check_weight_sync`` applied to them (:mod:`plugrl.cluster.weight_check`): only the
+    responses sampled wholly on the weights the trainer holds now are checked (an
+    asynchronous run's older ones differ by design), and only when the engine's probabilities
+    are the trainer's distribution (no top-p or top-k truncation, not greedy)."""
+    from plugrl.cluster.weight_check import rollout_probs_diff_metrics
+
+    if "rollout_log_probs" not in batch or "old_log_probs" not in batch:
+        return {}
+    mask = batch["response_mask"]
+    metrics = rollout_probs_diff_metrics(batch["rollout_log_probs"], batch["old_log_probs"], mask)
+    trainer = parts.recipe.trainer
+    rollout = parts.recipe.rollout
+    truncated = rollout.top_p < 1 or rollout.top_k > 0 or not rollout.do_sample
+    if trainer.check_weight_sync == "off" or truncated or not metrics:
+        return metrics
+    checked = metrics
+    if "min_weight_version" in batch:
+        import torch
+
+        current = [int(v) == parts.weight_version for v in batch["min_weight_version"]]
+        if not all(current):
+            rows = torch.tensor(current, dtype=torch.bool, device=mask.device)
+            checked = rollout_probs_diff_metrics(
+                batch["rollout_log_probs"], batch["old_log_probs"], mask * rows[:, None]
+            )
+    check_weight_sync(parts, checked)
+    return metrics
+
+
+def check_weight_sync(parts: RunParts, metrics: dict[str, Any]) -> None:
+    """``trainer.check_weight_sync`` on a step's ``training/rollout_probs_diff_mean``
+    (:func:`plugrl.cluster.weight_check.check_probs_diff`), unless sampling truncated the
+    distribution (top-p, top-k, greedy), whose log-probs are not the trainer's."""
+    from plugrl.cluster.weight_check import check_probs_diff
+
+    trainer = parts.recipe.trainer
+    rollout = parts.recipe.rollout
+    if rollout.top_p < 1 or rollout.top_k > 0 or not rollout.do_sample:
+        return
+    check_probs_diff(
+        metrics,
+        mode=trainer.check_weight_sync,
+        thresholds=trainer.weight_sync_thresholds,
+        engine=rollout.engine,
+        dtype=rollout.resolved_dtype(parts.device),
+        weight_version=parts.weight_version,
+    )
 
 
 def step_metrics(parts: RunParts, batch: Batch, timer: StepTimer, step: int) -> dict[str, Any]:
@@ -281,8 +335,13 @@ def update_from_batch(parts: RunParts, batch: Batch, timer: StepTimer) -> dict[s
     if parts.critic is not None:
         with timer("update_critic"):
             metrics.update(parts.critic.update_critic(batch))
+    derives_old_log_probs = "old_log_probs" not in batch
     with timer("update_actor"):
         metrics.update(parts.actor.update_policy(batch, parts.objective))
+    if derives_old_log_probs and "training/rollout_probs_diff_mean" in metrics:
+        # the update's own forward stood in for the old_log_prob pass and compared the
+        # engine's log-probs with the trainer's (the mean only)
+        check_weight_sync(parts, metrics)
     return metrics
 
 

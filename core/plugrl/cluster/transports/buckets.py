@@ -36,9 +36,9 @@ class _BucketStream(WeightTransport):
         for bucket in trainer.stream_weight_buckets(self.bucket_bytes):
             loading.append(engines.load_weights_async(bucket, engine_indices))
             if len(loading) > BUCKETS_IN_FLIGHT:
-                loading.popleft().result()
+                engines.wait_weights(loading.popleft(), "load_weights")
         while loading:
-            loading.popleft().result()
+            engines.wait_weights(loading.popleft(), "load_weights")
         engines.finish_weight_update(engine_indices)
         seconds = time.perf_counter() - start
         megabytes = sum(weight.nbytes for weight in weights) / 2**20

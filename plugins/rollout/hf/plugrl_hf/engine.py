@@ -42,8 +42,10 @@ from plugrl.api.rollout import (
     GenerationRequest,
     PauseMode,
     RolloutEngine,
+    WeightFingerprint,
     WeightMeta,
     derive_seed,
+    weight_fingerprint,
 )
 from plugrl_hf.batch import DecodeBatch, Row
 from plugrl_hf.config import HFRolloutConfig
@@ -344,6 +346,15 @@ class HFRolloutEngine(RolloutEngine):
         self._batch.kv.weights_changed()
         self._new_version(update.version)
         self._kick()
+
+    async def weight_fingerprints(self, names: Sequence[str]) -> dict[str, WeightFingerprint]:
+        """The fingerprints of the named weights of the model the engine samples with (its
+        own, or its copy of the trainer's, or the trainer's module itself), in its dtype."""
+        self._check_ready()
+        held = self.model.state_dict()
+        return {
+            name: weight_fingerprint(_full_tensor(held[name])) for name in names if name in held
+        }
 
     def bind_model(self, model: Any, version: int) -> None:
         """Generate with the trainer's live ``model`` from now on, as ``version``: with the
@@ -756,6 +767,13 @@ def copy_weights(source: Any, target: Any) -> None:
                 )
             full = getattr(tensor, "full_tensor", None)
             target_tensor.copy_(full() if full is not None else tensor)
+
+
+def _full_tensor(tensor: Any) -> torch.Tensor:
+    """A local tensor of the whole weight: a DTensor (the trainer's FSDP module, shared) is
+    gathered."""
+    full = getattr(tensor, "full_tensor", None)
+    return full() if callable(full) else tensor
 
 
 def _waited_on(future: asyncio.Future) -> bool:

@@ -30,8 +30,10 @@ from plugrl.api.rollout import (
     PauseMode,
     RolloutEngine,
     SamplingParams,
+    WeightFingerprint,
     WeightMeta,
     derive_seed,
+    weight_fingerprint,
 )
 from plugrl_sglang import INSTALL
 from plugrl_sglang.config import SGLangRolloutConfig
@@ -42,6 +44,10 @@ if TYPE_CHECKING:
     from plugrl.api import PartContext
 
 logger = logging.getLogger("plugrl.sglang")
+
+READBACK_ROWS = 64
+"""Rows of each weight ``weight_fingerprints`` reads back (SGLang sends them as Python
+floats): enough to see a stale or skipped weight, few enough to read every weight."""
 
 _FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "aborted"}
 
@@ -58,6 +64,8 @@ class SGLangAPI:
     PauseGenerationReqInput: Any
     ContinueGenerationReqInput: Any
     MultiprocessingSerializer: Any
+    GetWeightsByNameReqInput: Any = None
+    """``None`` in an SGLang that cannot read weights back."""
 
 
 def load_sglang_api() -> SGLangAPI:
@@ -75,6 +83,7 @@ def load_sglang_api() -> SGLangAPI:
             PauseGenerationReqInput=io_struct.PauseGenerationReqInput,
             ContinueGenerationReqInput=io_struct.ContinueGenerationReqInput,
             MultiprocessingSerializer=utils.MultiprocessingSerializer,
+            GetWeightsByNameReqInput=getattr(io_struct, "GetWeightsByNameReqInput", None),
         )
     except (ImportError, AttributeError) as exc:
         raise PluginError(
@@ -390,6 +399,32 @@ class SGLangRolloutEngine(RolloutEngine):
                 "running?); pause the engine around weight updates"
             )
         self.weight_version = update.version
+
+    async def weight_fingerprints(self, names: Sequence[str]) -> dict[str, WeightFingerprint]:
+        """Read back through SGLang's ``get_weights_by_name``, which returns the first rows
+        of a weight (Hugging Face names; SGLang finds a shard of its fused layers), as float32
+        values: fingerprinted in the engine's dtype, covering :data:`READBACK_ROWS` rows."""
+        import torch
+
+        request_type = self.api.GetWeightsByNameReqInput
+        if request_type is None:
+            raise NotImplementedError(
+                f"SGLang {self.api.version} has no get_weights_by_name to read weights back"
+            )
+        dtype = getattr(torch, self.config.resolved_dtype(self.context.device))
+        fingerprints = {}
+        for name in names:
+            request = request_type(name=name, truncate_size=READBACK_ROWS)
+            values = await self.tokenizer_manager.get_weights_by_name(request, None)
+            if values is None:
+                continue
+            if self.arguments.get("dp_size", 1) > 1:  # one answer per data-parallel replica
+                values = values[0]
+            held = torch.tensor(values, dtype=torch.float32).to(dtype)
+            fingerprint = weight_fingerprint(held)
+            rows = int(held.shape[0]) if held.dim() else None
+            fingerprints[name] = attrs.evolve(fingerprint, rows=rows)
+        return fingerprints
 
     def _on_engine_device(self, tensor: torch.Tensor) -> torch.Tensor:
         # SGLang sends tensors to its scheduler processes by handle; device tensors stay put

@@ -39,6 +39,7 @@ from plugrl.api.rollout import (
     GenerationRequest,
     PauseMode,
     RolloutEngine,
+    WeightFingerprint,
     WeightMeta,
     derive_seed,
 )
@@ -125,7 +126,12 @@ class VLLMRolloutEngine(RolloutEngine):
         # vLLM's platforms and the weight routes below go by torch's device type
         self.device_name = context.device.torch_device_type if context.device is not None else "cpu"
         self.weight_route = resolve_weight_route(config, self.device_name)
-        args = engine_args(config, recipe, self.device_name, config.resolved_dtype(context.device))
+        self.dtype_name = config.resolved_dtype(context.device)
+        """What the engine's weights are in (``rollout.dtype`` resolved)."""
+        self._weight_shapes: dict[str, tuple[int, ...]] = {}
+        """The full shape of each weight of the last update (names ``weight_fingerprints``
+        can read back)."""
+        args = engine_args(config, recipe, self.device_name, self.dtype_name)
         args.setdefault("worker_extension_cls", WORKER_EXTENSION)
         if self.device_name == "cpu":
             applied = set_cpu_environment()
@@ -246,6 +252,7 @@ class VLLMRolloutEngine(RolloutEngine):
         (plan, *_) = self.llm.collective_rpc(
             "plugrl_weight_plan", args=([meta.name for meta in weights],)
         )
+        self._weight_shapes = {meta.name: tuple(meta.shape) for meta in weights}
         # generation waits until finish_weight_update: no token comes from a mix of versions
         self._update = _WeightUpdate(
             version,
@@ -294,6 +301,23 @@ class VLLMRolloutEngine(RolloutEngine):
         self._no_weights = None
         self.weight_version = update.version
         self._kick()
+
+    async def weight_fingerprints(self, names: Sequence[str]) -> dict[str, WeightFingerprint]:
+        """Read back from vLLM's worker, through the worker extension: each Hugging Face
+        weight's rows of the layer vLLM loaded it into (its shard of a fused layer), in the
+        engine's dtype. One device per engine only: a tensor-parallel engine holds slices
+        of a weight on each device."""
+        if self.config.tensor_model_parallel_size > 1:
+            raise NotImplementedError(
+                "the vllm rollout engine reads its weights back only with "
+                "rollout.tensor_model_parallel_size 1"
+            )
+        wanted = [name for name in names if name in self._weight_shapes]
+        shapes = {name: list(shape) for name, shape in self._weight_shapes.items()}
+        (answer, *_) = self.llm.collective_rpc(
+            "plugrl_weight_fingerprints", args=(wanted, shapes, self.dtype_name)
+        )
+        return {name: WeightFingerprint(**values) for name, values in answer.items()}
 
     # ------------------------------------------------------------------------------ lifecycle
 

@@ -150,6 +150,27 @@ class WeightReceiver:
                 shared[name] = source
         return attrs.asdict(weight_plan(names, packed, parameters, shared))
 
+    def plugrl_weight_fingerprints(
+        self, names: list[str], shapes: dict[str, list[int]], dtype: str
+    ) -> dict[str, Any]:
+        """The fingerprints (as mappings) of the Hugging Face weights ``names``, read out of
+        the layers vLLM loaded them into (:func:`hf_view`; ``shapes``: the full shape of every
+        weight of the update), in ``dtype``; names with no layer here are left out."""
+        import torch
+
+        from plugrl.api.rollout import weight_fingerprint
+
+        model = self.model_runner.model  # type: ignore[attr-defined]
+        packed = getattr(model, "packed_modules_mapping", {}) or {}
+        held = dict(model.named_parameters(remove_duplicate=False))
+        held.update(dict(model.named_buffers()))
+        fingerprints = {}
+        for name in names:
+            view = hf_view(name, shapes[name], held, packed, shapes)
+            if view is not None:
+                fingerprints[name] = attrs.asdict(weight_fingerprint(view, getattr(torch, dtype)))
+        return fingerprints
+
     def plugrl_load_weights(self, route: str, weights: list[tuple[str, Any]]) -> None:
         if route == "reload_weights":
             hide_rotary_reload_notice()
@@ -158,3 +179,41 @@ class WeightReceiver:
             self.model_runner.model.load_weights(weights=weights)  # type: ignore[attr-defined]
         else:
             raise PluginError(f"unknown weight route {route!r}; one of {', '.join(ROUTES)}")
+
+
+def hf_view(
+    name: str,
+    shape: Sequence[int],
+    held: Mapping[str, Any],
+    packed: Mapping[str, Sequence[str]],
+    shapes: Mapping[str, Sequence[int]],
+) -> Any:
+    """The part of vLLM's parameter that holds the Hugging Face weight ``name`` of full
+    ``shape`` (one engine of one device): the parameter itself, the rows of a shard of a fused
+    layer (``q_proj`` in ``qkv_proj``: the shards stack along the first dimension in the order
+    of ``packed``, each as many rows as its shape in ``shapes``), or the first rows of a padded
+    one (a vocabulary padded to a multiple). ``None`` when no parameter holds it in that
+    shape (a layer whose kernel keeps the weight packed in a form of its own)."""
+    module, _, kind = name.rpartition(".")
+    parent, _, leaf = module.rpartition(".")
+    offset = 0
+    target = name
+    for fused, shards in packed.items():
+        if leaf in shards:
+            target = f"{parent}.{fused}.{kind}" if parent else f"{fused}.{kind}"
+            for shard in shards[: list(shards).index(leaf)]:
+                sibling = f"{parent}.{shard}.{kind}" if parent else f"{shard}.{kind}"
+                offset += int(shapes[sibling][0]) if sibling in shapes else 0
+            break
+    parameter = held.get(target)
+    if parameter is None:
+        return None
+    data = parameter.detach()
+    if not shape:
+        return data
+    view = data[offset : offset + int(shape[0])]
+    if tuple(view.shape) != tuple(shape):
+        # the layer keeps its weights in a form of its own kernel's (vLLM's CPU build packs
+        # linear layers and leaves the parameter empty): nothing here to read back
+        return None
+    return view

@@ -40,6 +40,12 @@ class UpdateWeightsFromTensorReqInput:
 
 
 @dataclass
+class GetWeightsByNameReqInput:
+    name: str
+    truncate_size: int = 100
+
+
+@dataclass
 class ReleaseMemoryOccupationReqInput:
     tags: list[str] | None = None
 
@@ -142,6 +148,18 @@ class TokenizerManager:
             engine.weights[name] = tensor.clone()
         engine.weights_loaded += 1
         return True, "Succeeded to update model weights."
+
+    async def get_weights_by_name(
+        self, obj: GetWeightsByNameReqInput, request: Any = None
+    ) -> list | None:
+        """SGLang's answer: the first ``truncate_size`` rows of the weight as float32 values
+        (nested lists), ``None`` for a name the model does not have."""
+        assert isinstance(obj, GetWeightsByNameReqInput)
+        self.engine.calls.append(("get_weights_by_name", {"name": obj.name}))
+        tensor = self.engine.weights.get(obj.name)
+        if tensor is None:
+            return None
+        return tensor[: obj.truncate_size].float().tolist()
 
     async def flush_cache(self) -> FlushCacheReqOutput:
         self.engine.calls.append(("flush_cache", {"in_flight": len(self.rid_to_state)}))
@@ -260,6 +278,7 @@ def modules() -> dict[str, types.ModuleType]:
     io_struct = module(
         "sglang.srt.managers.io_struct",
         UpdateWeightsFromTensorReqInput=UpdateWeightsFromTensorReqInput,
+        GetWeightsByNameReqInput=GetWeightsByNameReqInput,
         ReleaseMemoryOccupationReqInput=ReleaseMemoryOccupationReqInput,
         ResumeMemoryOccupationReqInput=ResumeMemoryOccupationReqInput,
         PauseGenerationReqInput=PauseGenerationReqInput,

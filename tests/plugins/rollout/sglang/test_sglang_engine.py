@@ -278,6 +278,27 @@ def test_weights_arrive_in_buckets_one_payload_per_tensor_parallel_rank(make_eng
     assert engine.weight_version == 7
 
 
+def test_weights_read_back_through_get_weights_by_name_cover_their_first_rows(make_engine):
+    from plugrl.parts.rollout import fingerprint_difference, weight_fingerprint
+    from plugrl_sglang.engine import READBACK_ROWS
+
+    engine, fake_engine = make_engine()
+    named = {**weights(2.0), "tall.weight": torch.randn(READBACK_ROWS + 36, 3)}
+    asyncio.run(push(engine, 3, named))
+    held = asyncio.run(engine.weight_fingerprints([*named, "absent.weight"]))
+    assert set(held) == set(named)  # a name SGLang does not have is left out
+    assert held["tall.weight"].rows == READBACK_ROWS
+    assert held["norm.weight"].rows == 2
+    for name, tensor in named.items():
+        expected = weight_fingerprint(tensor[: held[name].rows], torch.float32)
+        assert fingerprint_difference(expected, held[name]) is None, name
+    # a weight SGLang kept on old values is told apart
+    fake_engine.weights["tall.weight"] = named["tall.weight"] * 0.5
+    stale = asyncio.run(engine.weight_fingerprints(["tall.weight"]))["tall.weight"]
+    expected = weight_fingerprint(named["tall.weight"][:READBACK_ROWS], torch.float32)
+    assert fingerprint_difference(expected, stale) is not None
+
+
 def test_bad_weight_updates_fail_with_one_line(make_engine):
     engine, fake_engine = make_engine()
     named = weights()

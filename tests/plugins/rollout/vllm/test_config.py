@@ -337,3 +337,31 @@ def test_the_engine_log_level_is_one_of_the_levels(recipe_with):
         "rollout.engine_log_level: must be one of null, debug, info, warning, error, got 'loud'"
     )
     assert recipe_with(engine_log_level="info")[1].engine_log_level == "info"
+
+
+def test_a_weight_is_read_back_from_its_rows_of_vllms_fused_or_padded_layer():
+    from plugrl_vllm.worker import hf_view
+
+    q, k, v = torch.randn(8, 4), torch.randn(2, 4), torch.randn(2, 4)
+    embed = torch.randn(10, 4)
+    held = {
+        "model.layers.0.self_attn.qkv_proj.weight": torch.cat([q, k, v]),
+        # vLLM pads the vocabulary to a multiple
+        "model.embed_tokens.weight": torch.cat([embed, torch.zeros(6, 4)]),
+    }
+    shapes = {
+        "model.layers.0.self_attn.q_proj.weight": [8, 4],
+        "model.layers.0.self_attn.k_proj.weight": [2, 4],
+        "model.layers.0.self_attn.v_proj.weight": [2, 4],
+        "model.embed_tokens.weight": [10, 4],
+    }
+    packed = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
+
+    def view(name):
+        return hf_view(name, shapes[name], held, packed, shapes)
+
+    assert torch.equal(view("model.layers.0.self_attn.q_proj.weight"), q)
+    assert torch.equal(view("model.layers.0.self_attn.k_proj.weight"), k)
+    assert torch.equal(view("model.layers.0.self_attn.v_proj.weight"), v)
+    assert torch.equal(view("model.embed_tokens.weight"), embed)
+    assert hf_view("lm_head.weight", [10, 4], held, packed, shapes) is None

@@ -195,6 +195,28 @@ def test_greedy_tokens_equal_hugging_face_after_each_weight_push(loop, engine, t
             assert completion.token_versions == [version] * len(completion.token_ids)
 
 
+def test_weights_read_back_are_the_pushed_ones_fused_layers_included(loop, engine, tiny_model_dir):
+    from plugrl.parts.rollout import fingerprint_difference, weight_fingerprint
+
+    pushed = hf_model(tiny_model_dir, seed=21)
+    push(loop, engine, pushed, version=7)
+    names = list(pushed.state_dict())
+    held = loop.run(engine.weight_fingerprints(names))
+    # vLLM's CPU build packs its linear layers for its kernels (the parameters left empty):
+    # what stays readable is the embeddings, the norms and the biases of the fused q/k/v layer
+    assert {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"} <= set(held)
+    biases = [f"model.layers.0.self_attn.{shard}_proj.bias" for shard in "qkv"]
+    assert set(biases) <= set(held)
+    expected = {n: weight_fingerprint(t, torch.float32) for n, t in pushed.state_dict().items()}
+    assert {n: fingerprint_difference(expected[n], held[n]) for n in held} == dict.fromkeys(held)
+    # each shard of the fused layer is read from its own rows: other values differ
+    other = hf_model(tiny_model_dir, seed=22).state_dict()
+    for name in biases:
+        changed = weight_fingerprint(other[name] + 1.0)
+        assert fingerprint_difference(changed, held[name]) is not None
+        assert fingerprint_difference(expected[name], held[name]) is None
+
+
 def test_an_incomplete_weight_update_is_refused(loop, engine, tiny_model_dir):
     weights = hf_model(tiny_model_dir).state_dict()
     metas = [WeightMeta(name, t.shape, "float32") for name, t in weights.items()]
