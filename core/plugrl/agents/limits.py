@@ -312,7 +312,8 @@ def launch(argv: list[str]) -> None:
     switching = bool(run_as) and os.geteuid() == 0
     ids = user_ids(run_as) if switching else None
     # counted before a user namespace, where the other processes' owners are unmapped
-    running = user_tasks(ids[0] if ids else None)
+    # (the user switched to counts this process too, once it has switched)
+    running = user_tasks(ids[0]) + 1 if ids else user_tasks()
     network, processes = isolate(network_asked, pids_asked, switching)
     if network == "isolated, user namespace" and _kernel_at_least(5, 14):
         running = 1  # the namespace counts its own processes, this one so far

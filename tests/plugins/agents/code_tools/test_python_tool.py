@@ -269,3 +269,49 @@ def test_what_the_code_writes_in_all_is_capped():
     assert result.text == "[wrote over 32 MiB to its folder; the program was killed]"
     assert result.metrics["over_written"] == 1.0
     assert run("open('small', 'wb').write(b'x' * 1024)", max_written_mb=1).text == "[no output]"
+
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+@linux_only
+@pytest.mark.skipif(
+    os.getuid() != 0
+    or not os.path.exists(SYSTEM_PYTHON)
+    or limits._closed_to_others(SYSTEM_PYTHON) is not None
+    or limits.user_ids("nobody") is None,
+    reason="needs root and a Python that other users can run",
+)
+def test_as_root_the_launcher_switches_to_an_unprivileged_user_and_caps_processes(tmp_path):
+    import json
+    import subprocess
+
+    code = (
+        "import os, subprocess\n"
+        "started = []\n"
+        "try:\n"
+        "    for _ in range(20):\n"
+        "        started.append(subprocess.Popen(['sleep', '1000.875']))\n"
+        "except OSError:\n"
+        "    pass\n"
+        "print(os.getuid(), len(started))\n"
+    )
+    options = {"run_as": "nobody", "max_processes": 4, "isolate_processes": True}
+    status_read, status_write = os.pipe()
+    launcher = [SYSTEM_PYTHON, "-I", "-S", limits.__file__, json.dumps(options), str(status_write)]
+    done = subprocess.run(
+        [*launcher, SYSTEM_PYTHON, "-c", code],
+        pass_fds=(status_write,),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    os.close(status_write)
+    with os.fdopen(status_read) as status:
+        report = json.loads(status.read())
+    assert report["user"] == "switched to nobody"
+    assert done.stdout.split() == [str(limits.user_ids("nobody")[0]), "4"]
+    assert wait_gone("1000.875") == []
+    if report["cgroup"].startswith("/"):
+        os.rmdir(report["cgroup"])
