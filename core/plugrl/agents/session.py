@@ -446,7 +446,16 @@ class AgentRuntime:
             for p, row in enumerate(rows)
             for s in range(params.n)
         ]
-        flat = await asyncio.gather(*samples)
+        tasks = [asyncio.ensure_future(sample) for sample in samples]
+        try:
+            flat = await asyncio.gather(*tasks)
+        except BaseException:
+            # the first failure stops the run: the other samples are cancelled and awaited
+            # here, not left pending for the loop's shutdown to complain about
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
         return [flat[p * params.n : (p + 1) * params.n] for p in range(len(rows))]
 
     async def _run_sample(
@@ -506,6 +515,11 @@ class AgentRuntime:
                     f"agent loop {loop_name!r} returned a response of "
                     f"{len(trajectory.response_ids)} tokens for sample {sample_id}, over "
                     f"data.max_response_length={limit}; cut appended tokens to what is left"
+                )
+            if trajectory.finish_reason == "error":
+                trajectory.error = (
+                    f"agent loop {loop_name!r}, sample {sample_id}: "
+                    f"{trajectory.error or 'no reason given (see the warnings above)'}"
                 )
         last = trajectories[-1]
         last.metrics = {**session.counters.metrics(), **last.metrics}

@@ -1,7 +1,7 @@
 """The scheduler interface, the run it is handed, and the pieces of a training step that
 schedulers share (generate, score, update, metrics), so a new scheduler writes only its order."""
 
-from plugrl.agents.batch import agent_rows, build_trajectory_batch
+from plugrl.agents.batch import agent_rows, build_trajectory_batch, check_not_all_errors
 from plugrl.algorithms.dynamic_sampling import DynamicSampler
 from plugrl.cluster.engines import EngineGroup
 from plugrl.compose.run_parts import RunParts
@@ -33,6 +33,7 @@ __all__ = [
     "StepTimer",
     "agent_rows",
     "build_trajectory_batch",
+    "check_not_all_errors",
     "compute_old_log_probs",
     "generate",
     "prefetch_scores",

@@ -134,9 +134,10 @@ def generate_with_agents(
     all running concurrently (:class:`plugrl.agents.session.AgentRuntime`), as a batch of
     :func:`plugrl.agents.batch.build_trajectory_batch`. Responses go to the reward manager
     when the batch is scored, not as they finish."""
-    from plugrl.agents.batch import agent_rows, build_trajectory_batch
+    from plugrl.agents.batch import agent_rows, build_trajectory_batch, check_not_all_errors
 
     samples = parts.agent_runtime().run(agent_rows(prompts), loop_names, params)
+    check_not_all_errors(t for row in samples for sample in row for t in sample)
     batch = build_trajectory_batch(prompts, samples, pad_token_id=parts.pad_token_id)
     batch.meta["temperature"] = params.temperature or 1.0
     return batch
