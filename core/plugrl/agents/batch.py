@@ -133,6 +133,21 @@ def check_not_all_errors(trajectories: Iterable[Trajectory]) -> None:
     )
 
 
+def rows_to_score(batch: Batch) -> list[int]:
+    """The rows of a batch built from trajectories whose sample has no episode reward: only
+    those need the reward manager's score (:func:`agent_scores` takes the episode reward
+    for the others)."""
+    wanted: list[int] = []
+    start = 0
+    for row, is_last in enumerate(batch["sample_last"]):
+        if not is_last:
+            continue
+        if batch["episode_reward"][row] is None:
+            wanted.extend(range(start, row + 1))
+        start = row + 1
+    return wanted
+
+
 def agent_scores(batch: Batch, token_level_scores: torch.Tensor) -> torch.Tensor:
     """The token-level scores of a batch built from trajectories, from the reward manager's
     (``token_level_scores``): each sample's score is its episode reward when the trajectory
