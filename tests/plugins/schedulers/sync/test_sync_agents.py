@@ -192,3 +192,36 @@ def two_turn_trajectory(versions):
         turn_ends=[1, 4],
         num_turns=2,
     )
+
+
+class RefusingEnvironment(plugrl.parts.agent.Environment):
+    async def reset(self, row):
+        raise RuntimeError("No registered env with id: my_envs:guess")
+
+    async def step(self, message):  # never reached
+        raise AssertionError
+
+
+class RefusingEnvironmentPlugin:
+    @plugrl.hookimpl
+    def register_environments(self, register):
+        register("refusing", RefusingEnvironment)
+
+
+def test_a_step_whose_trajectories_all_failed_stops_the_run_in_one_line(
+    sim_parts, plugrl_register_plugin
+):
+    # the drill: every sample failed, and the run trained two steps on them and exited 0
+    from plugrl.errors import PluginError
+
+    plugrl_register_plugin(RefusingEnvironmentPlugin(), "agent-test-refusing")
+    scheduler, parts = sim_parts({"rollout.agent": {"loop": "env", "env": "refusing"}})
+    with pytest.raises(PluginError) as info:
+        scheduler.train_step(parts, 1)
+    message = str(info.value)
+    assert message.startswith("all 8 trajectories of the step ended in error; the first: ")
+    assert (
+        "environment RefusingEnvironment.reset raised RuntimeError: No registered env with id: "
+        "my_envs:guess; fix the agent loop, environment or tool it names"
+    ) in message
+    assert "\n" not in message
