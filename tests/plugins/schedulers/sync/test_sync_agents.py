@@ -225,3 +225,42 @@ def test_a_step_whose_trajectories_all_failed_stops_the_run_in_one_line(
         "my_envs:guess; fix the agent loop, environment or tool it names"
     ) in message
     assert "\n" not in message
+
+
+class DictStepEnvironment(plugrl.parts.agent.Environment):
+    async def reset(self, row):
+        return None
+
+    async def step(self, message):
+        return {"observation": "", "reward": 1.0, "done": True}
+
+
+class DictStepPlugin:
+    @plugrl.hookimpl
+    def register_environments(self, register):
+        register("dict_step", DictStepEnvironment)
+
+
+def test_a_step_of_the_wrong_type_stops_the_run_naming_the_environment_without_noise(
+    sim_parts, plugrl_register_plugin, caplog, recwarn
+):
+    # the drill: "fix the loop" blaming the env loop, then coroutine-never-awaited noise
+    from plugrl.errors import PluginError
+
+    plugrl_register_plugin(DictStepPlugin(), "agent-test-dict-step")
+    scheduler, parts = sim_parts({"rollout.agent": {"loop": "env", "env": "dict_step"}})
+    with pytest.raises(PluginError) as info:
+        scheduler.train_step(parts, 1)
+    assert str(info.value) == (
+        "environment DictStepEnvironment.step returned dict; return "
+        "plugrl.api.agents.StepResult(observation=..., reward=..., done=...)"
+    )
+    runtime = parts.agents
+    runtime.close()
+    # the other samples were cancelled and awaited before the error left the runtime: none
+    # is left pending on its stopped loop, to be destroyed later with its coroutines
+    # (Environment.close, a generation) never awaited
+    import asyncio
+
+    assert [t for t in asyncio.all_tasks(runtime._thread.loop) if not t.done()] == []
+    assert "Task was destroyed" not in caplog.text and "never awaited" not in caplog.text
