@@ -337,6 +337,48 @@ def launch(argv: list[str]) -> None:
     os.execv(argv[2], argv[2:])
 
 
+def probe(run_as: str = "nobody") -> dict[str, str]:
+    """What the launcher gets on this machine, as the ``python`` tool would start it (all
+    mechanisms asked, ``max_processes`` 16): its report, ``network``, ``processes``,
+    ``cgroup`` and ``user``, from one launch of a program that does nothing."""
+    import subprocess
+    import tempfile
+
+    options = {
+        "max_processes": 16,
+        "isolate_network": True,
+        "isolate_processes": True,
+        "run_as": run_as or None,
+    }
+    status_read, status_write = os.pipe()
+    launcher = [sys.executable, "-I", "-S", __file__, json.dumps(options), str(status_write)]
+    with tempfile.TemporaryDirectory(prefix="plugrl-probe-") as folder:
+        try:
+            subprocess.run(
+                [*launcher, sys.executable, "-I", "-S", "-c", "pass"],
+                pass_fds=(status_write,),
+                cwd=folder,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=60,
+                check=False,
+            )
+        finally:
+            os.close(status_write)
+        with os.fdopen(status_read, "rb") as status:
+            text = status.read().decode(errors="replace")
+    try:
+        report = {str(k): str(v) for k, v in json.loads(text or "{}").items()}
+    except ValueError:
+        report = {}
+    cgroup = report.get("cgroup", "")
+    if cgroup.startswith("/"):
+        with contextlib.suppress(OSError):
+            os.rmdir(cgroup)
+        report["cgroup"] = "capped"
+    return report
+
+
 def _kernel_at_least(major: int, minor: int) -> bool:
     try:
         found = tuple(int(part) for part in os.uname().release.split("-")[0].split(".")[:2])
