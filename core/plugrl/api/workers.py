@@ -6,6 +6,7 @@ from plugrl.agents.processes import run_in_process
 from plugrl.loop_thread import EventLoopThread
 from plugrl.worker_processes import (
     REAP_TIMEOUT_S,
+    descendants,
     die_with_parent,
     encode_message,
     kill_and_reap,
@@ -21,6 +22,7 @@ from plugrl.worker_processes import (
 __all__ = [
     "REAP_TIMEOUT_S",
     "EventLoopThread",
+    "descendants",
     "die_with_parent",
     "encode_message",
     "kill_and_reap",

@@ -30,6 +30,7 @@ import attrs
 
 from plugrl.api import option, positive
 from plugrl.api.agents import Tool, ToolArgumentError, ToolConfig, ToolContext, ToolResult, limits
+from plugrl.api.workers import descendants
 from plugrl_code_tools.output import describe_run, truncate
 
 logger = logging.getLogger("plugrl.agents")
@@ -363,7 +364,7 @@ def _kill_everything(leader: int, mark: str, cgroup: str) -> None:
     the group by ``setsid`` too), every process whose environment holds ``mark`` (those whose
     parent died first), and every process in ``cgroup``: where a PID namespace holds the
     code, killing the launcher already ended all of them."""
-    targets = set(_descendants(leader)) | set(_marked(mark.encode()))
+    targets = set(descendants(leader)) | set(_marked(mark.encode()))
     if cgroup.startswith("/"):
         with contextlib.suppress(OSError), open(f"{cgroup}/cgroup.procs", encoding="utf-8") as f:
             targets.update(int(line) for line in f.read().split())
@@ -372,31 +373,6 @@ def _kill_everything(leader: int, mark: str, cgroup: str) -> None:
     for pid in targets - {os.getpid()}:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
-
-
-def _parents() -> dict[int, int]:
-    parents: dict[int, int] = {}
-    with contextlib.suppress(OSError):
-        for entry in os.scandir("/proc"):
-            if entry.name.isdigit():
-                with (
-                    contextlib.suppress(OSError, ValueError, IndexError),
-                    open(f"/proc/{entry.name}/stat", encoding="utf-8") as f,
-                ):
-                    parents[int(entry.name)] = int(f.read().rpartition(")")[2].split()[1])
-    return parents
-
-
-def _descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for child, parent in _parents().items():
-        children.setdefault(parent, []).append(child)
-    found, stack = [], [pid]
-    while stack:
-        for child in children.get(stack.pop(), []):
-            found.append(child)
-            stack.append(child)
-    return found
 
 
 def _marked(mark: bytes) -> list[int]:
