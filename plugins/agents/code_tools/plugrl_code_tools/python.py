@@ -42,6 +42,7 @@ _OUTPUT_GRACE_S = 1.0
 """After the program ended or was killed, how long its output pipes are read before the call
 returns without what a process still holding them would print."""
 _SIZE_CHECK_S = 0.02
+_ENTRY_BYTES = 4096
 
 
 @attrs.define(kw_only=True)
@@ -341,7 +342,9 @@ def _read_report(data: bytes) -> dict[str, str]:
 
 async def _watch_size(folder: Path, cap: int) -> None:
     """Return once the files under ``folder`` take more than ``cap`` bytes."""
-    while _folder_bytes(folder) <= cap:
+    # in a thread: a folder of many files takes a while to walk, and the event loop runs
+    # every sample's turns
+    while await asyncio.to_thread(_folder_bytes, folder) <= cap:
         await asyncio.sleep(_SIZE_CHECK_S)
 
 
@@ -352,10 +355,12 @@ def _folder_bytes(folder: Path) -> int:
         with contextlib.suppress(OSError), os.scandir(stack.pop()) as entries:
             for entry in entries:
                 with contextlib.suppress(OSError):
+                    # blocks really used (a sparse file counts as what it holds), and at least
+                    # a block for each entry, so that a flood of empty files counts too
+                    blocks = entry.stat(follow_symlinks=False).st_blocks * 512
+                    total += max(blocks, _ENTRY_BYTES)
                     if entry.is_dir(follow_symlinks=False):
                         stack.append(entry.path)
-                    else:  # blocks really used: a sparse file counts as what it holds
-                        total += entry.stat(follow_symlinks=False).st_blocks * 512
     return total
 
 

@@ -315,3 +315,10 @@ def test_as_root_the_launcher_switches_to_an_unprivileged_user_and_caps_processe
     assert wait_gone("1000.875") == []
     if report["cgroup"].startswith("/"):
         os.rmdir(report["cgroup"])
+
+
+@linux_only
+def test_a_flood_of_empty_files_counts_toward_the_write_cap():
+    code = "for i in range(100000):\n    open(f'e{i}', 'w').close()\nprint('made all')\n"
+    result = run(code, max_written_mb=4, timeout_s=60)
+    assert result.text == "[wrote over 4 MiB to its folder; the program was killed]"
