@@ -124,11 +124,41 @@ def die_with_parent() -> None:
 
 def kill_process_group(process: subprocess.Popen) -> None:
     """SIGKILL every process of the group ``process`` leads (as a worker from
-    :func:`spawn_worker_process` does). The group outlives its leader while a child of it
+    :func:`spawn_worker_process` does), and every descendant of ``process`` (Linux), those
+    that left the group (``setsid``) too. The group outlives its leader while a child of it
     runs, so this also ends what an exited worker left behind. A group already gone is no
-    error."""
+    error. A process that left the group and whose parent already died is no longer a
+    descendant: nothing here finds it."""
+    found = descendants(process.pid)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGKILL)
+    for pid in found:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes descended from ``pid`` now, children first, read from ``/proc`` (Linux;
+    empty elsewhere)."""
+    children: dict[int, list[int]] = {}
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            with (
+                contextlib.suppress(OSError, ValueError, IndexError),
+                open(f"/proc/{entry.name}/stat", encoding="utf-8") as f,
+            ):
+                # the parent is the second field after the command, which may hold spaces
+                parent = int(f.read().rpartition(")")[2].split()[1])
+                children.setdefault(parent, []).append(int(entry.name))
+    found: list[int] = []
+    stack = [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found
 
 
 def kill_and_reap(process: subprocess.Popen, timeout_s: float = REAP_TIMEOUT_S) -> bool:

@@ -210,6 +210,10 @@ def test_doctor_reports_versions_and_parts():
         line.split()[:2] == ["device", "cpu"] and line.endswith("ok")
         for line in result.stdout.splitlines()
     )
+    if sys.platform.startswith("linux"):  # what the python tool's code gets here
+        (line,) = [x for x in result.stdout.splitlines() if x.startswith("python tool")]
+        for what in ("PID namespace: ", "network: ", "process cap cgroup: ", "user: "):
+            assert what in line
 
 
 def test_doctor_looks_up_modules_not_distribution_names(tmp_path):

@@ -542,6 +542,23 @@ def doctor() -> None:
         click.echo(f"cuda          {gpus} (torch built for cuda {torch.version.cuda or '-'})")
     except Exception as exc:  # a broken torch is exactly what doctor should report
         click.echo(f"torch import  failed: {type(exc).__name__}: {exc}")
+    if sys.platform.startswith("linux"):
+        from plugrl.agents import limits
+
+        report = limits.probe()
+        # what the python tool's code gets here (docs/agents.md: what each one contains)
+        click.echo(
+            "python tool   "
+            + "; ".join(
+                f"{what}: {report.get(key, 'no report')}"
+                for what, key in (
+                    ("PID namespace", "processes"),
+                    ("network", "network"),
+                    ("process cap cgroup", "cgroup"),
+                    ("user", "user"),
+                )
+            )
+        )
     manager = get_plugin_manager()
     click.echo("")
     click.echo("parts:")

@@ -13,7 +13,7 @@ A trajectory's ``response_ids`` hold every token after its prompt: the sampled o
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -114,6 +114,38 @@ def min_sampled_version(trajectory: Trajectory) -> int:
     ``weight_version`` when it sampled none): the trajectory's staleness."""
     sampled = [v for v, m in zip(trajectory.token_versions, trajectory.loss_mask, strict=True) if m]
     return min(sampled, default=trajectory.weight_version)
+
+
+def check_not_all_errors(trajectories: Iterable[Trajectory]) -> None:
+    """Stop the run (:class:`~plugrl.errors.PluginError`, one line) when every trajectory of
+    a step ended in error: there is nothing to learn from, and training on it would pass a
+    broken loop, environment or tool for a model that does badly."""
+    trajectories = list(trajectories)
+    if not trajectories or any(t.finish_reason != "error" for t in trajectories):
+        return
+    from plugrl.errors import PluginError
+
+    # getattr: a trajectory saved by an older version (a resumed buffer) has no error field
+    first = getattr(trajectories[0], "error", "") or "no reason given (see the warnings above)"
+    raise PluginError(
+        f"all {len(trajectories)} trajectories of the step ended in error; the first: "
+        f"{first}; fix the agent loop, environment or tool it names"
+    )
+
+
+def rows_to_score(batch: Batch) -> list[int]:
+    """The rows of a batch built from trajectories whose sample has no episode reward: only
+    those need the reward manager's score (:func:`agent_scores` takes the episode reward
+    for the others)."""
+    wanted: list[int] = []
+    start = 0
+    for row, is_last in enumerate(batch["sample_last"]):
+        if not is_last:
+            continue
+        if batch["episode_reward"][row] is None:
+            wanted.extend(range(start, row + 1))
+        start = row + 1
+    return wanted
 
 
 def agent_scores(batch: Batch, token_level_scores: torch.Tensor) -> torch.Tensor:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -116,8 +117,10 @@ class ToolCaller:
         sample_id: str,
         in_flight: asyncio.Semaphore | None = None,
         record_metric: Callable[[str, str, float], None] | None = None,
+        record_raise: Callable[[str, BaseException], None] | None = None,
     ) -> None:
         self.tools = tools
+        self.record_raise = record_raise
         self.config = config
         self.tokenizer = tokenizer
         self.sample_id = sample_id
@@ -176,6 +179,9 @@ class ToolCaller:
                 result = _failed(f"Error: tool {call.name!r} timed out after {timeout:g} s.")
             except Exception as exc:
                 result = _failed(f"Error: tool {call.name!r} failed: {type(exc).__name__}: {exc}")
+                # the model reads the error, but it is the tool's bug: the run says so too
+                if self.record_raise is not None:
+                    self.record_raise(call.name, exc)
             else:
                 if isinstance(answer, ToolResult):
                     result = attrs.evolve(answer, metrics=dict(answer.metrics))
@@ -232,6 +238,7 @@ class AgentSession(Session):
             sample_id=sample_id,
             in_flight=runtime.tools_in_flight,
             record_metric=runtime.record_tool_metric,
+            record_raise=runtime.record_tool_raise,
         )
 
     def turn_seed(self, turn: int) -> int | None:
@@ -330,6 +337,9 @@ class AgentRuntime:
         """Continue a turn a weight sync aborted (set by a scheduler whose syncs abort the
         requests in flight); otherwise the turn ends ``aborted`` and so does its trajectory."""
         self._tool_metrics: dict[str, list[float]] = defaultdict(list)
+        self._tools_that_raised: set[str] = set()
+        self._tool_raises: dict[str, tuple[int, str]] = {}
+        self._raises_lock = threading.Lock()  # counted on the samples' thread, read on the run's
         self._thread = EventLoopThread("plugrl-agents")
         # created on the runtime's own loop, where every call that waits on it runs
         self.tools_in_flight: asyncio.Semaphore = self._thread.submit(
@@ -431,10 +441,35 @@ class AgentRuntime:
         """A figure a tool reported with its result (``ToolResult.metrics``)."""
         self._tool_metrics[f"agent/tool/{tool}/{key}"].append(float(value))
 
+    def record_tool_raise(self, tool: str, exc: BaseException) -> None:
+        """A tool's own code raised (``tool`` is its ``name``, which its metrics are under):
+        the first time for each tool, the traceback is logged at once; then the raises are
+        counted and said once a step (:meth:`take_tool_metrics`)."""
+        first = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        if tool not in self._tools_that_raised:
+            self._tools_that_raised.add(tool)
+            logger.warning(
+                "tool %r raised %s; the model reads it as a failed call, but it is a bug in the "
+                "tool (its metrics: agent/tool/%s/...)",
+                tool,
+                first,
+                tool,
+                exc_info=(type(exc), exc, exc.__traceback__),
+            )
+        with self._raises_lock:
+            count, kept = self._tool_raises.get(tool, (0, first))
+            self._tool_raises[tool] = (count + 1, kept)
+
     def take_tool_metrics(self) -> dict[str, float]:
-        """The mean of each figure tools reported since the last call."""
+        """The mean of each figure tools reported since the last call; logs how often each
+        tool raised since then."""
         metrics = {key: sum(values) / len(values) for key, values in self._tool_metrics.items()}
         self._tool_metrics.clear()
+        with self._raises_lock:
+            raises, self._tool_raises = self._tool_raises, {}
+        for tool, (count, first) in sorted(raises.items()):
+            logger.warning("tool %r raised %d times this step; first: %s", tool, count, first)
+            metrics[f"agent/tool/{tool}/raised"] = float(count)
         return metrics
 
     # ------------------------------------------------------------------------------ running
@@ -474,7 +509,16 @@ class AgentRuntime:
             for p, row in enumerate(rows)
             for s in range(params.n)
         ]
-        flat = await asyncio.gather(*samples)
+        tasks = [asyncio.ensure_future(sample) for sample in samples]
+        try:
+            flat = await asyncio.gather(*tasks)
+        except BaseException:
+            # the first failure stops the run: the other samples are cancelled and awaited
+            # here, not left pending for the loop's shutdown to complain about
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
         return [flat[p * params.n : (p + 1) * params.n] for p in range(len(rows))]
 
     async def _run_sample(
@@ -534,6 +578,11 @@ class AgentRuntime:
                     f"agent loop {loop_name!r} returned a response of "
                     f"{len(trajectory.response_ids)} tokens for sample {sample_id}, over "
                     f"data.max_response_length={limit}; cut appended tokens to what is left"
+                )
+            if trajectory.finish_reason == "error":
+                trajectory.error = (
+                    f"agent loop {loop_name!r}, sample {sample_id}: "
+                    f"{trajectory.error or 'no reason given (see the warnings above)'}"
                 )
         last = trajectories[-1]
         last.metrics = {**session.counters.metrics(), **last.metrics}

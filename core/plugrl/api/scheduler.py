@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from plugrl.api._lazy import lazy_module
 
 if TYPE_CHECKING:
-    from plugrl.agents.batch import agent_rows, build_trajectory_batch
+    from plugrl.agents.batch import agent_rows, build_trajectory_batch, check_not_all_errors
     from plugrl.algorithms.dynamic_sampling import DynamicSampler
     from plugrl.cluster.engines import EngineGroup
     from plugrl.compose.run_parts import RunParts
@@ -40,6 +40,7 @@ __all__ = [
     "StepTimer",
     "agent_rows",
     "build_trajectory_batch",
+    "check_not_all_errors",
     "compute_old_log_probs",
     "generate",
     "prefetch_scores",
@@ -66,6 +67,7 @@ __getattr__, __dir__ = lazy_module(
         "StepTimer": ("plugrl.run.metrics", "StepTimer"),
         "agent_rows": ("plugrl.agents.batch", "agent_rows"),
         "build_trajectory_batch": ("plugrl.agents.batch", "build_trajectory_batch"),
+        "check_not_all_errors": ("plugrl.agents.batch", "check_not_all_errors"),
         "compute_old_log_probs": ("plugrl.run.steps", "compute_old_log_probs"),
         "generate": ("plugrl.run.steps", "generate"),
         "prefetch_scores": ("plugrl.run.steps", "prefetch_scores"),

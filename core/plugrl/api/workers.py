@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from plugrl.loop_thread import EventLoopThread
     from plugrl.worker_processes import (
         REAP_TIMEOUT_S,
+        descendants,
         die_with_parent,
         encode_message,
         kill_and_reap,
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = [
     "REAP_TIMEOUT_S",
     "EventLoopThread",
+    "descendants",
     "die_with_parent",
     "encode_message",
     "kill_and_reap",
@@ -46,6 +48,7 @@ __getattr__, __dir__ = lazy_module(
     {
         "REAP_TIMEOUT_S": ("plugrl.worker_processes", "REAP_TIMEOUT_S"),
         "EventLoopThread": ("plugrl.loop_thread", "EventLoopThread"),
+        "descendants": ("plugrl.worker_processes", "descendants"),
         "die_with_parent": ("plugrl.worker_processes", "die_with_parent"),
         "encode_message": ("plugrl.worker_processes", "encode_message"),
         "kill_and_reap": ("plugrl.worker_processes", "kill_and_reap"),

@@ -201,9 +201,15 @@ def training_loader(recipe: Recipe, dataset: PromptDataset, pad_token_id: int) -
     return PromptLoader.for_training(dataset, data, pad_token_id, per_generation_round=per_round)
 
 
-def check_data_sources(reward: RewardManager, datasets: list[PromptDataset | None]) -> None:
+def check_data_sources(
+    reward: RewardManager,
+    datasets: list[PromptDataset | None],
+    environment: str | None = None,
+) -> None:
     """Fail before any generation when a data source has no scorer, naming the first row
-    that uses it (the reward's own message says how to add one)."""
+    that uses it (the reward's own message says how to add one). In a run with an
+    ``environment``, whose episode rewards need no scorer, it is a warning: a trajectory that
+    gives no reward of its own then stops the run when its batch is scored."""
     from plugrl.errors import DataError
 
     first_row: dict[str, str] = {}
@@ -214,7 +220,14 @@ def check_data_sources(reward: RewardManager, datasets: list[PromptDataset | Non
         try:
             reward.check_data_sources([data_source])
         except DataError as exc:
-            raise DataError(f"{origin}: {exc}") from None
+            if environment is None:
+                raise DataError(f"{origin}: {exc}") from None
+            logger.warning(
+                "%s: %s; the run relies on the episode rewards of environment %r for these rows",
+                origin,
+                exc,
+                environment,
+            )
 
 
 def update_derives_old_log_probs(
@@ -347,7 +360,7 @@ def build_run_parts(context: RunContext, engine_needs: dict[str, str] | None = N
     val_data = PromptDataset.validation(recipe.data, tokenizer)
     train_loader = training_loader(recipe, train_data, pad_token_id)
     reward = build_reward_manager(recipe, tokenizer, plugins, device)
-    check_data_sources(reward, [train_data, val_data])
+    check_data_sources(reward, [train_data, val_data], recipe.rollout.agent.env)
 
     estimator = build_estimator(recipe, plugins)
     objective = PolicyObjective.from_recipe(recipe, plugins)

@@ -325,6 +325,9 @@ class Trajectory:
     metrics: dict[str, float] = attrs.field(factory=dict)
     """Per-trajectory figures (``tool_calls``, ``tool_errors``, ...), averaged over the batch
     into ``agent/...`` metrics."""
+    error: str = ""
+    """With finish reason ``error``: why, in one line (an environment's exception, a
+    timeout). A step whose trajectories all ended in error stops the run with the first."""
 
     def add_turn(self, completion: Completion) -> None:
         """Append a model turn as the engine sampled it: its tokens with ``loss_mask`` 1,

@@ -135,9 +135,10 @@ def generate_with_agents(
     all running concurrently (:class:`plugrl.agents.session.AgentRuntime`), as a batch of
     :func:`plugrl.agents.batch.build_trajectory_batch`. Responses go to the reward manager
     when the batch is scored, not as they finish."""
-    from plugrl.agents.batch import agent_rows, build_trajectory_batch
+    from plugrl.agents.batch import agent_rows, build_trajectory_batch, check_not_all_errors
 
     samples = parts.agent_runtime().run(agent_rows(prompts), loop_names, params)
+    check_not_all_errors(t for row in samples for sample in row for t in sample)
     batch = build_trajectory_batch(prompts, samples, pad_token_id=parts.pad_token_id)
     batch.meta["temperature"] = params.temperature or 1.0
     return batch
@@ -175,15 +176,51 @@ def reward_output(parts: RunParts, batch: Batch) -> RewardOutput:
     the wrong shape or type stop the run with one line naming the manager
     (:func:`plugrl.plugin.boundaries.check_reward_output`). For a batch of trajectories
     the scores move where the trajectory says (:func:`plugrl.agents.batch.agent_scores`:
-    episode rewards, per-turn rewards, the score on the last sampled token)."""
-    output = check_reward_output(
-        parts.reward(batch), batch, parts.recipe.reward.manager, parts.plugins
-    )
-    if "turn_rewards" in batch:
-        from plugrl.agents.batch import agent_scores
+    episode rewards, per-turn rewards, the score on the last sampled token), and the manager
+    scores only the samples whose trajectory gave no episode reward: an environment's reward
+    is enough, with no reward function for the row's ``data_source``."""
+    if "turn_rewards" not in batch:
+        return check_reward_output(
+            parts.reward(batch), batch, parts.recipe.reward.manager, parts.plugins
+        )
+    from plugrl.agents.batch import agent_scores, rows_to_score
+    from plugrl.parts.reward import RewardOutput
 
-        output.token_level_scores = agent_scores(batch, output.token_level_scores)
+    wanted = rows_to_score(batch)
+    if len(wanted) == len(batch):
+        output = _scored_rows(parts, batch)
+    else:
+        import torch
+
+        scores = torch.zeros(batch["responses"].shape, dtype=torch.float32)
+        output = RewardOutput(token_level_scores=scores)
+        if wanted:
+            part = _scored_rows(parts, batch.select(wanted))
+            scores[wanted] = part.token_level_scores.to(torch.float32)
+            for name, values in part.extra.items():
+                column: list[Any] = [None] * len(batch)
+                for row, value in zip(wanted, values, strict=True):
+                    column[row] = value
+                output.extra[name] = column
+            output.metrics = dict(part.metrics)
+    output.token_level_scores = agent_scores(batch, output.token_level_scores)
     return output
+
+
+def _scored_rows(parts: RunParts, batch: Batch) -> RewardOutput:
+    """The reward manager's output for the trajectory rows ``batch``; a data source without a
+    reward function says the trajectories gave no reward of their own."""
+    from plugrl.errors import DataError
+
+    try:
+        return check_reward_output(
+            parts.reward(batch), batch, parts.recipe.reward.manager, parts.plugins
+        )
+    except DataError as exc:
+        raise DataError(
+            f"{exc} (these trajectories gave no episode reward of their own: an environment "
+            "that returns one needs no reward function)"
+        ) from None
 
 
 def score(parts: RunParts, batch: Batch) -> dict[str, Any]:

@@ -181,3 +181,67 @@ def test_a_figure_a_loop_counts_per_sample_is_averaged_over_the_samples():
     timed.metrics = {"env_latency_s": 0.5}
     batch = build_trajectory_batch(prompt_batch([[1]]), [[[timed], [one_turn()]]], pad_token_id=PAD)
     assert agent_metrics(batch)["agent/env_latency_s/mean"] == 0.25
+
+
+def test_an_environments_episode_reward_needs_no_reward_function_for_its_data_source(
+    plugrl_recipe, plugrl_plugin_manager
+):
+    # the drill: an environment returning the episode reward still needed a reward function
+    # for the row's data_source
+    from types import SimpleNamespace
+
+    from plugrl.compose.run_parts import build_reward_manager
+    from plugrl.errors import DataError
+    from plugrl.run.steps import reward_output
+    from plugrl.testing import make_tiny_tokenizer
+
+    recipe = plugrl_recipe({})
+    tokenizer = make_tiny_tokenizer()
+    manager = build_reward_manager(recipe, tokenizer, plugrl_plugin_manager)
+    parts = SimpleNamespace(reward=manager, recipe=recipe, plugins=plugrl_plugin_manager)
+    try:
+        prompts = prompt_batch([[1, 2], [3]])
+        prompts["data_source"] = ["my_env/puzzles", "plugrl/arithmetic"]
+        scored = [[[two_turns(reward=0.75)]], [[one_turn()]]]
+        batch = build_trajectory_batch(prompts, scored, pad_token_id=PAD)
+        output = reward_output(parts, batch)
+        # the first sample's score is its episode reward; the second is the manager's
+        assert output.token_level_scores[0].sum().item() == pytest.approx(0.75)
+        assert set(output.extra) and all(len(v) == 2 for v in output.extra.values())
+        assert all(v[0] is None for v in output.extra.values())
+        only_env = build_trajectory_batch(
+            prompts.select([0]), [[[two_turns(reward=0.5)]]], pad_token_id=PAD
+        )
+        assert reward_output(parts, only_env).token_level_scores.sum().item() == 0.5
+        no_reward = build_trajectory_batch(prompts.select([0]), [[[two_turns()]]], pad_token_id=PAD)
+        with pytest.raises(DataError) as info:
+            reward_output(parts, no_reward)
+        assert str(info.value).startswith("no reward function for data_source 'my_env/puzzles'")
+        assert str(info.value).endswith(
+            "(these trajectories gave no episode reward of their own: an environment that "
+            "returns one needs no reward function)"
+        )
+    finally:
+        manager.close()
+
+
+def test_at_start_up_a_data_source_without_a_function_is_a_warning_in_a_run_with_an_environment(
+    plugrl_recipe, plugrl_plugin_manager, caplog
+):
+    from types import SimpleNamespace
+
+    from plugrl.compose.run_parts import build_reward_manager, check_data_sources
+    from plugrl.errors import DataError
+    from plugrl.testing import make_tiny_tokenizer
+
+    recipe = plugrl_recipe({})
+    manager = build_reward_manager(recipe, make_tiny_tokenizer(), plugrl_plugin_manager)
+    record = SimpleNamespace(data_source="my_env/puzzles", origin="train.jsonl line 1")
+    data = [SimpleNamespace(records=[record])]
+    try:
+        with pytest.raises(DataError, match=r"^train\.jsonl line 1: no reward function"):
+            check_data_sources(manager, data)
+        check_data_sources(manager, data, "guess_the_number")
+    finally:
+        manager.close()
+    assert "relies on the episode rewards of environment 'guess_the_number'" in caplog.text

@@ -31,8 +31,8 @@ def pid():
     return os.getpid()
 
 
-def hang_with_child(pid_file):
-    child = subprocess.Popen(["sleep", "1000"])
+def hang_with_child(pid_file, leave_the_group=False):
+    child = subprocess.Popen(["sleep", "1000"], start_new_session=leave_the_group)
     with open(pid_file, "w") as f:
         f.write(f"{os.getpid()} {child.pid}")
     while True:
@@ -120,6 +120,20 @@ def test_a_timeout_kills_the_worker_and_the_processes_it_started(functions, tmp_
     assert not alive(child)
     # the next call gets a fresh worker
     assert asyncio.run(run_in_process(f"{functions}:pid", timeout_s=30)) != worker
+
+
+def test_a_timeout_kills_a_child_that_left_the_process_group(functions, tmp_path):
+    # the drill: a child that called setsid() escaped the group kill and ran on
+    pid_file = tmp_path / "pids"
+    with pytest.raises(ToolTimeout):
+        asyncio.run(
+            run_in_process(f"{functions}:hang_with_child", str(pid_file), True, timeout_s=1.5)
+        )
+    _, child = (int(p) for p in pid_file.read_text().split())
+    deadline = time.monotonic() + 10
+    while alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(child)
 
 
 def test_an_exception_comes_back_as_its_last_line(functions):

@@ -4,6 +4,7 @@ of tools in flight, and the runtime's checks of what agent loops return."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
@@ -386,3 +387,29 @@ def test_a_parser_that_raises_gives_a_failed_call_not_an_exception(runtime_of, c
     warnings = [r for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and "raised on a model turn" in warnings[0].getMessage()
     assert runtime.parser_failures == 2
+
+
+def test_a_tool_that_raises_is_logged_with_its_traceback_once_then_counted_per_step(
+    runtime_of, caplog
+):
+    # the drill: a tool whose own code raised left only a metric, no console line
+    runtime = runtime_of(tools=["echo", "boom"])
+    session = session_of(runtime)
+    boom = ToolCall(id="c", name="boom", arguments={}, raw="{}")
+    with caplog.at_level(logging.WARNING, logger="plugrl.agents"):
+        for _ in range(3):
+            call_tools(runtime, session, [boom, echo("hi")])
+        first = [r for r in caplog.records if "bug in the tool" in r.getMessage()]
+        assert len(first) == 1 and first[0].exc_info is not None
+        assert first[0].getMessage().startswith("tool 'boom' raised RuntimeError: it broke;")
+        assert "raise RuntimeError" in caplog.text  # the traceback
+        metrics = runtime.take_tool_metrics()
+    assert metrics["agent/tool/boom/raised"] == 3.0
+    assert "tool 'boom' raised 3 times this step; first: RuntimeError: it broke" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="plugrl.agents"):
+        call_tools(runtime, session, [boom])
+        assert "agent/tool/boom/raised" in runtime.take_tool_metrics()
+    # after the first, no traceback again: one count a step
+    assert "bug in the tool" not in caplog.text
+    assert "raised 1 times this step" in caplog.text

@@ -11,11 +11,13 @@ earlier turns are never tokenized again.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
 from collections.abc import Mapping
 from typing import Any
 
+from plugrl.api import PluginError, PlugrlError
 from plugrl.api.agents import (
     AgentLoop,
     Environment,
@@ -52,6 +54,7 @@ class EnvLoop(AgentLoop):
     async def run(self, row: Mapping[str, Any], session: Session) -> Trajectory:
         env = session.make_environment()
         episode = _Episode(session)
+        episode.env_name = type(env).__name__
         try:
             await episode.play(env, row)
         finally:
@@ -74,6 +77,7 @@ class _Episode:
         self.step_latencies: list[float] = []
         self.truncated = 0
         self.failure: str | None = None  # "errors" or "timeouts"
+        self.env_name = "the environment"
 
     async def guarded(self, what: str, call: Any) -> Any:
         """Await an environment call under the timeout; a failure is recorded and raised as
@@ -89,6 +93,12 @@ class _Episode:
                 self.config.tool_timeout_s,
             )
             failure = "timeouts"
+            reason = (
+                f"environment {self.env_name}.{what} took longer than "
+                f"rollout.agent.tool_timeout_s ({self.config.tool_timeout_s}s)"
+            )
+        except PlugrlError:
+            raise  # a wrong return type: the environment's own fault, said in one line
         except Exception as exc:
             log.warning(
                 "environment %s of sample %s raised %s: %s; the trajectory ends with "
@@ -99,9 +109,11 @@ class _Episode:
                 exc,
             )
             failure = "errors"
+            reason = f"environment {self.env_name}.{what} raised {type(exc).__name__}: {exc}"
         if self.failure is None:
             self.failure = failure
             self.trajectory.finish_reason = "error"
+            self.trajectory.error = reason.splitlines()[0] if reason else what
         if what != "close":
             raise _EnvFailed(what)
         return None
@@ -147,7 +159,7 @@ class _Episode:
                 return
             started = time.perf_counter()
             try:
-                result: StepResult = await self.guarded("step", env.step(text))
+                result = await self.guarded("step", _checked_step(env, text))
             except _EnvFailed:
                 trajectory.turn_rewards.append(0.0)
                 return
@@ -234,3 +246,23 @@ class _Episode:
         metrics["env/truncated_observations"] = float(self.truncated)
         trajectory.check()
         return trajectory
+
+
+async def _checked_step(env: Environment, action: str) -> StepResult:
+    """``env.step(action)``, its type checked: a step that is not a coroutine function or
+    returns something else than a :class:`StepResult` stops the run in one line naming the
+    environment (not this loop)."""
+    name = type(env).__name__
+    outcome = env.step(action)
+    if not inspect.isawaitable(outcome):
+        raise PluginError(
+            f"environment {name}.step returned {type(outcome).__name__}, not a coroutine; "
+            "define it as 'async def step(self, action) -> StepResult'"
+        )
+    result = await outcome
+    if not isinstance(result, StepResult):
+        raise PluginError(
+            f"environment {name}.step returned {type(result).__name__}; return "
+            "plugrl.api.agents.StepResult(observation=..., reward=..., done=...)"
+        )
+    return result

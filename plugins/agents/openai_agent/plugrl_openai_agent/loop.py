@@ -253,6 +253,7 @@ class OpenAILoop(AgentLoop):
         if error is not None:
             self._warn(f"agent {self.agent.label} {error}", session.sample_id)
             last.finish_reason = "error"
+            last.error = f"agent {self.agent.label} {error}"
         last.reward = reward
         last.metrics.update(sample.metrics())
         last.metrics["agent_errors"] = float(error is not None)

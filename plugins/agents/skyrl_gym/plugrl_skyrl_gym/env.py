@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 
 from plugrl.api import PartContext
 from plugrl.api.agents import Environment, Message, StepResult
-from plugrl_skyrl_gym.config import SkyrlGymConfig
+from plugrl_skyrl_gym.config import SkyrlGymConfig, registered_env_id
 
 # what plugrl's data adds to a row, which a skyrl-gym environment has no use for
 _NOT_EXTRAS = ("prompt", "raw_prompt_ids", "env_class")
@@ -38,19 +38,18 @@ class SkyrlGymEnvironment(Environment):
 
     def __init__(self, config: SkyrlGymConfig, context: PartContext | None) -> None:
         super().__init__(config, context)
-        if config.env_id is not None:
-            check_env_id(config.env_id)
+        self.env_id = registered_env_id(config.env_id) if config.env_id is not None else None
         self.env: Any = None
 
     async def reset(self, row: Mapping[str, Any]) -> list[Message] | None:
-        env_id = self.config.env_id or row.get("env_class")
+        env_id = self.env_id or row.get("env_class")
         if not env_id:
             raise ValueError(
                 "rollout.agent.env_args.env_id: no skyrl-gym environment for this row; set "
                 "env_id, or give the data an env_class column"
             )
-        if self.config.env_id is None:
-            check_env_id(env_id)
+        if self.env_id is None:
+            env_id = registered_env_id(str(env_id))
         extras: dict[str, Any] = {"max_turns": self._max_turns(), **self.config.extras}
         extras.update((key, value) for key, value in row.items() if key not in _NOT_EXTRAS)
         if "reward_spec" not in extras and "reward_model" in row:
@@ -92,16 +91,3 @@ class SkyrlGymEnvironment(Environment):
     def _max_turns(self) -> int:
         recipe = getattr(self.context, "recipe", None)
         return recipe.rollout.agent.max_turns if recipe is not None else 1
-
-
-def check_env_id(env_id: str) -> None:
-    """Raise a one-line error naming the registered ids when skyrl-gym has no ``env_id``."""
-    from skyrl_gym.envs.registration import registry
-
-    # 'module:id' imports the module first, which registers the id
-    if ":" in env_id or env_id in registry:
-        return
-    raise ValueError(
-        f"rollout.agent.env_args.env_id: skyrl-gym has no environment {env_id!r}; registered: "
-        f"{', '.join(sorted(registry))} (or 'module:id' to import the module registering it)"
-    )

@@ -20,6 +20,7 @@ from plugrl.api.scheduler import (
     StepTimer,
     agent_rows,
     build_trajectory_batch,
+    check_not_all_errors,
     compute_old_log_probs,
     prefetch_scores,
     row_loop_names,
@@ -315,6 +316,9 @@ class FullyAsyncScheduler(Scheduler):
         return parts.sync_weights()
 
     def assemble(self, parts: RunParts, samples: list[Sample]) -> Batch:
+        check_not_all_errors(
+            t for sample in samples for sequences in sample.trajectories for t in sequences
+        )
         batch = Batch.concat(self.sample_batch(parts, sample) for sample in samples)
         # log-probs are recomputed at the temperature the tokens were sampled with
         batch.meta["temperature"] = self.recipe.rollout.temperature or 1.0

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import pytest
 
 import plugrl
-from plugrl.errors import RecipeError
+from plugrl.errors import PluginError, RecipeError
 from plugrl.parts.agent import (
     AgentConfig,
     AgentLoopConfig,
@@ -403,3 +403,85 @@ def test_an_environment_registered_by_a_plugin_is_chosen_by_the_recipe(
     assert str(info.value).startswith(
         "rollout.agent.env: unknown environment 'guess_the_numbr': did you mean 'guess_the_number'?"
     )
+
+
+def test_a_failed_step_says_which_environment_failed_in_the_trajectory(tokenizer):
+    trajectory, _ = play(tokenizer, ["1", "boom", "7"])
+    assert trajectory.error == (
+        "environment GuessTheNumber.step raised RuntimeError: the environment broke"
+    )
+
+
+class StepReturnsADict(GuessTheNumber):
+    async def step(self, message: str) -> Any:
+        return {"observation": "", "reward": 1.0, "done": True}
+
+
+class SynchronousStep(GuessTheNumber):
+    def step(self, message: str) -> Any:  # type: ignore[override]
+        return StepResult(observation="", reward=1.0, done=True)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            StepReturnsADict,
+            "environment StepReturnsADict.step returned dict; return "
+            "plugrl.api.agents.StepResult(observation=..., reward=..., done=...)",
+        ),
+        (
+            SynchronousStep,
+            "environment SynchronousStep.step returned StepResult, not a coroutine; define it "
+            "as 'async def step(self, action) -> StepResult'",
+        ),
+    ],
+)
+def test_a_step_of_the_wrong_type_names_the_environment_and_step_result(tokenizer, env, message):
+    # the drill: a wrong type ended the run blaming the env loop ("fix the loop")
+    with pytest.raises(PluginError) as info:
+        play(tokenizer, ["7"], env=env)
+    assert str(info.value) == message
+    assert GuessTheNumber.instances[0].closed == 1
+
+
+class AlwaysBroken(RegisteredGuess):
+    async def reset(self, row):
+        raise RuntimeError("no registered env with id: gsm9k")
+
+
+class BrokenPlugin:
+    @plugrl.hookimpl
+    def register_environments(self, register):
+        register("always_broken", AlwaysBroken, description="fails every episode")
+
+
+def test_a_step_whose_trajectories_all_ended_in_error_stops_the_run_in_one_line(
+    plugrl_register_plugin, plugrl_recipe, plugrl_plugin_manager
+):
+    # the drill: every sample failed, and the run trained two steps on them and exited 0
+    from plugrl.agents.batch import check_not_all_errors
+    from plugrl.agents.session import AgentRuntime
+    from plugrl.parts.rollout import SamplingParams
+    from tests.core.agents.agent_support import ScriptedEngines, tool_tokenizer
+
+    plugrl_register_plugin(BrokenPlugin(), "broken")
+    recipe = plugrl_recipe({"rollout.agent": {"loop": "env", "env": "always_broken"}})
+    chat_tokenizer = tool_tokenizer()
+    engines = ScriptedEngines(chat_tokenizer, lambda request, turn: "7")
+    runtime = AgentRuntime(recipe, plugrl_plugin_manager, chat_tokenizer, engines)
+    try:
+        rows = [{"uid": f"u{i}", "prompt": QUESTION, "raw_prompt_ids": [1]} for i in range(2)]
+        samples = runtime.run(rows, ["env", "env"], SamplingParams(n=2, seed=1, max_tokens=16))
+    finally:
+        runtime.close()
+    trajectories = [t for row in samples for sample in row for t in sample]
+    with pytest.raises(PluginError) as info:
+        check_not_all_errors(trajectories)
+    assert str(info.value) == (
+        "all 4 trajectories of the step ended in error; the first: agent loop 'env', sample "
+        "u0/0: environment AlwaysBroken.reset raised RuntimeError: no registered env with id: "
+        "gsm9k; fix the agent loop, environment or tool it names"
+    )
+    trajectories[-1].finish_reason = "stop"
+    check_not_all_errors(trajectories)  # one that ended well: the step trains

@@ -33,6 +33,28 @@ def alive(pid: int) -> bool:
         return False
 
 
+def running_with(argument: str) -> list[int]:
+    """The live processes (seen from here: a PID namespace numbers its own) whose command line
+    holds ``argument``."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                    if argument.encode() in f.read().split(b"\0") and alive(int(entry.name)):
+                        found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+def wait_gone(argument: str, seconds: float = 10) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while (left := running_with(argument)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
 def test_output_errors_and_exit_code_come_back():
     result = run("import sys\nprint('out')\nprint('err', file=sys.stderr)\nsys.exit(3)")
     assert result.text == "out\nerr\n[exit code 3]"
@@ -67,45 +89,34 @@ def test_long_output_is_cut_and_marked():
 
 
 @linux_only
-def test_a_timeout_kills_the_program_and_what_it_started(tmp_path):
-    pids = tmp_path / "pids"
+def test_a_timeout_kills_the_program_and_what_it_started():
     code = (
-        "import os, subprocess, time\n"
-        "child = subprocess.Popen(['sleep', '1000'])\n"
-        f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}')\n"
+        "import subprocess, time\n"
+        "child = subprocess.Popen(['sleep', '1000.25'])\n"
         "print('started', flush=True)\n"
         "time.sleep(1000)\n"
     )
     result = run(code, timeout_s=1.5)
     assert result.text == "started\n[timed out after 1.5 s; the program was killed]"
     assert result.metrics["timed_out"] == 1.0
-    program, child = (int(p) for p in pids.read_text().split())
-    deadline = time.monotonic() + 10
-    while (alive(program) or alive(child)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not alive(program) and not alive(child)
+    assert wait_gone("1000.25") == []
 
 
 @linux_only
-def test_cancelling_the_call_kills_the_program(tmp_path):
-    pids = tmp_path / "pids"
-    code = f"import os, time\nopen({str(pids)!r}, 'w').write(str(os.getpid()))\ntime.sleep(1000)"
+def test_cancelling_the_call_kills_the_program():
+    code = "import subprocess\nsubprocess.run(['sleep', '1000.5'])"
 
     async def cancel():
         tool = PythonTool(PythonToolConfig(), None)
         task = asyncio.ensure_future(tool.call({"code": code}, CONTEXT))
-        while not pids.exists() or not pids.read_text():
+        while not running_with("1000.5"):
             await asyncio.sleep(0.02)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
 
-    asyncio.run(cancel())
-    program = int(pids.read_text())
-    deadline = time.monotonic() + 10
-    while alive(program) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not alive(program)
+    asyncio.run(asyncio.wait_for(cancel(), 60))
+    assert wait_gone("1000.5") == []
 
 
 @linux_only
@@ -191,3 +202,123 @@ def test_the_process_limit_stops_a_fork_bomb():
         "    print('stopped at', len(started), exc.errno)\n"
     )
     assert run(code, max_processes=4).text == "stopped at 4 11"
+
+
+ESCAPE = (
+    "import os, sys, time\n"
+    "if os.fork() == 0:\n"
+    "    os.setsid()  # out of the process group a kill of the group reaches\n"
+    "    os.execvp('sleep', ['sleep', '{mark}'])\n"
+    "print('parent', flush=True)\n"
+)
+
+
+@linux_only
+@pytest.mark.parametrize("isolate_processes", [True, False])
+def test_a_process_that_leaves_the_group_and_holds_the_output_ends_with_the_call(
+    isolate_processes,
+):
+    # the drill: a setsid child ran on 75 s later, and held stdout past the tool's timeout
+    mark = f"1000.{int(isolate_processes) + 7}"
+    started = time.monotonic()
+    result = run(ESCAPE.format(mark=mark), timeout_s=30, isolate_processes=isolate_processes)
+    assert time.monotonic() - started < 10
+    assert result.text == "parent" and result.metrics["timed_out"] == 0.0
+    assert wait_gone(mark) == []
+    waiting = ESCAPE.format(mark=mark) + "time.sleep(1000)\n"
+    started = time.monotonic()
+    result = run(waiting, timeout_s=1.5, isolate_processes=isolate_processes)
+    assert time.monotonic() - started < 6
+    assert result.text == "parent\n[timed out after 1.5 s; the program was killed]"
+    assert wait_gone(mark) == []
+
+
+def _process_cap_holds() -> bool:
+    return os.getuid() != 0 or limits.pids_cgroup_parent() is not None
+
+
+@linux_only
+@pytest.mark.skipif(not _process_cap_holds(), reason="root without a writable pids cgroup")
+def test_the_process_cap_holds_for_root_too():
+    # the drill: under root the code forked 4,150 times in 10 s
+    code = (
+        "import subprocess\n"
+        "started = []\n"
+        "try:\n"
+        "    for _ in range(50):\n"
+        "        started.append(subprocess.Popen(['sleep', '1000.75']))\n"
+        "except OSError as exc:\n"
+        "    print('stopped at', len(started), exc.errno)\n"
+    )
+    result = run(code, max_processes=4)
+    assert result.text == "stopped at 4 11"
+    assert wait_gone("1000.75") == []
+
+
+@linux_only
+def test_what_the_code_writes_in_all_is_capped():
+    # the drill: forty 15 MB files filled 600 MB in 4 s, under a cap per file
+    code = (
+        "import os\n"
+        "for i in range(40):\n"
+        "    with open(f'f{i}', 'wb') as f:\n"
+        "        f.write(os.urandom(15 * 1024 * 1024))\n"
+        "print('wrote all')\n"
+    )
+    result = run(code, max_written_mb=32, timeout_s=60)
+    assert result.text == "[wrote over 32 MiB to its folder; the program was killed]"
+    assert result.metrics["over_written"] == 1.0
+    assert run("open('small', 'wb').write(b'x' * 1024)", max_written_mb=1).text == "[no output]"
+
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+@linux_only
+@pytest.mark.skipif(
+    os.getuid() != 0
+    or not os.path.exists(SYSTEM_PYTHON)
+    or limits._closed_to_others(SYSTEM_PYTHON) is not None
+    or limits.user_ids("nobody") is None,
+    reason="needs root and a Python that other users can run",
+)
+def test_as_root_the_launcher_switches_to_an_unprivileged_user_and_caps_processes(tmp_path):
+    import json
+    import subprocess
+
+    code = (
+        "import os, subprocess\n"
+        "started = []\n"
+        "try:\n"
+        "    for _ in range(20):\n"
+        "        started.append(subprocess.Popen(['sleep', '1000.875']))\n"
+        "except OSError:\n"
+        "    pass\n"
+        "print(os.getuid(), len(started))\n"
+    )
+    options = {"run_as": "nobody", "max_processes": 4, "isolate_processes": True}
+    status_read, status_write = os.pipe()
+    launcher = [SYSTEM_PYTHON, "-I", "-S", limits.__file__, json.dumps(options), str(status_write)]
+    done = subprocess.run(
+        [*launcher, SYSTEM_PYTHON, "-c", code],
+        pass_fds=(status_write,),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    os.close(status_write)
+    with os.fdopen(status_read) as status:
+        report = json.loads(status.read())
+    assert report["user"] == "switched to nobody"
+    assert done.stdout.split() == [str(limits.user_ids("nobody")[0]), "4"]
+    assert wait_gone("1000.875") == []
+    if report["cgroup"].startswith("/"):
+        os.rmdir(report["cgroup"])
+
+
+@linux_only
+def test_a_flood_of_empty_files_counts_toward_the_write_cap():
+    code = "for i in range(100000):\n    open(f'e{i}', 'w').close()\nprint('made all')\n"
+    result = run(code, max_written_mb=4, timeout_s=60)
+    assert result.text == "[wrote over 4 MiB to its folder; the program was killed]"

@@ -97,16 +97,33 @@ def test_extras_from_the_recipe_reach_the_environment(plugrl_recipe, tokenizer):
     assert trajectory.turn_rewards == pytest.approx([0.2])
 
 
-def test_an_unknown_env_id_is_a_one_line_error_naming_the_registered_ones(plugrl_recipe):
-    recipe = agent_recipe(plugrl_recipe, env_id="gsm9k")
-    config = part_args(recipe, "rollout", "agent.env_args", part_context(recipe).plugins)
-    with pytest.raises(ValueError) as info:
-        SkyrlGymEnvironment(config, part_context(recipe))
+def test_an_unknown_env_id_is_a_one_line_error_at_start_up_naming_the_registered_ones(
+    plugrl_recipe,
+):
+    # the drill: a wrong id was caught only at the first sample, not when the recipe was built
+    with pytest.raises(RecipeError) as info:
+        agent_recipe(plugrl_recipe, env_id="gsm9k")
     message = str(info.value)
-    assert message.startswith(
-        "rollout.agent.env_args.env_id: skyrl-gym has no environment 'gsm9k'; registered: "
+    assert "rollout.agent.env_args.env_id: skyrl-gym has no environment 'gsm9k'; registered: " in (
+        message
     )
     assert "gsm8k, gsm8k_multi_turn" in message and "\n" not in message
+    with pytest.raises(RecipeError, match="cannot import 'no_such_module_here'"):
+        agent_recipe(plugrl_recipe, env_id="no_such_module_here:gsm8k")
+
+
+def test_a_module_colon_id_env_id_imports_the_module_that_registers_it(
+    plugrl_recipe, tokenizer, tmp_path, monkeypatch
+):
+    # the drill: the documented 'module:id' form failed on every sample ("No registered env")
+    (tmp_path / "my_gsm8k_envs.py").write_text(
+        "from skyrl_gym.envs.registration import register\n"
+        "register(id='my_gsm8k', entry_point='skyrl_gym.envs.gsm8k.env:GSM8kEnv')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    recipe = agent_recipe(plugrl_recipe, env_id="my_gsm8k_envs:my_gsm8k")
+    trajectory = play(recipe, tokenizer, ["#### 5"])
+    assert (trajectory.finish_reason, trajectory.reward) == ("stop", 1.0)
 
 
 def test_a_row_without_an_environment_ends_as_error_with_the_reason_logged(

@@ -71,3 +71,35 @@ def test_a_trajectorys_staleness_is_its_oldest_sampled_token():
     sample = Sample(0, (0, 0), None, [], [[older], [newer]])
     assert (sample.oldest_version, sample.newest_version) == (3, 5)
     assert sample.response_tokens == 10
+
+
+def test_a_fully_async_step_whose_trajectories_all_failed_stops_the_run_in_one_line(
+    sim_task, tmp_path, plugrl_recipe, plugrl_plugin_manager, plugrl_register_plugin
+):
+    from plugrl.errors import PluginError
+    from tests.plugins.schedulers.sync.test_sync_agents import RefusingEnvironmentPlugin
+
+    plugrl_register_plugin(RefusingEnvironmentPlugin(), "agent-test-refusing")
+    data = sim_recipe(
+        sim_task,
+        tmp_path / "run",
+        scheduler="fully_async",
+        colocate=False,
+        steps=2,
+        train_batch_size=4,
+        n=2,
+        max_response_length=48,
+    )
+    data["rollout"]["agent"] = {"loop": "env", "env": "refusing"}
+    # no validation: the trainer's own steps must stop, not the validation before them
+    data["trainer"]["val_before_train"] = False
+    with pytest.raises(PluginError) as info:
+        run_recipe(plugrl_recipe(data), plugrl_plugin_manager)
+    message = str(info.value)
+    assert "trajectories of the step ended in error; the first: agent loop 'env'" in message
+    assert "environment RefusingEnvironment.reset raised RuntimeError" in message
+    assert "\n" not in message
+    # it stopped at the first step, not after training on them (then the validation stops it)
+    metrics_file = tmp_path / "run" / "metrics.jsonl"
+    records = read_metrics(tmp_path / "run") if metrics_file.exists() else []
+    assert not [r for r in records if "training/global_step" in r]

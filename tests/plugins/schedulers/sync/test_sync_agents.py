@@ -208,3 +208,75 @@ def test_a_step_whose_samples_are_several_rows_trains(
     metrics = scheduler.train_step(parts, 1)
     assert metrics["agent/num_sequences/mean"] == 2
     assert metrics["training/global_step"] == 1
+
+
+class RefusingEnvironment(plugrl.parts.agent.Environment):
+    async def reset(self, row):
+        raise RuntimeError("No registered env with id: my_envs:guess")
+
+    async def step(self, message):  # never reached
+        raise AssertionError
+
+
+class RefusingEnvironmentPlugin:
+    @plugrl.hookimpl
+    def register_environments(self, register):
+        register("refusing", RefusingEnvironment)
+
+
+def test_a_step_whose_trajectories_all_failed_stops_the_run_in_one_line(
+    sim_parts, plugrl_register_plugin
+):
+    # the drill: every sample failed, and the run trained two steps on them and exited 0
+    from plugrl.errors import PluginError
+
+    plugrl_register_plugin(RefusingEnvironmentPlugin(), "agent-test-refusing")
+    scheduler, parts = sim_parts({"rollout.agent": {"loop": "env", "env": "refusing"}})
+    with pytest.raises(PluginError) as info:
+        scheduler.train_step(parts, 1)
+    message = str(info.value)
+    assert message.startswith("all 8 trajectories of the step ended in error; the first: ")
+    assert (
+        "environment RefusingEnvironment.reset raised RuntimeError: No registered env with id: "
+        "my_envs:guess; fix the agent loop, environment or tool it names"
+    ) in message
+    assert "\n" not in message
+
+
+class DictStepEnvironment(plugrl.parts.agent.Environment):
+    async def reset(self, row):
+        return None
+
+    async def step(self, message):
+        return {"observation": "", "reward": 1.0, "done": True}
+
+
+class DictStepPlugin:
+    @plugrl.hookimpl
+    def register_environments(self, register):
+        register("dict_step", DictStepEnvironment)
+
+
+def test_a_step_of_the_wrong_type_stops_the_run_naming_the_environment_without_noise(
+    sim_parts, plugrl_register_plugin, caplog, recwarn
+):
+    # the drill: "fix the loop" blaming the env loop, then coroutine-never-awaited noise
+    from plugrl.errors import PluginError
+
+    plugrl_register_plugin(DictStepPlugin(), "agent-test-dict-step")
+    scheduler, parts = sim_parts({"rollout.agent": {"loop": "env", "env": "dict_step"}})
+    with pytest.raises(PluginError) as info:
+        scheduler.train_step(parts, 1)
+    assert str(info.value) == (
+        "environment DictStepEnvironment.step returned dict; return "
+        "plugrl.api.agents.StepResult(observation=..., reward=..., done=...)"
+    )
+    runtime = parts.agents
+    runtime.close()
+    # the other samples were cancelled and awaited before the error left the runtime: none
+    # is left pending on its stopped loop, to be destroyed later with its coroutines
+    # (Environment.close, a generation) never awaited
+    import asyncio
+
+    assert [t for t in asyncio.all_tasks(runtime._thread.loop) if not t.done()] == []
+    assert "Task was destroyed" not in caplog.text and "never awaited" not in caplog.text
