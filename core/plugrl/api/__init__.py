@@ -14,6 +14,7 @@ A plugin imports from ``plugrl.api`` and its submodules only (and, in its tests,
 * :mod:`plugrl.api.agents`: environments, tools, tool-call parsers and agent loops;
 * :mod:`plugrl.api.loggers`: the metric-logger interface and the metrics file;
 * :mod:`plugrl.api.devices`: the device interface;
+* :mod:`plugrl.api.health`: the learning-health check interface;
 * :mod:`plugrl.api.data`: the batch, tokenizer and dataset helpers;
 * :mod:`plugrl.api.cluster`: the cluster services a plugin may use directly.
 
@@ -40,6 +41,7 @@ from plugrl.config.structuring import structure
 from plugrl.errors import (
     CheckpointError,
     DataError,
+    HealthError,
     PluginError,
     PlugrlError,
     RecipeError,
@@ -69,6 +71,7 @@ __all__ = [
     "DataConfig",
     "DataError",
     "DistInfo",
+    "HealthError",
     "ModelConfig",
     "PackageNeed",
     "PartContext",
