@@ -212,6 +212,24 @@ def test_a_run_stopped_by_a_check_resumes_with_mode_warn(tmp_path, plugrl_plugin
     assert health_steps(run)["response_clipping"] == [3]
 
 
+def test_an_update_far_from_the_sampling_policy_trips_kl_explosion(tmp_path, plugrl_plugin_manager):
+    # four epochs of a large step: the later epochs train a policy far from the one sampled
+    run = run_scheduler(
+        "sync",
+        tmp_path,
+        steps=3,
+        overrides={
+            **QUIET,
+            "actor.optim.lr": 10.0,
+            "actor.ppo_epochs": 4,
+            "actor.ppo_mini_batch_size": 2,
+            "trainer.health.checks": ["kl_explosion"],
+        },
+    )
+    assert abs(run.metrics[2]["actor/ppo_kl"]) > 0.5
+    assert health_steps(run) == {"kl_explosion": [2]}
+
+
 def test_the_sim_run_is_healthy_by_default(tmp_path, plugrl_plugin_manager):
     run = run_scheduler("sync", tmp_path, steps=4, overrides=QUIET)
     assert health_steps(run) == {}

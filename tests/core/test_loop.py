@@ -171,7 +171,7 @@ def loop(plugrl_recipe, tmp_path, monkeypatch):
 
 
 def test_the_health_checks_write_into_the_step_they_fire_on_before_it_is_logged(loop):
-    events, context, _, last = loop(total=4, clip_ratio=1.0)
+    _, context, _, last = loop(total=4, clip_ratio=1.0)
     assert [step for step, m in context.logged.items() if "health/response_clipping" in m] == [2]
     assert last == context.logged[4] and "health/response_clipping" not in last
 
