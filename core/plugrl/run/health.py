@@ -88,7 +88,8 @@ class HealthMonitor:
 
     def observe(self, step: int, metrics: MutableMapping[str, Any]) -> list[Alarm]:
         """Show training step ``step``'s metrics to every check; the checks that fire add
-        ``health/<name>`` = 1 to ``metrics`` and are returned (logged as warnings here)."""
+        ``health/<name>`` = 1 to ``metrics`` and are returned (logged as warnings here, except
+        in ``error`` mode, where :meth:`raise_if_stopping` ends the run with the line)."""
         alarms = []
         for watched in self.checks:
             finding = self._ask(watched, step, metrics)
@@ -102,13 +103,17 @@ class HealthMonitor:
                 watched.fired = True
                 line = alarm_line(watched.name, finding, watched.first_step, step)
                 metrics[f"{METRIC_PREFIX}{watched.name}"] = 1.0
-                logger.warning("%s", line)
+                if self.mode != "error":  # in error mode the line ends the run instead
+                    logger.warning("%s", line)
                 alarms.append(Alarm(watched.name, line))
         return alarms
 
     def raise_if_stopping(self, alarms: list[Alarm]) -> None:
-        """In ``error`` mode, stop the run with the first alarm's line."""
+        """In ``error`` mode, stop the run with the first alarm's line (the others of the
+        same step are logged)."""
         if alarms and self.mode == "error":
+            for alarm in alarms[1:]:
+                logger.warning("%s", alarm.line)
             raise HealthError(
                 f"{alarms[0].line} (trainer.health.mode=error stops the run; "
                 "trainer.health.mode=warn only warns)"

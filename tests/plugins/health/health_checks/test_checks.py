@@ -273,6 +273,19 @@ def test_patience_is_an_option_of_each_check():
     assert replay(health, [clipped] * 6) == {4: ["response_clipping"]}
 
 
+def test_error_mode_stops_with_the_first_line_and_logs_the_others(caplog):
+    health = monitor(mode="error", checks=["response_clipping", "grad_norm"])
+    both = healthy(**{"actor/grad_norm": 0.0, "response_length/clip_ratio": 1.0})
+    health.observe(1, dict(both))
+    alarms = health.observe(2, dict(both))
+    assert [alarm.check for alarm in alarms] == ["response_clipping", "grad_norm"]
+    assert caplog.records == []
+    with pytest.raises(HealthError, match=r"^health check 'response_clipping': "):
+        health.raise_if_stopping(alarms)
+    (logged,) = [r.getMessage() for r in caplog.records if r.name == "plugrl.run.health"]
+    assert logged.startswith("health check 'grad_norm': ")
+
+
 def test_error_mode_stops_with_the_line():
     health = monitor(mode="error", checks=["grad_norm"])
     metrics = healthy(**{"actor/grad_norm": 0.0})
