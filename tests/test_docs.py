@@ -57,6 +57,8 @@ DATA_TYPES = (
     "plugrl.parts.agent:Session",
     "plugrl.parts.agent:ToolResult",
     "plugrl.parts.agent:Trajectory",
+    "plugrl.parts.health:Finding",
+    "plugrl.parts.health:HealthCheckConfig",
 )
 IMPLEMENT = ("required", "optional", "provided", "set", "read")
 

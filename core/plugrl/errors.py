@@ -37,3 +37,8 @@ class CheckpointError(PlugrlError):
 
 class ConvertError(PlugrlError):
     """A script given to ``plugrl convert`` cannot be read or holds no command to convert."""
+
+
+class HealthError(PlugrlError):
+    """A learning-health check found a run that trains without learning, and the recipe asked
+    to stop on it (``trainer.health.mode: error``)."""

@@ -43,6 +43,12 @@ class Plugins:
     def __init__(self, events: Events) -> None:
         self.hook = Hooks(events)
 
+    def registry(self, kind: str) -> Any:
+        # the parts the loop builds itself (the health checks) come from the real registries
+        from plugrl.plugin.manager import get_plugin_manager
+
+        return get_plugin_manager().registry(kind)
+
 
 class Actor:
     def export_hf(self, path: Path) -> None:
@@ -98,8 +104,11 @@ class Context:
 class Steps(Scheduler):
     """Counts its steps; returns ``None`` from step ``stop_at`` on, raises at ``fail_at``."""
 
-    def __init__(self, events: Events, total: int, stop_at=None, fail_at=None) -> None:
+    def __init__(
+        self, events: Events, total: int, stop_at=None, fail_at=None, clip_ratio=0.0
+    ) -> None:
         self.events, self.total, self.stop_at, self.fail_at = events, total, stop_at, fail_at
+        self.clip_ratio = clip_ratio
         self.started: tuple[int, Any] | None = None
         self.calls = 0
 
@@ -118,7 +127,11 @@ class Steps(Scheduler):
         if self.stop_at is not None and step >= self.stop_at:
             return None
         self.calls += 1
-        return {"critic/score/mean": step / 10, "training/global_step": step}
+        return {
+            "critic/score/mean": step / 10,
+            "training/global_step": step,
+            "response_length/clip_ratio": self.clip_ratio,
+        }
 
     def checkpoint_state(self) -> dict[str, Any]:
         return {"calls": self.calls}
@@ -155,6 +168,26 @@ def loop(plugrl_recipe, tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------------------------ the contract
+
+
+def test_the_health_checks_write_into_the_step_they_fire_on_before_it_is_logged(loop):
+    _, context, _, last = loop(total=4, clip_ratio=1.0)
+    assert [step for step, m in context.logged.items() if "health/response_clipping" in m] == [2]
+    assert last == context.logged[4] and "health/response_clipping" not in last
+
+
+def test_a_health_check_in_error_mode_stops_after_the_log_before_the_checkpoint(loop):
+    from plugrl.errors import HealthError
+
+    events, context, _, outcome = loop(
+        total=4,
+        clip_ratio=1.0,
+        trainer={"save_freq": 1, "health": {"mode": "error", "checks": ["response_clipping"]}},
+    )
+    assert isinstance(outcome, HealthError)
+    assert str(outcome).startswith("health check 'response_clipping': ")
+    assert sorted(context.logged) == [1, 2] and events.of("checkpoint") == [1]
+    assert context.logged[2]["health/response_clipping"] == 1.0
 
 
 def test_a_step_that_returns_none_ends_the_run_at_the_step_before(loop):

@@ -14,6 +14,8 @@ A plugin imports from ``plugrl.api`` and its submodules only (and, in its tests,
 * :mod:`plugrl.api.agents`: environments, tools, tool-call parsers and agent loops;
 * :mod:`plugrl.api.loggers`: the metric-logger interface and the metrics file;
 * :mod:`plugrl.api.devices`: the device interface;
+* :mod:`plugrl.api.health`: the learning-health check interface;
+* :mod:`plugrl.api.workers`: worker processes a timeout can kill, and event-loop threads;
 * :mod:`plugrl.api.data`: the batch, tokenizer and dataset helpers;
 * :mod:`plugrl.api.cluster`: the cluster services a plugin may use directly.
 
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
     from plugrl.errors import (
         CheckpointError,
         DataError,
+        HealthError,
         PluginError,
         PlugrlError,
         RecipeError,
@@ -70,6 +73,7 @@ __all__ = [
     "DataConfig",
     "DataError",
     "DistInfo",
+    "HealthError",
     "ModelConfig",
     "PackageNeed",
     "PartContext",
@@ -105,6 +109,7 @@ __getattr__, __dir__ = lazy_module(
         "DataConfig": ("plugrl.recipe", "DataConfig"),
         "DataError": ("plugrl.errors", "DataError"),
         "DistInfo": ("plugrl.parts.context", "DistInfo"),
+        "HealthError": ("plugrl.errors", "HealthError"),
         "ModelConfig": ("plugrl.recipe", "ModelConfig"),
         "PackageNeed": ("plugrl.config", "PackageNeed"),
         "PartContext": ("plugrl.parts.context", "PartContext"),

@@ -235,6 +235,19 @@ def register_loggers(register: RegisterFn) -> None:
     """
 
 
+@hookspec
+def register_health_checks(register: RegisterFn) -> None:
+    """Register learning-health checks (``response_clipping``, ``zero_variance``,
+    ``grad_norm``, ``entropy_collapse``, ``constant_reward``, ``kl_explosion``).
+
+    Process: driver.
+    Target: a subclass of :class:`plugrl.parts.health.HealthCheck`.
+    Config (optional): a subclass of :class:`plugrl.parts.health.HealthCheckConfig`, read from
+    ``trainer.health.check_args.<name>``.
+    Chosen by: the list ``trainer.health.checks`` (``trainer.health.mode: off`` runs none).
+    """
+
+
 # --------------------------------------------------------------------------------------------
 # Lifecycle hooks
 # --------------------------------------------------------------------------------------------

@@ -214,6 +214,16 @@ PART_KINDS: dict[str, PartKind] = {
             "trainer.logger",
             interface="plugrl.parts.logger:MetricLogger",
         ),
+        PartKind(
+            "health_checks",
+            "register_health_checks",
+            "health check",
+            "trainer.health.checks",
+            interface="plugrl.parts.health:HealthCheck",
+            # the default list names the built-in checks; a plugin manager without them (the
+            # built-ins disabled) runs the checks it has
+            needed_at_default=False,
+        ),
     )
 }
 """Every kind of part, by registry key: the one table the registries, the plugin manager and

@@ -121,7 +121,7 @@ def check_part_names(config: Any, plugins: PluginManager, prefix: str = "") -> N
         if value is None:  # an optional part left unset (rollout.agent.env)
             continue
         kind = PART_KINDS[kind_name]
-        if not kind.needed_at_default and value == field.default:
+        if not kind.needed_at_default and value == _default_of(field):
             continue
         registry = plugins.registry(kind_name)
         for name in value if isinstance(value, list) else [value]:
@@ -134,6 +134,14 @@ def check_part_names(config: Any, plugins: PluginManager, prefix: str = "") -> N
                     f"installed but cannot run here: it {reason}",
                     key=key,
                 )
+
+
+def _default_of(field: attrs.Attribute) -> Any:
+    """A field's default value, its factory called (a list's default is a factory)."""
+    default = field.default
+    if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
+        return default.factory(None) if default.takes_self else default.factory()
+    return default
 
 
 def validate_names(recipe: Recipe, plugins: PluginManager) -> None:
@@ -162,6 +170,7 @@ def validate_names(recipe: Recipe, plugins: PluginManager) -> None:
     for name in recipe.reward.function_args:
         function_options(recipe, name, plugins)
     check_tool_args(recipe, plugins)
+    check_health_args(recipe, plugins)
 
 
 def tool_args(recipe: Recipe, name: str, plugins: PluginManager) -> Any:
@@ -189,6 +198,56 @@ def check_tool_args(recipe: Recipe, plugins: PluginManager) -> None:
             )
     for name in agent.tools:
         tool_args(recipe, name, plugins)
+
+
+def health_check_args(recipe: Recipe, name: str, plugins: PluginManager) -> Any:
+    """Health check ``name``'s options (``trainer.health.check_args.<name>``) read into its
+    config class, a subclass of :class:`plugrl.parts.health.HealthCheckConfig` (that class
+    itself when the check registered none: every check has a ``patience``)."""
+    from plugrl.parts.health import HealthCheckConfig
+
+    key = f"trainer.health.check_args.{name}"
+    raw = dict(recipe.trainer.health.check_args.get(name) or {})
+    entry = plugins.registry("health_checks").get(name)
+    config_cls = entry.load_config() or HealthCheckConfig
+    if not (isinstance(config_cls, type) and issubclass(config_cls, HealthCheckConfig)):
+        raise PluginError(
+            f"health check {name!r} from plugin {entry.plugin!r} registered the config "
+            f"{config_cls!r}, which does not extend plugrl.api.health.HealthCheckConfig; "
+            "derive it from that class"
+        )
+    return structure(config_cls, raw, key)
+
+
+def health_check_names(recipe: Recipe, plugins: PluginManager) -> list[str]:
+    """The checks ``trainer.health.checks`` chooses that this run has: all of them, except
+    that the default list leaves out the built-in ones a plugin manager lacks (disabled); none
+    with ``trainer.health.mode: off``."""
+    from plugrl.parts.health import HealthConfig
+
+    health = recipe.trainer.health
+    if health.mode == "off":
+        return []
+    registry = plugins.registry("health_checks")
+    if list(health.checks) == HealthConfig().checks:
+        return [name for name in health.checks if name in registry]
+    return list(health.checks)
+
+
+def check_health_args(recipe: Recipe, plugins: PluginManager) -> None:
+    """Refuse options of a health check the run does not use; check each used check's
+    options."""
+    health = recipe.trainer.health
+    for name in health.check_args:
+        if name not in health.checks:
+            raise RecipeError(
+                f"options for health check {name!r}, which trainer.health.checks does not "
+                f"list ({', '.join(health.checks) or 'empty'}); add it there or drop its "
+                "options",
+                key=f"trainer.health.check_args.{name}",
+            )
+    for name in health_check_names(recipe, plugins):
+        health_check_args(recipe, name, plugins)
 
 
 def _args_field(kind: PartKind) -> str:

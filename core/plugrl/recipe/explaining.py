@@ -146,6 +146,16 @@ def _option_owners(parts: list[str], plugins: PluginManager) -> list[tuple[str, 
                 key=".".join(parts[:3]),
             )
         return [(".".join(parts[:3]), cls, f"reward function {name} ({entry.plugin})")]
+    if parts[:3] == ["trainer", "health", "check_args"] and len(parts) > 4:
+        registry = plugins.registry("health_checks")
+        name = parts[3]
+        if name not in registry:
+            raise RecipeError(registry.unknown(name).bare_message, key=".".join(parts[:4]))
+        entry = registry.get(name)
+        from plugrl.parts.health import HealthCheckConfig
+
+        cls = entry.load_config() or HealthCheckConfig
+        return [(".".join(parts[:4]), cls, f"health check {name} ({entry.plugin})")]
     for kind in PART_KINDS.values():
         if kind.args_key and dotted.startswith(kind.args_key + ".") and len(parts) > 2:
             owners = []

@@ -21,6 +21,7 @@ from plugrl.config.structuring import fields_of
 from plugrl.parts.algorithm import AlgorithmConfig
 from plugrl.parts.backend import ActorConfig, CriticConfig
 from plugrl.parts.device import DeviceConfig
+from plugrl.parts.health import HealthConfig
 from plugrl.parts.reward import RewardConfig
 from plugrl.parts.rollout import ROLLOUT_DTYPES, RolloutConfig
 from plugrl.parts.scheduler import SchedulerConfig
@@ -261,6 +262,10 @@ class TrainerConfig:
         help="Metric loggers.",
         verl="trainer.logger",
         registry="loggers",
+    )
+    health: HealthConfig = section(
+        HealthConfig,
+        "Learning-health checks on every step's metrics (docs/recipes.md, Health checks).",
     )
     export_hf: bool = option(
         False,

@@ -50,6 +50,8 @@ NOT_EXPERIMENT_KEYS: dict[str, str] = {
     "trainer.export_hf": "whether the trained model is exported at the end",
     "trainer.rollout_data_dir": "where the scored responses are dumped",
     "trainer.validation_data_dir": "where the scored validation responses are dumped",
+    "trainer.health": "which learning-health checks watch the run (every key below it); a "
+    "run stopped by one resumes with trainer.health.mode=warn",
     "data.val_batch_size": "how validation prompts are batched, not which",
     # where the run computes: the same updates on other devices or processes
     "cluster.mode": "one process or Ray: the same run, placed differently",
@@ -124,7 +126,7 @@ def recipe_changes(
     old, new = _flat(before), _flat(after)
     changed = []
     for key in [*new, *(key for key in old if key not in new)]:
-        if key in NOT_EXPERIMENT_KEYS or _named_below(key, old if key in new else new):
+        if not_experiment_key(key) or _named_below(key, old if key in new else new):
             continue
         was, now = old.get(key, _ABSENT), new.get(key, _ABSENT)
         if key in paths:
@@ -132,6 +134,13 @@ def recipe_changes(
         if was != now:
             changed.append(key)
     return changed
+
+
+def not_experiment_key(key: str) -> bool:
+    """Whether ``key``, or a section above it (``trainer.health`` for
+    ``trainer.health.mode``), is in :data:`NOT_EXPERIMENT_KEYS`."""
+    parts = key.split(".")
+    return any(".".join(parts[:end]) in NOT_EXPERIMENT_KEYS for end in range(1, len(parts) + 1))
 
 
 def _named_below(key: str, flat: Mapping[str, Any]) -> bool:

@@ -4,9 +4,10 @@ Build the parts, resume from the checkpoint ``trainer.resume_mode`` names, start
 give the engines the actor's weights, validate before training, then one
 :meth:`Scheduler.train_step <plugrl.parts.scheduler.Scheduler.train_step>` after another, each
 followed by validation (``trainer.test_freq`` and the last step), the run's clock and the
-driver's memory (``perf/wall_clock_s``, ``perf/driver_rss_gb``), the step's log line and
-observers, and a checkpoint (``trainer.save_freq`` and the last step); at the end the actor is
-exported (``trainer.export_hf``) and the validation summary printed.
+driver's memory (``perf/wall_clock_s``, ``perf/driver_rss_gb``), the learning-health checks
+(:mod:`plugrl.run.health`), the step's log line and observers, and a checkpoint
+(``trainer.save_freq`` and the last step); at the end the actor is exported
+(``trainer.export_hf``) and the validation summary printed.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from plugrl.run.health import HealthMonitor
 from plugrl.run.metrics import resident_memory_gb
 from plugrl.run.steps import validate
 
@@ -44,11 +46,13 @@ class WallClock:
 def run_loop(context: RunContext, scheduler: Scheduler) -> dict[str, Any]:
     """Run ``scheduler``'s steps to the end of the run; returns the last step's metrics."""
     clock = WallClock()
+    # the checks are cheap: built before the parts, a broken one stops the run at once
+    health = HealthMonitor.from_recipe(context.recipe, context.plugins, context.run_dir)
     parts = context.build_parts(scheduler.needed_capabilities())
     try:
         context.plugins.hook.on_run_start(recipe=context.recipe, run_dir=context.run_dir)
         try:
-            return _train(context, scheduler, parts, clock)
+            return _train(context, scheduler, parts, clock, health)
         finally:
             scheduler.close()
     finally:
@@ -56,7 +60,11 @@ def run_loop(context: RunContext, scheduler: Scheduler) -> dict[str, Any]:
 
 
 def _train(
-    context: RunContext, scheduler: Scheduler, parts: RunParts, clock: WallClock
+    context: RunContext,
+    scheduler: Scheduler,
+    parts: RunParts,
+    clock: WallClock,
+    health: HealthMonitor,
 ) -> dict[str, Any]:
     trainer = context.recipe.trainer
     state = parts.resume() or {}
@@ -101,9 +109,12 @@ def _train(
             resident = resident_memory_gb()
             if resident is not None:
                 metrics["perf/driver_rss_gb"] = resident
+            # the checks see the step before it is logged, so health/* lands in this step
+            alarms = health.observe(step, metrics)
             # logged before the checkpoint that covers it: a run killed between the two
             # resumes from the checkpoint before and logs the step again in its place
             context.step_end(step, metrics)
+            health.raise_if_stopping(alarms)
             if last or (trainer.save_freq > 0 and step % trainer.save_freq == 0):
                 parts.save_checkpoint(
                     step,
