@@ -7,9 +7,13 @@ from plugrl.plan.context import MicroBatch, PlanContext
 from plugrl.plan.formulas import (
     ADAM_STATES,
     activation_bytes_per_token_layer,
+    engine_phases,
+    engine_rows,
     forward_working_set,
     kv_cache_bytes,
     logits_bytes,
+    reserved_engine_terms,
+    rollout_dtype,
     sharded,
     training_activations,
 )
@@ -27,9 +31,13 @@ __all__ = [
     "PlanContext",
     "activation_bytes_per_token_layer",
     "dtype_bytes",
+    "engine_phases",
+    "engine_rows",
     "forward_working_set",
     "kv_cache_bytes",
     "logits_bytes",
+    "reserved_engine_terms",
+    "rollout_dtype",
     "sharded",
     "training_activations",
 ]

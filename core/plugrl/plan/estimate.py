@@ -56,9 +56,11 @@ def _roles(recipe: Recipe) -> list[tuple[str, str, str]]:
     roles.append(("rollout", recipe.rollout.engine, engine_devices))
     manager = recipe.reward.manager
     if manager == "reward_model":
-        roles.append(("reward_model", manager, REWARD_MODEL))
+        # placement local: the model lives in the driver, on the trainer's device in one process
+        alone = recipe.cluster.mode == "ray" or recipe.reward.placement == "ray"
+        roles.append(("reward_model", manager, REWARD_MODEL if alone else TRAINER))
     elif manager == "judge":
-        roles.append(("judge", manager, REWARD_MODEL))
+        roles.append(("judge", manager, "judge"))
     return roles
 
 

@@ -9,7 +9,14 @@ docs/plan.md derives each one.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from plugrl.plan.shape import ModelShape
+from plugrl.plan.terms import GIB, MemoryTerm, dtype_bytes
+
+if TYPE_CHECKING:
+    from plugrl.plan.context import PlanContext
+    from plugrl.recipe import Recipe
 
 ADAM_STATES = 2
 """AdamW keeps two moments per trainable parameter, in the parameters' dtype."""
@@ -76,3 +83,92 @@ def kv_cache_bytes(shape: ModelShape, tokens: int, e: int, tensor_parallel: int 
     layer), the kv heads split over ``tensor_parallel`` devices (at least one head each)."""
     heads = max(-(-shape.num_kv_heads // tensor_parallel), 1)
     return 2 * shape.num_layers * heads * shape.head_dim * e * tokens
+
+
+def rollout_dtype(recipe: Recipe) -> str:
+    """The engines' dtype: ``rollout.dtype``, ``auto`` counted as bfloat16 (what it picks on
+    accelerators)."""
+    return "bfloat16" if recipe.rollout.dtype == "auto" else recipe.rollout.dtype
+
+
+def engine_rows(recipe: Recipe, context: PlanContext) -> int:
+    """Sequences one engine holds at once: its share of a step's rows, at most
+    ``rollout.max_num_seqs``."""
+    engines = max(context.rollout_devices // recipe.rollout.tensor_model_parallel_size, 1)
+    return min(-(-context.rollout_rows // engines), recipe.rollout.max_num_seqs)
+
+
+def engine_phases(recipe: Recipe, context: PlanContext) -> tuple[str, ...]:
+    """The phases an engine occupies its devices in: only ``generate`` when it shares them
+    with the trainer and sleeps while the trainer runs (``rollout.free_cache_engine``), else
+    all of them."""
+    if context.colocated and recipe.rollout.free_cache_engine:
+        return ("generate",)
+    return ("generate", "log_prob", "update")
+
+
+def reserved_engine_terms(
+    recipe: Recipe,
+    shape: ModelShape,
+    context: PlanContext,
+    role: str,
+    graphs: int,
+    activations_tokens: int,
+) -> list[MemoryTerm]:
+    """The terms of an engine that reserves ``rollout.gpu_memory_utilization`` of the device
+    (vLLM, SGLang): its weights in the rollout dtype split over tensor parallelism, the CUDA
+    graphs allowance ``graphs``, a forward of ``activations_tokens`` tokens, and the KV cache:
+    the rest of the reservation when the device memory is known, else the batch's tokens."""
+    tp = recipe.rollout.tensor_model_parallel_size
+    e = dtype_bytes(rollout_dtype(recipe))
+    phases = engine_phases(recipe, context)
+    weights = sharded(shape.parameters() * e, tp)
+    working = forward_working_set(shape, -(-activations_tokens // tp), e)
+    terms = [
+        MemoryTerm(
+            "engine weights",
+            weights,
+            phases,
+            role,
+            note=f"{shape.parameters():,} x {e} B ({rollout_dtype(recipe)}) over TP={tp}",
+        ),
+        MemoryTerm(
+            "engine forward",
+            working,
+            phases,
+            role,
+            note=f"a forward of {activations_tokens:,} batched tokens",
+        ),
+    ]
+    if graphs:
+        terms.append(MemoryTerm("CUDA graphs", graphs, phases, role, note="captured decode graphs"))
+    rows = engine_rows(recipe, context)
+    needed = kv_cache_bytes(shape, rows * context.sequence_length, e, tp)
+    gmu = recipe.rollout.gpu_memory_utilization
+    if context.device_memory is None:
+        terms.append(
+            MemoryTerm(
+                "KV cache",
+                needed,
+                phases,
+                role,
+                note=f"{rows} sequences x {context.sequence_length:,} tokens (device memory "
+                "unknown: the batch's own need, not the gpu_memory_utilization reservation)",
+            )
+        )
+        return terms
+    reserved = int(gmu * context.device_memory)
+    pool = reserved - weights - working - graphs
+    terms.append(
+        MemoryTerm(
+            "KV cache",
+            max(pool, 0),
+            phases,
+            role,
+            note=f"gpu_memory_utilization={gmu} reserves {reserved / GIB:.1f} GiB; the rest after "
+            f"weights is the cache (the batch needs {needed / GIB:.2f} GiB: "
+            + ("room enough" if pool >= needed else "it runs in waves")
+            + ")",
+        )
+    )
+    return terms
