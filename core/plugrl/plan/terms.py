@@ -12,6 +12,7 @@ counts.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -27,6 +28,33 @@ GIB = 1024**3
 MIB = 1024**2
 
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
+
+
+_UNITS = {
+    "": GIB,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mib": MIB,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gib": GIB,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "tib": 1024**4,
+}
+
+
+def parse_memory(text: str) -> int:
+    """Bytes from a size like ``80GiB``, ``80GB``, ``141 GB`` or ``80`` (GiB)."""
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in _UNITS:
+        raise ValueError(f"{text!r} is not a memory size; write it like 80GiB, 80GB or 80 (GiB)")
+    return int(float(match.group(1)) * _UNITS[unit])
 
 
 def dtype_bytes(dtype: str) -> int:
