@@ -56,6 +56,11 @@ def solve_key(plan_of: PlanOf, key: str, current: Any) -> tuple[Any, Plan] | Non
             high += 1
         to_value = int
     fits, plan = _fits(plan_of, key, to_value(low))
+    # the smallest values may be refused (a token budget under the longest row): go up to
+    # the first value the recipe takes
+    while plan is None and low * 2 < high:
+        low *= 2
+        fits, plan = _fits(plan_of, key, to_value(low))
     if not fits or plan is None:
         return None
     best: tuple[Any, Plan] = (to_value(low), plan)
