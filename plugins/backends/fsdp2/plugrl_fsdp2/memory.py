@@ -105,21 +105,28 @@ def _vocab_terms(
     """The vocabulary-sized buffers over a micro-batch's response tokens."""
     compute = dtype_bytes(recipe.model.dtype)
     fp32 = logits_bytes(shape, response_tokens, 4)
+    half = logits_bytes(shape, response_tokens, compute) if compute != 4 else 0
     terms = [
         MemoryTerm(
-            "logits (model.dtype)",
-            logits_bytes(shape, response_tokens, compute) if compute != 4 else 0,
+            "logits (float32)",
+            fp32,
             (phase,),
             role,
-            note=f"lm_head output, {response_tokens:,} response tokens x V={shape.vocab_size:,}",
+            note=f"{response_tokens:,} response tokens x V={shape.vocab_size:,}, upcast for the "
+            "log-softmax" + (" and kept for its backward" if phase == "update" else ""),
             instant=instant,
-        ),
-        MemoryTerm(
-            "logits (float32)", fp32, (phase,), role, note="upcast for log-softmax", instant=instant
-        ),
+        )
     ]
     if phase == "log_prob":
-        terms.append(
+        terms += [
+            MemoryTerm(
+                "logits (model.dtype)",
+                half,
+                (phase,),
+                role,
+                note="the output head's logits, alive while they are upcast",
+                instant=instant,
+            ),
             MemoryTerm(
                 "log-softmax workspace",
                 fp32,
@@ -127,19 +134,29 @@ def _vocab_terms(
                 role,
                 note="logsumexp's exp(logits - max)",
                 instant=instant,
-            )
-        )
+            ),
+        ]
     else:
-        terms.append(
+        # the model.dtype logits are freed after the forward; the backward makes its own
+        terms += [
             MemoryTerm(
-                "logit gradients",
-                fp32 + (logits_bytes(shape, response_tokens, compute) if compute != 4 else 0),
+                "log-softmax backward",
+                2 * fp32,
                 (phase,),
                 role,
-                note="d loss / d logits in float32, and cast to model.dtype for lm_head",
+                note="exp(logits - logsumexp) and its product with the gradient, float32",
                 instant=instant,
-            )
-        )
+            ),
+            MemoryTerm(
+                "logit gradients",
+                fp32 + 2 * half,
+                (phase,),
+                role,
+                note="the target gather's gradient in float32, its cast to model.dtype, and "
+                "the gradient of the output head's logits",
+                instant=instant,
+            ),
+        ]
         if recipe.actor.entropy_coeff:
             terms.append(
                 MemoryTerm(
