@@ -7,8 +7,10 @@ import attrs
 
 from plugrl.api import non_negative, option
 from plugrl.api.data import Batch
-from plugrl.api.scheduler import Scheduler, SchedulerConfig, StepTimer
-from plugrl.run.steps import (
+from plugrl.api.scheduler import (
+    Scheduler,
+    SchedulerConfig,
+    StepTimer,
     compute_old_log_probs,
     generate,
     sampling_params,
