@@ -1,0 +1,165 @@
+"""The peak of live tensor bytes over a block of torch code, on any device torch runs on.
+
+torch reports no high-water mark of CPU memory, and the process's resident set is a blurred
+view of it (the allocator keeps freed pages, Python and the libraries have their own). What a
+memory plan estimates is tensor storage, so that is what this counts, exactly:
+
+* when the block starts, every tensor reachable from Python (parameters, buffers, optimizer
+  state, the batch: anything the garbage collector lists) has its storage counted once;
+* inside, a ``TorchDispatchMode`` sees the result of every operation and counts the storage
+  of each tensor it has not seen yet; storages are told apart by identity, so views and
+  in-place results count nothing more;
+* a storage leaves the count when it is freed (a weak reference's callback), and a storage
+  resized in place (FSDP2 frees and re-allocates gathered weights that way) is counted at its
+  new size.
+
+The same model, batch and seed give the same numbers on every run: the count depends on which
+tensors exist, not on the allocator. Storages made without a torch operation Python can see
+(a tensor built from a Python list, a C++ kernel's private scratch space) are not counted;
+they are small beside weights, activations and logits.
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+
+def _plain(tensor: torch.Tensor) -> torch.Tensor | None:
+    """The tensor holding ``tensor``'s memory (a DTensor's local shard), or None for
+    tensors with no storage of their own (meta, fake, nested subclasses)."""
+    local = getattr(tensor, "_local_tensor", None)
+    if local is not None:
+        return _plain(local)
+    if tensor.device.type == "meta" or type(tensor) not in (torch.Tensor, torch.nn.Parameter):
+        return None
+    return tensor
+
+
+class LiveBytes(TorchDispatchMode):
+    """Counts live tensor storage bytes; ``peak`` is the most seen at once since entry,
+    ``at_entry`` the count when the block began. ``peak_in_backward`` says whether the peak
+    came in a backward pass, ``peak_op`` which operation reached it."""
+
+    def __init__(self, device_type: str = "cpu") -> None:
+        super().__init__()
+        self.device_type = device_type
+        self.live: dict[int, int] = {}
+        """Storage identity -> its bytes now."""
+        self._refs: dict[int, weakref.ref] = {}
+        self.current = 0
+        self.at_entry = 0
+        self.peak = 0
+        self.peak_op = ""
+        self.peak_in_backward = False
+        self._restore_resize: Callable[[], None] | None = None
+
+    # -------------------------------------------------------------------- counting
+
+    def _count(self, tensor: torch.Tensor) -> None:
+        plain = _plain(tensor)
+        if plain is None or plain.device.type != self.device_type:
+            return
+        storage = plain.untyped_storage()
+        key = storage._cdata
+        if key in self.live:
+            return
+        size = storage.nbytes()
+        self.live[key] = size
+        self.current += size
+        self._refs[key] = weakref.ref(storage, lambda _, key=key: self._forget(key))
+
+    def _forget(self, key: int) -> None:
+        size = self.live.pop(key, None)
+        self._refs.pop(key, None)
+        if size is not None:
+            self.current -= size
+
+    def _resized(self, storage: torch.UntypedStorage) -> None:
+        key = storage._cdata
+        if key in self.live:
+            self.current += storage.nbytes() - self.live[key]
+            self.live[key] = storage.nbytes()
+            self._note_peak("resize_")
+
+    def _note_peak(self, op: str) -> None:
+        if self.current > self.peak:
+            self.peak = self.current
+            self.peak_op = op
+            self.peak_in_backward = torch._C._current_autograd_node() is not None
+
+    # -------------------------------------------------------------------- the mode
+
+    def __enter__(self) -> LiveBytes:
+        gc.collect()
+        for obj in gc.get_objects():
+            try:
+                # type(), not isinstance: isinstance touches lazy module proxies
+                if issubclass(type(obj), torch.Tensor):
+                    self._count(obj)
+            except (RuntimeError, ReferenceError):  # a tensor being torn down, a dead proxy
+                continue
+        self.at_entry = self.peak = self.current
+        original = torch.UntypedStorage.resize_
+        tracker = self
+
+        def resize_(storage: torch.UntypedStorage, size: int) -> Any:
+            result = original(storage, size)
+            tracker._resized(storage)
+            return result
+
+        torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
+
+        def restore() -> None:
+            torch.UntypedStorage.resize_ = original  # type: ignore[method-assign]
+
+        self._restore_resize = restore
+        return super().__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._restore_resize is not None:
+            self._restore_resize()
+        super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        out = func(*args, **(kwargs or {}))
+        for item in tree_flatten(out)[0]:
+            if isinstance(item, torch.Tensor):
+                self._count(item)
+        self._note_peak(str(func.overloadpacket.__name__))
+        return out
+
+
+@contextmanager
+def rss_high_water() -> Iterator[dict[str, int]]:
+    """The process's resident set (bytes) when the block starts and its high-water mark over
+    the block (Linux: the mark is reset through ``/proc/self/clear_refs``; elsewhere it is the
+    process's lifetime peak)."""
+    result = {"rss_before": _status_bytes("VmRSS"), "rss_peak": 0}
+    try:
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")
+    except OSError:
+        pass
+    yield result
+    result["rss_peak"] = _status_bytes("VmHWM")
+
+
+def _status_bytes(field: str) -> int:
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
