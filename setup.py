@@ -30,5 +30,8 @@ package_dir["plugrl_recipes"] = "recipes"
 setup(
     packages=[*packages, "plugrl_recipes"],
     package_dir=package_dir,
-    package_data={"plugrl": ["py.typed"], "plugrl_recipes": ["*.yaml", "rewards/*.py"]},
+    package_data={
+        "plugrl": ["py.typed", "plan/shapes/*.json"],
+        "plugrl_recipes": ["*.yaml", "rewards/*.py"],
+    },
 )

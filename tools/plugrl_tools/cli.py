@@ -275,6 +275,113 @@ def explain(key: str) -> None:
         click.echo(f"  from:    {info.owner}")
 
 
+def _quickstart_shape(recipe: Any) -> Any:
+    """The quickstart model's shape when a quickstart recipe's model folder is not built yet
+    (``plugrl quickstart`` builds it), so the shipped recipes plan anywhere."""
+    from plugrl.plan import shape_from_config
+    from plugrl_tools.quickstart.model import QUICKSTART_MODEL_SIZES
+
+    path = Path(recipe.model.path or "")
+    if path.exists() or path.name != "model" or "quickstart" not in path.parent.name:
+        return None
+    # the quickstart tokenizers have 512 tokens; the model's vocabulary is the tokenizer's
+    config = {**QUICKSTART_MODEL_SIZES, "model_type": "qwen2", "vocab_size": 512}
+    return shape_from_config(config, "quickstart", "the quickstart model")
+
+
+@cli.command(context_settings={"ignore_unknown_options": False})
+@click.argument("recipe", type=click.Path(dir_okay=False, path_type=str))
+@click.argument("overrides", nargs=-1)
+@click.option(
+    "--device-memory",
+    default=None,
+    help="Memory of one device (80GiB, 141GB); default: what this machine's device reports "
+    "(none on cpu: sizes without a verdict).",
+)
+@click.option(
+    "--model-config",
+    default=None,
+    type=click.Path(path_type=str),
+    help="The model's config.json (or its folder) when model.path is not here; model.path may "
+    "also name a shipped shape (qwen2.5-7b, qwen2.5-32b, llama-3-70b, ...).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option(
+    "--solve",
+    "solve_key",
+    default=None,
+    metavar="KEY",
+    help="Find the largest value of KEY that fits (actor.ppo_micro_batch_size_per_gpu, "
+    "data.max_response_length, rollout.n, rollout.gpu_memory_utilization, ...).",
+)
+def plan(
+    recipe: str,
+    overrides: tuple[str, ...],
+    device_memory: str | None,
+    model_config: str | None,
+    as_json: bool,
+    solve_key: str | None,
+) -> None:
+    """Estimate RECIPE's device memory per device kind and phase (generate, log-prob,
+    update), with KEY=VALUE overrides, before anything loads: each term, the peak against the
+    device's memory, and what to change when it does not fit. docs/plan.md explains the
+    terms."""
+    from plugrl.plan import render
+    from plugrl.plan.planner import RecipePlanner
+    from plugrl.plan.terms import parse_memory
+    from plugrl.plugin.manager import get_plugin_manager
+
+    memory = None
+    if device_memory is not None:
+        try:
+            memory = parse_memory(device_memory)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--device-memory") from None
+    plugins = get_plugin_manager()
+    planner = RecipePlanner(
+        recipe,
+        overrides,
+        plugins,
+        device_memory=memory,
+        model_config=model_config,
+        fallback_shape=_quickstart_shape,
+    )
+    if memory is None:
+        planner.device_memory = _device_memory(planner.recipe, plugins)
+    if solve_key is not None:
+        found = planner.solve(solve_key)
+        if found is None:
+            raise click.ClickException(
+                f"no value of {solve_key} fits: even the smallest leaves a phase over the "
+                "device's memory; plan without --solve to see which term"
+            )
+        value, solved = found
+        if as_json:
+            click.echo(json.dumps({"key": solve_key, "value": value, "plan": solved.to_dict()}))
+        else:
+            click.echo(render.render_table(solved))
+            click.echo(f"largest {solve_key} that fits: {value}")
+        return
+    result = planner.plan_with_suggestions()
+    click.echo(render.render_json(result) if as_json else render.render_table(result))
+
+
+def _device_memory(recipe: Any, plugins: Any) -> int | None:
+    """What the recipe's device reports here (None on cpu or when it is not here)."""
+    from plugrl.parts.device import resolve_device_name
+
+    try:
+        name = resolve_device_name(recipe, plugins)
+        if name == "cpu":
+            return None
+        entry = plugins.registry("devices").get(name)
+        if entry.unavailable_reason or not entry.load().is_available():
+            return None
+        return entry.load()().total_memory()
+    except Exception:  # no device here to ask: the plan gives sizes without a verdict
+        return None
+
+
 @cli.group()
 def serve() -> None:
     """Serve parts of a run over HTTP, for runs on other machines."""

@@ -113,6 +113,12 @@ class Device(ABC):
         ``perf/max_memory_reserved_gb``, ``perf/cpu_memory_used_gb``."""
         return {}
 
+    def total_memory(self) -> int | None:
+        """Bytes of memory of one device, what ``plugrl plan`` and the check at launch
+        (``trainer.memory_check``) judge a recipe against; None when it has no memory of its
+        own to judge (the CPU) or cannot tell."""
+        return None
+
     def fast_bfloat16(self) -> bool:
         """Whether bfloat16 matrix products run faster than float32 ones here: what
         ``rollout.dtype: auto`` resolves by (bfloat16 when they do, else float32). True by

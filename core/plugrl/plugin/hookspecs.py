@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from pathlib import Path
 
+    from plugrl.plan.context import PlanContext
+    from plugrl.plan.shape import ModelShape
+    from plugrl.plan.terms import MemoryTerm
     from plugrl.plugin.registry import RegisterFn
     from plugrl.recipe import Recipe
 
@@ -279,6 +282,34 @@ def prepare_rollout(device: str, engine: str, recipe: Recipe) -> list[str] | Non
     The rollout twin of :func:`prepare_backend`, with the same return value and the same
     refusal when the engine's framework modules were imported first (vllm-ascend and
     vLLM platform plugins patch here).
+    """
+
+
+@hookspec
+def estimate_memory(
+    recipe: Recipe, role: str, shape: ModelShape, context: PlanContext
+) -> list[MemoryTerm] | None:
+    """Report the device memory of one role of ``recipe``, for ``plugrl plan`` and the check at
+    launch (``trainer.memory_check``). Nothing may be loaded: the estimate comes from
+    ``shape`` (:class:`plugrl.api.plan.ModelShape`, read from the policy's ``config.json``)
+    and the recipe's settings.
+
+    Process: driver (or wherever ``plugrl plan`` runs), before any model is built.
+    ``role`` is one of ``actor``, ``ref``, ``critic`` (asked of the chosen training backend),
+    ``rollout`` (the chosen engine), ``reward_model`` and ``judge`` (the chosen reward
+    manager). Answer only for a role your plugin owns under ``recipe`` (your backend is
+    ``actor.backend``, your engine ``rollout.engine``...); return ``None`` otherwise.
+    ``context`` (:class:`plugrl.api.plan.PlanContext`) gives the ranks, whether engines are
+    colocated, the device memory when known, and the micro-batch token counts the kernel
+    derived from the recipe, so every plugin counts them alike; ``context.shape_of(path)``
+    reads another model's shape (a critic's, a reward model's).
+
+    Return a list of :class:`plugrl.api.plan.MemoryTerm`, each the bytes on ONE device, the
+    phases (``generate``, ``log_prob``, ``update``) it occupies, and ``instant`` set for
+    memory held only at one moment of a phase (the backward, the optimizer step). A role
+    nobody answers for is listed as unestimated in the plan, never guessed. The shared
+    formulas (parameters, optimizer states, activations, logits, KV cache) are in
+    :mod:`plugrl.api.plan`.
     """
 
 

@@ -50,10 +50,14 @@ def section_class(name: str, raw: Mapping[str, Any], plugins: PluginManager) -> 
     return config_cls
 
 
-def build_recipe(raw: Mapping[str, Any], plugins: PluginManager) -> Recipe:
+def build_recipe(
+    raw: Mapping[str, Any], plugins: PluginManager, *, runnable_here: bool = True
+) -> Recipe:
     """Validate a composed recipe mapping into a :class:`Recipe`, resolving plugin sections,
     then check that its settings fit together (:func:`check_recipe`). Relative paths come back
-    absolute, against the working folder (:func:`~plugrl.recipe.paths.resolve_paths`)."""
+    absolute, against the working folder (:func:`~plugrl.recipe.paths.resolve_paths`).
+    ``runnable_here=False`` reads a recipe for another machine (``plugrl plan``): the chosen
+    parts must be registered, but their libraries need not be installed here."""
     raw = normalize_shorthand(raw)
     recipe_fields = fields_of(Recipe)
     for name, value in raw.items():
@@ -71,18 +75,22 @@ def build_recipe(raw: Mapping[str, Any], plugins: PluginManager) -> Recipe:
     recipe = Recipe(**values)
     # each component's whole section, so a recorded recipe reads back the same components
     recipe.reward.components = component_sections(raw.get("reward") or {}, plugins)
-    validate_names(recipe, plugins)
-    check_recipe(recipe)
+    validate_names(recipe, plugins, runnable_here=runnable_here)
+    check_recipe(recipe, runnable_here=runnable_here)
     return resolve_paths(recipe, plugins)
 
 
 def load_recipe(
-    path: str | Path | None, overrides: Sequence[str], plugins: PluginManager
+    path: str | Path | None,
+    overrides: Sequence[str],
+    plugins: PluginManager,
+    *,
+    runnable_here: bool = True,
 ) -> Recipe:
     """Read a recipe file (or none: all defaults), apply overrides, validate with the
-    parts ``plugins`` registers."""
+    parts ``plugins`` registers (see :func:`build_recipe` for ``runnable_here``)."""
     raw = compose_file(find_recipe(path)) if path is not None else {}
-    return build_recipe(apply_overrides(raw, overrides), plugins)
+    return build_recipe(apply_overrides(raw, overrides), plugins, runnable_here=runnable_here)
 
 
 def iter_options(obj: Any, prefix: str = "") -> Iterator[tuple[str, attrs.Attribute, Any]]:
@@ -111,9 +119,11 @@ def read_section(name: str, raw: Mapping[str, Any], plugins: PluginManager, key:
     return section
 
 
-def check_part_names(config: Any, plugins: PluginManager, prefix: str = "") -> None:
+def check_part_names(
+    config: Any, plugins: PluginManager, prefix: str = "", *, runnable_here: bool = True
+) -> None:
     """Check every option of ``config`` (a recipe or a section of one, keys under ``prefix``)
-    that names a registered part: it is registered and can run here."""
+    that names a registered part: it is registered and (``runnable_here``) can run here."""
     for key, field, value in iter_options(config, prefix):
         kind_name = field.metadata.get("registry")
         if not kind_name or (PART_KINDS[kind_name].accepts_auto and value == "auto"):
@@ -127,7 +137,7 @@ def check_part_names(config: Any, plugins: PluginManager, prefix: str = "") -> N
         for name in value if isinstance(value, list) else [value]:
             if name not in registry:
                 raise RecipeError(registry.unknown(name).bare_message, key=key)
-            reason = registry.get(name).unavailable_reason
+            reason = registry.get(name).unavailable_reason if runnable_here else None
             if reason:
                 raise RecipeError(
                     f"{registry.human_name} {name!r} (plugin {registry.get(name).plugin!r}) is "
@@ -136,9 +146,9 @@ def check_part_names(config: Any, plugins: PluginManager, prefix: str = "") -> N
                 )
 
 
-def validate_names(recipe: Recipe, plugins: PluginManager) -> None:
+def validate_names(recipe: Recipe, plugins: PluginManager, *, runnable_here: bool = True) -> None:
     """Check every option that names a registered part, and the args of chosen parts."""
-    check_part_names(recipe, plugins)
+    check_part_names(recipe, plugins, runnable_here=runnable_here)
     for kind in PART_KINDS.values():
         if kind.args_key is None:
             continue

@@ -30,9 +30,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger("plugrl.recipe")
 
 
-def check_recipe(recipe: Recipe) -> None:
+def check_recipe(recipe: Recipe, *, runnable_here: bool = True) -> None:
     """Raise a :class:`RecipeError` for settings that cannot work together; log a warning for
-    each setting that has no effect or probably not the one meant."""
+    each setting that has no effect or probably not the one meant. ``runnable_here=False``
+    leaves out the packages the settings need installed here."""
     _check_local_cluster(recipe)
     _check_batch_sizes(recipe)
     _check_dynamic_batch_size(recipe)
@@ -42,7 +43,8 @@ def check_recipe(recipe: Recipe) -> None:
     _check_kl(recipe)
     _check_reward(recipe)
     _check_lora(recipe)
-    _check_packages(recipe)
+    if runnable_here:
+        _check_packages(recipe)
 
 
 def _warn(key: str, message: str) -> None:

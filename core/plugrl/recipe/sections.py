@@ -262,6 +262,20 @@ class TrainerConfig:
         verl="trainer.n_gpus_per_node",
         validator=positive,
     )
+    memory_check: str = option(
+        "warn",
+        "Estimate each phase's device memory before any model loads (what plugrl plan "
+        "shows): warn logs one line naming the phase and the term that does not fit, error "
+        "stops the run with it, off skips it. Runs on accelerators; on cpu only when "
+        "trainer.device_memory_gib is set.",
+        choices=["warn", "error", "off"],
+    )
+    device_memory_gib: float | None = option(
+        None,
+        "Memory of one device, in GiB, for trainer.memory_check; unset: what the device "
+        "reports (none on cpu).",
+        validator=positive,
+    )
 
 
 @attrs.define(kw_only=True)

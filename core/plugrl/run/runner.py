@@ -16,6 +16,7 @@ from plugrl.parts.context import PartContext
 from plugrl.parts.device import resolve_device_name
 from plugrl.parts.logger import MetricLogger
 from plugrl.parts.scheduler import Scheduler
+from plugrl.plan.planner import check_memory_at_launch
 from plugrl.plugin.manager import PluginManager
 from plugrl.recipe import Recipe, resolve_paths
 from plugrl.run.folder import (
@@ -122,6 +123,8 @@ def run_recipe(recipe: Recipe, plugins: PluginManager) -> dict[str, Any]:
             key="device.name",
         )
     check_model_folders(recipe)
+    # before any model loads: a recipe that cannot fit fails in a second, not after loading
+    check_memory_at_launch(recipe, plugins, device_entry.load(), device_name)
     apply_device_env(device_entry.load(), recipe)
     new_folders = missing_folders(Path(os.path.abspath(recipe.run_dir)))
     run_dir = prepare_run_dir(recipe)

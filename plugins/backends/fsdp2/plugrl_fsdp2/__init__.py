@@ -17,3 +17,10 @@ def register_training_backends(register):
         requires=["torch", "transformers"],
         description="Hugging Face causal LMs sharded with PyTorch FSDP2 (fully_shard)",
     )
+
+
+@hookimpl
+def estimate_memory(recipe, role, shape, context):
+    from plugrl_fsdp2.memory import estimate_memory as fsdp2_terms
+
+    return fsdp2_terms(recipe, role, shape, context)

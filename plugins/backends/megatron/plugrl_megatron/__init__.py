@@ -41,3 +41,10 @@ def prepare_backend(device: str, backend: str, recipe: Recipe) -> list[str] | No
     from plugrl_megatron import cpu_shims
 
     return cpu_shims.apply()
+
+
+@hookimpl
+def estimate_memory(recipe, role, shape, context):
+    from plugrl_megatron.memory import estimate_memory as megatron_terms
+
+    return megatron_terms(recipe, role, shape, context)

@@ -59,6 +59,9 @@ class CudaDevice(Device):
     def empty_cache(self) -> None:
         torch.cuda.empty_cache()
 
+    def total_memory(self) -> int | None:
+        return int(torch.cuda.get_device_properties(0).total_memory)
+
     def memory_metrics(self) -> dict[str, float]:
         return {
             "perf/max_memory_allocated_gb": torch.cuda.max_memory_allocated() / _GIB,

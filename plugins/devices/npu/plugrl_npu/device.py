@@ -104,6 +104,9 @@ class NpuDevice(Device):
     def empty_cache(self) -> None:
         npu().empty_cache()
 
+    def total_memory(self) -> int | None:
+        return int(npu().get_device_properties(0).total_memory)
+
     def memory_metrics(self) -> dict[str, float]:
         return {
             "perf/max_memory_allocated_gb": npu().max_memory_allocated() / _GIB,

@@ -29,3 +29,10 @@ def register_judge_parsers(register):
     register("number", f"{_PARSERS}:number", description="The last number in the answer")
     register("yes_no", f"{_PARSERS}:yes_no", description="1 for yes, 0 for no (the first)")
     register("boxed", f"{_PARSERS}:boxed", description="The number in the last \\boxed{...}")
+
+
+@hookimpl
+def estimate_memory(recipe, role, shape, context):
+    from plugrl_judge.memory import estimate_memory as judge_terms
+
+    return judge_terms(recipe, role, shape, context)

@@ -18,3 +18,10 @@ def register_reward_managers(register):
         config=f"{_MANAGER}:RewardModelConfig",
         description="A sequence-classification reward model scores prompt and response",
     )
+
+
+@hookimpl
+def estimate_memory(recipe, role, shape, context):
+    from plugrl_reward_model.memory import estimate_memory as reward_model_terms
+
+    return reward_model_terms(recipe, role, shape, context)

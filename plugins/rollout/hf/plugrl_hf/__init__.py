@@ -15,3 +15,10 @@ def register_rollout_engines(register):
         requires=["torch", "transformers"],
         description="Hugging Face model forward with a KV cache; runs anywhere torch does",
     )
+
+
+@hookimpl
+def estimate_memory(recipe, role, shape, context):
+    from plugrl_hf.memory import estimate_memory as hf_terms
+
+    return hf_terms(recipe, role, shape, context)

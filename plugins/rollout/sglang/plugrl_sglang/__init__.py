@@ -24,3 +24,10 @@ def register_rollout_engines(register):
         description="SGLang's Engine: continuous batching, weight updates from tensors, "
         "memory release, pause and abort",
     )
+
+
+@hookimpl
+def estimate_memory(recipe, role, shape, context):
+    from plugrl_sglang.memory import estimate_memory as sglang_terms
+
+    return sglang_terms(recipe, role, shape, context)

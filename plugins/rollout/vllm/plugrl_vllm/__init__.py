@@ -28,3 +28,10 @@ def register_rollout_engines(register):
         # a plugin that patches vLLM (vllm-ascend on npu) must do so before it is imported
         framework_modules=["vllm"],
     )
+
+
+@hookimpl
+def estimate_memory(recipe, role, shape, context):
+    from plugrl_vllm.memory import estimate_memory as vllm_terms
+
+    return vllm_terms(recipe, role, shape, context)

@@ -1,0 +1,279 @@
+"""The fsdp2 backend's memory terms (the ``estimate_memory`` hook): what one rank of the actor,
+the reference model and the critic holds, per phase. docs/plan.md explains each term.
+
+No torch here: the estimate runs before anything is imported or loaded.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from plugrl.api.plan import (
+    ADAM_STATES,
+    MemoryTerm,
+    ModelShape,
+    PlanContext,
+    dtype_bytes,
+    forward_working_set,
+    logits_bytes,
+    sharded,
+    training_activations,
+)
+
+if TYPE_CHECKING:
+    from plugrl.api import Recipe
+
+ALL_PHASES = ("generate", "log_prob", "update")
+
+
+def shard_count(recipe: Recipe, ranks: int) -> int:
+    """Ranks one copy of the weights is sharded over: ``actor.fsdp_size`` (-1: all ranks)."""
+    size = recipe.actor.fsdp_size
+    return ranks if size == -1 else min(size, ranks)
+
+
+def _dtypes(recipe: Recipe) -> tuple[int, int]:
+    """(bytes of a trainable parameter, bytes of the compute dtype)."""
+    compute = dtype_bytes(recipe.model.dtype)
+    mixed = recipe.actor.mixed_precision and recipe.model.dtype != "float32"
+    return (4 if mixed else compute), compute
+
+
+def _state_terms(
+    role: str,
+    parameters: int,
+    trainable: int,
+    frozen: int,
+    recipe: Recipe,
+    shards: int,
+) -> list[MemoryTerm]:
+    """Parameters, gradients and AdamW states of a trained model, sharded over ``shards``."""
+    param_bytes, compute = _dtypes(recipe)
+    offload = recipe.actor.param_offload
+    where = "in host memory (param_offload)" if offload else f"sharded over {shards} ranks"
+    held = 0 if offload else 1
+    terms = [
+        MemoryTerm(
+            "parameters",
+            held * sharded(trainable * param_bytes, shards),
+            ALL_PHASES,
+            role,
+            note=f"{trainable:,} trainable x {param_bytes} B, {where}",
+        ),
+        MemoryTerm(
+            "gradients",
+            held * sharded(trainable * param_bytes, shards),
+            ("update",),
+            role,
+            note=f"{trainable:,} x {param_bytes} B, {where}; freed after each step",
+        ),
+        MemoryTerm(
+            "optimizer states",
+            held * sharded(ADAM_STATES * trainable * param_bytes, shards),
+            ALL_PHASES,
+            role,
+            note=f"AdamW: {ADAM_STATES} moments x {trainable:,} x {param_bytes} B, {where}",
+        ),
+    ]
+    if frozen:
+        terms.append(
+            MemoryTerm(
+                "frozen base weights",
+                held * sharded(frozen * compute, shards),
+                ALL_PHASES,
+                role,
+                note=f"{frozen:,} x {compute} B (model.dtype), {where}",
+            )
+        )
+    return terms
+
+
+def _gathered(role: str, shape: ModelShape, recipe: Recipe, phases: tuple[str, ...], instant: str):
+    compute = dtype_bytes(recipe.model.dtype)
+    if recipe.actor.reshard_after_forward:
+        units = shape.layer_parameters() + shape.largest_layer_parameters()
+        note = "the running unit and the next one prefetched, gathered in model.dtype"
+    else:
+        units = shape.parameters()
+        note = "reshard_after_forward=false: the whole model stays gathered until backward"
+    return MemoryTerm("gathered weights", units * compute, phases, role, note=note, instant=instant)
+
+
+def _vocab_terms(
+    role: str, shape: ModelShape, recipe: Recipe, response_tokens: int, phase: str, instant: str
+) -> list[MemoryTerm]:
+    """The vocabulary-sized buffers over a micro-batch's response tokens."""
+    compute = dtype_bytes(recipe.model.dtype)
+    fp32 = logits_bytes(shape, response_tokens, 4)
+    terms = [
+        MemoryTerm(
+            "logits (model.dtype)",
+            logits_bytes(shape, response_tokens, compute) if compute != 4 else 0,
+            (phase,),
+            role,
+            note=f"lm_head output, {response_tokens:,} response tokens x V={shape.vocab_size:,}",
+            instant=instant,
+        ),
+        MemoryTerm(
+            "logits (float32)", fp32, (phase,), role, note="upcast for log-softmax", instant=instant
+        ),
+    ]
+    if phase == "log_prob":
+        terms.append(
+            MemoryTerm(
+                "log-softmax workspace",
+                fp32,
+                (phase,),
+                role,
+                note="logsumexp's exp(logits - max)",
+                instant=instant,
+            )
+        )
+    else:
+        terms.append(
+            MemoryTerm(
+                "logit gradients",
+                fp32 + (logits_bytes(shape, response_tokens, compute) if compute != 4 else 0),
+                (phase,),
+                role,
+                note="d loss / d logits in float32, and cast to model.dtype for lm_head",
+                instant=instant,
+            )
+        )
+        if recipe.actor.entropy_coeff:
+            terms.append(
+                MemoryTerm(
+                    "entropy (softmax kept for backward)",
+                    2 * fp32,
+                    (phase,),
+                    role,
+                    note="entropy_coeff > 0: softmax and its gradient, float32",
+                    instant=instant,
+                )
+            )
+    if recipe.rollout.temperature != 1.0:
+        terms.append(
+            MemoryTerm(
+                "logits / temperature",
+                fp32,
+                (phase,),
+                role,
+                note=f"rollout.temperature={recipe.rollout.temperature}: one more copy",
+                instant=instant,
+            )
+        )
+    return terms
+
+
+def _trained_model_terms(
+    role: str, shape: ModelShape, recipe: Recipe, context: PlanContext, *, lora: bool
+) -> list[MemoryTerm]:
+    ranks = context.trainer_ranks
+    shards = shard_count(recipe, ranks)
+    compute = dtype_bytes(recipe.model.dtype)
+    total = shape.parameters()
+    if lora:
+        trainable = shape.lora_parameters(recipe.model.lora_rank, recipe.model.target_modules)
+        frozen = total
+    else:
+        trainable, frozen = total, 0
+    terms = _state_terms(role, total, trainable, frozen, recipe, shards)
+    checkpointing = recipe.model.enable_gradient_checkpointing
+    update, log_prob = context.update, context.log_prob
+    backward = f"{role} backward"
+    terms.append(
+        MemoryTerm(
+            "activations",
+            training_activations(shape, update.tokens, compute, checkpointing),
+            ("update",),
+            role,
+            note=f"{update.tokens:,} tokens per micro-batch, "
+            + ("gradient checkpointing" if checkpointing else "no checkpointing"),
+            instant=backward,
+        )
+    )
+    terms.append(_gathered(role, shape, recipe, ("update", "log_prob"), backward))
+    if role == "critic":
+        terms.append(
+            MemoryTerm(
+                "value head output",
+                update.tokens * 4 * 3,
+                ("update",),
+                role,
+                note="float32 values, returns and their gradient per token",
+                instant=backward,
+            )
+        )
+    else:
+        terms += _vocab_terms(role, shape, recipe, update.response_tokens, "update", backward)
+    forward = f"{role} forward"
+    terms.append(
+        MemoryTerm(
+            "forward working set",
+            forward_working_set(shape, log_prob.tokens, compute),
+            ("log_prob",),
+            role,
+            note=f"{log_prob.tokens:,} tokens, no gradient: one layer at a time",
+            instant=forward,
+        )
+    )
+    terms.append(_gathered(role, shape, recipe, ("log_prob",), forward))
+    if role != "critic":
+        terms += _vocab_terms(role, shape, recipe, log_prob.response_tokens, "log_prob", forward)
+    param_bytes, _ = _dtypes(recipe)
+    if not recipe.actor.param_offload:
+        terms.append(
+            MemoryTerm(
+                "optimizer step temporaries",
+                sharded(trainable * param_bytes, shards),
+                ("update",),
+                role,
+                note="AdamW's foreach step: one parameter-sized intermediate",
+                instant=f"{role} optimizer step",
+            )
+        )
+    return terms
+
+
+def _reference_terms(shape: ModelShape, recipe: Recipe, context: PlanContext) -> list[MemoryTerm]:
+    compute = dtype_bytes(recipe.model.dtype)
+    shards = shard_count(recipe, context.trainer_ranks)
+    offload = recipe.actor.param_offload
+    log_prob = context.log_prob
+    forward = "ref forward"
+    return [
+        MemoryTerm(
+            "parameters",
+            0 if offload else sharded(shape.parameters() * compute, shards),
+            ALL_PHASES,
+            "ref",
+            note=f"{shape.parameters():,} x {compute} B (model.dtype), frozen, "
+            + ("in host memory (param_offload)" if offload else f"sharded over {shards} ranks"),
+        ),
+        MemoryTerm(
+            "forward working set",
+            forward_working_set(shape, log_prob.tokens, compute),
+            ("log_prob",),
+            "ref",
+            note=f"{log_prob.tokens:,} tokens, no gradient",
+            instant=forward,
+        ),
+        _gathered("ref", shape, recipe, ("log_prob",), forward),
+        *_vocab_terms("ref", shape, recipe, log_prob.response_tokens, "log_prob", forward),
+    ]
+
+
+def estimate_memory(
+    recipe: Recipe, role: str, shape: ModelShape, context: PlanContext
+) -> list[MemoryTerm] | None:
+    """The fsdp2 terms of ``role`` (actor, ref, critic), or None for a role it does not own."""
+    if recipe.actor.backend != "fsdp2" or role not in ("actor", "ref", "critic"):
+        return None
+    if role == "actor":
+        return _trained_model_terms(
+            "actor", shape, recipe, context, lora=recipe.model.lora_rank > 0
+        )
+    if role == "ref":
+        return _reference_terms(shape, recipe, context)
+    critic_shape = context.shape_of(recipe.critic.model_path) if recipe.critic.model_path else shape
+    return _trained_model_terms("critic", critic_shape, recipe, context, lora=False)

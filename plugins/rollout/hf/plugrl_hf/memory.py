@@ -1,0 +1,115 @@
+"""The hf engine's memory terms (the ``estimate_memory`` hook). docs/plan.md explains each.
+
+No torch here: the estimate runs before anything is imported or loaded.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from plugrl.api.plan import (
+    MemoryTerm,
+    ModelShape,
+    PlanContext,
+    dtype_bytes,
+    engine_phases,
+    engine_rows,
+    forward_working_set,
+    kv_cache_bytes,
+    logits_bytes,
+    rollout_dtype,
+    sharded,
+)
+
+if TYPE_CHECKING:
+    from plugrl.api import Recipe
+
+# lean decoding serves these model types from fused copies of their weights
+LEAN_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+
+
+def estimate_memory(
+    recipe: Recipe, role: str, shape: ModelShape, context: PlanContext
+) -> list[MemoryTerm] | None:
+    """The terms of one hf engine's device, or None when the recipe's engine is another."""
+    if role != "rollout" or recipe.rollout.engine != "hf":
+        return None
+    config = recipe.rollout
+    dtype = rollout_dtype(recipe)
+    e = dtype_bytes(dtype)
+    tp = config.tensor_model_parallel_size
+    phases = engine_phases(recipe, context)
+    rows = engine_rows(recipe, context)
+    terms = []
+    # a colocated engine in the trainer's process copies the trainer's weights (FSDP's module
+    # is not servable as it is); on engine workers it loads its own; both in rollout.dtype
+    own_weights = (
+        not context.colocated or config.copy_trainer_weights or dtype != recipe.model.dtype
+    )
+    if own_weights:
+        terms.append(
+            MemoryTerm(
+                "engine weights",
+                sharded(shape.parameters() * e, tp),
+                phases,
+                "rollout",
+                note=f"{shape.parameters():,} x {e} B ({dtype})",
+            )
+        )
+        if config.lean_decode:
+            fused = (
+                shape.num_layers
+                * shape.hidden_size
+                * (shape.attention_width + 2 * shape.kv_width + 2 * shape.intermediate_size)
+            )
+            terms.append(
+                MemoryTerm(
+                    "fused decode weights",
+                    sharded(fused * e, tp),
+                    phases,
+                    "rollout",
+                    note="lean_decode: q/k/v and gate/up projections held a second time, fused",
+                )
+            )
+    kv = kv_cache_bytes(shape, rows * context.sequence_length, e, tp)
+    terms.append(
+        MemoryTerm(
+            "KV cache",
+            kv,
+            phases,
+            "rollout",
+            note=f"{rows} sequences x {context.sequence_length:,} tokens x 2 L k x {e} B",
+        )
+    )
+    terms.append(
+        MemoryTerm(
+            "KV cache growth",
+            kv,
+            ("generate",),
+            "rollout",
+            note="a full buffer is reallocated at twice its window: old and new both held",
+            instant="decode",
+        )
+    )
+    terms.append(
+        MemoryTerm(
+            "decode logits",
+            logits_bytes(shape, rows, e + 4 + 4),
+            ("generate",),
+            "rollout",
+            note=f"{rows} rows x V: logits, float32 copy, sampling probabilities",
+            instant="decode",
+        )
+    )
+    prefill = min(config.max_prefill_tokens, rows * recipe.data.max_prompt_length)
+    terms.append(
+        MemoryTerm(
+            "prompt pass",
+            forward_working_set(shape, prefill, e),
+            ("generate",),
+            "rollout",
+            note=f"max_prefill_tokens: {prefill:,} prompt tokens in one forward",
+            instant="prompt pass",
+        )
+    )
+    return terms
