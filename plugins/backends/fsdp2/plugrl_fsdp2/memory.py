@@ -32,6 +32,13 @@ def shard_count(recipe: Recipe, ranks: int) -> int:
     return ranks if size == -1 else min(size, ranks)
 
 
+def offloads(recipe: Recipe) -> bool:
+    """Whether ``actor.param_offload`` moves the weights, gradients and optimizer state off
+    the device: not on the cpu device, where the backend ignores it (the host memory is the
+    device's, and the measured peak is the same with and without it)."""
+    return recipe.actor.param_offload and recipe.device.name != "cpu"
+
+
 def _dtypes(recipe: Recipe) -> tuple[int, int]:
     """(bytes of a trainable parameter, bytes of the compute dtype)."""
     compute = dtype_bytes(recipe.model.dtype)
@@ -49,7 +56,7 @@ def _state_terms(
 ) -> list[MemoryTerm]:
     """Parameters, gradients and AdamW states of a trained model, sharded over ``shards``."""
     param_bytes, compute = _dtypes(recipe)
-    offload = recipe.actor.param_offload
+    offload = offloads(recipe)
     where = "in host memory (param_offload)" if offload else f"sharded over {shards} ranks"
     held = 0 if offload else 1
     terms = [
@@ -88,11 +95,30 @@ def _state_terms(
     return terms
 
 
-def _gathered(role: str, shape: ModelShape, recipe: Recipe, phases: tuple[str, ...], instant: str):
+def _gathered(
+    role: str,
+    shape: ModelShape,
+    recipe: Recipe,
+    shards: int,
+    phases: tuple[str, ...],
+    instant: str,
+) -> MemoryTerm:
+    """Weights gathered whole while a forward or backward runs, in model.dtype.
+
+    The backend shards each decoder layer and then the root (the embeddings, the final norm
+    and an untied head). The root's forward encloses the layers', so its weights stay gathered
+    through the whole pass, beside the running layer's; over several ranks FSDP2 also gathers
+    the next layer ahead (prefetch), on one rank it gathers nothing ahead (measured on the
+    CPU: bench/bench_memory_plan.py). Gathering on one rank still copies: the sharded and the
+    gathered weights are different storages."""
     compute = dtype_bytes(recipe.model.dtype)
     if recipe.actor.reshard_after_forward:
-        units = shape.layer_parameters() + shape.largest_layer_parameters()
-        note = "the running unit and the next one prefetched, gathered in model.dtype"
+        root = shape.embedding_parameters() + shape.hidden_size
+        ahead = 1 if shards > 1 else 0
+        units = root + (1 + ahead) * shape.layer_parameters()
+        note = "the root (embeddings, final norm) through the pass, and the running layer" + (
+            " and the next one prefetched" if ahead else ""
+        )
     else:
         units = shape.parameters()
         note = "reshard_after_forward=false: the whole model stays gathered until backward"
@@ -192,7 +218,7 @@ def _trained_model_terms(
             instant=backward,
         )
     )
-    terms.append(_gathered(role, shape, recipe, ("update", "log_prob"), backward))
+    terms.append(_gathered(role, shape, recipe, shards, ("update", "log_prob"), backward))
     if role == "critic":
         terms.append(
             MemoryTerm(
@@ -217,11 +243,11 @@ def _trained_model_terms(
             instant=forward,
         )
     )
-    terms.append(_gathered(role, shape, recipe, ("log_prob",), forward))
+    terms.append(_gathered(role, shape, recipe, shards, ("log_prob",), forward))
     if role != "critic":
         terms += _vocab_terms(role, shape, recipe, log_prob.response_tokens, "log_prob", forward)
     param_bytes, _ = _dtypes(recipe)
-    if not recipe.actor.param_offload:
+    if not offloads(recipe):
         terms.append(
             MemoryTerm(
                 "optimizer step temporaries",
@@ -238,7 +264,7 @@ def _trained_model_terms(
 def _reference_terms(shape: ModelShape, recipe: Recipe, context: PlanContext) -> list[MemoryTerm]:
     compute = dtype_bytes(recipe.model.dtype)
     shards = shard_count(recipe, context.trainer_ranks)
-    offload = recipe.actor.param_offload
+    offload = offloads(recipe)
     log_prob = context.log_prob
     forward = "ref forward"
     return [
@@ -258,7 +284,7 @@ def _reference_terms(shape: ModelShape, recipe: Recipe, context: PlanContext) ->
             note=f"{log_prob.tokens:,} tokens, no gradient",
             instant=forward,
         ),
-        _gathered("ref", shape, recipe, ("log_prob",), forward),
+        _gathered("ref", shape, recipe, shards, ("log_prob",), forward),
         *_vocab_terms("ref", shape, recipe, log_prob.response_tokens, "log_prob", forward),
     ]
 
