@@ -3,7 +3,8 @@
 Runs the phases a step is made of through plugrl's own parts, each configuration in a fresh
 subprocess so that one peak cannot leak into the next:
 
-* ``log-prob``: the fsdp2 actor's ``compute_log_prob`` over a batch (no gradient);
+* ``log-prob``: the fsdp2 actor's ``compute_log_prob`` over a batch (no gradient), after an
+  update, so that the optimizer state a run holds between steps is there;
 * ``update``: the fsdp2 actor's ``update_policy`` (forwards, backwards and the optimizer step
   of one mini-batch), measured on its second call, when the optimizer state exists already,
   as in every step of a run but the first;
@@ -22,10 +23,11 @@ the fsdp2 backend ignores on the CPU, where the host memory is the device's: a c
 estimate says the same). Batches are full length (every prompt and response as long as the
 recipe allows), the shape an estimate plans for.
 
-The estimate of each phase comes from :func:`plugrl.plan.plan_recipe` when that is installed,
-else from :func:`first_principles`, this file's own sum of the terms (weights, gradients,
-AdamW moments, gathered layers, saved activations, logits; weights, fused decode copies,
-KV cache and logits for generation), which also breaks each measurement down for ``--terms``.
+The estimate of each phase is :func:`plugrl.plan.plan_recipe`'s for the role that runs it (the
+actor, or the engine), from the same recipe: the terms held through the phase plus those of
+its worst instant. The table prints both sides split the same way: what is live when the
+phase starts (weights, optimizer state, an engine's buffers) against the persistent terms,
+and the rise to the peak against the worst instant's terms (``--terms`` lists them).
 
     python bench/bench_memory_plan.py [--models tiny,qwen2-45m] [--phases ...] [--terms]
         [--json FILE]
@@ -115,6 +117,7 @@ def recipe_of(case: Case, model_path: Path) -> Any:
     """The recipe a run of ``case`` would have: the model, the actor's batch sizes and
     options, the hf engine, lengths that match the batch."""
     from plugrl.parts.backend import OptimConfig
+    from plugrl.parts.device import DeviceConfig
     from plugrl.recipe import ClusterConfig, DataConfig, ModelConfig, Recipe, TrainerConfig
     from plugrl_fsdp2.config import FSDP2ActorConfig
     from plugrl_hf.config import HFRolloutConfig
@@ -122,6 +125,7 @@ def recipe_of(case: Case, model_path: Path) -> Any:
     shape = SHAPES[case.model]
     lora = {"lora_rank": case.lora_rank, "lora_alpha": 2 * case.lora_rank} if case.lora_rank else {}
     return Recipe(
+        device=DeviceConfig(name="cpu"),
         model=ModelConfig(
             path=str(model_path),
             dtype="float32",
@@ -129,7 +133,9 @@ def recipe_of(case: Case, model_path: Path) -> Any:
             **lora,
         ),
         data=DataConfig(
-            max_prompt_length=shape["prompt"], max_response_length=shape["response"]
+            train_batch_size=shape["rows"],
+            max_prompt_length=shape["prompt"],
+            max_response_length=shape["response"],
         ),
         actor=FSDP2ActorConfig(
             optim=OptimConfig(lr=1e-4),
@@ -170,22 +176,31 @@ def full_batch(rows: int, prompt: int, response: int, vocab: int, seed: int) -> 
 # ---------------------------------------------------------------------------- measuring
 
 
-def measure(case: Case, model_path: Path) -> dict[str, Any]:
-    """Run ``case``'s phase twice in this process and measure the second run."""
-    import torch
+def measure(
+    case: Case, model_path: Path, *, own_tensors_only: bool = False, by_origin: bool = False
+) -> dict[str, Any]:
+    """Run ``case``'s phase twice in this process and measure the second run.
 
+    ``own_tensors_only`` starts the count from the tensors the phase's part holds (its model,
+    optimizer state and batch) instead of every tensor of the process: for a process that
+    holds other work's tensors (a test session). The fsdp2 phases only. ``by_origin`` adds,
+    under ``by_origin``, the bytes live at the peak per operation that made them."""
+    import torch
     from live_bytes import LiveBytes, rss_high_water
 
     torch.manual_seed(0)
     recipe = recipe_of(case, model_path)
     shape = SHAPES[case.model]
-    run: Callable[[], Any]
+    held: Callable[[], list[torch.Tensor]] | None = None
     if case.phase == "generate":
         run = _generate_run(recipe, shape)
     else:
-        run = _backend_run(case, recipe, shape)
+        run, held = _backend_run(case, recipe, shape)
     run()
-    with rss_high_water() as rss, LiveBytes() as live:
+    if own_tensors_only and held is None:
+        raise ValueError(f"own_tensors_only measures the fsdp2 phases, not {case.phase}")
+    start_from = held() if own_tensors_only and held is not None else None
+    with rss_high_water() as rss, LiveBytes(start_from=start_from, by_origin=by_origin) as live:
         start = time.perf_counter()
         run()
         seconds = time.perf_counter() - start
@@ -196,10 +211,15 @@ def measure(case: Case, model_path: Path) -> dict[str, Any]:
         "peak_in_backward": live.peak_in_backward,
         "seconds": seconds,
         **rss,
+        "by_origin": dict(sorted(live.peak_by_origin.items(), key=lambda item: -item[1])),
     }
 
 
-def _backend_run(case: Case, recipe: Any, shape: dict[str, int]) -> Callable[[], Any]:
+def _backend_run(
+    case: Case, recipe: Any, shape: dict[str, int]
+) -> tuple[Callable[[], Any], Callable[[], list[Any]]]:
+    """The phase as a call, and a function listing the tensors the actor holds between
+    calls (weights, buffers, optimizer state) and the batch."""
     from bench_packed_update import Reinforce
 
     from plugrl.parts.context import DistInfo, PartContext
@@ -211,10 +231,20 @@ def _backend_run(case: Case, recipe: Any, shape: dict[str, int]) -> Callable[[],
     backend.setup(100)
     vocab = backend._hf_config.vocab_size
     batch = full_batch(shape["rows"], shape["prompt"], shape["response"], vocab, seed=0)
-    if case.phase == "log-prob":
-        return lambda: backend.compute_log_prob(batch.copy())
     objective = Reinforce()
-    return lambda: backend.update_policy(batch.copy(), objective)
+
+    def held() -> list[Any]:
+        assert backend.model is not None and backend.optimizer is not None
+        tensors = [*backend.model.parameters(), *backend.model.buffers()]
+        for state in backend.optimizer.state.values():
+            tensors += [value for value in state.values() if hasattr(value, "untyped_storage")]
+        return tensors + [batch[name] for name in batch]
+
+    if case.phase == "log-prob":
+        # the optimizer state exists from a run's second step on: make it before measuring
+        backend.update_policy(batch.copy(), objective)
+        return (lambda: backend.compute_log_prob(batch.copy())), held
+    return (lambda: backend.update_policy(batch.copy(), objective)), held
 
 
 def _generate_run(recipe: Any, shape: dict[str, int]) -> Callable[[], Any]:
@@ -248,80 +278,45 @@ def _generate_run(recipe: Any, shape: dict[str, int]) -> Callable[[], Any]:
 # ---------------------------------------------------------------------------- estimating
 
 
-def first_principles(case: Case, model_path: Path) -> dict[str, int]:
-    """This file's own estimate of ``case``'s peak, term by term (bytes), from the model's
-    config.json and the batch shape; the sum is the estimate."""
-    config = json.loads((model_path / "config.json").read_text())
-    h = config["hidden_size"]
-    layers = config["num_hidden_layers"]
-    heads = config["num_attention_heads"]
-    kv_heads = config["num_key_value_heads"]
-    head_dim = config.get("head_dim") or h // heads
-    inter = config["intermediate_size"]
-    vocab = config["vocab_size"]
-    tied = config.get("tie_word_embeddings", True)
-    kv = kv_heads * head_dim
-    q = heads * head_dim
-    layer_params = h * (q + 2 * kv) + q * h + 3 * h * inter + (q + 2 * kv) + 2 * h
-    embed = vocab * h * (1 if tied else 2)
-    params = layers * layer_params + embed + h
-    lora_params = 0
-    if case.lora_rank:
-        r = case.lora_rank
-        shapes = [(h, q), (h, kv), (h, kv), (q, h), (h, inter), (h, inter), (inter, h)]
-        lora_params = layers * sum(r * (a + b) for a, b in shapes)
-    trained = lora_params or params
-    f32 = 4
-    shape = SHAPES[case.model]
-    rows, seq, response = shape["rows"], shape["prompt"] + shape["response"], shape["response"]
-    micro = shape["micro"]
-    terms: dict[str, int] = {}
-    if case.phase == "generate":
-        terms["weights"] = params * f32
-        # the lean decoder's fused q|k|v and gate|up copies
-        terms["fused decode weights"] = layers * h * (q + 2 * kv + 2 * inter) * f32
-        columns = seq
-        terms["kv cache"] = 2 * layers * rows * kv * columns * f32
-        terms["prompt logits"] = rows * vocab * f32
-        return terms
-    terms["weights"] = (params + lora_params) * f32
-    tokens = micro * seq
-    logits = micro * response * vocab * f32
-    if case.phase == "log-prob":
-        terms["logits (forward + gathered copy)"] = 2 * logits
-        terms["layer activations (one layer at a time)"] = tokens * (4 * h + 2 * inter) * f32
-        terms["batch"] = rows * seq * 8 * 4
-        return terms
-    terms["adamw moments"] = 2 * trained * f32
-    terms["gradients"] = trained * f32
-    per_layer = tokens * (12 * h + 4 * inter) * f32
-    if case.checkpointing:
-        terms["layer inputs kept (checkpointing)"] = layers * tokens * h * f32
-        terms["one layer recomputed"] = per_layer
-    else:
-        terms["saved activations"] = layers * per_layer
-    terms["logits (output, gathered copy, gradient)"] = 3 * logits
-    return terms
+@attrs.frozen
+class Estimate:
+    """The plan's estimate of one role's phase: the terms held through it and those of its
+    worst instant (name -> bytes)."""
+
+    persistent: dict[str, int]
+    instant: str | None
+    instant_terms: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.persistent.values()) + sum(self.instant_terms.values())
 
 
-def plan_estimate(case: Case, model_path: Path) -> dict[str, int] | None:
-    """The terms :mod:`plugrl.plan` gives for ``case``'s phase of the actor (bytes), or None
-    while that package is not installed."""
-    try:
-        from plugrl.plan import plan_recipe
-    except ImportError:
-        return None
+def plan_estimate(case: Case, model_path: Path) -> Estimate:
+    """:func:`plugrl.plan.plan_recipe`'s estimate of ``case``'s phase for the role that runs
+    it alone here: the actor's log-prob pass and update, the engine's generation. Terms of
+    other roles on the same device (a colocated engine's, the weight push's) are left out, as
+    the measured process holds none of them."""
+    from plugrl.plan import plan_recipe
+
     plan = plan_recipe(recipe_of(case, model_path))
-    return plan_terms(plan, case)
-
-
-def plan_terms(plan: Any, case: Case) -> dict[str, int]:
-    """The actor's (or the rollout's, for generation) terms of ``case.phase`` in ``plan``."""
     role = "rollout" if case.phase == "generate" else "actor"
+    phase_name = case.phase.replace("-", "_")
     for phase in plan.phases:
-        if phase.role == role and phase.name == case.phase:
-            return {term.name: int(term.bytes) for term in phase.terms}
-    raise LookupError(f"the plan has no {case.phase} phase for the {role}")
+        if phase.phase != phase_name or not any(t.role == role for t in phase.terms):
+            continue
+        instants = {
+            name: {t.name: t.bytes for t in terms if t.role == role}
+            for name, terms in phase.instants.items()
+        }
+        instants = {name: terms for name, terms in instants.items() if terms}
+        worst = max(instants, key=lambda name: sum(instants[name].values()), default=None)
+        return Estimate(
+            persistent={t.name: t.bytes for t in phase.persistent if t.role == role},
+            instant=worst,
+            instant_terms=instants[worst] if worst else {},
+        )
+    raise LookupError(f"the plan has no {phase_name} phase with {role} terms")
 
 
 # ---------------------------------------------------------------------------- the table
@@ -333,13 +328,14 @@ def build_models(folder: Path, names: list[str]) -> dict[str, Path]:
     return {name: save_tiny_model(folder / name, **MODELS[name]) for name in names}
 
 
-def run_case(case: Case, model_path: Path) -> dict[str, Any]:
+def run_case(case: Case, model_path: Path, *, by_origin: bool = False) -> dict[str, Any]:
     """``case`` measured in a fresh subprocess."""
     command = [
         sys.executable,
         str(Path(__file__).resolve()),
         "--one",
         json.dumps({**attrs.asdict(case), "model_path": str(model_path)}),
+        *(["--by-origin"] if by_origin else []),
     ]
     done = subprocess.run(command, capture_output=True, text=True, cwd=HERE, check=False)
     if done.returncode:
@@ -347,8 +343,8 @@ def run_case(case: Case, model_path: Path) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _mib(n: float) -> str:
-    return f"{n / 2**20:9.1f}"
+def _mib(n: float, width: int) -> str:
+    return f"{n / 2**20:{width}.1f}"
 
 
 def main() -> None:
@@ -358,6 +354,11 @@ def main() -> None:
     parser.add_argument("--terms", action="store_true", help="print each estimate's terms")
     parser.add_argument("--json", default=None, help="write the rows to this file")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--by-origin",
+        action="store_true",
+        help="print the bytes live at each peak per operation that made them (slower)",
+    )
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     import torch
@@ -366,37 +367,54 @@ def main() -> None:
     if args.one:
         spec = json.loads(args.one)
         model_path = Path(spec.pop("model_path"))
-        print(json.dumps(measure(Case(**spec), model_path)))
+        print(json.dumps(measure(Case(**spec), model_path, by_origin=args.by_origin)))
         return
     names = args.models.split(",")
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         paths = build_models(Path(scratch), names)
-        source = "plugrl.plan"
         print(
-            f"{'phase':<10}{'model':<11}{'config':<14}{'measured':>9}{'estimate':>9}"
-            f"{'ratio':>7}  {'at start':>9}{'RSS peak':>9}  peak at"
+            f"{'phase':<10}{'model':<11}{'config':<13}{'measured':>9}{'estimate':>9}{'ratio':>7}"
+            f"   {'start':>7}{'est.':>7}   {'rise':>7}{'est.':>7}   {'RSS':>7}  peak at"
         )
         for case in cases(names, args.phases.split(",")):
             path = paths[case.model]
-            terms = plan_estimate(case, path)
-            if terms is None:
-                terms, source = first_principles(case, path), "first principles (this bench)"
-            result = run_case(case, path)
-            estimate = sum(terms.values())
-            ratio = estimate / result["measured"]
+            estimate = plan_estimate(case, path)
+            result = run_case(case, path, by_origin=args.by_origin)
+            measured, start = result["measured"], result["at_start"]
+            ratio = estimate.total / measured
             where = f"{result['peak_op']}{' (backward)' if result['peak_in_backward'] else ''}"
             print(
-                f"{case.phase:<10}{case.model:<11}{case.label:<14}{_mib(result['measured'])}"
-                f"{_mib(estimate)}{ratio:7.2f}{'' if abs(ratio - 1) <= TARGET else ' !'}"
-                f" {_mib(result['at_start'])}{_mib(result['rss_peak'])}  {where}",
+                f"{case.phase:<10}{case.model:<11}{case.label:<13}{_mib(measured, 9)}"
+                f"{_mib(estimate.total, 9)}{ratio:7.2f}{' ' if abs(ratio - 1) <= TARGET else '!'}"
+                f"  {_mib(start, 7)}{_mib(sum(estimate.persistent.values()), 7)}"
+                f"   {_mib(measured - start, 7)}{_mib(sum(estimate.instant_terms.values()), 7)}"
+                f"   {_mib(result['rss_peak'], 7)}  {where}",
                 flush=True,
             )
             if args.terms:
-                for name, size in terms.items():
-                    print(f"{'':35}{_mib(size)}  {name}")
-            rows.append({**attrs.asdict(case), **result, "estimate": estimate, "terms": terms})
-    print(f"MiB; estimates from {source}; ! marks a ratio off by more than {TARGET:.0%}")
+                for name, size in estimate.persistent.items():
+                    print(f"{'':20}{_mib(size, 9)}  {name}")
+                for name, size in estimate.instant_terms.items():
+                    print(f"{'':20}{_mib(size, 9)}  {name} (instant: {estimate.instant})")
+            if args.by_origin:
+                print(f"{'':20}live at the peak, by the operation that made it:")
+                for origin, size in list(result["by_origin"].items())[:12]:
+                    print(f"{'':20}{_mib(size, 9)}  {origin}")
+            rows.append(
+                {
+                    **attrs.asdict(case),
+                    **result,
+                    "estimate": estimate.total,
+                    "estimate_terms": attrs.asdict(estimate),
+                }
+            )
+    print(
+        "MiB. measured: peak of live tensor bytes; start: live when the phase began; rise: "
+        "peak - start; est.: the plan's persistent terms and its worst instant's; RSS: "
+        f"resident-set high-water over the phase (not compared). ! marks a ratio off by more "
+        f"than {TARGET:.0%}"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 

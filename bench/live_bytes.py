@@ -5,7 +5,9 @@ view of it (the allocator keeps freed pages, Python and the libraries have their
 memory plan estimates is tensor storage, so that is what this counts, exactly:
 
 * when the block starts, every tensor reachable from Python (parameters, buffers, optimizer
-  state, the batch: anything the garbage collector lists) has its storage counted once;
+  state, the batch: anything the garbage collector lists) has its storage counted once, or,
+  when ``start_from`` names them, only those tensors (a process that holds tensors of other
+  work, like a test session, then counts only the phase's own);
 * inside, a ``TorchDispatchMode`` sees the result of every operation and counts the storage
   of each tensor it has not seen yet; storages are told apart by identity, so views and
   in-place results count nothing more;
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import gc
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -48,9 +50,20 @@ class LiveBytes(TorchDispatchMode):
     ``at_entry`` the count when the block began. ``peak_in_backward`` says whether the peak
     came in a backward pass, ``peak_op`` which operation reached it."""
 
-    def __init__(self, device_type: str = "cpu") -> None:
+    def __init__(
+        self,
+        device_type: str = "cpu",
+        start_from: Iterable[torch.Tensor] | None = None,
+        *,
+        by_origin: bool = False,
+    ) -> None:
         super().__init__()
         self.device_type = device_type
+        self.start_from = start_from
+        self.by_origin = by_origin
+        """Keep, at the peak, the bytes live per operation that made them (slower)."""
+        self.origin: dict[int, str] = {}
+        self.peak_by_origin: dict[str, int] = {}
         self.live: dict[int, int] = {}
         """Storage identity -> its bytes now."""
         self._refs: dict[int, weakref.ref] = {}
@@ -63,7 +76,7 @@ class LiveBytes(TorchDispatchMode):
 
     # -------------------------------------------------------------------- counting
 
-    def _count(self, tensor: torch.Tensor) -> None:
+    def _count(self, tensor: torch.Tensor, origin: str = "held at the start") -> None:
         plain = _plain(tensor)
         if plain is None or plain.device.type != self.device_type:
             return
@@ -74,11 +87,14 @@ class LiveBytes(TorchDispatchMode):
         size = storage.nbytes()
         self.live[key] = size
         self.current += size
+        if self.by_origin:
+            self.origin[key] = origin
         self._refs[key] = weakref.ref(storage, lambda _, key=key: self._forget(key))
 
     def _forget(self, key: int) -> None:
         size = self.live.pop(key, None)
         self._refs.pop(key, None)
+        self.origin.pop(key, None)
         if size is not None:
             self.current -= size
 
@@ -94,18 +110,28 @@ class LiveBytes(TorchDispatchMode):
             self.peak = self.current
             self.peak_op = op
             self.peak_in_backward = torch._C._current_autograd_node() is not None
+            if self.by_origin:
+                totals: dict[str, int] = {}
+                for key, size in self.live.items():
+                    origin = self.origin.get(key, "?")
+                    totals[origin] = totals.get(origin, 0) + size
+                self.peak_by_origin = totals
 
     # -------------------------------------------------------------------- the mode
 
     def __enter__(self) -> LiveBytes:
         gc.collect()
-        for obj in gc.get_objects():
-            try:
-                # type(), not isinstance: isinstance touches lazy module proxies
-                if issubclass(type(obj), torch.Tensor):
-                    self._count(obj)
-            except (RuntimeError, ReferenceError):  # a tensor being torn down, a dead proxy
-                continue
+        if self.start_from is not None:
+            for tensor in self.start_from:
+                self._count(tensor)
+        else:
+            for obj in gc.get_objects():
+                try:
+                    # type(), not isinstance: isinstance touches lazy module proxies
+                    if issubclass(type(obj), torch.Tensor):
+                        self._count(obj)
+                except (RuntimeError, ReferenceError):  # a tensor being torn down, a proxy
+                    continue
         self.at_entry = self.peak = self.current
         original = torch.UntypedStorage.resize_
         tracker = self
@@ -128,12 +154,15 @@ class LiveBytes(TorchDispatchMode):
             self._restore_resize()
         super().__exit__(*exc)
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        name = str(func.overloadpacket.__name__)
+        if self.by_origin and torch._C._current_autograd_node() is not None:
+            name += " (backward)"
         for item in tree_flatten(out)[0]:
             if isinstance(item, torch.Tensor):
-                self._count(item)
-        self._note_peak(str(func.overloadpacket.__name__))
+                self._count(item, name)
+        self._note_peak(name)
         return out
 
 
