@@ -128,22 +128,58 @@ def _gathered(
 def _vocab_terms(
     role: str, shape: ModelShape, recipe: Recipe, response_tokens: int, phase: str, instant: str
 ) -> list[MemoryTerm]:
-    """The vocabulary-sized buffers over a micro-batch's response tokens."""
+    """The vocabulary-sized buffers over a micro-batch's response tokens.
+
+    Counted buffer by buffer on the CPU (bench/bench_memory_plan.py): the lm_head output
+    stays alive through the update (the gather that picks the response positions keeps it for
+    its backward), beside the float32 copy the log-softmax reads; the backward of the
+    log-probs then makes four float32 buffers at once (the scatter of the picked token's
+    gradient, and logsumexp's ``exp(logits - lse)`` as a difference, its exponential and the
+    product with the incoming gradient), all while every layer's activations are still held:
+    six float32 vocabulary buffers at the peak of a float32 update, not two."""
     compute = dtype_bytes(recipe.model.dtype)
     fp32 = logits_bytes(shape, response_tokens, 4)
-    terms = [
+    lm_head_output = logits_bytes(shape, response_tokens, compute)
+    head_note = f"{response_tokens:,} response tokens x V={shape.vocab_size:,} in model.dtype"
+    if phase == "log_prob":
+        # without a backward nothing keeps the lm_head output: it lives while the root's
+        # weights are gathered, and is gone by the log-softmax (a moment of its own)
+        lm_head = f"{role} lm_head"
+        root = (shape.embedding_parameters() + shape.hidden_size) * compute
+        terms = [
+            MemoryTerm(
+                "gathered weights",
+                root,
+                (phase,),
+                role,
+                note="the root (embeddings, final norm), gathered while lm_head runs",
+                instant=lm_head,
+            ),
+            MemoryTerm(
+                "lm_head output", lm_head_output, (phase,), role, note=head_note, instant=lm_head
+            ),
+        ]
+    else:
+        terms = [
+            MemoryTerm(
+                "lm_head output",
+                lm_head_output,
+                (phase,),
+                role,
+                note=head_note + ", kept for the backward of the gather",
+                instant=instant,
+            )
+        ]
+    terms.append(
         MemoryTerm(
-            "logits (model.dtype)",
-            logits_bytes(shape, response_tokens, compute) if compute != 4 else 0,
+            "logits (float32)",
+            fp32,
             (phase,),
             role,
-            note=f"lm_head output, {response_tokens:,} response tokens x V={shape.vocab_size:,}",
+            note="the response positions' copy the log-softmax reads",
             instant=instant,
-        ),
-        MemoryTerm(
-            "logits (float32)", fp32, (phase,), role, note="upcast for log-softmax", instant=instant
-        ),
-    ]
+        )
+    )
     if phase == "log_prob":
         terms.append(
             MemoryTerm(
@@ -159,10 +195,11 @@ def _vocab_terms(
         terms.append(
             MemoryTerm(
                 "logit gradients",
-                fp32 + (logits_bytes(shape, response_tokens, compute) if compute != 4 else 0),
+                4 * fp32,
                 (phase,),
                 role,
-                note="d loss / d logits in float32, and cast to model.dtype for lm_head",
+                note="float32: the picked tokens' scattered gradient, and logsumexp's backward "
+                "(difference, exponential, product)",
                 instant=instant,
             )
         )
@@ -245,7 +282,9 @@ def _trained_model_terms(
     )
     terms.append(_gathered(role, shape, recipe, shards, ("log_prob",), forward))
     if role != "critic":
-        terms += _vocab_terms(role, shape, recipe, log_prob.response_tokens, "log_prob", forward)
+        # after the layers: their working set and gathered weights are gone by then
+        head = f"{role} log-softmax"
+        terms += _vocab_terms(role, shape, recipe, log_prob.response_tokens, "log_prob", head)
     param_bytes, _ = _dtypes(recipe)
     if not offloads(recipe):
         terms.append(
@@ -285,7 +324,9 @@ def _reference_terms(shape: ModelShape, recipe: Recipe, context: PlanContext) ->
             instant=forward,
         ),
         _gathered("ref", shape, recipe, shards, ("log_prob",), forward),
-        *_vocab_terms("ref", shape, recipe, log_prob.response_tokens, "log_prob", forward),
+        *_vocab_terms(
+            "ref", shape, recipe, log_prob.response_tokens, "log_prob", "ref log-softmax"
+        ),
     ]
 
 
