@@ -1,24 +1,25 @@
-"""The peak of live tensor bytes over a block of torch code, on any device torch runs on.
+"""The peak memory of a block of torch code on the CPU, counted exactly.
 
 torch reports no high-water mark of CPU memory, and the process's resident set is a blurred
 view of it (the allocator keeps freed pages, Python and the libraries have their own). What a
-memory plan estimates is tensor storage, so that is what this counts, exactly:
+memory plan estimates is the memory tensors take, so that is what this counts, two ways:
 
-* when the block starts, every tensor reachable from Python (parameters, buffers, optimizer
-  state, the batch: anything the garbage collector lists) has its storage counted once, or,
-  when ``start_from`` names them, only those tensors (a process that holds tensors of other
-  work, like a test session, then counts only the phase's own);
-* inside, a ``TorchDispatchMode`` sees the result of every operation and counts the storage
-  of each tensor it has not seen yet; storages are told apart by identity, so views and
-  in-place results count nothing more;
-* a storage leaves the count when it is freed (a weak reference's callback), and a storage
-  resized in place (FSDP2 frees and re-allocates gathered weights that way) is counted at its
-  new size.
+* :class:`LiveBytes` counts tensor storages. When the block starts, every tensor reachable
+  from Python (parameters, buffers, optimizer state, the batch: anything the garbage collector
+  lists) has its storage counted once, or, when ``start_from`` names them, only those tensors
+  (a process that holds tensors of other work, like a test session, then counts only the
+  phase's own). Inside, a ``TorchDispatchMode`` sees the result of every operation and counts
+  the storage of each tensor it has not seen yet (views and in-place results count nothing
+  more); a storage leaves the count when it is freed, and one resized in place (FSDP2 frees
+  and re-allocates gathered weights that way) is counted at its new size. It can say which
+  operation made each byte live at the peak. It cannot see a temporary a kernel allocates
+  inside itself (``logsumexp``'s ``exp(x - max)``).
+* :class:`AllocatorPeak` reads the profiler's record of every allocation and free of the
+  CPU allocator over the block: it sees those temporaries too. The peak of a phase is what
+  ``LiveBytes`` counted at the start plus the allocator's rise.
 
-The same model, batch and seed give the same numbers on every run: the count depends on which
-tensors exist, not on the allocator. Storages made without a torch operation Python can see
-(a tensor built from a Python list, a C++ kernel's private scratch space) are not counted;
-they are small beside weights, activations and logits.
+Both depend on which tensors exist, not on the allocator's page cache: the same model, batch,
+seed and thread count give the same numbers on every run.
 """
 
 from __future__ import annotations
@@ -192,3 +193,48 @@ def _status_bytes(field: str) -> int:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class AllocatorPeak:
+    """The most bytes the CPU allocator held at once over a block, above what it held when
+    the block began, from the profiler's record of every allocation and free
+    (``profile_memory``).
+
+    This sees what :class:`LiveBytes` cannot: the temporaries a kernel allocates inside
+    itself (``logsumexp``'s ``exp(x - max)``, the size of its input) never reach Python.
+    Memory freed in the block that was allocated before it lowers the count as it should.
+    ``peak_op`` is the innermost operation running when the peak was reached."""
+
+    def __init__(self) -> None:
+        self.rise = 0
+        self.peak_op = ""
+
+    def __enter__(self) -> AllocatorPeak:
+        from torch.profiler import ProfilerActivity, profile
+
+        self._profile = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        self._profile.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._profile.__exit__(*exc)
+        events = self._profile.profiler.kineto_results.events()
+        memory = sorted(
+            (e for e in events if e.name() == "[memory]" and "CPU" in str(e.device_type())),
+            key=lambda e: e.start_ns(),
+        )
+        held = peak = 0
+        peak_ns = None
+        for event in memory:
+            held += event.nbytes()
+            if held > peak:
+                peak, peak_ns = held, event.start_ns()
+        self.rise = peak
+        if peak_ns is not None:
+            running = [
+                e
+                for e in events
+                if e.name() != "[memory]" and e.start_ns() <= peak_ns <= e.end_ns()
+            ]
+            if running:
+                self.peak_op = min(running, key=lambda e: e.duration_ns()).name()
