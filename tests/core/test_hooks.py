@@ -19,6 +19,7 @@ def test_the_hook_list():
     registration = sorted(kind.hook for kind in PART_KINDS.values())
     lifecycle = [
         "detect_device",
+        "estimate_memory",
         "on_run_end",
         "on_run_start",
         "on_step_end",

@@ -356,11 +356,20 @@ def plan(
                 "device's memory; plan without --solve to see which term"
             )
         value, solved = found
+        from plugrl.plan.solve import INT_CEILING
+
+        unbounded = isinstance(value, int) and value >= INT_CEILING
         if as_json:
             click.echo(json.dumps({"key": solve_key, "value": value, "plan": solved.to_dict()}))
         else:
             click.echo(render.render_table(solved))
-            click.echo(f"largest {solve_key} that fits: {value}")
+            if unbounded:
+                click.echo(
+                    f"every {solve_key} tried fits (up to {INT_CEILING}): it does not bound "
+                    "memory in this recipe"
+                )
+            else:
+                click.echo(f"largest {solve_key} that fits: {value}")
         return
     result = planner.plan_with_suggestions()
     click.echo(render.render_json(result) if as_json else render.render_table(result))

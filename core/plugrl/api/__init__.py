@@ -15,7 +15,9 @@ A plugin imports from ``plugrl.api`` and its submodules only (and, in its tests,
 * :mod:`plugrl.api.loggers`: the metric-logger interface and the metrics file;
 * :mod:`plugrl.api.devices`: the device interface;
 * :mod:`plugrl.api.data`: the batch, tokenizer and dataset helpers;
-* :mod:`plugrl.api.cluster`: the cluster services a plugin may use directly.
+* :mod:`plugrl.api.cluster`: the cluster services a plugin may use directly;
+* :mod:`plugrl.api.plan`: the memory terms an ``estimate_memory`` hook returns, and their
+  shared formulas.
 
 Importing ``plugrl.api`` imports neither torch nor a plugin (a plugin's ``__init__`` imports it
 to register); :class:`Batch` is imported on first use.

@@ -92,19 +92,16 @@ def weight_sync_terms(recipe: Recipe, shape: ModelShape, context: PlanContext) -
 
 def plan_recipe(
     recipe: Recipe,
-    device_memory: int | None = None,
-    plugins: PluginManager | None = None,
+    device_memory: int | None,
+    plugins: PluginManager,
     *,
     shape: ModelShape | None = None,
 ) -> Plan:
     """The memory plan of ``recipe``: every phase on every kind of device, from the terms the
-    chosen plugins report through the ``estimate_memory`` hook. ``device_memory`` is the bytes
-    of one device (None: no verdict); ``shape`` the policy's shape (default: read from
-    ``model.path``). Nothing is loaded."""
-    if plugins is None:
-        from plugrl.plugin.manager import get_plugin_manager
-
-        plugins = get_plugin_manager()
+    chosen plugins (``plugins``, the run's or the command's) report through the
+    ``estimate_memory`` hook. ``device_memory`` is the bytes of one device (None: no
+    verdict); ``shape`` the policy's shape (default: read from ``model.path``). Nothing is
+    loaded."""
     shape = shape or model_shape(recipe)
     ranks = trainer_ranks(recipe)
     update, log_prob = micro_batches(recipe, ranks)

@@ -100,9 +100,10 @@ def engine_rows(recipe: Recipe, context: PlanContext) -> int:
 
 def engine_phases(recipe: Recipe, context: PlanContext) -> tuple[str, ...]:
     """The phases an engine occupies its devices in: only ``generate`` when it shares them
-    with the trainer and sleeps while the trainer runs (``rollout.free_cache_engine``), else
-    all of them."""
-    if context.colocated and recipe.rollout.free_cache_engine:
+    with the trainer on Ray and sleeps while the trainer runs (``rollout.free_cache_engine``),
+    else all of them (an engine in the trainer's own process, ``cluster.mode=local``, keeps
+    its weights and cache)."""
+    if context.colocated and recipe.rollout.free_cache_engine and recipe.cluster.mode == "ray":
         return ("generate",)
     return ("generate", "log_prob", "update")
 

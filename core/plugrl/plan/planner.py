@@ -117,7 +117,7 @@ def check_memory_at_launch(
     finding when a phase does not fit (logged as a warning, or raised as a
     :class:`RecipeError` with ``error``), else None. Cheap: the model's config.json only."""
     mode = recipe.trainer.memory_check
-    if mode == "off":
+    if mode in ("off", False):
         return None
     memory = launch_device_memory(recipe, device_cls, device_name)
     if memory is None:

@@ -56,6 +56,22 @@ def solve_key(plan_of: PlanOf, key: str, current: Any) -> tuple[Any, Plan] | Non
             high += 1
         to_value = int
     fits, plan = _fits(plan_of, key, to_value(low))
+    if plan is None:
+        # the smallest values may be refused (a token budget under the longest row): find the
+        # first value the recipe takes, doubling, then bisecting back
+        refused = low
+        while plan is None and low * 2 < high:
+            refused, low = low, low * 2
+            fits, plan = _fits(plan_of, key, to_value(low))
+        if plan is None:
+            return None
+        while low - refused > 1:
+            middle = (low + refused) // 2
+            middle_fits, middle_plan = _fits(plan_of, key, to_value(middle))
+            if middle_plan is None:
+                refused = middle
+            else:
+                low, fits, plan = middle, middle_fits, middle_plan
     if not fits or plan is None:
         return None
     best: tuple[Any, Plan] = (to_value(low), plan)

@@ -262,13 +262,14 @@ class TrainerConfig:
         verl="trainer.n_gpus_per_node",
         validator=positive,
     )
-    memory_check: str = option(
+    # YAML reads a bare `off` as false, so false means off too
+    memory_check: Any = option(
         "warn",
         "Estimate each phase's device memory before any model loads (what plugrl plan "
         "shows): warn logs one line naming the phase and the term that does not fit, error "
-        "stops the run with it, off skips it. Runs on accelerators; on cpu only when "
-        "trainer.device_memory_gib is set.",
-        choices=["warn", "error", "off"],
+        "stops the run with it, off (or false) skips it. Runs on accelerators; on cpu only "
+        "when trainer.device_memory_gib is set.",
+        choices=["warn", "error", "off", False],
     )
     device_memory_gib: float | None = option(
         None,

@@ -41,6 +41,8 @@ NOT_EXPERIMENT_KEYS: dict[str, str] = {
     "trainer.project_name": "a name for the trackers",
     "trainer.experiment_name": "a name for the trackers",
     "trainer.logger": "where metrics go",
+    "trainer.memory_check": "a check before the run starts, not what it trains",
+    "trainer.device_memory_gib": "what the memory check judges by, not what the run trains",
     "trainer.test_freq": "how often the run validates",
     "trainer.val_before_train": "whether the run validates before its first step",
     "trainer.log_val_generations": "how many validation responses are logged",

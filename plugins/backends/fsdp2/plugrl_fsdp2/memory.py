@@ -130,23 +130,24 @@ def _vocab_terms(
 ) -> list[MemoryTerm]:
     """The vocabulary-sized buffers over a micro-batch's response tokens.
 
-    Counted buffer by buffer on the CPU (bench/bench_memory_plan.py): the lm_head output
-    stays alive through the update (the gather that picks the response positions keeps it for
-    its backward), beside the float32 copy the log-softmax reads; the backward of the
-    log-probs then makes four float32 buffers at once (the scatter of the picked token's
-    gradient, and logsumexp's ``exp(logits - lse)`` as a difference, its exponential and the
-    product with the incoming gradient), all while every layer's activations are still held:
-    six float32 vocabulary buffers at the peak of a float32 update, not two."""
+    Counted buffer by buffer on the CPU (bench/bench_memory_plan.py), and they follow the
+    autograd formulas, not the device. The update peaks as its backward starts, every
+    activation still held: the lm_head output (the gather that picks the response positions
+    keeps it for its backward), the float32 copy the log-softmax reads, the scattered
+    gradient of the picked tokens, and logsumexp's backward ``grad * exp(logits - lse)``,
+    whose difference, exponential and product are alive together: six float32 vocabulary
+    buffers in a float32 update, 22 bytes a logit at bfloat16. The casts of the gradient
+    back to model.dtype come after those three are freed. The log-prob pass keeps nothing for
+    a backward: the lm_head output lives while the root's weights are gathered, and is gone by
+    the log-softmax, a moment of its own."""
     compute = dtype_bytes(recipe.model.dtype)
     fp32 = logits_bytes(shape, response_tokens, 4)
     lm_head_output = logits_bytes(shape, response_tokens, compute)
     head_note = f"{response_tokens:,} response tokens x V={shape.vocab_size:,} in model.dtype"
     if phase == "log_prob":
-        # without a backward nothing keeps the lm_head output: it lives while the root's
-        # weights are gathered, and is gone by the log-softmax (a moment of its own)
         lm_head = f"{role} lm_head"
         root = (shape.embedding_parameters() + shape.hidden_size) * compute
-        terms = [
+        return [
             MemoryTerm(
                 "gathered weights",
                 root,
@@ -158,30 +159,14 @@ def _vocab_terms(
             MemoryTerm(
                 "lm_head output", lm_head_output, (phase,), role, note=head_note, instant=lm_head
             ),
-        ]
-    else:
-        terms = [
             MemoryTerm(
-                "lm_head output",
-                lm_head_output,
+                "logits (float32)",
+                fp32,
                 (phase,),
                 role,
-                note=head_note + ", kept for the backward of the gather",
+                note="the response positions' copy the log-softmax reads",
                 instant=instant,
-            )
-        ]
-    terms.append(
-        MemoryTerm(
-            "logits (float32)",
-            fp32,
-            (phase,),
-            role,
-            note="the response positions' copy the log-softmax reads",
-            instant=instant,
-        )
-    )
-    if phase == "log_prob":
-        terms.append(
+            ),
             MemoryTerm(
                 "log-softmax workspace",
                 fp32,
@@ -189,43 +174,73 @@ def _vocab_terms(
                 role,
                 note="logsumexp's exp(logits - max)",
                 instant=instant,
-            )
-        )
-    else:
+            ),
+            *_temperature_terms(role, recipe, fp32, phase, instant),
+        ]
+    terms = [
+        MemoryTerm(
+            "lm_head output",
+            lm_head_output,
+            (phase,),
+            role,
+            note=head_note + ", kept for the backward of the gather",
+            instant=instant,
+        ),
+        MemoryTerm(
+            "logits (float32)",
+            fp32,
+            (phase,),
+            role,
+            note="upcast for the log-softmax and kept for its backward",
+            instant=instant,
+        ),
+        MemoryTerm(
+            "log-softmax backward",
+            3 * fp32,
+            (phase,),
+            role,
+            note="grad * exp(logits - logsumexp): the difference, its exponential and the "
+            "product, float32",
+            instant=instant,
+        ),
+        MemoryTerm(
+            "logit gradients",
+            fp32,
+            (phase,),
+            role,
+            note="the target gather's gradient, float32",
+            instant=instant,
+        ),
+    ]
+    if recipe.actor.entropy_coeff:
         terms.append(
             MemoryTerm(
-                "logit gradients",
-                4 * fp32,
+                "entropy (softmax kept for backward)",
+                2 * fp32,
                 (phase,),
                 role,
-                note="float32: the picked tokens' scattered gradient, and logsumexp's backward "
-                "(difference, exponential, product)",
+                note="entropy_coeff > 0: softmax and its gradient, float32",
                 instant=instant,
             )
         )
-        if recipe.actor.entropy_coeff:
-            terms.append(
-                MemoryTerm(
-                    "entropy (softmax kept for backward)",
-                    2 * fp32,
-                    (phase,),
-                    role,
-                    note="entropy_coeff > 0: softmax and its gradient, float32",
-                    instant=instant,
-                )
-            )
-    if recipe.rollout.temperature != 1.0:
-        terms.append(
-            MemoryTerm(
-                "logits / temperature",
-                fp32,
-                (phase,),
-                role,
-                note=f"rollout.temperature={recipe.rollout.temperature}: one more copy",
-                instant=instant,
-            )
+    return terms + _temperature_terms(role, recipe, fp32, phase, instant)
+
+
+def _temperature_terms(
+    role: str, recipe: Recipe, fp32: int, phase: str, instant: str
+) -> list[MemoryTerm]:
+    if recipe.rollout.temperature == 1.0:
+        return []
+    return [
+        MemoryTerm(
+            "logits / temperature",
+            fp32,
+            (phase,),
+            role,
+            note=f"rollout.temperature={recipe.rollout.temperature}: one more copy",
+            instant=instant,
         )
-    return terms
+    ]
 
 
 def _trained_model_terms(

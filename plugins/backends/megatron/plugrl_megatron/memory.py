@@ -140,8 +140,36 @@ def _logit_terms(
     role: str, shape: ModelShape, tokens: int, response: int, e: int, phase: str, instant: str
 ) -> list[MemoryTerm]:
     """The output layer's logits for every position in model.dtype (gathered over TP), and
-    the float32 response logits with their log-softmax buffers."""
-    terms = [
+    the float32 response logits with their log-softmax buffers (as fsdp2's, docs/plan.md)."""
+    if phase == "update":
+        return [
+            MemoryTerm(
+                "logits (float32)",
+                logits_bytes(shape, response, 4),
+                (phase,),
+                role,
+                note=f"{response:,} response positions, kept for the log-softmax's backward",
+                instant=instant,
+            ),
+            MemoryTerm(
+                "log-softmax backward",
+                logits_bytes(shape, response, 8),
+                (phase,),
+                role,
+                note="exp(logits - logsumexp) and its product with the gradient, float32",
+                instant=instant,
+            ),
+            MemoryTerm(
+                "logit gradients",
+                logits_bytes(shape, response, 4 + e) + logits_bytes(shape, tokens, e),
+                (phase,),
+                role,
+                note=f"float32 and model.dtype, and the output layer's gradient over all "
+                f"{tokens:,} positions",
+                instant=instant,
+            ),
+        ]
+    return [
         MemoryTerm(
             "logits (model.dtype)",
             logits_bytes(shape, tokens, e),
@@ -158,12 +186,15 @@ def _logit_terms(
             note=f"{response:,} response positions",
             instant=instant,
         ),
+        MemoryTerm(
+            "log-softmax workspace",
+            logits_bytes(shape, response, 4),
+            (phase,),
+            role,
+            note="logsumexp's exp(logits - max)",
+            instant=instant,
+        ),
     ]
-    extra = "logit gradients" if phase == "update" else "log-softmax workspace"
-    terms.append(
-        MemoryTerm(extra, logits_bytes(shape, response, 4), (phase,), role, instant=instant)
-    )
-    return terms
 
 
 def _forward_terms(
