@@ -306,8 +306,9 @@ def plan_estimate(case: Case, model_path: Path) -> Estimate:
     other roles on the same device (a colocated engine's, the weight push's) are left out, as
     the measured process holds none of them."""
     from plugrl.plan import plan_recipe
+    from plugrl.plugin.manager import get_plugin_manager
 
-    plan = plan_recipe(recipe_of(case, model_path))
+    plan = plan_recipe(recipe_of(case, model_path), None, get_plugin_manager())
     role = "rollout" if case.phase == "generate" else "actor"
     phase_name = case.phase.replace("-", "_")
     for phase in plan.phases:

@@ -28,7 +28,6 @@ def tiny_model(bench, tmp_path_factory):
     return bench.build_models(tmp_path_factory.mktemp("models"), ["tiny"])["tiny"]
 
 
-@pytest.mark.slow  # about 30 s on an idle 2-core machine, most of it building the model
 @pytest.mark.parametrize(
     "phase, checkpointing", [("update", False), ("update", True), ("log-prob", False)]
 )
