@@ -71,15 +71,20 @@ def test_activations_with_checkpointing(bench_recipe):
 def test_vocabulary_terms(plan):
     response_tokens = 8192 * 256 // 512  # half of a full-length row is response
     update = terms_of(plan, "update", "actor")
-    # backward: the float32 logits kept, exp(logits - lse) and its product with the gradient,
-    # the gather's float32 gradient, its bfloat16 cast and the head output's gradient
+    # as the backward starts: the head output the gather keeps, the float32 logits kept,
+    # logsumexp's backward (difference, exponential, product) and the gather's gradient
+    assert update["lm_head output"] == response_tokens * V * 2
     assert update["logits (float32)"] == response_tokens * V * 4
-    assert update["log-softmax backward"] == response_tokens * V * (4 + 4)
-    assert update["logit gradients"] == response_tokens * V * (4 + 2 + 2)
-    assert "logits (model.dtype)" not in update  # freed after the forward
-    log_prob = terms_of(plan, "log_prob", "actor")
-    assert log_prob["logits (model.dtype)"] == response_tokens * V * 2
-    assert log_prob["log-softmax workspace"] == response_tokens * V * 4
+    assert update["log-softmax backward"] == response_tokens * V * 4 * 3
+    assert update["logit gradients"] == response_tokens * V * 4
+    log_prob = plan.phase("trainer", "log_prob").instants
+    assert {t.name: t.bytes for t in log_prob["actor lm_head"]}["lm_head output"] == (
+        response_tokens * V * 2
+    )
+    softmax = {t.name: t.bytes for t in log_prob["actor log-softmax"]}
+    assert softmax == {"logits (float32)": response_tokens * V * 4} | {
+        "log-softmax workspace": response_tokens * V * 4
+    }
 
 
 def test_engine_terms(plan):
@@ -87,7 +92,9 @@ def test_engine_terms(plan):
     assert rollout["engine weights"] == P * 2  # bfloat16 copy of the trainer's weights
     assert rollout["fused decode weights"] == L * H * (A + 2 * K + 2 * INTER) * 2
     rows, length = 32 * 8, 512
-    assert rollout["KV cache"] == 2 * L * K * 2 * rows * length
+    columns = 2048  # the power of two above twice the 512 tokens the window can hold
+    assert rollout["KV cache"] == 2 * L * K * 2 * rows * columns
+    assert columns >= 2 * length + 1
     assert rollout["decode logits"] == rows * V * (2 + 4 + 4)
     # one process: the engine keeps its weights and cache while the trainer runs
     assert "engine weights" in terms_of(plan, "update", "rollout")
@@ -165,7 +172,8 @@ def test_solver_finds_the_largest_fitting_value(bench_recipe):
 
 def test_suggestions_each_fit(bench_recipe):
     plugins = get_plugin_manager()
-    planner = RecipePlanner(str(bench_recipe), [], plugins, device_memory=24 * GIB)
+    # the update needs about 39 GiB, 29 GiB with gradient checkpointing
+    planner = RecipePlanner(str(bench_recipe), [], plugins, device_memory=30 * GIB)
     plan = planner.plan_with_suggestions()
     assert plan.fits is False
     overrides = [s.override for s in plan.suggestions]
@@ -203,5 +211,6 @@ def test_deepspeed_zero3_model_states_7b():
     assert ours == pytest.approx(deepspeed - 2 * total / gpus - 4 * largest, rel=1e-6)
     # with the gathered units (DeepSpeed's largest-layer term, fp32 there, bf16 here)
     gathered = update["gathered weights"]
-    assert gathered == 2 * (233_057_792 + largest)  # a decoder layer + the vocabulary table
-    assert (ours + gathered) / deepspeed == pytest.approx(0.87, abs=0.01)
+    # the root (embeddings, head, final norm) and a layer running with the next prefetched
+    assert gathered == 2 * (2 * largest + 3584 + 2 * 233_057_792)
+    assert (ours + gathered) / deepspeed == pytest.approx(0.95, abs=0.01)

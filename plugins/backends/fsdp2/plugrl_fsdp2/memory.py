@@ -32,6 +32,13 @@ def shard_count(recipe: Recipe, ranks: int) -> int:
     return ranks if size == -1 else min(size, ranks)
 
 
+def offloads(recipe: Recipe) -> bool:
+    """Whether ``actor.param_offload`` moves the weights, gradients and optimizer state off
+    the device: not on the cpu device, where the backend ignores it (the host memory is the
+    device's, and the measured peak is the same with and without it)."""
+    return recipe.actor.param_offload and recipe.device.name != "cpu"
+
+
 def _dtypes(recipe: Recipe) -> tuple[int, int]:
     """(bytes of a trainable parameter, bytes of the compute dtype)."""
     compute = dtype_bytes(recipe.model.dtype)
@@ -49,7 +56,7 @@ def _state_terms(
 ) -> list[MemoryTerm]:
     """Parameters, gradients and AdamW states of a trained model, sharded over ``shards``."""
     param_bytes, compute = _dtypes(recipe)
-    offload = recipe.actor.param_offload
+    offload = offloads(recipe)
     where = "in host memory (param_offload)" if offload else f"sharded over {shards} ranks"
     held = 0 if offload else 1
     terms = [
@@ -88,11 +95,30 @@ def _state_terms(
     return terms
 
 
-def _gathered(role: str, shape: ModelShape, recipe: Recipe, phases: tuple[str, ...], instant: str):
+def _gathered(
+    role: str,
+    shape: ModelShape,
+    recipe: Recipe,
+    shards: int,
+    phases: tuple[str, ...],
+    instant: str,
+) -> MemoryTerm:
+    """Weights gathered whole while a forward or backward runs, in model.dtype.
+
+    The backend shards each decoder layer and then the root (the embeddings, the final norm
+    and an untied head). The root's forward encloses the layers', so its weights stay gathered
+    through the whole pass, beside the running layer's; over several ranks FSDP2 also gathers
+    the next layer ahead (prefetch), on one rank it gathers nothing ahead (measured on the
+    CPU: bench/bench_memory_plan.py). Gathering on one rank still copies: the sharded and the
+    gathered weights are different storages."""
     compute = dtype_bytes(recipe.model.dtype)
     if recipe.actor.reshard_after_forward:
-        units = shape.layer_parameters() + shape.largest_layer_parameters()
-        note = "the running unit and the next one prefetched, gathered in model.dtype"
+        root = shape.embedding_parameters() + shape.hidden_size
+        ahead = 1 if shards > 1 else 0
+        units = root + (1 + ahead) * shape.layer_parameters()
+        note = "the root (embeddings, final norm) through the pass, and the running layer" + (
+            " and the next one prefetched" if ahead else ""
+        )
     else:
         units = shape.parameters()
         note = "reshard_after_forward=false: the whole model stays gathered until backward"
@@ -102,29 +128,43 @@ def _gathered(role: str, shape: ModelShape, recipe: Recipe, phases: tuple[str, .
 def _vocab_terms(
     role: str, shape: ModelShape, recipe: Recipe, response_tokens: int, phase: str, instant: str
 ) -> list[MemoryTerm]:
-    """The vocabulary-sized buffers over a micro-batch's response tokens."""
+    """The vocabulary-sized buffers over a micro-batch's response tokens.
+
+    Counted buffer by buffer on the CPU (bench/bench_memory_plan.py), and they follow the
+    autograd formulas, not the device. The update peaks as its backward starts, every
+    activation still held: the lm_head output (the gather that picks the response positions
+    keeps it for its backward), the float32 copy the log-softmax reads, the scattered
+    gradient of the picked tokens, and logsumexp's backward ``grad * exp(logits - lse)``,
+    whose difference, exponential and product are alive together: six float32 vocabulary
+    buffers in a float32 update, 22 bytes a logit at bfloat16. The casts of the gradient
+    back to model.dtype come after those three are freed. The log-prob pass keeps nothing for
+    a backward: the lm_head output lives while the root's weights are gathered, and is gone by
+    the log-softmax, a moment of its own."""
     compute = dtype_bytes(recipe.model.dtype)
     fp32 = logits_bytes(shape, response_tokens, 4)
-    half = logits_bytes(shape, response_tokens, compute) if compute != 4 else 0
-    terms = [
-        MemoryTerm(
-            "logits (float32)",
-            fp32,
-            (phase,),
-            role,
-            note=f"{response_tokens:,} response tokens x V={shape.vocab_size:,}, upcast for the "
-            "log-softmax" + (" and kept for its backward" if phase == "update" else ""),
-            instant=instant,
-        )
-    ]
+    lm_head_output = logits_bytes(shape, response_tokens, compute)
+    head_note = f"{response_tokens:,} response tokens x V={shape.vocab_size:,} in model.dtype"
     if phase == "log_prob":
-        terms += [
+        lm_head = f"{role} lm_head"
+        root = (shape.embedding_parameters() + shape.hidden_size) * compute
+        return [
             MemoryTerm(
-                "logits (model.dtype)",
-                half,
+                "gathered weights",
+                root,
                 (phase,),
                 role,
-                note="the output head's logits, alive while they are upcast",
+                note="the root (embeddings, final norm), gathered while lm_head runs",
+                instant=lm_head,
+            ),
+            MemoryTerm(
+                "lm_head output", lm_head_output, (phase,), role, note=head_note, instant=lm_head
+            ),
+            MemoryTerm(
+                "logits (float32)",
+                fp32,
+                (phase,),
+                role,
+                note="the response positions' copy the log-softmax reads",
                 instant=instant,
             ),
             MemoryTerm(
@@ -135,51 +175,72 @@ def _vocab_terms(
                 note="logsumexp's exp(logits - max)",
                 instant=instant,
             ),
+            *_temperature_terms(role, recipe, fp32, phase, instant),
         ]
-    else:
-        # the model.dtype logits are freed after the forward; the backward makes its own
-        terms += [
+    terms = [
+        MemoryTerm(
+            "lm_head output",
+            lm_head_output,
+            (phase,),
+            role,
+            note=head_note + ", kept for the backward of the gather",
+            instant=instant,
+        ),
+        MemoryTerm(
+            "logits (float32)",
+            fp32,
+            (phase,),
+            role,
+            note="upcast for the log-softmax and kept for its backward",
+            instant=instant,
+        ),
+        MemoryTerm(
+            "log-softmax backward",
+            3 * fp32,
+            (phase,),
+            role,
+            note="grad * exp(logits - logsumexp): the difference, its exponential and the "
+            "product, float32",
+            instant=instant,
+        ),
+        MemoryTerm(
+            "logit gradients",
+            fp32,
+            (phase,),
+            role,
+            note="the target gather's gradient, float32",
+            instant=instant,
+        ),
+    ]
+    if recipe.actor.entropy_coeff:
+        terms.append(
             MemoryTerm(
-                "log-softmax backward",
+                "entropy (softmax kept for backward)",
                 2 * fp32,
                 (phase,),
                 role,
-                note="exp(logits - logsumexp) and its product with the gradient, float32",
-                instant=instant,
-            ),
-            MemoryTerm(
-                "logit gradients",
-                fp32 + 2 * half,
-                (phase,),
-                role,
-                note="the target gather's gradient in float32, its cast to model.dtype, and "
-                "the gradient of the output head's logits",
-                instant=instant,
-            ),
-        ]
-        if recipe.actor.entropy_coeff:
-            terms.append(
-                MemoryTerm(
-                    "entropy (softmax kept for backward)",
-                    2 * fp32,
-                    (phase,),
-                    role,
-                    note="entropy_coeff > 0: softmax and its gradient, float32",
-                    instant=instant,
-                )
-            )
-    if recipe.rollout.temperature != 1.0:
-        terms.append(
-            MemoryTerm(
-                "logits / temperature",
-                fp32,
-                (phase,),
-                role,
-                note=f"rollout.temperature={recipe.rollout.temperature}: one more copy",
+                note="entropy_coeff > 0: softmax and its gradient, float32",
                 instant=instant,
             )
         )
-    return terms
+    return terms + _temperature_terms(role, recipe, fp32, phase, instant)
+
+
+def _temperature_terms(
+    role: str, recipe: Recipe, fp32: int, phase: str, instant: str
+) -> list[MemoryTerm]:
+    if recipe.rollout.temperature == 1.0:
+        return []
+    return [
+        MemoryTerm(
+            "logits / temperature",
+            fp32,
+            (phase,),
+            role,
+            note=f"rollout.temperature={recipe.rollout.temperature}: one more copy",
+            instant=instant,
+        )
+    ]
 
 
 def _trained_model_terms(
@@ -209,7 +270,7 @@ def _trained_model_terms(
             instant=backward,
         )
     )
-    terms.append(_gathered(role, shape, recipe, ("update", "log_prob"), backward))
+    terms.append(_gathered(role, shape, recipe, shards, ("update", "log_prob"), backward))
     if role == "critic":
         terms.append(
             MemoryTerm(
@@ -234,11 +295,13 @@ def _trained_model_terms(
             instant=forward,
         )
     )
-    terms.append(_gathered(role, shape, recipe, ("log_prob",), forward))
+    terms.append(_gathered(role, shape, recipe, shards, ("log_prob",), forward))
     if role != "critic":
-        terms += _vocab_terms(role, shape, recipe, log_prob.response_tokens, "log_prob", forward)
+        # after the layers: their working set and gathered weights are gone by then
+        head = f"{role} log-softmax"
+        terms += _vocab_terms(role, shape, recipe, log_prob.response_tokens, "log_prob", head)
     param_bytes, _ = _dtypes(recipe)
-    if not recipe.actor.param_offload:
+    if not offloads(recipe):
         terms.append(
             MemoryTerm(
                 "optimizer step temporaries",
@@ -255,7 +318,7 @@ def _trained_model_terms(
 def _reference_terms(shape: ModelShape, recipe: Recipe, context: PlanContext) -> list[MemoryTerm]:
     compute = dtype_bytes(recipe.model.dtype)
     shards = shard_count(recipe, context.trainer_ranks)
-    offload = recipe.actor.param_offload
+    offload = offloads(recipe)
     log_prob = context.log_prob
     forward = "ref forward"
     return [
@@ -275,8 +338,10 @@ def _reference_terms(shape: ModelShape, recipe: Recipe, context: PlanContext) ->
             note=f"{log_prob.tokens:,} tokens, no gradient",
             instant=forward,
         ),
-        _gathered("ref", shape, recipe, ("log_prob",), forward),
-        *_vocab_terms("ref", shape, recipe, log_prob.response_tokens, "log_prob", forward),
+        _gathered("ref", shape, recipe, shards, ("log_prob",), forward),
+        *_vocab_terms(
+            "ref", shape, recipe, log_prob.response_tokens, "log_prob", "ref log-softmax"
+        ),
     ]
 
 

@@ -28,6 +28,17 @@ if TYPE_CHECKING:
 LEAN_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 
 
+KV_MIN_COLUMNS = 64
+"""The fewest columns a KV buffer has (``plugrl_hf.kv.MIN_COLUMNS``)."""
+
+
+def buffer_columns(sequence_length: int) -> int:
+    """Columns of the KV buffers once a window of ``sequence_length`` tokens has grown in
+    them: the smallest power of two above twice the window (measured on the CPU by
+    bench/bench_memory_plan.py: 256 columns for 80 tokens, 512 for 192)."""
+    return max(KV_MIN_COLUMNS, 1 << (2 * sequence_length).bit_length())
+
+
 def estimate_memory(
     recipe: Recipe, role: str, shape: ModelShape, context: PlanContext
 ) -> list[MemoryTerm] | None:
@@ -71,23 +82,28 @@ def estimate_memory(
                     note="lean_decode: q/k/v and gate/up projections held a second time, fused",
                 )
             )
-    kv = kv_cache_bytes(shape, rows * context.sequence_length, e, tp)
+    # the cache's buffers (plugrl_hf.kv.SlotKV) have a power-of-two column count at least
+    # twice the window they hold plus one, so a full-length window sits in 2-4x its tokens
+    columns = buffer_columns(context.sequence_length)
+    kv = kv_cache_bytes(shape, rows * columns, e, tp)
     terms.append(
         MemoryTerm(
             "KV cache",
             kv,
             phases,
             "rollout",
-            note=f"{rows} sequences x {context.sequence_length:,} tokens x 2 L k x {e} B",
+            note=f"{rows} sequences x {columns:,} buffer columns for "
+            f"{context.sequence_length:,} tokens x 2 L k x {e} B",
         )
     )
     terms.append(
         MemoryTerm(
             "KV cache growth",
-            kv,
+            kv // (2 * shape.num_layers),
             ("generate",),
             "rollout",
-            note="a full buffer is reallocated at twice its window: old and new both held",
+            note="buffers are reallocated one layer at a time: that layer's old pair, half "
+            "as wide, is held beside the new one",
             instant="decode",
         )
     )

@@ -37,7 +37,8 @@ def test_offload_leaves_only_the_gathered_units():
     for name in ("parameters", "gradients", "optimizer states"):
         assert name not in actor  # zero bytes on the device: left out of the phase
     layer = 233_057_792
-    assert actor["gathered weights"] == (layer + 152_064 * 3584) * 2
+    # the root (untied embeddings and head, final norm), a running and a prefetched layer
+    assert actor["gathered weights"] == (2 * 152_064 * 3584 + 3584 + 2 * layer) * 2
 
 
 def test_ulysses_splits_the_tokens_of_a_rank():
