@@ -163,6 +163,21 @@ def run_metrics(record: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in record.items() if not key.startswith(MACHINE_METRICS)}
 
 
+# These measure how far the engine's and the trainer's float32 probabilities of the same
+# tokens are apart: rounding, about 1e-9 when the weights arrived. Another process's order of
+# summation moves them by as much, so two runs agree on them only to far below the 1e-4 at
+# which trainer.check_weight_sync warns.
+NOISE_METRICS = frozenset(
+    {
+        "training/rollout_probs_diff_mean",
+        "training/rollout_probs_diff_max",
+        "training/rollout_probs_diff_std",
+        "training/rollout_actor_probs_pearson_corr",
+    }
+)
+NOISE_FLOOR = 1e-6
+
+
 def assert_same_metrics(
     actual: dict[str, Any], expected: dict[str, Any], *, rel: float, abs_: float, where: str
 ) -> None:
@@ -174,7 +189,10 @@ def assert_same_metrics(
     different = {
         key: (actual[key], expected[key])
         for key in expected
-        if actual[key] != pytest.approx(expected[key], rel=rel, abs=abs_)
+        if actual[key]
+        != pytest.approx(
+            expected[key], rel=rel, abs=max(abs_, NOISE_FLOOR) if key in NOISE_METRICS else abs_
+        )
     }
     assert not different, f"{where}: metrics differ (actual, expected): {different}"
 

@@ -1,4 +1,4 @@
-"""vllm's and sglang's memory terms: the gpu_memory_utilization reservation."""
+"""vllm's memory terms: the gpu_memory_utilization reservation."""
 
 from __future__ import annotations
 
@@ -24,10 +24,3 @@ def test_tensor_parallel_and_eager():
     rollout = terms(plan, "rollout", "generate")
     assert rollout["engine weights"] == P7B * 2 // 2
     assert "CUDA graphs" not in rollout
-
-
-def test_without_device_memory_the_batch_needs_its_cache():
-    plan = plan_7b("rollout.engine=sglang", device_memory=None)
-    rollout = terms(plan, "rollout", "generate")
-    rows = 64 * 8 // 8  # one engine per device
-    assert rollout["KV cache"] == 2 * 28 * 512 * 2 * rows * (512 + 1536)
