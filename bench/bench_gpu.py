@@ -61,7 +61,20 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-QWEN25_VOCAB = 151936
+
+def qwen_config(name: str) -> dict[str, Any]:
+    """The config fields of a public shape that ``plugrl plan`` ships (``plugrl.plan``'s
+    ``shapes/NAME.json``), with the position and norm settings the Qwen2.5 releases use."""
+    from plugrl.plan.shape import named_shapes, read_config_file
+
+    config = read_config_file(named_shapes()[name])
+    config.pop("model_type", None)
+    return {
+        **config,
+        "max_position_embeddings": 32768,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-6,
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,18 +113,7 @@ SHAPES: dict[str, Shape] = {
         token_budget=1024,
     ),
     "qwen2.5-0.5b": Shape(
-        model={
-            "hidden_size": 896,
-            "num_hidden_layers": 24,
-            "num_attention_heads": 14,
-            "num_key_value_heads": 2,
-            "intermediate_size": 4864,
-            "vocab_size": QWEN25_VOCAB,
-            "tie_word_embeddings": True,
-            "max_position_embeddings": 32768,
-            "rope_theta": 1000000.0,
-            "rms_norm_eps": 1e-6,
-        },
+        model=qwen_config("qwen2.5-0.5b"),
         prompts=32,
         n=8,
         prompt_tokens=256,
@@ -119,18 +121,7 @@ SHAPES: dict[str, Shape] = {
         token_budget=8192,
     ),
     "qwen2.5-1.5b": Shape(
-        model={
-            "hidden_size": 1536,
-            "num_hidden_layers": 28,
-            "num_attention_heads": 12,
-            "num_key_value_heads": 2,
-            "intermediate_size": 8960,
-            "vocab_size": QWEN25_VOCAB,
-            "tie_word_embeddings": True,
-            "max_position_embeddings": 32768,
-            "rope_theta": 1000000.0,
-            "rms_norm_eps": 1e-6,
-        },
+        model=qwen_config("qwen2.5-1.5b"),
         prompts=32,
         n=8,
         prompt_tokens=256,
@@ -186,12 +177,10 @@ def attention_width(config: Any) -> int:
 
 
 def approximate_parameters(model: dict[str, Any]) -> int:
-    """A Qwen2 config's parameters from its sizes (projections and embedding; no norms)."""
-    hidden, layers = model["hidden_size"], model["num_hidden_layers"]
-    head_dim = hidden // model["num_attention_heads"]
-    kv = model["num_key_value_heads"] * head_dim
-    per_layer = 2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * model["intermediate_size"]
-    return layers * per_layer + model["vocab_size"] * hidden
+    """A Qwen2 config's parameters from its sizes, counted as ``plugrl plan`` counts them."""
+    from plugrl.plan.shape import shape_from_config
+
+    return shape_from_config({"model_type": "qwen2", **model}, "bench", "bench_gpu").parameters()
 
 
 def model_flops(
