@@ -66,6 +66,7 @@ if TYPE_CHECKING:
         part_args,
         read_section,
     )
+    from plugrl.recipe.composition import nested_deeper_than
 
 __all__ = [
     "Batch",
@@ -91,6 +92,7 @@ __all__ = [
     "fraction",
     "hookimpl",
     "load_recipe",
+    "nested_deeper_than",
     "non_negative",
     "one_of",
     "option",
@@ -127,6 +129,7 @@ __getattr__, __dir__ = lazy_module(
         "fraction": ("plugrl.config", "fraction"),
         "hookimpl": ("plugrl", "hookimpl"),
         "load_recipe": ("plugrl.recipe", "load_recipe"),
+        "nested_deeper_than": ("plugrl.recipe.composition", "nested_deeper_than"),
         "non_negative": ("plugrl.config", "non_negative"),
         "one_of": ("plugrl.config", "one_of"),
         "option": ("plugrl.config", "option"),

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from plugrl.api import nested_deeper_than
+
 MAX_DEPTH = 64
 """The deepest nesting of objects and lists a call's JSON may have: far past any tool's
 arguments, and far below where Python's recursion limit is met."""
@@ -17,20 +19,8 @@ arguments, and far below where Python's recursion limit is met."""
 
 def too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
     """Whether ``value`` nests objects and lists deeper than ``limit`` (walked without
-    recursion, so any depth is safe to check)."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            children = list(item.values())
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
-        if depth > limit:
-            return True
-        stack.extend((child, depth + 1) for child in children)
-    return False
+    recursion, as the kernel checks a recipe's nesting)."""
+    return nested_deeper_than(value, limit)
 
 
 def nesting_error(limit: int = MAX_DEPTH) -> str:
