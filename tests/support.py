@@ -61,3 +61,26 @@ def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"waited {timeout:g} s for {what}; it did not happen")
         time.sleep(every)
+
+
+@contextlib.contextmanager
+def spawned_rank() -> Iterator[None]:
+    """The body of a rank that ``torch.multiprocessing.spawn`` started, ended so that a
+    passing rank exits 0: every rank waits at a barrier before the group goes, and a rank
+    that got through leaves with ``os._exit(0)``. Gloo's threads can otherwise abort the
+    process at interpreter exit ("terminate called without an active exception"), which
+    spawn reports as a failure of a rank that did all its work. A rank that raised goes the
+    normal way, so spawn shows its traceback."""
+    import os
+
+    import torch.distributed as dist
+
+    try:
+        yield
+        dist.barrier()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

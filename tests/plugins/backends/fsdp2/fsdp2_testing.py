@@ -16,6 +16,7 @@ from plugrl.testing import save_tiny_model
 from plugrl_cpu.device import CpuDevice
 from plugrl_fsdp2.backend import FSDP2Backend
 from plugrl_fsdp2.config import FSDP2ActorConfig
+from tests.support import spawned_rank
 
 VOCAB = 320
 """The tiny model's vocabulary (even, so tensor parallelism can cut it in two)."""
@@ -164,8 +165,6 @@ def rank_log_probs_worker(
     """One of ``world_size`` spawned ranks: build the actor (only rank 0 may read the weights;
     elsewhere loading them fails) and save the log-probs of :func:`make_batch` ``(8)``, and
     rank 0 the weights ``named_weights`` gathers."""
-    import torch.distributed as dist
-
     import plugrl_fsdp2.backend as backend_module
     from plugrl.cluster.distributed import init_process_group
 
@@ -177,7 +176,7 @@ def rank_log_probs_worker(
 
         backend_module.load_model = refuse
     init_process_group(CpuDevice(), DistInfo(rank=rank, world_size=world_size), "127.0.0.1", port)
-    try:
+    with spawned_rank():
         options = dict(model_options or {})
         recipe = make_recipe(Path(model_dir), dtype=options.pop("dtype", "float32"), model=options)
         context = PartContext(
@@ -193,5 +192,3 @@ def rank_log_probs_worker(
         weights = dict(backend.named_weights())
         if rank == 0:
             torch.save(weights, Path(out) / "weights.pt")
-    finally:
-        dist.destroy_process_group()

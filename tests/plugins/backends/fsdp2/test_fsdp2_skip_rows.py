@@ -26,6 +26,7 @@ from tests.plugins.backends.fsdp2.fsdp2_testing import (
     make_recipe,
     max_weight_difference,
 )
+from tests.support import spawned_rank
 
 TOLERANCE = {"atol": 2e-6, "rtol": 0}
 ZERO_ROWS = [1, 4, 5]
@@ -141,14 +142,12 @@ def test_a_mini_batch_without_any_advantage_still_steps_the_optimizer(tiny_model
 def two_rank_worker(rank: int, world_size: int, port: int, model_dir: str, out: str) -> None:
     """Rank 0's rows all have zero advantages, rank 1's some: both run as many rows (one
     forward gathers weights from every rank), and the step equals running every row."""
-    import torch.distributed as dist
-
     from plugrl.cluster.distributed import init_process_group
 
     torch.set_num_threads(1)
     dist_info = DistInfo(rank=rank, world_size=world_size)
     init_process_group(CpuDevice(), dist_info, "127.0.0.1", port)
-    try:
+    with spawned_rank():
         results = {}
         for skip in (True, False):
             for layout, options in LAYOUTS.items():
@@ -173,8 +172,6 @@ def two_rank_worker(rank: int, world_size: int, port: int, model_dir: str, out: 
                     "weights": full_weights(backend),  # gathered on rank 0 only
                 }
         torch.save(results, Path(out) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

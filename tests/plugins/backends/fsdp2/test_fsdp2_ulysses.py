@@ -24,6 +24,7 @@ from tests.plugins.backends.fsdp2.fsdp2_testing import (
     make_batch,
     make_recipe,
 )
+from tests.support import spawned_rank
 
 BATCH_SEED = 2
 """make_batch(8, seed=BATCH_SEED): rows of different lengths whose two micro-batches of 4 have
@@ -96,22 +97,18 @@ def critic_values(model_dir: Path, dist_info: DistInfo, sp: int) -> torch.Tensor
 
 
 def sequence_parallel_worker(rank: int, world_size: int, port: int, model_dir: str, out: str):
-    import torch.distributed as dist
-
     from plugrl.cluster.distributed import init_process_group
 
     torch.set_num_threads(1)
     dist_info = DistInfo(rank=rank, world_size=world_size)
     init_process_group(CpuDevice(), dist_info, "127.0.0.1", port)
-    try:
+    with spawned_rank():
         results = {
             layout: one_update(Path(model_dir), dist_info, world_size, packed)
             for layout, packed in LAYOUTS.items()
         }
         results["values"] = critic_values(Path(model_dir), dist_info, world_size)
         torch.save(results, Path(out) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

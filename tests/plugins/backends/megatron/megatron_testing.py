@@ -13,6 +13,7 @@ from plugrl.recipe import ClusterConfig, ModelConfig, Recipe, TrainerConfig
 from plugrl.testing import save_tiny_model
 from plugrl_cpu.device import CpuDevice
 from tests.plugins.backends.fsdp2.fsdp2_testing import VOCAB
+from tests.support import spawned_rank
 
 
 def save_tiny_qwen3(folder: Path, seed: int = 0, tie: bool = False) -> Path:
@@ -63,8 +64,6 @@ def rank_update_worker(rank: int, world_size: int, port: int, model_dir: str, ou
     copies) and 2 (one copy cut in two). Each time: log-probs of its data-parallel share of
     ``make_batch(8)``, one update on that share, the whole weights (rank 0 only), saved
     under ``out`` as ``tp<size>_rank<rank>.pt``."""
-    import torch.distributed as dist
-
     from plugrl.cluster.distributed import init_process_group
     from plugrl_megatron import cpu_shims
     from tests.plugins.backends.fsdp2.fsdp2_testing import TokenMeanReinforce, make_batch
@@ -73,7 +72,7 @@ def rank_update_worker(rank: int, world_size: int, port: int, model_dir: str, ou
     cpu_shims.apply()
     info = DistInfo(rank=rank, world_size=world_size)
     init_process_group(CpuDevice(), info, "127.0.0.1", port)
-    try:
+    with spawned_rank():
         for tp in (1, 2):
             recipe = megatron_recipe(Path(model_dir), tensor_model_parallel_size=tp)
             backend = make_megatron_backend(recipe, dist=info)
@@ -95,5 +94,3 @@ def rank_update_worker(rank: int, world_size: int, port: int, model_dir: str, ou
                 Path(out) / f"tp{tp}_rank{rank}.pt",
             )
             backend.close()
-    finally:
-        dist.destroy_process_group()
