@@ -55,6 +55,15 @@ def tiny_task(plugrl_build_once):
     return plugrl_build_once(build_untrained_task)
 
 
+@pytest.fixture(scope="session")
+def tiny_vl_model(plugrl_build_once):
+    """A tiny Qwen2.5-VL-architecture model folder (the quickstart's tokenizer plus the vision
+    tokens, the PIL image processor's config), built once per test session."""
+    from plugrl_qwen2_vl.tiny import save_tiny_vl_model
+
+    return plugrl_build_once(save_tiny_vl_model, seed=0, weight_std=0.1)
+
+
 @pytest.fixture
 def fake_parts_manager(plugrl_plugin_manager, plugrl_register_plugin):
     """The installed plugins plus ``tests.fake_parts``."""

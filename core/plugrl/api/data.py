@@ -10,15 +10,19 @@ if TYPE_CHECKING:
     from plugrl.data.batch import Batch, left_pad, response_attention_mask
     from plugrl.data.dataset import PromptLoader, collate, load_tokenizer, truncate
     from plugrl.data.hf_loading import quiet_hf_loading
+    from plugrl.data.multimodal import IMAGE_PLACEHOLDER, MultimodalModel, model_inputs
     from plugrl.data.rollout_batch import build_rollout_batch
 
 __all__ = [
+    "IMAGE_PLACEHOLDER",
     "Batch",
+    "MultimodalModel",
     "PromptLoader",
     "build_rollout_batch",
     "collate",
     "left_pad",
     "load_tokenizer",
+    "model_inputs",
     "quiet_hf_loading",
     "response_attention_mask",
     "truncate",
@@ -28,6 +32,9 @@ __getattr__, __dir__ = lazy_module(
     __name__,
     {
         "Batch": ("plugrl.data.batch", "Batch"),
+        "IMAGE_PLACEHOLDER": ("plugrl.data.multimodal", "IMAGE_PLACEHOLDER"),
+        "MultimodalModel": ("plugrl.data.multimodal", "MultimodalModel"),
+        "model_inputs": ("plugrl.data.multimodal", "model_inputs"),
         "PromptLoader": ("plugrl.data.dataset", "PromptLoader"),
         "build_rollout_batch": ("plugrl.data.rollout_batch", "build_rollout_batch"),
         "collate": ("plugrl.data.dataset", "collate"),

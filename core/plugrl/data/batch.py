@@ -33,6 +33,9 @@ SEQUENCE_COLUMNS = frozenset({"input_ids", "attention_mask", "position_ids"})
 """[B, P+R] (``position_ids`` also [B, k, P+R] for mrope): a left-padded prompt part, then a
 right-padded response part. Any other tensor column whose second dimension is R in every
 batch is a response column, right-padded."""
+MULTIMODAL_COLUMN = "multi_modal_inputs"
+"""Non-tensor column of a vision-language model's image inputs, one mapping of tensors per row
+(``None`` for a row without images): see :mod:`plugrl.data.multimodal`."""
 TOKEN_COLUMNS = frozenset({"prompts", "responses", "input_ids"})
 """Columns padded with the pad token; the others are padded with 0, except positions."""
 

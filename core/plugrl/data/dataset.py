@@ -27,6 +27,7 @@ from plugrl.errors import DataError
 
 if TYPE_CHECKING:
     from plugrl.data.batch import Batch
+    from plugrl.data.multimodal import MultimodalData
     from plugrl.recipe import DataConfig, ModelConfig
 
 logger = logging.getLogger("plugrl.data")
@@ -52,6 +53,9 @@ class PromptRecord:
     own template."""
     agent_name: str | None = None
     """The row's agent loop (verl's ``agent_name`` column), over ``rollout.agent.loop``."""
+    multi_modal_inputs: Mapping[str, Any] | None = None
+    """The model's image inputs for the row's images (computed once, when the dataset is
+    built), ``None`` for a row without images."""
 
 
 def truncate(ids: Sequence[int], limit: int, mode: str) -> list[int]:
@@ -157,6 +161,8 @@ class _FileRows:
     extra_infos: list[Any]
     abilities: list[Any]
     agent_names: list[Any]
+    images: list[Any] | None
+    """The ``data.image_key`` column, ``None`` when the file has none."""
 
     @classmethod
     def read(cls, path: Path, config: DataConfig, files_key: str) -> _FileRows:
@@ -187,6 +193,7 @@ class _FileRows:
             extra_infos=column("extra_info"),
             abilities=column("ability"),
             agent_names=column("agent_name"),
+            images=column(config.image_key) if config.image_key in columns else None,
         )
 
     @property
@@ -213,6 +220,49 @@ class _FileRows:
         if not texts:
             return []
         return tokenizer(texts, add_special_tokens=not use_template)["input_ids"]
+
+    def encode_with_images(
+        self,
+        tokenizer: Any,
+        multimodal: MultimodalData,
+        messages: list[list[dict[str, str]]],
+        config: DataConfig,
+        use_template: bool,
+    ) -> tuple[list[Any], list[Mapping[str, Any] | None]]:
+        """Every row's prompt, checked against its images: an :class:`EncodedRow` (ids with
+        the images expanded, and the image inputs) for a row with images, token ids for a row
+        without, and each row's image inputs (``None`` without)."""
+        images = self.images if self.images is not None else [None] * len(messages)
+        encoded: list[Any] = []
+        inputs: list[Mapping[str, Any] | None] = []
+        for chat, row_images, origin in zip(messages, images, self.origins, strict=True):
+            row = multimodal.encode(
+                chat,
+                row_images,
+                origin=origin,
+                prompt_key=config.prompt_key,
+                image_key=config.image_key,
+                folder=self.path.parent,
+                use_template=use_template,
+                render=lambda filled: _render(tokenizer, filled, use_template),
+            )
+            encoded.append(row if row.inputs is not None else row.prompt_ids)
+            inputs.append(row.inputs)
+        return encoded, inputs
+
+
+def _refuse_images(rows: _FileRows, config: DataConfig) -> None:
+    """A file with images in ``data.image_key`` read for a model that is not a
+    vision-language model: one line naming the file and the column."""
+    if rows.images is None:
+        return
+    for row, images in enumerate(rows.images):
+        if images is not None and len(images):
+            raise DataError(
+                f"{rows.path} row {row}: column {config.image_key!r} holds images, but "
+                "model.path is not a vision-language model (its config has no vision_config); "
+                "train a vision-language model on this data, or drop the column"
+            )
 
 
 def _fit_length(ids: list[int], origin: str, config: DataConfig) -> list[int] | None:
@@ -252,6 +302,7 @@ class PromptDataset:
         config: DataConfig,
         *,
         files_key: str = "data.train_files",
+        multimodal: MultimodalData | None = None,
     ) -> None:
         self.files = [Path(f) for f in files]
         self.files_key = files_key
@@ -260,16 +311,36 @@ class PromptDataset:
             raise DataError(
                 f"{files_key} is empty; set it to one or more parquet files in verl's schema"
             )
+        self.has_images = multimodal is not None
+        """Whether the rows are read with their images (the model is a vision-language
+        model): the batches then have a ``multi_modal_inputs`` column."""
         use_template = _uses_chat_template(tokenizer, config, files_key)
         records: list[PromptRecord] = []
         filtered = 0
         for path in self.files:
             rows = _FileRows.read(path, config, files_key)
             messages = rows.messages(config)
-            encoded = rows.encode(tokenizer, messages, use_template)
+            if multimodal is None:
+                _refuse_images(rows, config)
+                encoded = rows.encode(tokenizer, messages, use_template)
+                inputs: list[Mapping[str, Any] | None] = [None] * len(encoded)
+            else:
+                encoded, inputs = rows.encode_with_images(
+                    tokenizer, multimodal, messages, config, use_template
+                )
             truths = [_ground_truth(r, o) for r, o in zip(rows.rewards, rows.origins, strict=True)]
             for row, ids in enumerate(encoded):
-                fitted = _fit_length(ids, rows.origins[row], config)
+                if inputs[row] is None:
+                    fitted = _fit_length(ids, rows.origins[row], config)
+                else:
+                    fitted = multimodal.fit_length(
+                        ids,
+                        origin=rows.origins[row],
+                        image_key=config.image_key,
+                        limit=config.max_prompt_length,
+                        truncation=config.truncation,
+                        filter_overlong=config.filter_overlong_prompts,
+                    )
                 if fitted is None:
                     filtered += 1
                     continue
@@ -284,6 +355,7 @@ class PromptDataset:
                         origin=rows.origins[row],
                         messages=tuple(messages[row]),
                         agent_name=rows.agent_names[row] or None,
+                        multi_modal_inputs=inputs[row],
                     )
                 )
         self._check_filtered(records, filtered)
@@ -316,16 +388,28 @@ class PromptDataset:
         )
 
     @classmethod
-    def train(cls, config: DataConfig, tokenizer: Any) -> PromptDataset:
-        """The dataset of ``data.train_files``."""
-        return cls(config.train_files, tokenizer, config, files_key="data.train_files")
+    def train(
+        cls, config: DataConfig, tokenizer: Any, multimodal: MultimodalData | None = None
+    ) -> PromptDataset:
+        """The dataset of ``data.train_files`` (with their images when ``multimodal``)."""
+        return cls(
+            config.train_files,
+            tokenizer,
+            config,
+            files_key="data.train_files",
+            multimodal=multimodal,
+        )
 
     @classmethod
-    def validation(cls, config: DataConfig, tokenizer: Any) -> PromptDataset | None:
+    def validation(
+        cls, config: DataConfig, tokenizer: Any, multimodal: MultimodalData | None = None
+    ) -> PromptDataset | None:
         """The dataset of ``data.val_files``, or ``None`` when there are none."""
         if not config.val_files:
             return None
-        return cls(config.val_files, tokenizer, config, files_key="data.val_files")
+        return cls(
+            config.val_files, tokenizer, config, files_key="data.val_files", multimodal=multimodal
+        )
 
     def __len__(self) -> int:
         return len(self.records)
@@ -334,16 +418,24 @@ class PromptDataset:
         return self.records[index]
 
 
-def collate(records: Sequence[PromptRecord], uids: Sequence[str], pad_token_id: int) -> Batch:
+def collate(
+    records: Sequence[PromptRecord],
+    uids: Sequence[str],
+    pad_token_id: int,
+    *,
+    with_images: bool = False,
+) -> Batch:
     """A prompt batch: ``prompts`` [B, P] left-padded to the longest prompt of the batch with
     ``pad_token_id``, ``prompt_attention_mask`` [B, P], and the columns ``uid``, ``index``,
     ``data_source``, ``ground_truth``, ``extra_info``, ``ability``, ``raw_prompt_ids``
     (unpadded lists of ints), ``raw_prompt`` (the chat messages, verl's name) and
-    ``agent_name`` (the row's agent loop, ``None`` for ``rollout.agent.loop``)."""
-    from plugrl.data.batch import Batch, left_pad
+    ``agent_name`` (the row's agent loop, ``None`` for ``rollout.agent.loop``).
+    ``with_images`` (a dataset read with its images) adds ``multi_modal_inputs``: each row's
+    model image inputs, ``None`` for a row without images."""
+    from plugrl.data.batch import MULTIMODAL_COLUMN, Batch, left_pad
 
     prompts, mask = left_pad([r.prompt_ids for r in records], pad_token_id)
-    return Batch(
+    batch = Batch(
         tensors={"prompts": prompts, "prompt_attention_mask": mask},
         columns={
             "uid": list(uids),
@@ -357,6 +449,9 @@ def collate(records: Sequence[PromptRecord], uids: Sequence[str], pad_token_id: 
             "agent_name": [r.agent_name for r in records],
         },
     )
+    if with_images:
+        batch[MULTIMODAL_COLUMN] = [r.multi_modal_inputs for r in records]
+    return batch
 
 
 def pad_token_id_of(tokenizer: Any) -> int:
@@ -480,7 +575,9 @@ class PromptLoader:
         self.position += len(indices)
         records = [self.dataset[int(i)] for i in indices]
         uids = [f"{self.uid_prefix}{self.epoch}-{record.index}" for record in records]
-        batch = collate(records, uids, self.pad_token_id)
+        batch = collate(
+            records, uids, self.pad_token_id, with_images=getattr(self.dataset, "has_images", False)
+        )
         batch.meta["epoch"] = self.epoch
         return batch
 

@@ -13,6 +13,7 @@ Two kinds of hook:
   ``register`` accepts (``config``, ``requires``, ``install``, ``description``, ``aliases``).
   A name registered twice in one kind is an error that names both plugins.
 * **Lifecycle hooks** run at fixed points of a run. Each docstring says in which process.
+* **Model-family hooks** (``multimodal_model``) answer for the model types a plugin knows.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from pathlib import Path
 
+    from plugrl.data.multimodal import MultimodalModel
     from plugrl.plan.context import PlanContext
     from plugrl.plan.shape import ModelShape
     from plugrl.plan.terms import MemoryTerm
@@ -248,6 +250,28 @@ def register_health_checks(register: RegisterFn) -> None:
     Config (optional): a subclass of :class:`plugrl.parts.health.HealthCheckConfig`, read from
     ``trainer.health.check_args.<name>``.
     Chosen by: the list ``trainer.health.checks`` (``trainer.health.mode: off`` runs none).
+    """
+
+
+# --------------------------------------------------------------------------------------------
+# Model families
+# --------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def multimodal_model(model_type: str) -> type[MultimodalModel] | None:
+    """The vision-language support for Hugging Face model type ``model_type`` (the
+    ``model_type`` of a model folder's ``config.json``): a subclass of
+    :class:`plugrl.data.multimodal.MultimodalModel`, or ``None`` for a type the plugin does not
+    know. The first plugin that answers wins.
+
+    Process: driver, when the run's model folder is a vision-language model (its config has a
+    ``vision_config``) and its data has images. The core builds the class as
+    ``cls(model_path, hf_config)``; it supplies the model's processor (for the data), the text
+    of an image placeholder, the ids of image tokens (never truncated through) and the model's
+    own position ids over prompt and response (computed once per batch, after generation).
+    A new model family is supported by a plugin implementing this hook, without touching the
+    core (``plugrl-qwen2-vl`` answers for ``qwen2_vl`` and ``qwen2_5_vl``).
     """
 
 

@@ -123,6 +123,12 @@ class DataConfig:
         factory=list, help="Validation parquet files.", verl="data.val_files", path="input"
     )
     prompt_key: str = option("prompt", "Column with the chat messages.", verl="data.prompt_key")
+    image_key: str = option(
+        "images",
+        "Column with each row's images (bytes, paths or {bytes: ...} structs), one per <image> "
+        "in its messages; read when the model is a vision-language model.",
+        verl="data.image_key",
+    )
     max_prompt_length: int = option(
         512,
         "Prompt tokens allowed (after the chat template).",

@@ -81,7 +81,8 @@ class PromptStream:
         loader = self.loader
         record = loader.dataset[position]
         uid = f"{loader.uid_prefix}{epoch}-{record.index}"
-        batch = collate([record], [uid], loader.pad_token_id)
+        with_images = getattr(loader.dataset, "has_images", False)
+        batch = collate([record], [uid], loader.pad_token_id, with_images=with_images)
         batch.meta["epoch"] = epoch
         return batch
 

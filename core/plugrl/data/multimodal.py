@@ -1,0 +1,327 @@
+"""Images in a run: rows in verl's layout, processed once, carried with the batch.
+
+A row's chat messages mark each image's place with ``<image>``; the images are in the column
+``data.image_key`` (verl's ``images``), a list per row whose items are encoded image bytes, a
+path to an image file, or ``{"bytes": ..., "path": ...}`` (the struct parquet writers store).
+When the dataset is built each image is decoded once, the model's processor turns the row's
+rendered text and its images into the prompt's token ids (each image expanded to its tokens)
+and the model's image inputs once, and those inputs travel with the row in the batch column
+:data:`MULTIMODAL_COLUMN` (a mapping of tensors per row, ``None`` for a row without images):
+they pickle with the batch, through Ray too. A trainer or engine joins a micro-batch's rows
+with :func:`model_inputs` and passes them to the model's ``forward``. After generation,
+:func:`add_model_positions` replaces the batch's positions by the model's own.
+
+What depends on the model family (its processor, the text an ``<image>`` becomes, its
+positions) comes from the plugin that answers the ``multimodal_model`` hook for the model's
+type (:class:`MultimodalModel`).
+"""
+
+from __future__ import annotations
+
+import io
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import attrs
+
+from plugrl.data.batch import MULTIMODAL_COLUMN
+from plugrl.errors import DataError
+
+if TYPE_CHECKING:
+    import torch
+
+    from plugrl.data.batch import Batch
+    from plugrl.plugin.manager import PluginManager
+    from plugrl.recipe import ModelConfig
+
+
+IMAGE_PLACEHOLDER = "<image>"
+"""What marks an image's place in a row's message text (verl's layout)."""
+
+
+class MultimodalModel(ABC):
+    """One family of vision-language models, for one model folder: the plugin's
+    ``multimodal_model`` hook returns the class, the core builds it as
+    ``cls(model_path, hf_config)`` (the folder and its ``AutoConfig``).
+
+    ``input_keys``: the keys of the processor's output that are the model's image inputs; they
+    are kept per row in ``multi_modal_inputs`` and a micro-batch's rows are joined along their
+    first dimension (the layout Hugging Face vision-language models take: all images' patches
+    one after the other, one grid row per image).
+    ``vision_token_ids(tokenizer)``: the ids of every token the processor puts in for an image,
+    which a prompt may never be truncated through.
+    """
+
+    input_keys: ClassVar[tuple[str, ...]] = ("pixel_values", "image_grid_thw")
+
+    def __init__(self, model_path: str, hf_config: Any) -> None:
+        self.model_path = model_path
+        self.hf_config = hf_config
+
+    @abstractmethod
+    def processor(self, tokenizer: Any) -> Any:
+        """The model's processor, using ``tokenizer`` (the run's):
+        called as ``processor(text=[text], images=[...], return_tensors="pt")``, it returns
+        ``input_ids`` with each image's placeholder expanded to its tokens, and the
+        :attr:`input_keys`."""
+
+    @abstractmethod
+    def image_text(self) -> str:
+        """The text that replaces one ``<image>`` placeholder before the chat template is
+        applied (the processor then expands it to the image's tokens)."""
+
+    @abstractmethod
+    def vision_token_ids(self, tokenizer: Any) -> frozenset[int]:
+        """Ids of the tokens that stand for images in a processed prompt."""
+
+    @abstractmethod
+    def position_ids(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        inputs: Sequence[Mapping[str, torch.Tensor] | None],
+    ) -> torch.Tensor:
+        """Position ids ``[B, k, L]`` of whole sequences ``input_ids`` ``[B, L]`` (padding
+        where ``attention_mask`` is 0) whose rows hold the images of ``inputs`` (a row's
+        :attr:`input_keys`, ``None`` for a row without images), as the model computes them
+        itself."""
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return text or type(exc).__name__
+
+
+def decode_image(value: Any, *, where: str, folder: Path | None = None) -> Any:
+    """One image of a row as an RGB ``PIL.Image``: ``value`` is encoded bytes, a path (read
+    as given, else relative to ``folder``, the parquet file's), ``{"bytes": ...}`` or
+    ``{"path": ...}``, or a ``PIL.Image``. ``where`` names the row, the column and the image
+    in the one-line :class:`DataError` a value that is not an image gets."""
+    from PIL import Image
+
+    if isinstance(value, Image.Image):
+        return value.convert("RGB")
+    if isinstance(value, Mapping):
+        if value.get("bytes") is not None:
+            value = value["bytes"]
+        elif value.get("path"):
+            value = value["path"]
+        else:
+            raise DataError(
+                f"{where} has neither bytes nor a path; store the image's encoded bytes as "
+                '{"bytes": ...} or its file as {"path": ...}'
+            )
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        source: Any = io.BytesIO(bytes(value))
+        shown = f"{len(value)} bytes"
+    elif isinstance(value, str):
+        path = Path(value.removeprefix("file://"))
+        if not path.is_absolute() and not path.exists() and folder is not None:
+            path = folder / path
+        if not path.is_file():
+            raise DataError(
+                f"{where} is the path {value}, which is not a file; fix the path (a relative "
+                "one is read from the working folder or the parquet file's folder)"
+            )
+        source, shown = path, str(path)
+    else:
+        raise DataError(
+            f"{where} is a {type(value).__name__}; store encoded image bytes, a path to an "
+            'image file, or {"bytes": ...}'
+        )
+    try:
+        with Image.open(source) as image:
+            return image.convert("RGB")
+    except Exception as exc:
+        raise DataError(
+            f"{where} ({shown}) cannot be decoded as an image ({_reason(exc)}); store PNG or "
+            "JPEG bytes, or a path to such a file"
+        ) from None
+
+
+def _image_list(value: Any, origin: str, image_key: str) -> list[Any]:
+    if value is None:
+        return []
+    if hasattr(value, "tolist") and not isinstance(value, (bytes, str)):
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    raise DataError(
+        f"{origin}: column {image_key!r} holds a {type(value).__name__}; it must hold a list of "
+        "images per row (an empty list or null for a row without images)"
+    )
+
+
+@attrs.frozen
+class EncodedRow:
+    """A row's prompt token ids with its images expanded, and its model image inputs."""
+
+    prompt_ids: list[int]
+    inputs: dict[str, Any] | None
+    """The processor's :attr:`MultimodalModel.input_keys` for the
+    row's images (each tensor's first dimension indexes patches or images), ``None`` without
+    images."""
+    num_images: int
+
+
+@attrs.define
+class MultimodalData:
+    """A vision-language model's processing of dataset rows: its family (from the plugin
+    answering ``multimodal_model``), its processor and the ids of its image tokens."""
+
+    family: MultimodalModel
+    processor: Any
+    vision_token_ids: frozenset[int]
+
+    def encode(
+        self,
+        messages: Sequence[Mapping[str, str]],
+        images: Any,
+        *,
+        origin: str,
+        prompt_key: str,
+        image_key: str,
+        folder: Path | None,
+        use_template: bool,
+        render: Any,
+    ) -> EncodedRow:
+        """The row's prompt ids and image inputs: its ``<image>`` placeholders checked against
+        its images (one line naming the row and the columns when they differ), each image
+        decoded, the messages rendered by ``render(messages)`` with each placeholder as the
+        family's image text, and the text and images run through the processor once."""
+        values = _image_list(images, origin, image_key)
+        placeholders = sum(message["content"].count(IMAGE_PLACEHOLDER) for message in messages)
+        if placeholders != len(values):
+            raise DataError(
+                f"{origin}: {placeholders} {IMAGE_PLACEHOLDER} placeholders in column "
+                f"{prompt_key!r} but {len(values)} images in column {image_key!r}; put one "
+                f"{IMAGE_PLACEHOLDER} in the messages for each image of the row"
+            )
+        decoded = [
+            decode_image(value, where=f"{origin}: image {i} of column {image_key!r}", folder=folder)
+            for i, value in enumerate(values)
+        ]
+        image_text = self.family.image_text()
+        filled = [
+            {**message, "content": message["content"].replace(IMAGE_PLACEHOLDER, image_text)}
+            for message in messages
+        ]
+        text = render(filled)
+        processed = self.processor(
+            text=[text],
+            images=decoded or None,
+            return_tensors="pt",
+            add_special_tokens=not use_template,
+        )
+        ids = processed["input_ids"][0].tolist()
+        if not decoded:
+            return EncodedRow(ids, None, 0)
+        inputs = {key: processed[key] for key in self.family.input_keys if key in processed}
+        return EncodedRow(ids, inputs, len(decoded))
+
+    def fit_length(
+        self,
+        row: EncodedRow,
+        *,
+        origin: str,
+        image_key: str,
+        limit: int,
+        truncation: str,
+        filter_overlong: bool,
+    ) -> list[int] | None:
+        """A prompt with images within ``limit`` tokens: as it is; ``None`` when
+        ``filter_overlong`` drops it; cut as ``truncation`` says where the cut keeps every
+        image token; otherwise one line naming the row, the column and the fixes."""
+        from plugrl.data.dataset import truncate
+
+        ids = row.prompt_ids
+        if len(ids) <= limit:
+            return ids
+        if filter_overlong:
+            return None
+        image_tokens = sum(1 for token in ids if token in self.vision_token_ids)
+        if truncation != "error":
+            cut = truncate(ids, limit, truncation)
+            if sum(1 for token in cut if token in self.vision_token_ids) == image_tokens:
+                return cut
+        why = (
+            f"data.truncation={truncation} would cut through its images' tokens"
+            if truncation != "error"
+            else f"over data.max_prompt_length={limit}"
+        )
+        raise DataError(
+            f"{origin}: prompt is {len(ids)} tokens with the {row.num_images} images of column "
+            f"{image_key!r} expanded ({image_tokens} image tokens), {why}; raise "
+            "data.max_prompt_length, use smaller images, or set "
+            "data.filter_overlong_prompts=true"
+        )
+
+
+def load_multimodal(
+    model: ModelConfig, tokenizer: Any, plugins: PluginManager
+) -> MultimodalData | None:
+    """The processing of ``model.path`` when it is a vision-language model (its config has a
+    ``vision_config``), else ``None``. The model family comes from the plugin answering the
+    ``multimodal_model`` hook for the config's ``model_type``; a vision model no plugin
+    answers for is a one-line :class:`DataError` naming the type."""
+    from transformers import AutoConfig
+
+    if not model.path or not Path(model.path).is_dir():
+        return None
+    hf_config = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+    if getattr(hf_config, "vision_config", None) is None:
+        return None
+    family_class = _family_class(hf_config.model_type, plugins)
+    family = family_class(str(model.path), hf_config)
+    return MultimodalData(
+        family=family,
+        processor=family.processor(tokenizer),
+        vision_token_ids=frozenset(family.vision_token_ids(tokenizer)),
+    )
+
+
+def _family_class(model_type: str, plugins: PluginManager) -> type[MultimodalModel]:
+    family_class = plugins.hook.multimodal_model(model_type=model_type)
+    if family_class is None:
+        raise DataError(
+            f"model.path is a vision-language model of type {model_type!r}, which no installed "
+            "plugin supports; install a plugin that implements the multimodal_model hook for it"
+        )
+    if not (isinstance(family_class, type) and issubclass(family_class, MultimodalModel)):
+        raise DataError(
+            f"the multimodal_model hook returned {family_class!r} for {model_type!r}; it must "
+            "return a subclass of plugrl.api.data.MultimodalModel"
+        )
+    return family_class
+
+
+def model_inputs(
+    rows: Sequence[Mapping[str, torch.Tensor] | None], device: torch.device | str | None = None
+) -> dict[str, torch.Tensor]:
+    """The image inputs of a micro-batch's rows, in row order, as one model call takes them:
+    each key's tensors joined along their first dimension (all images' patches one after the
+    other, one grid row per image); rows without images (``None``) add nothing, and a
+    micro-batch without images gives ``{}``."""
+    import torch
+
+    present = [row for row in rows if row is not None]
+    if not present:
+        return {}
+    joined = {key: torch.cat([row[key] for row in present]) for key in present[0]}
+    if device is not None:
+        joined = {key: tensor.to(device) for key, tensor in joined.items()}
+    return joined
+
+
+def add_model_positions(batch: Batch, family: MultimodalModel | None) -> Batch:
+    """``batch`` with ``position_ids`` ``[B, k, P+R]`` computed by the model over each whole
+    sequence (prompt and response), when it has :data:`MULTIMODAL_COLUMN` and ``family``;
+    otherwise unchanged."""
+    if family is None or MULTIMODAL_COLUMN not in batch:
+        return batch
+    batch["position_ids"] = family.position_ids(
+        batch["input_ids"], batch["attention_mask"], list(batch[MULTIMODAL_COLUMN])
+    )
+    return batch

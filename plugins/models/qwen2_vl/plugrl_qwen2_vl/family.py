@@ -1,0 +1,128 @@
+"""The Qwen2-VL family's processor, image tokens and M-RoPE position ids."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from functools import cached_property
+from typing import Any
+
+import torch
+
+from plugrl.api import DataError
+from plugrl.api.data import MultimodalModel
+
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+"""The special tokens a Qwen2-VL tokenizer needs for images and videos."""
+
+IMAGE_TEXT = "<|vision_start|><|image_pad|><|vision_end|>"
+"""One image in a Qwen2-VL prompt before the processor expands ``<|image_pad|>`` to one token
+per merged patch."""
+
+# how many of the model's token types get_rope_index reads: text 0, image 1, video 2
+_IMAGE_TYPE, _VIDEO_TYPE = 1, 2
+
+
+def _processor_class(model_type: str) -> type:
+    from transformers import Qwen2_5_VLProcessor, Qwen2VLProcessor
+
+    return Qwen2_5_VLProcessor if model_type == "qwen2_5_vl" else Qwen2VLProcessor
+
+
+def assemble_processor(model_path: str, model_type: str, tokenizer: Any) -> Any:
+    """The model's processor built from its parts: ``tokenizer`` and the folder's image
+    processor with the PIL backend, without a video processor (which needs torchvision).
+
+    The processor class checks every part's class on construction, the absent video processor
+    too, and looking that class up needs torchvision; the subclass skips the check for the
+    part that is absent, and nothing else changes."""
+    from transformers import AutoImageProcessor
+
+    base = _processor_class(model_type)
+
+    def check_argument_for_proper_class(self: Any, argument_name: str, argument: Any) -> Any:
+        if argument is None:
+            return None
+        return base.check_argument_for_proper_class(self, argument_name, argument)
+
+    without_video = type(
+        f"{base.__name__}WithoutVideo",
+        (base,),
+        {"check_argument_for_proper_class": check_argument_for_proper_class},
+    )
+    image_processor = AutoImageProcessor.from_pretrained(model_path, backend="pil")
+    return without_video(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        video_processor=None,
+        chat_template=getattr(tokenizer, "chat_template", None),
+    )
+
+
+class Qwen2VLFamily(MultimodalModel):
+    """Qwen2-VL and Qwen2.5-VL (``qwen2_vl``, ``qwen2_5_vl``)."""
+
+    input_keys = ("pixel_values", "image_grid_thw")
+
+    def processor(self, tokenizer: Any) -> Any:
+        """``AutoProcessor`` of the folder with the run's tokenizer where it loads; else
+        (no torchvision that loads, as on CPU builds of torch that no torchvision matches) the
+        processor assembled from the tokenizer and the PIL image processor."""
+        from transformers import AutoProcessor
+
+        missing = [t for t in VISION_TOKENS[:3] if t not in tokenizer.get_vocab()]
+        if missing:
+            raise DataError(
+                f"the tokenizer of {self.model_path} has no {', '.join(missing)} token; use the "
+                "vision model's own tokenizer (model.tokenizer_path)"
+            )
+        try:
+            return AutoProcessor.from_pretrained(self.model_path, tokenizer=tokenizer)
+        except ImportError:
+            return assemble_processor(self.model_path, self.hf_config.model_type, tokenizer)
+
+    def image_text(self) -> str:
+        return IMAGE_TEXT
+
+    def vision_token_ids(self, tokenizer: Any) -> frozenset[int]:
+        config = self.hf_config
+        return frozenset(
+            int(token_id)
+            for token_id in (
+                config.image_token_id,
+                config.video_token_id,
+                config.vision_start_token_id,
+                config.vision_end_token_id,
+            )
+            if token_id is not None
+        )
+
+    @cached_property
+    def _rope_model(self) -> Any:
+        """The model's base module with no weights (on the meta device): only its
+        ``get_rope_index`` is used, which reads the config."""
+        from transformers import AutoModel
+
+        with torch.device("meta"):
+            return AutoModel.from_config(self.hf_config)
+
+    def position_ids(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        inputs: Sequence[Mapping[str, torch.Tensor] | None],
+    ) -> torch.Tensor:
+        """``[B, 3, L]``: the model's ``get_rope_index`` over the whole sequences (temporal,
+        height and width positions; text tokens have the same position in all three, each
+        image's tokens their place in its grid), 0 on padding."""
+        config = self.hf_config
+        token_types = (input_ids == config.image_token_id).long() * _IMAGE_TYPE
+        token_types += (input_ids == config.video_token_id).long() * _VIDEO_TYPE
+        grids = [row["image_grid_thw"] for row in inputs if row is not None]
+        image_grid_thw = torch.cat(grids).to(input_ids.device) if grids else None
+        positions, _ = self._rope_model.get_rope_index(
+            input_ids,
+            mm_token_type_ids=token_types,
+            image_grid_thw=image_grid_thw,
+            attention_mask=attention_mask,
+        )
+        return positions.permute(1, 0, 2).contiguous()
