@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from plugrl.api._lazy import lazy_module
 
 if TYPE_CHECKING:
-    from plugrl.data.batch import Batch, left_pad, response_attention_mask
+    from plugrl.data.batch import MULTIMODAL_COLUMN, Batch, left_pad, response_attention_mask
     from plugrl.data.dataset import PromptLoader, collate, load_tokenizer, truncate
     from plugrl.data.hf_loading import quiet_hf_loading
     from plugrl.data.multimodal import IMAGE_PLACEHOLDER, MultimodalModel, model_inputs
@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "IMAGE_PLACEHOLDER",
+    "MULTIMODAL_COLUMN",
     "Batch",
     "MultimodalModel",
     "PromptLoader",
@@ -33,6 +34,7 @@ __getattr__, __dir__ = lazy_module(
     {
         "Batch": ("plugrl.data.batch", "Batch"),
         "IMAGE_PLACEHOLDER": ("plugrl.data.multimodal", "IMAGE_PLACEHOLDER"),
+        "MULTIMODAL_COLUMN": ("plugrl.data.batch", "MULTIMODAL_COLUMN"),
         "MultimodalModel": ("plugrl.data.multimodal", "MultimodalModel"),
         "model_inputs": ("plugrl.data.multimodal", "model_inputs"),
         "PromptLoader": ("plugrl.data.dataset", "PromptLoader"),

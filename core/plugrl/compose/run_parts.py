@@ -25,7 +25,9 @@ if TYPE_CHECKING:
     from plugrl.algorithms.objective import PolicyObjective
     from plugrl.cluster.base import WorkerGroup
     from plugrl.cluster.engines import EngineGroup
+    from plugrl.data.batch import Batch
     from plugrl.data.dataset import PromptDataset, PromptLoader
+    from plugrl.data.multimodal import MultimodalData
     from plugrl.parts.algorithm import AdvantageEstimator
     from plugrl.parts.device import Device
     from plugrl.parts.reward import RewardManager
@@ -81,9 +83,21 @@ class RunParts:
     placement: Any = None
     """The Ray devices the roles share (:class:`plugrl.cluster.ray_group.RayPlacement`), or
     ``None``."""
+    multimodal: MultimodalData | None = None
+    """The vision-language model's processing (family, processor), ``None`` for a text
+    model."""
     agents: AgentRuntime | None = None
     """The agent loops, tools and their event loop, built by :meth:`agent_runtime` on the
     first batch whose rows need an agent loop other than ``single_turn``."""
+
+    def with_model_positions(self, batch: Batch) -> Batch:
+        """``batch`` (just built from generated responses) with the model's own position ids
+        over prompt and response when its rows carry images (M-RoPE for Qwen2-VL); a text
+        batch unchanged."""
+        from plugrl.data.multimodal import add_model_positions
+
+        family = self.multimodal.family if self.multimodal is not None else None
+        return add_model_positions(batch, family)
 
     def agent_runtime(self) -> AgentRuntime:
         """The run's :class:`~plugrl.agents.session.AgentRuntime`, built on first use."""
@@ -338,6 +352,7 @@ def build_run_parts(context: RunContext, engine_needs: dict[str, str] | None = N
     from plugrl.cluster.ray_group import check_cluster_paths, check_ray_installed
     from plugrl.cluster.worker import build_device
     from plugrl.data.dataset import PromptDataset, load_tokenizer, pad_token_id_of
+    from plugrl.data.multimodal import load_multimodal
     from plugrl.plugin.build import build_estimator, check_constructor
 
     recipe, plugins = context.recipe, context.plugins
@@ -356,8 +371,9 @@ def build_run_parts(context: RunContext, engine_needs: dict[str, str] | None = N
 
     tokenizer = load_tokenizer(recipe.model)
     pad_token_id = pad_token_id_of(tokenizer)
-    train_data = PromptDataset.train(recipe.data, tokenizer)
-    val_data = PromptDataset.validation(recipe.data, tokenizer)
+    multimodal = load_multimodal(recipe.model, tokenizer, plugins)
+    train_data = PromptDataset.train(recipe.data, tokenizer, multimodal)
+    val_data = PromptDataset.validation(recipe.data, tokenizer, multimodal)
     train_loader = training_loader(recipe, train_data, pad_token_id)
     reward = build_reward_manager(recipe, tokenizer, plugins, device)
     check_data_sources(reward, [train_data, val_data], recipe.rollout.agent.env)
@@ -466,6 +482,7 @@ def build_run_parts(context: RunContext, engine_needs: dict[str, str] | None = N
             recipe, context.part("training_backends", recipe.actor.backend), estimator
         ),
         placement=placement,
+        multimodal=multimodal,
     )
     if transport is not None:
         engines.on_restart = parts.resync_engines

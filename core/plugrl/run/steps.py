@@ -90,6 +90,7 @@ def generate(parts: RunParts, prompts: Batch, params: SamplingParams) -> Batch:
     else:
         completions = parts.engines.generate(prompt_ids, params)
     batch = build_rollout_batch(prompts, completions, n=params.n, pad_token_id=parts.pad_token_id)
+    batch = parts.with_model_positions(batch)
     batch.meta["temperature"] = params.temperature or 1.0
     return batch
 
@@ -168,7 +169,7 @@ def prefetch_scores(
         for completion in sorted(completions, key=lambda c: c.sample_index)
     ]
     rows = build_rollout_batch(prompt, group, n=n, pad_token_id=parts.pad_token_id)
-    parts.reward.prefetch(rows)
+    parts.reward.prefetch(parts.with_model_positions(rows))
 
 
 def reward_output(parts: RunParts, batch: Batch) -> RewardOutput:

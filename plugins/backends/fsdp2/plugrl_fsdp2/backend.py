@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from plugrl.api import RecipeError
 from plugrl.api.algorithms import LossScale
 from plugrl.api.backend import (
     SEQUENCE_COLUMNS,
@@ -39,7 +40,7 @@ from plugrl.api.backend import (
     sampling_temperature,
     update_mini_batch_rows,
 )
-from plugrl.api.data import Batch
+from plugrl.api.data import MULTIMODAL_COLUMN, Batch, model_inputs
 from plugrl.api.rollout import WeightMeta
 from plugrl_fsdp2 import checkpoint, lora, packing, ulysses
 from plugrl_fsdp2.batching import (
@@ -55,6 +56,7 @@ from plugrl_fsdp2.model import (
     empty_model,
     enable_checkpointing,
     fill_from_rank0,
+    is_vision_model,
     load_model,
     model_path,
     shard_model,
@@ -129,6 +131,12 @@ class FSDP2Backend(TrainingBackend):
     # ------------------------------------------------------------------------------ set-up
 
     def setup(self, total_training_steps: int) -> None:
+        if self._sp > 1 and is_vision_model(self.recipe, self.role):
+            raise RecipeError(
+                "sequence parallelism does not split a vision-language model's image inputs "
+                "yet; set it to 1",
+                key="actor.ulysses_sequence_parallel_size",
+            )
         ensure_process_group(self.device, self.dist)
         self.device.set_device(self.dist.local_rank)
         self.device.manual_seed(self.recipe.trainer.seed)
@@ -271,14 +279,22 @@ class FSDP2Backend(TrainingBackend):
         )
 
     def _on_device(self, batch: Batch, rows: list[int], columns: tuple[str, ...]) -> Batch:
-        """The ``rows`` of the named columns, on this rank's device."""
-        return Batch({name: batch[name] for name in columns}).select(rows).to(self.torch_device)
+        """The ``rows`` of the named columns (and the rows' image inputs), on this rank's
+        device."""
+        names = [*columns, *([MULTIMODAL_COLUMN] if MULTIMODAL_COLUMN in batch else [])]
+        return Batch({name: batch[name] for name in names}).select(rows).to(self.torch_device)
+
+    def _image_inputs(self, micro_batch: Batch) -> dict[str, torch.Tensor]:
+        """The model's image inputs for the micro-batch's rows, joined in row order (the
+        order their image tokens come in, padded or packed); none for a text batch."""
+        if MULTIMODAL_COLUMN not in micro_batch:
+            return {}
+        return model_inputs(list(micro_batch[MULTIMODAL_COLUMN]), self.torch_device)
 
     # ------------------------------------------------------------------------ forward
 
     def _packs(self, batch: Batch) -> bool:
-        # one row of positions per rotary section (mrope) has no packed form here
-        return self._packed and batch["position_ids"].dim() == 2
+        return self._packed
 
     def _forward(self, micro_batch: Batch) -> tuple[torch.Tensor, int]:
         """Model outputs at the positions that predict each response token: ``[b, R', ...]``
@@ -295,11 +311,15 @@ class FSDP2Backend(TrainingBackend):
         position_columns = layout.columns
         if position_ids.dim() == 3:  # one row of positions per rotary section (mrope)
             position_columns = position_columns[:, None, :].expand(-1, position_ids.shape[1], -1)
+        positions = position_ids.gather(-1, position_columns)
+        if positions.dim() == 3:  # the model takes them as [k, b, W]
+            positions = positions.transpose(0, 1)
         inputs: dict[str, Any] = {
             "input_ids": micro_batch["input_ids"].gather(1, layout.columns),
             "attention_mask": layout.attention_mask,
-            "position_ids": position_ids.gather(-1, position_columns),
+            "position_ids": positions,
             "use_cache": False,
+            **self._image_inputs(micro_batch),
         }
         if self._keep_logits_arg:
             inputs["logits_to_keep"] = layout.keep
@@ -317,6 +337,7 @@ class FSDP2Backend(TrainingBackend):
             "attention_mask": None,
             "use_cache": False,
             **layout.attention_kwargs(),
+            **self._image_inputs(micro_batch),
         }
         if self._keep_logits_arg:
             outputs = model(**inputs, logits_to_keep=layout.keep).logits[0]

@@ -50,7 +50,12 @@ def weight_dtypes(recipe: Recipe, role: Role) -> tuple[torch.dtype, torch.dtype]
 
 def _model_config(recipe: Recipe, role: Role) -> tuple[Any, Any, str]:
     """``(config, model class, folder)`` for a role, with ``model.override_config`` applied."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoModelForImageTextToText,
+        AutoModelForTokenClassification,
+    )
 
     path, key = model_path(recipe, role)
     if not (Path(path) / "config.json").is_file():
@@ -71,8 +76,24 @@ def _model_config(recipe: Recipe, role: Role) -> tuple[Any, Any, str]:
         config.num_labels = 1
         # a random dropout mask on the value head would make value estimates noisy
         config.classifier_dropout = 0.0
+        if getattr(config, "vision_config", None) is not None:
+            raise RecipeError(
+                "a value model of a vision-language model is not supported yet; use an "
+                "estimator without a critic (grpo, rloo, ...)",
+                key="critic.enable",
+            )
         return config, AutoModelForTokenClassification, path
+    if getattr(config, "vision_config", None) is not None:
+        # a vision-language model: its language-model head over text and image tokens
+        return config, AutoModelForImageTextToText, path
     return config, AutoModelForCausalLM, path
+
+
+def is_vision_model(recipe: Recipe, role: Role) -> bool:
+    """Whether the role's model is a vision-language model (its config has a
+    ``vision_config``)."""
+    config, _, _ = _model_config(recipe, "actor" if role == "critic" else role)
+    return getattr(config, "vision_config", None) is not None
 
 
 def load_model(recipe: Recipe, role: Role, dtype: torch.dtype) -> torch.nn.Module:

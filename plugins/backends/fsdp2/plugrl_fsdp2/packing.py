@@ -58,7 +58,12 @@ class Packing:
         return int(self.token_index.shape[0])
 
     def gather(self, values: torch.Tensor) -> torch.Tensor:
-        """``values [b, P + R]`` (token ids, positions) as one packed row ``[1, T]``."""
+        """``values [b, P + R]`` (token ids, positions) as one packed row ``[1, T]``;
+        positions with several rows per token ``[b, k, P + R]`` (M-RoPE) as ``[k, 1, T]``,
+        the layout the model takes them in."""
+        if values.dim() == 3:
+            rows = values.transpose(0, 1).reshape(values.shape[1], -1)
+            return rows[:, self.token_index][:, None, :]
         return values.reshape(-1)[self.token_index][None, :]
 
     def attention_kwargs(self) -> dict[str, Any]:

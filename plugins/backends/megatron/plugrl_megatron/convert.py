@@ -31,6 +31,12 @@ _LAYER = "decoder.layers.{}."
 def check_supported(hf_config: Any, key: str = "model.path") -> None:
     """Refuse, in one line, a model family whose weights this backend cannot convert."""
     model_type = getattr(hf_config, "model_type", None)
+    if getattr(hf_config, "vision_config", None) is not None:
+        raise RecipeError(
+            f"model type {model_type!r} is a vision-language model, which the megatron backend "
+            "does not train; use actor.backend: fsdp2 for this model",
+            key=key,
+        )
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise RecipeError(
             f"model type {model_type!r} is not supported by the megatron backend (it converts "

@@ -330,12 +330,13 @@ class FullyAsyncScheduler(Scheduler):
             return build_trajectory_batch(
                 sample.prompt, [sample.trajectories], pad_token_id=parts.pad_token_id
             )
-        return build_rollout_batch(
+        batch = build_rollout_batch(
             sample.prompt,
             sample.completions,
             n=self.recipe.rollout.n,
             pad_token_id=parts.pad_token_id,
         )
+        return parts.with_model_positions(batch)
 
     def old_log_probs(self, parts: RunParts, batch: Batch, timer: StepTimer) -> dict[str, Any]:
         """``use_rollout_log_probs``: the engines' log-probs are the old ones (verl's meaning).

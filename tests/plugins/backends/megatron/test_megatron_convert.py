@@ -72,6 +72,17 @@ def test_an_unsupported_model_type_is_named_with_the_fix():
     )
 
 
+def test_a_vision_language_model_is_refused_in_one_line():
+    import transformers
+
+    with pytest.raises(RecipeError) as error:
+        convert.check_supported(transformers.Qwen2_5_VLConfig())
+    assert str(error.value) == (
+        "model.path: model type 'qwen2_5_vl' is a vision-language model, which the megatron "
+        "backend does not train; use actor.backend: fsdp2 for this model"
+    )
+
+
 @pytest.mark.parametrize(
     ("name", "dim"),
     [

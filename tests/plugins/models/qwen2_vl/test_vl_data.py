@@ -84,7 +84,9 @@ def test_rows_are_processed_once_and_their_inputs_travel_with_the_batch(tmp_path
     batch = loader.next_batch()
     assert MULTIMODAL_COLUMN in batch
     moved = pickle.loads(pickle.dumps(batch.repeat(2)))
-    by_index = {int(i): inputs for i, inputs in zip(moved["index"], moved[MULTIMODAL_COLUMN])}
+    by_index = {
+        int(i): inputs for i, inputs in zip(moved["index"], moved[MULTIMODAL_COLUMN], strict=True)
+    }
     assert by_index[2] is None
     torch.testing.assert_close(
         by_index[1]["pixel_values"], second.multi_modal_inputs["pixel_values"]
@@ -146,7 +148,7 @@ def test_the_image_column_is_named_by_data_image_key(tmp_path, vision):
     data, _ = dataset(tmp_path, rows, vision, image_key="pictures")
     assert data.records[0].multi_modal_inputs is not None
     with pytest.raises(
-        DataError, match="1 <image> placeholders .* but 0 images in column 'images'"
+        DataError, match=r"1 <image> placeholders .* but 0 images in column 'images'"
     ):
         dataset(tmp_path, rows, vision)
 
@@ -166,7 +168,7 @@ def test_an_image_too_large_for_the_prompt_is_refused_filtered_or_never_cut_thro
         r"use smaller images, or set data.filter_overlong_prompts=true",
     ):
         dataset(tmp_path, rows, vision, max_prompt_length=24)
-    with pytest.raises(DataError, match="data.truncation=left would cut through its images"):
+    with pytest.raises(DataError, match=r"data\.truncation=left would cut through its images"):
         dataset(tmp_path, rows, vision, max_prompt_length=24, truncation="left")
     kept, _ = dataset(tmp_path, rows, vision, max_prompt_length=24, filter_overlong_prompts=True)
     assert [r.multi_modal_inputs for r in kept.records] == [None]

@@ -1,0 +1,222 @@
+"""A vision-language batch through the fsdp2 backend: the model's own M-RoPE positions and the
+rows' image inputs reach its forward, padded and packed (``actor.use_remove_padding``), with
+fixed and token-budget micro-batches, and give the unsharded model's log-probs, the same
+entropies and the same gradients (the vision tower's too) within 1e-5."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+from torch.distributed.tensor import DTensor
+
+from plugrl.data.batch import Batch, left_pad
+from plugrl.data.dataset import load_tokenizer
+from plugrl.data.multimodal import MULTIMODAL_COLUMN, load_multimodal, model_inputs
+from plugrl.errors import RecipeError
+from plugrl.parts.context import DistInfo, PartContext
+from plugrl.plugin.manager import get_plugin_manager
+from plugrl.recipe import ModelConfig
+from plugrl_cpu.device import CpuDevice
+from plugrl_fsdp2.backend import FSDP2Backend
+from tests.plugins.backends.fsdp2.fsdp2_testing import make_backend, make_recipe
+from tests.plugins.backends.fsdp2.test_fsdp2_packing import EntropyBonus
+from tests.plugins.models.qwen2_vl.images import png_bytes
+
+TOLERANCE = {"atol": 1e-5, "rtol": 0}
+RESPONSE_WIDTH = 5
+# (question, image sizes): rows with two images, one, and none
+ROWS = [
+    ("Count the squares.", [(56, 56)]),
+    ("Which is larger?", [(112, 56), (56, 56)]),
+    ("No picture: say hello.", []),
+    ("What colour?", [(56, 112)]),
+    ("Same or different?", [(56, 56), (56, 56)]),
+    ("Describe it briefly, please.", [(84, 84)]),
+]
+
+
+def vision_batch(model_dir, seed: int = 0) -> Batch:
+    """Prompts with images processed by the model's processor, random responses (no vision
+    token among them) of random lengths, the model's own positions, and update columns."""
+    from PIL import Image
+
+    model = ModelConfig(path=str(model_dir))
+    tokenizer = load_tokenizer(model)
+    multimodal = load_multimodal(model, tokenizer, get_plugin_manager())
+    generator = torch.Generator().manual_seed(seed)
+    prompts, inputs = [], []
+    for row, (question, sizes) in enumerate(ROWS):
+        images = [
+            Image.open(io.BytesIO(png_bytes((40 * row, 255 - 40 * i, 90), size))).convert("RGB")
+            for i, size in enumerate(sizes)
+        ]
+        content = multimodal.family.image_text() * len(images) + question
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
+        )
+        out = multimodal.processor(text=[text], images=images or None, return_tensors="pt")
+        prompts.append(out["input_ids"][0].tolist())
+        inputs.append({k: out[k] for k in multimodal.family.input_keys} if images else None)
+    prompt_ids, prompt_mask = left_pad(prompts, tokenizer.pad_token_id)
+    rows = len(prompts)
+    lengths = torch.randint(1, RESPONSE_WIDTH + 1, (rows,), generator=generator)
+    responses = torch.randint(1, 381, (rows, RESPONSE_WIDTH), generator=generator)
+    response_mask = (torch.arange(RESPONSE_WIDTH)[None, :] < lengths[:, None]).long()
+    responses = torch.where(response_mask.bool(), responses, tokenizer.pad_token_id)
+    input_ids = torch.cat([prompt_ids, responses], dim=1)
+    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+    batch = Batch(
+        {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "responses": responses,
+            "response_mask": response_mask,
+            "advantages": torch.randn(rows, RESPONSE_WIDTH, generator=generator) * response_mask,
+            "old_log_probs": torch.zeros(rows, RESPONSE_WIDTH),
+        },
+        {MULTIMODAL_COLUMN: inputs},
+    )
+    batch["position_ids"] = multimodal.family.position_ids(input_ids, attention_mask, inputs)
+    return batch
+
+
+@pytest.fixture(scope="module")
+def batch(tiny_vl_model):
+    return vision_batch(tiny_vl_model)
+
+
+def reference_log_probs(model_dir, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs and entropies of the responses from the unsharded model, which computes its
+    positions itself (from the image token types and grids)."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(model_dir).eval()
+    config = AutoConfig.from_pretrained(model_dir)
+    ids = batch["input_ids"]
+    with torch.no_grad():
+        logits = model(
+            input_ids=ids,
+            attention_mask=batch["attention_mask"],
+            mm_token_type_ids=(ids == config.image_token_id).long(),
+            **model_inputs(list(batch[MULTIMODAL_COLUMN])),
+        ).logits
+    logits = logits[:, -RESPONSE_WIDTH - 1 : -1].float()
+    log_softmax = torch.log_softmax(logits, dim=-1)
+    log_probs = log_softmax.gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1)
+    entropy = -(log_softmax.exp() * log_softmax).sum(-1)
+    mask = batch["response_mask"]
+    return log_probs * mask, entropy * mask
+
+
+BATCHINGS = {
+    "padded, 2 rows per micro-batch": {
+        "use_remove_padding": False,
+        "ppo_micro_batch_size_per_gpu": 2,
+    },
+    "packed, 2 rows per micro-batch": {
+        "use_remove_padding": True,
+        "ppo_micro_batch_size_per_gpu": 2,
+    },
+    "padded, token budget": {
+        "use_remove_padding": False,
+        "use_dynamic_bsz": True,
+        "ppo_max_token_len_per_gpu": 80,
+    },
+    "packed, token budget": {
+        "use_remove_padding": True,
+        "use_dynamic_bsz": True,
+        "ppo_max_token_len_per_gpu": 80,
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def backends(tiny_vl_model):
+    return {
+        name: make_backend(make_recipe(tiny_vl_model, ppo_mini_batch_size=6, **options))
+        for name, options in BATCHINGS.items()
+    }
+
+
+def test_log_probs_and_entropy_are_the_models_own_in_every_layout(tiny_vl_model, batch, backends):
+    expected_log_probs, expected_entropy = reference_log_probs(tiny_vl_model, batch)
+    assert int(batch["attention_mask"].sum(1).max()) > 40  # the budget cuts micro-batches
+    for name, backend in backends.items():
+        out = backend.compute_log_prob(batch, calculate_entropy=True)
+        torch.testing.assert_close(out["log_probs"], expected_log_probs, **TOLERANCE, msg=name)
+        torch.testing.assert_close(out["entropys"], expected_entropy, **TOLERANCE, msg=name)
+
+
+def test_the_images_change_the_log_probs(batch, backends):
+    """Not a text-only forward in disguise: other pixels give other log-probs."""
+    backend = backends["packed, token budget"]
+    other = batch.copy()
+    other[MULTIMODAL_COLUMN] = [
+        None if row is None else {**row, "pixel_values": row["pixel_values"].flip(0)}
+        for row in batch[MULTIMODAL_COLUMN]
+    ]
+    mask = batch["response_mask"].bool()
+    first = backend.compute_log_prob(batch)["log_probs"][mask]
+    second = backend.compute_log_prob(other)["log_probs"][mask]
+    assert (first - second).abs().max() > 1e-3
+
+
+def _update_gradients(backend, batch):
+    gradients = {}
+    step = backend._clip_and_step
+
+    def capture(grad_clip):
+        for name, parameter in backend.model.named_parameters():
+            grad = parameter.grad
+            gradients[name] = (grad.full_tensor() if isinstance(grad, DTensor) else grad).clone()
+        return step(grad_clip)
+
+    backend._clip_and_step = capture
+    try:
+        metrics = backend.update_policy(batch.copy(), EntropyBonus())
+    finally:
+        backend._clip_and_step = step
+    return gradients, metrics
+
+
+def test_updates_have_the_same_losses_and_gradients_in_every_layout(batch, backends):
+    """Last: the update changes each backend's weights."""
+    results = {name: _update_gradients(backend, batch) for name, backend in backends.items()}
+    expected_gradients, expected_metrics = results.pop("padded, 2 rows per micro-batch")
+    vision = [name for name in expected_gradients if ".visual." in name]
+    assert vision and all(expected_gradients[name].abs().sum() > 0 for name in vision)
+    for name, (gradients, metrics) in results.items():
+        assert gradients.keys() == expected_gradients.keys()
+        for parameter in gradients:
+            torch.testing.assert_close(
+                gradients[parameter],
+                expected_gradients[parameter],
+                **TOLERANCE,
+                msg=f"{name}: {parameter}",
+            )
+        for metric in ("actor/loss", "actor/entropy_bonus"):
+            assert metrics[metric] == pytest.approx(expected_metrics[metric], abs=1e-5), name
+
+
+def test_sequence_parallelism_refuses_a_vision_model_in_one_line(tiny_vl_model):
+    recipe = make_recipe(tiny_vl_model, ulysses_sequence_parallel_size=2)
+    context = PartContext(
+        recipe=recipe, role="actor", device=CpuDevice(), dist=DistInfo(rank=0, world_size=2)
+    )
+    with pytest.raises(RecipeError, match=r"actor\.ulysses_sequence_parallel_size: sequence"):
+        FSDP2Backend(recipe.actor, context).setup(10)
+
+
+def test_the_batch_positions_are_m_rope_not_token_counts(batch):
+    positions = batch["position_ids"]
+    counted = (batch["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+    assert positions.shape == (len(batch), 3, batch["input_ids"].shape[1])
+    image_rows = [i for i, row in enumerate(batch[MULTIMODAL_COLUMN]) if row is not None]
+    text_row = next(i for i, row in enumerate(batch[MULTIMODAL_COLUMN]) if row is None)
+    for row in image_rows:
+        assert not torch.equal(positions[row, 1], counted[row])
+    attended = batch["attention_mask"][text_row].bool()
+    for k in range(3):  # a row without images: plain token counts in all three
+        assert torch.equal(positions[text_row, k][attended], counted[text_row][attended])
