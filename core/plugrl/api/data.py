@@ -10,7 +10,12 @@ if TYPE_CHECKING:
     from plugrl.data.batch import MULTIMODAL_COLUMN, Batch, left_pad, response_attention_mask
     from plugrl.data.dataset import PromptLoader, collate, load_tokenizer, truncate
     from plugrl.data.hf_loading import quiet_hf_loading
-    from plugrl.data.multimodal import IMAGE_PLACEHOLDER, MultimodalModel, model_inputs
+    from plugrl.data.multimodal import (
+        IMAGE_PLACEHOLDER,
+        MultimodalModel,
+        model_inputs,
+        multimodal_family,
+    )
     from plugrl.data.rollout_batch import build_rollout_batch
 
 __all__ = [
@@ -24,6 +29,7 @@ __all__ = [
     "left_pad",
     "load_tokenizer",
     "model_inputs",
+    "multimodal_family",
     "quiet_hf_loading",
     "response_attention_mask",
     "truncate",
@@ -37,6 +43,7 @@ __getattr__, __dir__ = lazy_module(
         "MULTIMODAL_COLUMN": ("plugrl.data.batch", "MULTIMODAL_COLUMN"),
         "MultimodalModel": ("plugrl.data.multimodal", "MultimodalModel"),
         "model_inputs": ("plugrl.data.multimodal", "model_inputs"),
+        "multimodal_family": ("plugrl.data.multimodal", "multimodal_family"),
         "PromptLoader": ("plugrl.data.dataset", "PromptLoader"),
         "build_rollout_batch": ("plugrl.data.rollout_batch", "build_rollout_batch"),
         "collate": ("plugrl.data.dataset", "collate"),

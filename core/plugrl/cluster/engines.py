@@ -35,7 +35,7 @@ import itertools
 import logging
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -261,17 +261,20 @@ class EngineGroup(ABC):
         prompts: Sequence[Sequence[int]],
         params: SamplingParams,
         on_finished: Callable[[int, list[Completion]], None] | None = None,
+        images: Sequence[Mapping[str, Any] | None] | None = None,
     ) -> list[Completion]:
         """``params.n`` responses per prompt, grouped by prompt in prompt order (blocking):
         one request per prompt, spread over the engines, each seeded from ``params.seed`` by
-        its position so the batch samples the same on any number of engines.
+        its position so the batch samples the same on any number of engines. ``images``:
+        each prompt's image inputs (a vision-language model's ``multi_modal_inputs``).
 
         ``on_finished(prompt_index, completions)`` is called in the calling thread with each
         prompt's completions (in any order) as soon as its request ends, while the others
         still generate."""
         params.check()
         prefix = f"batch{next(self._batch_ids)}"
-        futures = [self.submit(r) for r in batch_requests(prompts, params, prefix)]
+        requests = batch_requests(prompts, params, prefix, images)
+        futures = [self.submit(r) for r in requests]
         if on_finished is not None:
             prompt_index = {future: index for index, future in enumerate(futures)}
             for future in concurrent.futures.as_completed(futures):

@@ -374,6 +374,10 @@ def build_run_parts(context: RunContext, engine_needs: dict[str, str] | None = N
     multimodal = load_multimodal(recipe.model, tokenizer, plugins)
     train_data = PromptDataset.train(recipe.data, tokenizer, multimodal)
     val_data = PromptDataset.validation(recipe.data, tokenizer, multimodal)
+    if train_data.has_images:
+        check_capabilities(
+            recipe.rollout.engine, engine_cls, {Capability.IMAGES: "data with images"}
+        )
     train_loader = training_loader(recipe, train_data, pad_token_id)
     reward = build_reward_manager(recipe, tokenizer, plugins, device)
     check_data_sources(reward, [train_data, val_data], recipe.rollout.agent.env)

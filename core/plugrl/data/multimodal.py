@@ -271,15 +271,25 @@ def load_multimodal(
     if not model.path or not Path(model.path).is_dir():
         return None
     hf_config = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
-    if getattr(hf_config, "vision_config", None) is None:
+    family = multimodal_family(str(model.path), hf_config, plugins)
+    if family is None:
         return None
-    family_class = _family_class(hf_config.model_type, plugins)
-    family = family_class(str(model.path), hf_config)
     return MultimodalData(
         family=family,
         processor=family.processor(tokenizer),
         vision_token_ids=frozenset(family.vision_token_ids(tokenizer)),
     )
+
+
+def multimodal_family(
+    model_path: str, hf_config: Any, plugins: PluginManager
+) -> MultimodalModel | None:
+    """The :class:`MultimodalModel` of the model in ``model_path`` with Hugging Face config
+    ``hf_config``, from the plugin answering ``multimodal_model`` for its type; ``None`` for a
+    model without a ``vision_config``."""
+    if getattr(hf_config, "vision_config", None) is None:
+        return None
+    return _family_class(hf_config.model_type, plugins)(model_path, hf_config)
 
 
 def _family_class(model_type: str, plugins: PluginManager) -> type[MultimodalModel]:

@@ -106,6 +106,10 @@ class GenerationRequest:
     request_id: str
     prompt_ids: tuple[int, ...] = attrs.field(converter=tuple)
     params: SamplingParams
+    multi_modal_inputs: Mapping[str, Any] | None = attrs.field(default=None, eq=False, repr=False)
+    """A vision-language model's image inputs for the images of ``prompt_ids`` (the row's
+    ``multi_modal_inputs``), ``None`` for a text prompt. An engine that cannot take images
+    refuses a request that has them."""
 
 
 @attrs.define(kw_only=True)
@@ -165,6 +169,7 @@ def continuation_request(
         request_id=request_id or f"{request.request_id}/{partial.sample_index}+",
         prompt_ids=(*request.prompt_ids, *partial.token_ids),
         params=params,
+        multi_modal_inputs=request.multi_modal_inputs,
     )
 
 
@@ -181,10 +186,16 @@ def join_completions(partial: Completion, continuation: Completion) -> Completio
 
 
 def batch_requests(
-    prompts: Sequence[Sequence[int]], params: SamplingParams, id_prefix: str = "batch"
+    prompts: Sequence[Sequence[int]],
+    params: SamplingParams,
+    id_prefix: str = "batch",
+    images: Sequence[Mapping[str, Any] | None] | None = None,
 ) -> list[GenerationRequest]:
     """One request per prompt, each with its own seed derived from ``params.seed``, so a
-    batch samples the same however its requests are spread over engines."""
+    batch samples the same however its requests are spread over engines; ``images`` gives
+    each prompt's ``multi_modal_inputs`` (a vision-language model's rows)."""
+    if images is not None and len(images) != len(prompts):
+        raise ValueError(f"{len(images)} image inputs for {len(prompts)} prompts")
     return [
         GenerationRequest(
             request_id=f"{id_prefix}-{index}",
@@ -194,6 +205,7 @@ def batch_requests(
                 if params.seed is None
                 else attrs.evolve(params, seed=derive_seed(params.seed, index))
             ),
+            multi_modal_inputs=None if images is None else images[index],
         )
         for index, prompt in enumerate(prompts)
     ]
@@ -323,6 +335,9 @@ class Capability(str, enum.Enum):
     SHARE_MODEL = "share_model"
     """:meth:`RolloutEngine.bind_model`: generate with the trainer's live model in the same
     process, no copy and no weight transfer."""
+    IMAGES = "images"
+    """Requests with :attr:`GenerationRequest.multi_modal_inputs`: prompts with images, for a
+    vision-language model."""
 
 
 CAPABILITY_TEXT: Mapping[Capability, str] = {
@@ -332,6 +347,7 @@ CAPABILITY_TEXT: Mapping[Capability, str] = {
     Capability.WEIGHT_UPDATE: "receive new weights while running",
     Capability.SLEEP: "free its device memory between rollouts",
     Capability.SHARE_MODEL: "generate with the trainer's model in the same process",
+    Capability.IMAGES: "generate from prompts with images",
 }
 
 
@@ -342,6 +358,7 @@ CAPABILITY_METHODS: Mapping[Capability, tuple[str, ...]] = {
     Capability.WEIGHT_UPDATE: ("begin_weight_update", "load_weights", "finish_weight_update"),
     Capability.SLEEP: ("sleep", "wake_up"),
     Capability.SHARE_MODEL: ("bind_model",),
+    Capability.IMAGES: (),
 }
 """The :class:`RolloutEngine` methods an engine that declares a capability must override: the
 core calls them once it sees the capability (``pause(mode="abort")`` comes with ``ABORT``)."""

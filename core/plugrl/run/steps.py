@@ -75,20 +75,23 @@ def generate(parts: RunParts, prompts: Batch, params: SamplingParams) -> Batch:
     When the run scores early (:func:`scores_early`), each prompt's responses go to the
     reward manager's ``prefetch`` as soon as they finish; the caller then scores the batch
     (:func:`score`, :func:`reward_output`), which takes those results."""
+    from plugrl.data.batch import MULTIMODAL_COLUMN
     from plugrl.data.rollout_batch import build_rollout_batch
 
     loop_names = agent_loop_names(parts, prompts)
     if loop_names is not None:
         return generate_with_agents(parts, prompts, params, loop_names)
     prompt_ids = list(prompts["raw_prompt_ids"])
+    # a vision-language model's rows: each prompt's image inputs go with its request
+    images = {"images": list(prompts[MULTIMODAL_COLUMN])} if MULTIMODAL_COLUMN in prompts else {}
     if scores_early(parts):
 
         def on_finished(index: int, completions: list[Completion]) -> None:
             prefetch_scores(parts, prompts.select([index]), completions, params.n)
 
-        completions = parts.engines.generate(prompt_ids, params, on_finished=on_finished)
+        completions = parts.engines.generate(prompt_ids, params, on_finished=on_finished, **images)
     else:
-        completions = parts.engines.generate(prompt_ids, params)
+        completions = parts.engines.generate(prompt_ids, params, **images)
     batch = build_rollout_batch(prompts, completions, n=params.n, pad_token_id=parts.pad_token_id)
     batch = parts.with_model_positions(batch)
     batch.meta["temperature"] = params.temperature or 1.0

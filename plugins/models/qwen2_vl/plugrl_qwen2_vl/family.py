@@ -115,6 +115,18 @@ class Qwen2VLFamily(MultimodalModel):
         height and width positions; text tokens have the same position in all three, each
         image's tokens their place in its grid), 0 on padding."""
         config = self.hf_config
+        merge = config.vision_config.spatial_merge_size**2
+        for row, (ids, inputs_of_row) in enumerate(zip(input_ids, inputs, strict=True)):
+            tokens = int((ids[attention_mask[row].bool()] == config.image_token_id).sum())
+            expected = 0
+            if inputs_of_row is not None:
+                expected = int(inputs_of_row["image_grid_thw"].prod(-1).sum()) // merge
+            if tokens != expected:
+                raise ValueError(
+                    f"row {row} holds {tokens} image tokens but its images expand to {expected}: "
+                    "a response sampled the image token, which the model cannot be trained on; "
+                    "train from a checkpoint that does not sample it"
+                )
         token_types = (input_ids == config.image_token_id).long() * _IMAGE_TYPE
         token_types += (input_ids == config.video_token_id).long() * _VIDEO_TYPE
         grids = [row["image_grid_thw"] for row in inputs if row is not None]

@@ -32,6 +32,7 @@ class Row:
     __slots__ = (
         "draw",
         "finish_reason",
+        "images",
         "log_probs",
         "matcher",
         "max_tokens",
@@ -55,10 +56,13 @@ class Row:
         stop_ids: frozenset[int],
         matcher: StopStringMatcher | None,
         version: int,
+        images: Any = None,
     ) -> None:
         self.owner = owner
         self.sample_index = sample_index
         self.prompt = prompt
+        self.images = images
+        """The prompt's image inputs (a vision-language model's request), or ``None``."""
         self.params = params
         self.max_tokens = params.max_tokens
         self.stop_ids = stop_ids
@@ -102,11 +106,16 @@ class DecodeBatch:
         max_rows: int,
         prefill_tokens: int,
         lean_decode: bool = True,
+        vision: Any = None,
     ) -> None:
         self.model = model
         self.device = device
         self.max_rows = max_rows
+        self.vision = vision
+        """A vision-language model's family (its positions), or ``None``."""
         self.fallback_reason = slot_kv_unsupported(model)
+        if vision is not None:
+            self.fallback_reason = "it is a vision-language model (prompts with images)"
         kind = SlotKV if self.fallback_reason is None else DynamicKV
         self.kv: SlotKV | DynamicKV = kind(
             model,
@@ -115,6 +124,7 @@ class DecodeBatch:
             max_slots=max_rows,
             prefill_tokens=prefill_tokens,
             lean_decode=lean_decode,
+            **({"vision": vision} if vision is not None else {}),
         )
         self.rows: list[Row] = []
         self.input_ids = torch.empty(0, dtype=torch.long, device=device)
@@ -141,19 +151,28 @@ class DecodeBatch:
             self.stale = False
         if not rows:
             return
-        groups: dict[tuple[int, ...], list[Row]] = {}
+        # rows share a prompt pass when they have the same prefix and the same images
+        groups: dict[tuple[tuple[int, ...], int], list[Row]] = {}
         for row in rows:
-            groups.setdefault(row.sequence()[:-1], []).append(row)
-        prefixes = list(groups)
+            groups.setdefault((row.sequence()[:-1], id(row.images)), []).append(row)
+        prefixes = [prefix for prefix, _ in groups]
         members = list(groups.values())
-        order = self.kv.prefill(self.model, prefixes, [len(m) for m in members])
+        counts = [len(m) for m in members]
+        if self.vision is None:
+            order = self.kv.prefill(self.model, prefixes, counts)
+            next_positions = [len(prefix) for prefix in prefixes]
+        else:
+            images = [m[0].images for m in members]
+            order, next_positions = self.kv.prefill_with_images(
+                self.model, prefixes, counts, images
+            )
         taken = [0] * len(members)
         arranged = []
         for group in order:
             arranged.append(members[group][taken[group]])
             taken[group] += 1
         pending = [row.tokens[-1] if row.tokens else row.prompt[-1] for row in arranged]
-        positions = [len(prefixes[group]) for group in order]
+        positions = [next_positions[group] for group in order]
         self.rows += arranged
         self.input_ids = torch.cat(
             [self.input_ids, torch.tensor(pending, dtype=torch.long, device=self.device)]

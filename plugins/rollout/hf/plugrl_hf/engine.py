@@ -35,7 +35,7 @@ import attrs
 import torch
 
 from plugrl.api import PluginError, RecipeError
-from plugrl.api.data import quiet_hf_loading
+from plugrl.api.data import multimodal_family, quiet_hf_loading
 from plugrl.api.rollout import (
     Capability,
     Completion,
@@ -67,7 +67,7 @@ def load_model(
 ) -> Any:
     """The model of ``model.path`` in ``dtype`` (default ``model.dtype``) on ``device``, in
     eval mode."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     path = recipe.model.path
     if not path:
@@ -83,8 +83,11 @@ def load_model(
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust)
     for name, value in recipe.model.override_config.items():
         setattr(config, name, value)
+    # a vision-language model: its language-model head over text and image tokens
+    vision = getattr(config, "vision_config", None) is not None
+    model_class = AutoModelForImageTextToText if vision else AutoModelForCausalLM
     with quiet_hf_loading():
-        model = AutoModelForCausalLM.from_pretrained(
+        model = model_class.from_pretrained(
             path,
             config=config,
             dtype=dtype or DTYPES[recipe.model.dtype],
@@ -149,6 +152,7 @@ class HFRolloutEngine(RolloutEngine):
             Capability.WEIGHT_UPDATE,
             Capability.SLEEP,
             Capability.SHARE_MODEL,
+            Capability.IMAGES,
         }
     )
 
@@ -203,6 +207,11 @@ class HFRolloutEngine(RolloutEngine):
                 "least one token"
             )
         self._check_ready()
+        if request.multi_modal_inputs is not None and self._batch.vision is None:
+            raise ValueError(
+                f"request {request.request_id!r} has images, but the engine's model is not a "
+                "vision-language model; use a vision-language model (model.path)"
+            )
         loop = asyncio.get_running_loop()
         seed = params.seed if params.seed is not None else self._draw_seed()
         if params.max_tokens == 0:
@@ -563,6 +572,7 @@ class HFRolloutEngine(RolloutEngine):
                     owner=state,
                     sample_index=index,
                     prompt=state.request.prompt_ids,
+                    images=state.request.multi_modal_inputs,
                     params=params,
                     seed=derive_seed(state.seed, index),
                     stop_ids=state.stop_ids,
@@ -662,6 +672,7 @@ class HFRolloutEngine(RolloutEngine):
             max_rows=self.config.max_num_seqs,
             prefill_tokens=self.config.max_prefill_tokens,
             lean_decode=self.config.lean_decode,
+            vision=self._vision_family(model),
         )
         if self._batch.fallback_reason:
             logger.info(
@@ -678,6 +689,20 @@ class HFRolloutEngine(RolloutEngine):
                 lean_unsupported,
             )
         self._batch.adopt(rows)
+
+    def _vision_family(self, model: Any) -> Any:
+        """The model family of a vision-language model (from the plugin answering
+        ``multimodal_model``), which gives the positions of prompts with images; ``None`` for
+        a text model."""
+        if getattr(model.config, "vision_config", None) is None:
+            return None
+        plugins = self.context.plugins
+        if plugins is None:
+            raise PluginError(
+                "the hf rollout engine serves a vision-language model, whose positions come "
+                "from the plugin supporting it: build the engine's context with plugins=..."
+            )
+        return multimodal_family(str(self.recipe.model.path), model.config, plugins)
 
     def _check_ready(self) -> None:
         if self.model is None:

@@ -41,7 +41,7 @@ from transformers import AttentionInterface
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from plugrl.api.data import left_pad
+from plugrl.api.data import left_pad, model_inputs
 from plugrl_hf.lean import LeanDecoder, lean_unsupported
 
 MIN_COLUMNS = 64
@@ -496,13 +496,57 @@ class DynamicKV:
 
     merges = False
 
-    def __init__(self, model: Any, *, device: torch.device, pad_token_id: int, **_: Any) -> None:
+    def __init__(
+        self,
+        model: Any,
+        *,
+        device: torch.device,
+        pad_token_id: int,
+        vision: Any = None,
+        **_: Any,
+    ) -> None:
         self.config = model.config
         self.pad_token_id = pad_token_id
         self.device = device
+        self.vision = vision
         self.cache: DynamicCache | None = None
         self.mask: torch.Tensor | None = None
         self.size = 0
+
+    def prefill_with_images(
+        self,
+        model: Any,
+        prefixes: Sequence[Sequence[int]],
+        counts: Sequence[int],
+        images: Sequence[Any],
+    ) -> tuple[list[int], list[int]]:
+        """:meth:`prefill` for a vision-language model: the prefixes' image inputs go to the
+        prompt pass, with the positions the model family computes for them (M-RoPE's three
+        rows); returns the row order and, for each prefix, the position of the token after
+        it (the largest position plus one, as text continues after images)."""
+        assert self.size == 0, "rows join a DynamicKV batch only when it is empty"
+        assert self.vision is not None
+        order = [g for g, count in enumerate(counts) for _ in range(count)]
+        ids, mask = left_pad(prefixes, self.pad_token_id)
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = self.vision.position_ids(ids, mask, list(images))
+        self.cache = DynamicCache(config=self.config.get_text_config(decoder=True))
+        model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions.transpose(0, 1),
+            **model_inputs(list(images), self.device),
+            **_with_cache(model, self.cache),
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        index = torch.tensor(order, device=self.device)
+        if len(order) != len(prefixes):
+            self.cache.batch_select_indices(index)
+        self.mask = mask[index]
+        self.size = len(order)
+        next_positions = (positions.amax(dim=(1, 2)) + 1).tolist()
+        return order, [int(p) for p in next_positions]
 
     def prefill(self, model: Any, prefixes: Sequence[Sequence[int]], counts: Sequence[int]):
         assert self.size == 0, "rows join a DynamicKV batch only when it is empty"

@@ -114,3 +114,13 @@ def test_generate_runs_from_an_image_with_the_kv_cache(loaded):
     assert out.shape[1] > inputs["input_ids"].shape[1]
     no_cache = model.generate(**inputs, max_new_tokens=6, do_sample=False, use_cache=False)
     assert torch.equal(out, no_cache)
+
+
+def test_a_response_that_sampled_the_image_token_is_named(loaded):
+    _, model, family, processor = loaded
+    inputs = prompt_inputs(processor, [image((255, 0, 0))])
+    image_token = torch.tensor([[model.config.image_token_id]])
+    ids = torch.cat([inputs["input_ids"], image_token], dim=1)
+    mask = torch.ones_like(ids)
+    with pytest.raises(ValueError, match="row 0 holds 5 image tokens but its images expand to 4"):
+        family.position_ids(ids, mask, [{key: inputs[key] for key in family.input_keys}])
