@@ -756,12 +756,14 @@ def plain_model_like(
 ) -> Any:
     """An eval-mode module of ``source``'s class and config in ``dtype`` on ``device``, its
     tensors allocated and not initialised (:func:`copy_weights` fills them)."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     # the trainer's config stays the trainer's: the copy sets its own attention kernel
     config = copy.deepcopy(source.config)
+    vision = getattr(config, "vision_config", None) is not None
+    model_class = AutoModelForImageTextToText if vision else AutoModelForCausalLM
     with torch.device("meta"):
-        plain = AutoModelForCausalLM.from_config(
+        plain = model_class.from_config(
             config,
             dtype=dtype,
             attn_implementation=attn_implementation,
