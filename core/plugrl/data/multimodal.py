@@ -76,6 +76,23 @@ class MultimodalModel(ABC):
     def vision_token_ids(self, tokenizer: Any) -> frozenset[int]:
         """Ids of the tokens that stand for images in a processed prompt."""
 
+    vision_tower_names: ClassVar[tuple[str, ...]] = ("model.visual", "visual")
+    """Where the model's vision tower may be, as submodule paths (the first that exists)."""
+
+    def vision_tower(self, model: Any) -> Any:
+        """The model's vision tower (the image encoder and what projects its output into the
+        language model), for training the language model alone."""
+        for name in self.vision_tower_names:
+            try:
+                return model.get_submodule(name)
+            except AttributeError:
+                continue
+        raise ValueError(
+            f"{type(model).__name__} has none of the submodules "
+            f"{', '.join(self.vision_tower_names)}; its model family must name its vision tower "
+            "(MultimodalModel.vision_tower_names)"
+        )
+
     @abstractmethod
     def position_ids(
         self,

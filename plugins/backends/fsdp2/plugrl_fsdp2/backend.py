@@ -40,7 +40,7 @@ from plugrl.api.backend import (
     sampling_temperature,
     update_mini_batch_rows,
 )
-from plugrl.api.data import MULTIMODAL_COLUMN, Batch, model_inputs
+from plugrl.api.data import MULTIMODAL_COLUMN, Batch, model_inputs, multimodal_family
 from plugrl.api.rollout import WeightMeta
 from plugrl_fsdp2 import checkpoint, lora, packing, ulysses
 from plugrl_fsdp2.batching import (
@@ -155,6 +155,8 @@ class FSDP2Backend(TrainingBackend):
         self._hf_config = model.config
         if self.role == "ref":
             model.requires_grad_(False)
+        elif self.role == "actor" and self.config.freeze_vision_tower:
+            self._freeze_vision_tower(model)
         elif self.recipe.model.enable_gradient_checkpointing:
             enable_checkpointing(model)
         forward_args = inspect.signature(model.forward).parameters
@@ -196,6 +198,22 @@ class FSDP2Backend(TrainingBackend):
             self.optimizer, self.lr_scheduler = build_optimizer(
                 trainable, self._optim_config, total_training_steps
             )
+
+    def _freeze_vision_tower(self, model: torch.nn.Module) -> None:
+        """``actor.freeze_vision_tower``: the vision tower's weights take no gradient (before
+        sharding and the optimizer, so neither holds anything for them)."""
+        family = None
+        if self.context.plugins is not None:
+            family = multimodal_family(
+                str(self.recipe.model.path), model.config, self.context.plugins
+            )
+        if family is None:
+            raise RecipeError(
+                f"{type(model).__name__} is not a vision-language model (or no plugin supports "
+                "its type), so it has no vision tower to freeze; set it to false",
+                key="actor.freeze_vision_tower",
+            )
+        family.vision_tower(model).requires_grad_(False)
 
     def _can_pack(self, hf_config: Any) -> bool:
         if not self.config.use_remove_padding:

@@ -71,9 +71,15 @@ class FSDP2ActorConfig(ActorConfig):
         "variable-length kernel where installed on CUDA, else causal SDPA per row). No padding "
         "token is computed and use_dynamic_bsz counts real tokens. Off by default: on CPU it "
         "measured no faster than padded rows, which are already cut to their own lengths. "
-        "Models with sliding-window attention or multi-section rotary positions always run "
-        "padded.",
+        "Models with sliding-window attention always run padded; vision-language models pack "
+        "with their own multi-section (M-RoPE) positions.",
         verl="actor_rollout_ref.model.use_remove_padding",
+    )
+    freeze_vision_tower: bool = option(
+        False,
+        "Train only the language model of a vision-language model: its vision tower gets no "
+        "gradient and no optimizer state (the actor; the reference model trains nothing).",
+        verl="actor_rollout_ref.actor.freeze_vision_tower",
     )
     ulysses_sequence_parallel_size: int = option(
         1,

@@ -170,7 +170,9 @@ def _update_gradients(backend, batch):
     def capture(grad_clip):
         for name, parameter in backend.model.named_parameters():
             grad = parameter.grad
-            gradients[name] = (grad.full_tensor() if isinstance(grad, DTensor) else grad).clone()
+            if grad is not None:
+                full = grad.full_tensor() if isinstance(grad, DTensor) else grad
+                gradients[name] = full.clone()
         return step(grad_clip)
 
     backend._clip_and_step = capture
@@ -220,3 +222,35 @@ def test_the_batch_positions_are_m_rope_not_token_counts(batch):
     attended = batch["attention_mask"][text_row].bool()
     for k in range(3):  # a row without images: plain token counts in all three
         assert torch.equal(positions[text_row, k][attended], counted[text_row][attended])
+
+
+def test_freeze_vision_tower_trains_the_language_model_alone(tiny_vl_model, batch):
+    recipe = make_recipe(
+        tiny_vl_model, ppo_mini_batch_size=6, use_remove_padding=True, freeze_vision_tower=True
+    )
+    context = PartContext(
+        recipe=recipe, role="actor", device=CpuDevice(), plugins=get_plugin_manager()
+    )
+    backend = FSDP2Backend(recipe.actor, context)
+    backend.setup(10)
+    before = {name: tensor.clone() for name, tensor in backend.named_weights()}
+    gradients, _ = _update_gradients(backend, batch)
+    after = dict(backend.named_weights())
+    vision = [name for name in before if ".visual." in name]
+    language = [name for name in before if ".language_model." in name]
+    assert vision and language
+    assert all(torch.equal(before[name], after[name]) for name in vision)
+    assert any(not torch.equal(before[name], after[name]) for name in language)
+    assert gradients and not any(".visual." in name for name in gradients)
+    trainable = {id(p) for group in backend.optimizer.param_groups for p in group["params"]}
+    visual = [p for n, p in backend.model.named_parameters() if ".visual." in n]
+    assert visual and not any(id(p) in trainable for p in visual)
+
+
+def test_freeze_vision_tower_refuses_a_text_model(tiny_task):
+    recipe = make_recipe(tiny_task.model, freeze_vision_tower=True)
+    context = PartContext(
+        recipe=recipe, role="actor", device=CpuDevice(), plugins=get_plugin_manager()
+    )
+    with pytest.raises(RecipeError, match=r"actor\.freeze_vision_tower: Qwen2ForCausalLM is not"):
+        FSDP2Backend(recipe.actor, context).setup(10)
