@@ -219,7 +219,16 @@ def agent_metrics(batch: Batch) -> dict[str, float]:
 def agent_rows(prompts: Batch) -> list[dict[str, Any]]:
     """Each row of a prompt batch as the mapping an agent loop reads: its columns, with
     ``prompt`` (the chat messages) and ``reward_model`` (``{"ground_truth": ...}``) as in
-    verl's parquet rows."""
+    verl's parquet rows. Rows with images are refused in one line: agent loops do not carry
+    a vision-language model's image inputs yet."""
+    from plugrl.data.batch import MULTIMODAL_COLUMN
+    from plugrl.errors import DataError
+
+    if MULTIMODAL_COLUMN in prompts and any(x is not None for x in prompts[MULTIMODAL_COLUMN]):
+        raise DataError(
+            "agent loops do not take rows with images yet; train this data with the "
+            "single_turn loop (rollout.agent.loop and the rows' agent_name)"
+        )
     rows = []
     for index in range(len(prompts)):
         row = {name: prompts.columns[name][index] for name in prompts.columns}

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
+from plugrl.api.data import MULTIMODAL_COLUMN
 from plugrl.api.rollout import (
     Capability,
     Completion,
@@ -373,10 +374,12 @@ class Rollouter:
             await asyncio.get_running_loop().run_in_executor(None, self._hand_over, sample)
 
     async def _sample(self, sample_id: int, key: PromptKey, prompt: Batch, number: int) -> Sample:
+        images = prompt[MULTIMODAL_COLUMN][0] if MULTIMODAL_COLUMN in prompt else None
         request = GenerationRequest(
             request_id=_request_id(sample_id),
             prompt_ids=prompt["raw_prompt_ids"][0],
             params=self.sampling_params(number),
+            multi_modal_inputs=images,
         )
         completions = await self.engines.agenerate(request)
         if self.partial == "abort" or sample_id in self._doomed:
