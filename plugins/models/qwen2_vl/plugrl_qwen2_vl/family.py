@@ -18,7 +18,7 @@ IMAGE_TEXT = "<|vision_start|><|image_pad|><|vision_end|>"
 """One image in a Qwen2-VL prompt before the processor expands ``<|image_pad|>`` to one token
 per merged patch."""
 
-# how many of the model's token types get_rope_index reads: text 0, image 1, video 2
+# the token types get_rope_index reads (where it takes them): text 0, image 1, video 2
 _IMAGE_TYPE, _VIDEO_TYPE = 1, 2
 
 
@@ -49,7 +49,10 @@ def assemble_processor(model_path: str, model_type: str, tokenizer: Any) -> Any:
         (base,),
         {"check_argument_for_proper_class": check_argument_for_proper_class},
     )
-    image_processor = AutoImageProcessor.from_pretrained(model_path, backend="pil")
+    try:
+        image_processor = AutoImageProcessor.from_pretrained(model_path, backend="pil")
+    except TypeError:  # transformers before the backend argument chose it with use_fast
+        image_processor = AutoImageProcessor.from_pretrained(model_path, use_fast=False)
     return without_video(
         image_processor=image_processor,
         tokenizer=tokenizer,
@@ -127,14 +130,23 @@ class Qwen2VLFamily(MultimodalModel):
                     "a response sampled the image token, which the model cannot be trained on; "
                     "train from a checkpoint that does not sample it"
                 )
-        token_types = (input_ids == config.image_token_id).long() * _IMAGE_TYPE
-        token_types += (input_ids == config.video_token_id).long() * _VIDEO_TYPE
         grids = [row["image_grid_thw"] for row in inputs if row is not None]
         image_grid_thw = torch.cat(grids).to(input_ids.device) if grids else None
-        positions, _ = self._rope_model.get_rope_index(
-            input_ids,
-            mm_token_type_ids=token_types,
-            image_grid_thw=image_grid_thw,
-            attention_mask=attention_mask,
-        )
+        options: dict[str, Any] = {
+            "image_grid_thw": image_grid_thw,
+            "attention_mask": attention_mask,
+        }
+        if self._rope_takes_token_types:
+            # newer transformers read each token's modality from here, older from the ids
+            token_types = (input_ids == config.image_token_id).long() * _IMAGE_TYPE
+            token_types += (input_ids == config.video_token_id).long() * _VIDEO_TYPE
+            options["mm_token_type_ids"] = token_types
+        positions, _ = self._rope_model.get_rope_index(input_ids, **options)
         return positions.permute(1, 0, 2).contiguous()
+
+    @cached_property
+    def _rope_takes_token_types(self) -> bool:
+        import inspect
+
+        parameters = inspect.signature(self._rope_model.get_rope_index).parameters
+        return "mm_token_type_ids" in parameters
