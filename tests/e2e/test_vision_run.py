@@ -10,9 +10,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import plugrl
+from plugrl.errors import RecipeError
+from plugrl.parts.rollout import Capability
 from plugrl.plugin.manager import get_plugin_manager
 from plugrl.recipe import build_recipe
 from plugrl.run.runner import run_recipe
+from plugrl_hf.engine import HFRolloutEngine
 from tests.plugins.models.qwen2_vl.images import png_bytes
 
 pytestmark = pytest.mark.slow
@@ -47,14 +51,31 @@ def rows() -> list[dict]:
     return out
 
 
-def test_grpo_steps_train_a_vision_language_model(tiny_vl_model, tmp_path):
+class TextOnlyEngine(HFRolloutEngine):
+    """The hf engine without Capability.IMAGES, as an engine that cannot take images is."""
+
+    capabilities = HFRolloutEngine.capabilities - {Capability.IMAGES}
+
+
+class TextOnlyEngines:
+    @plugrl.hookimpl
+    def register_rollout_engines(self, register):
+        register(
+            "hf-text-only",
+            "tests.e2e.test_vision_run:TextOnlyEngine",
+            config="plugrl_hf.config:HFRolloutConfig",
+            description="the hf engine without images (tests)",
+        )
+
+
+def vision_recipe(model, tmp_path) -> dict:
     train = tmp_path / "train.parquet"
     pq.write_table(pa.Table.from_pylist(rows()), train)
     reward = tmp_path / "reward.py"
     reward.write_text(REWARD, encoding="utf-8")
     run_dir = tmp_path / "run"
-    recipe = {
-        "model": {"path": str(tiny_vl_model), "dtype": "float32"},
+    return {
+        "model": {"path": str(model), "dtype": "float32"},
         "data": {
             "train_files": [str(train)],
             "train_batch_size": 4,
@@ -73,9 +94,13 @@ def test_grpo_steps_train_a_vision_language_model(tiny_vl_model, tmp_path):
             "seed": 7,
         },
     }
+
+
+def test_grpo_steps_train_a_vision_language_model(tiny_vl_model, tmp_path):
+    recipe = vision_recipe(tiny_vl_model, tmp_path)
     plugins = get_plugin_manager()
     run_recipe(build_recipe(recipe, plugins), plugins)
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     steps = {record["step"]: record for record in map(json.loads, lines)}
     assert set(steps) >= {1, 2}
     for step in (1, 2):
@@ -83,3 +108,18 @@ def test_grpo_steps_train_a_vision_language_model(tiny_vl_model, tmp_path):
         # the engine sampled from the images with the weights the trainer has
         assert metrics["training/rollout_probs_diff_mean"] < 1e-5, metrics
         assert metrics["actor/grad_norm"] > 0
+
+
+def test_an_engine_without_images_is_refused_at_start_up(
+    tiny_vl_model, tmp_path, plugrl_register_plugin
+):
+    plugrl_register_plugin(TextOnlyEngines(), "text-only-engines")
+    recipe = vision_recipe(tiny_vl_model, tmp_path)
+    recipe["rollout"]["engine"] = "hf-text-only"
+    plugins = get_plugin_manager()
+    with pytest.raises(RecipeError) as error:
+        run_recipe(build_recipe(recipe, plugins), plugins)
+    assert str(error.value).startswith(
+        "rollout.engine: rollout engine 'hf-text-only' cannot generate from prompts with "
+        "images, which data with images needs"
+    )
