@@ -76,6 +76,15 @@ class MultimodalModel(ABC):
     def vision_token_ids(self, tokenizer: Any) -> frozenset[int]:
         """Ids of the tokens that stand for images in a processed prompt."""
 
+    def dummy_image(self) -> tuple[list[int], dict[str, Any]]:
+        """The token ids and image inputs of the smallest image the model takes, for a
+        forward that must run the vision tower without an image of its own (a rank whose
+        micro-batch has none, while the others' do)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} gives no dummy image; a vision-language model on several "
+            "ranks needs one"
+        )
+
     vision_tower_names: ClassVar[tuple[str, ...]] = ("model.visual", "visual")
     """Where the model's vision tower may be, as submodule paths (the first that exists)."""
 

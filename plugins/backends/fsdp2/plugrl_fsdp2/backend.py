@@ -115,6 +115,7 @@ class FSDP2Backend(TrainingBackend):
         self._dp_size = self.config.data_parallel_size(self.dist.world_size)
         self._sp_group: Any = None
         self._dp_group: Any = None
+        self._dummy_image: Any = None
 
     @property
     def dp_rank(self) -> int:
@@ -159,6 +160,7 @@ class FSDP2Backend(TrainingBackend):
             self._freeze_vision_tower(model)
         elif self.recipe.model.enable_gradient_checkpointing:
             enable_checkpointing(model)
+        self._dummy_image = self._dummy_image_inputs(model)
         forward_args = inspect.signature(model.forward).parameters
         self._packed = self._can_pack(model.config)
         self._keep_logits_arg = self.role != "critic" and "logits_to_keep" in forward_args
@@ -198,6 +200,29 @@ class FSDP2Backend(TrainingBackend):
             self.optimizer, self.lr_scheduler = build_optimizer(
                 trainable, self._optim_config, total_training_steps
             )
+
+    def _dummy_image_inputs(self, model: torch.nn.Module) -> Any:
+        """``(ids [1, n], image inputs, positions [k, 1, n])`` of the model family's dummy
+        image, on this rank's device, for a vision-language model on several ranks (see
+        :meth:`_needs_dummy_image`); ``None`` otherwise."""
+        if self.dist.world_size == 1 or getattr(model.config, "vision_config", None) is None:
+            return None
+        if self.context.plugins is None:
+            raise RuntimeError(
+                "a vision-language model on several ranks needs its model family's plugin: "
+                "build the backend's context with plugins=..."
+            )
+        family = multimodal_family(str(self.recipe.model.path), model.config, self.context.plugins)
+        assert family is not None
+        token_ids, image_inputs = family.dummy_image()
+        ids = torch.tensor([token_ids], dtype=torch.long)
+        positions = family.position_ids(ids, torch.ones_like(ids), [image_inputs])
+        device = self.torch_device
+        return (
+            ids.to(device),
+            {key: value.to(device) for key, value in image_inputs.items()},
+            positions.transpose(0, 1).to(device),
+        )
 
     def _freeze_vision_tower(self, model: torch.nn.Module) -> None:
         """``actor.freeze_vision_tower``: the vision tower's weights take no gradient (before
@@ -309,6 +334,76 @@ class FSDP2Backend(TrainingBackend):
             return {}
         return model_inputs(list(micro_batch[MULTIMODAL_COLUMN]), self.torch_device)
 
+    # ------------------------------------------------------------------------ dummy image
+
+    def _needs_dummy_image(self, inputs: dict[str, Any]) -> bool:
+        """Whether this forward must run the vision tower on a dummy image: a
+        vision-language model sharded over several ranks gathers each vision block's weights
+        from every rank when the block runs, so a rank whose micro-batch has no image would
+        leave the others waiting (verl's dummy pass)."""
+        return self._dummy_image is not None and not any(
+            key in inputs for key in self._dummy_image[1]
+        )
+
+    def _dummy_positions(self, positions: torch.Tensor) -> torch.Tensor:
+        """``positions`` as ``[k, rows, width]`` (a text micro-batch's ``[rows, width]`` has the
+        same position in every section)."""
+        assert self._dummy_image is not None
+        sections = self._dummy_image[2].shape[0]
+        if positions.dim() == 2:
+            return positions[None].expand(sections, -1, -1)
+        return positions
+
+    def _add_dummy_row(self, inputs: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        """Padded inputs with the dummy image's row after the others (every row padded on
+        the right to the wider of the two); returns them and the columns added."""
+        assert self._dummy_image is not None
+        ids, image_inputs, dummy_positions = self._dummy_image
+        width = inputs["input_ids"].shape[1]
+        length = ids.shape[-1]
+        added = max(0, length - width)
+        total = width + added
+
+        def widen(values: torch.Tensor, fill: int) -> torch.Tensor:
+            return F.pad(values, (0, added), value=fill)
+
+        dummy_mask = F.pad(torch.ones_like(ids), (0, total - length))
+        positions = widen(self._dummy_positions(inputs["position_ids"]), 0)
+        return {
+            **inputs,
+            "input_ids": torch.cat(
+                [widen(inputs["input_ids"], 0), F.pad(ids, (0, total - length))]
+            ),
+            "attention_mask": torch.cat([widen(inputs["attention_mask"], 0), dummy_mask]),
+            "position_ids": torch.cat(
+                [positions, F.pad(dummy_positions, (0, total - length))], dim=1
+            ),
+            **image_inputs,
+        }, added
+
+    def _add_dummy_segment(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        """Packed inputs with the dummy image's tokens as one more packed row: attention keeps
+        it to itself and no kept output comes from it."""
+        assert self._dummy_image is not None
+        ids, image_inputs, dummy_positions = self._dummy_image
+        length = ids.shape[-1]
+        cu_seq_lens = inputs["cu_seq_lens_q"]
+        end = cu_seq_lens[-1:] + length
+        cu_seq_lens = torch.cat([cu_seq_lens, end.to(cu_seq_lens.dtype)])
+        longest = max(int(inputs["max_length_q"]), length)
+        return {
+            **inputs,
+            "input_ids": torch.cat([inputs["input_ids"], ids], dim=-1),
+            "position_ids": torch.cat(
+                [self._dummy_positions(inputs["position_ids"]), dummy_positions], dim=-1
+            ),
+            "cu_seq_lens_q": cu_seq_lens,
+            "cu_seq_lens_k": cu_seq_lens,
+            "max_length_q": longest,
+            "max_length_k": longest,
+            **image_inputs,
+        }
+
     # ------------------------------------------------------------------------ forward
 
     def _packs(self, batch: Batch) -> bool:
@@ -339,9 +434,17 @@ class FSDP2Backend(TrainingBackend):
             "use_cache": False,
             **self._image_inputs(micro_batch),
         }
+        keep = layout.keep
+        dummy = self._needs_dummy_image(inputs)
+        if dummy:
+            # one more row, the dummy image's, after the others; wider rows keep more columns
+            inputs, added = self._add_dummy_row(inputs)
+            keep += added
         if self._keep_logits_arg:
-            inputs["logits_to_keep"] = layout.keep
-        outputs = model(**inputs).logits[:, -layout.keep :]
+            inputs["logits_to_keep"] = keep
+        outputs = model(**inputs).logits[:, -keep:]
+        if dummy:
+            outputs = outputs[:-1, : layout.keep]
         index = layout.response_index[..., None].expand(-1, -1, outputs.shape[-1])
         return outputs.gather(1, index).float(), layout.response_len
 
@@ -357,6 +460,8 @@ class FSDP2Backend(TrainingBackend):
             **layout.attention_kwargs(),
             **self._image_inputs(micro_batch),
         }
+        if self._needs_dummy_image(inputs):
+            inputs = self._add_dummy_segment(inputs)
         if self._keep_logits_arg:
             outputs = model(**inputs, logits_to_keep=layout.keep).logits[0]
         else:

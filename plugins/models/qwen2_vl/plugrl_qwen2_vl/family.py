@@ -86,6 +86,19 @@ class Qwen2VLFamily(MultimodalModel):
     def image_text(self) -> str:
         return IMAGE_TEXT
 
+    def dummy_image(self) -> tuple[list[int], dict[str, Any]]:
+        """One merged patch of zeros: ``<|vision_start|><|image_pad|><|vision_end|>`` and
+        the ``merge x merge`` patches it stands for."""
+        config = self.hf_config
+        vision = config.vision_config
+        merge = vision.spatial_merge_size
+        patch = vision.in_channels * vision.temporal_patch_size * vision.patch_size**2
+        ids = [config.vision_start_token_id, config.image_token_id, config.vision_end_token_id]
+        return ids, {
+            "pixel_values": torch.zeros(merge * merge, patch),
+            "image_grid_thw": torch.tensor([[1, merge, merge]]),
+        }
+
     def vision_token_ids(self, tokenizer: Any) -> frozenset[int]:
         config = self.hf_config
         return frozenset(

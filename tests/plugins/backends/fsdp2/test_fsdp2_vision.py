@@ -254,3 +254,65 @@ def test_freeze_vision_tower_refuses_a_text_model(tiny_task):
     )
     with pytest.raises(RecipeError, match=r"actor\.freeze_vision_tower: Qwen2ForCausalLM is not"):
         FSDP2Backend(recipe.actor, context).setup(10)
+
+
+def no_image_rank_worker(rank: int, model_dir: str, port: int, out: str, packed: bool) -> None:
+    """One of two ranks: rank 0's row has an image, rank 1's has none; both compute log-probs
+    and take an update step, which only finishes when rank 1 runs the vision tower too."""
+    import datetime
+    from pathlib import Path
+
+    from plugrl.cluster.distributed import init_process_group
+    from tests.support import spawned_rank
+
+    torch.set_num_threads(1)
+    init_process_group(
+        CpuDevice(),
+        DistInfo(rank=rank, world_size=2),
+        "127.0.0.1",
+        port,
+        timeout=datetime.timedelta(seconds=120),
+    )
+    with spawned_rank():
+        recipe = make_recipe(Path(model_dir), ppo_mini_batch_size=2, use_remove_padding=packed)
+        context = PartContext(
+            recipe=recipe,
+            role="actor",
+            device=CpuDevice(),
+            dist=DistInfo(rank=rank, world_size=2),
+            plugins=get_plugin_manager(),
+        )
+        backend = FSDP2Backend(recipe.actor, context)
+        backend.setup(10)
+        mine = vision_batch(model_dir).select([0] if rank == 0 else [2])
+        assert (mine[MULTIMODAL_COLUMN][0] is None) == (rank == 1)
+        log_probs = backend.compute_log_prob(mine)["log_probs"]
+        metrics = backend.update_policy(mine.copy(), EntropyBonus())
+        torch.save(
+            {"log_probs": log_probs, "grad_norm": metrics["actor/grad_norm"]},
+            Path(out) / f"rank{rank}.pt",
+        )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_a_rank_without_images_runs_the_vision_tower_with_the_others(
+    tiny_vl_model, batch, tmp_path, packed
+):
+    import torch.multiprocessing as mp
+
+    from plugrl.cluster.distributed import free_port
+
+    mp.spawn(
+        no_image_rank_worker,
+        args=(str(tiny_vl_model), free_port(), str(tmp_path), packed),
+        nprocs=2,
+        join=True,
+    )
+    expected, _ = reference_log_probs(tiny_vl_model, batch)
+    for rank, row in ((0, 0), (1, 2)):
+        result = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
+        torch.testing.assert_close(
+            result["log_probs"][0], expected[row], **TOLERANCE, msg=f"rank {rank}"
+        )
+        assert result["grad_norm"] > 0
