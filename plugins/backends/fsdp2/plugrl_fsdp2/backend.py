@@ -156,8 +156,6 @@ class FSDP2Backend(TrainingBackend):
         self._hf_config = model.config
         if self.role == "ref":
             model.requires_grad_(False)
-        elif self.role == "actor" and self.config.freeze_vision_tower:
-            self._freeze_vision_tower(model)
         elif self.recipe.model.enable_gradient_checkpointing:
             enable_checkpointing(model)
         self._dummy_image = self._dummy_image_inputs(model)
@@ -169,6 +167,9 @@ class FSDP2Backend(TrainingBackend):
             if several and source is not None:
                 source = lora.wrap(source, self.recipe, load_adapter=True)
             model = lora.wrap(model, self.recipe, load_adapter=not several)
+        if self.role == "actor" and self.config.freeze_vision_tower:
+            # after LoRA, so that the vision tower's adapters are frozen too
+            self._freeze_vision_tower(model)
         if self._sp > 1:
             ulysses.check_model(model.config.get_text_config(decoder=True), self._sp)
             ulysses.register()
@@ -238,7 +239,9 @@ class FSDP2Backend(TrainingBackend):
                 "its type), so it has no vision tower to freeze; set it to false",
                 key="actor.freeze_vision_tower",
             )
-        family.vision_tower(model).requires_grad_(False)
+        # a LoRA actor's vision tower is inside peft's wrapper
+        unwrapped = model.get_base_model() if hasattr(model, "get_base_model") else model
+        family.vision_tower(unwrapped).requires_grad_(False)
 
     def _can_pack(self, hf_config: Any) -> bool:
         if not self.config.use_remove_padding:

@@ -316,3 +316,36 @@ def test_a_rank_without_images_runs_the_vision_tower_with_the_others(
             result["log_probs"][0], expected[row], **TOLERANCE, msg=f"rank {rank}"
         )
         assert result["grad_norm"] > 0
+
+
+@pytest.mark.parametrize("freeze", [False, True], ids=["whole model", "language model"])
+def test_lora_adapters_train_a_vision_language_model(tiny_vl_model, batch, freeze):
+    """LoRA on every linear layer: the model's log-probs at the start (the adapters add
+    nothing yet), adapters in the vision tower and the language model, and with
+    freeze_vision_tower the vision tower's adapters frozen too."""
+    recipe = make_recipe(
+        tiny_vl_model,
+        ppo_mini_batch_size=6,
+        use_remove_padding=True,
+        freeze_vision_tower=freeze,
+        gradient_checkpointing=True,
+        model={"lora_rank": 4, "lora_alpha": 8, "target_modules": "all-linear"},
+    )
+    context = PartContext(
+        recipe=recipe, role="actor", device=CpuDevice(), plugins=get_plugin_manager()
+    )
+    backend = FSDP2Backend(recipe.actor, context)
+    backend.setup(10)
+    expected, _ = reference_log_probs(tiny_vl_model, batch)
+    torch.testing.assert_close(backend.compute_log_prob(batch)["log_probs"], expected, **TOLERANCE)
+    gradients, metrics = _update_gradients(backend, batch)
+    assert metrics["actor/grad_norm"] > 0
+    assert all("lora_" in name for name in gradients)
+    # at the start B is zero, so only the B matrices get a gradient
+    vision = [name for name in gradients if ".visual." in name and "lora_B" in name]
+    language = [name for name in gradients if ".language_model." in name and "lora_B" in name]
+    assert language and all(gradients[name].abs().sum() > 0 for name in language)
+    if freeze:
+        assert not [name for name in gradients if ".visual." in name]
+    else:
+        assert vision and all(gradients[name].abs().sum() > 0 for name in vision)
