@@ -243,7 +243,7 @@ def test_sigterm_stops_a_run_cleanly_and_it_resumes(reference_run, tiny_task, tm
         wait_for_step(process, run_dir / "metrics.jsonl", step=2)
         process.send_signal(signal.SIGTERM)
         # stopped as Ctrl-C stops it: an interrupted run, not a kill
-        assert process.wait(60) == 1
+        assert process.wait(300) == 1
         assert group_gone(process.pid), "processes of the stopped run are still alive"
     assert "Aborted!" in (tmp_path / "first.log").read_text()
     assert not [p for p in run_dir.iterdir() if p.name.startswith(".")], "half-written folders"

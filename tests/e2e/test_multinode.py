@@ -127,7 +127,7 @@ def _each_node_checks_the_paths_where_it_runs(cluster, node_ids, folder):
     try:
         nodes = [(node["NodeID"], node["NodeManagerAddress"]) for node in ray.nodes()]
         assert {node_id for node_id, _ in nodes} == node_ids
-        answers = ask_nodes(ray, nodes, checks, marker, timeout_s=60)
+        answers = ask_nodes(ray, nodes, checks, marker, timeout_s=300)
     finally:
         ray.shutdown()
     assert [node for node, _ in answers] == nodes
