@@ -308,6 +308,7 @@ def test_fully_async_not_converted(script_text, plugrl_plugin_manager):
     assert conversion.notes[1:] == [
         "environment of the run, not part of a recipe: PYTHONPATH, VLLM_USE_V1; export what "
         "plugrl's run needs before plugrl run",
+        'line 21: if [ "$rollout_mode" = "async" ] is true',
         "recipe.fully_async_policy.fully_async_main runs as plugrl's fully_async scheduler",
         "--config-name fully_async_ppo_megatron_trainer.yaml trains with actor.backend megatron",
         "line 169: rollout.test_freq=20 counts weight syncs, 4 trainer steps each: "
@@ -562,13 +563,23 @@ def test_engine_keys_with_the_hf_engine(plugrl_plugin_manager):
         ("something_else=1", "unknown", "no plugrl key has this meaning"),
         (
             "trainer.balance_batch=True",
-            "unknown",
-            "plugrl does not reorder a batch to balance tokens across ranks",
+            "dropped",
+            "verl reorders a batch so its data-parallel ranks get similar token counts (speed); "
+            "plugrl splits the batch in its own order: the same samples train, grouped into "
+            "micro-batches by plugrl's own token budget",
         ),
         (
-            "trainer.balance_batch=False",
+            "ray_kwargs.ray_init.runtime_env.py_executable='uv run --frozen --extra vllm'",
             "dropped",
-            "plugrl does not reorder a batch to balance tokens across ranks, as False asks",
+            "the interpreter Ray starts verl's workers with (a `uv run ...` prefix runs them in "
+            "uv's project environment); plugrl's Ray workers run the interpreter plugrl run runs "
+            "with, so start it the same way: `uv run ... plugrl run RECIPE`, or from the "
+            "environment plugrl is installed in",
+        ),
+        (
+            "data.image_key=images",
+            "unsupported",
+            "vision-language data is not supported yet",
         ),
         (
             "hydra.run.dir=outputs",

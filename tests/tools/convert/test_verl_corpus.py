@@ -57,7 +57,7 @@ FEATURE_ERRORS = {
 plugrl runs today, the feature of FEATURE_KEYS the script must use for it to count)."""
 
 FEATURE_KEYS = {
-    "LoRA": (r"\.lora_rank$", lambda v: v not in (0, None)),
+    "LoRA": (r"\.lora[._]rank$", lambda v: v not in (0, None)),
 }
 """Features other parts of plugrl are growing: the verl key a script sets when it uses one."""
 

@@ -7,7 +7,9 @@ Evaluated: ``NAME=value``; ``export``/``declare``/``local``/``readonly`` ``NAME=
 (``NAME=(...)``, ``NAME+=(...)``, ``"${NAME[@]}"``, ``${NAME[0]}``); ``$((integer
 arithmetic))``; ``$(pwd)`` as ``$PWD``; single and double quotes, backslashes, line
 continuations, comments, redirections and pipes; ``if [ A = B ]; then ... elif ... else ...
-fi`` with the tests ``=``, ``==``, ``!=``, ``-z`` and ``-n``.
+fi`` with the tests ``=``, ``==``, ``!=``, ``-z`` and ``-n``; ``case WORD in PATTERN|...) ... ;;
+esac`` with glob patterns. :attr:`Script.notes` names the branch each decided ``if`` and ``case``
+took.
 
 Nothing is run. A value the script cannot give without running something (``$(date)``), a
 variable it never sets, or one assigned in a loop or under a condition that cannot be decided
@@ -17,6 +19,7 @@ here is :class:`Unresolved`, with the reason.
 from __future__ import annotations
 
 import ast
+import fnmatch
 import operator
 import re
 from collections.abc import Mapping
@@ -30,6 +33,9 @@ _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 _ASSIGNMENT = re.compile(rf"({_NAME})(\+?)=")
 _REDIRECTION = re.compile(r"\d*(&>>|&>|>>|>&|<&|<<<|<<-|<<|>\||>|<)")
 _WORD_END = " \t\r\n;&|<>"
+CASE_END = ";;"
+"""The source the lexer gives the mark it puts where a ``case`` branch ends (``;;``, ``;&``,
+``;;&``)."""
 
 
 @attrs.frozen
@@ -222,6 +228,15 @@ class _Lexer:
                 self._skip_heredocs()
             elif self._redirection():
                 continue
+            elif c == ";" and self.peek(1) in (";", "&") and self.peek(1):
+                # the end of a case branch: a command of its own, which no word can be
+                if words:
+                    commands.append((words, comments))
+                    words, comments = [], []
+                end = 3 if self.text.startswith(";;&", self.i) else 2
+                mark = self.text[self.i : self.i + end]
+                commands.append(([_RawWord((_Lit(mark, False),), CASE_END, self.line)], []))
+                self.i += end
             elif c in ";&|":
                 if words:
                     commands.append((words, comments))
@@ -492,11 +507,28 @@ def _int64(value: int) -> int:
 
 @attrs.define
 class _Frame:
-    """One open ``if``/loop: ``state`` is on, off or unknown; ``taken`` says whether a branch
-    of the ``if`` ran (``None``: cannot tell)."""
+    """One open ``if``/``case``/loop: ``state`` is on, off or unknown; ``taken`` says whether a
+    branch of the ``if`` or ``case`` ran (``None``: cannot tell)."""
 
     state: str
     taken: bool | None
+    case: _Case | None = None
+
+
+@attrs.define
+class _Case:
+    """What an open ``case`` needs: the word it matches (``None``: unresolved, with why), and
+    the patterns of the branch being read (a pattern list split by ``|`` arrives in pieces)."""
+
+    subject: str | None
+    why: str
+    source: str
+    line: int
+    patterns: list[str] = attrs.field(factory=list)
+    expecting: bool = True
+    """Between branches: the next words are patterns."""
+    falls_through: bool = False
+    """The branch before ended in ``;&`` and ran: this one runs too."""
 
 
 def _keyword(word: _RawWord) -> str | None:
@@ -539,6 +571,15 @@ class _Evaluator:
         return "off" if "off" in states else "unknown" if "unknown" in states else "on"
 
     def command(self, words: list[_RawWord], comment_lines: tuple[int, ...] = ()) -> None:
+        case = self.frames[-1].case if self.frames else None
+        if case is not None:
+            if words[0].source == CASE_END:
+                self._end_branch(_keyword(words[0]) or ";;")
+                return
+            if case.expecting and _keyword(words[0]) != "esac":
+                words = self._patterns(case, words)
+                if words is None:
+                    return
         while words:
             keyword = _keyword(words[0])
             if keyword in ("then", "do", "{", "}"):
@@ -556,7 +597,10 @@ class _Evaluator:
                 if self.frames:
                     self.frames.pop()
                 words = words[1:]
-            elif keyword in ("for", "while", "until", "case", "select"):
+            elif keyword == "case":
+                self._open_case(words)
+                return
+            elif keyword in ("for", "while", "until", "select"):
                 self.frames.append(_Frame("off" if self._state() == "off" else "unknown", None))
                 return
             else:
@@ -570,6 +614,7 @@ class _Evaluator:
             self.frames.append(_Frame("off", True))
             return
         result = self._condition(condition)
+        self._note_condition("if", condition, result)
         self.frames.append(_Frame(_branch(result), result))
 
     def _elif(self, condition: list[_RawWord]) -> None:
@@ -582,7 +627,116 @@ class _Evaluator:
             self.frames.append(_Frame("unknown", None))
         else:
             result = self._condition(condition)
+            self._note_condition("elif", condition, result)
             self.frames.append(_Frame(_branch(result), result))
+
+    def _note_condition(self, keyword: str, condition: list[_RawWord], result: bool | None) -> None:
+        """A note naming the branch a decided condition takes (undecided ones are reported
+        where their variables are used)."""
+        if result is None or not condition:
+            return
+        written = _shorten(" ".join(word.source for word in condition).rstrip(" ;"))
+        self.notes.append(
+            f"line {condition[0].line}: {keyword} {written} is {'true' if result else 'false'}"
+        )
+
+    # ------------------------------------------------------------------ case
+
+    def _open_case(self, words: list[_RawWord]) -> None:
+        """``case WORD in``: the branches that follow are matched against WORD's value."""
+        line = words[0].line
+        subject_words = words[1:2]
+        source = subject_words[0].source if subject_words else ""
+        if self._state() == "off":
+            self.frames.append(_Frame("off", True, _Case(None, "", source, line)))
+            return
+        expanded = [word for raw in subject_words for word in self._expand(raw)]
+        if len(expanded) == 1 and not expanded[0].unresolved:
+            case = _Case(expanded[0].text, "", source, line)
+        elif expanded and expanded[0].unresolved:
+            case = _Case(None, "; ".join(expanded[0].unresolved), source, line)
+        else:
+            case = _Case("" if not expanded else None, "it is not one word", source, line)
+        self.frames.append(_Frame("off", False, case))
+
+    def _patterns(self, case: _Case, words: list[_RawWord]) -> list[_RawWord] | None:
+        """Read the patterns at the head of ``words`` (up to the word ending in ``)``); the
+        words after them, the start of the branch's body, are returned (``None``: the pattern
+        list goes on in the next command, after a ``|``)."""
+        for index, raw in enumerate(words):
+            last = raw.parts[-1] if raw.parts else None
+            closes = isinstance(last, _Lit) and not last.quoted and last.text.endswith(")")
+            parts = raw.parts
+            if closes:
+                assert isinstance(last, _Lit)
+                trimmed = last.text[:-1]
+                parts = (*parts[:-1], *((_Lit(trimmed, False),) if trimmed else ()))
+            first = parts[0] if parts else None
+            if isinstance(first, _Lit) and not first.quoted and first.text.startswith("("):
+                parts = (_Lit(first.text[1:], False), *parts[1:])
+            case.patterns.append(self._pattern(parts))
+            if closes:
+                self._open_branch(case, words[0].line)
+                return words[index + 1 :]
+        return None
+
+    def _pattern(self, parts: tuple[object, ...]) -> str:
+        """A pattern as an ``fnmatch`` pattern: quoted text matches itself; an unresolved
+        expansion gives the pattern ``\0`` (it decides nothing, see :meth:`_open_branch`)."""
+        pieces: list[str] = []
+        for part in parts:
+            if isinstance(part, _Lit):
+                pieces.append(_glob_escape(part.text) if part.quoted else part.text)
+                continue
+            value = self._value((part,))
+            if isinstance(value, Unresolved):
+                return "\0"
+            pieces.append(_glob_escape(value) if getattr(part, "quoted", False) else value)
+        return "".join(pieces)
+
+    def _open_branch(self, case: _Case, line: int) -> None:
+        frame = self.frames[-1]
+        patterns, case.patterns = case.patterns, []
+        case.expecting = False
+        shown = "|".join(patterns)
+        parent_off = any(f.state == "off" for f in self.frames[:-1])
+        if parent_off or frame.taken:
+            frame.state = "off" if not case.falls_through else frame.state
+            case.falls_through = False
+            return
+        if case.falls_through:
+            case.falls_through = False
+            return  # runs as the branch before did
+        if frame.taken is None or case.subject is None or "\0" in patterns:
+            frame.state, frame.taken = "unknown", None
+            if case.subject is None:
+                note = (
+                    f"line {case.line}: case {case.source}: {case.why}; the branches' settings "
+                    "count as unresolved (give the variable with --env NAME=VALUE to choose one)"
+                )
+                if note not in self.notes:
+                    self.notes.append(note)
+            return
+        if any(fnmatch.fnmatchcase(case.subject, pattern) for pattern in patterns):
+            frame.state, frame.taken = "on", True
+            self.notes.append(
+                f"line {case.line}: case {case.source} is {case.subject!r}: the branch {shown}) "
+                f"of line {line} is taken"
+            )
+        else:
+            frame.state = "off"
+
+    def _end_branch(self, mark: str) -> None:
+        frame = self.frames[-1]
+        case = frame.case
+        assert case is not None
+        case.expecting = True
+        if mark == ";&" and frame.state == "on":
+            case.falls_through = True
+            return
+        if mark == ";;&" and frame.state != "off":
+            frame.taken = None if frame.state == "unknown" else False
+        frame.state = "off" if frame.taken is not None else "unknown"
 
     def _else(self) -> None:
         if self.frames:
@@ -952,6 +1106,11 @@ def _whole_array(word: _RawWord) -> _ArrayRef | None:
     ):
         return refs[0]
     return None
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` as an ``fnmatch`` pattern that matches only itself."""
+    return re.sub(r"([*?\[])", r"[\1]", text)
 
 
 def _branch(result: bool | None) -> str:

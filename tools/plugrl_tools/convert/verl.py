@@ -31,11 +31,17 @@ from plugrl.recipe.verl_names import VerlName, verl_names
 from plugrl_tools.convert.overrides import Override, OverrideError, parse_override
 from plugrl_tools.convert.shell import Command, Script, Word, read_script
 
-ENTRY_POINTS = {"main_ppo": "sync", "main_dapo": "sync", "fully_async_main": "fully_async"}
+ENTRY_POINTS = {
+    "main_ppo": "sync",
+    "main_ppo_sync": "sync",
+    "main_dapo": "sync",
+    "fully_async_main": "fully_async",
+}
 """The last part of a verl trainer module -> the plugrl scheduler that runs the same loop."""
 
 TRAINERS = (
     "verl.trainer.main_ppo",
+    "verl.trainer.main_ppo_sync",
     "recipe.dapo.main_dapo",
     "fully_async_policy.fully_async_main",
     "one_step_off_policy.main_ppo",
@@ -58,6 +64,7 @@ in flight. ``require_batches`` is set from the script's batch sizes."""
 
 CATEGORIES = {
     "unknown": "unknown to plugrl",
+    "unsupported": "known, not supported by plugrl yet",
     "plugin": "keys of parts not installed here or not chosen",
     "dropped": "dropped on purpose: plugrl does it differently",
     "unresolved": "value unresolvable",
@@ -87,7 +94,41 @@ ALIASES = {
     "reward.reward_kwargs.overlong_buffer_cfg.": "reward_model.overlong_buffer.",
     "reward.reward_kwargs.": "reward_model.reward_kwargs.",
     "reward.custom_reward_function.": "custom_reward_function.",
+    # verl 0.8's reward model, served by an inference engine: its path and engine settings
+    "reward.reward_model.model_path": "reward_model.model.path",
     "reward.reward_model.": "reward_model.",
+    # the weight sync's settings, under checkpoint_engine since verl 0.8
+    "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes": (
+        "actor_rollout_ref.rollout.update_weights_bucket_megabytes"
+    ),
+    # verl 0.8 moved these under the backend's config
+    "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size": (
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
+    ),
+    "actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size": (
+        "actor_rollout_ref.ref.ulysses_sequence_parallel_size"
+    ),
+    "actor_rollout_ref.actor.fsdp_config.strategy": "actor_rollout_ref.actor.strategy",
+    "actor_rollout_ref.ref.fsdp_config.strategy": "actor_rollout_ref.ref.strategy",
+    "actor_rollout_ref.actor.megatron.use_remove_padding": (
+        "actor_rollout_ref.model.use_remove_padding"
+    ),
+    "actor_rollout_ref.ref.megatron.use_remove_padding": (
+        "actor_rollout_ref.model.use_remove_padding"
+    ),
+    # the critic's engine config of verl 0.8 (critic.fsdp.*, as the actor's fsdp_config)
+    "critic.fsdp.": "critic.model.fsdp_config.",
+    # the nested LoRA block of verl 0.8 (model.lora.*), the flat keys' newer names
+    "actor_rollout_ref.model.lora.rank": "actor_rollout_ref.model.lora_rank",
+    "actor_rollout_ref.model.lora.alpha": "actor_rollout_ref.model.lora_alpha",
+    "actor_rollout_ref.model.lora.target_modules": "actor_rollout_ref.model.target_modules",
+    "actor_rollout_ref.model.lora.exclude_modules": "actor_rollout_ref.model.exclude_modules",
+    "actor_rollout_ref.model.lora.adapter_path": "actor_rollout_ref.model.lora_adapter_path",
+    "critic.model.lora.rank": "critic.model.lora_rank",
+    "critic.model.lora.alpha": "critic.model.lora_alpha",
+    "critic.model.lora.target_modules": "critic.model.target_modules",
+    "critic.model.lora.exclude_modules": "critic.model.exclude_modules",
+    "critic.model.lora.adapter_path": "critic.model.lora_adapter_path",
     # newer verl's name of the gradient clip, under optim
     "actor_rollout_ref.actor.optim.clip_grad": "actor_rollout_ref.actor.grad_clip",
     "actor_rollout_ref.ref.optim.clip_grad": "actor_rollout_ref.ref.grad_clip",
@@ -115,6 +156,10 @@ _REFERENCE = "plugrl's reference model takes the actor's settings"
 _LOG_PROB = "plugrl's log-prob passes form micro-batches as training does"
 
 SHARED = {
+    "data.trust_remote_code": (
+        "actor_rollout_ref.model.trust_remote_code",
+        "plugrl loads the tokenizer with the model's trust_remote_code",
+    ),
     "actor_rollout_ref.actor.fsdp_config.optimizer_offload": (
         "actor_rollout_ref.actor.fsdp_config.param_offload",
         "plugrl offloads parameters, gradients and optimizer state together",
@@ -147,6 +192,16 @@ SHARED = {
 key of another: (that verl key, why). The value is carried over when it agrees with that key's,
 and reported when it does not."""
 
+_REWARD_MODEL_ENGINE = (
+    "a setting of the inference engine verl serves its reward model with; plugrl's "
+    "reward_model manager scores with a forward pass of the classification model itself"
+)
+_REWARD_MODEL_LENGTH = (
+    "a generation length of the engine verl serves its reward model with; plugrl's reward "
+    "model reads up to reward.max_length tokens (unset: the model's max_position_embeddings, "
+    "the length verl's server holds too)"
+)
+
 DROPPED = {
     "actor_rollout_ref.model.use_fused_kernels": (
         "plugrl has no switch: log-probs come from the model's own logits"
@@ -158,6 +213,12 @@ DROPPED = {
     ),
     "actor_rollout_ref.rollout.calculate_log_probs": (
         "plugrl's engines return the log-prob of every sampled token with each completion"
+    ),
+    "actor_rollout_ref.model.fused_kernel_options.impl_backend": (
+        "plugrl has no fused-kernel switch: log-probs come from the model's own logits"
+    ),
+    "data.filter_overlong_prompts_workers": (
+        "processes verl filters over-long prompts with; plugrl filters them in its own process"
     ),
     "data.return_raw_chat": (
         "plugrl's dataset applies the chat template for every engine (data.apply_chat_template)"
@@ -183,6 +244,54 @@ DROPPED = {
     "actor_rollout_ref.rollout.layered_summon": (
         "plugrl gathers the trainer's weights one tensor at a time, merging LoRA adapters as "
         "it goes"
+    ),
+    "ray_kwargs.ray_init.runtime_env.py_executable": (
+        "the interpreter Ray starts verl's workers with (a `uv run ...` prefix runs them in "
+        "uv's project environment); plugrl's Ray workers run the interpreter plugrl run runs "
+        "with, so start it the same way: `uv run ... plugrl run RECIPE`, or from the "
+        "environment plugrl is installed in"
+    ),
+    "trainer.balance_batch": (
+        "verl reorders a batch so its data-parallel ranks get similar token counts (speed); "
+        "plugrl splits the batch in its own order: the same samples train, grouped into "
+        "micro-batches by plugrl's own token budget"
+    ),
+    "transfer_queue.enable": (
+        "verl's data plane between its workers (TransferQueue); plugrl passes batches between "
+        "its worker groups itself"
+    ),
+    "actor_rollout_ref.model.lora.merge": (
+        "plugrl merges the LoRA adapters into the weights it sends to the engines, whatever "
+        "the value: verl's merge=False serves them as adapters in the engine instead, the same "
+        "policy sent another way"
+    ),
+    "actor_rollout_ref.model.lora.fully_sharded_loras": (
+        "a setting of vLLM's serving of adapters; plugrl's engines get merged weights"
+    ),
+    "actor_rollout_ref.rollout.checkpoint_engine.backend": (
+        "how verl moves weights to its engines; plugrl's weight transport follows from the "
+        "engine and the cluster (rollout.update_weights_bucket_megabytes sizes its buckets)"
+    ),
+    "reward.num_workers": (
+        "verl's reward-loop workers, how many processes score in parallel; plugrl scores rule "
+        "rewards in the driver (reward.manager parallel: in a process pool) and a reward "
+        "model on reward.num_workers actors (reward.placement ray)"
+    ),
+    "reward_model.rollout.name": _REWARD_MODEL_ENGINE,
+    "reward_model.rollout.gpu_memory_utilization": _REWARD_MODEL_ENGINE,
+    "reward_model.rollout.free_cache_engine": _REWARD_MODEL_ENGINE,
+    "reward_model.rollout.skip_tokenizer_init": _REWARD_MODEL_ENGINE,
+    "reward_model.rollout.enforce_eager": _REWARD_MODEL_ENGINE,
+    "reward_model.rollout.max_num_seqs": _REWARD_MODEL_ENGINE,
+    "reward_model.rollout.max_num_batched_tokens": _REWARD_MODEL_ENGINE,
+    "reward_model.rollout.enable_chunked_prefill": _REWARD_MODEL_ENGINE,
+    "reward_model.rollout.enable_prefix_caching": _REWARD_MODEL_ENGINE,
+    "reward_model.rollout.dtype": _REWARD_MODEL_ENGINE,
+    "reward_model.rollout.prompt_length": _REWARD_MODEL_LENGTH,
+    "reward_model.rollout.response_length": _REWARD_MODEL_LENGTH,
+    "reward_model.enable_resource_pool": (
+        "whether verl gives its reward model devices of its own; plugrl's runs in the driver "
+        "(reward.placement local) or on reward.num_workers Ray actors (reward.placement ray)"
     ),
 }
 """verl keys plugrl covers in its own way, with what it does instead."""
@@ -212,12 +321,43 @@ NEUTRAL = {
         "plugrl does not normalise the importance weights over the batch",
     ),
     "trainer.critic_warmup": (0, "plugrl has no critic warm-up"),
+    "actor_rollout_ref.rollout.ignore_eos": (
+        False,
+        "plugrl's engines always end a response at the end-of-sequence token",
+    ),
     "trainer.balance_batch": (
         False,
         "plugrl does not reorder a batch to balance tokens across ranks",
     ),
-    "reward_model.nnodes": (
+    "reward_model.rollout.tensor_model_parallel_size": (
         1,
+        "plugrl's reward model is not sharded: each of its workers holds it whole",
+    ),
+    "actor_rollout_ref.model.lora.dropout": (
+        0.0,
+        "plugrl's LoRA adapters have no dropout",
+    ),
+    "actor_rollout_ref.model.lora.type": ("lora", "plugrl trains LoRA adapters only"),
+    "reward.reward_manager.source": (
+        "register",
+        "plugrl's reward managers are the plugins installed (reward.manager names one)",
+    ),
+    "reward.sandbox_fusion.url": (
+        (None, ""),
+        "plugrl has no sandbox-fusion client; a remote scorer is reward.manager remote",
+    ),
+    "trainer.v1.separate_async.hybrid_rollout.enable_switch": (
+        False,
+        "plugrl does not lend the trainer's devices to generation while it waits",
+    ),
+    "trainer.v1.sampler.sync_refill_failed_groups": (
+        False,
+        "plugrl does not replace a prompt whose responses all failed",
+    ),
+    "trainer.v1.sampler.custom_sampler.path": ((None, ""), "plugrl has no custom samplers"),
+    "trainer.v1.sampler.custom_sampler.name": ((None, ""), "plugrl has no custom samplers"),
+    "reward_model.nnodes": (
+        (0, 1),
         "plugrl's reward model runs on reward.num_workers Ray actors wherever Ray places "
         "them; set that to nnodes x n_gpus_per_node",
     ),
@@ -225,6 +365,29 @@ NEUTRAL = {
 """verl features plugrl lacks: (the value, or a tuple of the values, that turns them off, what
 plugrl does). At that value the override is dropped as having no effect; at another it is
 unknown to plugrl."""
+
+VISION = "vision-language data is not supported yet"
+DISTILLATION = (
+    "on-policy distillation (a teacher scoring the student's tokens) is not supported yet"
+)
+
+UNSUPPORTED = [
+    # (verl prefix or key, the one line the report gives the group)
+    ("data.image_key", VISION),
+    ("data.video_key", VISION),
+    ("data.image_patch_size", VISION),
+    ("data.limit_images", VISION),
+    ("data.mm_", VISION),
+    ("actor_rollout_ref.rollout.limit_images", VISION),
+    ("actor_rollout_ref.rollout.mm_", VISION),
+    ("actor_rollout_ref.rollout.engine_kwargs.vllm.mm_", VISION),
+    ("actor_rollout_ref.rollout.engine_kwargs.vllm.limit_mm_per_prompt", VISION),
+    ("actor_rollout_ref.actor.freeze_vision_tower", VISION),
+    ("actor_rollout_ref.model.lora.freeze_vision_", VISION),
+    ("actor_rollout_ref.model.freeze_vision_", VISION),
+    ("distillation.", DISTILLATION),
+]
+"""verl settings of features plugrl knows it lacks: reported as one group each."""
 
 _CRITIC_MODEL = "plugrl builds every model, the critic too, with the settings of model"
 
@@ -293,6 +456,13 @@ PART_PREFIXES = {
 }
 """Where an unknown key may belong to the chosen part's own config."""
 
+BACKENDS = {"dp": "fsdp2", "megatron": "megatron"}
+"""verl's ``model_engine`` (its training engine since 0.8) -> plugrl's actor.backend."""
+
+FSDP_LIKE_ENGINES = {"veomni": "VeOmni", "torchtitan": "TorchTitan"}
+"""verl training engines plugrl has no backend for, which shard the model with PyTorch's FSDP2
+as plugrl's default backend does: the recipe keeps fsdp2, and says so."""
+
 VERL_DEFAULTS = {
     "algorithm.adv_estimator": "gae",
     "actor_rollout_ref.model.enable_gradient_checkpointing": True,
@@ -303,6 +473,18 @@ VERL_DEFAULTS = {
 }
 """Defaults of verl's ppo_trainer.yaml that differ from plugrl's. A script that leaves one
 unset ran with verl's value; the report says so, and the recipe keeps plugrl's."""
+
+LORA_KEYS = {
+    "actor_rollout_ref.model.lora_rank",
+    "actor_rollout_ref.model.lora_alpha",
+    "actor_rollout_ref.model.target_modules",
+    "actor_rollout_ref.model.exclude_modules",
+    "actor_rollout_ref.model.lora_adapter_path",
+}
+"""verl's LoRA settings of the actor (flat names; the nested model.lora.* are aliases)."""
+
+ENGINE_SELECTORS = ("model_engine", "actor_rollout_ref.actor.model_engine")
+"""verl 0.8's keys that choose the training engine (``model_engine=megatron``)."""
 
 REWARD_MODEL_ENABLE = "reward_model.enable"
 REWARD_MODEL_MANAGER = "reward_model"
@@ -445,6 +627,11 @@ class _Converter:
         self.comments: list[str] = []
         self.reward_model = False
         """Whether the script enables verl's reward model."""
+        self.foreign_engine: str | None = None
+        """verl's training engine when plugrl has no backend of that name (veomni)."""
+        self._engine_reports: dict[str, _Skip | None] = {}
+        self.given: dict[str, Any] = {}
+        """The script's overrides, by the verl key they mean (aliases resolved)."""
 
     # ------------------------------------------------------------ the command
 
@@ -467,6 +654,7 @@ class _Converter:
             values[("scheduler", "name")] = (scheduler, module)
             if not one_step_off:
                 self.notes.append(f"{module} runs as plugrl's {scheduler} scheduler")
+        self.given = {_alias(override.key): override.value for _, override in parsed}
         self._choose_parts(parsed, values)
         parsed = self._global_micro_batches(parsed)
         if self.chosen["schedulers"] == "fully_async":
@@ -747,6 +935,7 @@ class _Converter:
             self.notes.append(
                 f"--config-name {self.config_name} trains with actor.backend megatron"
             )
+        self._choose_engine(parsed, values)
         for _word, override in parsed:
             target = self._declared(_alias(override.key))
             value = override.value
@@ -759,6 +948,37 @@ class _Converter:
                 self.chosen[selectors[target.name.key]] = renamed.get(value, value)
         self._choose_reward_model(parsed, values)
 
+    def _choose_engine(
+        self,
+        parsed: list[tuple[Word, Override]],
+        values: dict[tuple[str, ...], tuple[Any, str]],
+    ) -> None:
+        """verl 0.8's ``model_engine=megatron`` (and the actor's own ``model_engine``) choose
+        the training backend, as ``--config-name ppo_megatron_trainer`` did before."""
+        for _word, override in parsed:
+            if override.key not in ENGINE_SELECTORS:
+                continue
+            engine = override.value
+            backend = BACKENDS.get(engine) if isinstance(engine, str) else None
+            if backend is not None:
+                self.chosen["training_backends"] = backend
+                values[("actor", "backend")] = (backend, override.key)
+                self._engine_reports[override.key] = None
+            elif engine in FSDP_LIKE_ENGINES:
+                self.chosen["training_backends"] = "fsdp2"
+                self.foreign_engine = str(engine)
+                self._engine_reports[override.key] = _Skip(
+                    "plugin",
+                    f"plugrl has no {FSDP_LIKE_ENGINES[engine]} backend; the recipe trains with "
+                    "actor.backend fsdp2, which shards the model with PyTorch's FSDP2 as "
+                    f"{FSDP_LIKE_ENGINES[engine]} does (its own keys, "
+                    f"actor_rollout_ref.actor.{engine}.*, are left out)",
+                )
+            else:
+                self._engine_reports[override.key] = _Skip(
+                    "unknown", f"verl's training engine {engine!r} has no plugrl backend"
+                )
+
     def _choose_reward_model(
         self,
         parsed: list[tuple[Word, Override]],
@@ -766,7 +986,7 @@ class _Converter:
     ) -> None:
         """``reward_model.enable=True`` chooses the reward_model manager, whatever
         ``reward_model.reward_manager`` says: verl's managers return the model's scores."""
-        given = {override.key: override.value for _, override in parsed}
+        given = {_alias(override.key): override.value for _, override in parsed}
         if not _is_true(given.get(REWARD_MODEL_ENABLE)):
             return
         self.reward_model = True
@@ -806,7 +1026,24 @@ class _Converter:
         values: dict[tuple[str, ...], tuple[Any, str]],
         shared: list[tuple[Word, Override, _Target]],
     ) -> None:
-        if override.key == REWARD_MODEL_ENABLE:
+        if override.key in ENGINE_SELECTORS:
+            report = self._engine_reports.get(override.key)
+            if report is not None:
+                self._skip(word, report.category, report.reason)
+            return
+        if self.foreign_engine and (
+            override.key.startswith(f"actor_rollout_ref.actor.{self.foreign_engine}.")
+            or override.key.startswith(f"actor_rollout_ref.ref.{self.foreign_engine}.")
+            or override.key.startswith(f"critic.{self.foreign_engine}.")
+        ):
+            self._skip(
+                word,
+                "plugin",
+                f"a key of verl's {FSDP_LIKE_ENGINES[self.foreign_engine]} engine, which plugrl "
+                "does not have (see model_engine)",
+            )
+            return
+        if _alias(override.key) == REWARD_MODEL_ENABLE:
             if not self.reward_model:  # enabled: reward.manager says so already
                 self._skip(
                     word,
@@ -920,6 +1157,14 @@ class _Converter:
             return _Skip("unknown", what)
         if key.startswith("hydra."):
             return _Skip("dropped", "a setting of Hydra itself, which plugrl does not use")
+        contextual = self._contextual(key, value)
+        if contextual is not None:
+            return contextual
+        unsupported = _match(dict(UNSUPPORTED), key)
+        if unsupported:
+            return _Skip("unsupported", unsupported[0])
+        if key.startswith("reward_model.rollout."):
+            return _Skip("dropped", _REWARD_MODEL_ENGINE)
         if self.reward_model and (
             key == "reward_model.reward_manager" or key.startswith("custom_reward_function.")
         ):
@@ -964,6 +1209,71 @@ class _Converter:
             "no plugrl key has this meaning"
             + (f" (plugrl explain {section} lists that section's keys)" if section else ""),
         )
+
+    def _contextual(self, key: str, value: Any) -> _Skip | None:
+        """Keys whose effect depends on the script's other settings."""
+        given = self.given
+        if key == "actor_rollout_ref.model.use_remove_padding" and (
+            self.chosen.get("training_backends") == "megatron"
+        ):
+            return _Skip(
+                "dropped",
+                "plugrl's megatron backend always runs the packed layout, where no token "
+                "attends to padding: the same log-probs either way",
+            )
+        if key in LORA_KEYS and _positive(given.get("actor_rollout_ref.model.lora_rank")):
+            backend = self.chosen.get("training_backends")
+            actor_class = self._section_classes().get("actor")
+            if not getattr(actor_class, "supports_lora", True):
+                return _Skip(
+                    "unknown",
+                    f"the {backend} backend trains no LoRA adapters, so the recipe trains every "
+                    "weight (actor.backend fsdp2 trains adapters)",
+                )
+        lengths = {
+            "actor_rollout_ref.rollout.prompt_length": "data.max_prompt_length",
+            "actor_rollout_ref.rollout.response_length": "data.max_response_length",
+        }
+        if key in lengths:
+            data_key = lengths[key]
+            if data_key in given and given[data_key] == value:
+                return _Skip(
+                    "dropped",
+                    f"the engines' length, as {data_key} sets it (verl's default is that value "
+                    "too); plugrl's engines take data's lengths",
+                )
+            return _Skip(
+                "unknown",
+                f"plugrl's engines take {data_key}"
+                + (f" ({describe_value(given[data_key])} here)" if data_key in given else "")
+                + "; a different engine length has no counterpart",
+            )
+        if key == "trainer.resume_from_path" and given.get("trainer.resume_mode") != "resume_path":
+            return _Skip(
+                "dropped", "verl reads it only with trainer.resume_mode=resume_path, not set here"
+            )
+        if key == "custom_reward_function.name" and value is None:
+            path = given.get("custom_reward_function.path")
+            if path in (None, ""):
+                return _Skip("dropped", "no custom reward function: path and name are null")
+        if (
+            key == "actor_rollout_ref.actor.checkpoint.save_contents"
+            and isinstance(value, list)
+            and {"model", "optimizer", "extra"} <= set(value)
+        ):
+            return _Skip(
+                "dropped",
+                "plugrl's checkpoints always hold the model, the optimizer and the rest of the "
+                "run's state",
+            )
+        if key.startswith("ray_kwargs.ray_init.runtime_env.env_vars."):
+            name = key.rsplit(".", 1)[1]
+            return _Skip(
+                "dropped",
+                f"{name} is an environment variable of verl's Ray workers; export what "
+                "plugrl's run needs before plugrl run",
+            )
+        return None
 
     def _critic(self, key: str, value: Any) -> _Target | _Skip:
         """A key of verl's critic that no option declares: the actor's key of the same name
@@ -1064,6 +1374,11 @@ _INVALID = object()
 
 SHORT_FORMS = ("device", "scheduler", "cluster")
 """Sections written as their short form (``device: npu``) when they hold only that choice."""
+
+
+def _positive(value: Any) -> bool:
+    """Whether an override's value is a number above 0."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
 
 
 def _is_true(value: Any) -> bool:
