@@ -169,6 +169,17 @@ class _Opaque:
 
 
 @attrs.frozen
+class _PathPart:
+    """``$(basename WORD)`` or ``$(dirname WORD)``: computed here as the command would (it
+    reads only its argument), not run."""
+
+    command: str
+    word: _RawWord
+    quoted: bool
+    source: str
+
+
+@attrs.frozen
 class _RawWord:
     parts: tuple[object, ...]
     source: str
@@ -443,6 +454,13 @@ class _Lexer:
             source = self.text[start : self.i]
             if re.fullmatch(r"\$\(\s*pwd\s*\)", source):
                 return _Param("PWD", "", (), quoted, source)  # what bash keeps in $PWD
+            path_command = re.fullmatch(
+                r"\$\(\s*(basename|dirname)\s+(.*?)\s*\)", source, re.DOTALL
+            )
+            if path_command and path_command.group(1) in ("basename", "dirname"):
+                inner = _Lexer(path_command.group(2), self.line).commands()
+                if len(inner) == 1 and len(inner[0][0]) == 1:
+                    return _PathPart(path_command.group(1), inner[0][0][0], quoted, source)
             self.line += source.count("\n")
             return _Opaque(source, f"{_shorten(source)} runs a command, and nothing is run here")
         if following == "{":
@@ -468,6 +486,8 @@ class _Lexer:
             return _ArrayRef(name, element.group(1), quoted, source)
         if name in ("@", "*") and re.fullmatch(r":[0-9]+(:[0-9]+)?", rest):
             return _Param(name, "", (), quoted, source)  # some of the script's arguments
+        if rest in (",,", "^^", ",", "^") and re.fullmatch(_NAME, name):
+            return _Param(name, rest, (), quoted, source)  # case modification
         op = re.match(r":-|:=|:\+|:\?|-|=|\+|\?", rest)
         if not op:
             return _Opaque(
@@ -496,6 +516,22 @@ _BINARY = {
     ast.BitOr: operator.or_,
     ast.BitXor: operator.xor,
 }
+
+_INTEGER_TESTS = {
+    "-eq": operator.eq,
+    "-ne": operator.ne,
+    "-gt": operator.gt,
+    "-ge": operator.ge,
+    "-lt": operator.lt,
+    "-le": operator.le,
+}
+
+
+def _integer_text(text: str) -> int | None:
+    """``text`` as the integer ``[ A -gt B ]`` compares (``None``: not one)."""
+    stripped = text.strip()
+    return int(stripped) if re.fullmatch(r"[+-]?[0-9]+", stripped) else None
+
 
 _UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Invert: operator.invert}
 
@@ -761,6 +797,11 @@ class _Evaluator:
             if head == "[[" and any(c in args[2] for c in "*?["):
                 return None  # a pattern match
             result = (args[0] == args[2]) != (args[1] == "!=")
+        elif len(args) == 3 and args[1] in _INTEGER_TESTS:
+            numbers = [_integer_text(args[0]), _integer_text(args[2])]
+            if None in numbers:
+                return None  # bash stops with an error here; nothing is decided
+            result = _INTEGER_TESTS[args[1]](numbers[0], numbers[1])
         elif len(args) == 2 and args[0] in ("-z", "-n"):
             result = (args[1] == "") == (args[0] == "-z")
         elif len(args) == 1:
@@ -930,6 +971,12 @@ class _Evaluator:
                 why = tuple(reason for word in found for reason in word.unresolved)
                 text = " ".join(word.text for word in found)
                 chunks.append((part.source if why else text, not part.quoted and not why, why))
+            elif isinstance(part, _PathPart):
+                value = self._value(part.word.parts)
+                if isinstance(value, Unresolved):
+                    chunks.append((part.source, False, (value.reason,)))
+                else:
+                    chunks.append((_path_command(part.command, value), not part.quoted, ()))
             elif isinstance(part, (_Param, _Arith)):
                 value = self._param(part) if isinstance(part, _Param) else self._arith(part)
                 if isinstance(value, Unresolved):
@@ -1011,6 +1058,11 @@ class _Evaluator:
             return value
         if op == "":
             return Unresolved(f"${name} is not set in the script") if value is None else value
+        if op in (",,", "^^", ",", "^"):
+            if value is None:
+                return Unresolved(f"${name} is not set in the script")
+            change = str.lower if op.startswith(",") else str.upper
+            return change(value) if len(op) == 2 else change(value[:1]) + value[1:]
         unset_or_empty = value is None or (op.startswith(":") and value == "")
         if op in (":+", "+"):
             return "" if unset_or_empty else self._value(param.arg)
@@ -1106,6 +1158,17 @@ def _whole_array(word: _RawWord) -> _ArrayRef | None:
     ):
         return refs[0]
     return None
+
+
+def _path_command(command: str, path: str) -> str:
+    """What ``basename PATH`` or ``dirname PATH`` prints (without its newline)."""
+    trimmed = path.rstrip("/") or ("/" if path.startswith("/") else "")
+    if command == "basename":
+        return trimmed.rsplit("/", 1)[-1] if trimmed != "/" else "/"
+    if "/" not in trimmed:
+        return "."
+    head = trimmed.rsplit("/", 1)[0].rstrip("/")
+    return head or "/"
 
 
 def _glob_escape(text: str) -> str:

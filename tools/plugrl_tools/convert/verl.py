@@ -156,6 +156,14 @@ _REFERENCE = "plugrl's reference model takes the actor's settings"
 _LOG_PROB = "plugrl's log-prob passes form micro-batches as training does"
 
 SHARED = {
+    "actor_rollout_ref.actor.megatron.dtype": (
+        "actor_rollout_ref.actor.fsdp_config.model_dtype",
+        "plugrl's model.dtype is the parameters' dtype on every backend",
+    ),
+    "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype": (
+        "actor_rollout_ref.actor.fsdp_config.model_dtype",
+        "plugrl's fsdp2 backend computes in model.dtype",
+    ),
     "data.trust_remote_code": (
         "actor_rollout_ref.model.trust_remote_code",
         "plugrl loads the tokenizer with the model's trust_remote_code",
@@ -216,6 +224,10 @@ DROPPED = {
     ),
     "actor_rollout_ref.model.fused_kernel_options.impl_backend": (
         "plugrl has no fused-kernel switch: log-probs come from the model's own logits"
+    ),
+    "actor_rollout_ref.rollout.skip_tokenizer_init": (
+        "whether verl's engine loads a tokenizer of its own; plugrl's engines take the prompt's "
+        "token ids and return token ids, which plugrl decodes"
     ),
     "data.filter_overlong_prompts_workers": (
         "processes verl filters over-long prompts with; plugrl filters them in its own process"
@@ -392,6 +404,13 @@ UNSUPPORTED = [
 _CRITIC_MODEL = "plugrl builds every model, the critic too, with the settings of model"
 
 CRITIC_SHARES = {
+    "megatron.tensor_model_parallel_size": "plugrl's critic is laid out as the actor",
+    "megatron.pipeline_model_parallel_size": "plugrl's critic is laid out as the actor",
+    "megatron.context_parallel_size": "plugrl's critic is laid out as the actor",
+    "megatron.expert_model_parallel_size": "plugrl's critic is laid out as the actor",
+    "megatron.param_offload": "plugrl's critic offloads as the actor does",
+    "megatron.optimizer_offload": "plugrl's critic offloads as the actor does",
+    "megatron.grad_offload": "plugrl's critic offloads as the actor does",
     "use_dynamic_bsz": "plugrl's critic forms micro-batches as the actor does",
     "ppo_max_token_len_per_gpu": "plugrl's critic forms micro-batches as the actor does",
     "ulysses_sequence_parallel_size": (
@@ -459,9 +478,17 @@ PART_PREFIXES = {
 BACKENDS = {"dp": "fsdp2", "megatron": "megatron"}
 """verl's ``model_engine`` (its training engine since 0.8) -> plugrl's actor.backend."""
 
-FSDP_LIKE_ENGINES = {"veomni": "VeOmni", "torchtitan": "TorchTitan"}
+FSDP_LIKE_ENGINES = {"veomni": "VeOmni", "torchtitan": "TorchTitan", "fsdp_turbo": "FSDP Turbo"}
 """verl training engines plugrl has no backend for, which shard the model with PyTorch's FSDP2
-as plugrl's default backend does: the recipe keeps fsdp2, and says so."""
+as plugrl's default backend does: the recipe keeps fsdp2, and says so. ``fsdp_turbo`` is a
+``strategy`` of verl's FSDP engine (its settings under ``fsdp_config.turbo_config``), the others
+are ``model_engine`` values."""
+
+STRATEGY_KEYS = (
+    "actor_rollout_ref.actor.strategy",
+    "actor_rollout_ref.ref.strategy",
+    "critic.strategy",
+)
 
 VERL_DEFAULTS = {
     "algorithm.adv_estimator": "gae",
@@ -483,6 +510,34 @@ LORA_KEYS = {
 }
 """verl's LoRA settings of the actor (flat names; the nested model.lora.* are aliases)."""
 
+V1_MODES = ("sync", "colocate_async", "separate_async")
+"""verl's ``trainer.v1.trainer_mode`` values."""
+
+V1_DEFAULTS = {
+    "trainer.v1.separate_async.parameter_sync_step": 4,
+    "trainer.v1.separate_async.num_warmup_batches": 1,
+    "trainer.v1.sampler.max_off_policy_threshold": 8,
+    "trainer.v1.sampler.max_off_policy_strategy": "drop",
+}
+"""verl's defaults (ppo_trainer.yaml) of the V1 keys that decide the fully_async settings."""
+
+V1_CONSUMED = set(V1_DEFAULTS)
+"""V1 keys :meth:`_Converter._separate_async` maps (or reports) under separate_async."""
+
+V1_STEP_KEYS = {
+    "trainer.total_training_steps": "trainer.total_training_steps",
+    "trainer.test_freq": "trainer.test_freq",
+    "trainer.save_freq": "trainer.save_freq",
+}
+"""Keys counted in verl's steps: one step of separate_async is parameter_sync_step of
+plugrl's fully_async steps."""
+
+V1_ROLLOUT_DEVICES = {
+    "actor_rollout_ref.rollout.nnodes": "rollout.nnodes",
+    "actor_rollout_ref.rollout.n_gpus_per_node": "rollout.n_gpus_per_node",
+}
+"""The standalone engines' devices of verl's separate_async, as its fully-async recipe's keys."""
+
 ENGINE_SELECTORS = ("model_engine", "actor_rollout_ref.actor.model_engine")
 """verl 0.8's keys that choose the training engine (``model_engine=megatron``)."""
 
@@ -495,10 +550,21 @@ REWARD_MODEL_REPLACES = (
     "manager returns the model's scores and never calls the rule or custom function"
 )
 
-VALUE_RENAMES = {"actor.backend": {"fsdp": "fsdp2"}, "rollout.engine": {"sglang_async": "sglang"}}
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+VALUE_RENAMES = {
+    "actor.backend": {"fsdp": "fsdp2"},
+    "rollout.engine": {"sglang_async": "sglang"},
+    "model.dtype": _DTYPES,
+    "actor.reduce_dtype": _DTYPES,
+}
 """plugrl key -> {verl value: plugrl value} where verl's value names a part plugrl calls
 otherwise (verl's FSDP1 strategy runs as fsdp2; older verl's asynchronous SGLang rollout is
-plugrl's sglang engine, which takes requests as they come)."""
+plugrl's sglang engine, which takes requests as they come; verl's short dtype names)."""
+
+LOGGER_RENAMES = {"file": "jsonl"}
+"""verl logger -> plugrl logger of the same output (verl's file logger writes each step's
+metrics as a JSON line, as plugrl's jsonl does, to metrics.jsonl in the run folder)."""
 
 
 # ---------------------------------------------------------------------------- results
@@ -655,6 +721,7 @@ class _Converter:
             if not one_step_off:
                 self.notes.append(f"{module} runs as plugrl's {scheduler} scheduler")
         self.given = {_alias(override.key): override.value for _, override in parsed}
+        parsed = self._v1_trainer(parsed, values)
         self._choose_parts(parsed, values)
         parsed = self._global_micro_batches(parsed)
         if self.chosen["schedulers"] == "fully_async":
@@ -841,6 +908,253 @@ class _Converter:
             out.append((word, override))
         return out
 
+    def _v1_trainer(
+        self,
+        parsed: list[tuple[Word, Override]],
+        values: dict[tuple[str, ...], tuple[Any, str]],
+    ) -> list[tuple[Word, Override]]:
+        """verl's V1 trainer (``trainer.use_v1``, its default since 0.8) as plugrl's schedulers:
+        ``sync`` is the sync scheduler; ``separate_async`` (engines on devices of their own,
+        a weight sync every ``parameter_sync_step`` mini-batches) is the fully_async scheduler
+        with the same sync period, run ahead and staleness bound; ``colocate_async`` has no
+        counterpart and runs as sync, reported. The V1 keys are consumed here."""
+        given = {override.key: (word, override) for word, override in parsed}
+        mode_override = given.get("trainer.v1.trainer_mode")
+        mode = mode_override[1].value if mode_override else "sync"
+        out: list[tuple[Word, Override]] = []
+        separate = mode == "separate_async"
+        sync_step = 1
+        if separate:
+            sync_step = self._separate_async(given, values)
+        for word, override in parsed:
+            key, value = override.key, override.value
+            if key == "trainer.use_v1":
+                self._skip(
+                    word,
+                    "dropped",
+                    "verl's choice between its two implementations of the trainer loop (V1 on "
+                    "TransferQueue, its default, or the legacy one); plugrl has one per "
+                    "scheduler, which trainer.v1.trainer_mode decides",
+                )
+            elif key == "trainer.v1.trainer_mode":
+                self._v1_mode(word, value)
+            elif key.startswith("trainer.v1."):
+                self._v1_key(word, key, value, mode)
+            elif separate and key in V1_STEP_KEYS and _positive(value) and sync_step > 1:
+                scaled = value * sync_step
+                self.notes.append(
+                    f"line {word.line}: {key}={value} counts verl's steps of "
+                    f"parameter_sync_step {sync_step} mini-batches each; plugrl's fully_async "
+                    f"steps are one mini-batch each: {V1_STEP_KEYS[key]} {scaled}"
+                )
+                out.append((word, attrs.evolve(override, value=scaled)))
+            elif separate and key == "data.train_batch_size":
+                self._v1_batch(word, value, given, sync_step)
+            elif separate and key in V1_ROLLOUT_DEVICES:
+                out.append((word, attrs.evolve(override, key=V1_ROLLOUT_DEVICES[key])))
+            elif separate and key == "algorithm.rollout_correction.bypass_mode" and _is_true(value):
+                out.append(
+                    (word, attrs.evolve(override, key="async_training.use_rollout_log_probs"))
+                )
+            else:
+                out.append((word, override))
+        return out
+
+    def _v1_mode(self, word: Word, mode: Any) -> None:
+        if mode == "sync":
+            self._skip(word, "dropped", "verl's synchronous trainer is plugrl's sync scheduler")
+        elif mode == "separate_async":
+            self._skip(
+                word,
+                "dropped",
+                "runs as plugrl's fully_async scheduler (engines on devices of their own); "
+                "the notes say how its keys map",
+            )
+        elif mode == "colocate_async":
+            self._skip(
+                word,
+                "unknown",
+                "plugrl has no asynchronous mode on shared devices: verl's colocate_async "
+                "trains once a batch's worth of prompts has finished, aborts the rest and "
+                "continues them after the weight sync (partial rollout, samples up to "
+                "max_off_policy_threshold steps old); the recipe runs the sync scheduler, which "
+                "waits for every response of a step and trains on-policy. plugrl's "
+                "asynchronous scheduler, fully_async, needs engines on devices of their own "
+                "(rollout.colocate false, rollout.n_gpus_per_node)",
+            )
+        else:
+            self._skip(word, "invalid", f"verl's trainer modes are {', '.join(V1_MODES)}")
+
+    def _v1_key(self, word: Word, key: str, value: Any, mode: str) -> None:
+        """A key under ``trainer.v1.`` other than the mode."""
+        section = key.split(".")[2]
+        if section in V1_MODES and section != mode:
+            self._skip(
+                word,
+                "dropped",
+                f"a setting of verl's {section} trainer; the script runs {mode}",
+            )
+            return
+        if key in V1_CONSUMED:
+            return  # mapped by _separate_async, which reports it
+        if key.startswith("trainer.v1.separate_async.hybrid_rollout.") and not key.endswith(
+            ".enable_switch"
+        ):
+            switch = self.given.get("trainer.v1.separate_async.hybrid_rollout.enable_switch")
+            if not _is_true(switch):
+                self._skip(word, "dropped", "tunes hybrid_rollout.enable_switch, which is off")
+                return
+        if mode == "sync" and key.startswith("trainer.v1.sampler.max_off_policy_"):
+            self._skip(
+                word,
+                "dropped",
+                "verl's sync trainer is on-policy and ignores it; so is plugrl's sync scheduler",
+            )
+            return
+        if mode == "colocate_async":
+            neutral = NEUTRAL.get(key)
+            if neutral is None or value not in (
+                neutral[0] if isinstance(neutral[0], tuple) else (neutral[0],)
+            ):
+                self._skip(
+                    word,
+                    "unknown",
+                    "a setting of verl's colocate_async trainer, which the recipe runs as sync "
+                    "(see trainer.v1.trainer_mode)",
+                )
+                return
+        resolved = self._resolve(key, value)
+        if isinstance(resolved, _Skip):
+            self._skip(word, resolved.category, resolved.reason)
+        else:  # no option declares a trainer.v1 key
+            self._skip(word, "unknown", "no plugrl key has this meaning")
+
+    def _v1_batch(
+        self, word: Word, value: Any, given: dict[str, tuple[Word, Override]], sync_step: int
+    ) -> None:
+        mini = given.get("actor_rollout_ref.actor.ppo_mini_batch_size")
+        mini_value = mini[1].value if mini else None
+        if isinstance(mini_value, int) and value == sync_step * mini_value:
+            self._skip(
+                word,
+                "dropped",
+                f"verl's separate_async step trains parameter_sync_step {sync_step} mini-batches "
+                f"of {mini_value} prompts, {value} in all; plugrl's fully_async trains one "
+                f"mini-batch per step (scheduler.require_batches 1) and syncs every "
+                f"trigger_parameter_sync_step {sync_step} steps: the same updates per sync",
+            )
+        else:
+            self._skip(
+                word,
+                "invalid",
+                f"verl's separate_async requires data.train_batch_size = parameter_sync_step "
+                f"{sync_step} x actor.ppo_mini_batch_size {mini_value}",
+            )
+
+    def _separate_async(
+        self,
+        given: dict[str, tuple[Word, Override]],
+        values: dict[tuple[str, ...], tuple[Any, str]],
+    ) -> int:
+        """Set the fully_async scheduler's keys from verl's separate_async ones (or verl's
+        defaults of them); returns the sync period in plugrl steps."""
+        origin = "trainer.v1.trainer_mode"
+        values[("scheduler", "name")] = ("fully_async", origin)
+        values[("rollout", "colocate")] = (False, origin)  # the standalone engines
+
+        def setting(key: str) -> tuple[Any, Word | None]:
+            found = given.get(key)
+            return (found[1].value, found[0]) if found else (V1_DEFAULTS[key], None)
+
+        sync_step, sync_word = setting("trainer.v1.separate_async.parameter_sync_step")
+        warmup, warmup_word = setting("trainer.v1.separate_async.num_warmup_batches")
+        threshold, threshold_word = setting("trainer.v1.sampler.max_off_policy_threshold")
+        strategy, strategy_word = setting("trainer.v1.sampler.max_off_policy_strategy")
+        lines: list[str] = []
+        if _positive(sync_step) and isinstance(sync_step, int):
+            values[("scheduler", "trigger_parameter_sync_step")] = (sync_step, origin)
+            lines.append(
+                f"parameter_sync_step {sync_step}: a weight sync every {sync_step} mini-batch "
+                f"updates is trigger_parameter_sync_step {sync_step} with require_batches 1"
+            )
+        else:
+            self._report_v1(sync_word, "invalid", "must be a whole number of 1 or more")
+            sync_step = 1
+        if isinstance(warmup, int) and warmup >= 1:
+            values[("scheduler", "staleness_threshold")] = (float(warmup - 1), origin)
+            lines.append(
+                f"num_warmup_batches {warmup}: verl keeps {warmup} batch(es) generating beyond "
+                f"the one a step trains, which is staleness_threshold {warmup - 1} "
+                f"(max_required_samples = {warmup} x the prompts of a sync period)"
+            )
+        else:
+            self._report_v1(
+                warmup_word,
+                "unknown",
+                "with no warm-up batch verl generates each step's batch after the step starts; "
+                "plugrl's rollouter always runs at least one sync period ahead "
+                "(staleness_threshold 0)",
+            )
+        if strategy == "drop" and isinstance(threshold, int) and threshold >= 2:
+            values[("scheduler", "max_version_lag")] = (threshold - 1, origin)
+            lines.append(
+                f"max_off_policy_threshold {threshold} with strategy drop: verl drops a finished "
+                f"sample whose prompt was sent more than {threshold} steps (weight versions) "
+                f"before the step that would train it, so no trained sample lags more than "
+                f"{threshold - 1} versions: scheduler.max_version_lag {threshold - 1}, the strict "
+                "bound (plugrl counts a sample's lag from its oldest token, not from when its "
+                "prompt was sent, and ends a response as soon as it can no longer train)"
+            )
+        elif strategy == "drop":
+            self._report_v1(
+                threshold_word,
+                "unknown",
+                "a bound of 1 keeps only samples sent in the step that trains them (lag 0); "
+                "plugrl's strict bound is at least 1 version (scheduler.max_version_lag)",
+            )
+        elif strategy == "wait":
+            bound = max(threshold - 1, 1) if isinstance(threshold, int) else "N"
+            self._report_v1(
+                strategy_word,
+                "unknown",
+                f"verl's wait never drops: it holds the trainer while a sample in flight has "
+                f"reached max_off_policy_threshold {threshold} steps and trains it once it "
+                "finishes, so samples train about that many versions after their prompt was "
+                "sent at most, and none is lost. plugrl has no such dropless bound: the recipe "
+                "keeps its default rule (scheduler.max_version_lag null), which drops nothing "
+                "either but does not hold the trainer, so a long response can train with a "
+                f"larger lag (fully_async/monitor/max_version_lag); scheduler.max_version_lag "
+                f"{bound} bounds it by dropping instead",
+            )
+        else:
+            self._report_v1(strategy_word, "invalid", "verl's strategies are drop and wait")
+        defaults = [
+            f"{key.rsplit('.', 1)[1]} {V1_DEFAULTS[key]}" for key in V1_DEFAULTS if key not in given
+        ]
+        message = (
+            "verl's separate_async trainer runs as plugrl's fully_async scheduler: "
+            + "; ".join(lines)
+            + (
+                f" (verl's defaults, not set by the script: {', '.join(defaults)})"
+                if defaults
+                else ""
+            )
+            + ". Old log-probs: verl computes them once per sync period with the weights of its "
+            "start (decoupled PPO) unless algorithm.rollout_correction.bypass_mode takes the "
+            "engines' (scheduler.use_rollout_log_probs here); plugrl recomputes them with the "
+            "current weights at every step."
+        )
+        self.notes.append(message)
+        self.comments.append(message)
+        return sync_step
+
+    def _report_v1(self, word: Word | None, category: str, reason: str) -> None:
+        """Report a V1 key the script sets; one left at verl's default becomes a note."""
+        if word is not None:
+            self._skip(word, category, reason)
+        else:
+            self.notes.append(f"verl's default of the V1 trainer, not set by the script: {reason}")
+
     def _one_step_off(self, module: str, values: dict[tuple[str, ...], tuple[Any, str]]) -> None:
         """verl's one-step-off-policy trainer as plugrl's fully_async scheduler: a step trains
         one whole batch, generated with the weights of the step before."""
@@ -956,6 +1270,10 @@ class _Converter:
         """verl 0.8's ``model_engine=megatron`` (and the actor's own ``model_engine``) choose
         the training backend, as ``--config-name ppo_megatron_trainer`` did before."""
         for _word, override in parsed:
+            key = _alias(override.key)
+            if key in STRATEGY_KEYS and override.value in FSDP_LIKE_ENGINES:
+                self._engine_reports[override.key] = self._foreign(str(override.value))
+                continue
             if override.key not in ENGINE_SELECTORS:
                 continue
             engine = override.value
@@ -965,19 +1283,23 @@ class _Converter:
                 values[("actor", "backend")] = (backend, override.key)
                 self._engine_reports[override.key] = None
             elif engine in FSDP_LIKE_ENGINES:
-                self.chosen["training_backends"] = "fsdp2"
-                self.foreign_engine = str(engine)
-                self._engine_reports[override.key] = _Skip(
-                    "plugin",
-                    f"plugrl has no {FSDP_LIKE_ENGINES[engine]} backend; the recipe trains with "
-                    "actor.backend fsdp2, which shards the model with PyTorch's FSDP2 as "
-                    f"{FSDP_LIKE_ENGINES[engine]} does (its own keys, "
-                    f"actor_rollout_ref.actor.{engine}.*, are left out)",
-                )
+                self._engine_reports[override.key] = self._foreign(str(engine))
             else:
                 self._engine_reports[override.key] = _Skip(
                     "unknown", f"verl's training engine {engine!r} has no plugrl backend"
                 )
+
+    def _foreign(self, engine: str) -> _Skip:
+        """Choose fsdp2 for a verl engine plugrl has no backend for (see FSDP_LIKE_ENGINES)."""
+        self.chosen["training_backends"] = "fsdp2"
+        self.foreign_engine = engine
+        name = FSDP_LIKE_ENGINES[engine]
+        return _Skip(
+            "plugin",
+            f"plugrl has no {name} backend; the recipe trains with actor.backend fsdp2, which "
+            f"shards the model with PyTorch's FSDP2 as {name} does (its own settings are left "
+            "out)",
+        )
 
     def _choose_reward_model(
         self,
@@ -1026,21 +1348,24 @@ class _Converter:
         values: dict[tuple[str, ...], tuple[Any, str]],
         shared: list[tuple[Word, Override, _Target]],
     ) -> None:
-        if override.key in ENGINE_SELECTORS:
-            report = self._engine_reports.get(override.key)
+        if override.key in self._engine_reports:
+            report = self._engine_reports[override.key]
             if report is not None:
                 self._skip(word, report.category, report.reason)
             return
-        if self.foreign_engine and (
-            override.key.startswith(f"actor_rollout_ref.actor.{self.foreign_engine}.")
-            or override.key.startswith(f"actor_rollout_ref.ref.{self.foreign_engine}.")
-            or override.key.startswith(f"critic.{self.foreign_engine}.")
+        foreign = self.foreign_engine
+        if foreign and (
+            any(
+                override.key.startswith(f"{role}.{foreign}.")
+                for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")
+            )
+            or ".fsdp_config.turbo_config." in override.key
         ):
             self._skip(
                 word,
                 "plugin",
                 f"a key of verl's {FSDP_LIKE_ENGINES[self.foreign_engine]} engine, which plugrl "
-                "does not have (see model_engine)",
+                "does not have (see its model_engine or strategy)",
             )
             return
         if _alias(override.key) == REWARD_MODEL_ENABLE:
@@ -1133,6 +1458,13 @@ class _Converter:
         names = [value] if isinstance(value, str) else value
         if not isinstance(names, list):
             return value
+        for name in names:
+            if name in LOGGER_RENAMES:
+                self.notes.append(
+                    f"line {word.line}: logger {name!r} is plugrl's {LOGGER_RENAMES[name]!r} "
+                    "(each step's metrics as a JSON line, in metrics.jsonl of the run folder)"
+                )
+        names = [LOGGER_RENAMES.get(name, name) for name in names]
         registry = self.plugins.registry("loggers")
         missing = [name for name in names if name not in registry]
         if missing:
