@@ -40,7 +40,7 @@ INHERITED = {"HOME": "/home/user", "USER": "user", "PWD": "/home/user/verl"}
 
 # measured on this corpus; raise them as the converter and plugrl learn more
 WRITTEN = 362
-CLEAN = 153
+CLEAN = 154
 VALIDATE = 338
 VALIDATE_WITH_FEATURES = 348
 
@@ -48,7 +48,7 @@ VALIDATE_WITH_FEATURES = 348
 # clean share is below its target (docs/migrating-from-verl.md says what keeps the rest from it)
 CURRENT_SCRIPTS = 100
 CURRENT_WRITTEN = 98
-CURRENT_CLEAN = 27
+CURRENT_CLEAN = 28
 CURRENT_VALIDATE = 90
 CURRENT_VALIDATE_TARGET = 0.90
 CURRENT_ENV = {"DEVICE": "gpu"}

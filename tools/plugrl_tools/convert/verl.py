@@ -229,6 +229,10 @@ DROPPED = {
         "whether verl's engine loads a tokenizer of its own; plugrl's engines take the prompt's "
         "token ids and return token ids, which plugrl decodes"
     ),
+    "actor_rollout_ref.actor.use_prefix_grouper": (
+        "verl computes the prompt a group of responses shares once (speed); plugrl computes "
+        "each sequence whole: the same log-probs"
+    ),
     "data.filter_overlong_prompts_workers": (
         "processes verl filters over-long prompts with; plugrl filters them in its own process"
     ),
@@ -537,6 +541,14 @@ V1_ROLLOUT_DEVICES = {
     "actor_rollout_ref.rollout.n_gpus_per_node": "rollout.n_gpus_per_node",
 }
 """The standalone engines' devices of verl's separate_async, as its fully-async recipe's keys."""
+
+ENGINE_ARGUMENTS = {
+    "actor_rollout_ref.rollout.enable_prefix_caching": {
+        "vllm": "actor_rollout_ref.rollout.engine_kwargs.vllm.enable_prefix_caching",
+    },
+}
+"""verl rollout keys that are one engine's own argument: with that engine they go into its
+``engine_kwargs`` (vLLM's ``enable_prefix_caching``)."""
 
 ENGINE_SELECTORS = ("model_engine", "actor_rollout_ref.actor.model_engine")
 """verl 0.8's keys that choose the training engine (``model_engine=megatron``)."""
@@ -995,7 +1007,7 @@ class _Converter:
                 f"a setting of verl's {section} trainer; the script runs {mode}",
             )
             return
-        if key in V1_CONSUMED:
+        if key in V1_CONSUMED and mode == "separate_async":
             return  # mapped by _separate_async, which reports it
         if key.startswith("trainer.v1.separate_async.hybrid_rollout.") and not key.endswith(
             ".enable_switch"
@@ -1479,6 +1491,9 @@ class _Converter:
 
     def _resolve(self, key: str, value: Any) -> _Target | _Skip:
         key = _alias(key)
+        engine_argument = ENGINE_ARGUMENTS.get(key, {}).get(self.chosen.get("rollout_engines"))
+        if engine_argument:
+            key = engine_argument
         if key in DROPPED:
             return _Skip("dropped", DROPPED[key])
         if key in NEUTRAL:
@@ -1562,6 +1577,28 @@ class _Converter:
                     f"the {backend} backend trains no LoRA adapters, so the recipe trains every "
                     "weight (actor.backend fsdp2 trains adapters)",
                 )
+        if key == "actor_rollout_ref.nccl_timeout" and isinstance(value, (int, float)):
+            plugrl_seconds = 30 * 60
+            if value <= plugrl_seconds:
+                return _Skip(
+                    "dropped",
+                    f"plugrl's process groups wait {plugrl_seconds} s for a collective, at least "
+                    f"the {value} s asked",
+                )
+            return _Skip(
+                "unknown",
+                f"plugrl's process groups wait {plugrl_seconds} s for a collective (not "
+                f"settable), less than the {value} s asked",
+            )
+        if key in (
+            "actor_rollout_ref.actor.entropy_from_logits_with_chunking",
+            "actor_rollout_ref.ref.entropy_from_logits_with_chunking",
+        ) and not _positive(given.get("actor_rollout_ref.actor.entropy_coeff")):
+            return _Skip(
+                "dropped",
+                "with no entropy bonus the entropy is only a metric, which plugrl computes a "
+                "slice of tokens at a time (either value)",
+            )
         lengths = {
             "actor_rollout_ref.rollout.prompt_length": "data.max_prompt_length",
             "actor_rollout_ref.rollout.response_length": "data.max_response_length",
