@@ -369,7 +369,7 @@ def test_case_of_an_unknown_word_leaves_its_branches_unresolved():
     assert isinstance(result.variables["X"], Unresolved)
     assert (
         "line 1: case $MODE: $MODE is not set in the script; the branches' settings count as "
-        "unresolved (give the variable with --env NAME=VALUE to choose one)"
+        "unresolved (give --env MODE=VALUE to choose one)"
     ) in result.notes
 
 

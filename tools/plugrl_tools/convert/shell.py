@@ -565,6 +565,8 @@ class _Case:
     """Between branches: the next words are patterns."""
     falls_through: bool = False
     """The branch before ended in ``;&`` and ran: this one runs too."""
+    variable: str = ""
+    """The variable the word is (``DEVICE`` of ``"${DEVICE}"``), to name in the note."""
 
 
 def _keyword(word: _RawWord) -> str | None:
@@ -687,12 +689,17 @@ class _Evaluator:
             self.frames.append(_Frame("off", True, _Case(None, "", source, line)))
             return
         expanded = [word for raw in subject_words for word in self._expand(raw)]
+        params = [p for raw in subject_words for p in raw.parts if isinstance(p, _Param)]
+        variable = (
+            params[0].name if len(params) == 1 and re.fullmatch(_NAME, params[0].name) else ""
+        )
         if len(expanded) == 1 and not expanded[0].unresolved:
             case = _Case(expanded[0].text, "", source, line)
         elif expanded and expanded[0].unresolved:
             case = _Case(None, "; ".join(expanded[0].unresolved), source, line)
         else:
             case = _Case("" if not expanded else None, "it is not one word", source, line)
+        case.variable = variable
         self.frames.append(_Frame("off", False, case))
 
     def _patterns(self, case: _Case, words: list[_RawWord]) -> list[_RawWord] | None:
@@ -746,9 +753,10 @@ class _Evaluator:
         if frame.taken is None or case.subject is None or "\0" in patterns:
             frame.state, frame.taken = "unknown", None
             if case.subject is None:
+                give = f"--env {case.variable}=VALUE" if case.variable else "--env NAME=VALUE"
                 note = (
                     f"line {case.line}: case {case.source}: {case.why}; the branches' settings "
-                    "count as unresolved (give the variable with --env NAME=VALUE to choose one)"
+                    f"count as unresolved (give {give} to choose one)"
                 )
                 if note not in self.notes:
                     self.notes.append(note)

@@ -116,6 +116,19 @@ ALIASES = {
     "actor_rollout_ref.ref.megatron.use_remove_padding": (
         "actor_rollout_ref.model.use_remove_padding"
     ),
+    # VeOmni's settings that plugrl's fsdp2 backend has (the recipe trains VeOmni scripts
+    # with fsdp2, see FSDP_LIKE_ENGINES)
+    "actor_rollout_ref.actor.veomni.ulysses_parallel_size": (
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
+    ),
+    "actor_rollout_ref.actor.veomni.param_offload": (
+        "actor_rollout_ref.actor.fsdp_config.param_offload"
+    ),
+    "actor_rollout_ref.actor.veomni.optimizer_offload": (
+        "actor_rollout_ref.actor.fsdp_config.optimizer_offload"
+    ),
+    "actor_rollout_ref.actor.veomni.fsdp_size": "actor_rollout_ref.actor.fsdp_config.fsdp_size",
+    "actor_rollout_ref.ref.veomni.param_offload": "actor_rollout_ref.ref.fsdp_config.param_offload",
     # the critic's engine config of verl 0.8 (critic.fsdp.*, as the actor's fsdp_config)
     "critic.fsdp.": "critic.model.fsdp_config.",
     # the nested LoRA block of verl 0.8 (model.lora.*), the flat keys' newer names
@@ -1366,12 +1379,16 @@ class _Converter:
                 self._skip(word, report.category, report.reason)
             return
         foreign = self.foreign_engine
-        if foreign and (
-            any(
-                override.key.startswith(f"{role}.{foreign}.")
-                for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")
+        if (
+            foreign
+            and _alias(override.key) == override.key
+            and (
+                any(
+                    override.key.startswith(f"{role}.{foreign}.")
+                    for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")
+                )
+                or ".fsdp_config.turbo_config." in override.key
             )
-            or ".fsdp_config.turbo_config." in override.key
         ):
             self._skip(
                 word,
