@@ -242,6 +242,10 @@ DROPPED = {
         "whether verl's engine loads a tokenizer of its own; plugrl's engines take the prompt's "
         "token ids and return token ids, which plugrl decodes"
     ),
+    "actor_rollout_ref.actor.fsdp_config.use_orig_params": (
+        "a setting of FSDP1; plugrl's fsdp2 backend shards with FSDP2, whose parameters are "
+        "the module's own"
+    ),
     "actor_rollout_ref.actor.use_prefix_grouper": (
         "verl computes the prompt a group of responses shares once (speed); plugrl computes "
         "each sequence whole: the same log-probs"
@@ -350,6 +354,15 @@ NEUTRAL = {
         "plugrl does not normalise the importance weights over the batch",
     ),
     "trainer.critic_warmup": (0, "plugrl has no critic warm-up"),
+    "actor_rollout_ref.actor.optim.optimizer": (
+        ("AdamW", "adamw"),
+        "plugrl's optimizer is AdamW",
+    ),
+    "actor_rollout_ref.actor.fsdp_config.offload_policy": (
+        False,
+        "plugrl's fsdp2 backend has no FSDP2 CPU-offload policy (actor.param_offload moves "
+        "the state between steps instead)",
+    ),
     "actor_rollout_ref.rollout.ignore_eos": (
         False,
         "plugrl's engines always end a response at the end-of-sequence token",
@@ -554,6 +567,25 @@ V1_ROLLOUT_DEVICES = {
     "actor_rollout_ref.rollout.n_gpus_per_node": "rollout.n_gpus_per_node",
 }
 """The standalone engines' devices of verl's separate_async, as its fully-async recipe's keys."""
+
+_ENTROPY_CHUNKS = (
+    "with no entropy bonus the entropy is only a metric, which plugrl computes a slice of "
+    "tokens at a time (either value)"
+)
+_ENTROPY_RECOMPUTE = (
+    "with no entropy bonus the entropy carries no gradient, so there is nothing to recompute "
+    "in the backward pass (either value)"
+)
+ENTROPY_MEMORY = {
+    "actor_rollout_ref.actor.entropy_from_logits_with_chunking": _ENTROPY_CHUNKS,
+    "actor_rollout_ref.ref.entropy_from_logits_with_chunking": _ENTROPY_CHUNKS,
+    "actor_rollout_ref.actor.entropy_checkpointing": _ENTROPY_RECOMPUTE,
+    "actor_rollout_ref.ref.entropy_checkpointing": _ENTROPY_RECOMPUTE,
+    "actor_rollout_ref.actor.fsdp_config.entropy_checkpointing": _ENTROPY_RECOMPUTE,
+    "actor_rollout_ref.ref.fsdp_config.entropy_checkpointing": _ENTROPY_RECOMPUTE,
+}
+"""verl's memory savings of the entropy computation, which change nothing while the entropy
+has no bonus (``actor.entropy_coeff`` 0): its value is then a metric without gradient."""
 
 ENGINE_ARGUMENTS = {
     "actor_rollout_ref.rollout.enable_prefix_caching": {
@@ -1607,15 +1639,10 @@ class _Converter:
                 f"plugrl's process groups wait {plugrl_seconds} s for a collective (not "
                 f"settable), less than the {value} s asked",
             )
-        if key in (
-            "actor_rollout_ref.actor.entropy_from_logits_with_chunking",
-            "actor_rollout_ref.ref.entropy_from_logits_with_chunking",
-        ) and not _positive(given.get("actor_rollout_ref.actor.entropy_coeff")):
-            return _Skip(
-                "dropped",
-                "with no entropy bonus the entropy is only a metric, which plugrl computes a "
-                "slice of tokens at a time (either value)",
-            )
+        if key in ENTROPY_MEMORY and not _positive(
+            given.get("actor_rollout_ref.actor.entropy_coeff")
+        ):
+            return _Skip("dropped", ENTROPY_MEMORY[key])
         lengths = {
             "actor_rollout_ref.rollout.prompt_length": "data.max_prompt_length",
             "actor_rollout_ref.rollout.response_length": "data.max_response_length",
