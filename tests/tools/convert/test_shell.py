@@ -403,3 +403,11 @@ def test_integer_tests_and_decided_conditions_are_noted():
 def test_case_conversion_and_path_commands():
     script = 'M=Org/Model-7B\nN="$(basename "${M,,}")-$(dirname /a/b/c.sh)-${M^^}"\n'
     assert variables(script)["N"] == "model-7b-/a/b-ORG/MODEL-7B"
+
+
+def test_env_stands_for_what_a_command_would_set():
+    script = 'device_name=$(python3 -c "print(1)")\nif [ "$device_name" = cuda ]; then X=1; fi\n'
+    assert isinstance(variables(script)["device_name"], Unresolved)
+    result = read_script(script, {"device_name": "cuda"})
+    assert result.variables["X"] == "1"
+    assert any(note.startswith("line 1: $device_name is set by something") for note in result.notes)

@@ -592,6 +592,9 @@ def _assignment(word: _RawWord) -> tuple[str, bool, tuple[object, ...]] | None:
 class _Evaluator:
     def __init__(self, env: Mapping[str, str], inherited: Mapping[str, str]) -> None:
         self.variables: dict[str, Value] = {**inherited, **env}
+        self.given = dict(env)
+        """``--env`` values: they also stand for what the script would set by running
+        something (``device_name=$(python ...)``), which cannot be known here."""
         self.inherited = {name: inherited[name] for name in inherited if name not in env}
         self.inherited_read: dict[str, str] = {}
         self.exported: list[str] = []
@@ -955,6 +958,14 @@ class _Evaluator:
                 f"(line {line})"
             )
         self.inherited.pop(name, None)  # the script's own value from here on
+        if isinstance(value, Unresolved) and name in self.given and not conditional:
+            note = (
+                f"line {line}: ${name} is set by something not run here ({value.reason}); "
+                f"the --env value {self.given[name]!r} stands for it"
+            )
+            if note not in self.notes:
+                self.notes.append(note)
+            value = self.given[name]
         if value is None:
             self.variables.pop(name, None)
             self.arrays.pop(name, None)
