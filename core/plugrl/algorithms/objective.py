@@ -118,7 +118,7 @@ class PolicyObjective:
     def importance_weights(self, micro_batch: Batch, dtype: torch.dtype) -> torch.Tensor | None:
         """``rollout_is_weights`` of the batch if a scheduler computed them, else truncated IS
         weights from ``old_log_probs`` and ``rollout_log_probs`` when ``algorithm.rollout_is``
-        is set, else ``None``."""
+        is set (truncated, or masked by IcePop or KPop), else ``None``."""
         if "rollout_is_weights" in micro_batch:
             return micro_batch["rollout_is_weights"].to(dtype)
         algorithm = self.recipe.algorithm
@@ -136,6 +136,7 @@ class PolicyObjective:
             micro_batch["response_mask"],
             algorithm.rollout_is,
             algorithm.rollout_is_threshold,
+            kpop_threshold=algorithm.kpop_threshold,
         )
         return weights
 

@@ -362,6 +362,7 @@ class FullyAsyncScheduler(Scheduler):
                 batch["response_mask"],
                 algorithm.rollout_is,
                 algorithm.rollout_is_threshold,
+                kpop_threshold=algorithm.kpop_threshold,
             )
             batch["rollout_is_weights"] = weights
             metrics.update(is_metrics)
