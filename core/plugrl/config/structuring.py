@@ -128,9 +128,11 @@ def _structure_float_or_str(value: Any, _: Any) -> float | str:
     if isinstance(value, str):
         if "_" in value:
             return value
-        with contextlib.suppress(TypeError):
-            return _structure_float(value, float)
-        return value
+        try:
+            float(value)
+        except ValueError:
+            return value
+    # a number, which must be finite as every float option's is
     return _structure_float(value, float)
 
 

@@ -226,7 +226,7 @@ def parse_rollout_is_threshold(threshold: float | str) -> tuple[float, float | N
         return bounds[0], None
     lower, upper = bounds
     if lower > upper:
-        raise ValueError(f"IcePop's lower bound is above its upper one in {threshold!r}")
+        raise ValueError(f"IcePop's lower bound is above its upper one, got {threshold!r}")
     return upper, lower
 
 
