@@ -169,6 +169,26 @@ def test_gdpo_names_a_component_the_reward_did_not_return():
     with pytest.raises(DataError, match="'acc'") as error:
         gdpo(GDPOArgs(gdpo_reward_keys=["acc"])).compute(batch)
     one_line(error)
+    text = Batch(
+        {"token_level_rewards": torch.zeros(1, 1), "response_mask": torch.ones(1, 1)},
+        {"uid": ["a"], "acc": ["yes"]},
+    )
+    with pytest.raises(DataError, match="one number per response") as error:
+        gdpo(GDPOArgs(gdpo_reward_keys=["acc"])).compute(text)
+    one_line(error)
+
+
+def test_gdpo_scores_a_failed_sample_zero_in_each_component():
+    mask = torch.ones(3, 1, dtype=torch.long)
+    batch = Batch(
+        {"token_level_rewards": torch.zeros(3, 1), "response_mask": mask},
+        {"uid": ["a"] * 3, "acc": [1.0, None, 0.0]},
+    )
+    advantages, _ = gdpo(GDPOArgs(gdpo_reward_keys=["acc"])).compute(batch)
+    # as if the failed sample had scored 0: (1, 0, 0) normalised and whitened
+    assert advantages[:, 0].tolist() == pytest.approx(
+        [2 / math.sqrt(3), -1 / math.sqrt(3)] + [-1 / math.sqrt(3)], abs=1e-4
+    )
 
 
 def test_gdpo_options_read_from_a_recipe(recipe_from):

@@ -335,7 +335,9 @@ class GDPO(_Estimator):
                 f"gdpo reward key {key!r} is not a batch column; the reward function must "
                 f"return it in its result (algorithm.adv_estimator_args.gdpo_reward_keys)"
             )
-        values = batch[key]
+        # a sample whose reward function failed holds None in its fields (reward.on_error):
+        # it scores 0 in every component, as it scores 0 (or the fallback) overall
+        values = [0.0 if v is None else v for v in batch[key]]
         try:
             return torch.as_tensor(
                 [float(v) for v in values], dtype=like.dtype, device=like.device
