@@ -403,15 +403,18 @@ def response_log_probs(
 
 
 @torch.no_grad()
-def sum_pi_squared(logits: torch.Tensor) -> torch.Tensor:
-    """``sum_v p_v^2`` per token ``[...]`` of the distribution ``softmax(logits [..., V])``,
-    without gradient, a slice of tokens at a time (``exp(lse(2 l) - 2 lse(l))``, so no
-    probability is below the float range where a plain square would lose it): a slice's
-    doubled logits are its only full-vocabulary copy."""
+def sum_pi_squared(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """``sum_v p_v^2`` per token ``[...]`` of the distribution
+    ``softmax(logits [..., V] / temperature)``, without gradient, a slice of tokens at a time
+    (``exp(lse(2 l) - 2 lse(l))``, so no probability is below the float range where a plain
+    square would lose it): the temperature is applied per slice too, so a slice's scaled and
+    doubled logits are the only full-vocabulary copies, never one of the whole batch."""
     flat = logits.reshape(-1, logits.shape[-1])
     out = torch.empty(flat.shape[0], dtype=flat.dtype, device=flat.device)
     for start in range(0, flat.shape[0], ENTROPY_SLICE_TOKENS):
         piece = flat[start : start + ENTROPY_SLICE_TOKENS]
+        if temperature != 1.0:
+            piece = piece / temperature
         log_norm = torch.logsumexp(piece, dim=-1)
         out[start : start + ENTROPY_SLICE_TOKENS] = torch.exp(
             torch.logsumexp(piece * 2, dim=-1) - 2 * log_norm
@@ -426,11 +429,9 @@ def response_sum_pi_squared(
     (``logits [b, R', V]``, divided by the sampling ``temperature``), 0 on padding and past
     ``R'``: what the optimal token baseline reads as ``sum_pi_squared``."""
     used = logits.shape[1]
-    if temperature != 1.0:
-        logits = logits / temperature
     responses = micro_batch["responses"]
     attended = micro_batch["attention_mask"][:, -responses.shape[-1] :][:, :used]
-    values = sum_pi_squared(logits)
+    values = sum_pi_squared(logits, temperature)
     values = values * attended.to(values.device, values.dtype)
     return F.pad(values, (0, responses.shape[-1] - used))
 
