@@ -187,7 +187,7 @@ def test_gdpo_scores_a_failed_sample_zero_in_each_component():
     advantages, _ = gdpo(GDPOArgs(gdpo_reward_keys=["acc"])).compute(batch)
     # as if the failed sample had scored 0: (1, 0, 0) normalised and whitened
     assert advantages[:, 0].tolist() == pytest.approx(
-        [2 / math.sqrt(3), -1 / math.sqrt(3)] + [-1 / math.sqrt(3)], abs=1e-4
+        [2 / math.sqrt(3), -1 / math.sqrt(3), -1 / math.sqrt(3)], abs=1e-4
     )
 
 
