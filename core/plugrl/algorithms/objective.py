@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from plugrl.recipe import Recipe
 
 PG_LOSS = "actor/pg_loss"
+MASK_METRICS = ("rollout_corr/rollout_is_oob_ratio", "rollout_corr/kpop_masked_fraction")
+"""Token means of what IcePop and KPop dropped, reported as shares like the other metrics."""
 ROLLOUT_PROBS_DIFF_MEAN = "training/rollout_probs_diff_mean"
 
 
@@ -118,26 +120,35 @@ class PolicyObjective:
     def importance_weights(self, micro_batch: Batch, dtype: torch.dtype) -> torch.Tensor | None:
         """``rollout_is_weights`` of the batch if a scheduler computed them, else truncated IS
         weights from ``old_log_probs`` and ``rollout_log_probs`` when ``algorithm.rollout_is``
-        is set, else ``None``."""
+        is set (truncated, or masked by IcePop or KPop), else ``None``."""
+        return self._importance_weights(micro_batch, dtype)[0]
+
+    def _importance_weights(
+        self, micro_batch: Batch, dtype: torch.dtype
+    ) -> tuple[torch.Tensor | None, dict[str, float]]:
+        """:meth:`importance_weights` and, when computed here, the token means over this
+        micro-batch of what the masks dropped (IcePop's ``rollout_is_oob_ratio``, KPop's
+        ``kpop_masked_fraction``)."""
         if "rollout_is_weights" in micro_batch:
-            return micro_batch["rollout_is_weights"].to(dtype)
+            return micro_batch["rollout_is_weights"].to(dtype), {}
         algorithm = self.recipe.algorithm
         if algorithm.rollout_is is None:
-            return None
+            return None, {}
         if "rollout_log_probs" not in micro_batch:
             raise DataError(
                 f"algorithm.rollout_is is {algorithm.rollout_is!r} but the batch has no "
                 "rollout_log_probs; use a rollout engine that returns log-probs or set "
                 "algorithm.rollout_is=null"
             )
-        weights, _ = compute_rollout_is_weights(
+        weights, metrics = compute_rollout_is_weights(
             micro_batch["old_log_probs"].to(dtype),
             micro_batch["rollout_log_probs"],
             micro_batch["response_mask"],
             algorithm.rollout_is,
             algorithm.rollout_is_threshold,
+            kpop_threshold=algorithm.kpop_threshold,
         )
-        return weights
+        return weights, {name: metrics[name] for name in MASK_METRICS if name in metrics}
 
     def __call__(
         self,
@@ -157,7 +168,7 @@ class PolicyObjective:
 
         mask = column("response_mask")
         aggregate = LossAggregator(actor.loss_agg_mode, scale)
-        weights = self.importance_weights(micro_batch, dtype)
+        weights, mask_metrics = self._importance_weights(micro_batch, dtype)
         if weights is not None:
             weights = weights.to(device)
         loss, pg_metrics = self.policy_loss(
@@ -180,6 +191,8 @@ class PolicyObjective:
         if weights is not None:
             mean_weight = float((weights * mask).sum()) / max(int((mask != 0).sum()), 1)
             metrics["rollout_corr/rollout_is_mean"] = mean_weight * share
+            for name, value in mask_metrics.items():
+                metrics[name] = value * share
         if micro_batch.meta.get(DERIVED_OLD_LOG_PROBS) and "rollout_log_probs" in micro_batch:
             # no separate old_log_prob pass compared the engine with the trainer: this forward
             # is on the weights the engine was given, so compare here (the mean only: a

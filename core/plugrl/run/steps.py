@@ -238,6 +238,11 @@ def score(parts: RunParts, batch: Batch) -> dict[str, Any]:
     return dict(output.metrics)
 
 
+def estimator_needs_sum_pi_squared(parts: RunParts) -> bool:
+    """Whether the run's advantage estimator reads ``sum_pi_squared`` (its ``requires``)."""
+    return "sum_pi_squared" in getattr(parts.estimator, "requires", ())
+
+
 def compute_old_log_probs(parts: RunParts, batch: Batch, timer: StepTimer) -> dict[str, Any]:
     """``old_log_probs``: the actor's log-probs of the sampled tokens on its current weights
     (``timing_s/old_log_prob``, ``actor/entropy``). A synchronous step skips this pass when
@@ -245,9 +250,14 @@ def compute_old_log_probs(parts: RunParts, batch: Batch, timer: StepTimer) -> di
     (:attr:`RunParts.old_log_probs_from_update
     <plugrl.compose.run_parts.RunParts.old_log_probs_from_update>`)."""
     metrics: dict[str, Any] = {}
+    # the optimal token baseline reads each position's sum of squared probabilities, which
+    # only this pass over the whole vocabulary can give
+    extra = {"calculate_sum_pi_squared": True} if estimator_needs_sum_pi_squared(parts) else {}
     with timer("old_log_prob"):
-        computed = parts.actor.compute_log_prob(batch, calculate_entropy=True)
+        computed = parts.actor.compute_log_prob(batch, calculate_entropy=True, **extra)
         batch["old_log_probs"] = computed["log_probs"]
+        if "sum_pi_squared" in computed:
+            batch["sum_pi_squared"] = computed["sum_pi_squared"]
         if "entropys" in computed:
             mask = batch["response_mask"].bool()
             metrics["actor/entropy"] = computed["entropys"][mask].mean().item()

@@ -326,6 +326,14 @@ DROPPED = {
         "whether verl gives its reward model devices of its own; plugrl's runs in the driver "
         "(reward.placement local) or on reward.num_workers Ray actors (reward.placement ray)"
     ),
+    "actor_rollout_ref.actor.calculate_sum_pi_squared": (
+        "plugrl's old_log_prob pass returns sum_pi_squared whenever the advantage estimator "
+        "reads it (optimal_token_baseline)"
+    ),
+    "actor_rollout_ref.actor.sum_pi_squared_checkpointing": (
+        "plugrl computes sum_pi_squared without gradient, a slice of tokens at a time, so "
+        "there is nothing to checkpoint"
+    ),
 }
 """verl keys plugrl covers in its own way, with what it does instead."""
 

@@ -97,6 +97,16 @@ class FullyAsyncScheduler(Scheduler):
                 "fully_async; set algorithm.filter_groups.enable=false or scheduler=sync",
                 key="algorithm.filter_groups.enable",
             )
+        if self.config.use_rollout_log_probs:
+            name = recipe.algorithm.adv_estimator
+            estimator = self.context.plugins.registry("advantage_estimators").load(name)
+            if "sum_pi_squared" in getattr(estimator, "requires", ()):
+                raise RecipeError(
+                    f"advantage estimator {name!r} reads sum_pi_squared from the trainer's "
+                    "old_log_prob pass, which this setting skips; set it to false or choose "
+                    "another estimator",
+                    key="scheduler.use_rollout_log_probs",
+                )
         if self.config.total_rollout_steps is not None and (
             self.config.total_rollout_steps < self.required_samples
         ):
@@ -362,6 +372,7 @@ class FullyAsyncScheduler(Scheduler):
                 batch["response_mask"],
                 algorithm.rollout_is,
                 algorithm.rollout_is_threshold,
+                kpop_threshold=algorithm.kpop_threshold,
             )
             batch["rollout_is_weights"] = weights
             metrics.update(is_metrics)
