@@ -26,7 +26,8 @@ import json
 import os
 import random
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -34,6 +35,8 @@ from unittest import mock
 import attrs
 import numpy as np
 import torch
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
 
 import plugrl.state.checkpoint as checkpoint_module
 from plugrl.compose.run_parts import RunParts
@@ -168,6 +171,7 @@ class ToySyncScheduler(Scheduler):
         self.calls = 0
 
     def start(self, parts: RunParts, step: int, saved: dict[str, Any] | None) -> None:
+        self.harness.started_at.append(step)
         self.calls = int((saved or {}).get("calls", 0))
 
     def train_step(self, parts: RunParts, step: int) -> dict[str, Any]:
@@ -205,6 +209,10 @@ class ToyFullyAsyncScheduler(FullyAsyncScheduler):
         super().__init__(config, context)
         self.harness = context.harness
 
+    def start(self, parts: RunParts, step: int, saved: dict[str, Any] | None) -> None:
+        self.harness.started_at.append(step)
+        super().start(parts, step, saved)
+
     def agent_sampler(self, parts: RunParts) -> Any:
         if not self.agents_on:
             return None
@@ -241,6 +249,12 @@ class ToyFullyAsyncScheduler(FullyAsyncScheduler):
         samples, _ = rollouter.take(self.required_samples)
         if len(samples) < self.required_samples:
             return None
+        kill = self.harness.kill
+        if kill is not None and (kill.point, kill.step) == ("in_flight", step):
+            deadline = time.monotonic() + 0.05
+            while rollouter.in_flight == 0 and time.monotonic() < deadline:
+                time.sleep(0.0005)
+            event(f"killed with samples in flight: {rollouter.in_flight > 0}")
         self.harness.kill_at("in_flight", step)
         if self.agents_on:
             assert all(len(s.trajectories) == self.recipe.rollout.n for s in samples)
@@ -270,6 +284,8 @@ class KillableCheckpoints(CheckpointManager):
     harness: Harness
 
     def prune(self) -> None:
+        # the tracker names the new checkpoint now
+        self.harness.tracked = self.harness._saving_step()
         self.harness.kill_at("save_before_prune")
         super().prune()
 
@@ -323,6 +339,12 @@ class Harness:
         self.logged: list[tuple[int, dict[str, Any]]] = []
         self.parts: RunParts | None = None
         self.saw_in_flight = False
+        self.tracked = 0
+        """The step of the checkpoint ``latest_checkpointed_iteration.txt`` names."""
+        self.started_at: list[int] = []
+        """The step each segment started from."""
+        self.tracked_at_kills: list[int] = []
+        """The checkpoint the tracker named when each kill happened."""
         self.saved_with_outstanding = False
 
     def kill_at(self, point: str, step: int | None = None) -> None:
@@ -330,6 +352,18 @@ class Harness:
         saved (the loop logs a step, then saves it)."""
         if self.kill is not None:
             self.kill.at(point, self._saving_step() if step is None else step)
+
+    def drawn_uids(self, loader_state: dict[str, int]) -> list[str]:
+        """The uids of the prompts a loader at ``loader_state`` has handed out, in order."""
+        from plugrl.compose.run_parts import training_loader
+
+        loader = training_loader(self.recipe, self.dataset, 0)
+        epoch, position = loader_state["epoch"], loader_state["position"]
+        return [
+            f"{e}-{self.dataset[int(index)].index}"
+            for e in range(epoch + 1)
+            for index in loader.epoch_order(e)[: position if e == epoch else None]
+        ]
 
     def build_parts(self) -> RunParts:
         from plugrl.compose.run_parts import training_loader
@@ -377,6 +411,7 @@ class Harness:
             with self._killable_tracker():
                 run_loop(context, scheduler)
         except Killed:
+            self.tracked_at_kills.append(self.tracked)
             return True
         return False
 
@@ -400,9 +435,15 @@ class Harness:
         """Segments killed at ``kills`` in order (a kill whose step the run never reaches does
         not happen), then one that runs to the end, each resumed from the checkpoint the one
         before left (``trainer.resume_mode=auto``)."""
+        resumed_after: list[int] = []
         for kill in kills:
-            self.segment(kill)
+            if self.segment(kill):
+                resumed_after.append(len(self.started_at))
         self.segment(None)
+        # a segment after a kill goes on from the checkpoint the tracker named: nothing the
+        # run saved completely is done again, nothing is skipped
+        for segment, tracked in zip(resumed_after, self.tracked_at_kills, strict=True):
+            assert self.started_at[segment] == tracked, (self.started_at, self.tracked_at_kills)
         return self.outcome(len(kills) + 1)
 
     def outcome(self, segments: int) -> Outcome:
@@ -430,6 +471,148 @@ def sub_dataset(dataset: Any, size: int) -> Any:
     view = copy.copy(dataset)
     view.records = dataset.records[:size]
     return view
+
+
+# ------------------------------------------------------------------------------ run shapes
+
+RESUME_PROFILE = settings(
+    # the same cases on every machine and every run (CI), however loaded the machine is
+    derandomize=True,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+"""The hypothesis settings of the resume properties (each test sets its ``max_examples``)."""
+
+
+def toy_run_factory(sim_task: Any) -> Callable[..., Harness]:
+    """``make(shape, run_dir, scheduler=ToySyncScheduler, **{"section.option": value})`` -> a
+    :class:`Harness` of a run of that shape on the first ``shape.prompts`` prompts of
+    ``sim_task``, its recipe the simulated one with those options set."""
+    from transformers import AutoTokenizer
+
+    from plugrl.data.dataset import PromptDataset
+    from plugrl.plugin.manager import get_plugin_manager
+    from plugrl.testing import make_recipe
+    from plugrl_sim.parts import sim_recipe
+
+    plugins = get_plugin_manager()
+    bases = {
+        name: make_recipe(
+            base=sim_recipe(sim_task, "unused", scheduler=name, train_batch_size=1, colocate=False),
+            plugins=plugins,
+        )
+        for name in ("sync", "fully_async")
+    }
+    dataset = PromptDataset.train(
+        bases["sync"].data, AutoTokenizer.from_pretrained(sim_task.tokenizer)
+    )
+
+    def make(
+        shape: RunShape,
+        run_dir: Path,
+        scheduler: type[Scheduler] = ToySyncScheduler,
+        engine_delay_s: float = 0.0,
+        **options: Any,
+    ) -> Harness:
+        base = bases["fully_async" if issubclass(scheduler, FullyAsyncScheduler) else "sync"]
+        recipe = attrs.evolve(
+            base,
+            data=attrs.evolve(
+                base.data, train_batch_size=shape.batch_size, shuffle=shape.shuffle, seed=shape.seed
+            ),
+            actor=attrs.evolve(base.actor, ppo_mini_batch_size=shape.batch_size),
+            trainer=attrs.evolve(
+                base.trainer,
+                total_training_steps=shape.steps,
+                save_freq=shape.save_freq,
+                max_ckpt_to_keep=shape.keep,
+                seed=shape.seed,
+                default_local_dir=str(run_dir),
+                resume_mode="auto",
+                logger=[],
+            ),
+        )
+        for key, value in options.items():
+            section, name = key.split(".")
+            changed = attrs.evolve(getattr(recipe, section), **{name: value})
+            recipe = attrs.evolve(recipe, **{section: changed})
+        return Harness(
+            recipe,
+            plugins,
+            sub_dataset(dataset, shape.prompts),
+            run_dir,
+            scheduler=scheduler,
+            engine_delay_s=engine_delay_s,
+        )
+
+    return make
+
+
+@attrs.frozen
+class RunShape:
+    prompts: int
+    batch_size: int
+    steps: int
+    save_freq: int
+    keep: int | None
+    seed: int
+    shuffle: bool
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.prompts // self.batch_size
+
+
+@st.composite
+def run_shapes(draw: Any, max_batch: int = 4, max_steps: int = 10) -> RunShape:
+    prompts = draw(st.integers(2, 9))
+    return RunShape(
+        prompts=prompts,
+        batch_size=draw(st.integers(1, min(max_batch, prompts))),
+        steps=draw(st.integers(1, max_steps)),
+        save_freq=draw(st.integers(1, 4)),
+        keep=draw(st.sampled_from([None, 1, 2])),
+        seed=draw(st.integers(0, 3)),
+        shuffle=draw(st.booleans()),
+    )
+
+
+@st.composite
+def kills(draw: Any, shape: RunShape, points: tuple[str, ...]) -> Kill:
+    """A kill at any step, at an epoch boundary (the last step of an epoch or the first of
+    the next), or, during a save, at a step that saves."""
+    point = draw(st.sampled_from(points))
+    per_epoch = shape.steps_per_epoch
+    boundaries = [
+        step
+        for epoch in range(1, shape.steps // per_epoch + 1)
+        for step in (epoch * per_epoch, epoch * per_epoch + 1)
+        if step <= shape.steps
+    ]
+    saves = [s for s in range(1, shape.steps + 1) if s % shape.save_freq == 0 or s == shape.steps]
+    if point in SAVE_KILL_POINTS:
+        step = draw(st.sampled_from(saves))
+    elif boundaries and draw(st.booleans()):
+        step = draw(st.sampled_from(boundaries))
+    else:
+        step = draw(st.integers(1, shape.steps))
+    return Kill(step, point)
+
+
+@st.composite
+def killed_runs(
+    draw: Any, points: tuple[str, ...] = SYNC_KILL_POINTS, **shape_options: Any
+) -> tuple[RunShape, list[Kill]]:
+    """A run shape and one or two kills of it."""
+    shape = draw(run_shapes(**shape_options))
+    return shape, draw(st.lists(kills(shape, points), min_size=1, max_size=2))
+
+
+def note_kills(planned: list[Kill]) -> None:
+    """Count in hypothesis' statistics where the runs were killed."""
+    for kill in planned:
+        event(f"killed at {kill.point}" if kill.done else "a kill after the run's end")
 
 
 def comparable(metrics: dict[str, Any]) -> dict[str, Any]:
