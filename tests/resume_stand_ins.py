@@ -92,7 +92,14 @@ class ToyActor:
         text = f"{self.digest}|{','.join(uids)}|{draw!r}"
         self.digest = hashlib.sha256(text.encode()).hexdigest()
         self.ledger.extend(uids)
-        return {"toy/weights": int(self.digest[:12], 16) / 16**12, "toy/draw": sum(draw)}
+        return {
+            "toy/weights": int(self.digest[:12], 16) / 16**12,
+            "toy/draw": sum(draw),
+            # metrics the learning-health checks watch, from the weights: runs of clipped
+            # steps and falls of entropy make checks fire, whose counts a resume must keep
+            "response_length/clip_ratio": 1.0 if int(self.digest[12], 16) < 12 else 0.5,
+            "actor/entropy": 0.2 * (int(self.digest[13], 16) + 1) / 16,
+        }
 
     def save_checkpoint(self, folder: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)

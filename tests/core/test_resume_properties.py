@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 
 from tests.resume_stand_ins import (
     RESUME_PROFILE,
@@ -56,4 +56,6 @@ def test_a_sync_run_killed_anywhere_resumes_to_the_uninterrupted_run(toy_run, ca
         whole = toy_run(shape, Path(folder) / "whole").run([])
         resumed = toy_run(shape, Path(folder) / "killed").run(planned)
     note_kills(planned)
+    fired = sorted({k for metrics in whole.metrics.values() for k in metrics if "health/" in k})
+    event(f"health checks fired: {', '.join(fired) or 'none'}")
     check_same_run(resumed, whole, shape)
