@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -271,12 +272,26 @@ class EngineGroup(ABC):
         still generate."""
         params.check()
         prefix = f"batch{next(self._batch_ids)}"
-        futures = [self.submit(r) for r in batch_requests(prompts, params, prefix)]
+        requests = batch_requests(prompts, params, prefix)
+        futures: list[concurrent.futures.Future] = [concurrent.futures.Future() for _ in requests]
+        self._blocking(self._start_together(requests, futures))
         if on_finished is not None:
             prompt_index = {future: index for index, future in enumerate(futures)}
             for future in concurrent.futures.as_completed(futures):
                 on_finished(prompt_index[future], future.result())
         return in_prompt_order([future.result() for future in futures])
+
+    async def _start_together(
+        self, requests: Sequence[GenerationRequest], futures: Sequence[concurrent.futures.Future]
+    ) -> None:
+        """Start every request of a batch in one turn of the loop, in order, each settling
+        its future. Sent one by one from another thread, the first requests could start
+        decoding before the last arrived: which engine gets a request, and the batches an
+        engine decodes (whose shapes move its numbers in the last bits), would then depend
+        on the threads' timing, and two runs of one seed would differ."""
+        for request, future in zip(requests, futures, strict=True):
+            task = asyncio.ensure_future(self._generate(request, None))
+            task.add_done_callback(functools.partial(_settle, future))
 
     def in_flight(self) -> int:
         return sum(len(requests) for requests in self._in_flight)
@@ -543,6 +558,18 @@ class LocalEngineGroup(EngineGroup):
     def bind_model(self, model: Any, version: int) -> None:
         self._blocking(self.worker.bind_model(model, version))
         self.weight_version = version
+
+
+def _settle(future: concurrent.futures.Future, task: asyncio.Future) -> None:
+    """Give ``future`` (of another thread) the outcome of ``task`` (of the loop)."""
+    if future.done():  # the caller gave up on it
+        return
+    if task.cancelled():
+        future.cancel()
+    elif task.exception() is not None:
+        future.set_exception(task.exception())
+    else:
+        future.set_result(task.result())
 
 
 class RayEngineGroup(EngineGroup):

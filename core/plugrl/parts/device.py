@@ -76,6 +76,19 @@ class Device(ABC):
         return {}
 
     @classmethod
+    def deterministic_env(cls) -> dict[str, str]:
+        """Environment variables that make this device's libraries choose deterministic
+        algorithms (matrix products, collectives), for a run with ``trainer.full_determinism``.
+        Set in every process of the run before it computes or joins a process group, unless
+        the user's environment sets the same variable."""
+        return {}
+
+    def make_deterministic(self) -> None:
+        """Switch this device's libraries to deterministic algorithms in this process, for a
+        run with ``trainer.full_determinism`` (torch's own switch,
+        ``torch.use_deterministic_algorithms``, is the caller's)."""
+
+    @classmethod
     @abstractmethod
     def is_available(cls) -> bool:
         """Whether this device can be used in this process (library present, hardware seen)."""

@@ -321,6 +321,14 @@ class TrainerConfig:
         "implement weight_fingerprints.",
     )
     seed: int = option(42, "Seed of model initialisation and sampling.")
+    full_determinism: bool = option(
+        False,
+        "Same seed, same hardware, same run: every process that computes (the driver, the "
+        "trainer ranks, the engines, a reward model) runs torch with deterministic algorithms "
+        "only (an operation without one stops the run) and the device's deterministic "
+        "settings (on cuda: cuBLAS workspace, cuDNN, NCCL algorithms). Slower on GPUs; the "
+        "vllm and sglang engines need their own deterministic modes (docs/recipes.md).",
+    )
     nnodes: int = option(1, "Nodes in the cluster.", verl="trainer.nnodes", validator=positive)
     n_gpus_per_node: int = option(
         1,

@@ -78,6 +78,11 @@ class NpuDevice(Device):
         # their own memory pools and do not work with expandable segments
         return {}
 
+    @classmethod
+    def deterministic_env(cls) -> dict[str, str]:
+        # HCCL's reductions (and LCCL's, within a node) in a fixed order
+        return {"HCCL_DETERMINISTIC": "true", "LCCL_DETERMINISTIC": "1"}
+
     def device_count(self) -> int:
         return npu().device_count()
 

@@ -91,6 +91,13 @@ class FullyAsyncScheduler(Scheduler):
                 "rollout.n_gpus_per_node devices for the engines)",
                 key="rollout.colocate",
             )
+        if recipe.trainer.full_determinism:
+            raise RecipeError(
+                "scheduler fully_async cannot be deterministic: which samples each step trains, "
+                "and with which weights they were generated, depend on when the engines finish "
+                "them; set trainer.full_determinism=false or scheduler=sync",
+                key="trainer.full_determinism",
+            )
         if recipe.algorithm.filter_groups.enable:
             raise RecipeError(
                 "dynamic sampling (DAPO's group filtering) is not supported by scheduler "
