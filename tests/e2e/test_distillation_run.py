@@ -154,9 +154,13 @@ def test_each_step_logs_the_distillation_metrics(distillation_run):
             "actor/distillation/loss",
             "actor/distillation/abs_loss",
             "actor/distillation/pg_clipfrac",
+            "actor/distillation/loss_min",
+            "actor/distillation/loss_max",
             "timing_s/teacher",
         ):
             assert name in record, f"step {step} lacks {name}"
+        # k1 is signed: the teacher likes some sampled tokens more than the student does
+        assert record["actor/distillation/loss_min"] < 0 < record["actor/distillation/loss_max"]
     first = sum(records[s]["actor/distillation/loss"] for s in (1, 2)) / 2
     last = sum(records[s]["actor/distillation/loss"] for s in (STEPS - 1, STEPS)) / 2
     assert last < 0.7 * first
