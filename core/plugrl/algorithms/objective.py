@@ -51,6 +51,9 @@ class PolicyObjective:
         self._plugins = plugins
         self._policy_loss: PolicyLoss | None = None
         self._kl_penalty: KLPenalty | None = None
+        self.distills = recipe.distillation.enabled
+        self._distill_penalty: KLPenalty | None = None
+        self._distill_policy_loss: PolicyLoss | None = None
 
     @classmethod
     def from_recipe(cls, recipe: Recipe, plugins: PluginManager) -> PolicyObjective:
@@ -67,6 +70,7 @@ class PolicyObjective:
         if plugins is not self._plugins:
             self._plugins = plugins
             self._policy_loss = self._kl_penalty = None
+            self._distill_penalty = self._distill_policy_loss = None
 
     def resolve(self) -> None:
         """Load the policy loss (and KL estimator) from the attached plugin manager."""
@@ -82,6 +86,13 @@ class PolicyObjective:
         self._policy_loss = build_policy_loss(self.recipe, plugins)
         if actor.use_kl_loss:
             self._kl_penalty = plugins.registry("kl_penalties").load(actor.kl_loss_type)
+        if self.distills:
+            from plugrl.algorithms.distillation import distillation_policy_loss
+
+            loss = self.recipe.distillation.loss
+            self._distill_penalty = plugins.registry("kl_penalties").load(loss.loss_mode)
+            if loss.use_policy_gradient:
+                self._distill_policy_loss = distillation_policy_loss(self.recipe, plugins)
 
     @property
     def policy_loss(self) -> PolicyLoss:
@@ -110,6 +121,7 @@ class PolicyObjective:
             not getattr(actor, "skip_zero_advantage_rows", False)
             or actor.entropy_coeff != 0
             or actor.use_kl_loss
+            or self.distills  # the teacher's term has a gradient whatever the advantages
             or not type(self.policy_loss).zero_at_zero_advantage
         ):
             return None
@@ -188,6 +200,9 @@ class PolicyObjective:
             for name, value in pg_metrics.items()
         }
         metrics[PG_LOSS] = float(loss.detach())
+        if self.distills and not self.recipe.distillation.loss.use_task_rewards:
+            # distillation alone trains the actor: the task's policy loss is only logged
+            loss = loss.detach() * 0.0
         if weights is not None:
             mean_weight = float((weights * mask).sum()) / max(int((mask != 0).sum()), 1)
             metrics["rollout_corr/rollout_is_mean"] = mean_weight * share
@@ -227,4 +242,49 @@ class PolicyObjective:
             kl_term = aggregate(self._kl_penalty(log_prob, column("ref_log_prob")), mask)
             metrics["actor/kl_loss"] = float(kl_term.detach())
             loss = loss + actor.kl_loss_coef * kl_term
+        if self.distills:
+            loss = self._add_distillation(
+                loss, metrics, micro_batch, log_prob, aggregate, weights, share
+            )
         return loss, metrics
+
+    def _add_distillation(
+        self,
+        loss: torch.Tensor,
+        metrics: dict[str, float],
+        micro_batch: Batch,
+        log_prob: torch.Tensor,
+        aggregate: LossAggregator,
+        weights: torch.Tensor | None,
+        share: float,
+    ) -> torch.Tensor:
+        """``loss`` with the teacher's term (:mod:`plugrl.algorithms.distillation`): added
+        with ``distillation_loss_coef``, or in place of the task's policy loss when
+        ``use_task_rewards`` is off."""
+        from plugrl.algorithms.distillation import TEACHER_LOG_PROBS, distillation_term
+
+        if TEACHER_LOG_PROBS not in micro_batch:
+            raise DataError(
+                "distillation.enabled is true but the batch has no teacher_log_probs; the "
+                "scheduler must score the responses with the teachers before the update"
+            )
+        if self._distill_penalty is None:
+            self.resolve()
+        assert self._distill_penalty is not None
+        config = self.recipe.distillation.loss
+        device, dtype = log_prob.device, log_prob.dtype
+        term, term_metrics = distillation_term(
+            config,
+            self._distill_penalty,
+            self._distill_policy_loss,
+            log_prob=log_prob,
+            old_log_prob=micro_batch["old_log_probs"].to(device=device, dtype=dtype),
+            teacher_log_prob=micro_batch[TEACHER_LOG_PROBS].to(device=device, dtype=dtype),
+            response_mask=micro_batch["response_mask"].to(device=device, dtype=dtype),
+            aggregate=aggregate,
+            importance_weights=weights,
+            token_share=share,
+        )
+        metrics.update(term_metrics)
+        coef = config.distillation_loss_coef if config.use_task_rewards else 1.0
+        return loss + coef * term

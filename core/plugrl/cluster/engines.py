@@ -142,6 +142,9 @@ class EngineWorker:
     async def generate_request(self, request: GenerationRequest) -> list[Completion]:
         return await self._engine().generate_request(request)
 
+    async def score_tokens(self, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> list:
+        return await self._engine().score_tokens(prompt_ids, response_ids)
+
     async def abort(self, request_ids: Sequence[str]) -> None:
         await self._engine().abort(request_ids)
 
@@ -226,6 +229,7 @@ class EngineGroup(ABC):
         self._resyncing: set[int] = set()
         self._paused: PauseMode | None = None
         self._batch_ids = itertools.count()
+        self._score_turns = itertools.count()
         self._thread = EventLoopThread(f"plugrl-engines-{recipe.rollout.engine}")
 
     # ---------------------------------------------------------------------- how calls travel
@@ -292,6 +296,22 @@ class EngineGroup(ABC):
         for request, future in zip(requests, futures, strict=True):
             task = asyncio.ensure_future(self._generate(request, None))
             task.add_done_callback(functools.partial(_settle, future))
+
+    def submit_score(
+        self, prompt_ids: Sequence[int], response_ids: Sequence[int]
+    ) -> concurrent.futures.Future:
+        """Ask an engine (in turn) for the log-probability of each of ``response_ids`` after
+        ``prompt_ids`` (:meth:`RolloutEngine.score_tokens`); the future gets the list.
+        Thread-safe. The engines must declare :data:`Capability.SCORE`."""
+        if Capability.SCORE not in self.capabilities:
+            raise PluginError(
+                f"rollout engine {self.recipe.rollout.engine!r} cannot score given tokens (it "
+                "does not declare Capability.SCORE); serve the model with an engine that does"
+            )
+        index = next(self._score_turns) % self.num_engines
+        return self._thread.submit(
+            self._call_alive(index, "score_tokens", list(prompt_ids), list(response_ids))
+        )
 
     def in_flight(self) -> int:
         return sum(len(requests) for requests in self._in_flight)

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from plugrl.algorithms.objective import PolicyObjective
     from plugrl.cluster.base import WorkerGroup
     from plugrl.cluster.engines import EngineGroup
+    from plugrl.compose.teachers import Teachers
     from plugrl.data.dataset import PromptDataset, PromptLoader
     from plugrl.parts.algorithm import AdvantageEstimator
     from plugrl.parts.device import Device
@@ -84,6 +85,9 @@ class RunParts:
     agents: AgentRuntime | None = None
     """The agent loops, tools and their event loop, built by :meth:`agent_runtime` on the
     first batch whose rows need an agent loop other than ``single_turn``."""
+    teachers: Teachers | None = None
+    """The frozen teachers of on-policy distillation (``distillation.enabled``), or
+    ``None``."""
 
     def agent_runtime(self) -> AgentRuntime:
         """The run's :class:`~plugrl.agents.session.AgentRuntime`, built on first use."""
@@ -174,6 +178,7 @@ class RunParts:
     def close(self) -> None:
         for closer in (
             *([self.agents.close] if self.agents is not None else []),
+            *([self.teachers.close] if self.teachers is not None else []),
             self.engines.close,
             self.reward.close,
             *(group.close for group in self.groups().values()),
@@ -383,6 +388,7 @@ def build_run_parts(context: RunContext, engine_needs: dict[str, str] | None = N
     ]
     built: list[Any] = [reward]
     placement = None
+    teachers = None
 
     def group(role: str) -> WorkerGroup:
         made = make_worker_group(
@@ -400,6 +406,11 @@ def build_run_parts(context: RunContext, engine_needs: dict[str, str] | None = N
         placement = make_placement(recipe, roles, device_name=context.device_name, plugins=plugins)
         if placement is not None:
             built.append(placement)
+        if recipe.distillation.enabled:
+            from plugrl.compose.teachers import Teachers
+
+            teachers = Teachers(recipe, plugins, tokenizer, device)
+            built.append(teachers)
         actor = group("actor")
         ref = group("ref") if needs_ref else None
         critic = group("critic") if critic_on else None
@@ -466,6 +477,7 @@ def build_run_parts(context: RunContext, engine_needs: dict[str, str] | None = N
             recipe, context.part("training_backends", recipe.actor.backend), estimator
         ),
         placement=placement,
+        teachers=teachers,
     )
     if transport is not None:
         engines.on_restart = parts.resync_engines

@@ -23,6 +23,7 @@ import attrs
 
 from plugrl.errors import RecipeError
 from plugrl.parts.algorithm import KLControlConfig, PolicyLossConfig
+from plugrl.recipe.teachers import check_distillation
 
 if TYPE_CHECKING:
     from plugrl.recipe.sections import Recipe
@@ -44,6 +45,7 @@ def check_recipe(recipe: Recipe, *, runnable_here: bool = True) -> None:
     _check_rollout_correction(recipe)
     _check_reward(recipe)
     _check_lora(recipe)
+    check_distillation(recipe.distillation)
     if runnable_here:
         _check_packages(recipe)
 

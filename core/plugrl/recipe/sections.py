@@ -25,6 +25,7 @@ from plugrl.parts.health import HealthConfig
 from plugrl.parts.reward import RewardConfig
 from plugrl.parts.rollout import ROLLOUT_DTYPES, RolloutConfig
 from plugrl.parts.scheduler import SchedulerConfig
+from plugrl.recipe.distillation import DistillationConfig
 
 # a recipe written out (to_dict, to_yaml): the structure hooks of plugrl.config.structuring
 # read user input and play no part here
@@ -389,6 +390,9 @@ class Recipe:
     scheduler: SchedulerConfig = section(SchedulerConfig, "What one training step does.")
     trainer: TrainerConfig = section(TrainerConfig, "Length, validation, checkpoints, logs.")
     cluster: ClusterConfig = section(ClusterConfig, "One process or Ray.")
+    distillation: DistillationConfig = section(
+        DistillationConfig, "On-policy distillation from frozen teachers."
+    )
 
     def to_dict(self) -> dict[str, Any]:
         # each section by its runtime class: a plugin's config class adds keys to the base

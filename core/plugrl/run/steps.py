@@ -359,6 +359,9 @@ def update_from_batch(parts: RunParts, batch: Batch, timer: StepTimer) -> dict[s
     when the run has those roles, KL in the reward, advantages, then the critic's and the
     actor's updates, each timed under its verl phase name. Returns their metrics."""
     metrics: dict[str, Any] = {}
+    if getattr(parts, "teachers", None) is not None:  # stand-in parts of tests may lack it
+        with timer("teacher"):
+            metrics.update(score_with_teachers(parts, batch))
     if parts.ref is not None:
         with timer("ref"):
             batch["ref_log_prob"] = parts.ref.compute_log_prob(batch)["log_probs"]
@@ -390,6 +393,24 @@ def update_from_batch(parts: RunParts, batch: Batch, timer: StepTimer) -> dict[s
         # engine's log-probs with the trainer's (the mean only)
         check_weight_sync(parts, metrics)
     return metrics
+
+
+def score_with_teachers(parts: RunParts, batch: Batch) -> dict[str, Any]:
+    """``teacher_log_probs``: the distillation teachers' log-probs of the sampled tokens
+    (:mod:`plugrl.compose.teachers`), and the spread of the per-token estimates the actor's
+    distillation term starts from, ``actor/distillation/loss_{min,max}``, where the batch
+    holds the student's ``old_log_probs``."""
+    from plugrl.algorithms.distillation import TEACHER_LOG_PROBS, estimate_stats
+
+    assert parts.teachers is not None
+    batch[TEACHER_LOG_PROBS] = parts.teachers.score(batch)
+    if "old_log_probs" not in batch:
+        return {}
+    config = parts.recipe.distillation.loss
+    penalty = parts.plugins.registry("kl_penalties").load(config.loss_mode)
+    return estimate_stats(
+        config, penalty, batch["old_log_probs"], batch[TEACHER_LOG_PROBS], batch["response_mask"]
+    )
 
 
 def validate(parts: RunParts, recipe: Recipe, step: int) -> dict[str, float]:

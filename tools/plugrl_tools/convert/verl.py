@@ -24,6 +24,7 @@ import attrs
 from plugrl.config import ConfigValueError
 from plugrl.config.structuring import converter, describe_value, fields_of
 from plugrl.errors import ConvertError, PluginError
+from plugrl.parts.rollout import RolloutConfig
 from plugrl.plugin.manager import PluginManager
 from plugrl.plugin.registry import KNOWN_EXTERNAL, PART_KINDS, section_kind
 from plugrl.recipe.sections import Recipe
@@ -615,6 +616,21 @@ REWARD_MODEL_REPLACES = (
     "manager returns the model's scores and never calls the rule or custom function"
 )
 
+TEACHERS_PREFIX = "distillation.teacher_models."
+DEFAULT_TEACHER = "teacher_model"
+"""verl's name of its one teacher, dropped when the script names others."""
+VERL_TEACHER_TP = 2
+"""verl's default ``inference.tensor_model_parallel_size`` of a teacher."""
+DISTILLATION_DROPPED = {
+    "distillation.distillation_loss.policy_loss_mode": (
+        "verl's distillation supports only the vanilla policy loss, which plugrl's uses"
+    ),
+    "distillation.distillation_loss.clip_ratio": (
+        "verl's vanilla loss reads clip_ratio_low and clip_ratio_high, plugrl's too "
+        "(distillation.loss.clip_ratio_low/high)"
+    ),
+}
+
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 VALUE_RENAMES = {
@@ -791,6 +807,7 @@ class _Converter:
         parsed = self._global_micro_batches(parsed)
         if self.chosen["schedulers"] == "fully_async":
             parsed = self._fully_async_keys(parsed)
+        parsed = self._distillation_keys(parsed)
         shared: list[tuple[Word, Override, _Target]] = []
         for word, override in parsed:
             self._map(word, override, values, shared)
@@ -1219,6 +1236,139 @@ class _Converter:
             self._skip(word, category, reason)
         else:
             self.notes.append(f"verl's default of the V1 trainer, not set by the script: {reason}")
+
+    def _distillation_keys(
+        self, parsed: list[tuple[Word, Override]]
+    ) -> list[tuple[Word, Override]]:
+        """verl's teachers (``distillation.teacher_models.<name>.*``) in plugrl's layout
+        (``distillation.teachers.<name>.{key,model,engine,rollout}``), and verl's one teacher
+        pool (``distillation.n_gpus_per_node`` x ``nnodes``) as each teacher's own devices."""
+        teachers: dict[str, dict[str, tuple[Word, Override]]] = {}
+        pool: dict[str, tuple[Word, Override]] = {}
+        out: list[tuple[Word, Override]] = []
+        for word, override in parsed:
+            key = override.key
+            if key in ("distillation.n_gpus_per_node", "distillation.nnodes"):
+                pool[key.rpartition(".")[2]] = (word, override)
+                continue
+            if key in DISTILLATION_DROPPED:
+                self._skip(word, "dropped", DISTILLATION_DROPPED[key])
+                continue
+            if not key.startswith(TEACHERS_PREFIX):
+                out.append((word, override))
+                continue
+            name, _, rest = key.removeprefix(TEACHERS_PREFIX).partition(".")
+            teachers.setdefault(name, {})[rest] = (word, override)
+        if len(teachers) > 1 and DEFAULT_TEACHER in teachers:
+            for word, _ in teachers.pop(DEFAULT_TEACHER).values():
+                self._skip(
+                    word,
+                    "dropped",
+                    f"verl drops its default teacher, {DEFAULT_TEACHER}, when other teachers "
+                    "are named",
+                )
+        for name, keys in teachers.items():
+            out.extend(self._teacher_keys(name, keys, pool, single=len(teachers) == 1))
+        for word, _ in pool.values():
+            if not teachers:
+                self._skip(word, "dropped", "the teachers' devices, and the script names none")
+        return out
+
+    def _teacher_keys(
+        self,
+        name: str,
+        keys: dict[str, tuple[Word, Override]],
+        pool: dict[str, tuple[Word, Override]],
+        *,
+        single: bool,
+    ) -> list[tuple[Word, Override]]:
+        prefix = f"{TEACHERS_PREFIX}{name}."
+        engine_word = keys.get("inference.name")
+        engine = engine_word[1].value if engine_word else self.chosen["rollout_engines"]
+        engine = VALUE_RENAMES["rollout.engine"].get(engine, engine)
+        registry = self.plugins.registry("rollout_engines")
+        engine_fields = set(fields_of(RolloutConfig))
+        if engine in registry:
+            config_cls = registry.get(engine).load_config()
+            if isinstance(config_cls, type) and attrs.has(config_cls):
+                engine_fields |= set(fields_of(config_cls))
+        out: list[tuple[Word, Override]] = []
+
+        def put(word: Word, override: Override, rest: str, value: Any) -> None:
+            out.append((word, attrs.evolve(override, key=prefix + rest, value=value)))
+
+        for rest, (word, override) in keys.items():
+            if rest == "model_path":
+                put(word, override, "model.path", override.value)
+            elif rest == "key":
+                put(word, override, "key", override.value)
+            elif rest == "inference.name":
+                put(word, override, "engine", engine)
+            elif rest == "num_replicas":
+                continue  # with the engine's tensor parallel size, the teacher's devices
+            elif rest.startswith(f"inference.engine_kwargs.{engine}.") and (
+                "engine_kwargs" in engine_fields or engine not in registry
+            ):
+                # verl nests the engine's own arguments under its name; plugrl's are flat
+                argument = rest.removeprefix(f"inference.engine_kwargs.{engine}.")
+                put(word, override, f"rollout.engine_kwargs.{argument}", override.value)
+            elif rest.startswith("inference.") and rest.count(".") == 1:
+                field = rest.partition(".")[2]
+                if field in engine_fields:
+                    put(word, override, f"rollout.{field}", override.value)
+                elif engine not in registry:
+                    self._skip(
+                        word,
+                        "plugin",
+                        "a key the teacher's engine may have: "
+                        + self._part("rollout_engines", engine),
+                    )
+                else:
+                    self._skip(
+                        word,
+                        "unknown",
+                        f"the teacher's engine, {engine}, has no rollout key {field}",
+                    )
+            else:
+                self._skip(word, "unknown", "no key of a plugrl teacher has this meaning")
+        tp_word = keys.get("inference.tensor_model_parallel_size")
+        tp = tp_word[1].value if tp_word else VERL_TEACHER_TP
+        replicas_word = keys.get("num_replicas")
+        replicas = replicas_word[1].value if replicas_word else 0
+        nnodes = pool["nnodes"][1].value if "nnodes" in pool else None
+        per_node = pool["n_gpus_per_node"][1].value if "n_gpus_per_node" in pool else None
+        anchor = (
+            replicas_word or tp_word or pool.get("n_gpus_per_node") or next(iter(keys.values()))
+        )
+        word, override = anchor
+        if tp_word is None and "tensor_model_parallel_size" in engine_fields:
+            put(word, override, "rollout.tensor_model_parallel_size", tp)
+            self.notes.append(
+                f"teacher {name}: verl serves a teacher with tensor_model_parallel_size "
+                f"{VERL_TEACHER_TP} unless told otherwise; so does the recipe"
+            )
+        if single and isinstance(nnodes, int) and isinstance(per_node, int):
+            # verl's whole teacher pool is this teacher's, num_replicas filled from it
+            put(word, override, "rollout.nnodes", nnodes)
+            put(word, override, "rollout.n_gpus_per_node", per_node)
+        elif isinstance(replicas, int) and replicas > 0 and isinstance(tp, int):
+            # one node per teacher here; verl packs the replicas of all teachers in one pool
+            put(word, override, "rollout.nnodes", 1)
+            put(word, override, "rollout.n_gpus_per_node", replicas * tp)
+            self.notes.append(
+                f"teacher {name}: {replicas} replicas of {tp} devices in verl's shared teacher "
+                f"pool are {replicas * tp} devices of its own on one node here"
+            )
+        elif pool:
+            for word, _ in pool.values():
+                self._skip(
+                    word,
+                    "unresolved",
+                    f"verl splits its teacher pool by each teacher's num_replicas, which the "
+                    f"script does not give for {name}; set "
+                    f"distillation.teachers.{name}.rollout.n_gpus_per_node",
+                )
+        return out
 
     def _one_step_off(self, module: str, values: dict[tuple[str, ...], tuple[Any, str]]) -> None:
         """verl's one-step-off-policy trainer as plugrl's fully_async scheduler: a step trains
