@@ -22,6 +22,7 @@ from plugrl.parts.algorithm import AlgorithmConfig
 from plugrl.parts.backend import ActorConfig, CriticConfig
 from plugrl.parts.device import DeviceConfig
 from plugrl.parts.health import HealthConfig
+from plugrl.parts.launcher import LaunchConfig
 from plugrl.parts.reward import RewardConfig
 from plugrl.parts.rollout import ROLLOUT_DTYPES, RolloutConfig
 from plugrl.parts.scheduler import SchedulerConfig
@@ -381,6 +382,7 @@ class Recipe:
     scheduler: SchedulerConfig = section(SchedulerConfig, "What one training step does.")
     trainer: TrainerConfig = section(TrainerConfig, "Length, validation, checkpoints, logs.")
     cluster: ClusterConfig = section(ClusterConfig, "One process or Ray.")
+    launch: LaunchConfig = section(LaunchConfig, "How plugrl launch puts the run on a cluster.")
 
     def to_dict(self) -> dict[str, Any]:
         # each section by its runtime class: a plugin's config class adds keys to the base
