@@ -30,6 +30,9 @@ from plugrl_tools.launch import job_name, prepare_launch, submit, write_job
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SHIPPED = sorted(shipped_recipes())
+NPU = sorted(f"recipes/npu/{path.name}" for path in Path("recipes/npu").glob("*.yaml"))
+# every shipped recipe, with the device it is for
+ALL = [(name, "cuda") for name in SHIPPED] + [(path, "npu") for path in NPU]
 # what a user adds to a shipped recipe to launch it: the cluster's device, two nodes, the
 # shared folder, and the options each scheduler needs
 COMMON = [
@@ -67,9 +70,9 @@ def rendered(plugins, recipe: str, launcher: str, *extra: str) -> str:
     return launch.launcher.render(launch.job)
 
 
-def nodes_of(plugins, recipe: str) -> int:
+def nodes_of(plugins, recipe: str, *extra: str) -> int:
     """2 (trainer.nnodes), plus the engines' node in the recipes that give them their own."""
-    return prepared(plugins, recipe, "slurm").job.nodes
+    return prepared(plugins, recipe, "slurm", *extra).job.nodes
 
 
 def recipe_in(text: str, start: str) -> dict[str, Any]:
@@ -237,9 +240,9 @@ def sbatch_option_problems(text: str) -> list[str]:
     return problems
 
 
-@pytest.mark.parametrize("recipe", SHIPPED)
-def test_the_sbatch_script_of_each_shipped_recipe_is_valid(plugins, recipe, tmp_path):
-    text = rendered(plugins, recipe, "slurm")
+@pytest.mark.parametrize(("recipe", "device"), ALL)
+def test_the_sbatch_script_of_each_shipped_recipe_is_valid(plugins, recipe, device, tmp_path):
+    text = rendered(plugins, recipe, "slurm", f"device.name={device}")
     assert not sbatch_option_problems(text)
     script = tmp_path / "job.sbatch"
     script.write_text(text)
@@ -249,11 +252,14 @@ def test_the_sbatch_script_of_each_shipped_recipe_is_valid(plugins, recipe, tmp_
             ["shellcheck", "--severity=warning", str(script)], capture_output=True, text=True
         )
         assert result.returncode == 0, result.stdout
-    assert f"#SBATCH --nodes={nodes_of(plugins, recipe)}" in text and "#SBATCH --gres=gpu:" in text
+    nodes = nodes_of(plugins, recipe, f"device.name={device}")
+    gres = {"cuda": "gpu", "npu": "npu"}[device]
+    assert f"#SBATCH --nodes={nodes}" in text and f"#SBATCH --gres={gres}:" in text
     assert "#SBATCH --partition=gpu" in text and "#SBATCH --chdir=/shared/team/grpo" in text
-    assert "export NCCL_SOCKET_IFNAME=ib0" in text
+    network = {"cuda": "NCCL_SOCKET_IFNAME", "npu": "HCCL_SOCKET_IFNAME"}[device]
+    assert f"export {network}=ib0" in text
     assert "source /shared/team/venv/bin/activate" in text
-    assert recipe_in(text, "cat > ")["trainer"]["nnodes"] == 2
+    assert recipe_in(text, "cat > ")["device"]["name"] == device
 
 
 def test_the_option_check_finds_what_sbatch_refuses():
@@ -263,7 +269,8 @@ def test_the_option_check_finds_what_sbatch_refuses():
 
 @pytest.fixture(scope="module")
 def slurm_controller(tmp_path_factory):
-    """A Slurm controller of this test's own (no slurmd): four nodes of 16 GPUs as cloud nodes,
+    """A Slurm controller of this test's own (no slurmd): 16 nodes of 16 GPUs and 16 NPUs as
+    cloud nodes,
     which ``sbatch --test-only`` schedules as if they were up. Skipped where Slurm is not
     installed."""
     if not (shutil.which("slurmctld") and shutil.which("sbatch")):
@@ -285,12 +292,12 @@ def slurm_controller(tmp_path_factory):
                 "SlurmUser=root",
                 "ProctrackType=proctrack/linuxproc",
                 "SelectType=select/cons_tres",
-                "GresTypes=gpu",
+                "GresTypes=gpu,npu",
                 "SuspendProgram=/bin/true",
                 "ResumeProgram=/bin/true",
-                "NodeName=node[1-4] NodeAddr=127.0.0.1 CPUs=64 RealMemory=512000 Gres=gpu:16 "
-                "State=CLOUD",
-                "PartitionName=gpu Nodes=node[1-4] Default=YES MaxTime=INFINITE State=UP",
+                "NodeName=node[1-16] NodeAddr=127.0.0.1 CPUs=64 RealMemory=512000 "
+                "Gres=gpu:16,npu:16 State=CLOUD",
+                "PartitionName=gpu Nodes=node[1-16] Default=YES MaxTime=INFINITE State=UP",
                 "",
             ]
         )
@@ -313,18 +320,20 @@ def slurm_controller(tmp_path_factory):
         controller.wait(timeout=30)
 
 
-@pytest.mark.parametrize("recipe", SHIPPED)
-def test_slurm_would_schedule_the_sbatch_script(plugins, recipe, slurm_controller, tmp_path):
+@pytest.mark.parametrize(("recipe", "device"), ALL)
+def test_slurm_would_schedule_the_sbatch_script(
+    plugins, recipe, device, slurm_controller, tmp_path
+):
     script = tmp_path / "job.sbatch"
-    script.write_text(
-        rendered(plugins, recipe, "slurm", "launch.launcher_args.account=~", "launch.workdir=~")
-    )
+    here = ["launch.launcher_args.account=~", "launch.workdir=~", f"device.name={device}"]
+    script.write_text(rendered(plugins, recipe, "slurm", *here))
     result = subprocess.run(
         ["sbatch", "--test-only", str(script)], env=slurm_controller, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stderr
-    nodes = nodes_of(plugins, recipe)
-    assert "to start at" in result.stderr and f"on nodes node[1-{nodes}]" in result.stderr
+    nodes = nodes_of(plugins, recipe, f"device.name={device}")
+    where = f"on nodes node[1-{nodes}]" if nodes > 1 else "on nodes node1"
+    assert "to start at" in result.stderr and where in result.stderr
 
 
 def test_slurm_refuses_a_script_asking_for_more_than_it_has(plugins, slurm_controller, tmp_path):
@@ -378,9 +387,11 @@ def rayjob_validator():
 KUBERNETES_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
-@pytest.mark.parametrize("recipe", SHIPPED)
-def test_the_rayjob_of_each_shipped_recipe_fits_the_crd(plugins, recipe, rayjob_validator):
-    config_map, ray_job = yaml.safe_load_all(rendered(plugins, recipe, "kuberay"))
+@pytest.mark.parametrize(("recipe", "device"), ALL)
+def test_the_rayjob_of_each_shipped_recipe_fits_the_crd(plugins, recipe, device, rayjob_validator):
+    chosen = f"device.name={device}"
+    config_map, ray_job = yaml.safe_load_all(rendered(plugins, recipe, "kuberay", chosen))
+    nodes = nodes_of(plugins, recipe, chosen)
     errors = [
         f"{'.'.join(map(str, error.absolute_path))}: {error.message}"
         for error in rayjob_validator.iter_errors(ray_job)
@@ -392,23 +403,32 @@ def test_the_rayjob_of_each_shipped_recipe_fits_the_crd(plugins, recipe, rayjob_
         assert len(document["metadata"]["name"]) <= 63
         assert document["metadata"]["namespace"] == "rl"
     assert (config_map["apiVersion"], config_map["kind"]) == ("v1", "ConfigMap")
-    assert yaml.safe_load(config_map["data"]["recipe.yaml"])["trainer"]["nnodes"] == 2
+    assert yaml.safe_load(config_map["data"]["recipe.yaml"])["device"]["name"] == device
     spec = ray_job["spec"]
     assert spec["entrypoint"].startswith(
         "plugrl run --chdir=/shared/team/grpo /etc/plugrl/recipe.yaml cluster.mode=ray "
-        f"cluster.address=auto --wait-for-nodes={nodes_of(plugins, recipe)}"
+        f"cluster.address=auto --wait-for-nodes={nodes}"
     )
     cluster = spec["rayClusterSpec"]
-    head = cluster["headGroupSpec"]["template"]["spec"]
-    (workers,) = cluster["workerGroupSpecs"]
-    # the head is the first node
-    assert workers["replicas"] == nodes_of(plugins, recipe) - 1
-    for pod in (head, workers["template"]["spec"]):
-        (container,) = pod["containers"]
+    pods = [cluster["headGroupSpec"]]
+    if nodes > 1:
+        (workers,) = cluster["workerGroupSpecs"]
+        assert workers["replicas"] == nodes - 1  # the head is the first node
+        pods.append(workers)
+    else:
+        assert "workerGroupSpecs" not in cluster
+    resource, network = {
+        "cuda": ("nvidia.com/gpu", "NCCL_SOCKET_IFNAME"),
+        "npu": ("huawei.com/Ascend910", "HCCL_SOCKET_IFNAME"),
+    }[device]
+    for group in pods:
+        if device == "npu":  # Ray finds GPUs in a pod's limits, not NPUs
+            assert group["rayStartParams"]["resources"].startswith('"{\\"NPU\\": ')
+        (container,) = group["template"]["spec"]["containers"]
         assert container["image"] == "registry.example.com/plugrl:0.1"
-        assert container["resources"]["limits"]["nvidia.com/gpu"] >= 1
+        assert container["resources"]["limits"][resource] >= 1
         env = {item["name"]: item["value"] for item in container["env"]}
-        assert env["NCCL_SOCKET_IFNAME"] == "ib0"
+        assert env[network] == "ib0"
         assert env["PATH"].startswith("/shared/team/venv/bin:")
         assert {"name": "shared", "mountPath": "/shared/team/grpo"} in container["volumeMounts"]
 
@@ -507,13 +527,11 @@ def test_a_plugin_adds_a_launcher(plugrl_plugin_manager, plugrl_register_plugin,
     launch = prepare_launch("quickstart", ["trainer.nnodes=4"], "queue", plugrl_plugin_manager)
     assert launch.default_file == "grpo-arithmetic.queue"  # trainer.experiment_name
     lines = launch.launcher.render(launch.job).splitlines()
-    assert [line.partition(":")[0] for line in lines] == ["node 0", "node 1", "node 2", "node 3", "run"]
+    assert [line.partition(":")[0] for line in lines] == [*(f"node {i}" for i in range(4)), "run"]
     # the cpu device: ranks are placed by CPU, so ray start names no devices
     assert lines[1] == "node 1: ray start --address=$HEAD:6379 --disable-usage-stats --block"
     with pytest.raises(RecipeError, match=r"^launch.launcher_args: 'queue' takes no options"):
-        prepare_launch(
-            "quickstart", ["launch.launcher_args.x=1"], "queue", plugrl_plugin_manager
-        )
+        prepare_launch("quickstart", ["launch.launcher_args.x=1"], "queue", plugrl_plugin_manager)
 
 
 def test_the_command_writes_the_job_and_names_how_to_submit_it(tmp_path):

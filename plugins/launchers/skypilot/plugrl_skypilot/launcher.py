@@ -5,9 +5,11 @@ on the head. SkyPilot's own Ray uses port 6380, so the job's keeps ``launch.ray_
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 from typing import Any, ClassVar
 
 import attrs
+import yaml
 
 from plugrl.api import RecipeError, option, positive
 from plugrl.api.launch import Launcher, LaunchJob, yaml_documents
@@ -50,8 +52,10 @@ class SkyPilotLauncher(Launcher):
         super().__init__(config or SkyPilotConfig())
 
     def submit_command(self, path: str) -> list[str]:
-        # the cluster is named after the job file's task: a second launch reuses its nodes
-        return ["sky", "launch", "--yes", path]
+        # the cluster takes the task's name (the job's), so `sky logs NAME` and `sky down NAME`
+        # find it, and a second launch of the same job reuses its nodes
+        name = yaml.safe_load(Path(path).read_text(encoding="utf-8"))["name"]
+        return ["sky", "launch", "--yes", "--cluster", name, path]
 
     def render(self, job: LaunchJob) -> str:
         return yaml_documents(self.task(job))
