@@ -17,7 +17,10 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
+from plugrl.plugin.manager import get_plugin_manager
+from plugrl_tools.launch import prepare_launch, write_job
 from tests.e2e.e2e_support import by_step, cli_env, read_records, tiny_recipe, write_recipe
 
 pytestmark = pytest.mark.slow
@@ -86,19 +89,14 @@ def test_the_sbatch_script_starts_a_two_node_ray_cluster_and_trains_on_it(tiny_t
         recipe["data"][key] = [os.path.relpath(path, project) for path in recipe["data"][key]]
     recipe_file = write_recipe(project / "recipe.yaml", recipe)
     script = project / "job.sbatch"
-    launch = subprocess.run(
-        [
-            *(sys.executable, "-m", "plugrl_tools.cli", "launch", str(recipe_file), "--slurm"),
-            *("--dry-run", "-o", str(script), "trainer.nnodes=2", "trainer.n_gpus_per_node=1"),
-        ],
-        capture_output=True,
-        text=True,
-        env=cli_env(),
-        cwd=project,
-        check=False,
+    launch = prepare_launch(
+        str(recipe_file),
+        ["trainer.nnodes=2", "trainer.n_gpus_per_node=1"],
+        "slurm",
+        get_plugin_manager(),
     )
-    assert launch.returncode == 0, launch.stderr
-    assert "2 node(s) of 1 cpu device(s)" in launch.stdout
+    assert (launch.job.nodes, launch.job.devices_per_node, launch.job.device) == (2, 1, "cpu")
+    write_job(launch, script)
     text = script.read_text()
     assert "export GLOO_SOCKET_IFNAME=lo" in text
     assert "NCCL_SOCKET_IFNAME" not in text  # the cpu device's collectives are gloo's
@@ -140,6 +138,8 @@ def test_the_sbatch_script_starts_a_two_node_ray_cluster_and_trains_on_it(tiny_t
     assert set(placed) == {"actor ranks", "rollout engines"}, output[-12000:]
     run_dir = project / "run"
     assert sorted(by_step(read_records(run_dir))) == [1]
-    assert (project / "launch" / f"{run_dir.parent.name}.yaml").exists() or list(
-        (project / "launch").glob("*.yaml")
-    )
+    # the run read the recipe the script wrote, in the working folder the recipe names
+    written = yaml.safe_load((project / launch.job.recipe_file).read_text())
+    assert written["trainer"]["nnodes"] == 2 and "launch" not in written
+    recorded = yaml.safe_load((run_dir / "recipe.yaml").read_text())
+    assert recorded["data"]["train_files"] == [str(tiny_task.train_file)]

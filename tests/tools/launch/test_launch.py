@@ -581,3 +581,12 @@ def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("", 0))
         return probe.getsockname()[1]
+
+
+def test_waiting_for_nodes_needs_a_ray_cluster_to_join(tmp_path):
+    (tmp_path / "recipe.yaml").write_text("cluster: local\n")
+    result = CliRunner().invoke(
+        cli, ["run", "--chdir", str(tmp_path), "recipe.yaml", "--wait-for-nodes=2"]
+    )
+    assert result.exit_code == 2
+    assert "--wait-for-nodes waits for the Ray cluster the run joins" in result.output
