@@ -1,7 +1,10 @@
 """The sbatch script ``plugrl launch --slurm`` writes, run on this machine as Slurm would run
 it on two nodes: ``srun`` and ``scontrol`` are stand-ins that run each step here, so the
-script's own ``ray start`` commands make a two-node Ray cluster and its ``plugrl run`` trains
-on both nodes."""
+script's own ``ray start`` commands make a two-node Ray cluster (each raylet with working
+folders of its own, as on two machines), and its ``plugrl run`` joins it by address and trains
+a recipe of relative paths with a rank and an engine on each node. This is the suite's one
+training run on a cluster of several nodes; tests/e2e/test_multinode.py checks on one what
+each node sees."""
 
 from __future__ import annotations
 
@@ -74,7 +77,7 @@ def test_the_sbatch_script_starts_a_two_node_ray_cluster_and_trains_on_it(tiny_t
     recipe = tiny_recipe(
         tiny_task,
         Path("run"),
-        trainer={"val_before_train": False, "total_training_steps": 1, "save_freq": -1},
+        trainer={"val_before_train": False, "total_training_steps": 1, "save_freq": 1},
         launch={
             "workdir": str(project),
             "ray_port": _free_port(),
@@ -85,8 +88,12 @@ def test_the_sbatch_script_starts_a_two_node_ray_cluster_and_trains_on_it(tiny_t
             "env": {"OMP_NUM_THREADS": "1"},
         },
     )
+    # the paths as a user writes them: relative to the folder the run starts in
+    recipe["model"]["path"] = os.path.relpath(recipe["model"]["path"], project)
     for key in ("train_files", "val_files"):
         recipe["data"][key] = [os.path.relpath(path, project) for path in recipe["data"][key]]
+    function = recipe["reward"]["custom_function"]
+    function["path"] = os.path.relpath(function["path"], project)
     recipe_file = write_recipe(project / "recipe.yaml", recipe)
     script = project / "job.sbatch"
     launch = prepare_launch(
@@ -119,11 +126,16 @@ def test_the_sbatch_script_starts_a_two_node_ray_cluster_and_trains_on_it(tiny_t
         text=True,
         start_new_session=True,
     )
+    output = ""
     try:
-        output, _ = job.communicate(timeout=180)
+        output, _ = job.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGTERM)
+        output = job.communicate(timeout=60)[0]
+        pytest.fail(f"the job did not end in 300 s:\n{output[-6000:]}")
     finally:
         if job.poll() is None:
-            os.killpg(job.pid, signal.SIGTERM)
+            os.killpg(job.pid, signal.SIGKILL)
             job.wait(timeout=30)
         deadline = time.monotonic() + 20
         while _processes_under(ray_temp) and time.monotonic() < deadline:
@@ -135,11 +147,21 @@ def test_the_sbatch_script_starts_a_two_node_ray_cluster_and_trains_on_it(tiny_t
     assert job.returncode == 0, output[-12000:]
     assert not left, "the job's Ray processes outlived it"
     placed = dict(re.findall(r"(\w+ (?:ranks|engines)) on 2 Ray nodes: (.*)", output))
-    assert set(placed) == {"actor ranks", "rollout engines"}, output[-12000:]
+    assert set(placed) == {"actor ranks", "rollout engines"}, output[-4000:]
+    for what, where in placed.items():
+        # "0 on node <id> (<ip>); 1 on node <id> (<ip>)": one on each node
+        nodes = re.findall(r"(\d+) on node (\w+)", where)
+        assert sorted(index for index, _ in nodes) == ["0", "1"], what
+        assert len({node for _, node in nodes}) == 2, what
+    assert "the run's files and run folder are seen by the other 1 Ray node(s)" in output
     run_dir = project / "run"
     assert sorted(by_step(read_records(run_dir))) == [1]
+    # the ranks on both nodes wrote their shares of one checkpoint into the shared folder
+    assert (run_dir / "global_step_1").is_dir()
+    assert not [path for path in run_dir.iterdir() if path.name.startswith(".")], "check file"
     # the run read the recipe the script wrote, in the working folder the recipe names
     written = yaml.safe_load((project / launch.job.recipe_file).read_text())
     assert written["trainer"]["nnodes"] == 2 and "launch" not in written
     recorded = yaml.safe_load((run_dir / "recipe.yaml").read_text())
+    assert recorded["model"]["path"] == str(tiny_task.model)
     assert recorded["data"]["train_files"] == [str(tiny_task.train_file)]
