@@ -590,3 +590,20 @@ def test_waiting_for_nodes_needs_a_ray_cluster_to_join(tmp_path):
     )
     assert result.exit_code == 2
     assert "--wait-for-nodes waits for the Ray cluster the run joins" in result.output
+
+
+def test_a_launched_run_resumes_from_the_recipe_it_was_launched_from(plugins):
+    """The job's run records its recipe without ``launch``; resumed with the user's recipe,
+    which has it, the run is the same experiment."""
+    from plugrl.recipe import build_recipe
+    from plugrl.run.folder import recipe_changes
+
+    launched = yaml.safe_load(prepared(plugins, "quickstart", "slurm").job.recipe_text)
+    launched["cluster"] = {"mode": "ray"}  # as the job runs it
+    recorded = build_recipe(launched, plugins).to_dict()
+    resumed = build_recipe(
+        {**launched, "launch": {"launcher": "slurm", "workdir": "/shared/x", "nodes": 4}},
+        plugins,
+    ).to_dict()
+    assert recorded["launch"] != resumed["launch"]
+    assert recipe_changes(recorded, resumed) == []
