@@ -85,6 +85,11 @@ class SlurmLauncher(Launcher):
 
     def render(self, job: LaunchJob) -> str:
         head_ip = '"$head_ip"'
+        where = (
+            f"check launch.network_interface ({job.network_interface})"
+            if job.network_interface
+            else "set launch.network_interface"
+        )
         step = "srun --nodes=1 --ntasks=1 --overlap"
         if job.image:
             # pyxis (NVIDIA's container plugin of srun); the working folder is mounted in
@@ -120,6 +125,7 @@ class SlurmLauncher(Launcher):
             'mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
             "head=${nodes[0]}",
             f'head_ip=$({step} -w "$head" bash -c {shlex.quote(job.node_ip())})',
+            f'[ -n "$head_ip" ] || {{ echo "no IPv4 address on $head: {where}" >&2; exit 1; }}',
             'echo "Ray head: $head ($head_ip)"',
             "# the Ray steps end with the job; stop them when the run ends first",
             "trap 'kill $(jobs -p) 2>/dev/null || true' EXIT",
