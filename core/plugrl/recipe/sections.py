@@ -22,6 +22,7 @@ from plugrl.parts.algorithm import AlgorithmConfig
 from plugrl.parts.backend import ActorConfig, CriticConfig
 from plugrl.parts.device import DeviceConfig
 from plugrl.parts.health import HealthConfig
+from plugrl.parts.launcher import LaunchConfig
 from plugrl.parts.reward import RewardConfig
 from plugrl.parts.rollout import ROLLOUT_DTYPES, RolloutConfig
 from plugrl.parts.scheduler import SchedulerConfig
@@ -393,6 +394,7 @@ class Recipe:
     distillation: DistillationConfig = section(
         DistillationConfig, "On-policy distillation from frozen teachers."
     )
+    launch: LaunchConfig = section(LaunchConfig, "How plugrl launch puts the run on a cluster.")
 
     def to_dict(self) -> dict[str, Any]:
         # each section by its runtime class: a plugin's config class adds keys to the base

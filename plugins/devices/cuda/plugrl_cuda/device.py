@@ -18,6 +18,12 @@ class CudaDevice(Device):
     dist_backend: ClassVar[str] = "nccl"
     ray_resource: ClassVar[str | None] = "GPU"
     visible_devices_env: ClassVar[str | None] = "CUDA_VISIBLE_DEVICES"
+    kubernetes_resource: ClassVar[str | None] = "nvidia.com/gpu"
+    slurm_gres: ClassVar[str | None] = "gpu"
+
+    @classmethod
+    def network_env(cls, interface: str) -> dict[str, str]:
+        return {**super().network_env(interface), "NCCL_SOCKET_IFNAME": interface}
 
     @classmethod
     def is_available(cls) -> bool:
