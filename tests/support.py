@@ -51,7 +51,7 @@ def local_ray(num_cpus: int) -> Iterator[Any]:
 
 
 def wait_until(
-    condition: Callable[[], Any], what: str, timeout: float = 60.0, every: float = 0.002
+    condition: Callable[[], Any], what: str, timeout: float = 300.0, every: float = 0.002
 ) -> None:
     """Return once ``condition()`` is true; fail naming ``what`` was awaited if it is not
     within ``timeout`` seconds. The deadline is generous on purpose: a test waits for an

@@ -59,6 +59,7 @@ DATA_TYPES = (
     "plugrl.parts.agent:Trajectory",
     "plugrl.parts.health:Finding",
     "plugrl.parts.health:HealthCheckConfig",
+    "plugrl.parts.launcher:LaunchJob",
 )
 IMPLEMENT = ("required", "optional", "provided", "set", "read")
 

@@ -69,7 +69,7 @@ def test_sigterm_while_a_reward_file_imports_ends_the_run_as_interrupted(
             assert time.monotonic() < deadline, "the reward file was never imported"
             time.sleep(0.02)
         process.send_signal(signal.SIGTERM)
-        returncode = process.wait(60)
+        returncode = process.wait(300)
         assert group_gone(process.pid), "processes of the stopped run are still alive"
     log = log_file.read_text()
     assert returncode == 1, log

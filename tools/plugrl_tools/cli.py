@@ -111,11 +111,38 @@ def cli(verbose: bool) -> None:
     help="Print the resolved recipe as YAML, warn of the data and reward files it names that "
     "are not here, and exit without running.",
 )
-def run(recipe: str, overrides: tuple[str, ...], print_config: bool) -> None:
+@click.option(
+    "--chdir",
+    type=click.Path(file_okay=False, exists=True, path_type=str),
+    help="Run in DIR: RECIPE and the recipe's relative paths are taken from there.",
+)
+@click.option(
+    "--wait-for-nodes",
+    type=click.IntRange(min=1),
+    help="Wait until the Ray cluster at cluster.address has N live nodes before the run "
+    "starts (what a plugrl launch job does).",
+)
+@click.option(
+    "--wait-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=600.0,
+    show_default=True,
+    help="Seconds --wait-for-nodes waits.",
+)
+def run(
+    recipe: str,
+    overrides: tuple[str, ...],
+    print_config: bool,
+    chdir: str | None,
+    wait_for_nodes: int | None,
+    wait_timeout: float,
+) -> None:
     """Run RECIPE (a YAML file), with KEY=VALUE overrides (actor.optim.lr=1e-6)."""
     from plugrl.plugin.manager import get_plugin_manager
     from plugrl.recipe import load_recipe
 
+    if chdir is not None:
+        os.chdir(chdir)
     plugins = get_plugin_manager()
     resolved = load_recipe(recipe, overrides, plugins)
     if print_config:
@@ -132,10 +159,70 @@ def run(recipe: str, overrides: tuple[str, ...], print_config: bool) -> None:
                 err=True,
             )
         return
+    if wait_for_nodes is not None:
+        if resolved.cluster.mode != "ray" or not resolved.cluster.address:
+            raise click.UsageError(
+                "--wait-for-nodes waits for the Ray cluster the run joins: set "
+                "cluster.mode=ray and cluster.address"
+            )
+        from plugrl_tools.launch import wait_for_nodes as wait
+
+        wait(resolved.cluster.address, wait_for_nodes, wait_timeout)
     from plugrl.run.runner import run_recipe
 
     run_recipe(resolved, plugins)
     _plot_if_possible(resolved.run_dir)
+
+
+@cli.command(context_settings={"ignore_unknown_options": False})
+@click.argument("recipe", type=click.Path(dir_okay=False, path_type=str))
+@click.argument("overrides", nargs=-1)
+@click.option("--slurm", "flag", flag_value="slurm", help="An sbatch script (launcher slurm).")
+@click.option(
+    "--kuberay", "flag", flag_value="kuberay", help="A KubeRay RayJob manifest (launcher kuberay)."
+)
+@click.option(
+    "--skypilot", "flag", flag_value="skypilot", help="A SkyPilot task (launcher skypilot)."
+)
+@click.option("--launcher", "name", help="Another registered launcher, by name.")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=str),
+    help="The job file to write (default: the job's name and the launcher's ending, here).",
+)
+@click.option("--dry-run", is_flag=True, help="Write the job file; do not submit it.")
+def launch(
+    recipe: str,
+    overrides: tuple[str, ...],
+    flag: str | None,
+    name: str | None,
+    output: str | None,
+    dry_run: bool,
+) -> None:
+    """Write the job that runs RECIPE on a cluster that a scheduler brings up (Ray on every
+    node, the run on the first), with KEY=VALUE overrides, and submit it with the scheduler's
+    command (sbatch, kubectl create, sky launch). The launch section of the recipe holds the
+    job's settings (plugrl explain launch); docs/cluster.md has an example of each."""
+    from plugrl.plugin.manager import get_plugin_manager
+    from plugrl_tools.launch import prepare_launch, submit, write_job
+
+    if flag and name and flag != name:
+        raise click.UsageError(f"--{flag} and --launcher {name} name two launchers: give one")
+    prepared = prepare_launch(recipe, overrides, flag or name, get_plugin_manager())
+    path = Path(output or prepared.default_file)
+    write_job(prepared, path)
+    command = " ".join(prepared.launcher.submit_command(str(path)))
+    job = prepared.job
+    click.echo(
+        f"wrote {path}: {job.nodes} node(s) of {job.devices_per_node} {job.device} "
+        f"device(s), launcher {prepared.launcher.name}"
+    )
+    if dry_run:
+        click.echo(f"submit it with: {command}")
+        return
+    click.echo(f"submitting: {command}")
+    click.echo(submit(prepared, path), nl=False)
 
 
 @cli.command(context_settings={"ignore_unknown_options": False})

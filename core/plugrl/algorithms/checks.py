@@ -38,6 +38,10 @@ ALWAYS_PRESENT = frozenset(
 )
 """Columns every run's batch has by the time advantages are computed."""
 
+SUM_PI_SQUARED = "sum_pi_squared"
+"""The column the actor's old_log_prob pass adds for an estimator that reads it, from a
+backend that declares ``TrainingBackend.computes_sum_pi_squared``."""
+
 
 def check_algorithm(recipe: Recipe, plugins: PluginManager) -> None:
     """Raise a :class:`RecipeError` naming the key to change when the chosen estimator, loss
@@ -64,11 +68,21 @@ def _check_estimator(recipe: Recipe, plugins: PluginManager) -> None:
             "the critic is trained for nothing",
             name,
         )
+    if SUM_PI_SQUARED in requires:
+        backend = plugins.registry("training_backends").load(recipe.actor.backend)
+        if not getattr(backend, "computes_sum_pi_squared", False):
+            raise RecipeError(
+                f"{name!r} reads each token's sum of squared probabilities from the actor's "
+                f"log-prob pass, which training backend {recipe.actor.backend!r} does not "
+                "compute; choose actor.backend=fsdp2 or megatron, or another estimator",
+                key=ESTIMATOR_KEY,
+            )
     scheduler_name = recipe.scheduler.name
     scheduler = plugins.registry("schedulers").load(scheduler_name)
     provides = getattr(scheduler, "provides", None)
     if provides is not None:
-        missing = sorted(requires - ALWAYS_PRESENT - set(provides))
+        # the actor's old_log_prob pass adds sum_pi_squared when the estimator reads it
+        missing = sorted(requires - ALWAYS_PRESENT - {SUM_PI_SQUARED} - set(provides))
         if missing:
             raise RecipeError(
                 f"{name!r} needs batch column {', '.join(missing)}, which scheduler "

@@ -18,7 +18,7 @@ import attrs
 import torch
 
 from plugrl.errors import RecipeError
-from plugrl.parts.algorithm import LossScale
+from plugrl.parts.algorithm import LossScale, parse_rollout_is_threshold
 
 LOSS_AGG_MODES: Final = (
     "token-mean",
@@ -159,7 +159,7 @@ class LossAggregator:
 
 
 # --------------------------------------------------------------------------------------------
-# Truncated importance sampling (TIS) against the rollout policy
+# Truncated importance sampling (TIS) against the rollout policy, and token masks (IcePop, KPop)
 # --------------------------------------------------------------------------------------------
 # The rollout engine samples with weights that may be older than the trainer's (fully-async
 # staleness) or numerically different (another engine, bf16). Weighting each token's loss by
@@ -167,9 +167,34 @@ class LossAggregator:
 # difference: ``token`` weighs every token by its own ratio (biased, low variance),
 # ``sequence`` weighs every token of a response by the product of its ratios (unbiased, high
 # variance).
+#
+# Truncation keeps a token whose ratio is extreme, at the bound; masking drops it. IcePop (a
+# ``"lower_upper"`` threshold, verl's spelling) gives weight 0 to a ratio outside
+# ``[lower, upper]``; KPop (``algorithm.kpop_threshold``) gives weight 0 to a token whose
+# two-outcome KL between the two policies (this token, or any other) exceeds the threshold in
+# either direction, a band that is wide in ratio for rare tokens and narrow for confident ones.
 
 LEVELS = ("token", "sequence")
 LOG_RATIO_CLAMP = 20.0
+KPOP_PROB_CLAMP = 1e-6
+"""KPop's probabilities are kept within ``[1e-6, 1 - 1e-6]`` so that the complement's
+logarithm stays finite for a token of probability 1."""
+
+
+def binary_kl(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """KL between two two-outcome distributions, ``(p, 1 - p)`` and ``(q, 1 - q)``."""
+    return p * (p.log() - q.log()) + (1 - p) * ((1 - p).log() - (1 - q).log())
+
+
+def kpop_keep(
+    old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, threshold: float
+) -> torch.Tensor:
+    """KPop's tokens to keep (bool [B, R]): the binary KL between the trainer's and the
+    engine's probability of the sampled token is at most ``threshold`` both ways round."""
+    low, high = KPOP_PROB_CLAMP, 1 - KPOP_PROB_CLAMP
+    trainer = old_log_probs.double().exp().clamp(low, high)
+    engine = rollout_log_probs.double().exp().clamp(low, high)
+    return (binary_kl(trainer, engine) <= threshold) & (binary_kl(engine, trainer) <= threshold)
 
 
 def compute_rollout_is_weights(
@@ -177,29 +202,40 @@ def compute_rollout_is_weights(
     rollout_log_probs: torch.Tensor,
     response_mask: torch.Tensor,
     level: str,
-    threshold: float,
+    threshold: float | str,
+    kpop_threshold: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Truncated importance weights [B, R] (no gradient, zero off the mask) and their metrics.
+    """Importance weights [B, R] (no gradient, zero off the mask) and their metrics.
 
     ``weight = min(exp(log_ratio), threshold)`` where ``log_ratio`` is
     ``old_log_probs - rollout_log_probs`` per token (``level="token"``) or its sum over the
-    response (``level="sequence"``), clamped to ±20 before ``exp``.
+    response (``level="sequence"``), clamped to ±20 before ``exp``. A ``"lower_upper"``
+    threshold (IcePop) gives weight 0 where the untruncated weight is outside
+    ``[lower, upper]`` and keeps it as it is inside. ``kpop_threshold`` (KPop) then gives
+    weight 0 to each token :func:`kpop_keep` drops.
 
-    Metrics (verl's names): ``rollout_corr/rollout_is_mean`` (token mean of the truncated
+    Metrics (verl's names): ``rollout_corr/rollout_is_mean`` (token mean of the applied
     weights), ``..._max``, ``..._min``, ``..._ratio_fraction_high`` / ``_low`` (share of tokens,
-    or responses at sequence level, whose untruncated weight is above ``threshold`` / below
-    ``1 / threshold``), ``..._eff_sample_size`` (``1 / mean(w_normalised²)``).
+    or responses at sequence level, whose untruncated weight is above the upper bound / below
+    the lower bound, ``1 / upper`` when there is none), ``..._eff_sample_size``
+    (``1 / mean(w_normalised²)``); with IcePop ``..._oob_ratio`` (share of tokens given 0), with
+    KPop ``rollout_corr/kpop_masked_fraction``.
     """
     if level not in LEVELS:
         raise RecipeError(
             f"unknown importance-sampling level {level!r}; choose token or sequence",
             key="algorithm.rollout_is",
         )
-    if not threshold > 0:
-        raise RecipeError(f"must be > 0, got {threshold!r}", key="algorithm.rollout_is_threshold")
+    try:
+        upper, lower = parse_rollout_is_threshold(threshold)
+    except ValueError as exc:
+        raise RecipeError(str(exc), key="algorithm.rollout_is_threshold") from None
+    if kpop_threshold is not None and not kpop_threshold > 0:
+        raise RecipeError(f"must be > 0, got {kpop_threshold!r}", key="algorithm.kpop_threshold")
     with torch.no_grad():
         mask = response_mask.to(old_log_probs.dtype)
-        log_ratio = (old_log_probs - rollout_log_probs.to(old_log_probs.dtype)) * mask
+        rollout = rollout_log_probs.to(old_log_probs.dtype)
+        log_ratio = (old_log_probs - rollout) * mask
         if level == "token":
             unit_log_ratio = log_ratio
             unit_mask = mask
@@ -208,8 +244,21 @@ def compute_rollout_is_weights(
             unit_mask = (mask.sum(dim=-1, keepdim=True) > 0).to(mask.dtype)
         raw = torch.exp(unit_log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
         raw = raw.expand_as(mask) * mask
-        weights = raw.clamp(max=threshold)
-        metrics = _weight_metrics(weights, unit_log_ratio, unit_mask, mask, threshold)
+        if lower is None:
+            weights = raw.clamp(max=upper)
+        else:
+            inside = (raw >= lower) & (raw <= upper)
+            weights = torch.where(inside, raw, torch.zeros_like(raw))
+        metrics = _weight_metrics(weights, unit_log_ratio, unit_mask, mask, upper, lower)
+        if lower is not None and bool((mask != 0).any()):
+            outside = ((raw < lower) | (raw > upper)).to(mask.dtype)
+            metrics["rollout_corr/rollout_is_oob_ratio"] = float(masked_mean(outside, mask))
+        if kpop_threshold is not None:
+            keep = kpop_keep(old_log_probs, rollout, kpop_threshold)
+            weights = weights * keep.to(weights.dtype)
+            dropped = (~keep).to(mask.dtype)
+            metrics["rollout_corr/kpop_masked_fraction"] = float(masked_mean(dropped, mask))
+            metrics["rollout_corr/rollout_is_mean"] = float(masked_mean(weights, mask))
     return weights, metrics
 
 
@@ -218,14 +267,16 @@ def _weight_metrics(
     unit_log_ratio: torch.Tensor,
     unit_mask: torch.Tensor,
     mask: torch.Tensor,
-    threshold: float,
+    upper: float,
+    lower: float | None,
 ) -> dict[str, float]:
     prefix = "rollout_corr/rollout_is_"
     if not bool((mask != 0).any()):
         return {f"{prefix}mean": 0.0}
     valid = mask != 0
-    high = (unit_log_ratio > math.log(threshold)).to(mask.dtype)
-    low = (unit_log_ratio < -math.log(threshold)).to(mask.dtype)
+    lower = 1 / upper if lower is None else lower
+    high = (unit_log_ratio > math.log(upper)).to(mask.dtype)
+    low = (unit_log_ratio < math.log(lower)).to(mask.dtype)
     mean = masked_mean(weights, mask)
     normalised = weights / (mean + 1e-8)
     return {

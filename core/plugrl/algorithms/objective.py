@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from plugrl.recipe import Recipe
 
 PG_LOSS = "actor/pg_loss"
+MASK_METRICS = ("rollout_corr/rollout_is_oob_ratio", "rollout_corr/kpop_masked_fraction")
+"""Token means of what IcePop and KPop dropped, reported as shares like the other metrics."""
 ROLLOUT_PROBS_DIFF_MEAN = "training/rollout_probs_diff_mean"
 
 
@@ -49,6 +51,9 @@ class PolicyObjective:
         self._plugins = plugins
         self._policy_loss: PolicyLoss | None = None
         self._kl_penalty: KLPenalty | None = None
+        self.distills = recipe.distillation.enabled
+        self._distill_penalty: KLPenalty | None = None
+        self._distill_policy_loss: PolicyLoss | None = None
 
     @classmethod
     def from_recipe(cls, recipe: Recipe, plugins: PluginManager) -> PolicyObjective:
@@ -65,6 +70,7 @@ class PolicyObjective:
         if plugins is not self._plugins:
             self._plugins = plugins
             self._policy_loss = self._kl_penalty = None
+            self._distill_penalty = self._distill_policy_loss = None
 
     def resolve(self) -> None:
         """Load the policy loss (and KL estimator) from the attached plugin manager."""
@@ -80,6 +86,13 @@ class PolicyObjective:
         self._policy_loss = build_policy_loss(self.recipe, plugins)
         if actor.use_kl_loss:
             self._kl_penalty = plugins.registry("kl_penalties").load(actor.kl_loss_type)
+        if self.distills:
+            from plugrl.algorithms.distillation import distillation_policy_loss
+
+            loss = self.recipe.distillation.loss
+            self._distill_penalty = plugins.registry("kl_penalties").load(loss.loss_mode)
+            if loss.use_policy_gradient:
+                self._distill_policy_loss = distillation_policy_loss(self.recipe, plugins)
 
     @property
     def policy_loss(self) -> PolicyLoss:
@@ -108,6 +121,7 @@ class PolicyObjective:
             not getattr(actor, "skip_zero_advantage_rows", False)
             or actor.entropy_coeff != 0
             or actor.use_kl_loss
+            or self.distills  # the teacher's term has a gradient whatever the advantages
             or not type(self.policy_loss).zero_at_zero_advantage
         ):
             return None
@@ -118,26 +132,35 @@ class PolicyObjective:
     def importance_weights(self, micro_batch: Batch, dtype: torch.dtype) -> torch.Tensor | None:
         """``rollout_is_weights`` of the batch if a scheduler computed them, else truncated IS
         weights from ``old_log_probs`` and ``rollout_log_probs`` when ``algorithm.rollout_is``
-        is set, else ``None``."""
+        is set (truncated, or masked by IcePop or KPop), else ``None``."""
+        return self._importance_weights(micro_batch, dtype)[0]
+
+    def _importance_weights(
+        self, micro_batch: Batch, dtype: torch.dtype
+    ) -> tuple[torch.Tensor | None, dict[str, float]]:
+        """:meth:`importance_weights` and, when computed here, the token means over this
+        micro-batch of what the masks dropped (IcePop's ``rollout_is_oob_ratio``, KPop's
+        ``kpop_masked_fraction``)."""
         if "rollout_is_weights" in micro_batch:
-            return micro_batch["rollout_is_weights"].to(dtype)
+            return micro_batch["rollout_is_weights"].to(dtype), {}
         algorithm = self.recipe.algorithm
         if algorithm.rollout_is is None:
-            return None
+            return None, {}
         if "rollout_log_probs" not in micro_batch:
             raise DataError(
                 f"algorithm.rollout_is is {algorithm.rollout_is!r} but the batch has no "
                 "rollout_log_probs; use a rollout engine that returns log-probs or set "
                 "algorithm.rollout_is=null"
             )
-        weights, _ = compute_rollout_is_weights(
+        weights, metrics = compute_rollout_is_weights(
             micro_batch["old_log_probs"].to(dtype),
             micro_batch["rollout_log_probs"],
             micro_batch["response_mask"],
             algorithm.rollout_is,
             algorithm.rollout_is_threshold,
+            kpop_threshold=algorithm.kpop_threshold,
         )
-        return weights
+        return weights, {name: metrics[name] for name in MASK_METRICS if name in metrics}
 
     def __call__(
         self,
@@ -157,7 +180,7 @@ class PolicyObjective:
 
         mask = column("response_mask")
         aggregate = LossAggregator(actor.loss_agg_mode, scale)
-        weights = self.importance_weights(micro_batch, dtype)
+        weights, mask_metrics = self._importance_weights(micro_batch, dtype)
         if weights is not None:
             weights = weights.to(device)
         loss, pg_metrics = self.policy_loss(
@@ -177,9 +200,14 @@ class PolicyObjective:
             for name, value in pg_metrics.items()
         }
         metrics[PG_LOSS] = float(loss.detach())
+        if self.distills and not self.recipe.distillation.loss.use_task_rewards:
+            # distillation alone trains the actor: the task's policy loss is only logged
+            loss = loss.detach() * 0.0
         if weights is not None:
             mean_weight = float((weights * mask).sum()) / max(int((mask != 0).sum()), 1)
             metrics["rollout_corr/rollout_is_mean"] = mean_weight * share
+            for name, value in mask_metrics.items():
+                metrics[name] = value * share
         if micro_batch.meta.get(DERIVED_OLD_LOG_PROBS) and "rollout_log_probs" in micro_batch:
             # no separate old_log_prob pass compared the engine with the trainer: this forward
             # is on the weights the engine was given, so compare here (the mean only: a
@@ -214,4 +242,49 @@ class PolicyObjective:
             kl_term = aggregate(self._kl_penalty(log_prob, column("ref_log_prob")), mask)
             metrics["actor/kl_loss"] = float(kl_term.detach())
             loss = loss + actor.kl_loss_coef * kl_term
+        if self.distills:
+            loss = self._add_distillation(
+                loss, metrics, micro_batch, log_prob, aggregate, weights, share
+            )
         return loss, metrics
+
+    def _add_distillation(
+        self,
+        loss: torch.Tensor,
+        metrics: dict[str, float],
+        micro_batch: Batch,
+        log_prob: torch.Tensor,
+        aggregate: LossAggregator,
+        weights: torch.Tensor | None,
+        share: float,
+    ) -> torch.Tensor:
+        """``loss`` with the teacher's term (:mod:`plugrl.algorithms.distillation`): added
+        with ``distillation_loss_coef``, or in place of the task's policy loss when
+        ``use_task_rewards`` is off."""
+        from plugrl.algorithms.distillation import TEACHER_LOG_PROBS, distillation_term
+
+        if TEACHER_LOG_PROBS not in micro_batch:
+            raise DataError(
+                "distillation.enabled is true but the batch has no teacher_log_probs; the "
+                "scheduler must score the responses with the teachers before the update"
+            )
+        if self._distill_penalty is None:
+            self.resolve()
+        assert self._distill_penalty is not None
+        config = self.recipe.distillation.loss
+        device, dtype = log_prob.device, log_prob.dtype
+        term, term_metrics = distillation_term(
+            config,
+            self._distill_penalty,
+            self._distill_policy_loss,
+            log_prob=log_prob,
+            old_log_prob=micro_batch["old_log_probs"].to(device=device, dtype=dtype),
+            teacher_log_prob=micro_batch[TEACHER_LOG_PROBS].to(device=device, dtype=dtype),
+            response_mask=micro_batch["response_mask"].to(device=device, dtype=dtype),
+            aggregate=aggregate,
+            importance_weights=weights,
+            token_share=share,
+        )
+        metrics.update(term_metrics)
+        coef = config.distillation_loss_coef if config.use_task_rewards else 1.0
+        return loss + coef * term

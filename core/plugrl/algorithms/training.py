@@ -7,7 +7,8 @@ same whichever backend runs (the built-in ``fsdp2`` and plugrl-megatron's ``mega
   :func:`policy_update`, :func:`mini_batch_rows`, :func:`mini_batches`,
   :func:`fixed_micro_batches`, :func:`check_single_step`, :func:`all_reduced_loss_scale`;
 * log-probs and entropies of responses from a model's logits: :func:`sampling_temperature`,
-  :func:`response_log_probs`, :func:`entropy_for_metrics`, :class:`LogProbRows`;
+  :func:`response_log_probs`, :func:`entropy_for_metrics`, :func:`response_sum_pi_squared`,
+  :class:`LogProbRows`;
 * a Hugging Face folder written whole or not at all: :func:`staged_folder`,
   :func:`copy_tokenizer_files`.
 """
@@ -401,26 +402,76 @@ def response_log_probs(
     return F.pad(log_prob * attended, (0, pad)), entropy
 
 
+@torch.no_grad()
+def sum_pi_squared(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """``sum_v p_v^2`` per token ``[...]`` of the distribution
+    ``softmax(logits [..., V] / temperature)``, without gradient, a slice of tokens at a time
+    (``exp(lse(2 l) - 2 lse(l))``, so no probability is below the float range where a plain
+    square would lose it): the temperature is applied per slice too, so a slice's scaled and
+    doubled logits are the only full-vocabulary copies, never one of the whole batch."""
+    flat = logits.reshape(-1, logits.shape[-1])
+    out = torch.empty(flat.shape[0], dtype=flat.dtype, device=flat.device)
+    for start in range(0, flat.shape[0], ENTROPY_SLICE_TOKENS):
+        piece = flat[start : start + ENTROPY_SLICE_TOKENS]
+        if temperature != 1.0:
+            piece = piece / temperature
+        log_norm = torch.logsumexp(piece, dim=-1)
+        out[start : start + ENTROPY_SLICE_TOKENS] = torch.exp(
+            torch.logsumexp(piece * 2, dim=-1) - 2 * log_norm
+        )
+    return out.reshape(logits.shape[:-1])
+
+
+def response_sum_pi_squared(
+    logits: torch.Tensor, micro_batch: Batch, temperature: float
+) -> torch.Tensor:
+    """:func:`sum_pi_squared` ``[b, R]`` at the positions :func:`response_log_probs` reads
+    (``logits [b, R', V]``, divided by the sampling ``temperature``), 0 on padding and past
+    ``R'``: what the optimal token baseline reads as ``sum_pi_squared``."""
+    used = logits.shape[1]
+    responses = micro_batch["responses"]
+    attended = micro_batch["attention_mask"][:, -responses.shape[-1] :][:, :used]
+    values = sum_pi_squared(logits, temperature)
+    values = values * attended.to(values.device, values.dtype)
+    return F.pad(values, (0, responses.shape[-1] - used))
+
+
 class LogProbRows:
     """The result of ``compute_log_prob`` over a batch, filled a micro-batch at a time:
-    float32 ``log_probs`` [B, R] on the CPU and, when asked, ``entropys``."""
+    float32 ``log_probs`` [B, R] on the CPU and, when asked, ``entropys`` and
+    ``sum_pi_squared``."""
 
-    def __init__(self, batch: Batch, *, with_entropy: bool) -> None:
+    def __init__(
+        self, batch: Batch, *, with_entropy: bool, with_sum_pi_squared: bool = False
+    ) -> None:
         shape = batch["responses"].shape
         self.log_probs = torch.zeros(shape, dtype=torch.float32)
         self.entropys = torch.zeros(shape, dtype=torch.float32) if with_entropy else None
+        self.sum_pi_squared = (
+            torch.zeros(shape, dtype=torch.float32) if with_sum_pi_squared else None
+        )
 
-    def put(self, rows: list[int], log_prob: torch.Tensor, entropy: torch.Tensor | None) -> None:
+    def put(
+        self,
+        rows: list[int],
+        log_prob: torch.Tensor,
+        entropy: torch.Tensor | None,
+        sum_pi_squared: torch.Tensor | None = None,
+    ) -> None:
         """The results of the micro-batch of ``rows``."""
         index = torch.tensor(rows)
         self.log_probs[index] = log_prob.cpu()
         if self.entropys is not None and entropy is not None:
             self.entropys[index] = entropy.cpu()
+        if self.sum_pi_squared is not None and sum_pi_squared is not None:
+            self.sum_pi_squared[index] = sum_pi_squared.cpu().float()
 
     def result(self) -> dict[str, torch.Tensor]:
         out = {"log_probs": self.log_probs}
         if self.entropys is not None:
             out["entropys"] = self.entropys
+        if self.sum_pi_squared is not None:
+            out["sum_pi_squared"] = self.sum_pi_squared
         return out
 
 

@@ -15,6 +15,7 @@ A plugin imports from ``plugrl.api`` and its submodules only (and, in its tests,
 * :mod:`plugrl.api.loggers`: the metric-logger interface and the metrics file;
 * :mod:`plugrl.api.devices`: the device interface;
 * :mod:`plugrl.api.health`: the learning-health check interface;
+* :mod:`plugrl.api.launch`: the launcher interface (``plugrl launch``) and the job it writes;
 * :mod:`plugrl.api.workers`: worker processes a timeout can kill, and event-loop threads;
 * :mod:`plugrl.api.data`: the batch, tokenizer and dataset helpers;
 * :mod:`plugrl.api.cluster`: the cluster services a plugin may use directly;

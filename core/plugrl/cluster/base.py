@@ -199,10 +199,17 @@ class WorkerGroup(ABC):
         self.execute_all("setup", total_training_steps)
 
     def compute_log_prob(
-        self, batch: Batch, *, calculate_entropy: bool = False
+        self,
+        batch: Batch,
+        *,
+        calculate_entropy: bool = False,
+        calculate_sum_pi_squared: bool = False,
     ) -> dict[str, torch.Tensor]:
+        # the keyword travels only when asked: a backend that cannot compute the column
+        # need not take it (TrainingBackend.computes_sum_pi_squared)
+        extra = {"calculate_sum_pi_squared": True} if calculate_sum_pi_squared else {}
         return self._dispatch_batch(
-            "compute_log_prob", batch, pad=True, calculate_entropy=calculate_entropy
+            "compute_log_prob", batch, pad=True, calculate_entropy=calculate_entropy, **extra
         )
 
     def compute_ref_log_prob(self, batch: Batch) -> dict[str, torch.Tensor]:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -141,6 +142,9 @@ class EngineWorker:
     async def generate_request(self, request: GenerationRequest) -> list[Completion]:
         return await self._engine().generate_request(request)
 
+    async def score_tokens(self, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> list:
+        return await self._engine().score_tokens(prompt_ids, response_ids)
+
     async def abort(self, request_ids: Sequence[str]) -> None:
         await self._engine().abort(request_ids)
 
@@ -225,6 +229,7 @@ class EngineGroup(ABC):
         self._resyncing: set[int] = set()
         self._paused: PauseMode | None = None
         self._batch_ids = itertools.count()
+        self._score_turns = itertools.count()
         self._thread = EventLoopThread(f"plugrl-engines-{recipe.rollout.engine}")
 
     # ---------------------------------------------------------------------- how calls travel
@@ -274,12 +279,41 @@ class EngineGroup(ABC):
         params.check()
         prefix = f"batch{next(self._batch_ids)}"
         requests = batch_requests(prompts, params, prefix, images)
-        futures = [self.submit(r) for r in requests]
+        futures: list[concurrent.futures.Future] = [concurrent.futures.Future() for _ in requests]
+        self._blocking(self._start_together(requests, futures))
         if on_finished is not None:
             prompt_index = {future: index for index, future in enumerate(futures)}
             for future in concurrent.futures.as_completed(futures):
                 on_finished(prompt_index[future], future.result())
         return in_prompt_order([future.result() for future in futures])
+
+    async def _start_together(
+        self, requests: Sequence[GenerationRequest], futures: Sequence[concurrent.futures.Future]
+    ) -> None:
+        """Start every request of a batch in one turn of the loop, in order, each settling
+        its future. Sent one by one from another thread, the first requests could start
+        decoding before the last arrived: which engine gets a request, and the batches an
+        engine decodes (whose shapes move its numbers in the last bits), would then depend
+        on the threads' timing, and two runs of one seed would differ."""
+        for request, future in zip(requests, futures, strict=True):
+            task = asyncio.ensure_future(self._generate(request, None))
+            task.add_done_callback(functools.partial(_settle, future))
+
+    def submit_score(
+        self, prompt_ids: Sequence[int], response_ids: Sequence[int]
+    ) -> concurrent.futures.Future:
+        """Ask an engine (in turn) for the log-probability of each of ``response_ids`` after
+        ``prompt_ids`` (:meth:`RolloutEngine.score_tokens`); the future gets the list.
+        Thread-safe. The engines must declare :data:`Capability.SCORE`."""
+        if Capability.SCORE not in self.capabilities:
+            raise PluginError(
+                f"rollout engine {self.recipe.rollout.engine!r} cannot score given tokens (it "
+                "does not declare Capability.SCORE); serve the model with an engine that does"
+            )
+        index = next(self._score_turns) % self.num_engines
+        return self._thread.submit(
+            self._call_alive(index, "score_tokens", list(prompt_ids), list(response_ids))
+        )
 
     def in_flight(self) -> int:
         return sum(len(requests) for requests in self._in_flight)
@@ -546,6 +580,18 @@ class LocalEngineGroup(EngineGroup):
     def bind_model(self, model: Any, version: int) -> None:
         self._blocking(self.worker.bind_model(model, version))
         self.weight_version = version
+
+
+def _settle(future: concurrent.futures.Future, task: asyncio.Future) -> None:
+    """Give ``future`` (of another thread) the outcome of ``task`` (of the loop)."""
+    if future.done():  # the caller gave up on it
+        return
+    if task.cancelled():
+        future.cancel()
+    elif task.exception() is not None:
+        future.set_exception(task.exception())
+    else:
+        future.set_result(task.result())
 
 
 class RayEngineGroup(EngineGroup):

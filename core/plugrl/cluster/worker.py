@@ -83,7 +83,9 @@ def prepare_backend_once(
 
 def build_device(plugins: PluginManager, device_name: str, recipe: Recipe) -> Device:
     """The device ``device_name`` names, checked against its interface and, once built (a
-    torch extension registers its device type then), against torch."""
+    torch extension registers its device type then), against torch; with
+    ``trainer.full_determinism`` this process then computes deterministically
+    (:func:`plugrl.state.determinism.enable_full_determinism`)."""
     from plugrl.plugin.build import check_constructor, check_torch_device_type
 
     entry = plugins.registry("devices").get(device_name)
@@ -91,6 +93,12 @@ def build_device(plugins: PluginManager, device_name: str, recipe: Recipe) -> De
     check_constructor(entry, device_cls)
     device = device_cls(recipe.device, PartContext(recipe=recipe, plugins=plugins))
     check_torch_device_type(entry, device)
+    if recipe.trainer.full_determinism:
+        # every process that computes builds its device first: the driver, each trainer rank
+        # (before it joins the process group), each engine, a reward model's process
+        from plugrl.state.determinism import enable_full_determinism
+
+        enable_full_determinism(device)
     return device
 
 

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from plugrl.cluster.base import WorkerGroup
     from plugrl.cluster.engines import EngineGroup
     from plugrl.data.batch import Batch
+    from plugrl.compose.teachers import Teachers
     from plugrl.data.dataset import PromptDataset, PromptLoader
     from plugrl.data.multimodal import MultimodalData
     from plugrl.parts.algorithm import AdvantageEstimator
@@ -89,6 +90,9 @@ class RunParts:
     agents: AgentRuntime | None = None
     """The agent loops, tools and their event loop, built by :meth:`agent_runtime` on the
     first batch whose rows need an agent loop other than ``single_turn``."""
+    teachers: Teachers | None = None
+    """The frozen teachers of on-policy distillation (``distillation.enabled``), or
+    ``None``."""
 
     def with_model_positions(self, batch: Batch) -> Batch:
         """``batch`` (just built from generated responses) with the model's own position ids
@@ -188,6 +192,7 @@ class RunParts:
     def close(self) -> None:
         for closer in (
             *([self.agents.close] if self.agents is not None else []),
+            *([self.teachers.close] if self.teachers is not None else []),
             self.engines.close,
             self.reward.close,
             *(group.close for group in self.groups().values()),
@@ -403,6 +408,7 @@ def build_run_parts(context: RunContext, engine_needs: dict[str, str] | None = N
     ]
     built: list[Any] = [reward]
     placement = None
+    teachers = None
 
     def group(role: str) -> WorkerGroup:
         made = make_worker_group(
@@ -420,6 +426,11 @@ def build_run_parts(context: RunContext, engine_needs: dict[str, str] | None = N
         placement = make_placement(recipe, roles, device_name=context.device_name, plugins=plugins)
         if placement is not None:
             built.append(placement)
+        if recipe.distillation.enabled:
+            from plugrl.compose.teachers import Teachers
+
+            teachers = Teachers(recipe, plugins, tokenizer, device)
+            built.append(teachers)
         actor = group("actor")
         ref = group("ref") if needs_ref else None
         critic = group("critic") if critic_on else None
@@ -487,6 +498,7 @@ def build_run_parts(context: RunContext, engine_needs: dict[str, str] | None = N
         ),
         placement=placement,
         multimodal=multimodal,
+        teachers=teachers,
     )
     if transport is not None:
         engines.on_restart = parts.resync_engines

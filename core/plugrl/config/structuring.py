@@ -121,6 +121,21 @@ def _structure_str_or_list(value: Any, _: Any) -> str | list[str] | None:
     raise TypeError(f"expected a string or a list of strings, got {value!r}")
 
 
+def _structure_float_or_str(value: Any, _: Any) -> float | str:
+    # a number stays a number (a number in a string too); other text is kept for the option's
+    # own validator to read (algorithm.rollout_is_threshold's "lower_upper"): Python's float()
+    # would read "5_0.5" as 50.5, so text with an underscore is never a number here
+    if isinstance(value, str):
+        if "_" in value:
+            return value
+        try:
+            float(value)
+        except ValueError:
+            return value
+    # a number, which must be finite as every float option's is
+    return _structure_float(value, float)
+
+
 @functools.cache
 def converter() -> cattrs.Converter:
     conv = cattrs.Converter(forbid_extra_keys=True)
@@ -132,6 +147,7 @@ def converter() -> cattrs.Converter:
     conv.register_structure_hook_func(
         lambda tp: tp in (str | list[str], str | list[str] | None), _structure_str_or_list
     )
+    conv.register_structure_hook_func(lambda tp: tp == float | str, _structure_float_or_str)
     return conv
 
 

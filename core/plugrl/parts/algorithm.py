@@ -3,13 +3,14 @@ make together."""
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import attrs
 
-from plugrl.config import non_negative, option, positive, section
+from plugrl.config import ConfigValueError, non_negative, option, positive, section
 
 if TYPE_CHECKING:
     import torch
@@ -203,6 +204,39 @@ class FilterGroupsConfig:
     )
 
 
+def parse_rollout_is_threshold(threshold: float | str) -> tuple[float, float | None]:
+    """``(upper, lower)`` of ``algorithm.rollout_is_threshold``: a number (or a number as a
+    string) truncates at ``upper`` and has no ``lower``; ``"lower_upper"`` (``"0.5_5.0"``,
+    verl's spelling) is IcePop: weight 0 outside ``[lower, upper]``. Raises ``ValueError``
+    saying what is wrong."""
+    text = str(threshold).strip()
+    parts = text.split("_") if isinstance(threshold, str) else [text]
+    try:
+        bounds = [float(part) for part in parts]
+    except ValueError:
+        bounds = []
+    if len(bounds) not in (1, 2):
+        raise ValueError(
+            "must be a number (truncation) or 'lower_upper' such as '0.5_5.0' (IcePop), "
+            f"got {threshold!r}"
+        )
+    if not all(0 < bound < math.inf for bound in bounds):
+        raise ValueError(f"bounds must be finite and > 0, got {threshold!r}")
+    if len(bounds) == 1:
+        return bounds[0], None
+    lower, upper = bounds
+    if lower > upper:
+        raise ValueError(f"IcePop's lower bound is above its upper one, got {threshold!r}")
+    return upper, lower
+
+
+def _rollout_is_threshold(instance: Any, attribute: attrs.Attribute, value: float | str) -> None:
+    try:
+        parse_rollout_is_threshold(value)
+    except ValueError as exc:
+        raise ConfigValueError(attribute.name, str(exc)) from None
+
+
 @attrs.define(kw_only=True)
 class AlgorithmConfig:
     """The ``algorithm`` section."""
@@ -245,11 +279,19 @@ class AlgorithmConfig:
         verl="algorithm.rollout_correction.rollout_is",
         choices=[None, "token", "sequence"],
     )
-    rollout_is_threshold: float = option(
+    rollout_is_threshold: float | str = option(
         2.0,
-        "Upper truncation of the importance weights.",
+        "Upper truncation of the importance weights; a 'lower_upper' string such as "
+        "'0.5_5.0' is IcePop: weight 0 outside [lower, upper], the ratio itself inside.",
         verl="algorithm.rollout_correction.rollout_is_threshold",
-        validator=positive,
+        validator=_rollout_is_threshold,
+    )
+    kpop_threshold: float | None = option(
+        None,
+        "KPop: weight 0 for a token whose two-outcome KL between the trainer's and the "
+        "engine's probability of it exceeds this, either way round (0.1 in the method); "
+        "needs rollout_is.",
+        validator=attrs.validators.optional(positive),
     )
 
 

@@ -231,6 +231,10 @@ class TrainingBackend(ABC):
     is a single optimizer step (one epoch, one mini-batch), and then uses the detached
     log-probs of its own forward as ``old_log_probs``: the weights that forward sees are the
     ones a separate :meth:`compute_log_prob` pass would have used."""
+    computes_sum_pi_squared: ClassVar[bool] = False
+    """True when :meth:`compute_log_prob` returns ``sum_pi_squared`` when asked
+    (``calculate_sum_pi_squared=True``), which the optimal token baseline reads; a run whose
+    estimator needs it stops at start-up with a backend that does not."""
 
     def __init__(self, config: ActorConfig, context: PartContext) -> None:
         if context.role is None or context.device is None:
@@ -269,6 +273,12 @@ class TrainingBackend(ABC):
         """Per-token log-probs of ``responses`` under the current weights, no gradient.
 
         Returns ``{"log_probs": [B, R]}`` plus ``{"entropys": [B, R]}`` when asked.
+
+        A backend that declares :attr:`computes_sum_pi_squared` also takes the keyword
+        ``calculate_sum_pi_squared: bool = False`` and then adds ``{"sum_pi_squared": [B, R]}``
+        (``sum_v p_v^2`` of each position's whole distribution,
+        :func:`plugrl.algorithms.training.response_sum_pi_squared`). The caller passes it only
+        to such a backend and only when true, so the others need not take it.
         """
 
     def compute_ref_log_prob(self, batch: Batch) -> dict[str, torch.Tensor]:

@@ -55,6 +55,11 @@ class Device(ABC):
     """Ray resource that places one rank (``"GPU"``, ``"NPU"``); ``None`` places by CPU."""
     visible_devices_env: ClassVar[str | None] = None
     """Environment variable that restricts the devices a process sees (``CUDA_VISIBLE_DEVICES``)."""
+    kubernetes_resource: ClassVar[str | None] = None
+    """Kubernetes resource a pod asks for one device by (``"nvidia.com/gpu"``); ``None``: the
+    device is not scheduled on Kubernetes by a resource (the CPU)."""
+    slurm_gres: ClassVar[str | None] = None
+    """Slurm generic resource of one device (``"gpu"``: ``--gres=gpu:8``); ``None``: none."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -74,6 +79,27 @@ class Device(ABC):
         engine. Workers get them unless the user's environment sets the same variable; which
         devices a worker sees is set by Ray from the device's resource."""
         return {}
+
+    @classmethod
+    def deterministic_env(cls) -> dict[str, str]:
+        """Environment variables that make this device's libraries choose deterministic
+        algorithms (matrix products, collectives), for a run with ``trainer.full_determinism``.
+        Set in every process of the run before it computes or joins a process group, unless
+        the user's environment sets the same variable."""
+        return {}
+
+    def make_deterministic(self) -> None:
+        """Switch this device's libraries to deterministic algorithms in this process, for a
+        run with ``trainer.full_determinism`` (torch's own switch,
+        ``torch.use_deterministic_algorithms``, is the caller's)."""
+
+    @classmethod
+    def network_env(cls, interface: str) -> dict[str, str]:
+        """Environment variables that make this device's collectives between nodes use the
+        network interface ``interface`` (``eth0``): what ``launch.network_interface`` sets on
+        every node of a launched job. The default names gloo's, which torch uses for CPU
+        collectives on every device; a device whose library reads its own adds it."""
+        return {"GLOO_SOCKET_IFNAME": interface}
 
     @classmethod
     @abstractmethod

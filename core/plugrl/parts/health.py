@@ -90,7 +90,8 @@ class HealthCheck(ABC):
     ``HealthCheck(config, context)``: ``config`` is the check's config class read from
     ``trainer.health.check_args.<name>`` (:class:`HealthCheckConfig` when it registered none),
     ``context.recipe`` the run. It may keep state across steps (a baseline of its first
-    values); a resumed run builds it afresh."""
+    values): :meth:`state_dict` gives it to the run's checkpoints and :meth:`load_state_dict`
+    takes it back on resume, so a resumed run judges its steps as the uninterrupted one."""
 
     def __init__(self, config: HealthCheckConfig, context: PartContext) -> None:
         self.config = config
@@ -102,6 +103,14 @@ class HealthCheck(ABC):
         return a :class:`Finding` while the condition holds on this step, ``None`` while it
         does not or the metrics do not tell (a metric this run does not log). Called once per
         step, in step order."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the check keeps across steps, for the run's checkpoints: tensors and plain
+        values only (numbers, strings, lists, dicts). Default: nothing."""
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Take back what :meth:`state_dict` gave, when the run resumes."""
 
 
 def metric_value(metrics: Mapping[str, Any], name: str) -> float | None:

@@ -338,6 +338,9 @@ class Capability(str, enum.Enum):
     IMAGES = "images"
     """Requests with :attr:`GenerationRequest.multi_modal_inputs`: prompts with images, for a
     vision-language model."""
+    SCORE = "score"
+    """:meth:`RolloutEngine.score_tokens`: the log-probabilities of given tokens (a prefill,
+    no sampling), as a distillation teacher gives them."""
 
 
 CAPABILITY_TEXT: Mapping[Capability, str] = {
@@ -348,6 +351,7 @@ CAPABILITY_TEXT: Mapping[Capability, str] = {
     Capability.SLEEP: "free its device memory between rollouts",
     Capability.SHARE_MODEL: "generate with the trainer's model in the same process",
     Capability.IMAGES: "generate from prompts with images",
+    Capability.SCORE: "score given tokens (their log-probabilities without sampling)",
 }
 
 
@@ -359,6 +363,7 @@ CAPABILITY_METHODS: Mapping[Capability, tuple[str, ...]] = {
     Capability.SLEEP: ("sleep", "wake_up"),
     Capability.SHARE_MODEL: ("bind_model",),
     Capability.IMAGES: (),
+    Capability.SCORE: ("score_tokens",),
 }
 """The :class:`RolloutEngine` methods an engine that declares a capability must override: the
 core calls them once it sees the capability (``pause(mode="abort")`` comes with ``ABORT``)."""
@@ -661,6 +666,15 @@ class RolloutEngine(ABC):
     ) -> list[Completion]:
         """Blocking :meth:`generate_batch`, for scripts and tests (no event loop running)."""
         return run_blocking(self.generate_batch(prompts, params))
+
+    async def score_tokens(
+        self, prompt_ids: Sequence[int], response_ids: Sequence[int]
+    ) -> list[float]:
+        """The log-probability of each of ``response_ids`` after ``prompt_ids`` and the
+        response tokens before it, under the model's own distribution (temperature 1, no top-k
+        or top-p): one forward over the given tokens, nothing sampled. Engines with
+        :data:`Capability.SCORE` implement it; a distillation teacher is asked this way."""
+        raise NotImplementedError(f"{type(self).__name__} cannot score given tokens")
 
     async def abort(self, request_ids: Sequence[str]) -> None:
         """End the named requests now; they return what they have (``"aborted"``). Unknown

@@ -253,6 +253,26 @@ def register_health_checks(register: RegisterFn) -> None:
     """
 
 
+@hookspec
+def register_launchers(register: RegisterFn) -> None:
+    """Register launchers: schedulers that bring up a Ray cluster on their machines and run a
+    recipe on it (``slurm``, ``kuberay``, ``skypilot``).
+
+    Process: the one that runs ``plugrl launch`` (a login node, a laptop); never a run's.
+    Target: a subclass of :class:`plugrl.parts.launcher.Launcher`, which writes the job file
+    from a :class:`plugrl.parts.launcher.LaunchJob` and names the command that submits it.
+    Config (optional): an attrs class read from ``launch.launcher_args`` (partition, namespace).
+    Chosen by: ``launch.launcher``, which ``plugrl launch --launcher NAME`` (or ``--slurm``,
+    ``--kuberay``, ``--skypilot``) sets.
+
+    Example::
+
+        @plugrl.hookimpl
+        def register_launchers(register):
+            register("lsf", "my_pkg.lsf:LsfLauncher", config="my_pkg.lsf:LsfConfig")
+    """
+
+
 # --------------------------------------------------------------------------------------------
 # Model families
 # --------------------------------------------------------------------------------------------

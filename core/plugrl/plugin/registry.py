@@ -224,6 +224,16 @@ PART_KINDS: dict[str, PartKind] = {
             # built-ins disabled) runs the checks it has
             needed_at_default=False,
         ),
+        PartKind(
+            "launchers",
+            "register_launchers",
+            "launcher",
+            "launch.launcher",
+            args_key="launch.launcher_args",
+            interface="plugrl.parts.launcher:Launcher",
+            # only plugrl launch uses one; a run never does
+            needed_at_default=False,
+        ),
     )
 }
 """Every kind of part, by registry key: the one table the registries, the plugin manager and

@@ -23,6 +23,7 @@ import attrs
 
 from plugrl.errors import RecipeError
 from plugrl.parts.algorithm import KLControlConfig, PolicyLossConfig
+from plugrl.recipe.teachers import check_distillation
 
 if TYPE_CHECKING:
     from plugrl.recipe.sections import Recipe
@@ -41,8 +42,10 @@ def check_recipe(recipe: Recipe, *, runnable_here: bool = True) -> None:
     _check_engines(recipe)
     _check_sampling(recipe)
     _check_kl(recipe)
+    _check_rollout_correction(recipe)
     _check_reward(recipe)
     _check_lora(recipe)
+    check_distillation(recipe.distillation)
     if runnable_here:
         _check_packages(recipe)
 
@@ -290,6 +293,23 @@ def _check_kl(recipe: Recipe) -> None:
         _warn(
             "actor.kl_loss_coef",
             f"{actor.kl_loss_coef} is ignored: the KL loss is off (set actor.use_kl_loss=true)",
+        )
+
+
+def _check_rollout_correction(recipe: Recipe) -> None:
+    algorithm = recipe.algorithm
+    if algorithm.kpop_threshold is not None and algorithm.rollout_is is None:
+        raise RecipeError(
+            "KPop masks tokens inside the rollout correction, which is off; set "
+            "algorithm.rollout_is=token (or unset algorithm.kpop_threshold)",
+            key="algorithm.kpop_threshold",
+        )
+    icepop = isinstance(algorithm.rollout_is_threshold, str)
+    if icepop and algorithm.rollout_is is None:
+        _warn(
+            "algorithm.rollout_is_threshold",
+            "IcePop's bounds are ignored: the rollout correction is off (set "
+            "algorithm.rollout_is=token)",
         )
 
 

@@ -22,9 +22,11 @@ from plugrl.parts.algorithm import AlgorithmConfig
 from plugrl.parts.backend import ActorConfig, CriticConfig
 from plugrl.parts.device import DeviceConfig
 from plugrl.parts.health import HealthConfig
+from plugrl.parts.launcher import LaunchConfig
 from plugrl.parts.reward import RewardConfig
 from plugrl.parts.rollout import ROLLOUT_DTYPES, RolloutConfig
 from plugrl.parts.scheduler import SchedulerConfig
+from plugrl.recipe.distillation import DistillationConfig
 
 # a recipe written out (to_dict, to_yaml): the structure hooks of plugrl.config.structuring
 # read user input and play no part here
@@ -327,6 +329,14 @@ class TrainerConfig:
         "implement weight_fingerprints.",
     )
     seed: int = option(42, "Seed of model initialisation and sampling.")
+    full_determinism: bool = option(
+        False,
+        "Same seed, same hardware, same run: every process that computes (the driver, the "
+        "trainer ranks, the engines, a reward model) runs torch with deterministic algorithms "
+        "only (an operation without one stops the run) and the device's deterministic "
+        "settings (on cuda: cuBLAS workspace, cuDNN, NCCL algorithms). Slower on GPUs; the "
+        "vllm and sglang engines need their own deterministic modes (docs/recipes.md).",
+    )
     nnodes: int = option(1, "Nodes in the cluster.", verl="trainer.nnodes", validator=positive)
     n_gpus_per_node: int = option(
         1,
@@ -387,6 +397,10 @@ class Recipe:
     scheduler: SchedulerConfig = section(SchedulerConfig, "What one training step does.")
     trainer: TrainerConfig = section(TrainerConfig, "Length, validation, checkpoints, logs.")
     cluster: ClusterConfig = section(ClusterConfig, "One process or Ray.")
+    distillation: DistillationConfig = section(
+        DistillationConfig, "On-policy distillation from frozen teachers."
+    )
+    launch: LaunchConfig = section(LaunchConfig, "How plugrl launch puts the run on a cluster.")
 
     def to_dict(self) -> dict[str, Any]:
         # each section by its runtime class: a plugin's config class adds keys to the base

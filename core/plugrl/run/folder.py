@@ -59,6 +59,8 @@ NOT_EXPERIMENT_KEYS: dict[str, str] = {
     "cluster.mode": "one process or Ray: the same run, placed differently",
     "cluster.address": "which Ray cluster hosts the run",
     "cluster.num_cpus": "the CPUs of a local Ray",
+    "launch": "how plugrl launch puts the run on a cluster (every key below it), not what it "
+    "trains",
     "device.name": "the device kind the run moves to",
     "trainer.nnodes": "the ranks the global batch is split over (its loss is the same)",
     "trainer.n_gpus_per_node": "the ranks the global batch is split over (its loss is the same)",

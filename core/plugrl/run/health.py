@@ -108,6 +108,32 @@ class HealthMonitor:
                 alarms.append(Alarm(watched.name, line))
         return alarms
 
+    def state_dict(self) -> dict[str, Any]:
+        """How long each check's condition has held, and the check's own state, by check name,
+        for the run's checkpoints (plain data)."""
+        return {
+            watched.name: {
+                "first_step": watched.first_step,
+                "held": watched.held,
+                "fired": watched.fired,
+                "check": watched.check.state_dict(),
+            }
+            for watched in self.checks
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any] | None) -> None:
+        """Go on from a checkpoint's :meth:`state_dict`, so that a resumed run fires on the
+        steps the uninterrupted one fires on. A check the checkpoint does not know (added
+        since) starts afresh; one it knows that the recipe dropped is ignored."""
+        for watched in self.checks:
+            saved = (state or {}).get(watched.name)
+            if not saved:
+                continue
+            watched.first_step = saved["first_step"]
+            watched.held = int(saved["held"])
+            watched.fired = bool(saved["fired"])
+            watched.check.load_state_dict(saved.get("check") or {})
+
     def raise_if_stopping(self, alarms: list[Alarm]) -> None:
         """In ``error`` mode, stop the run with the first alarm's line (the others of the
         same step are logged)."""

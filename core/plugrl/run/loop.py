@@ -71,6 +71,8 @@ def _train(
     step = int(state.get("step", 0))
     clock.before = float(state.get("wall_clock_s", 0.0))
     history: list[dict[str, float]] = list(state.get("validation", []))
+    # a checkpoint written before the checks kept state has none: they start afresh
+    health.load_state_dict(state.get("health"))
     total = scheduler.total_steps(parts)
     if step >= total:
         logger.info(
@@ -122,6 +124,7 @@ def _train(
                         "validation": history,
                         "wall_clock_s": clock(),
                         "scheduler": scheduler.checkpoint_state(),
+                        "health": health.state_dict(),
                     },
                 )
             if progress is not None:

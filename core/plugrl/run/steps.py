@@ -242,6 +242,11 @@ def score(parts: RunParts, batch: Batch) -> dict[str, Any]:
     return dict(output.metrics)
 
 
+def estimator_needs_sum_pi_squared(parts: RunParts) -> bool:
+    """Whether the run's advantage estimator reads ``sum_pi_squared`` (its ``requires``)."""
+    return "sum_pi_squared" in getattr(parts.estimator, "requires", ())
+
+
 def compute_old_log_probs(parts: RunParts, batch: Batch, timer: StepTimer) -> dict[str, Any]:
     """``old_log_probs``: the actor's log-probs of the sampled tokens on its current weights
     (``timing_s/old_log_prob``, ``actor/entropy``). A synchronous step skips this pass when
@@ -249,9 +254,14 @@ def compute_old_log_probs(parts: RunParts, batch: Batch, timer: StepTimer) -> di
     (:attr:`RunParts.old_log_probs_from_update
     <plugrl.compose.run_parts.RunParts.old_log_probs_from_update>`)."""
     metrics: dict[str, Any] = {}
+    # the optimal token baseline reads each position's sum of squared probabilities, which
+    # only this pass over the whole vocabulary can give
+    extra = {"calculate_sum_pi_squared": True} if estimator_needs_sum_pi_squared(parts) else {}
     with timer("old_log_prob"):
-        computed = parts.actor.compute_log_prob(batch, calculate_entropy=True)
+        computed = parts.actor.compute_log_prob(batch, calculate_entropy=True, **extra)
         batch["old_log_probs"] = computed["log_probs"]
+        if "sum_pi_squared" in computed:
+            batch["sum_pi_squared"] = computed["sum_pi_squared"]
         if "entropys" in computed:
             mask = batch["response_mask"].bool()
             metrics["actor/entropy"] = computed["entropys"][mask].mean().item()
@@ -353,6 +363,9 @@ def update_from_batch(parts: RunParts, batch: Batch, timer: StepTimer) -> dict[s
     when the run has those roles, KL in the reward, advantages, then the critic's and the
     actor's updates, each timed under its verl phase name. Returns their metrics."""
     metrics: dict[str, Any] = {}
+    if getattr(parts, "teachers", None) is not None:  # stand-in parts of tests may lack it
+        with timer("teacher"):
+            metrics.update(score_with_teachers(parts, batch))
     if parts.ref is not None:
         with timer("ref"):
             batch["ref_log_prob"] = parts.ref.compute_log_prob(batch)["log_probs"]
@@ -384,6 +397,24 @@ def update_from_batch(parts: RunParts, batch: Batch, timer: StepTimer) -> dict[s
         # engine's log-probs with the trainer's (the mean only)
         check_weight_sync(parts, metrics)
     return metrics
+
+
+def score_with_teachers(parts: RunParts, batch: Batch) -> dict[str, Any]:
+    """``teacher_log_probs``: the distillation teachers' log-probs of the sampled tokens
+    (:mod:`plugrl.compose.teachers`), and the spread of the per-token estimates the actor's
+    distillation term starts from, ``actor/distillation/loss_{min,max}``, where the batch
+    holds the student's ``old_log_probs``."""
+    from plugrl.algorithms.distillation import TEACHER_LOG_PROBS, estimate_stats
+
+    assert parts.teachers is not None
+    batch[TEACHER_LOG_PROBS] = parts.teachers.score(batch)
+    if "old_log_probs" not in batch:
+        return {}
+    config = parts.recipe.distillation.loss
+    penalty = parts.plugins.registry("kl_penalties").load(config.loss_mode)
+    return estimate_stats(
+        config, penalty, batch["old_log_probs"], batch[TEACHER_LOG_PROBS], batch["response_mask"]
+    )
 
 
 def validate(parts: RunParts, recipe: Recipe, step: int) -> dict[str, float]:

@@ -113,6 +113,26 @@ def test_rollout_importance_weights_from_rollout_log_probs(recipe_from, plugins)
     assert metrics["rollout_corr/rollout_is_mean"] == pytest.approx((2 + 1 + 0.5) / 3)
 
 
+def test_icepop_and_kpop_masks_in_the_objective(recipe_from, plugins):
+    recipe = recipe_from(
+        "actor.clip_ratio_low=0.2",
+        "actor.clip_ratio_high=0.28",
+        "algorithm.rollout_is=token",
+        "algorithm.rollout_is_threshold='0.5_2.5'",
+        "algorithm.kpop_threshold=0.1",
+    )
+    objective = PolicyObjective.from_recipe(recipe, plugins)
+    # old / rollout ratios 3 (outside IcePop's band: 0), 1, 1.2 on the valid tokens. KPop
+    # drops the first too (probabilities 0.368 and 0.123: binary KL 0.197 > 0.1) and keeps the
+    # third (0.368 and 0.307: 0.008)
+    rollout = torch.tensor([[BASE - math.log(3.0), BASE], [BASE - math.log(1.2), 0.0]])
+    loss, _, metrics = run(objective, micro_batch(rollout_log_probs=rollout))
+    assert loss == pytest.approx((0.0 - 1.0 + 1.2) / 3)
+    assert metrics["rollout_corr/rollout_is_oob_ratio"] == pytest.approx(1 / 3)
+    assert metrics["rollout_corr/kpop_masked_fraction"] == pytest.approx(1 / 3)
+    assert metrics["rollout_corr/rollout_is_mean"] == pytest.approx((0 + 1 + 1.2) / 3)
+
+
 def test_sequence_level_importance_weights(recipe_from, plugins):
     recipe = recipe_from("algorithm.rollout_is=sequence", "algorithm.rollout_is_threshold=5.0")
     objective = PolicyObjective.from_recipe(recipe, plugins)

@@ -146,6 +146,31 @@ def test_each_prompts_completions_are_handed_over_as_its_request_ends(local_grou
     ]
 
 
+def test_an_engine_gets_every_request_of_a_batch_before_it_decodes(local_group, monkeypatch):
+    """An engine that starts decoding at its first request (as the hf engine does) decodes the
+    whole batch from its first step: the batches it decodes, whose shapes move its numbers in
+    the last bits, do not depend on the threads' timing."""
+    import asyncio
+
+    engine = local_group.engine
+    arrived: list[str] = []
+    decoding_with: list[int] = []
+    generate_request = engine.generate_request
+
+    async def first_arrival_starts_decoding(request):
+        if not arrived:
+            asyncio.get_running_loop().call_soon(lambda: decoding_with.append(len(arrived)))
+        arrived.append(request.request_id)
+        return await generate_request(request)
+
+    monkeypatch.setattr(engine, "generate_request", first_arrival_starts_decoding)
+    for _ in range(3):
+        arrived.clear()
+        local_group.generate([[1], [2], [3], [4], [5], [6]], SamplingParams(n=1, max_tokens=2))
+        assert [r.rsplit("-", 1)[-1] for r in arrived] == [str(i) for i in range(6)]
+    assert decoding_with == [6, 6, 6]
+
+
 def test_many_requests_are_in_flight_at_once(local_group):
     # paused, the engine holds every request it was given: a group that sent them one after
     # another would never have all 20 in flight at once

@@ -4,6 +4,8 @@ the trainer's devices."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from plugrl.cluster.engines import (
@@ -12,7 +14,7 @@ from plugrl.cluster.engines import (
     make_frozen_engine_group,
 )
 from plugrl.data.dataset import load_tokenizer
-from plugrl.errors import RecipeError
+from plugrl.errors import PluginError, RecipeError
 from plugrl.parts.backend import ActorConfig
 from plugrl.parts.rollout import RolloutConfig, SamplingParams
 from plugrl.plugin.manager import PluginManager
@@ -63,7 +65,29 @@ def test_a_frozen_model_is_served_with_its_own_weights_tokenizer_and_section(plu
         assert own_vocab != load_tokenizer(ModelConfig(path=str(policy))).get_vocab()
         [completion] = group.generate([[1, 2, 3]], SamplingParams(max_tokens=4, temperature=0))
         assert len(completion.token_ids) == 4 and completion.weight_version == 0
+        # a distillation teacher's scores: the judge model's log-probs of given tokens
+        scores = group.submit_score([1, 2, 3], completion.token_ids).result()
+        assert scores == pytest.approx(
+            asyncio.run(engine.score_tokens([1, 2, 3], completion.token_ids))
+        )
+        assert len(scores) == 4 and all(score <= 0 for score in scores)
         assert recipe.model.path == str(policy)  # the run's recipe is left as it was
+    finally:
+        group.close()
+
+
+def test_engines_that_cannot_score_refuse_a_score_request(plugins):
+    recipe = Recipe(rollout=RolloutConfig(engine="counting"))
+    group = make_frozen_engine_group(
+        recipe,
+        model=ModelConfig(),
+        rollout=RolloutConfig(engine="counting"),
+        device_name="cpu",
+        plugins=plugins,
+    )
+    try:
+        with pytest.raises(PluginError, match="'counting' cannot score given tokens"):
+            group.submit_score([1], [2])
     finally:
         group.close()
 

@@ -23,6 +23,9 @@ EXPECTED_ESTIMATORS = {
     "opo",
     "gpg",
     "grpo_passk",
+    "gdpo",
+    "optimal_token_baseline",
+    "tir_optimal_token_baseline",
 }
 EXPECTED_LOSSES = {
     "vanilla",
@@ -33,6 +36,8 @@ EXPECTED_LOSSES = {
     "cispo",
     "reinforce",
     "sapo",
+    "dppo_tv",
+    "dppo_kl",
 }
 EXPECTED_KL = {"kl", "abs", "mse", "low_var_kl", "kl+", "abs+", "low_var_kl+"}
 EXPECTED_KL_ALIASES = {"k1", "k2", "k3", "k1+", "k3+", "mse+", "k2+"}

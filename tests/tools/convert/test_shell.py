@@ -323,3 +323,91 @@ def test_inherited_variables_are_read_and_named():
     assert script.variables["OUT"] == "/given/out"  # --env outranks the environment
     assert script.variables["WHO"] == "me"
     assert script.inherited == {"HOME": "/home/a"}  # the script set USER itself
+
+
+# ------------------------------------------------------------------ case
+
+
+DEVICE_CASE = """\
+DEVICE=${DEVICE:-gpu}
+case "${DEVICE}" in
+    gpu)
+        N=8
+        ;;
+    npu|ascend)
+        N=16 ;;
+    *)
+        echo "unsupported" >&2; exit 1 ;;
+esac
+"""
+
+
+@pytest.mark.parametrize(
+    ("env", "value", "branch"),
+    [({}, "8", "gpu) of line 3"), ({"DEVICE": "ascend"}, "16", "npu|ascend) of line 6")],
+)
+def test_case_takes_the_branch_its_word_matches(env, value, branch):
+    result = read_script(DEVICE_CASE, env)
+    assert result.variables["N"] == value
+    device = env.get("DEVICE", "gpu")
+    assert f'line 2: case "${{DEVICE}}" is {device!r}: the branch {branch} is taken' in (
+        result.notes
+    )
+
+
+def test_case_patterns_are_globs_and_the_first_match_wins():
+    script = (
+        'M=dppo_kl\ncase $M in\n  dppo_*) C=0.1 ;;\n  dppo_kl) C=0.2 ;;\n  "*") C=0.3 ;;\nesac\n'
+    )
+    assert variables(script)["C"] == "0.1"
+    assert "C" not in variables(script.replace("M=dppo_kl", "M=x"))  # "*" matches only *
+    assert variables(script.replace("M=dppo_kl", "M='*'"))["C"] == "0.3"
+
+
+def test_case_of_an_unknown_word_leaves_its_branches_unresolved():
+    result = read_script("case $MODE in\n  a) X=1 ;;\n  b) X=2 ;;\nesac\necho $X\n")
+    assert isinstance(result.variables["X"], Unresolved)
+    assert (
+        "line 1: case $MODE: $MODE is not set in the script; the branches' settings count as "
+        "unresolved (give --env MODE=VALUE to choose one)"
+    ) in result.notes
+
+
+def test_case_inside_an_if_and_an_if_inside_a_case():
+    script = """\
+S=megatron
+if [ "${USE:-1}" != 0 ]; then
+    case "${S}" in
+        megatron) E=megatron ;;
+        *)        E=fsdp ;;
+    esac
+fi
+case "$S" in
+    megatron)
+        if [ "$E" = megatron ]; then T=2; else T=1; fi
+        ;;
+esac
+"""
+    assert variables(script)["E"] == "megatron"
+    assert variables(script)["T"] == "2"
+    assert variables(script, {"USE": "0"}).get("E") is None
+
+
+def test_integer_tests_and_decided_conditions_are_noted():
+    result = read_script('SP=${SP:-2}\nif [ "$SP" -gt 1 ]; then P=yes; else P=no; fi\n')
+    assert result.variables["P"] == "yes"
+    assert 'line 2: if [ "$SP" -gt 1 ] is true' in result.notes
+    assert variables('if [ "$X" -gt 1 ]; then P=yes; fi\n').get("P") != "yes"
+
+
+def test_case_conversion_and_path_commands():
+    script = 'M=Org/Model-7B\nN="$(basename "${M,,}")-$(dirname /a/b/c.sh)-${M^^}"\n'
+    assert variables(script)["N"] == "model-7b-/a/b-ORG/MODEL-7B"
+
+
+def test_env_stands_for_what_a_command_would_set():
+    script = 'device_name=$(python3 -c "print(1)")\nif [ "$device_name" = cuda ]; then X=1; fi\n'
+    assert isinstance(variables(script)["device_name"], Unresolved)
+    result = read_script(script, {"device_name": "cuda"})
+    assert result.variables["X"] == "1"
+    assert any(note.startswith("line 1: $device_name is set by something") for note in result.notes)

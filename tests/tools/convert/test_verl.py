@@ -7,7 +7,7 @@ import pytest
 from plugrl.errors import ConvertError
 from plugrl.plugin.manager import get_plugin_manager
 from plugrl.recipe import build_recipe, normalize_shorthand
-from plugrl_tools.convert.output import recipe_yaml, validate
+from plugrl_tools.convert.output import recipe_yaml, report, validate
 from plugrl_tools.convert.verl import convert_script
 from tests import install_hints as hints
 
@@ -308,6 +308,7 @@ def test_fully_async_not_converted(script_text, plugrl_plugin_manager):
     assert conversion.notes[1:] == [
         "environment of the run, not part of a recipe: PYTHONPATH, VLLM_USE_V1; export what "
         "plugrl's run needs before plugrl run",
+        'line 21: if [ "$rollout_mode" = "async" ] is true',
         "recipe.fully_async_policy.fully_async_main runs as plugrl's fully_async scheduler",
         "--config-name fully_async_ppo_megatron_trainer.yaml trains with actor.backend megatron",
         "line 169: rollout.test_freq=20 counts weight syncs, 4 trainer steps each: "
@@ -562,13 +563,23 @@ def test_engine_keys_with_the_hf_engine(plugrl_plugin_manager):
         ("something_else=1", "unknown", "no plugrl key has this meaning"),
         (
             "trainer.balance_batch=True",
-            "unknown",
-            "plugrl does not reorder a batch to balance tokens across ranks",
+            "dropped",
+            "verl reorders a batch so its data-parallel ranks get similar token counts (speed); "
+            "plugrl splits the batch in its own order: the same samples train, grouped into "
+            "micro-batches by plugrl's own token budget",
         ),
         (
-            "trainer.balance_batch=False",
+            "ray_kwargs.ray_init.runtime_env.py_executable='uv run --frozen --extra vllm'",
             "dropped",
-            "plugrl does not reorder a batch to balance tokens across ranks, as False asks",
+            "the interpreter Ray starts verl's workers with (a `uv run ...` prefix runs them in "
+            "uv's project environment); plugrl's Ray workers run the interpreter plugrl run runs "
+            "with, so start it the same way: `uv run ... plugrl run RECIPE`, or from the "
+            "environment plugrl is installed in",
+        ),
+        (
+            "data.image_key=images",
+            "unsupported",
+            "vision-language data is not supported yet",
         ),
         (
             "hydra.run.dir=outputs",
@@ -1186,3 +1197,214 @@ def test_lora_keys_of_the_critic_do_not_follow_the_actors(plugrl_plugin_manager)
     assert unmapped(convert("critic.model.lora_rank=0"), "dropped") == {
         "critic.model.lora_rank=0": reason
     }
+
+
+# ------------------------------------------------------------- verl 0.8 and after
+
+
+def test_separate_async_runs_as_fully_async_with_verls_period_and_bound(plugrl_plugin_manager):
+    conversion = convert(
+        "trainer.use_v1=True",
+        "trainer.v1.trainer_mode=separate_async",
+        "trainer.v1.separate_async.num_warmup_batches=2",
+        "trainer.v1.separate_async.parameter_sync_step=4",
+        "trainer.v1.sampler.max_off_policy_threshold=3",
+        "trainer.v1.sampler.max_off_policy_strategy=drop",
+        "data.train_batch_size=32",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+        "actor_rollout_ref.rollout.nnodes=1",
+        "actor_rollout_ref.rollout.n_gpus_per_node=2",
+        "algorithm.rollout_correction.bypass_mode=True",
+        "trainer.total_training_steps=5",
+        "trainer.test_freq=2",
+    )
+    assert conversion.recipe["scheduler"] == {
+        "name": "fully_async",
+        "staleness_threshold": 1.0,
+        "trigger_parameter_sync_step": 4,
+        "use_rollout_log_probs": True,
+        "max_version_lag": 2,
+    }
+    assert conversion.recipe["rollout"] == {"colocate": False, "n_gpus_per_node": 2}
+    assert conversion.recipe["trainer"]["total_training_steps"] == 20
+    assert conversion.recipe["trainer"]["test_freq"] == 8
+    assert "train_batch_size" not in conversion.recipe.get("data", {})
+    assert set(unmapped(conversion)) == set(unmapped(conversion, "dropped"))
+    assert any("scheduler.max_version_lag 2, the strict bound" in c for c in conversion.comments)
+    validation = validate(conversion.recipe, get_plugin_manager(), check_files=False)
+    assert validation.error is None
+
+
+def test_separate_async_left_at_verls_defaults(plugrl_plugin_manager):
+    conversion = convert(
+        "trainer.v1.trainer_mode=separate_async",
+        "data.train_batch_size=16",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    )
+    scheduler = conversion.recipe["scheduler"]
+    assert scheduler["trigger_parameter_sync_step"] == 4 and scheduler["max_version_lag"] == 7
+    assert any(
+        "(verl's defaults, not set by the script: parameter_sync_step 4, num_warmup_batches 1, "
+        "max_off_policy_threshold 8, max_off_policy_strategy drop)" in note
+        for note in conversion.notes
+    )
+
+
+def test_separate_async_with_a_batch_verl_refuses(plugrl_plugin_manager):
+    conversion = convert(
+        "trainer.v1.trainer_mode=separate_async",
+        "trainer.v1.separate_async.parameter_sync_step=2",
+        "data.train_batch_size=16",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    )
+    assert unmapped(conversion, "invalid") == {
+        "data.train_batch_size=16": "verl's separate_async requires data.train_batch_size = "
+        "parameter_sync_step 2 x actor.ppo_mini_batch_size 4"
+    }
+
+
+def test_the_wait_strategy_is_reported_with_how_plugrl_differs(plugrl_plugin_manager):
+    conversion = convert(
+        "trainer.v1.trainer_mode=separate_async",
+        "trainer.v1.sampler.max_off_policy_strategy=wait",
+        "trainer.v1.sampler.max_off_policy_threshold=4",
+    )
+    reason = unmapped(conversion, "unknown")["trainer.v1.sampler.max_off_policy_strategy=wait"]
+    assert "plugrl has no such dropless bound" in reason
+    assert "scheduler.max_version_lag 3 bounds it by dropping instead" in reason
+    assert "max_version_lag" not in conversion.recipe["scheduler"]
+
+
+def test_colocate_async_runs_as_sync_and_says_so(plugrl_plugin_manager):
+    conversion = convert(
+        "trainer.use_v1=True",
+        "trainer.v1.trainer_mode=colocate_async",
+        "trainer.v1.colocate_async.num_warmup_batches=1",
+        "trainer.v1.sampler.max_off_policy_threshold=4",
+        "trainer.v1.separate_async.parameter_sync_step=2",
+    )
+    assert "scheduler" not in conversion.recipe
+    unknown = unmapped(conversion, "unknown")
+    assert unknown["trainer.v1.trainer_mode=colocate_async"].startswith(
+        "plugrl has no asynchronous mode on shared devices"
+    )
+    assert set(unknown) == {
+        "trainer.v1.trainer_mode=colocate_async",
+        "trainer.v1.colocate_async.num_warmup_batches=1",
+        "trainer.v1.sampler.max_off_policy_threshold=4",
+    }
+    assert unmapped(conversion, "dropped")["trainer.v1.separate_async.parameter_sync_step=2"] == (
+        "a setting of verl's separate_async trainer; the script runs colocate_async"
+    )
+
+
+def test_the_sync_v1_trainer_is_the_sync_scheduler(plugrl_plugin_manager):
+    conversion = convert(
+        "trainer.use_v1=True",
+        "trainer.v1.trainer_mode=sync",
+        "trainer.v1.sampler.max_off_policy_strategy=drop",
+        "transfer_queue.enable=True",
+    )
+    assert "scheduler" not in conversion.recipe
+    assert set(unmapped(conversion)) == set(unmapped(conversion, "dropped"))
+
+
+def test_model_engine_chooses_the_backend(plugrl_plugin_manager):
+    megatron = convert("model_engine=megatron", "actor_rollout_ref.model.use_remove_padding=True")
+    assert megatron.recipe["actor"]["backend"] == "megatron"
+    assert unmapped(megatron) == {
+        "actor_rollout_ref.model.use_remove_padding=True": "plugrl's megatron backend always "
+        "runs the packed layout, where no token attends to padding: the same log-probs either way"
+    }
+    dp = convert("model_engine=dp")
+    assert dp.recipe.get("actor", {}).get("backend", "fsdp2") == "fsdp2" and dp.unmapped == []
+
+
+@pytest.mark.parametrize(
+    ("choice", "own_key"),
+    [
+        ("model_engine=veomni", "actor_rollout_ref.actor.veomni.expert_parallel_size=8"),
+        (
+            "actor_rollout_ref.actor.strategy=fsdp_turbo",
+            (
+                "actor_rollout_ref.actor.fsdp_config.turbo_config.distributed.ulysses_parallel_size=2"
+            ),
+        ),
+    ],
+)
+def test_fsdp2_like_engines_train_with_fsdp2_and_say_so(plugrl_plugin_manager, choice, own_key):
+    conversion = convert(choice, own_key)
+    assert conversion.recipe.get("actor", {}).get("backend", "fsdp2") == "fsdp2"
+    plugin = unmapped(conversion, "plugin")
+    assert set(plugin) == {choice, own_key}
+    assert "the recipe trains with actor.backend fsdp2" in plugin[choice]
+
+
+def test_the_reward_block_of_verl_0_8(plugrl_plugin_manager):
+    conversion = convert(
+        "reward.num_workers=4",
+        "reward.reward_manager.name=naive",
+        "reward.reward_model.enable=True",
+        "reward.reward_model.enable_resource_pool=False",
+        "reward.reward_model.model_path=/m/rm",
+        "reward.reward_model.rollout.name=vllm",
+        "reward.reward_model.rollout.tensor_model_parallel_size=1",
+        "reward.reward_model.rollout.gpu_memory_utilization=0.6",
+        "reward.reward_model.rollout.prompt_length=2048",
+        "reward.sandbox_fusion.url=null",
+    )
+    assert conversion.recipe["reward"] == {"manager": "reward_model", "model": {"path": "/m/rm"}}
+    assert set(unmapped(conversion)) == set(unmapped(conversion, "dropped"))
+    sharded = convert(
+        "reward.reward_model.enable=True",
+        "reward.reward_model.rollout.tensor_model_parallel_size=2",
+    )
+    assert unmapped(sharded, "unknown") == {
+        "reward.reward_model.rollout.tensor_model_parallel_size=2": (
+            "plugrl's reward model is not sharded: each of its workers holds it whole"
+        )
+    }
+
+
+def test_nested_lora_keys(plugrl_plugin_manager):
+    conversion = convert(
+        "actor_rollout_ref.model.lora.rank=16",
+        "actor_rollout_ref.model.lora.alpha=32",
+        "actor_rollout_ref.model.lora.target_modules=[q_proj,v_proj]",
+        "actor_rollout_ref.model.lora.merge=True",
+        "actor_rollout_ref.model.lora.dropout=0.0",
+        "critic.model.lora.rank=0",
+    )
+    model = conversion.recipe["model"]
+    assert (model["lora_rank"], model["lora_alpha"]) == (16, 32.0)
+    assert model["target_modules"] == ["q_proj", "v_proj"]
+    assert set(unmapped(conversion)) == set(unmapped(conversion, "dropped"))
+
+
+def test_the_uv_launcher_and_vision_keys_in_the_report(plugrl_plugin_manager):
+    before = (
+        'LAUNCH=(python3)\nif [ "${DEVICE:-gpu}" = gpu ]; then\n'
+        "    LAUNCH=(uv run --frozen --extra vllm python3)\nfi\n"
+    )
+    text = (
+        before
+        + '"${LAUNCH[@]}" -m verl.trainer.main_ppo \\\n'
+        + " \\\n".join(
+            [
+                '    ray_kwargs.ray_init.runtime_env.py_executable="uv run --frozen --extra vllm"',
+                "    data.image_key=images",
+                "    data.image_patch_size=16",
+            ]
+        )
+    )
+    conversion = convert_script(text + "\n", "run.sh", plugins=get_plugin_manager())
+    assert unmapped(conversion, "dropped")[
+        "ray_kwargs.ray_init.runtime_env.py_executable=uv run --frozen --extra vllm"
+    ].startswith("the interpreter Ray starts verl's workers with")
+    validation = validate(conversion.recipe, get_plugin_manager(), check_files=False)
+    lines = report(conversion, validation, "run.yaml")
+    assert (
+        "  vision-language data is not supported yet: data.image_key=images (line 7); "
+        "data.image_patch_size=16 (line 8)"
+    ) in lines
+    assert 'line 2: if [ "${DEVICE:-gpu}" = gpu ] is true' in conversion.notes

@@ -143,7 +143,13 @@ def report(conversion: Conversion, validation: Validation, recipe_name: str) -> 
     ]
     for category, title in CATEGORIES.items():
         items = sorted((u for u in unmapped if u.category == category), key=lambda u: u.line)
-        if items:
+        if items and category == "unsupported":
+            # one line per feature: the settings of a feature plugrl lacks share their reason
+            lines.append(f"{title} ({len(items)}):")
+            for reason in dict.fromkeys(u.reason for u in items):
+                named = [f"{u.override} (line {u.line})" for u in items if u.reason == reason]
+                lines.append(f"  {reason}: {'; '.join(named)}")
+        elif items:
             lines.append(f"{title} ({len(items)}):")
             lines += [f"  line {u.line}: {u.override}: {u.reason}" for u in items]
     if any("is not set in the script" in u.reason for u in unmapped):

@@ -7,7 +7,9 @@ Evaluated: ``NAME=value``; ``export``/``declare``/``local``/``readonly`` ``NAME=
 (``NAME=(...)``, ``NAME+=(...)``, ``"${NAME[@]}"``, ``${NAME[0]}``); ``$((integer
 arithmetic))``; ``$(pwd)`` as ``$PWD``; single and double quotes, backslashes, line
 continuations, comments, redirections and pipes; ``if [ A = B ]; then ... elif ... else ...
-fi`` with the tests ``=``, ``==``, ``!=``, ``-z`` and ``-n``.
+fi`` with the tests ``=``, ``==``, ``!=``, ``-z`` and ``-n``; ``case WORD in PATTERN|...) ... ;;
+esac`` with glob patterns. :attr:`Script.notes` names the branch each decided ``if`` and ``case``
+took.
 
 Nothing is run. A value the script cannot give without running something (``$(date)``), a
 variable it never sets, or one assigned in a loop or under a condition that cannot be decided
@@ -17,6 +19,7 @@ here is :class:`Unresolved`, with the reason.
 from __future__ import annotations
 
 import ast
+import fnmatch
 import operator
 import re
 from collections.abc import Mapping
@@ -30,6 +33,9 @@ _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 _ASSIGNMENT = re.compile(rf"({_NAME})(\+?)=")
 _REDIRECTION = re.compile(r"\d*(&>>|&>|>>|>&|<&|<<<|<<-|<<|>\||>|<)")
 _WORD_END = " \t\r\n;&|<>"
+CASE_END = ";;"
+"""The source the lexer gives the mark it puts where a ``case`` branch ends (``;;``, ``;&``,
+``;;&``)."""
 
 
 @attrs.frozen
@@ -163,6 +169,17 @@ class _Opaque:
 
 
 @attrs.frozen
+class _PathPart:
+    """``$(basename WORD)`` or ``$(dirname WORD)``: computed here as the command would (it
+    reads only its argument), not run."""
+
+    command: str
+    word: _RawWord
+    quoted: bool
+    source: str
+
+
+@attrs.frozen
 class _RawWord:
     parts: tuple[object, ...]
     source: str
@@ -222,6 +239,15 @@ class _Lexer:
                 self._skip_heredocs()
             elif self._redirection():
                 continue
+            elif c == ";" and self.peek(1) in (";", "&") and self.peek(1):
+                # the end of a case branch: a command of its own, which no word can be
+                if words:
+                    commands.append((words, comments))
+                    words, comments = [], []
+                end = 3 if self.text.startswith(";;&", self.i) else 2
+                mark = self.text[self.i : self.i + end]
+                commands.append(([_RawWord((_Lit(mark, False),), CASE_END, self.line)], []))
+                self.i += end
             elif c in ";&|":
                 if words:
                     commands.append((words, comments))
@@ -428,6 +454,13 @@ class _Lexer:
             source = self.text[start : self.i]
             if re.fullmatch(r"\$\(\s*pwd\s*\)", source):
                 return _Param("PWD", "", (), quoted, source)  # what bash keeps in $PWD
+            path_command = re.fullmatch(
+                r"\$\(\s*(basename|dirname)\s+(.*?)\s*\)", source, re.DOTALL
+            )
+            if path_command and path_command.group(1) in ("basename", "dirname"):
+                inner = _Lexer(path_command.group(2), self.line).commands()
+                if len(inner) == 1 and len(inner[0][0]) == 1:
+                    return _PathPart(path_command.group(1), inner[0][0][0], quoted, source)
             self.line += source.count("\n")
             return _Opaque(source, f"{_shorten(source)} runs a command, and nothing is run here")
         if following == "{":
@@ -453,6 +486,8 @@ class _Lexer:
             return _ArrayRef(name, element.group(1), quoted, source)
         if name in ("@", "*") and re.fullmatch(r":[0-9]+(:[0-9]+)?", rest):
             return _Param(name, "", (), quoted, source)  # some of the script's arguments
+        if rest in (",,", "^^", ",", "^") and re.fullmatch(_NAME, name):
+            return _Param(name, rest, (), quoted, source)  # case modification
         op = re.match(r":-|:=|:\+|:\?|-|=|\+|\?", rest)
         if not op:
             return _Opaque(
@@ -482,6 +517,22 @@ _BINARY = {
     ast.BitXor: operator.xor,
 }
 
+_INTEGER_TESTS = {
+    "-eq": operator.eq,
+    "-ne": operator.ne,
+    "-gt": operator.gt,
+    "-ge": operator.ge,
+    "-lt": operator.lt,
+    "-le": operator.le,
+}
+
+
+def _integer_text(text: str) -> int | None:
+    """``text`` as the integer ``[ A -gt B ]`` compares (``None``: not one)."""
+    stripped = text.strip()
+    return int(stripped) if re.fullmatch(r"[+-]?[0-9]+", stripped) else None
+
+
 _UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Invert: operator.invert}
 
 
@@ -492,11 +543,30 @@ def _int64(value: int) -> int:
 
 @attrs.define
 class _Frame:
-    """One open ``if``/loop: ``state`` is on, off or unknown; ``taken`` says whether a branch
-    of the ``if`` ran (``None``: cannot tell)."""
+    """One open ``if``/``case``/loop: ``state`` is on, off or unknown; ``taken`` says whether a
+    branch of the ``if`` or ``case`` ran (``None``: cannot tell)."""
 
     state: str
     taken: bool | None
+    case: _Case | None = None
+
+
+@attrs.define
+class _Case:
+    """What an open ``case`` needs: the word it matches (``None``: unresolved, with why), and
+    the patterns of the branch being read (a pattern list split by ``|`` arrives in pieces)."""
+
+    subject: str | None
+    why: str
+    source: str
+    line: int
+    patterns: list[str] = attrs.field(factory=list)
+    expecting: bool = True
+    """Between branches: the next words are patterns."""
+    falls_through: bool = False
+    """The branch before ended in ``;&`` and ran: this one runs too."""
+    variable: str = ""
+    """The variable the word is (``DEVICE`` of ``"${DEVICE}"``), to name in the note."""
 
 
 def _keyword(word: _RawWord) -> str | None:
@@ -522,6 +592,9 @@ def _assignment(word: _RawWord) -> tuple[str, bool, tuple[object, ...]] | None:
 class _Evaluator:
     def __init__(self, env: Mapping[str, str], inherited: Mapping[str, str]) -> None:
         self.variables: dict[str, Value] = {**inherited, **env}
+        self.given = dict(env)
+        """``--env`` values: they also stand for what the script would set by running
+        something (``device_name=$(python ...)``), which cannot be known here."""
         self.inherited = {name: inherited[name] for name in inherited if name not in env}
         self.inherited_read: dict[str, str] = {}
         self.exported: list[str] = []
@@ -539,6 +612,15 @@ class _Evaluator:
         return "off" if "off" in states else "unknown" if "unknown" in states else "on"
 
     def command(self, words: list[_RawWord], comment_lines: tuple[int, ...] = ()) -> None:
+        case = self.frames[-1].case if self.frames else None
+        if case is not None:
+            if words[0].source == CASE_END:
+                self._end_branch(_keyword(words[0]) or ";;")
+                return
+            if case.expecting and _keyword(words[0]) != "esac":
+                words = self._patterns(case, words)
+                if words is None:
+                    return
         while words:
             keyword = _keyword(words[0])
             if keyword in ("then", "do", "{", "}"):
@@ -556,7 +638,10 @@ class _Evaluator:
                 if self.frames:
                     self.frames.pop()
                 words = words[1:]
-            elif keyword in ("for", "while", "until", "case", "select"):
+            elif keyword == "case":
+                self._open_case(words)
+                return
+            elif keyword in ("for", "while", "until", "select"):
                 self.frames.append(_Frame("off" if self._state() == "off" else "unknown", None))
                 return
             else:
@@ -570,6 +655,7 @@ class _Evaluator:
             self.frames.append(_Frame("off", True))
             return
         result = self._condition(condition)
+        self._note_condition("if", condition, result)
         self.frames.append(_Frame(_branch(result), result))
 
     def _elif(self, condition: list[_RawWord]) -> None:
@@ -582,7 +668,122 @@ class _Evaluator:
             self.frames.append(_Frame("unknown", None))
         else:
             result = self._condition(condition)
+            self._note_condition("elif", condition, result)
             self.frames.append(_Frame(_branch(result), result))
+
+    def _note_condition(self, keyword: str, condition: list[_RawWord], result: bool | None) -> None:
+        """A note naming the branch a decided condition takes (undecided ones are reported
+        where their variables are used)."""
+        if result is None or not condition:
+            return
+        written = _shorten(" ".join(word.source for word in condition).rstrip(" ;"))
+        self.notes.append(
+            f"line {condition[0].line}: {keyword} {written} is {'true' if result else 'false'}"
+        )
+
+    # ------------------------------------------------------------------ case
+
+    def _open_case(self, words: list[_RawWord]) -> None:
+        """``case WORD in``: the branches that follow are matched against WORD's value."""
+        line = words[0].line
+        subject_words = words[1:2]
+        source = subject_words[0].source if subject_words else ""
+        if self._state() == "off":
+            self.frames.append(_Frame("off", True, _Case(None, "", source, line)))
+            return
+        expanded = [word for raw in subject_words for word in self._expand(raw)]
+        params = [p for raw in subject_words for p in raw.parts if isinstance(p, _Param)]
+        variable = (
+            params[0].name if len(params) == 1 and re.fullmatch(_NAME, params[0].name) else ""
+        )
+        if len(expanded) == 1 and not expanded[0].unresolved:
+            case = _Case(expanded[0].text, "", source, line)
+        elif expanded and expanded[0].unresolved:
+            case = _Case(None, "; ".join(expanded[0].unresolved), source, line)
+        else:
+            case = _Case("" if not expanded else None, "it is not one word", source, line)
+        case.variable = variable
+        self.frames.append(_Frame("off", False, case))
+
+    def _patterns(self, case: _Case, words: list[_RawWord]) -> list[_RawWord] | None:
+        """Read the patterns at the head of ``words`` (up to the word ending in ``)``); the
+        words after them, the start of the branch's body, are returned (``None``: the pattern
+        list goes on in the next command, after a ``|``)."""
+        for index, raw in enumerate(words):
+            last = raw.parts[-1] if raw.parts else None
+            closes = isinstance(last, _Lit) and not last.quoted and last.text.endswith(")")
+            parts = raw.parts
+            if closes:
+                assert isinstance(last, _Lit)
+                trimmed = last.text[:-1]
+                parts = (*parts[:-1], *((_Lit(trimmed, False),) if trimmed else ()))
+            first = parts[0] if parts else None
+            if isinstance(first, _Lit) and not first.quoted and first.text.startswith("("):
+                parts = (_Lit(first.text[1:], False), *parts[1:])
+            case.patterns.append(self._pattern(parts))
+            if closes:
+                self._open_branch(case, words[0].line)
+                return words[index + 1 :]
+        return None
+
+    def _pattern(self, parts: tuple[object, ...]) -> str:
+        """A pattern as an ``fnmatch`` pattern: quoted text matches itself; an unresolved
+        expansion gives the pattern ``\0`` (it decides nothing, see :meth:`_open_branch`)."""
+        pieces: list[str] = []
+        for part in parts:
+            if isinstance(part, _Lit):
+                pieces.append(_glob_escape(part.text) if part.quoted else part.text)
+                continue
+            value = self._value((part,))
+            if isinstance(value, Unresolved):
+                return "\0"
+            pieces.append(_glob_escape(value) if getattr(part, "quoted", False) else value)
+        return "".join(pieces)
+
+    def _open_branch(self, case: _Case, line: int) -> None:
+        frame = self.frames[-1]
+        patterns, case.patterns = case.patterns, []
+        case.expecting = False
+        shown = "|".join(patterns)
+        parent_off = any(f.state == "off" for f in self.frames[:-1])
+        if parent_off or frame.taken:
+            frame.state = "off" if not case.falls_through else frame.state
+            case.falls_through = False
+            return
+        if case.falls_through:
+            case.falls_through = False
+            return  # runs as the branch before did
+        if frame.taken is None or case.subject is None or "\0" in patterns:
+            frame.state, frame.taken = "unknown", None
+            if case.subject is None:
+                give = f"--env {case.variable}=VALUE" if case.variable else "--env NAME=VALUE"
+                note = (
+                    f"line {case.line}: case {case.source}: {case.why}; the branches' settings "
+                    f"count as unresolved (give {give} to choose one)"
+                )
+                if note not in self.notes:
+                    self.notes.append(note)
+            return
+        if any(fnmatch.fnmatchcase(case.subject, pattern) for pattern in patterns):
+            frame.state, frame.taken = "on", True
+            self.notes.append(
+                f"line {case.line}: case {case.source} is {case.subject!r}: the branch {shown}) "
+                f"of line {line} is taken"
+            )
+        else:
+            frame.state = "off"
+
+    def _end_branch(self, mark: str) -> None:
+        frame = self.frames[-1]
+        case = frame.case
+        assert case is not None
+        case.expecting = True
+        if mark == ";&" and frame.state == "on":
+            case.falls_through = True
+            return
+        if mark == ";;&" and frame.state != "off":
+            frame.taken = None if frame.state == "unknown" else False
+        frame.state = "off" if frame.taken is not None else "unknown"
 
     def _else(self) -> None:
         if self.frames:
@@ -607,6 +808,11 @@ class _Evaluator:
             if head == "[[" and any(c in args[2] for c in "*?["):
                 return None  # a pattern match
             result = (args[0] == args[2]) != (args[1] == "!=")
+        elif len(args) == 3 and args[1] in _INTEGER_TESTS:
+            numbers = [_integer_text(args[0]), _integer_text(args[2])]
+            if None in numbers:
+                return None  # bash stops with an error here; nothing is decided
+            result = _INTEGER_TESTS[args[1]](numbers[0], numbers[1])
         elif len(args) == 2 and args[0] in ("-z", "-n"):
             result = (args[1] == "") == (args[0] == "-z")
         elif len(args) == 1:
@@ -752,6 +958,14 @@ class _Evaluator:
                 f"(line {line})"
             )
         self.inherited.pop(name, None)  # the script's own value from here on
+        if isinstance(value, Unresolved) and name in self.given and not conditional:
+            note = (
+                f"line {line}: ${name} is set by something not run here ({value.reason}); "
+                f"the --env value {self.given[name]!r} stands for it"
+            )
+            if note not in self.notes:
+                self.notes.append(note)
+            value = self.given[name]
         if value is None:
             self.variables.pop(name, None)
             self.arrays.pop(name, None)
@@ -776,6 +990,12 @@ class _Evaluator:
                 why = tuple(reason for word in found for reason in word.unresolved)
                 text = " ".join(word.text for word in found)
                 chunks.append((part.source if why else text, not part.quoted and not why, why))
+            elif isinstance(part, _PathPart):
+                value = self._value(part.word.parts)
+                if isinstance(value, Unresolved):
+                    chunks.append((part.source, False, (value.reason,)))
+                else:
+                    chunks.append((_path_command(part.command, value), not part.quoted, ()))
             elif isinstance(part, (_Param, _Arith)):
                 value = self._param(part) if isinstance(part, _Param) else self._arith(part)
                 if isinstance(value, Unresolved):
@@ -857,6 +1077,11 @@ class _Evaluator:
             return value
         if op == "":
             return Unresolved(f"${name} is not set in the script") if value is None else value
+        if op in (",,", "^^", ",", "^"):
+            if value is None:
+                return Unresolved(f"${name} is not set in the script")
+            change = str.lower if op.startswith(",") else str.upper
+            return change(value) if len(op) == 2 else change(value[:1]) + value[1:]
         unset_or_empty = value is None or (op.startswith(":") and value == "")
         if op in (":+", "+"):
             return "" if unset_or_empty else self._value(param.arg)
@@ -952,6 +1177,22 @@ def _whole_array(word: _RawWord) -> _ArrayRef | None:
     ):
         return refs[0]
     return None
+
+
+def _path_command(command: str, path: str) -> str:
+    """What ``basename PATH`` or ``dirname PATH`` prints (without its newline)."""
+    trimmed = path.rstrip("/") or ("/" if path.startswith("/") else "")
+    if command == "basename":
+        return trimmed.rsplit("/", 1)[-1] if trimmed != "/" else "/"
+    if "/" not in trimmed:
+        return "."
+    head = trimmed.rsplit("/", 1)[0].rstrip("/")
+    return head or "/"
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` as an ``fnmatch`` pattern that matches only itself."""
+    return re.sub(r"([*?\[])", r"[\1]", text)
 
 
 def _branch(result: bool | None) -> str:

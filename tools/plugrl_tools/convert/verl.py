@@ -24,6 +24,7 @@ import attrs
 from plugrl.config import ConfigValueError
 from plugrl.config.structuring import converter, describe_value, fields_of
 from plugrl.errors import ConvertError, PluginError
+from plugrl.parts.rollout import RolloutConfig
 from plugrl.plugin.manager import PluginManager
 from plugrl.plugin.registry import KNOWN_EXTERNAL, PART_KINDS, section_kind
 from plugrl.recipe.sections import Recipe
@@ -31,11 +32,17 @@ from plugrl.recipe.verl_names import VerlName, verl_names
 from plugrl_tools.convert.overrides import Override, OverrideError, parse_override
 from plugrl_tools.convert.shell import Command, Script, Word, read_script
 
-ENTRY_POINTS = {"main_ppo": "sync", "main_dapo": "sync", "fully_async_main": "fully_async"}
+ENTRY_POINTS = {
+    "main_ppo": "sync",
+    "main_ppo_sync": "sync",
+    "main_dapo": "sync",
+    "fully_async_main": "fully_async",
+}
 """The last part of a verl trainer module -> the plugrl scheduler that runs the same loop."""
 
 TRAINERS = (
     "verl.trainer.main_ppo",
+    "verl.trainer.main_ppo_sync",
     "recipe.dapo.main_dapo",
     "fully_async_policy.fully_async_main",
     "one_step_off_policy.main_ppo",
@@ -58,6 +65,7 @@ in flight. ``require_batches`` is set from the script's batch sizes."""
 
 CATEGORIES = {
     "unknown": "unknown to plugrl",
+    "unsupported": "known, not supported by plugrl yet",
     "plugin": "keys of parts not installed here or not chosen",
     "dropped": "dropped on purpose: plugrl does it differently",
     "unresolved": "value unresolvable",
@@ -87,7 +95,54 @@ ALIASES = {
     "reward.reward_kwargs.overlong_buffer_cfg.": "reward_model.overlong_buffer.",
     "reward.reward_kwargs.": "reward_model.reward_kwargs.",
     "reward.custom_reward_function.": "custom_reward_function.",
+    # verl 0.8's reward model, served by an inference engine: its path and engine settings
+    "reward.reward_model.model_path": "reward_model.model.path",
     "reward.reward_model.": "reward_model.",
+    # the weight sync's settings, under checkpoint_engine since verl 0.8
+    "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes": (
+        "actor_rollout_ref.rollout.update_weights_bucket_megabytes"
+    ),
+    # verl 0.8 moved these under the backend's config
+    "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size": (
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
+    ),
+    "actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size": (
+        "actor_rollout_ref.ref.ulysses_sequence_parallel_size"
+    ),
+    "actor_rollout_ref.actor.fsdp_config.strategy": "actor_rollout_ref.actor.strategy",
+    "actor_rollout_ref.ref.fsdp_config.strategy": "actor_rollout_ref.ref.strategy",
+    "actor_rollout_ref.actor.megatron.use_remove_padding": (
+        "actor_rollout_ref.model.use_remove_padding"
+    ),
+    "actor_rollout_ref.ref.megatron.use_remove_padding": (
+        "actor_rollout_ref.model.use_remove_padding"
+    ),
+    # VeOmni's settings that plugrl's fsdp2 backend has (the recipe trains VeOmni scripts
+    # with fsdp2, see FSDP_LIKE_ENGINES)
+    "actor_rollout_ref.actor.veomni.ulysses_parallel_size": (
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
+    ),
+    "actor_rollout_ref.actor.veomni.param_offload": (
+        "actor_rollout_ref.actor.fsdp_config.param_offload"
+    ),
+    "actor_rollout_ref.actor.veomni.optimizer_offload": (
+        "actor_rollout_ref.actor.fsdp_config.optimizer_offload"
+    ),
+    "actor_rollout_ref.actor.veomni.fsdp_size": "actor_rollout_ref.actor.fsdp_config.fsdp_size",
+    "actor_rollout_ref.ref.veomni.param_offload": "actor_rollout_ref.ref.fsdp_config.param_offload",
+    # the critic's engine config of verl 0.8 (critic.fsdp.*, as the actor's fsdp_config)
+    "critic.fsdp.": "critic.model.fsdp_config.",
+    # the nested LoRA block of verl 0.8 (model.lora.*), the flat keys' newer names
+    "actor_rollout_ref.model.lora.rank": "actor_rollout_ref.model.lora_rank",
+    "actor_rollout_ref.model.lora.alpha": "actor_rollout_ref.model.lora_alpha",
+    "actor_rollout_ref.model.lora.target_modules": "actor_rollout_ref.model.target_modules",
+    "actor_rollout_ref.model.lora.exclude_modules": "actor_rollout_ref.model.exclude_modules",
+    "actor_rollout_ref.model.lora.adapter_path": "actor_rollout_ref.model.lora_adapter_path",
+    "critic.model.lora.rank": "critic.model.lora_rank",
+    "critic.model.lora.alpha": "critic.model.lora_alpha",
+    "critic.model.lora.target_modules": "critic.model.target_modules",
+    "critic.model.lora.exclude_modules": "critic.model.exclude_modules",
+    "critic.model.lora.adapter_path": "critic.model.lora_adapter_path",
     # newer verl's name of the gradient clip, under optim
     "actor_rollout_ref.actor.optim.clip_grad": "actor_rollout_ref.actor.grad_clip",
     "actor_rollout_ref.ref.optim.clip_grad": "actor_rollout_ref.ref.grad_clip",
@@ -115,6 +170,18 @@ _REFERENCE = "plugrl's reference model takes the actor's settings"
 _LOG_PROB = "plugrl's log-prob passes form micro-batches as training does"
 
 SHARED = {
+    "actor_rollout_ref.actor.megatron.dtype": (
+        "actor_rollout_ref.actor.fsdp_config.model_dtype",
+        "plugrl's model.dtype is the parameters' dtype on every backend",
+    ),
+    "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype": (
+        "actor_rollout_ref.actor.fsdp_config.model_dtype",
+        "plugrl's fsdp2 backend computes in model.dtype",
+    ),
+    "data.trust_remote_code": (
+        "actor_rollout_ref.model.trust_remote_code",
+        "plugrl loads the tokenizer with the model's trust_remote_code",
+    ),
     "actor_rollout_ref.actor.fsdp_config.optimizer_offload": (
         "actor_rollout_ref.actor.fsdp_config.param_offload",
         "plugrl offloads parameters, gradients and optimizer state together",
@@ -147,6 +214,16 @@ SHARED = {
 key of another: (that verl key, why). The value is carried over when it agrees with that key's,
 and reported when it does not."""
 
+_REWARD_MODEL_ENGINE = (
+    "a setting of the inference engine verl serves its reward model with; plugrl's "
+    "reward_model manager scores with a forward pass of the classification model itself"
+)
+_REWARD_MODEL_LENGTH = (
+    "a generation length of the engine verl serves its reward model with; plugrl's reward "
+    "model reads up to reward.max_length tokens (unset: the model's max_position_embeddings, "
+    "the length verl's server holds too)"
+)
+
 DROPPED = {
     "actor_rollout_ref.model.use_fused_kernels": (
         "plugrl has no switch: log-probs come from the model's own logits"
@@ -158,6 +235,24 @@ DROPPED = {
     ),
     "actor_rollout_ref.rollout.calculate_log_probs": (
         "plugrl's engines return the log-prob of every sampled token with each completion"
+    ),
+    "actor_rollout_ref.model.fused_kernel_options.impl_backend": (
+        "plugrl has no fused-kernel switch: log-probs come from the model's own logits"
+    ),
+    "actor_rollout_ref.rollout.skip_tokenizer_init": (
+        "whether verl's engine loads a tokenizer of its own; plugrl's engines take the prompt's "
+        "token ids and return token ids, which plugrl decodes"
+    ),
+    "actor_rollout_ref.actor.fsdp_config.use_orig_params": (
+        "a setting of FSDP1; plugrl's fsdp2 backend shards with FSDP2, whose parameters are "
+        "the module's own"
+    ),
+    "actor_rollout_ref.actor.use_prefix_grouper": (
+        "verl computes the prompt a group of responses shares once (speed); plugrl computes "
+        "each sequence whole: the same log-probs"
+    ),
+    "data.filter_overlong_prompts_workers": (
+        "processes verl filters over-long prompts with; plugrl filters them in its own process"
     ),
     "data.return_raw_chat": (
         "plugrl's dataset applies the chat template for every engine (data.apply_chat_template)"
@@ -183,6 +278,62 @@ DROPPED = {
     "actor_rollout_ref.rollout.layered_summon": (
         "plugrl gathers the trainer's weights one tensor at a time, merging LoRA adapters as "
         "it goes"
+    ),
+    "ray_kwargs.ray_init.runtime_env.py_executable": (
+        "the interpreter Ray starts verl's workers with (a `uv run ...` prefix runs them in "
+        "uv's project environment); plugrl's Ray workers run the interpreter plugrl run runs "
+        "with, so start it the same way: `uv run ... plugrl run RECIPE`, or from the "
+        "environment plugrl is installed in"
+    ),
+    "trainer.balance_batch": (
+        "verl reorders a batch so its data-parallel ranks get similar token counts (speed); "
+        "plugrl splits the batch in its own order: the same samples train, grouped into "
+        "micro-batches by plugrl's own token budget"
+    ),
+    "transfer_queue.enable": (
+        "verl's data plane between its workers (TransferQueue); plugrl passes batches between "
+        "its worker groups itself"
+    ),
+    "actor_rollout_ref.model.lora.merge": (
+        "plugrl merges the LoRA adapters into the weights it sends to the engines, whatever "
+        "the value: verl's merge=False serves them as adapters in the engine instead, the same "
+        "policy sent another way"
+    ),
+    "actor_rollout_ref.model.lora.fully_sharded_loras": (
+        "a setting of vLLM's serving of adapters; plugrl's engines get merged weights"
+    ),
+    "actor_rollout_ref.rollout.checkpoint_engine.backend": (
+        "how verl moves weights to its engines; plugrl's weight transport follows from the "
+        "engine and the cluster (rollout.update_weights_bucket_megabytes sizes its buckets)"
+    ),
+    "reward.num_workers": (
+        "verl's reward-loop workers, how many processes score in parallel; plugrl scores rule "
+        "rewards in the driver (reward.manager parallel: in a process pool) and a reward "
+        "model on reward.num_workers actors (reward.placement ray)"
+    ),
+    "reward_model.rollout.name": _REWARD_MODEL_ENGINE,
+    "reward_model.rollout.gpu_memory_utilization": _REWARD_MODEL_ENGINE,
+    "reward_model.rollout.free_cache_engine": _REWARD_MODEL_ENGINE,
+    "reward_model.rollout.skip_tokenizer_init": _REWARD_MODEL_ENGINE,
+    "reward_model.rollout.enforce_eager": _REWARD_MODEL_ENGINE,
+    "reward_model.rollout.max_num_seqs": _REWARD_MODEL_ENGINE,
+    "reward_model.rollout.max_num_batched_tokens": _REWARD_MODEL_ENGINE,
+    "reward_model.rollout.enable_chunked_prefill": _REWARD_MODEL_ENGINE,
+    "reward_model.rollout.enable_prefix_caching": _REWARD_MODEL_ENGINE,
+    "reward_model.rollout.dtype": _REWARD_MODEL_ENGINE,
+    "reward_model.rollout.prompt_length": _REWARD_MODEL_LENGTH,
+    "reward_model.rollout.response_length": _REWARD_MODEL_LENGTH,
+    "reward_model.enable_resource_pool": (
+        "whether verl gives its reward model devices of its own; plugrl's runs in the driver "
+        "(reward.placement local) or on reward.num_workers Ray actors (reward.placement ray)"
+    ),
+    "actor_rollout_ref.actor.calculate_sum_pi_squared": (
+        "plugrl's old_log_prob pass returns sum_pi_squared whenever the advantage estimator "
+        "reads it (optimal_token_baseline)"
+    ),
+    "actor_rollout_ref.actor.sum_pi_squared_checkpointing": (
+        "plugrl computes sum_pi_squared without gradient, a slice of tokens at a time, so "
+        "there is nothing to checkpoint"
     ),
 }
 """verl keys plugrl covers in its own way, with what it does instead."""
@@ -212,12 +363,52 @@ NEUTRAL = {
         "plugrl does not normalise the importance weights over the batch",
     ),
     "trainer.critic_warmup": (0, "plugrl has no critic warm-up"),
+    "actor_rollout_ref.actor.optim.optimizer": (
+        ("AdamW", "adamw"),
+        "plugrl's optimizer is AdamW",
+    ),
+    "actor_rollout_ref.actor.fsdp_config.offload_policy": (
+        False,
+        "plugrl's fsdp2 backend has no FSDP2 CPU-offload policy (actor.param_offload moves "
+        "the state between steps instead)",
+    ),
+    "actor_rollout_ref.rollout.ignore_eos": (
+        False,
+        "plugrl's engines always end a response at the end-of-sequence token",
+    ),
     "trainer.balance_batch": (
         False,
         "plugrl does not reorder a batch to balance tokens across ranks",
     ),
-    "reward_model.nnodes": (
+    "reward_model.rollout.tensor_model_parallel_size": (
         1,
+        "plugrl's reward model is not sharded: each of its workers holds it whole",
+    ),
+    "actor_rollout_ref.model.lora.dropout": (
+        0.0,
+        "plugrl's LoRA adapters have no dropout",
+    ),
+    "actor_rollout_ref.model.lora.type": ("lora", "plugrl trains LoRA adapters only"),
+    "reward.reward_manager.source": (
+        "register",
+        "plugrl's reward managers are the plugins installed (reward.manager names one)",
+    ),
+    "reward.sandbox_fusion.url": (
+        (None, ""),
+        "plugrl has no sandbox-fusion client; a remote scorer is reward.manager remote",
+    ),
+    "trainer.v1.separate_async.hybrid_rollout.enable_switch": (
+        False,
+        "plugrl does not lend the trainer's devices to generation while it waits",
+    ),
+    "trainer.v1.sampler.sync_refill_failed_groups": (
+        False,
+        "plugrl does not replace a prompt whose responses all failed",
+    ),
+    "trainer.v1.sampler.custom_sampler.path": ((None, ""), "plugrl has no custom samplers"),
+    "trainer.v1.sampler.custom_sampler.name": ((None, ""), "plugrl has no custom samplers"),
+    "reward_model.nnodes": (
+        (0, 1),
         "plugrl's reward model runs on reward.num_workers Ray actors wherever Ray places "
         "them; set that to nnodes x n_gpus_per_node",
     ),
@@ -226,9 +417,39 @@ NEUTRAL = {
 plugrl does). At that value the override is dropped as having no effect; at another it is
 unknown to plugrl."""
 
+VISION = "vision-language data is not supported yet"
+DISTILLATION = (
+    "on-policy distillation (a teacher scoring the student's tokens) is not supported yet"
+)
+
+UNSUPPORTED = [
+    # (verl prefix or key, the one line the report gives the group)
+    ("data.image_key", VISION),
+    ("data.video_key", VISION),
+    ("data.image_patch_size", VISION),
+    ("data.limit_images", VISION),
+    ("data.mm_", VISION),
+    ("actor_rollout_ref.rollout.limit_images", VISION),
+    ("actor_rollout_ref.rollout.mm_", VISION),
+    ("actor_rollout_ref.rollout.engine_kwargs.vllm.mm_", VISION),
+    ("actor_rollout_ref.rollout.engine_kwargs.vllm.limit_mm_per_prompt", VISION),
+    ("actor_rollout_ref.actor.freeze_vision_tower", VISION),
+    ("actor_rollout_ref.model.lora.freeze_vision_", VISION),
+    ("actor_rollout_ref.model.freeze_vision_", VISION),
+    ("distillation.", DISTILLATION),
+]
+"""verl settings of features plugrl knows it lacks: reported as one group each."""
+
 _CRITIC_MODEL = "plugrl builds every model, the critic too, with the settings of model"
 
 CRITIC_SHARES = {
+    "megatron.tensor_model_parallel_size": "plugrl's critic is laid out as the actor",
+    "megatron.pipeline_model_parallel_size": "plugrl's critic is laid out as the actor",
+    "megatron.context_parallel_size": "plugrl's critic is laid out as the actor",
+    "megatron.expert_model_parallel_size": "plugrl's critic is laid out as the actor",
+    "megatron.param_offload": "plugrl's critic offloads as the actor does",
+    "megatron.optimizer_offload": "plugrl's critic offloads as the actor does",
+    "megatron.grad_offload": "plugrl's critic offloads as the actor does",
     "use_dynamic_bsz": "plugrl's critic forms micro-batches as the actor does",
     "ppo_max_token_len_per_gpu": "plugrl's critic forms micro-batches as the actor does",
     "ulysses_sequence_parallel_size": (
@@ -293,6 +514,21 @@ PART_PREFIXES = {
 }
 """Where an unknown key may belong to the chosen part's own config."""
 
+BACKENDS = {"dp": "fsdp2", "megatron": "megatron"}
+"""verl's ``model_engine`` (its training engine since 0.8) -> plugrl's actor.backend."""
+
+FSDP_LIKE_ENGINES = {"veomni": "VeOmni", "torchtitan": "TorchTitan", "fsdp_turbo": "FSDP Turbo"}
+"""verl training engines plugrl has no backend for, which shard the model with PyTorch's FSDP2
+as plugrl's default backend does: the recipe keeps fsdp2, and says so. ``fsdp_turbo`` is a
+``strategy`` of verl's FSDP engine (its settings under ``fsdp_config.turbo_config``), the others
+are ``model_engine`` values."""
+
+STRATEGY_KEYS = (
+    "actor_rollout_ref.actor.strategy",
+    "actor_rollout_ref.ref.strategy",
+    "critic.strategy",
+)
+
 VERL_DEFAULTS = {
     "algorithm.adv_estimator": "gae",
     "actor_rollout_ref.model.enable_gradient_checkpointing": True,
@@ -304,6 +540,73 @@ VERL_DEFAULTS = {
 """Defaults of verl's ppo_trainer.yaml that differ from plugrl's. A script that leaves one
 unset ran with verl's value; the report says so, and the recipe keeps plugrl's."""
 
+LORA_KEYS = {
+    "actor_rollout_ref.model.lora_rank",
+    "actor_rollout_ref.model.lora_alpha",
+    "actor_rollout_ref.model.target_modules",
+    "actor_rollout_ref.model.exclude_modules",
+    "actor_rollout_ref.model.lora_adapter_path",
+}
+"""verl's LoRA settings of the actor (flat names; the nested model.lora.* are aliases)."""
+
+V1_MODES = ("sync", "colocate_async", "separate_async")
+"""verl's ``trainer.v1.trainer_mode`` values."""
+
+V1_DEFAULTS = {
+    "trainer.v1.separate_async.parameter_sync_step": 4,
+    "trainer.v1.separate_async.num_warmup_batches": 1,
+    "trainer.v1.sampler.max_off_policy_threshold": 8,
+    "trainer.v1.sampler.max_off_policy_strategy": "drop",
+}
+"""verl's defaults (ppo_trainer.yaml) of the V1 keys that decide the fully_async settings."""
+
+V1_CONSUMED = set(V1_DEFAULTS)
+"""V1 keys :meth:`_Converter._separate_async` maps (or reports) under separate_async."""
+
+V1_STEP_KEYS = {
+    "trainer.total_training_steps": "trainer.total_training_steps",
+    "trainer.test_freq": "trainer.test_freq",
+    "trainer.save_freq": "trainer.save_freq",
+}
+"""Keys counted in verl's steps: one step of separate_async is parameter_sync_step of
+plugrl's fully_async steps."""
+
+V1_ROLLOUT_DEVICES = {
+    "actor_rollout_ref.rollout.nnodes": "rollout.nnodes",
+    "actor_rollout_ref.rollout.n_gpus_per_node": "rollout.n_gpus_per_node",
+}
+"""The standalone engines' devices of verl's separate_async, as its fully-async recipe's keys."""
+
+_ENTROPY_CHUNKS = (
+    "with no entropy bonus the entropy is only a metric, which plugrl computes a slice of "
+    "tokens at a time (either value)"
+)
+_ENTROPY_RECOMPUTE = (
+    "with no entropy bonus the entropy carries no gradient, so there is nothing to recompute "
+    "in the backward pass (either value)"
+)
+ENTROPY_MEMORY = {
+    "actor_rollout_ref.actor.entropy_from_logits_with_chunking": _ENTROPY_CHUNKS,
+    "actor_rollout_ref.ref.entropy_from_logits_with_chunking": _ENTROPY_CHUNKS,
+    "actor_rollout_ref.actor.entropy_checkpointing": _ENTROPY_RECOMPUTE,
+    "actor_rollout_ref.ref.entropy_checkpointing": _ENTROPY_RECOMPUTE,
+    "actor_rollout_ref.actor.fsdp_config.entropy_checkpointing": _ENTROPY_RECOMPUTE,
+    "actor_rollout_ref.ref.fsdp_config.entropy_checkpointing": _ENTROPY_RECOMPUTE,
+}
+"""verl's memory savings of the entropy computation, which change nothing while the entropy
+has no bonus (``actor.entropy_coeff`` 0): its value is then a metric without gradient."""
+
+ENGINE_ARGUMENTS = {
+    "actor_rollout_ref.rollout.enable_prefix_caching": {
+        "vllm": "actor_rollout_ref.rollout.engine_kwargs.vllm.enable_prefix_caching",
+    },
+}
+"""verl rollout keys that are one engine's own argument: with that engine they go into its
+``engine_kwargs`` (vLLM's ``enable_prefix_caching``)."""
+
+ENGINE_SELECTORS = ("model_engine", "actor_rollout_ref.actor.model_engine")
+"""verl 0.8's keys that choose the training engine (``model_engine=megatron``)."""
+
 REWARD_MODEL_ENABLE = "reward_model.enable"
 REWARD_MODEL_MANAGER = "reward_model"
 """verl's switch of its reward model, and the plugrl reward manager that runs one."""
@@ -313,10 +616,36 @@ REWARD_MODEL_REPLACES = (
     "manager returns the model's scores and never calls the rule or custom function"
 )
 
-VALUE_RENAMES = {"actor.backend": {"fsdp": "fsdp2"}, "rollout.engine": {"sglang_async": "sglang"}}
+TEACHERS_PREFIX = "distillation.teacher_models."
+DEFAULT_TEACHER = "teacher_model"
+"""verl's name of its one teacher, dropped when the script names others."""
+VERL_TEACHER_TP = 2
+"""verl's default ``inference.tensor_model_parallel_size`` of a teacher."""
+DISTILLATION_DROPPED = {
+    "distillation.distillation_loss.policy_loss_mode": (
+        "verl's distillation supports only the vanilla policy loss, which plugrl's uses"
+    ),
+    "distillation.distillation_loss.clip_ratio": (
+        "verl's vanilla loss reads clip_ratio_low and clip_ratio_high, plugrl's too "
+        "(distillation.loss.clip_ratio_low/high)"
+    ),
+}
+
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+VALUE_RENAMES = {
+    "actor.backend": {"fsdp": "fsdp2"},
+    "rollout.engine": {"sglang_async": "sglang"},
+    "model.dtype": _DTYPES,
+    "actor.reduce_dtype": _DTYPES,
+}
 """plugrl key -> {verl value: plugrl value} where verl's value names a part plugrl calls
 otherwise (verl's FSDP1 strategy runs as fsdp2; older verl's asynchronous SGLang rollout is
-plugrl's sglang engine, which takes requests as they come)."""
+plugrl's sglang engine, which takes requests as they come; verl's short dtype names)."""
+
+LOGGER_RENAMES = {"file": "jsonl"}
+"""verl logger -> plugrl logger of the same output (verl's file logger writes each step's
+metrics as a JSON line, as plugrl's jsonl does, to metrics.jsonl in the run folder)."""
 
 
 # ---------------------------------------------------------------------------- results
@@ -445,6 +774,11 @@ class _Converter:
         self.comments: list[str] = []
         self.reward_model = False
         """Whether the script enables verl's reward model."""
+        self.foreign_engine: str | None = None
+        """verl's training engine when plugrl has no backend of that name (veomni)."""
+        self._engine_reports: dict[str, _Skip | None] = {}
+        self.given: dict[str, Any] = {}
+        """The script's overrides, by the verl key they mean (aliases resolved)."""
 
     # ------------------------------------------------------------ the command
 
@@ -467,10 +801,13 @@ class _Converter:
             values[("scheduler", "name")] = (scheduler, module)
             if not one_step_off:
                 self.notes.append(f"{module} runs as plugrl's {scheduler} scheduler")
+        self.given = {_alias(override.key): override.value for _, override in parsed}
+        parsed = self._v1_trainer(parsed, values)
         self._choose_parts(parsed, values)
         parsed = self._global_micro_batches(parsed)
         if self.chosen["schedulers"] == "fully_async":
             parsed = self._fully_async_keys(parsed)
+        parsed = self._distillation_keys(parsed)
         shared: list[tuple[Word, Override, _Target]] = []
         for word, override in parsed:
             self._map(word, override, values, shared)
@@ -653,6 +990,386 @@ class _Converter:
             out.append((word, override))
         return out
 
+    def _v1_trainer(
+        self,
+        parsed: list[tuple[Word, Override]],
+        values: dict[tuple[str, ...], tuple[Any, str]],
+    ) -> list[tuple[Word, Override]]:
+        """verl's V1 trainer (``trainer.use_v1``, its default since 0.8) as plugrl's schedulers:
+        ``sync`` is the sync scheduler; ``separate_async`` (engines on devices of their own,
+        a weight sync every ``parameter_sync_step`` mini-batches) is the fully_async scheduler
+        with the same sync period, run ahead and staleness bound; ``colocate_async`` has no
+        counterpart and runs as sync, reported. The V1 keys are consumed here."""
+        given = {override.key: (word, override) for word, override in parsed}
+        mode_override = given.get("trainer.v1.trainer_mode")
+        mode = mode_override[1].value if mode_override else "sync"
+        out: list[tuple[Word, Override]] = []
+        separate = mode == "separate_async"
+        sync_step = 1
+        if separate:
+            sync_step = self._separate_async(given, values)
+        for word, override in parsed:
+            key, value = override.key, override.value
+            if key == "trainer.use_v1":
+                self._skip(
+                    word,
+                    "dropped",
+                    "verl's choice between its two implementations of the trainer loop (V1 on "
+                    "TransferQueue, its default, or the legacy one); plugrl has one per "
+                    "scheduler, which trainer.v1.trainer_mode decides",
+                )
+            elif key == "trainer.v1.trainer_mode":
+                self._v1_mode(word, value)
+            elif key.startswith("trainer.v1."):
+                self._v1_key(word, key, value, mode)
+            elif separate and key in V1_STEP_KEYS and _positive(value) and sync_step > 1:
+                scaled = value * sync_step
+                self.notes.append(
+                    f"line {word.line}: {key}={value} counts verl's steps of "
+                    f"parameter_sync_step {sync_step} mini-batches each; plugrl's fully_async "
+                    f"steps are one mini-batch each: {V1_STEP_KEYS[key]} {scaled}"
+                )
+                out.append((word, attrs.evolve(override, value=scaled)))
+            elif separate and key == "data.train_batch_size":
+                self._v1_batch(word, value, given, sync_step)
+            elif separate and key in V1_ROLLOUT_DEVICES:
+                out.append((word, attrs.evolve(override, key=V1_ROLLOUT_DEVICES[key])))
+            elif separate and key == "algorithm.rollout_correction.bypass_mode" and _is_true(value):
+                out.append(
+                    (word, attrs.evolve(override, key="async_training.use_rollout_log_probs"))
+                )
+            else:
+                out.append((word, override))
+        return out
+
+    def _v1_mode(self, word: Word, mode: Any) -> None:
+        if mode == "sync":
+            self._skip(word, "dropped", "verl's synchronous trainer is plugrl's sync scheduler")
+        elif mode == "separate_async":
+            self._skip(
+                word,
+                "dropped",
+                "runs as plugrl's fully_async scheduler (engines on devices of their own); "
+                "the notes say how its keys map",
+            )
+        elif mode == "colocate_async":
+            self._skip(
+                word,
+                "unknown",
+                "plugrl has no asynchronous mode on shared devices: verl's colocate_async "
+                "trains once a batch's worth of prompts has finished, aborts the rest and "
+                "continues them after the weight sync (partial rollout, samples up to "
+                "max_off_policy_threshold steps old); the recipe runs the sync scheduler, which "
+                "waits for every response of a step and trains on-policy. plugrl's "
+                "asynchronous scheduler, fully_async, needs engines on devices of their own "
+                "(rollout.colocate false, rollout.n_gpus_per_node)",
+            )
+        else:
+            self._skip(word, "invalid", f"verl's trainer modes are {', '.join(V1_MODES)}")
+
+    def _v1_key(self, word: Word, key: str, value: Any, mode: str) -> None:
+        """A key under ``trainer.v1.`` other than the mode."""
+        section = key.split(".")[2]
+        if section in V1_MODES and section != mode:
+            self._skip(
+                word,
+                "dropped",
+                f"a setting of verl's {section} trainer; the script runs {mode}",
+            )
+            return
+        if key in V1_CONSUMED and mode == "separate_async":
+            return  # mapped by _separate_async, which reports it
+        if key.startswith("trainer.v1.separate_async.hybrid_rollout.") and not key.endswith(
+            ".enable_switch"
+        ):
+            switch = self.given.get("trainer.v1.separate_async.hybrid_rollout.enable_switch")
+            if not _is_true(switch):
+                self._skip(word, "dropped", "tunes hybrid_rollout.enable_switch, which is off")
+                return
+        if mode == "sync" and key.startswith("trainer.v1.sampler.max_off_policy_"):
+            self._skip(
+                word,
+                "dropped",
+                "verl's sync trainer is on-policy and ignores it; so is plugrl's sync scheduler",
+            )
+            return
+        if mode == "colocate_async":
+            neutral = NEUTRAL.get(key)
+            if neutral is None or value not in (
+                neutral[0] if isinstance(neutral[0], tuple) else (neutral[0],)
+            ):
+                self._skip(
+                    word,
+                    "unknown",
+                    "a setting of verl's colocate_async trainer, which the recipe runs as sync "
+                    "(see trainer.v1.trainer_mode)",
+                )
+                return
+        resolved = self._resolve(key, value)
+        if isinstance(resolved, _Skip):
+            self._skip(word, resolved.category, resolved.reason)
+        else:  # no option declares a trainer.v1 key
+            self._skip(word, "unknown", "no plugrl key has this meaning")
+
+    def _v1_batch(
+        self, word: Word, value: Any, given: dict[str, tuple[Word, Override]], sync_step: int
+    ) -> None:
+        mini = given.get("actor_rollout_ref.actor.ppo_mini_batch_size")
+        mini_value = mini[1].value if mini else None
+        if isinstance(mini_value, int) and value == sync_step * mini_value:
+            self._skip(
+                word,
+                "dropped",
+                f"verl's separate_async step trains parameter_sync_step {sync_step} mini-batches "
+                f"of {mini_value} prompts, {value} in all; plugrl's fully_async trains one "
+                f"mini-batch per step (scheduler.require_batches 1) and syncs every "
+                f"trigger_parameter_sync_step {sync_step} steps: the same updates per sync",
+            )
+        else:
+            self._skip(
+                word,
+                "invalid",
+                f"verl's separate_async requires data.train_batch_size = parameter_sync_step "
+                f"{sync_step} x actor.ppo_mini_batch_size {mini_value}",
+            )
+
+    def _separate_async(
+        self,
+        given: dict[str, tuple[Word, Override]],
+        values: dict[tuple[str, ...], tuple[Any, str]],
+    ) -> int:
+        """Set the fully_async scheduler's keys from verl's separate_async ones (or verl's
+        defaults of them); returns the sync period in plugrl steps."""
+        origin = "trainer.v1.trainer_mode"
+        values[("scheduler", "name")] = ("fully_async", origin)
+        values[("rollout", "colocate")] = (False, origin)  # the standalone engines
+
+        def setting(key: str) -> tuple[Any, Word | None]:
+            found = given.get(key)
+            return (found[1].value, found[0]) if found else (V1_DEFAULTS[key], None)
+
+        sync_step, sync_word = setting("trainer.v1.separate_async.parameter_sync_step")
+        warmup, warmup_word = setting("trainer.v1.separate_async.num_warmup_batches")
+        threshold, threshold_word = setting("trainer.v1.sampler.max_off_policy_threshold")
+        strategy, strategy_word = setting("trainer.v1.sampler.max_off_policy_strategy")
+        lines: list[str] = []
+        if _positive(sync_step) and isinstance(sync_step, int):
+            values[("scheduler", "trigger_parameter_sync_step")] = (sync_step, origin)
+            lines.append(
+                f"parameter_sync_step {sync_step}: a weight sync every {sync_step} mini-batch "
+                f"updates is trigger_parameter_sync_step {sync_step} with require_batches 1"
+            )
+        else:
+            self._report_v1(sync_word, "invalid", "must be a whole number of 1 or more")
+            sync_step = 1
+        if isinstance(warmup, int) and warmup >= 1:
+            values[("scheduler", "staleness_threshold")] = (float(warmup - 1), origin)
+            lines.append(
+                f"num_warmup_batches {warmup}: verl keeps {warmup} batch(es) generating beyond "
+                f"the one a step trains, which is staleness_threshold {warmup - 1} "
+                f"(max_required_samples = {warmup} x the prompts of a sync period)"
+            )
+        else:
+            self._report_v1(
+                warmup_word,
+                "unknown",
+                "with no warm-up batch verl generates each step's batch after the step starts; "
+                "plugrl's rollouter always runs at least one sync period ahead "
+                "(staleness_threshold 0)",
+            )
+        if strategy == "drop" and isinstance(threshold, int) and threshold >= 2:
+            values[("scheduler", "max_version_lag")] = (threshold - 1, origin)
+            lines.append(
+                f"max_off_policy_threshold {threshold} with strategy drop: verl drops a finished "
+                f"sample whose prompt was sent more than {threshold} steps (weight versions) "
+                f"before the step that would train it, so no trained sample lags more than "
+                f"{threshold - 1} versions: scheduler.max_version_lag {threshold - 1}, the strict "
+                "bound (plugrl counts a sample's lag from its oldest token, not from when its "
+                "prompt was sent, and ends a response as soon as it can no longer train)"
+            )
+        elif strategy == "drop":
+            self._report_v1(
+                threshold_word,
+                "unknown",
+                "a bound of 1 keeps only samples sent in the step that trains them (lag 0); "
+                "plugrl's strict bound is at least 1 version (scheduler.max_version_lag)",
+            )
+        elif strategy == "wait":
+            bound = max(threshold - 1, 1) if isinstance(threshold, int) else "N"
+            self._report_v1(
+                strategy_word,
+                "unknown",
+                f"verl's wait never drops: it holds the trainer while a sample in flight has "
+                f"reached max_off_policy_threshold {threshold} steps and trains it once it "
+                "finishes, so samples train about that many versions after their prompt was "
+                "sent at most, and none is lost. plugrl has no such dropless bound: the recipe "
+                "keeps its default rule (scheduler.max_version_lag null), which drops nothing "
+                "either but does not hold the trainer, so a long response can train with a "
+                f"larger lag (fully_async/monitor/max_version_lag); scheduler.max_version_lag "
+                f"{bound} bounds it by dropping instead",
+            )
+        else:
+            self._report_v1(strategy_word, "invalid", "verl's strategies are drop and wait")
+        defaults = [
+            f"{key.rsplit('.', 1)[1]} {V1_DEFAULTS[key]}" for key in V1_DEFAULTS if key not in given
+        ]
+        message = (
+            "verl's separate_async trainer runs as plugrl's fully_async scheduler: "
+            + "; ".join(lines)
+            + (
+                f" (verl's defaults, not set by the script: {', '.join(defaults)})"
+                if defaults
+                else ""
+            )
+            + ". Old log-probs: verl computes them once per sync period with the weights of its "
+            "start (decoupled PPO) unless algorithm.rollout_correction.bypass_mode takes the "
+            "engines' (scheduler.use_rollout_log_probs here); plugrl recomputes them with the "
+            "current weights at every step."
+        )
+        self.notes.append(message)
+        self.comments.append(message)
+        return sync_step
+
+    def _report_v1(self, word: Word | None, category: str, reason: str) -> None:
+        """Report a V1 key the script sets; one left at verl's default becomes a note."""
+        if word is not None:
+            self._skip(word, category, reason)
+        else:
+            self.notes.append(f"verl's default of the V1 trainer, not set by the script: {reason}")
+
+    def _distillation_keys(
+        self, parsed: list[tuple[Word, Override]]
+    ) -> list[tuple[Word, Override]]:
+        """verl's teachers (``distillation.teacher_models.<name>.*``) in plugrl's layout
+        (``distillation.teachers.<name>.{key,model,engine,rollout}``), and verl's one teacher
+        pool (``distillation.n_gpus_per_node`` x ``nnodes``) as each teacher's own devices."""
+        teachers: dict[str, dict[str, tuple[Word, Override]]] = {}
+        pool: dict[str, tuple[Word, Override]] = {}
+        out: list[tuple[Word, Override]] = []
+        for word, override in parsed:
+            key = override.key
+            if key in ("distillation.n_gpus_per_node", "distillation.nnodes"):
+                pool[key.rpartition(".")[2]] = (word, override)
+                continue
+            if key in DISTILLATION_DROPPED:
+                self._skip(word, "dropped", DISTILLATION_DROPPED[key])
+                continue
+            if not key.startswith(TEACHERS_PREFIX):
+                out.append((word, override))
+                continue
+            name, _, rest = key.removeprefix(TEACHERS_PREFIX).partition(".")
+            teachers.setdefault(name, {})[rest] = (word, override)
+        if len(teachers) > 1 and DEFAULT_TEACHER in teachers:
+            for word, _ in teachers.pop(DEFAULT_TEACHER).values():
+                self._skip(
+                    word,
+                    "dropped",
+                    f"verl drops its default teacher, {DEFAULT_TEACHER}, when other teachers "
+                    "are named",
+                )
+        for name, keys in teachers.items():
+            out.extend(self._teacher_keys(name, keys, pool, single=len(teachers) == 1))
+        for word, _ in pool.values():
+            if not teachers:
+                self._skip(word, "dropped", "the teachers' devices, and the script names none")
+        return out
+
+    def _teacher_keys(
+        self,
+        name: str,
+        keys: dict[str, tuple[Word, Override]],
+        pool: dict[str, tuple[Word, Override]],
+        *,
+        single: bool,
+    ) -> list[tuple[Word, Override]]:
+        prefix = f"{TEACHERS_PREFIX}{name}."
+        engine_word = keys.get("inference.name")
+        engine = engine_word[1].value if engine_word else self.chosen["rollout_engines"]
+        engine = VALUE_RENAMES["rollout.engine"].get(engine, engine)
+        registry = self.plugins.registry("rollout_engines")
+        engine_fields = set(fields_of(RolloutConfig))
+        if engine in registry:
+            config_cls = registry.get(engine).load_config()
+            if isinstance(config_cls, type) and attrs.has(config_cls):
+                engine_fields |= set(fields_of(config_cls))
+        out: list[tuple[Word, Override]] = []
+
+        def put(word: Word, override: Override, rest: str, value: Any) -> None:
+            out.append((word, attrs.evolve(override, key=prefix + rest, value=value)))
+
+        for rest, (word, override) in keys.items():
+            if rest == "model_path":
+                put(word, override, "model.path", override.value)
+            elif rest == "key":
+                put(word, override, "key", override.value)
+            elif rest == "inference.name":
+                put(word, override, "engine", engine)
+            elif rest == "num_replicas":
+                continue  # with the engine's tensor parallel size, the teacher's devices
+            elif rest.startswith(f"inference.engine_kwargs.{engine}.") and (
+                "engine_kwargs" in engine_fields or engine not in registry
+            ):
+                # verl nests the engine's own arguments under its name; plugrl's are flat
+                argument = rest.removeprefix(f"inference.engine_kwargs.{engine}.")
+                put(word, override, f"rollout.engine_kwargs.{argument}", override.value)
+            elif rest.startswith("inference.") and rest.count(".") == 1:
+                field = rest.partition(".")[2]
+                if field in engine_fields:
+                    put(word, override, f"rollout.{field}", override.value)
+                elif engine not in registry:
+                    self._skip(
+                        word,
+                        "plugin",
+                        "a key the teacher's engine may have: "
+                        + self._part("rollout_engines", engine),
+                    )
+                else:
+                    self._skip(
+                        word,
+                        "unknown",
+                        f"the teacher's engine, {engine}, has no rollout key {field}",
+                    )
+            else:
+                self._skip(word, "unknown", "no key of a plugrl teacher has this meaning")
+        tp_word = keys.get("inference.tensor_model_parallel_size")
+        tp = tp_word[1].value if tp_word else VERL_TEACHER_TP
+        replicas_word = keys.get("num_replicas")
+        replicas = replicas_word[1].value if replicas_word else 0
+        nnodes = pool["nnodes"][1].value if "nnodes" in pool else None
+        per_node = pool["n_gpus_per_node"][1].value if "n_gpus_per_node" in pool else None
+        anchor = (
+            replicas_word or tp_word or pool.get("n_gpus_per_node") or next(iter(keys.values()))
+        )
+        word, override = anchor
+        if tp_word is None and "tensor_model_parallel_size" in engine_fields:
+            put(word, override, "rollout.tensor_model_parallel_size", tp)
+            self.notes.append(
+                f"teacher {name}: verl serves a teacher with tensor_model_parallel_size "
+                f"{VERL_TEACHER_TP} unless told otherwise; so does the recipe"
+            )
+        if single and isinstance(nnodes, int) and isinstance(per_node, int):
+            # verl's whole teacher pool is this teacher's, num_replicas filled from it
+            put(word, override, "rollout.nnodes", nnodes)
+            put(word, override, "rollout.n_gpus_per_node", per_node)
+        elif isinstance(replicas, int) and replicas > 0 and isinstance(tp, int):
+            # one node per teacher here; verl packs the replicas of all teachers in one pool
+            put(word, override, "rollout.nnodes", 1)
+            put(word, override, "rollout.n_gpus_per_node", replicas * tp)
+            self.notes.append(
+                f"teacher {name}: {replicas} replicas of {tp} devices in verl's shared teacher "
+                f"pool are {replicas * tp} devices of its own on one node here"
+            )
+        elif pool:
+            for word, _ in pool.values():
+                self._skip(
+                    word,
+                    "unresolved",
+                    f"verl splits its teacher pool by each teacher's num_replicas, which the "
+                    f"script does not give for {name}; set "
+                    f"distillation.teachers.{name}.rollout.n_gpus_per_node",
+                )
+        return out
+
     def _one_step_off(self, module: str, values: dict[tuple[str, ...], tuple[Any, str]]) -> None:
         """verl's one-step-off-policy trainer as plugrl's fully_async scheduler: a step trains
         one whole batch, generated with the weights of the step before."""
@@ -747,6 +1464,7 @@ class _Converter:
             self.notes.append(
                 f"--config-name {self.config_name} trains with actor.backend megatron"
             )
+        self._choose_engine(parsed, values)
         for _word, override in parsed:
             target = self._declared(_alias(override.key))
             value = override.value
@@ -759,6 +1477,45 @@ class _Converter:
                 self.chosen[selectors[target.name.key]] = renamed.get(value, value)
         self._choose_reward_model(parsed, values)
 
+    def _choose_engine(
+        self,
+        parsed: list[tuple[Word, Override]],
+        values: dict[tuple[str, ...], tuple[Any, str]],
+    ) -> None:
+        """verl 0.8's ``model_engine=megatron`` (and the actor's own ``model_engine``) choose
+        the training backend, as ``--config-name ppo_megatron_trainer`` did before."""
+        for _word, override in parsed:
+            key = _alias(override.key)
+            if key in STRATEGY_KEYS and override.value in FSDP_LIKE_ENGINES:
+                self._engine_reports[override.key] = self._foreign(str(override.value))
+                continue
+            if override.key not in ENGINE_SELECTORS:
+                continue
+            engine = override.value
+            backend = BACKENDS.get(engine) if isinstance(engine, str) else None
+            if backend is not None:
+                self.chosen["training_backends"] = backend
+                values[("actor", "backend")] = (backend, override.key)
+                self._engine_reports[override.key] = None
+            elif engine in FSDP_LIKE_ENGINES:
+                self._engine_reports[override.key] = self._foreign(str(engine))
+            else:
+                self._engine_reports[override.key] = _Skip(
+                    "unknown", f"verl's training engine {engine!r} has no plugrl backend"
+                )
+
+    def _foreign(self, engine: str) -> _Skip:
+        """Choose fsdp2 for a verl engine plugrl has no backend for (see FSDP_LIKE_ENGINES)."""
+        self.chosen["training_backends"] = "fsdp2"
+        self.foreign_engine = engine
+        name = FSDP_LIKE_ENGINES[engine]
+        return _Skip(
+            "plugin",
+            f"plugrl has no {name} backend; the recipe trains with actor.backend fsdp2, which "
+            f"shards the model with PyTorch's FSDP2 as {name} does (its own settings are left "
+            "out)",
+        )
+
     def _choose_reward_model(
         self,
         parsed: list[tuple[Word, Override]],
@@ -766,7 +1523,7 @@ class _Converter:
     ) -> None:
         """``reward_model.enable=True`` chooses the reward_model manager, whatever
         ``reward_model.reward_manager`` says: verl's managers return the model's scores."""
-        given = {override.key: override.value for _, override in parsed}
+        given = {_alias(override.key): override.value for _, override in parsed}
         if not _is_true(given.get(REWARD_MODEL_ENABLE)):
             return
         self.reward_model = True
@@ -806,7 +1563,31 @@ class _Converter:
         values: dict[tuple[str, ...], tuple[Any, str]],
         shared: list[tuple[Word, Override, _Target]],
     ) -> None:
-        if override.key == REWARD_MODEL_ENABLE:
+        if override.key in self._engine_reports:
+            report = self._engine_reports[override.key]
+            if report is not None:
+                self._skip(word, report.category, report.reason)
+            return
+        foreign = self.foreign_engine
+        if (
+            foreign
+            and _alias(override.key) == override.key
+            and (
+                any(
+                    override.key.startswith(f"{role}.{foreign}.")
+                    for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")
+                )
+                or ".fsdp_config.turbo_config." in override.key
+            )
+        ):
+            self._skip(
+                word,
+                "plugin",
+                f"a key of verl's {FSDP_LIKE_ENGINES[self.foreign_engine]} engine, which plugrl "
+                "does not have (see its model_engine or strategy)",
+            )
+            return
+        if _alias(override.key) == REWARD_MODEL_ENABLE:
             if not self.reward_model:  # enabled: reward.manager says so already
                 self._skip(
                     word,
@@ -896,6 +1677,13 @@ class _Converter:
         names = [value] if isinstance(value, str) else value
         if not isinstance(names, list):
             return value
+        for name in names:
+            if name in LOGGER_RENAMES:
+                self.notes.append(
+                    f"line {word.line}: logger {name!r} is plugrl's {LOGGER_RENAMES[name]!r} "
+                    "(each step's metrics as a JSON line, in metrics.jsonl of the run folder)"
+                )
+        names = [LOGGER_RENAMES.get(name, name) for name in names]
         registry = self.plugins.registry("loggers")
         missing = [name for name in names if name not in registry]
         if missing:
@@ -910,6 +1698,9 @@ class _Converter:
 
     def _resolve(self, key: str, value: Any) -> _Target | _Skip:
         key = _alias(key)
+        engine_argument = ENGINE_ARGUMENTS.get(key, {}).get(self.chosen.get("rollout_engines"))
+        if engine_argument:
+            key = engine_argument
         if key in DROPPED:
             return _Skip("dropped", DROPPED[key])
         if key in NEUTRAL:
@@ -920,6 +1711,14 @@ class _Converter:
             return _Skip("unknown", what)
         if key.startswith("hydra."):
             return _Skip("dropped", "a setting of Hydra itself, which plugrl does not use")
+        contextual = self._contextual(key, value)
+        if contextual is not None:
+            return contextual
+        unsupported = _match(dict(UNSUPPORTED), key)
+        if unsupported:
+            return _Skip("unsupported", unsupported[0])
+        if key.startswith("reward_model.rollout."):
+            return _Skip("dropped", _REWARD_MODEL_ENGINE)
         if self.reward_model and (
             key == "reward_model.reward_manager" or key.startswith("custom_reward_function.")
         ):
@@ -964,6 +1763,88 @@ class _Converter:
             "no plugrl key has this meaning"
             + (f" (plugrl explain {section} lists that section's keys)" if section else ""),
         )
+
+    def _contextual(self, key: str, value: Any) -> _Skip | None:
+        """Keys whose effect depends on the script's other settings."""
+        given = self.given
+        if key == "actor_rollout_ref.model.use_remove_padding" and (
+            self.chosen.get("training_backends") == "megatron"
+        ):
+            return _Skip(
+                "dropped",
+                "plugrl's megatron backend always runs the packed layout, where no token "
+                "attends to padding: the same log-probs either way",
+            )
+        if key in LORA_KEYS and _positive(given.get("actor_rollout_ref.model.lora_rank")):
+            backend = self.chosen.get("training_backends")
+            actor_class = self._section_classes().get("actor")
+            if not getattr(actor_class, "supports_lora", True):
+                return _Skip(
+                    "unknown",
+                    f"the {backend} backend trains no LoRA adapters, so the recipe trains every "
+                    "weight (actor.backend fsdp2 trains adapters)",
+                )
+        if key == "actor_rollout_ref.nccl_timeout" and isinstance(value, (int, float)):
+            plugrl_seconds = 30 * 60
+            if value <= plugrl_seconds:
+                return _Skip(
+                    "dropped",
+                    f"plugrl's process groups wait {plugrl_seconds} s for a collective, at least "
+                    f"the {value} s asked",
+                )
+            return _Skip(
+                "unknown",
+                f"plugrl's process groups wait {plugrl_seconds} s for a collective (not "
+                f"settable), less than the {value} s asked",
+            )
+        if key in ENTROPY_MEMORY and not _positive(
+            given.get("actor_rollout_ref.actor.entropy_coeff")
+        ):
+            return _Skip("dropped", ENTROPY_MEMORY[key])
+        lengths = {
+            "actor_rollout_ref.rollout.prompt_length": "data.max_prompt_length",
+            "actor_rollout_ref.rollout.response_length": "data.max_response_length",
+        }
+        if key in lengths:
+            data_key = lengths[key]
+            if data_key in given and given[data_key] == value:
+                return _Skip(
+                    "dropped",
+                    f"the engines' length, as {data_key} sets it (verl's default is that value "
+                    "too); plugrl's engines take data's lengths",
+                )
+            return _Skip(
+                "unknown",
+                f"plugrl's engines take {data_key}"
+                + (f" ({describe_value(given[data_key])} here)" if data_key in given else "")
+                + "; a different engine length has no counterpart",
+            )
+        if key == "trainer.resume_from_path" and given.get("trainer.resume_mode") != "resume_path":
+            return _Skip(
+                "dropped", "verl reads it only with trainer.resume_mode=resume_path, not set here"
+            )
+        if key == "custom_reward_function.name" and value is None:
+            path = given.get("custom_reward_function.path")
+            if path in (None, ""):
+                return _Skip("dropped", "no custom reward function: path and name are null")
+        if (
+            key == "actor_rollout_ref.actor.checkpoint.save_contents"
+            and isinstance(value, list)
+            and {"model", "optimizer", "extra"} <= set(value)
+        ):
+            return _Skip(
+                "dropped",
+                "plugrl's checkpoints always hold the model, the optimizer and the rest of the "
+                "run's state",
+            )
+        if key.startswith("ray_kwargs.ray_init.runtime_env.env_vars."):
+            name = key.rsplit(".", 1)[1]
+            return _Skip(
+                "dropped",
+                f"{name} is an environment variable of verl's Ray workers; export what "
+                "plugrl's run needs before plugrl run",
+            )
+        return None
 
     def _critic(self, key: str, value: Any) -> _Target | _Skip:
         """A key of verl's critic that no option declares: the actor's key of the same name
@@ -1064,6 +1945,11 @@ _INVALID = object()
 
 SHORT_FORMS = ("device", "scheduler", "cluster")
 """Sections written as their short form (``device: npu``) when they hold only that choice."""
+
+
+def _positive(value: Any) -> bool:
+    """Whether an override's value is a number above 0."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
 
 
 def _is_true(value: Any) -> bool:

@@ -1,5 +1,6 @@
 """Advantage estimators with verl's names and formulas: ``gae``, ``grpo``, ``rloo``,
-``reinforce_plus_plus`` and its baseline variant, ``remax``, ``opo``, ``gpg``, ``grpo_passk``.
+``reinforce_plus_plus`` and its baseline variant, ``remax``, ``opo``, ``gpg``, ``grpo_passk``,
+``gdpo``, ``optimal_token_baseline`` and ``tir_optimal_token_baseline``.
 
 Registration only; the implementations (torch) are imported when a recipe chooses one.
 Formulas: docs/algorithms.md.
@@ -19,6 +20,15 @@ ESTIMATORS = {
     "opo": ("OPO", None),
     "gpg": ("GPG", None),
     "grpo_passk": ("GRPOPassK", None),
+    "gdpo": ("GDPO", "plugrl_estimators.options:GDPOArgs"),
+    "optimal_token_baseline": (
+        "OptimalTokenBaseline",
+        "plugrl_estimators.options:OptimalTokenBaselineArgs",
+    ),
+    "tir_optimal_token_baseline": (
+        "TIROptimalTokenBaseline",
+        "plugrl_estimators.options:OptimalTokenBaselineArgs",
+    ),
 }
 
 ESTIMATOR_DESCRIPTIONS = {
@@ -31,6 +41,9 @@ ESTIMATOR_DESCRIPTIONS = {
     "opo": "Length-weighted group baseline (optimal on-policy baseline)",
     "gpg": "Group policy gradient: rescaled group-mean baseline",
     "grpo_passk": "Pass@k: only the best response of a group, by its margin",
+    "gdpo": "Multi-reward GRPO: each reward component group-normalised, summed, whitened",
+    "optimal_token_baseline": "Per-token group baseline weighted by the gradient variance",
+    "tir_optimal_token_baseline": "Optimal token baseline aligned by valid token (tool use)",
 }
 
 

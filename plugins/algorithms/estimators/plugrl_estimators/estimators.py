@@ -12,11 +12,11 @@ from typing import Any, ClassVar
 
 import torch
 
-from plugrl.api import DataError
-from plugrl.api.algorithms import AdvantageEstimator, masked_whiten
+from plugrl.api import DataError, RecipeError
+from plugrl.api.algorithms import AdvantageEstimator, compute_rollout_is_weights, masked_whiten
 from plugrl.api.data import Batch
 
-from .options import GAEArgs
+from .options import GAEArgs, GDPOArgs, OptimalTokenBaselineArgs
 
 GROUP_EPSILON = 1e-6
 """Added to a group's std before dividing by it (an all-equal group has std 0)."""
@@ -293,3 +293,210 @@ class ReMax(_Estimator):
             returns = (rewards * mask).flip(-1).cumsum(-1).flip(-1) * mask
             advantages = returns - baselines.unsqueeze(-1) * mask
         return advantages, returns
+
+
+class GDPO(_Estimator):
+    """GDPO: each reward component normalised within its group as GRPO normalises the score
+    (``norm_adv_by_std_in_grpo`` applies), the normalised components summed with their
+    weights, then whitened over the batch's valid tokens.
+
+    The components are per-response batch columns the reward manager returns
+    (``algorithm.adv_estimator_args.gdpo_reward_keys``)."""
+
+    name = "gdpo"
+    requires = OUTCOME_COLUMNS
+
+    def __init__(self, config: Any, context: Any) -> None:
+        super().__init__(config, context)
+        args = self.args if isinstance(self.args, GDPOArgs) else GDPOArgs()
+        key = "algorithm.adv_estimator_args"
+        if not args.gdpo_reward_keys:
+            raise RecipeError(
+                "gdpo normalises each reward component on its own and needs their names; "
+                "set it to the fields your reward function returns, e.g. "
+                "[accuracy_reward, format_reward]",
+                key=f"{key}.gdpo_reward_keys",
+            )
+        weights = args.gdpo_reward_weights
+        if weights is not None and len(weights) != len(args.gdpo_reward_keys):
+            raise RecipeError(
+                f"gives {len(weights)} weights for {len(args.gdpo_reward_keys)} reward keys; "
+                "give one per key or leave it unset",
+                key=f"{key}.gdpo_reward_weights",
+            )
+        self.reward_keys = list(args.gdpo_reward_keys)
+        self.reward_weights = (
+            list(weights) if weights is not None else [1.0] * len(self.reward_keys)
+        )
+
+    def _component(self, batch: Batch, key: str, like: torch.Tensor) -> torch.Tensor:
+        if key not in batch:
+            raise DataError(
+                f"gdpo reward key {key!r} is not a batch column; the reward function must "
+                f"return it in its result (algorithm.adv_estimator_args.gdpo_reward_keys)"
+            )
+        # a sample whose reward function failed holds None in its fields (reward.on_error):
+        # it scores 0 in every component, as it scores 0 (or the fallback) overall
+        values = [0.0 if v is None else v for v in batch[key]]
+        try:
+            return torch.as_tensor(
+                [float(v) for v in values], dtype=like.dtype, device=like.device
+            ).reshape(-1)
+        except (TypeError, ValueError):
+            raise DataError(
+                f"gdpo reward key {key!r} must hold one number per response, got "
+                f"{list(values)[:3]!r}..."
+            ) from None
+
+    def compute(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        self._require(batch)
+        rewards = batch["token_level_rewards"]
+        mask = batch["response_mask"].to(rewards.dtype)
+        groups = _groups(batch)
+        with torch.no_grad():
+            total = torch.zeros(rewards.shape[0], dtype=rewards.dtype, device=rewards.device)
+            for key, weight in zip(self.reward_keys, self.reward_weights, strict=True):
+                scores = self._component(batch, key, rewards)
+                mean, std = groups.mean_and_std(scores)
+                normalised = scores - mean
+                if self.config.norm_adv_by_std_in_grpo:
+                    normalised = normalised / (std + GROUP_EPSILON)
+                total = total + weight * normalised
+            advantages = masked_whiten(_broadcast(total, mask), mask) * mask
+        return advantages, advantages
+
+
+OTB_EPSILON = 1e-8
+"""Added to the denominator of the optimal token baseline (a group whose weights are all 0)."""
+
+
+class OptimalTokenBaseline(_Estimator):
+    """Optimal token baseline: a baseline per token position, the group's returns-to-go
+    weighted by each response's accumulated gradient-variance proxy up to that token.
+
+    ``w_t = 1 - 2 pi_t + sum_v pi_v^2`` estimates the squared norm of the score function of
+    token ``t`` (``pi_t``: the sampled token's probability under the policy that computed
+    ``old_log_probs``; ``sum_pi_squared`` from the same log-prob pass); ``W_t`` is its sum up
+    to ``t`` along the response (times the square of the rollout importance weight, when
+    rollout correction is on). The baseline of position ``t`` is
+    ``sum_j G_t^j W_t^j / sum_j W_t^j`` over the responses ``j`` of the group, and
+    ``A_t = G_t - b_t`` with ``G_t`` the return-to-go. A group of one has baseline 0.
+
+    This estimator aligns responses by column position; ``tir_optimal_token_baseline``
+    aligns them by the index of the valid token (responses with tool output inside)."""
+
+    name = "optimal_token_baseline"
+    requires = (*OUTCOME_COLUMNS, "old_log_probs", "sum_pi_squared")
+    by_valid_token: ClassVar[bool] = False
+
+    def _importance_weights(self, batch: Batch) -> torch.Tensor | None:
+        if "rollout_is_weights" in batch:
+            return batch["rollout_is_weights"]
+        algorithm = self.config
+        if algorithm.rollout_is is None or "rollout_log_probs" not in batch:
+            return None
+        weights, _ = compute_rollout_is_weights(
+            batch["old_log_probs"],
+            batch["rollout_log_probs"],
+            batch["response_mask"],
+            algorithm.rollout_is,
+            algorithm.rollout_is_threshold,
+            kpop_threshold=algorithm.kpop_threshold,
+        )
+        return weights
+
+    def compute(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        batch.require(
+            *self.requires,
+            by=f"advantage estimator {self.name!r} (sum_pi_squared comes from the actor's "
+            "old_log_prob pass, which the run asks for when this estimator is chosen)",
+        )
+        args = self.args if isinstance(self.args, OptimalTokenBaselineArgs) else None
+        zero_tail = args.handle_zero_tail if args is not None else True
+        rewards = batch["token_level_rewards"]
+        mask = batch["response_mask"].to(rewards.dtype)
+        with torch.no_grad():
+            returns = (rewards * mask).flip(-1).cumsum(-1).flip(-1)
+            token_prob = batch["old_log_probs"].to(rewards.dtype).exp()
+            variance = 1 - 2 * token_prob + batch["sum_pi_squared"].to(rewards.dtype)
+            weights = self._importance_weights(batch)
+            if weights is not None:
+                variance = variance * weights.to(rewards.dtype).square()
+            accumulated = (variance * mask).cumsum(-1)
+            if self.by_valid_token:
+                advantages = self._by_valid_token(batch, returns, accumulated, mask, zero_tail)
+            else:
+                advantages = self._by_position(batch, returns, accumulated, mask, zero_tail)
+        return advantages * mask, returns
+
+    def _by_position(
+        self,
+        batch: Batch,
+        returns: torch.Tensor,
+        accumulated: torch.Tensor,
+        mask: torch.Tensor,
+        zero_tail: bool,
+    ) -> torch.Tensor:
+        groups = _groups(batch)
+        lengths = mask.sum(-1)
+        baselines = torch.zeros_like(returns)
+        for group in range(groups.num_groups):
+            rows = torch.nonzero(groups.index == group).squeeze(-1)
+            if len(rows) < 2:
+                continue
+            weight = accumulated[rows] * mask[rows]
+            baseline = (returns[rows] * weight).sum(0) / (weight.sum(0) + OTB_EPSILON)
+            baselines[rows] = baseline
+            if zero_tail:
+                _zero_longest_tail(baselines, rows, lengths[rows])
+        return returns - baselines
+
+    def _by_valid_token(
+        self,
+        batch: Batch,
+        returns: torch.Tensor,
+        accumulated: torch.Tensor,
+        mask: torch.Tensor,
+        zero_tail: bool,
+    ) -> torch.Tensor:
+        valid = mask != 0
+        lengths = valid.sum(-1)
+        width = int(lengths.max()) if lengths.numel() else 0
+        # each response's valid tokens moved to the front, in order: token k of every
+        # response of a group shares a baseline, wherever tool output put it
+        order = torch.sort((~valid).to(torch.int8), dim=-1, stable=True).indices[:, :width]
+        packed_mask = valid.gather(1, order).to(returns.dtype)
+        packed_returns = returns.gather(1, order) * packed_mask
+        packed_weight = accumulated.gather(1, order) * packed_mask
+        groups = _groups(batch)
+        baselines = torch.zeros_like(packed_returns)
+        for group in range(groups.num_groups):
+            rows = torch.nonzero((groups.index == group) & (lengths > 0)).squeeze(-1)
+            if len(rows) < 2:
+                continue
+            weight = packed_weight[rows]
+            baseline = (packed_returns[rows] * weight).sum(0) / (weight.sum(0) + OTB_EPSILON)
+            baselines[rows] = baseline
+            if zero_tail:
+                _zero_longest_tail(baselines, rows, lengths[rows].to(returns.dtype))
+        advantages = torch.zeros_like(returns)
+        advantages.scatter_(1, order, (packed_returns - baselines) * packed_mask)
+        return advantages
+
+
+class TIROptimalTokenBaseline(OptimalTokenBaseline):
+    """The optimal token baseline for responses with tool output inside (multi-turn): token
+    ``k`` of each response is the ``k``-th valid token, wherever it sits."""
+
+    name = "tir_optimal_token_baseline"
+    by_valid_token = True
+
+
+def _zero_longest_tail(baselines: torch.Tensor, rows: torch.Tensor, lengths: torch.Tensor) -> None:
+    """When one response of the group is strictly the longest, its tokens past the second
+    longest get baseline 0: the weighted mean there would be its own return."""
+    ordered = torch.sort(lengths).values
+    longest, second = int(ordered[-1]), int(ordered[-2])
+    holders = torch.nonzero(lengths == longest).squeeze(-1)
+    if holders.numel() == 1 and longest > second:
+        baselines[rows[holders[0]], second:] = 0.0

@@ -1,6 +1,6 @@
 """Policy losses with verl's names and formulas: ``vanilla`` (PPO, dual clip), ``gspo``,
 ``clip_cov``, ``kl_cov``, ``geo_mean``, ``cispo``, ``reinforce``
-(verl's ``gpg``), ``sapo``.
+(verl's ``gpg``), ``sapo``, ``dppo_tv``, ``dppo_kl``.
 
 Registration only; the implementations (torch) are imported when a recipe chooses one.
 Formulas: docs/algorithms.md.
@@ -31,6 +31,8 @@ LOSSES = {
         "plugrl_policy_losses.options:SapoArgs",
         "Soft sigmoid gate of the ratio in place of PPO's clip",
     ),
+    "dppo_tv": ("DPPOTV", None, "DPPO: policy gradient inside a probability-change trust region"),
+    "dppo_kl": ("DPPOKL", None, "DPPO: policy gradient inside a binary-KL trust region"),
 }
 
 ALIASES = {"reinforce": ["gpg"]}

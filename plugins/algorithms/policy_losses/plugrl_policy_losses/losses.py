@@ -25,6 +25,7 @@ to them), extreme ratios included:
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from typing import ClassVar
 
 import torch
@@ -390,3 +391,89 @@ class SAPO(PolicyLoss):
         with torch.no_grad():
             ppo_kl = masked_mean(-log_ratio, response_mask)
         return loss, _metrics(loss, 0.0, 0.0, ppo_kl)
+
+
+class _DPPO(_ClippedLoss):
+    """DPPO (divergence PPO, binary form): REINFORCE ``-A * w * log_prob`` with the ratio
+    ``w = min(ratio, clip_ratio_c)`` as a weight without gradient, on the tokens inside a trust
+    region; a token outside it adds nothing. The region bounds a divergence between the old and
+    the new probability of the sampled token, not the ratio, so ``clip_ratio_low`` and
+    ``clip_ratio_high`` are divergence thresholds here: for ``A > 0`` a token leaves the region
+    when its probability rose past ``clip_ratio_high``, for ``A <= 0`` when it fell past
+    ``clip_ratio_low``. ``clip_ratio_c`` truncates the weight (verl's default 3, the method
+    suggests a large one such as 20) instead of PPO's dual clip.
+
+    ``actor/pg_clipfrac`` is the share of tokens outside the region, ``actor/pg_clipfrac_lower``
+    the share inside it whose ratio was truncated."""
+
+    zero_at_zero_advantage: ClassVar[bool] = True
+
+    @abstractmethod
+    def inside(
+        self, log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor
+    ) -> torch.Tensor:
+        """Tokens inside the trust region (bool), from the detached log-probs."""
+
+    def __call__(
+        self,
+        *,
+        old_log_prob: torch.Tensor,
+        log_prob: torch.Tensor,
+        advantages: torch.Tensor,
+        response_mask: torch.Tensor,
+        aggregate: Aggregate,
+        importance_weights: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        # clamped as verl's dppo losses clamp it
+        log_ratio = torch.clamp(log_prob - old_log_prob, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        ratio = log_ratio.exp()
+        with torch.no_grad():
+            truncated = torch.clamp(ratio, max=self.config.clip_ratio_c)
+            kept = self.inside(log_prob.detach(), old_log_prob, advantages).to(log_prob.dtype)
+        losses = -advantages * truncated * log_prob * kept
+        loss = aggregate(_weighted(losses, importance_weights), response_mask)
+        with torch.no_grad():
+            clipfrac = masked_mean(1.0 - kept, response_mask)
+            capped = (ratio > self.config.clip_ratio_c).to(log_prob.dtype) * kept
+            clipfrac_lower = masked_mean(capped, response_mask)
+            ppo_kl = masked_mean(-log_ratio, response_mask)
+        return loss, _metrics(loss, clipfrac, clipfrac_lower, ppo_kl)
+
+
+class DPPOTV(_DPPO):
+    """DPPO-Binary-TV: the region bounds the change of the token's probability,
+    ``pi - pi_old`` at most ``clip_ratio_high`` (A > 0) and at least ``-clip_ratio_low``
+    (A <= 0)."""
+
+    name = "dppo_tv"
+
+    def inside(
+        self, log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor
+    ) -> torch.Tensor:
+        change = log_prob.exp() - old_log_prob.exp()
+        return torch.where(advantages > 0, change <= self.clip_high, change >= -self.clip_low)
+
+
+DPPO_KL_EPSILON = 1e-8
+"""Added inside the logarithm of the complement probabilities of DPPO-Binary-KL, as verl adds
+it, so that a token of probability 1 gives a finite divergence."""
+
+
+class DPPOKL(_DPPO):
+    """DPPO-Binary-KL: the region bounds the KL from the old to the new two-outcome
+    distribution (this token, or any other): a token whose probability moved in the
+    advantage's direction leaves it once that KL exceeds ``clip_ratio_high`` (A > 0) or
+    ``clip_ratio_low`` (A <= 0); a move against the advantage's direction never does."""
+
+    name = "dppo_kl"
+
+    def inside(
+        self, log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor
+    ) -> torch.Tensor:
+        prob, old_prob = log_prob.exp(), old_log_prob.exp()
+        divergence = old_prob * (old_log_prob - log_prob) + (1 - old_prob) * torch.log(
+            (1 - old_prob + DPPO_KL_EPSILON) / (1 - prob + DPPO_KL_EPSILON)
+        )
+        rising = (divergence <= self.clip_high) | (prob <= old_prob)
+        falling = (divergence <= self.clip_low) | (prob >= old_prob)
+        return torch.where(advantages > 0, rising, falling)

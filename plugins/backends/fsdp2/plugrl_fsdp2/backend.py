@@ -35,6 +35,7 @@ from plugrl.api.backend import (
     mini_batches,
     policy_update,
     response_log_probs,
+    response_sum_pi_squared,
     restore_rng_state,
     rows_with_gradient,
     sampling_temperature,
@@ -97,6 +98,7 @@ class FSDP2Backend(TrainingBackend):
 
     supports_colocated_rollout: ClassVar[bool] = True
     derives_on_policy_old_log_probs: ClassVar[bool] = True
+    computes_sum_pi_squared: ClassVar[bool] = True
 
     def __init__(self, config: ActorConfig, context: PartContext) -> None:
         super().__init__(config, context)
@@ -555,23 +557,54 @@ class FSDP2Backend(TrainingBackend):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-token log-probs [b, R] (and entropies); ``entropy_grad=False`` computes the
         entropy outside the autograd graph, for a metric only."""
+        log_prob, entropy, _ = self._token_columns(
+            micro_batch,
+            temperature=temperature,
+            with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
+            with_sum_pi_squared=False,
+        )
+        return log_prob, entropy
+
+    def _token_columns(
+        self,
+        micro_batch: Batch,
+        *,
+        temperature: float,
+        with_entropy: bool,
+        entropy_grad: bool,
+        with_sum_pi_squared: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """:meth:`_log_probs`, plus each position's ``sum_pi_squared`` [b, R] when asked,
+        from the same logits (no second forward)."""
         if self._sp_group is not None:
             return self._split_log_probs(
                 micro_batch,
                 temperature=temperature,
                 with_entropy=with_entropy,
                 entropy_grad=entropy_grad,
+                with_sum_pi_squared=with_sum_pi_squared,
             )
         logits, _ = self._forward(micro_batch)
-        return response_log_probs(
+        log_prob, entropy = response_log_probs(
             logits, micro_batch, temperature, with_entropy=with_entropy, entropy_grad=entropy_grad
         )
+        squares = None
+        if with_sum_pi_squared:
+            squares = response_sum_pi_squared(logits, micro_batch, temperature)
+        return log_prob, entropy, squares
 
     def _split_log_probs(
-        self, micro_batch: Batch, *, temperature: float, with_entropy: bool, entropy_grad: bool
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """:meth:`_log_probs` under sequence parallelism: the log-softmax, the biggest tensor
-        of a step, runs on each rank's slice of the logits; only per-token results are
+        self,
+        micro_batch: Batch,
+        *,
+        temperature: float,
+        with_entropy: bool,
+        entropy_grad: bool,
+        with_sum_pi_squared: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """:meth:`_token_columns` under sequence parallelism: the log-softmax, the biggest
+        tensor of a step, runs on each rank's slice of the logits; only per-token results are
         gathered."""
 
         def per_token(logits: torch.Tensor, next_ids: torch.Tensor) -> list[torch.Tensor]:
@@ -584,14 +617,19 @@ class FSDP2Backend(TrainingBackend):
                 with_entropy=with_entropy,
                 entropy_grad=entropy_grad,
             )
-            return [log_prob] if entropy is None else [log_prob, entropy]
+            results = [log_prob] if entropy is None else [log_prob, entropy]
+            if with_sum_pi_squared:
+                results.append(response_sum_pi_squared(logits, positions, temperature))
+            return results
 
         results, used = self._split_forward(micro_batch, per_token)
         responses = micro_batch["responses"]
         attended = micro_batch["attention_mask"][:, -responses.shape[-1] :][:, :used]
         pad = responses.shape[-1] - used
         results = [F.pad(r * attended.to(r.dtype), (0, pad)) for r in results]
-        return results[0], results[1] if with_entropy else None
+        entropy = results[1] if with_entropy else None
+        squares = results[-1] if with_sum_pi_squared else None
+        return results[0], entropy, squares
 
     def _values(self, micro_batch: Batch) -> torch.Tensor:
         outputs, used = self._forward(micro_batch)
@@ -603,22 +641,32 @@ class FSDP2Backend(TrainingBackend):
 
     @torch.no_grad()
     def compute_log_prob(
-        self, batch: Batch, *, calculate_entropy: bool = False
+        self,
+        batch: Batch,
+        *,
+        calculate_entropy: bool = False,
+        calculate_sum_pi_squared: bool = False,
     ) -> dict[str, torch.Tensor]:
         model = self._require("actor", "ref", method="compute_log_prob")
         batch.require(*SEQUENCE_COLUMNS, by="fsdp2 compute_log_prob")
         temperature = sampling_temperature(batch, self.recipe.rollout)
         size = self.config.log_prob_micro_batch_size_per_gpu
         plan = self._plan(batch, size or self.config.ppo_micro_batch_size_per_gpu)
-        out = LogProbRows(batch, with_entropy=calculate_entropy)
+        out = LogProbRows(
+            batch, with_entropy=calculate_entropy, with_sum_pi_squared=calculate_sum_pi_squared
+        )
         model.eval()
         with self._attention():
             for rows in plan:
                 part = self._on_device(batch, rows, SEQUENCE_COLUMNS)
-                log_prob, entropy = self._log_probs(
-                    part, temperature=temperature, with_entropy=calculate_entropy
+                log_prob, entropy, squares = self._token_columns(
+                    part,
+                    temperature=temperature,
+                    with_entropy=calculate_entropy,
+                    entropy_grad=True,
+                    with_sum_pi_squared=calculate_sum_pi_squared,
                 )
-                out.put(rows, log_prob, entropy)
+                out.put(rows, log_prob, entropy, squares)
         return out.result()
 
     @torch.no_grad()

@@ -35,6 +35,7 @@ from plugrl.api.backend import (
     mini_batches,
     policy_update,
     response_log_probs,
+    response_sum_pi_squared,
     restore_rng_state,
     rows_with_gradient,
     sampling_temperature,
@@ -89,6 +90,9 @@ class MegatronBackend(TrainingBackend):
     """
 
     derives_on_policy_old_log_probs: ClassVar[bool] = True
+    # the logits reach the loss gathered over the whole vocabulary (model.py), so the sum of
+    # squared probabilities is the one formula fsdp2 uses
+    computes_sum_pi_squared: ClassVar[bool] = True
 
     def __init__(self, config: ActorConfig, context: PartContext) -> None:
         super().__init__(config, context)
@@ -355,14 +359,20 @@ class MegatronBackend(TrainingBackend):
         temperature: float,
         with_entropy: bool,
         entropy_grad: bool = True,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Per-token log-probs [b, R] (and entropies) from the packed logits [b, W, V]."""
+        with_sum_pi_squared: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Per-token log-probs [b, R], entropies and ``sum_pi_squared`` [b, R] (the last two
+        ``None`` unless asked) from the packed logits [b, W, V]."""
         vocab = logits.shape[-1]
         predict = layout.predict.to(logits.device)
         logits = logits.gather(1, predict[..., None].expand(-1, -1, vocab)).float()
-        return response_log_probs(
+        log_prob, entropy = response_log_probs(
             logits, micro_batch, temperature, with_entropy=with_entropy, entropy_grad=entropy_grad
         )
+        squares = None
+        if with_sum_pi_squared:
+            squares = response_sum_pi_squared(logits, micro_batch, temperature)
+        return log_prob, entropy, squares
 
     def _micro_batches(
         self,
@@ -430,21 +440,38 @@ class MegatronBackend(TrainingBackend):
 
     @torch.no_grad()
     def compute_log_prob(
-        self, batch: Batch, *, calculate_entropy: bool = False
+        self,
+        batch: Batch,
+        *,
+        calculate_entropy: bool = False,
+        calculate_sum_pi_squared: bool = False,
     ) -> dict[str, torch.Tensor]:
         self._require("actor", "ref", method="compute_log_prob")
         batch.require(*SEQUENCE_COLUMNS, by="megatron compute_log_prob")
         temperature = sampling_temperature(batch, self.recipe.rollout)
         size = self.config.log_prob_micro_batch_size_per_gpu
         plan = self._plan(batch, size or self.config.ppo_micro_batch_size_per_gpu)
-        out = LogProbRows(batch, with_entropy=calculate_entropy)
-        results: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+        out = LogProbRows(
+            batch, with_entropy=calculate_entropy, with_sum_pi_squared=calculate_sum_pi_squared
+        )
+        results: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = []
 
         def keep(micro_batch: Batch, logits: torch.Tensor, layout: Any) -> tuple:
-            log_prob, entropy = self._log_probs(
-                logits, layout, micro_batch, temperature=temperature, with_entropy=calculate_entropy
+            log_prob, entropy, squares = self._log_probs(
+                logits,
+                layout,
+                micro_batch,
+                temperature=temperature,
+                with_entropy=calculate_entropy,
+                with_sum_pi_squared=calculate_sum_pi_squared,
             )
-            results.append((log_prob.cpu(), None if entropy is None else entropy.cpu()))
+            results.append(
+                (
+                    log_prob.cpu(),
+                    None if entropy is None else entropy.cpu(),
+                    None if squares is None else squares.cpu(),
+                )
+            )
             return log_prob.sum() * 0.0, {}
 
         for module in self.model:
@@ -453,8 +480,8 @@ class MegatronBackend(TrainingBackend):
             self._micro_batches(batch, plan, keep, forward_only=True)
         # only the last pipeline stage computes outputs; the others return zeros, which the
         # worker group does not read (is_output_rank)
-        for rows, (log_prob, entropy) in zip(plan, results, strict=False):
-            out.put(rows, log_prob, entropy)
+        for rows, (log_prob, entropy, squares) in zip(plan, results, strict=False):
+            out.put(rows, log_prob, entropy, squares)
         return out.result()
 
     # ------------------------------------------------------------------------ training
@@ -468,7 +495,7 @@ class MegatronBackend(TrainingBackend):
         def micro_loss(
             micro_batch: Batch, logits: torch.Tensor, layout: Any, scale: LossScale
         ) -> tuple[torch.Tensor, dict]:
-            log_prob, entropy = self._log_probs(
+            log_prob, entropy, _ = self._log_probs(
                 logits,
                 layout,
                 micro_batch,

@@ -41,6 +41,13 @@ class CpuDevice(Device):
     def is_available(cls) -> bool:
         return True
 
+    @classmethod
+    def deterministic_env(cls) -> dict[str, str]:
+        # MKL's conditional numerical reproducibility mode: code paths that give the same
+        # results run to run on this CPU with the same number of threads (read when MKL
+        # starts: it holds for a process that sets it before its first matrix product)
+        return {"MKL_CBWR": "AUTO"}
+
     def device_count(self) -> int:
         return os.cpu_count() or 1
 

@@ -18,6 +18,12 @@ class CudaDevice(Device):
     dist_backend: ClassVar[str] = "nccl"
     ray_resource: ClassVar[str | None] = "GPU"
     visible_devices_env: ClassVar[str | None] = "CUDA_VISIBLE_DEVICES"
+    kubernetes_resource: ClassVar[str | None] = "nvidia.com/gpu"
+    slurm_gres: ClassVar[str | None] = "gpu"
+
+    @classmethod
+    def network_env(cls, interface: str) -> dict[str, str]:
+        return {**super().network_env(interface), "NCCL_SOCKET_IFNAME": interface}
 
     @classmethod
     def is_available(cls) -> bool:
@@ -35,6 +41,28 @@ class CudaDevice(Device):
         # engines keep the default allocator: vLLM's sleep mode refuses expandable segments;
         # NCCL's cuMem buffers would survive an engine's sleep and hold memory training needs
         return {"NCCL_CUMEM_ENABLE": "0"}
+
+    @classmethod
+    def deterministic_env(cls) -> dict[str, str]:
+        return {
+            # cuBLAS picks its reduction split by the workspace it has; a fixed workspace per
+            # stream makes a product sum in one order (torch refuses a cuBLAS call without it
+            # once deterministic algorithms are on)
+            "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
+            # NVLink SHARP (NVLS) reduces inside the switch, in no fixed order; ring and tree
+            # sum in a fixed order for a fixed number of ranks
+            "NCCL_ALGO": "Ring,Tree",
+            # Transformer Engine (the megatron backend) keeps to its deterministic kernels
+            "NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0",
+            # transformers' flash_attention_2 passes deterministic=True to flash-attn, whose
+            # backward otherwise adds the query gradients up with atomics
+            "FLASH_ATTENTION_DETERMINISTIC": "1",
+        }
+
+    def make_deterministic(self) -> None:
+        torch.backends.cudnn.deterministic = True
+        # benchmarking picks the fastest convolution by timing, which may differ run to run
+        torch.backends.cudnn.benchmark = False
 
     def torch_device(self, local_rank: int = 0) -> torch.device:
         return torch.device("cuda", local_rank % max(torch.cuda.device_count(), 1))

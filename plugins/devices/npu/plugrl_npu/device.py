@@ -51,6 +51,13 @@ class NpuDevice(Device):
     dist_backend: ClassVar[str] = "hccl"
     ray_resource: ClassVar[str | None] = "NPU"
     visible_devices_env: ClassVar[str | None] = "ASCEND_RT_VISIBLE_DEVICES"
+    # the name Ascend's Kubernetes device plugin gives Atlas 800 (910) cards
+    kubernetes_resource: ClassVar[str | None] = "huawei.com/Ascend910"
+    slurm_gres: ClassVar[str | None] = "npu"
+
+    @classmethod
+    def network_env(cls, interface: str) -> dict[str, str]:
+        return {**super().network_env(interface), "HCCL_SOCKET_IFNAME": interface}
 
     def __init__(self, config: DeviceConfig | None = None, context: Any = None) -> None:
         super().__init__(config, context)
@@ -77,6 +84,11 @@ class NpuDevice(Device):
         # engines keep the default allocator: the sleep modes of vLLM-Ascend and SGLang manage
         # their own memory pools and do not work with expandable segments
         return {}
+
+    @classmethod
+    def deterministic_env(cls) -> dict[str, str]:
+        # HCCL's reductions (and LCCL's, within a node) in a fixed order
+        return {"HCCL_DETERMINISTIC": "true", "LCCL_DETERMINISTIC": "1"}
 
     def device_count(self) -> int:
         return npu().device_count()

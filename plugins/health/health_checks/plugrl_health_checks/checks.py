@@ -188,6 +188,12 @@ class EntropyCollapse(HealthCheck):
         super().__init__(config, context)
         self.first_values: list[float] = []
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"first_values": list(self.first_values)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.first_values = [float(value) for value in state.get("first_values", [])]
+
     @property
     def baseline(self) -> float | None:
         """The mean entropy of the first ``baseline_steps`` steps, once they are seen."""

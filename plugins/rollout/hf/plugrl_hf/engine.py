@@ -153,6 +153,7 @@ class HFRolloutEngine(RolloutEngine):
             Capability.SLEEP,
             Capability.SHARE_MODEL,
             Capability.IMAGES,
+            Capability.SCORE,
         }
     )
 
@@ -240,6 +241,33 @@ class HFRolloutEngine(RolloutEngine):
             # the caller gave up: the request leaves the engine
             self._end_request(state, finish=False)
             raise
+
+    async def score_tokens(
+        self, prompt_ids: Sequence[int], response_ids: Sequence[int]
+    ) -> list[float]:
+        if not prompt_ids:
+            raise ValueError("cannot score tokens after an empty prompt; give at least one token")
+        self._check_ready()
+        if not response_ids:
+            return []
+        tokens = torch.tensor(
+            [[*prompt_ids, *response_ids]], dtype=torch.long, device=self.torch_device
+        )
+        targets = tokens[0, len(prompt_ids) :]
+        training = self.model.training
+        # one prefill between two decode steps: the decode loop yields to this loop between them
+        with torch.no_grad():
+            if training:
+                self.model.eval()
+            try:
+                logits = self.model(input_ids=tokens, use_cache=False).logits
+            finally:
+                if training:
+                    self.model.train()
+        # the logits at position i predict token i + 1
+        predicting = logits[0, len(prompt_ids) - 1 : -1].float()
+        log_probs = torch.log_softmax(predicting, dim=-1).gather(-1, targets[:, None])
+        return log_probs.squeeze(-1).tolist()
 
     async def abort(self, request_ids: Sequence[str]) -> None:
         for request_id in request_ids:

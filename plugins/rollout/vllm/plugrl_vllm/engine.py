@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 import os
 from collections.abc import Sequence
@@ -116,6 +117,7 @@ class VLLMRolloutEngine(RolloutEngine):
             Capability.PAUSE_KEEP,
             Capability.WEIGHT_UPDATE,
             Capability.SLEEP,
+            Capability.SCORE,
         }
     )
 
@@ -166,8 +168,49 @@ class VLLMRolloutEngine(RolloutEngine):
         self._sleeps = self.device_name != "cpu" and config.free_cache_engine
         """Whether sleep frees anything (vLLM's CPU build has no sleep mode)."""
         self._task: asyncio.Task | None = None
+        self._scores: dict[str, tuple[int, asyncio.Future]] = {}
+        """vLLM request id of a scoring request -> (its prompt's length, its future)."""
+        self._score_ids = itertools.count()
 
     # ------------------------------------------------------------------------------ requests
+
+    async def score_tokens(
+        self, prompt_ids: Sequence[int], response_ids: Sequence[int]
+    ) -> list[float]:
+        from vllm import SamplingParams as VLLMSamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        if not prompt_ids:
+            raise ValueError("cannot score tokens after an empty prompt; give at least one token")
+        if self.llm is None:
+            raise RuntimeError("the vllm rollout engine is closed")
+        if not response_ids:
+            return []
+        # one token is generated and thrown away: vLLM scores a prompt on the way to it, and
+        # prompt_logprobs=0 returns the log-probability of each given token under the raw
+        # distribution (temperature 1, nothing filtered)
+        sampling = VLLMSamplingParams(
+            max_tokens=1,
+            temperature=1.0,
+            prompt_logprobs=0,
+            detokenize=False,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+        tokens = [*prompt_ids, *response_ids]
+        vllm_id = f"score/{next(self._score_ids)}"
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._scores[vllm_id] = (len(prompt_ids), future)
+        self.llm.add_request(vllm_id, TokensPrompt(prompt_token_ids=tokens), sampling)
+        self._kick(loop)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._scores.pop(vllm_id, None)
+            if self.llm is not None:
+                self.llm.abort_request([vllm_id])
+            raise
 
     async def generate_request(self, request: GenerationRequest) -> list[Completion]:
         from vllm import SamplingParams as VLLMSamplingParams
@@ -344,6 +387,10 @@ class VLLMRolloutEngine(RolloutEngine):
 
     def close(self) -> None:
         self._end_samples(list(self._samples.values()), deliver=True)
+        for _, future in self._scores.values():
+            if _waited_on(future):
+                future.set_exception(RuntimeError("the vllm rollout engine was closed"))
+        self._scores.clear()
         llm, self.llm = self.llm, None
         if llm is not None:
             llm.engine_core.shutdown()
@@ -363,7 +410,7 @@ class VLLMRolloutEngine(RolloutEngine):
     def _can_step(self) -> bool:
         return (
             self.llm is not None
-            and bool(self._samples)
+            and bool(self._samples or self._scores)
             and not self._paused
             and not self._asleep
             and self._update is None
@@ -384,7 +431,10 @@ class VLLMRolloutEngine(RolloutEngine):
             while self._can_step():
                 version = self.weight_version
                 for output in self.llm.step():
-                    self._take(output, version)
+                    if output.request_id in self._scores:
+                        self._take_score(output)
+                    else:
+                        self._take(output, version)
                 # let abort, pause and weight calls in between two steps
                 await asyncio.sleep(0)
         except Exception as error:
@@ -393,6 +443,35 @@ class VLLMRolloutEngine(RolloutEngine):
                 self._forget(sample)
                 if _waited_on(sample.state.future):
                     sample.state.future.set_exception(error)
+            for _, future in self._scores.values():
+                if _waited_on(future):
+                    future.set_exception(error)
+            self._scores.clear()
+
+    def _take_score(self, output: Any) -> None:
+        if not output.finished:
+            return
+        prompt_length, future = self._scores.pop(output.request_id)
+        if not _waited_on(future):
+            return
+        given = list(output.prompt_token_ids)
+        logprobs = output.prompt_logprobs
+        if logprobs is None or len(logprobs) != len(given):
+            future.set_exception(
+                PluginError(
+                    "vLLM returned no prompt log-probs for a scoring request; remove what turns "
+                    "them off from the teacher's rollout.engine_kwargs"
+                )
+            )
+            return
+        future.set_result(
+            [
+                float(position[token].logprob)
+                for position, token in zip(
+                    logprobs[prompt_length:], given[prompt_length:], strict=True
+                )
+            ]
+        )
 
     def _take(self, output: Any, version: int) -> None:
         sample = self._samples.get(output.request_id)

@@ -91,12 +91,29 @@ class FullyAsyncScheduler(Scheduler):
                 "rollout.n_gpus_per_node devices for the engines)",
                 key="rollout.colocate",
             )
+        if recipe.trainer.full_determinism:
+            raise RecipeError(
+                "scheduler fully_async cannot be deterministic: which samples each step trains, "
+                "and with which weights they were generated, depend on when the engines finish "
+                "them; set trainer.full_determinism=false or scheduler=sync",
+                key="trainer.full_determinism",
+            )
         if recipe.algorithm.filter_groups.enable:
             raise RecipeError(
                 "dynamic sampling (DAPO's group filtering) is not supported by scheduler "
                 "fully_async; set algorithm.filter_groups.enable=false or scheduler=sync",
                 key="algorithm.filter_groups.enable",
             )
+        if self.config.use_rollout_log_probs:
+            name = recipe.algorithm.adv_estimator
+            estimator = self.context.plugins.registry("advantage_estimators").load(name)
+            if "sum_pi_squared" in getattr(estimator, "requires", ()):
+                raise RecipeError(
+                    f"advantage estimator {name!r} reads sum_pi_squared from the trainer's "
+                    "old_log_prob pass, which this setting skips; set it to false or choose "
+                    "another estimator",
+                    key="scheduler.use_rollout_log_probs",
+                )
         if self.config.total_rollout_steps is not None and (
             self.config.total_rollout_steps < self.required_samples
         ):
@@ -363,6 +380,7 @@ class FullyAsyncScheduler(Scheduler):
                 batch["response_mask"],
                 algorithm.rollout_is,
                 algorithm.rollout_is_threshold,
+                kpop_threshold=algorithm.kpop_threshold,
             )
             batch["rollout_is_weights"] = weights
             metrics.update(is_metrics)

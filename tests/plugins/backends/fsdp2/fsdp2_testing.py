@@ -104,6 +104,13 @@ def make_batch(rows: int, prompt: int = 8, response: int = 6, seed: int = 0) -> 
 
 def plain_log_probs(model_dir: Path, batch: Batch, temperature: float = 1.0) -> tuple:
     """Log-probs and entropy of ``responses`` from the unsharded Hugging Face model."""
+    log_probs, entropy, _ = plain_token_columns(model_dir, batch, temperature)
+    return log_probs, entropy
+
+
+def plain_token_columns(model_dir: Path, batch: Batch, temperature: float = 1.0) -> tuple:
+    """Log-probs, entropy and the sum of squared probabilities (``sum_v p_v^2``, squared
+    directly from the softmax) of ``responses`` from the unsharded Hugging Face model."""
     import transformers
 
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
@@ -118,8 +125,9 @@ def plain_log_probs(model_dir: Path, batch: Batch, temperature: float = 1.0) -> 
     log_softmax = torch.log_softmax(logits, dim=-1)
     log_probs = log_softmax.gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1)
     entropy = -(log_softmax.exp() * log_softmax).sum(-1)
+    squares = torch.softmax(logits, dim=-1).square().sum(-1)
     mask = batch["attention_mask"][:, -response:]
-    return log_probs * mask, entropy * mask
+    return log_probs * mask, entropy * mask, squares * mask
 
 
 class TokenMeanReinforce:

@@ -18,6 +18,7 @@ from tests.plugins.backends.fsdp2.fsdp2_testing import (
     max_weight_difference,
     objective_value,
     plain_log_probs,
+    plain_token_columns,
 )
 
 
@@ -29,6 +30,26 @@ def test_log_probs_and_entropy_match_the_plain_model(tiny_model):
     assert out["log_probs"].shape == batch["responses"].shape
     torch.testing.assert_close(out["log_probs"], expected_log_probs, atol=1e-5, rtol=0)
     torch.testing.assert_close(out["entropys"], expected_entropy, atol=1e-5, rtol=0)
+    assert "sum_pi_squared" not in out  # only when asked
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_sum_pi_squared_matches_the_plain_model(tiny_model, packed):
+    backend = make_backend(
+        make_recipe(tiny_model, ppo_micro_batch_size_per_gpu=3, use_remove_padding=packed)
+    )
+    batch = make_batch(8)
+    batch.meta["temperature"] = 0.7
+    out = backend.compute_log_prob(batch, calculate_sum_pi_squared=True)
+    expected_log_probs, _, expected = plain_token_columns(tiny_model, batch, temperature=0.7)
+    torch.testing.assert_close(out["log_probs"], expected_log_probs, atol=1e-5, rtol=0)
+    torch.testing.assert_close(out["sum_pi_squared"], expected, atol=1e-6, rtol=1e-5)
+    valid = batch["response_mask"].bool()
+    # a distribution's sum of squares lies in (1/V, 1]; padding is 0
+    assert bool(
+        ((out["sum_pi_squared"][valid] > 1 / 320) & (out["sum_pi_squared"][valid] <= 1)).all()
+    )
+    assert bool((out["sum_pi_squared"][~valid] == 0).all())
 
 
 def test_log_probs_use_the_sampling_temperature(tiny_model):

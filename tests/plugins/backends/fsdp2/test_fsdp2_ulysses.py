@@ -65,7 +65,7 @@ def one_update(model_dir: Path, dist_info: DistInfo, sp: int, packed: bool) -> d
     backend = FSDP2Backend(recipe.actor, context)
     backend.setup(10)
     batch = make_batch(8, seed=BATCH_SEED)
-    before = backend.compute_log_prob(batch, calculate_entropy=True)
+    before = backend.compute_log_prob(batch, calculate_entropy=True, calculate_sum_pi_squared=True)
     grads: dict[str, torch.Tensor] = {}
     step = backend._clip_and_step
 
@@ -145,7 +145,7 @@ def test_two_sequence_parallel_ranks_compute_what_one_rank_does(two_ranks, tiny_
     for rank, results in enumerate(two_ranks):
         got = results[layout]
         assert got["dp"] == (0, 1, rank == 0)
-        for name in ("log_probs", "entropys"):
+        for name in ("log_probs", "entropys", "sum_pi_squared"):
             torch.testing.assert_close(got["before"][name], expected["before"][name], **exact)
         for name in ("actor/loss", "actor/grad_norm", "actor/pg_loss", "actor/entropy"):
             assert got["metrics"][name] == pytest.approx(expected["metrics"][name], abs=1e-5)

@@ -20,6 +20,7 @@ from tests.plugins.backends.fsdp2.fsdp2_testing import (
     make_recipe,
     max_weight_difference,
     plain_log_probs,
+    plain_token_columns,
 )
 from tests.plugins.backends.megatron.megatron_testing import (
     make_megatron_backend,
@@ -72,10 +73,11 @@ def hf_weights(folder):
 def test_log_probs_and_entropy_equal_the_hugging_face_model_and_fsdp2(actor, tiny_model):
     batch = make_batch(8)
     batch.meta["temperature"] = 0.7
-    out = actor.compute_log_prob(batch, calculate_entropy=True)
-    expected, entropy = plain_log_probs(tiny_model, batch, temperature=0.7)
+    out = actor.compute_log_prob(batch, calculate_entropy=True, calculate_sum_pi_squared=True)
+    expected, entropy, squares = plain_token_columns(tiny_model, batch, temperature=0.7)
     torch.testing.assert_close(out["log_probs"], expected, atol=LOG_PROB_TOLERANCE, rtol=0)
     torch.testing.assert_close(out["entropys"], entropy, atol=LOG_PROB_TOLERANCE, rtol=0)
+    torch.testing.assert_close(out["sum_pi_squared"], squares, atol=LOG_PROB_TOLERANCE, rtol=0)
     fsdp2 = make_backend(make_recipe(tiny_model))
     reference = fsdp2.compute_log_prob(batch, calculate_entropy=True)
     torch.testing.assert_close(out["log_probs"], reference["log_probs"], atol=1e-5, rtol=0)

@@ -15,7 +15,8 @@ pytestmark = pytest.mark.slow
 
 def test_the_smoke_script_passes_on_cpu(tmp_path, monkeypatch, capsys):
     # one rank: two Ray ranks training like one is tests/e2e/test_grpo_run.py's
-    # test_two_ray_ranks_train_like_one_local_rank; the script's comparison is tested below
+    # test_two_ray_ranks_and_an_engine_of_its_own_train_like_one_local_rank; the script's
+    # comparison is tested below
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert smoke.main(["--device", "cpu", "--ranks", "1", "--workdir", str(tmp_path)]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line[:4] in {"PASS", "FAIL"}]

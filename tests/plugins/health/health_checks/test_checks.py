@@ -342,3 +342,33 @@ def test_warn_mode_does_not_stop():
 def test_bad_health_keys_are_one_line_recipe_errors(health, match):
     with pytest.raises(RecipeError, match=match):
         make_recipe({"trainer": {"health": health}})
+
+
+def test_a_resumed_monitor_fires_on_the_steps_the_uninterrupted_one_does():
+    """The checks' counts and the entropy baseline go into a checkpoint and come back: a run
+    resumed after step 5 fires where the run never stopped fires, not patience steps later
+    and not against a baseline of its collapsed steps."""
+    import io
+
+    import torch
+
+    start = [healthy(**{"actor/entropy": 0.2}) for _ in range(3)]
+    collapsed = [healthy(**{"actor/entropy": 0.005}) for _ in range(6)]
+    steps = start + collapsed
+    checks = ["entropy_collapse"]
+    whole = replay(monitor(checks=checks), steps)
+    assert whole == {8: ["entropy_collapse"]}
+
+    before = monitor(checks=checks)
+    replay(before, steps[:5])
+    saved = io.BytesIO()
+    torch.save(before.state_dict(), saved)  # as a checkpoint holds it: plain data
+    saved.seek(0)
+    resumed = monitor(checks=checks)
+    resumed.load_state_dict(torch.load(saved, weights_only=True))
+    fired = {}
+    for step, metrics in enumerate(steps[5:], start=6):
+        alarms = resumed.observe(step, dict(metrics))
+        if alarms:
+            fired[step] = [alarm.check for alarm in alarms]
+    assert fired == whole

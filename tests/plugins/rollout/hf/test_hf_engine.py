@@ -14,6 +14,7 @@ from plugrl.parts.rollout import (
     GenerationRequest,
     SamplingParams,
     WeightMeta,
+    run_blocking,
 )
 from plugrl.recipe import ModelConfig, Recipe, TrainerConfig
 from plugrl_cpu.device import CpuDevice
@@ -257,6 +258,21 @@ def test_log_probs_equal_a_teacher_forced_forward(
             assert_teacher_forced(
                 engine.model, prompt, completion, temperature=temperature, top_k=top_k
             )
+
+
+def test_scored_tokens_get_the_unscaled_models_log_probs(tiny_model_dir, tokenizer):
+    """A distillation teacher's scores: whatever a response was sampled with, score_tokens
+    gives the model's own log-probs of its tokens (temperature 1, nothing filtered)."""
+    engine = make_engine(tiny_model_dir, tokenizer)
+    prompts = chat_prompts(tokenizer)
+    params = SamplingParams(n=1, temperature=0.7, top_k=5, max_tokens=10, seed=5)
+    for prompt, completion in zip(prompts, engine.generate(prompts, params), strict=True):
+        scored = run_blocking(engine.score_tokens(prompt, completion.token_ids))
+        expected = teacher_forced_log_probs(engine.model, prompt, completion.token_ids)
+        assert scored == pytest.approx(expected.tolist(), abs=1e-5)
+    assert run_blocking(engine.score_tokens(prompts[0], [])) == []
+    with pytest.raises(ValueError, match="empty prompt"):
+        run_blocking(engine.score_tokens([], [5]))
 
 
 def test_greedy_log_probs_are_those_of_the_unscaled_model(tiny_model_dir, tokenizer):

@@ -183,6 +183,24 @@ def test_log_probs_match_the_fsdp2_backend_on_the_same_tokens(loop, engine, tiny
     assert difference.max().item() < LOG_PROB_TOLERANCE, difference.max().item()
 
 
+def test_scored_tokens_get_the_unscaled_models_log_probs(loop, engine, tiny_model_dir):
+    """A distillation teacher's scores (prompt_logprobs): the model's own log-probs of given
+    tokens, at temperature 1 whatever they were sampled with."""
+    model = hf_model(tiny_model_dir, seed=21)
+    push(loop, engine, model, version=9)
+    params = SamplingParams(n=1, temperature=0.7, max_tokens=8, seed=4)
+    completions = loop.run(engine.generate_batch(PROMPTS, params))
+    for prompt, completion in zip(PROMPTS, completions, strict=True):
+        scored = loop.run(engine.score_tokens(prompt, completion.token_ids))
+        ids = torch.tensor([[*prompt, *completion.token_ids]])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+        targets = torch.tensor(completion.token_ids)[:, None]
+        expected = torch.log_softmax(logits, -1).gather(-1, targets).squeeze(-1)
+        assert scored == pytest.approx(expected.tolist(), abs=LOG_PROB_TOLERANCE)
+    assert loop.run(engine.score_tokens(PROMPTS[0], [])) == []
+
+
 def test_greedy_tokens_equal_hugging_face_after_each_weight_push(loop, engine, tiny_model_dir):
     for version, seed in ((2, 11), (3, 12)):
         model = hf_model(tiny_model_dir, seed=seed)

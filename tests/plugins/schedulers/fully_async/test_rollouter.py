@@ -314,7 +314,7 @@ def test_a_rollouter_never_started_closes_quietly():
     assert rollouter.account.started == 0
 
 
-def wait_until(condition, timeout=30.0):
+def wait_until(condition, timeout=300.0):
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, "the rollouter did not get there in time"

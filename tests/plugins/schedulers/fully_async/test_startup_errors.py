@@ -90,6 +90,15 @@ def test_partial_rollout_needs_an_engine_that_can_pause_or_abort(
             {"scheduler": {"name": "fully_async", "staleness_threshold": -0.1}},
             "staleness_threshold",
         ),
+        (
+            {
+                "scheduler": {"name": "fully_async", "use_rollout_log_probs": True},
+                "algorithm": {"adv_estimator": "optimal_token_baseline"},
+            },
+            "Error: scheduler.use_rollout_log_probs: advantage estimator "
+            "'optimal_token_baseline' reads sum_pi_squared from the trainer's old_log_prob "
+            "pass, which this setting skips; set it to false or choose another estimator",
+        ),
     ],
 )
 def test_bad_scheduler_keys(tiny_task, tmp_path, sections, expected):

@@ -280,3 +280,68 @@ def test_a_step_of_the_wrong_type_stops_the_run_naming_the_environment_without_n
 
     assert [t for t in asyncio.all_tasks(runtime._thread.loop) if not t.done()] == []
     assert "Task was destroyed" not in caplog.text and "never awaited" not in caplog.text
+
+
+class KillAtStep:
+    """Stops the run as SIGTERM does (a KeyboardInterrupt in the driver) once it logged step
+    ``step``, before that step's checkpoint; once."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self.done = False
+
+    @plugrl.hookimpl
+    def on_step_end(self, step, metrics):
+        if step == self.step and not self.done:
+            self.done = True
+            raise KeyboardInterrupt(f"killed after logging step {step}")
+
+
+def test_a_tool_agent_run_killed_and_resumed_trains_as_the_uninterrupted_one(
+    tmp_path, plugrl_plugin_manager, plugrl_register_plugin
+):
+    """The real tool agent loop, tools and agent runtime, killed between the log and the
+    checkpoint of step 3 (so the agents' step 3 is sampled again), resumed from step 2: the
+    same metrics for every step and the same weights as the run never killed."""
+    from plugrl.testing import run_scheduler
+    from plugrl_sim.parts import _CHECKPOINT_FILE
+
+    plugrl_register_plugin(AgentTestPlugin(), "agent-test-tools")
+    plugrl_register_plugin(EchoParserPlugin(), "agent-test-parser")
+    overrides = {
+        "rollout.agent": {
+            "loop": "tool_agent",
+            "tools": ["echo"],
+            "tool_parser": "always_echo",
+            "max_turns": 3,
+        },
+        "trainer.save_freq": 1,
+    }
+    whole = run_scheduler("sync", tmp_path / "whole", steps=4, overrides=overrides)
+    (tmp_path / "killed").mkdir()
+    (tmp_path / "killed" / "task").symlink_to(tmp_path / "whole" / "task")
+    kill = KillAtStep(3)
+    plugrl_register_plugin(kill, "kill-at-step-3")
+    with pytest.raises(KeyboardInterrupt):
+        run_scheduler("sync", tmp_path / "killed", steps=4, overrides=overrides)
+    assert kill.done
+    resumed = run_scheduler("sync", tmp_path / "killed", steps=4, overrides=overrides)
+
+    assert [step for step, _ in resumed.logged] == [3, 4]
+    assert resumed.metrics[4]["agent/tool_calls/mean"] > 0
+    for step in (3, 4):
+        again, original = resumed.metrics[step], whole.metrics[step]
+        assert sorted(again) == sorted(original), (step, set(again) ^ set(original))
+        for key, value in original.items():
+            # clocks differ between any two runs
+            if not key.startswith(("timing_s/", "perf/")) and not key.endswith("latency_s"):
+                assert again[key] == value, (step, key)
+    saved = [
+        torch.load(run.run_dir / "global_step_4" / "actor" / _CHECKPOINT_FILE, weights_only=True)
+        for run in (whole, resumed)
+    ]
+    assert saved[0]["update_steps"] == saved[1]["update_steps"] == 4
+    assert saved[0]["shift"] == saved[1]["shift"]
+    assert saved[0]["weights"].keys() == saved[1]["weights"].keys()
+    for name, weight in saved[0]["weights"].items():
+        assert torch.equal(saved[1]["weights"][name], weight), name
