@@ -25,8 +25,8 @@ if TYPE_CHECKING:
     from plugrl.algorithms.objective import PolicyObjective
     from plugrl.cluster.base import WorkerGroup
     from plugrl.cluster.engines import EngineGroup
-    from plugrl.data.batch import Batch
     from plugrl.compose.teachers import Teachers
+    from plugrl.data.batch import Batch
     from plugrl.data.dataset import PromptDataset, PromptLoader
     from plugrl.data.multimodal import MultimodalData
     from plugrl.parts.algorithm import AdvantageEstimator
