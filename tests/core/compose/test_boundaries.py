@@ -312,6 +312,7 @@ def validation_parts(recipe, manager):
         tokenizer=None,
         recipe=recipe,
         plugins=get_plugin_manager(),
+        with_model_positions=lambda batch: batch,  # text rows keep their positions
     )
 
 
