@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from tests.e2e.e2e_support import (
+    assert_same_metrics,
     by_step,
     check_ok,
     read_records,
@@ -60,17 +61,9 @@ def _relative(path: str, start: Path) -> str:
     return os.path.relpath(path, start)
 
 
-def test_a_recipe_of_relative_paths_trains_on_both_nodes_and_each_node_checks_paths(
-    two_nodes, tiny_task, tmp_path
-):
-    """One test for both, as starting the cluster is the dearest part."""
-    cluster, node_ids = two_nodes
-    _train_with_ranks_and_engines_on_both_nodes(cluster, node_ids, tiny_task, tmp_path)
-    _each_node_checks_the_paths_where_it_runs(cluster, node_ids, tmp_path / "check")
-
-
-def _train_with_ranks_and_engines_on_both_nodes(cluster, node_ids, tiny_task, tmp_path):
-    recipe_dir = tmp_path / "project"
+def _train_on_both_nodes(cluster, tiny_task, recipe_dir: Path, *overrides: str):
+    """``plugrl run`` of a tiny recipe of relative paths, joined to ``cluster`` by address,
+    with a trainer rank on each node; the CLI's result."""
     recipe = tiny_recipe(
         tiny_task, Path("run"), trainer={"val_before_train": False, "logger": ["jsonl"]}
     )
@@ -81,17 +74,65 @@ def _train_with_ranks_and_engines_on_both_nodes(cluster, node_ids, tiny_task, tm
     function = recipe["reward"]["custom_function"]
     function["path"] = _relative(function["path"], recipe_dir)
     recipe_file = write_recipe(recipe_dir / "recipe.yaml", recipe)
-
-    result = check_ok(
+    return check_ok(
         run_cli(
             recipe_file,
             "cluster.mode=ray",
             f"cluster.address={cluster.address}",
             "trainer.nnodes=2",
             "trainer.n_gpus_per_node=1",
+            *overrides,
         )
     )
 
+
+@pytest.fixture(scope="module")
+def engine_per_node(two_nodes, tiny_task, tmp_path_factory):
+    """The run with an engine of one device on each node: (its CLI result, its folder)."""
+    cluster, _ = two_nodes
+    recipe_dir = tmp_path_factory.mktemp("engine-per-node") / "project"
+    return _train_on_both_nodes(cluster, tiny_task, recipe_dir), recipe_dir
+
+
+def test_a_recipe_of_relative_paths_trains_on_both_nodes_and_each_node_checks_paths(
+    two_nodes, engine_per_node, tiny_task, tmp_path
+):
+    """One test for both, as starting the cluster is the dearest part."""
+    cluster, node_ids = two_nodes
+    _check_ranks_and_engines_on_both_nodes(node_ids, tiny_task, *engine_per_node)
+    _each_node_checks_the_paths_where_it_runs(cluster, node_ids, tmp_path / "check")
+
+
+def test_an_engine_spanning_both_nodes_trains_as_an_engine_on_each(
+    two_nodes, engine_per_node, tiny_task, tmp_path
+):
+    """rollout.tensor_model_parallel_size=2 over the two nodes' one device each: one engine
+    whose span crosses the nodes, on the first; it samples and trains as the two engines of
+    one device did (samples are seeded by their position, not by their engine)."""
+    cluster, node_ids = two_nodes
+    result = _train_on_both_nodes(
+        cluster, tiny_task, tmp_path / "project", "rollout.tensor_model_parallel_size=2"
+    )
+    spread = dict(SPREAD.findall(result.stderr))
+    assert set(spread) == {"actor ranks"}, result.stderr[-3000:]  # one engine: one node
+    span = re.search(
+        r"rollout engine 0 spans 2 Ray nodes: bundles (\d) on node (\w+); "
+        r"bundles (\d) on node (\w+)",
+        result.stderr,
+    )
+    assert span is not None, result.stderr[-3000:]
+    assert sorted([span[1], span[3]]) == ["0", "1"]
+    assert {
+        next(node for node in node_ids if node.startswith(prefix)) for prefix in (span[2], span[4])
+    } == node_ids
+    records = by_step(read_records(tmp_path / "project" / "run"))
+    expected = by_step(read_records(engine_per_node[1] / "run"))
+    assert sorted(records) == sorted(expected) == [1, 2]
+    for step, record in expected.items():
+        assert_same_metrics(records[step], record, rel=1e-4, abs_=1e-5, where=f"step {step}")
+
+
+def _check_ranks_and_engines_on_both_nodes(node_ids, tiny_task, result, recipe_dir):
     spread = dict(SPREAD.findall(result.stderr))
     assert set(spread) == {"actor ranks", "rollout engines"}, result.stderr[-3000:]
     for what, where in spread.items():

@@ -54,7 +54,14 @@ if TYPE_CHECKING:
         RecipeError,
         UnknownNameError,
     )
-    from plugrl.parts.context import DistInfo, PartContext, PartServices, Role
+    from plugrl.parts.context import (
+        DistInfo,
+        EngineSpan,
+        PartContext,
+        PartServices,
+        Role,
+        SpanNode,
+    )
     from plugrl.recipe import (
         ClusterConfig,
         DataConfig,
@@ -76,6 +83,7 @@ __all__ = [
     "DataConfig",
     "DataError",
     "DistInfo",
+    "EngineSpan",
     "HealthError",
     "ModelConfig",
     "PackageNeed",
@@ -86,6 +94,7 @@ __all__ = [
     "Recipe",
     "RecipeError",
     "Role",
+    "SpanNode",
     "TrainerConfig",
     "UnknownNameError",
     "build_recipe",
@@ -113,6 +122,8 @@ __getattr__, __dir__ = lazy_module(
         "DataConfig": ("plugrl.recipe", "DataConfig"),
         "DataError": ("plugrl.errors", "DataError"),
         "DistInfo": ("plugrl.parts.context", "DistInfo"),
+        "EngineSpan": ("plugrl.parts.context", "EngineSpan"),
+        "SpanNode": ("plugrl.parts.context", "SpanNode"),
         "HealthError": ("plugrl.errors", "HealthError"),
         "ModelConfig": ("plugrl.recipe", "ModelConfig"),
         "PackageNeed": ("plugrl.config", "PackageNeed"),
