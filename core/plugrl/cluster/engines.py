@@ -638,14 +638,20 @@ class RayEngineGroup(EngineGroup):
                 for node, held, ids in nodes
             ),
             placement_group=self.placement.placement_group,
+            device_share=self.placement.devices_per_bundle * self.placement.share,
         )
 
     async def _start_all(self) -> list[dict[str, Any]]:
         return list(await asyncio.gather(*(self._start_worker(i) for i in range(self.num_engines))))
 
     async def _start_worker(self, index: int) -> dict[str, Any]:
+        options = self.placement.actor_options(self.role, self.spans[index][0])
+        if self.engine_spans[index] is not None:
+            # its workers take the devices' shares, this one's node's included
+            options.pop("num_gpus", None)
+            options.pop("resources", None)
         worker = self.remote_worker.options(
-            **self.placement.actor_options(self.role, self.spans[index][0]),
+            **options,
             runtime_env={"env_vars": self.envs[index]},
             max_concurrency=max(1000, 4 * self.recipe.rollout.max_num_seqs),
         ).remote(
@@ -743,8 +749,8 @@ def check_spans_nodes(
     raise PluginError(
         f"the {engine_name} rollout engine cannot run over several Ray nodes, and engine "
         f"{index} spans {len(bundles)} devices (bundles {bundles[0]}..{bundles[-1]}) on "
-        f"{len(nodes)} nodes ({where}); use an engine that can (vllm, sglang, hf), or engines "
-        "of one node's devices: a rollout.tensor_model_parallel_size that divides the devices "
+        f"{len(nodes)} nodes ({where}); use an engine that can (vllm, hf), or engines of "
+        "one node's devices: a rollout.tensor_model_parallel_size that divides the devices "
         "per node"
     )
 

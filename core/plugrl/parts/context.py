@@ -80,6 +80,10 @@ class EngineSpan:
     nodes: tuple[SpanNode, ...]
     placement_group: Any = attrs.field(default=None, eq=False, repr=False)
     """The Ray placement group holding the bundles."""
+    device_share: float = 1.0
+    """The share of each bundle's devices the engine's workers may ask Ray for: the engine's
+    own actor asks for none of its bundle's devices when its span crosses nodes, so that a
+    worker of its own can take them there too."""
 
     @property
     def bundles(self) -> tuple[int, ...]:

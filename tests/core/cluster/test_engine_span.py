@@ -24,6 +24,8 @@ class _Nodes:
     ``b // per_node``; ``order`` reorders them as Ray's PACK may."""
 
     placement_group = "pg"
+    devices_per_bundle = 1
+    share = 0.5  # the actor's and the engines' shares of each bundle
 
     def __init__(self, nodes: int, per_node: int, order: list[int] | None = None) -> None:
         self.where = {}
@@ -81,7 +83,7 @@ def test_an_engine_that_cannot_span_nodes_is_refused_in_one_line_naming_its_devi
     assert str(info.value) == (
         "the tiny rollout engine cannot run over several Ray nodes, and engine 1 spans 4 "
         "devices (bundles 0..3) on 2 nodes (node 8a51982ff101: devices 0,1; node "
-        "778ffeba26a4: devices 0,1); use an engine that can (vllm, sglang, hf), or engines of "
+        "778ffeba26a4: devices 0,1); use an engine that can (vllm, hf), or engines of "
         "one node's devices: a rollout.tensor_model_parallel_size that divides the devices "
         "per node"
     )
@@ -102,7 +104,8 @@ def test_the_engine_is_told_each_node_of_its_span_and_how_to_place_a_worker_ther
         nodes=(
             SpanNode(node_id="node0", bundles=(0,), devices=("0",)),
             SpanNode(node_id="node1", bundles=(1,), devices=("0",)),
-        )
+        ),
+        device_share=0.5,
     )
     assert span.bundles == (0, 1) and span.placement_group == "pg"
     assert span.nodes[1].actor_options == {
