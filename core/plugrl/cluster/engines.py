@@ -22,6 +22,14 @@ several devices, and takes the full weights, which it shards. The span's other b
 their engine share unused. The engines sleep while the trainer trains and wake to generate,
 as colocated engines of one device do.
 
+An engine of more devices than a node has spans bundles of several nodes (colocated, or on
+devices of its own, then bundles of one device each). Its actor still runs on the span's first
+bundle, seeing that node's devices of the span and asking Ray for none of their shares; the
+engine is told the rest of its span (``PartContext.engine_span``: each node's bundles, device
+ids and the Ray options that place a worker there) and starts its tensor-parallel workers on
+those nodes itself, as vLLM's Ray executor does. An engine class that cannot
+(``RolloutEngine.spans_nodes`` false) is refused such a span in one line.
+
 Every group method may be called from any thread except the group's own loop thread; the
 ``async`` ones from any other event loop.
 """
@@ -551,9 +559,11 @@ class LocalEngineGroup(EngineGroup):
 class RayEngineGroup(EngineGroup):
     """Engine actors placed by ``placement``: one engine per bundle, or with ``span`` > 1 one
     engine per ``span`` consecutive bundles of one device each (colocated engines of several
-    devices; see the module's docstring), on the first of them and seeing all their devices.
+    devices, or engines larger than a node; see the module's docstring), on the first of them
+    and seeing their devices of that node.
 
-    ``spans`` lists the bundles of each engine."""
+    ``spans`` lists the bundles of each engine; ``engine_spans`` where each engine's bundles
+    are when they are on several nodes (``None`` for an engine of one node)."""
 
     def __init__(
         self,
