@@ -210,18 +210,21 @@ def test_colocated_engines_on_ray_span_consecutive_trainer_devices():
     batches = ("data.train_batch_size=12", "actor.ppo_mini_batch_size=6")
     assert error_of(*tp2, *batches, "trainer.n_gpus_per_node=3") == (
         "rollout.tensor_model_parallel_size: engines of 2 devices do not divide the trainer's 3 "
-        "devices per node (trainer.n_gpus_per_node), so an engine sharing them would span two "
-        "nodes; use a divisor of it, or set rollout.colocate=false"
+        "devices (trainer.nnodes x trainer.n_gpus_per_node), which colocated engines share; "
+        "use a divisor of it, or set rollout.colocate=false"
     )
-    # three nodes of two: six devices divide into engines of two, but an engine of four
-    # would sit on two nodes
-    assert error_of(
+    # engines larger than a node span nodes: two engines of four over four nodes of two
+    tp4 = ("cluster=ray", "rollout.tensor_model_parallel_size=4", "trainer.n_gpus_per_node=2")
+    build(*tp4, "trainer.nnodes=4")
+    build(
         "cluster=ray",
-        "rollout.tensor_model_parallel_size=4",
-        "trainer.nnodes=3",
-        "trainer.n_gpus_per_node=2",
-        *batches,
-    ).startswith("rollout.tensor_model_parallel_size: engines of 4 devices do not divide")
+        "rollout.tensor_model_parallel_size=16",
+        "trainer.nnodes=2",
+        "trainer.n_gpus_per_node=8",
+    )
+    assert error_of(*tp4, "trainer.nnodes=3", *batches).startswith(
+        "rollout.tensor_model_parallel_size: engines of 4 devices do not divide the trainer's 6"
+    )
 
 
 def test_devices_of_their_own_are_unused_by_colocated_engines(caplog):

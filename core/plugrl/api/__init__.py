@@ -55,7 +55,14 @@ if TYPE_CHECKING:
         RecipeError,
         UnknownNameError,
     )
-    from plugrl.parts.context import DistInfo, PartContext, PartServices, Role
+    from plugrl.parts.context import (
+        DistInfo,
+        EngineSpan,
+        PartContext,
+        PartServices,
+        Role,
+        SpanNode,
+    )
     from plugrl.recipe import (
         ClusterConfig,
         DataConfig,
@@ -77,6 +84,7 @@ __all__ = [
     "DataConfig",
     "DataError",
     "DistInfo",
+    "EngineSpan",
     "HealthError",
     "ModelConfig",
     "PackageNeed",
@@ -87,6 +95,7 @@ __all__ = [
     "Recipe",
     "RecipeError",
     "Role",
+    "SpanNode",
     "TrainerConfig",
     "UnknownNameError",
     "build_recipe",
@@ -114,6 +123,8 @@ __getattr__, __dir__ = lazy_module(
         "DataConfig": ("plugrl.recipe", "DataConfig"),
         "DataError": ("plugrl.errors", "DataError"),
         "DistInfo": ("plugrl.parts.context", "DistInfo"),
+        "EngineSpan": ("plugrl.parts.context", "EngineSpan"),
+        "SpanNode": ("plugrl.parts.context", "SpanNode"),
         "HealthError": ("plugrl.errors", "HealthError"),
         "ModelConfig": ("plugrl.recipe", "ModelConfig"),
         "PackageNeed": ("plugrl.config", "PackageNeed"),

@@ -22,6 +22,14 @@ several devices, and takes the full weights, which it shards. The span's other b
 their engine share unused. The engines sleep while the trainer trains and wake to generate,
 as colocated engines of one device do.
 
+An engine of more devices than a node has spans bundles of several nodes (colocated, or on
+devices of its own, then bundles of one device each). Its actor still runs on the span's first
+bundle, seeing that node's devices of the span and asking Ray for none of their shares; the
+engine is told the rest of its span (``PartContext.engine_span``: each node's bundles, device
+ids and the Ray options that place a worker there) and starts its tensor-parallel workers on
+those nodes itself, as vLLM's Ray executor does. An engine class that cannot
+(``RolloutEngine.spans_nodes`` false) is refused such a span in one line.
+
 Every group method may be called from any thread except the group's own loop thread; the
 ``async`` ones from any other event loop.
 """
@@ -50,7 +58,7 @@ from plugrl.cluster.worker import (
 )
 from plugrl.errors import PluginError, PlugrlError
 from plugrl.loop_thread import EventLoopThread
-from plugrl.parts.context import PartContext
+from plugrl.parts.context import EngineSpan, PartContext, SpanNode
 from plugrl.parts.rollout import (
     Capability,
     Completion,
@@ -97,12 +105,14 @@ class EngineWorker:
         plugin_modules: Iterable[str] = (),
         *,
         model_from_trainer: bool = False,
+        engine_span: EngineSpan | None = None,
     ) -> None:
         self.recipe = recipe
         self.device_name = device_name
         self.index = index
         self.plugin_modules = list(plugin_modules)
         self.model_from_trainer = model_from_trainer
+        self.engine_span = engine_span
         self.engine: RolloutEngine | None = None
 
     async def start(self, plugins: PluginManager | None = None) -> dict[str, Any]:
@@ -125,6 +135,7 @@ class EngineWorker:
             # engines of models without a folder (tests, custom engines) get no tokenizer
             tokenizer=load_tokenizer(model) if model.tokenizer_path or model.path else None,
             model_from_trainer=self.model_from_trainer,
+            engine_span=self.engine_span,
         )
         self.engine = build_part("rollout_engines", name, self.recipe.rollout, context)
         node = node_id()
@@ -597,9 +608,11 @@ def _settle(future: concurrent.futures.Future, task: asyncio.Future) -> None:
 class RayEngineGroup(EngineGroup):
     """Engine actors placed by ``placement``: one engine per bundle, or with ``span`` > 1 one
     engine per ``span`` consecutive bundles of one device each (colocated engines of several
-    devices; see the module's docstring), on the first of them and seeing all their devices.
+    devices, or engines larger than a node; see the module's docstring), on the first of them
+    and seeing their devices of that node.
 
-    ``spans`` lists the bundles of each engine."""
+    ``spans`` lists the bundles of each engine; ``engine_spans`` where each engine's bundles
+    are when they are on several nodes (``None`` for an engine of one node)."""
 
     def __init__(
         self,
@@ -629,11 +642,17 @@ class RayEngineGroup(EngineGroup):
         self.env = worker_env(device_cls.worker_env("rollout"))
         self.spans = engine_spans(placement.world_size, span)
         self.envs = [self.env] * len(self.spans)
+        self.engine_spans: list[EngineSpan | None] = [None] * len(self.spans)
         if span > 1:
-            self.envs = [
-                span_env(self.env, device_cls.visible_devices_env, where)
-                for where in _span_devices(placement, role, self.spans)
-            ]
+            name = recipe.rollout.engine
+            engine_cls = plugins.registry("rollout_engines").load(name)
+            visible = device_cls.visible_devices_env
+            for index, nodes in enumerate(span_nodes(placement, role, self.spans)):
+                check_spans_nodes(name, engine_cls, index, nodes)
+                # the engine's actor sees its own node's devices of the span
+                self.envs[index] = span_env(self.env, visible, nodes[0][2])
+                if len(nodes) > 1:
+                    self.engine_spans[index] = self._engine_span(nodes, visible)
         # wrapped here, not decorated in its module (Ray pickles the class it is given)
         self.remote_worker = self.ray.remote(EngineWorker)
         super().__init__(recipe, len(self.spans), [])
@@ -646,16 +665,61 @@ class RayEngineGroup(EngineGroup):
             raise
         self.capabilities = frozenset(Capability(c) for c in infos[0]["capabilities"])
         log_spread(f"{role} engines", [tuple(info["node"]) for info in infos])
+        for index, where in enumerate(self.engine_spans):
+            if where is not None:
+                logger.info(
+                    "%s engine %d spans %d Ray nodes: %s",
+                    role,
+                    index,
+                    len(where.nodes),
+                    "; ".join(
+                        f"bundles {','.join(map(str, node.bundles))} on node {node.node_id[:12]}"
+                        for node in where.nodes
+                    ),
+                )
+
+    def _engine_span(
+        self, nodes: Sequence[tuple[str, list[int], list[str]]], visible: str | None
+    ) -> EngineSpan:
+        """What an engine over several nodes is told of them: each node's bundles, device
+        ids, and the Ray options that put a worker of its own there."""
+        return EngineSpan(
+            nodes=tuple(
+                SpanNode(
+                    node_id=node,
+                    bundles=tuple(held),
+                    devices=tuple(ids),
+                    actor_options={
+                        **self.placement.actor_options(self.role, held[0]),
+                        "runtime_env": {"env_vars": span_env(self.env, visible, ids)},
+                    },
+                )
+                for node, held, ids in nodes
+            ),
+            placement_group=self.placement.placement_group,
+            device_share=self.placement.devices_per_bundle * self.placement.share,
+        )
 
     async def _start_all(self) -> list[dict[str, Any]]:
         return list(await asyncio.gather(*(self._start_worker(i) for i in range(self.num_engines))))
 
     async def _start_worker(self, index: int) -> dict[str, Any]:
+        options = self.placement.actor_options(self.role, self.spans[index][0])
+        if self.engine_spans[index] is not None:
+            # its workers take the devices' shares, this one's node's included
+            options.pop("num_gpus", None)
+            options.pop("resources", None)
         worker = self.remote_worker.options(
-            **self.placement.actor_options(self.role, self.spans[index][0]),
+            **options,
             runtime_env={"env_vars": self.envs[index]},
             max_concurrency=max(1000, 4 * self.recipe.rollout.max_num_seqs),
-        ).remote(self.recipe, self.device_name, index, self.plugin_modules)
+        ).remote(
+            self.recipe,
+            self.device_name,
+            index,
+            self.plugin_modules,
+            engine_span=self.engine_spans[index],
+        )
         self.workers[index] = worker
         return await self._call(index, "start")
 
@@ -700,24 +764,54 @@ def engine_spans(bundles: int, span: int) -> list[list[int]]:
     return [list(range(first, first + span)) for first in range(0, bundles, span)]
 
 
-def _span_devices(
+def span_nodes(
     placement: RayPlacement, role: str, spans: Sequence[Sequence[int]]
-) -> list[list[str]]:
-    """The device ids of each span's bundles; a one-line error when a span is not on one
-    node (one engine process cannot use another machine's devices)."""
+) -> list[list[tuple[str, list[int], list[str]]]]:
+    """Each span's bundles grouped by the Ray node they sit on: ``(node id, bundles, device
+    ids)`` per node, the node of the span's first bundle first (the engine's actor runs
+    there), the others in the order the span reaches them."""
     bundles = [b for span in spans for b in span]
     where = dict(zip(bundles, placement.bundle_devices(role, bundles), strict=True))
-    found = []
-    for span in spans:
-        nodes = {where[b][0] for b in span}
-        if len(nodes) > 1:
-            raise PluginError(
-                f"the trainer's bundles {span[0]}..{span[-1]}, which one colocated engine "
-                f"shares, are on {len(nodes)} Ray nodes; give trainer.n_gpus_per_node devices "
-                "of every node to the run, or set rollout.colocate=false"
-            )
-        found.append([device for b in span for device in where[b][1]])
-    return found
+    return [group_by_node(span, where) for span in spans]
+
+
+def group_by_node(
+    span: Sequence[int], where: dict[int, tuple[str, list[str]]]
+) -> list[tuple[str, list[int], list[str]]]:
+    """``span``'s bundles grouped by node (``where``: bundle -> its node and device ids), in
+    the order the span reaches each node."""
+    nodes: dict[str, tuple[list[int], list[str]]] = {}
+    for bundle in span:
+        node, devices = where[bundle]
+        held, ids = nodes.setdefault(node, ([], []))
+        held.append(bundle)
+        ids.extend(devices)
+    return [(node, held, ids) for node, (held, ids) in nodes.items()]
+
+
+def check_spans_nodes(
+    engine_name: str,
+    engine_cls: type,
+    index: int,
+    nodes: Sequence[tuple[str, list[int], list[str]]],
+) -> None:
+    """One line when engine ``index``'s devices (``nodes``, from :func:`span_nodes`) are on
+    several nodes and its class cannot run so (``RolloutEngine.spans_nodes``)."""
+    if len(nodes) < 2 or getattr(engine_cls, "spans_nodes", False):
+        return
+    bundles = [b for _, held, _ in nodes for b in held]
+    where = "; ".join(
+        f"node {node[:12]}: "
+        + (f"devices {','.join(ids)}" if ids else f"{len(held)} bundle(s) of no device ids")
+        for node, held, ids in nodes
+    )
+    raise PluginError(
+        f"the {engine_name} rollout engine cannot run over several Ray nodes, and engine "
+        f"{index} spans {len(bundles)} devices (bundles {bundles[0]}..{bundles[-1]}) on "
+        f"{len(nodes)} nodes ({where}); use an engine that can (vllm, hf), or engines of "
+        "one node's devices: a rollout.tensor_model_parallel_size that divides the devices "
+        "per node"
+    )
 
 
 def span_env(
@@ -783,13 +877,16 @@ def make_engine_group(
         )
     device_cls = plugins.registry("devices").load(device_name)
     tp = rollout.tensor_model_parallel_size
+    # an engine of one node's devices at most is one bundle of them; a larger one spans tp
+    # bundles of one device, which Ray may put on several nodes
+    per_bundle = tp if tp <= rollout.n_gpus_per_node else 1
     placement = RayPlacement(
         recipe.cluster,
-        world_size=engine_pool_size(recipe),
+        world_size=engine_pool_size(recipe) * tp // per_bundle,
         resource=device_cls.ray_resource,
         roles=["rollout"],
-        devices_per_bundle=tp,
-        cpus_per_rank=1 if device_cls.ray_resource else tp,
+        devices_per_bundle=per_bundle,
+        cpus_per_rank=1 if device_cls.ray_resource else per_bundle,
         resource_key="rollout.n_gpus_per_node",
     )
     try:
@@ -799,6 +896,7 @@ def make_engine_group(
             plugins=plugins,
             placement=placement,
             owns_placement=True,
+            span=tp // per_bundle,
         )
     except BaseException:
         placement.close()

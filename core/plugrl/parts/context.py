@@ -9,6 +9,7 @@ class fits its interface.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import attrs
@@ -53,6 +54,44 @@ class DistInfo:
 
 
 @attrs.frozen(kw_only=True)
+class SpanNode:
+    """One Ray node's share of the devices an engine spans."""
+
+    node_id: str
+    bundles: tuple[int, ...]
+    """The engine's bundles of the placement that sit on this node, in span order."""
+    devices: tuple[str, ...]
+    """The ids of their devices (as the device's ``visible_devices_env`` names them; none on
+    CPU)."""
+    actor_options: Mapping[str, Any] = attrs.field(factory=dict, eq=False, repr=False)
+    """Ray actor options that place an actor on the first of ``bundles`` (in the engine's
+    placement group, taking the engine's share of that bundle) and let it see ``devices``:
+    how an engine starts its own worker process on this node."""
+
+
+@attrs.frozen(kw_only=True)
+class EngineSpan:
+    """Where an engine of several devices sits when they are on more than one Ray node: the
+    engine's own node first (its actor runs there), then the others, each with the bundles
+    and devices the engine has there. An engine whose class says it can span nodes
+    (:attr:`RolloutEngine.spans_nodes <plugrl.parts.rollout.RolloutEngine.spans_nodes>`)
+    starts its tensor-parallel workers of the other nodes itself, on these bundles."""
+
+    nodes: tuple[SpanNode, ...]
+    placement_group: Any = attrs.field(default=None, eq=False, repr=False)
+    """The Ray placement group holding the bundles."""
+    device_share: float = 1.0
+    """The share of each bundle's devices the engine's workers may ask Ray for: the engine's
+    own actor asks for none of its bundle's devices when its span crosses nodes, so that a
+    worker of its own can take them there too."""
+
+    @property
+    def bundles(self) -> tuple[int, ...]:
+        """Every bundle of the span, node by node."""
+        return tuple(b for node in self.nodes for b in node.bundles)
+
+
+@attrs.frozen(kw_only=True)
 class PartContext:
     """The run around a part.
 
@@ -76,6 +115,9 @@ class PartContext:
     model_from_trainer: bool = False
     """An engine that will generate with the trainer's live model (``bind_model``) in this
     process, so it must not load weights of its own (engines)."""
+    engine_span: EngineSpan | None = None
+    """Where an engine's devices are when they sit on several Ray nodes (engines); ``None``
+    for an engine of one node."""
     run_dir: Path | None = None
     """The run folder (loggers, schedulers)."""
     options: Any = None

@@ -631,6 +631,11 @@ class RolloutEngine(ABC):
 
     capabilities: ClassVar[frozenset[Capability]] = frozenset()
     """What this engine can do beyond sampling (see :class:`Capability`)."""
+    spans_nodes: ClassVar[bool] = False
+    """An engine of several devices may have them on several Ray nodes: it is built on the
+    first node with ``context.engine_span`` saying where the others are, and runs what it
+    needs on them itself (its tensor-parallel workers) and gets its weights to them. An
+    engine that cannot is refused such a span in one line."""
     _batch_numbers: ClassVar[itertools.count] = itertools.count()
 
     def __init__(self, config: RolloutConfig, context: PartContext) -> None:

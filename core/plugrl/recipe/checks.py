@@ -213,7 +213,7 @@ def _check_engines(recipe: Recipe) -> None:
 
 def _check_colocated_span(recipe: Recipe, tp: int) -> None:
     """Colocated engines of ``tp`` devices each take the devices of ``tp`` consecutive trainer
-    ranks, all on one node."""
+    ranks; more than a node's devices make an engine that spans nodes."""
     trainer = recipe.trainer
     world = trainer.nnodes * trainer.n_gpus_per_node
     if world < tp:
@@ -223,11 +223,11 @@ def _check_colocated_span(recipe: Recipe, tp: int) -> None:
             f"{world}, or set rollout.colocate=false to give the engines devices of their own",
             key="rollout.tensor_model_parallel_size",
         )
-    if trainer.n_gpus_per_node % tp:
+    if world % tp:
         raise RecipeError(
-            f"engines of {tp} devices do not divide the trainer's {trainer.n_gpus_per_node} "
-            "devices per node (trainer.n_gpus_per_node), so an engine sharing them would span "
-            "two nodes; use a divisor of it, or set rollout.colocate=false",
+            f"engines of {tp} devices do not divide the trainer's {world} devices "
+            "(trainer.nnodes x trainer.n_gpus_per_node), which colocated engines share; use "
+            "a divisor of it, or set rollout.colocate=false",
             key="rollout.tensor_model_parallel_size",
         )
 

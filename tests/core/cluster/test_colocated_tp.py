@@ -10,7 +10,6 @@ import pytest
 
 from plugrl.cluster.engines import RayEngineGroup, engine_spans, make_engine_group, span_env
 from plugrl.cluster.groups import make_placement
-from plugrl.errors import PluginError
 from plugrl.plugin.manager import PluginManager
 from plugrl.recipe import build_recipe
 from tests.core.cluster import cluster_fake_gpu
@@ -108,26 +107,6 @@ def test_an_engine_that_sees_several_devices_keeps_ray_from_narrowing_them():
     }
     # the CPU has no device ids: nothing to set
     assert span_env({"A": "1"}, None, []) == {"A": "1"}
-
-
-class _TwoNodes:
-    """A placement of two nodes of two bundles each."""
-
-    def bundle_devices(self, role, bundles):
-        return [(f"node{b // 2}", [str(b % 2)]) for b in bundles]
-
-
-def test_an_engine_whose_devices_are_on_two_nodes_is_refused():
-    from plugrl.cluster.engines import _span_devices
-
-    assert _span_devices(_TwoNodes(), "rollout", [[0, 1], [2, 3]]) == [["0", "1"], ["0", "1"]]
-    with pytest.raises(PluginError) as info:
-        _span_devices(_TwoNodes(), "rollout", [[1, 2]])
-    assert str(info.value) == (
-        "the trainer's bundles 1..2, which one colocated engine shares, are on 2 Ray nodes; "
-        "give trainer.n_gpus_per_node devices of every node to the run, or set "
-        "rollout.colocate=false"
-    )
 
 
 def test_a_ray_run_sleeps_the_engines_to_train_and_wakes_them_with_new_weights(

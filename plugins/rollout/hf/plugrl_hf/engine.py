@@ -156,6 +156,10 @@ class HFRolloutEngine(RolloutEngine):
             Capability.SCORE,
         }
     )
+    # it has no tensor parallelism: an engine of several devices, on one node or across
+    # nodes, runs the whole model in its one process on the first and receives every weight
+    # there; the span's other devices stay unused
+    spans_nodes: ClassVar[bool] = True
 
     def __init__(self, config: HFRolloutConfig, context: PartContext) -> None:
         super().__init__(config, context)

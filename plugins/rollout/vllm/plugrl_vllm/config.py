@@ -11,7 +11,7 @@ from plugrl.api import RecipeError, option, positive
 from plugrl.api.rollout import RolloutConfig
 
 if TYPE_CHECKING:
-    from plugrl.api import Recipe
+    from plugrl.api import EngineSpan, Recipe
 
 WEIGHT_ROUTES = ("auto", "reload_weights", "load_weights")
 
@@ -117,10 +117,15 @@ def resolve_weight_route(config: VLLMRolloutConfig, device_name: str) -> str:
 
 
 def engine_args(
-    config: VLLMRolloutConfig, recipe: Recipe, device_name: str, dtype: str
+    config: VLLMRolloutConfig,
+    recipe: Recipe,
+    device_name: str,
+    dtype: str,
+    engine_span: EngineSpan | None = None,
 ) -> dict[str, Any]:
     """The keyword arguments of vLLM's ``AsyncEngineArgs`` for this run; ``dtype`` is
-    ``rollout.dtype`` resolved for the engine's device."""
+    ``rollout.dtype`` resolved for the engine's device, ``engine_span`` where the engine's
+    devices are when they sit on several Ray nodes (see :func:`cross_node_environment`)."""
     model = recipe.model
     if not model.path:
         raise RecipeError(
@@ -169,5 +174,21 @@ def engine_args(
         # inside a Ray placement group vLLM would otherwise ask Ray for devices of its own,
         # which the trainer's ranks hold
         args["distributed_executor_backend"] = "mp"
+    if engine_span is not None:
+        # processes of one machine cannot reach another's devices: vLLM's Ray executor starts
+        # a worker per device as a Ray actor, on the bundles cross_node_environment names
+        args["distributed_executor_backend"] = "ray"
     args.update(config.engine_kwargs)
     return args
+
+
+def cross_node_environment(engine_span: EngineSpan) -> dict[str, str]:
+    """What vLLM's Ray executor reads to place the workers of an engine whose devices are on
+    several Ray nodes: one worker per bundle of the span, tensor-parallel rank ``i`` on the
+    span's ``i``-th bundle (``VLLM_RAY_BUNDLE_INDICES``), each asking Ray for the engine's
+    share of its bundle's device (``VLLM_RAY_PER_WORKER_GPUS``). vLLM takes the placement
+    group from the engine's actor, which runs in it. Set before vLLM starts its executor."""
+    return {
+        "VLLM_RAY_BUNDLE_INDICES": ",".join(str(b) for b in engine_span.bundles),
+        "VLLM_RAY_PER_WORKER_GPUS": repr(engine_span.device_share),
+    }

@@ -44,7 +44,12 @@ from plugrl.api.rollout import (
     WeightMeta,
     derive_seed,
 )
-from plugrl_vllm.config import VLLMRolloutConfig, engine_args, resolve_weight_route
+from plugrl_vllm.config import (
+    VLLMRolloutConfig,
+    cross_node_environment,
+    engine_args,
+    resolve_weight_route,
+)
 from plugrl_vllm.logs import apply_engine_log_level, engine_log_level
 from plugrl_vllm.sampling import sampling_kwargs
 from plugrl_vllm.worker import FusedGroups, WeightPlan
@@ -120,6 +125,9 @@ class VLLMRolloutEngine(RolloutEngine):
             Capability.SCORE,
         }
     )
+    # across nodes vLLM's Ray executor runs the tensor-parallel workers, and its
+    # collective_rpc takes every weight bucket to each of them
+    spans_nodes: ClassVar[bool] = True
 
     def __init__(self, config: VLLMRolloutConfig, context: PartContext) -> None:
         super().__init__(config, context)
@@ -133,8 +141,10 @@ class VLLMRolloutEngine(RolloutEngine):
         self._weight_shapes: dict[str, tuple[int, ...]] = {}
         """The full shape of each weight of the last update (names ``weight_fingerprints``
         can read back)."""
-        args = engine_args(config, recipe, self.device_name, self.dtype_name)
+        args = engine_args(config, recipe, self.device_name, self.dtype_name, context.engine_span)
         args.setdefault("worker_extension_cls", WORKER_EXTENSION)
+        if context.engine_span is not None:
+            os.environ.update(cross_node_environment(context.engine_span))
         if self.device_name == "cpu":
             applied = set_cpu_environment()
             if applied:

@@ -10,8 +10,14 @@ import torch
 
 from plugrl.config.structuring import structure
 from plugrl.errors import PluginError, RecipeError
+from plugrl.parts.context import EngineSpan, SpanNode
 from plugrl.parts.rollout import SamplingParams
-from plugrl_vllm.config import VLLMRolloutConfig, engine_args, resolve_weight_route
+from plugrl_vllm.config import (
+    VLLMRolloutConfig,
+    cross_node_environment,
+    engine_args,
+    resolve_weight_route,
+)
 from plugrl_vllm.sampling import sampling_kwargs
 from plugrl_vllm.worker import FusedGroups, layer_of, weight_plan
 
@@ -76,6 +82,33 @@ def test_colocated_engines_of_several_devices_on_ray_start_their_own_workers(plu
         VLLMRolloutConfig(tensor_model_parallel_size=2, colocate=False),
     ):
         assert "distributed_executor_backend" not in engine_args(other, recipe, "cuda", "bfloat16")
+
+
+def test_an_engine_over_two_nodes_runs_its_workers_through_vllms_ray_executor(plugrl_recipe):
+    """tp 4 over two nodes of two devices, sharing them with the actor's ranks: vLLM's Ray
+    executor places rank i on the span's i-th bundle, each asking for the engine's half."""
+    recipe = plugrl_recipe(
+        {
+            "model": {"path": "/models/tiny"},
+            "cluster": {"mode": "ray"},
+            "trainer": {"nnodes": 2, "n_gpus_per_node": 2},
+        }
+    )
+    span = EngineSpan(
+        nodes=(
+            SpanNode(node_id="a", bundles=(4, 5), devices=("0", "1")),
+            SpanNode(node_id="b", bundles=(6, 7), devices=("0", "1")),
+        ),
+        device_share=0.5,
+    )
+    config = VLLMRolloutConfig(tensor_model_parallel_size=4)
+    args = engine_args(config, recipe, "cuda", "bfloat16", span)
+    assert args["distributed_executor_backend"] == "ray"
+    assert args["tensor_parallel_size"] == 4
+    assert cross_node_environment(span) == {
+        "VLLM_RAY_BUNDLE_INDICES": "4,5,6,7",
+        "VLLM_RAY_PER_WORKER_GPUS": "0.5",
+    }
 
 
 def test_cpu_defaults_run_eagerly_without_sleep_mode(recipe_with):
