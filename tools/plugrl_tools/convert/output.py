@@ -16,7 +16,7 @@ from plugrl.plugin.manager import PluginManager
 from plugrl.plugin.registry import KNOWN_EXTERNAL, PART_KINDS
 from plugrl.recipe.build import build_recipe
 from plugrl.recipe.composition import normalize_shorthand
-from plugrl_tools.convert.verl import CATEGORIES, Conversion
+from plugrl_tools.convert.verl import CATEGORIES, PLACEHOLDER_TITLE, Conversion
 from plugrl_tools.paths import missing_files
 
 
@@ -152,7 +152,10 @@ def report(conversion: Conversion, validation: Validation, recipe_name: str) -> 
         elif items:
             lines.append(f"{title} ({len(items)}):")
             lines += [f"  line {u.line}: {u.override}: {u.reason}" for u in items]
-    if any("is not set in the script" in u.reason for u in unmapped):
+    if conversion.placeholders:
+        lines.append(f"{PLACEHOLDER_TITLE} ({len(conversion.placeholders)}):")
+        lines += [f"  line {u.line}: {u.override}: {u.reason}" for u in conversion.placeholders]
+    if any("is not set in the script" in u.reason for u in [*unmapped, *conversion.placeholders]):
         lines.append("  (give variables the script does not set with --env NAME=VALUE)")
     if conversion.notes:
         lines.append("notes:")
