@@ -1508,3 +1508,18 @@ def test_the_uv_launcher_and_vision_keys_in_the_report(plugrl_plugin_manager):
         "data.image_patch_size=16 (line 8)"
     ) in lines
     assert 'line 2: if [ "${DEVICE:-gpu}" = gpu ] is true' in conversion.notes
+
+
+def test_offload_policy_is_the_fsdp2_offload(plugrl_plugin_manager):
+    both = convert(
+        "actor_rollout_ref.actor.fsdp_config.offload_policy=True",
+        "actor_rollout_ref.actor.fsdp_config.param_offload=True",
+    )
+    assert both.recipe["actor"]["param_offload"] is True
+    assert both.unmapped == []
+    # alone it disagrees with plugrl's default, which the report says it keeps
+    alone = convert("actor_rollout_ref.actor.fsdp_config.offload_policy=True")
+    assert (
+        "FSDP2's CPU-offload policy"
+        in (unmapped(alone, "dropped")["actor_rollout_ref.actor.fsdp_config.offload_policy=True"])
+    )

@@ -199,6 +199,16 @@ SHARED = {
         "actor_rollout_ref.actor.fsdp_config.model_dtype",
         "plugrl's fsdp2 backend computes in model.dtype",
     ),
+    # verl's fsdp2 strategy with offload_policy wraps the model with FSDP2's CPU-offload
+    # policy, which is what plugrl's fsdp2 param_offload does
+    "actor_rollout_ref.actor.fsdp_config.offload_policy": (
+        "actor_rollout_ref.actor.fsdp_config.param_offload",
+        "plugrl's fsdp2 param_offload is FSDP2's CPU-offload policy, verl's offload_policy",
+    ),
+    "actor_rollout_ref.ref.fsdp_config.offload_policy": (
+        "actor_rollout_ref.ref.fsdp_config.param_offload",
+        "plugrl's fsdp2 param_offload is FSDP2's CPU-offload policy, verl's offload_policy",
+    ),
     "data.trust_remote_code": (
         "actor_rollout_ref.model.trust_remote_code",
         "plugrl loads the tokenizer with the model's trust_remote_code",
@@ -491,11 +501,6 @@ NEUTRAL = {
     "actor_rollout_ref.actor.optim.optimizer": (
         ("AdamW", "adamw"),
         "plugrl's optimizer is AdamW",
-    ),
-    "actor_rollout_ref.actor.fsdp_config.offload_policy": (
-        False,
-        "plugrl's fsdp2 backend has no FSDP2 CPU-offload policy (actor.param_offload moves "
-        "the state between steps instead)",
     ),
     "actor_rollout_ref.rollout.ignore_eos": (
         False,
