@@ -1397,6 +1397,16 @@ def test_infrastructure_settings_are_dropped_with_their_reason(plugrl_plugin_man
     assert "the same samples" in dropped["actor_rollout_ref.rollout.expert_parallel_size=32"]
     assert "stops the run with a timeout error" in dropped["actor_rollout_ref.nccl_timeout=7200"]
     # another buffer dtype than verl's default would change the numbers: not dropped
+    lower = convert(
+        "+actor_rollout_ref.actor.optim.override_optimizer_config.use_precision_aware_optimizer=True",
+        "actor_rollout_ref.actor.optim.exp_avg_dtype=bf16",
+    )
+    assert (
+        "exp_avg_dtype=bf16"
+        in unmapped(lower, "unknown")[
+            "+actor_rollout_ref.actor.optim.override_optimizer_config.use_precision_aware_optimizer=True"
+        ]
+    )
     other = convert("+actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype=bf16")
     assert set(unmapped(other, "unknown")) == {
         "+actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype=bf16"

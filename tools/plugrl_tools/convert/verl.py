@@ -417,11 +417,6 @@ DROPPED.update(
             "memory; plugrl keeps them (model.enable_gradient_checkpointing recomputes them "
             "instead): the same gradients"
         ),
-        "actor_rollout_ref.actor.optim.override_optimizer_config.use_precision_aware_optimizer": (
-            "Megatron's precision-aware optimizer at verl's fp32 gradient and Adam-moment "
-            "dtypes (the script sets no others): TransformerEngine's fused Adam, the same "
-            "update; plugrl-megatron uses Megatron's own"
-        ),
         "actor_rollout_ref.actor.megatron.use_megatron_fsdp": (
             "Megatron-FSDP shards the weights, gradients and optimizer state over the "
             "data-parallel ranks (memory); plugrl-megatron shards the optimizer state "
@@ -444,6 +439,13 @@ DROPPED.update(
         ),
     }
 )
+
+_PRECISION_AWARE = (
+    "actor_rollout_ref.actor.optim.override_optimizer_config.use_precision_aware_optimizer"
+)
+_STATE_DTYPES = (".main_grads_dtype", ".exp_avg_dtype", ".exp_avg_sq_dtype")
+"""verl's (and Megatron's) dtypes of the gradients and Adam's moments under the precision-aware
+optimizer, under ``actor.optim`` or its ``override_optimizer_config``."""
 
 _PROFILER = (
     "verl's profiler (traces of chosen steps, for speed work): it records and changes nothing "
@@ -1881,6 +1883,26 @@ class _Converter:
                 "Face weights (NVIDIA's Megatron-Bridge); plugrl-megatron builds it with its own "
                 "conversion, the same weights, for the model types it converts (it stops at "
                 "start-up, naming the model type, for another)",
+            )
+        if key == _PRECISION_AWARE:
+            # it only lets Megatron keep gradients and Adam's moments below fp32; at fp32 (verl's
+            # default, and Megatron's) the update is the same
+            lower = [
+                f"{name}={given[name]}"
+                for name in given
+                if name.endswith(_STATE_DTYPES) and given[name] not in ("fp32", "float32")
+            ]
+            if not lower:
+                return _Skip(
+                    "dropped",
+                    "Megatron's precision-aware optimizer with fp32 gradients and Adam moments "
+                    "(verl's default dtypes; the script sets no others): TransformerEngine's "
+                    "fused Adam, the same update; plugrl-megatron runs Megatron's own",
+                )
+            return _Skip(
+                "unknown",
+                f"Megatron's precision-aware optimizer keeping optimizer state below fp32 "
+                f"({', '.join(lower)}); plugrl-megatron keeps it in fp32",
             )
         if key == "actor_rollout_ref.model.use_remove_padding" and (
             self.chosen.get("training_backends") == "megatron"
