@@ -1390,6 +1390,9 @@ def test_infrastructure_settings_are_dropped_with_their_reason(plugrl_plugin_man
         "+actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype=fp32",
         "data.dataloader_num_workers=8",
         "actor_rollout_ref.actor.megatron.use_megatron_fsdp=True",
+        "actor_rollout_ref.model.use_liger=True",
+        "reward_model.use_reward_loop=True",
+        "reward_model.num_workers=8",
     )
     dropped = unmapped(conversion, "dropped")
     assert set(unmapped(conversion)) == set(dropped)

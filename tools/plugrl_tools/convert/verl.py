@@ -182,6 +182,8 @@ ALIASES = {
     "algorithm.rollout_is_batch_normalize": (
         "algorithm.rollout_correction.rollout_is_batch_normalize"
     ),
+    # verl 0.7's count of reward-loop workers, reward.num_workers since
+    "reward_model.num_workers": "reward.num_workers",
     # older verl's reward model batch size (per step, split over its workers)
     "reward_model.micro_batch_size": "reward_model.micro_batch_size_per_gpu",
 }
@@ -424,6 +426,14 @@ DROPPED.update(
         ),
         "actor_rollout_ref.ref.megatron.use_megatron_fsdp": (
             "Megatron-FSDP shards the reference model's weights (memory): the same log-probs"
+        ),
+        "reward_model.use_reward_loop": (
+            "verl 0.7's choice between its reward loop and its older in-trainer scoring, which "
+            "call the same reward function; plugrl scores with its reward manager"
+        ),
+        "actor_rollout_ref.model.use_liger": (
+            "Liger's fused kernels (norm, activation, rotary embedding, loss) in place of the "
+            "model's own: the same functions; plugrl runs the model's own"
         ),
         # what verl writes into a checkpoint, and how strictly it reads one back
         "actor_rollout_ref.actor.checkpoint.save_contents": (
