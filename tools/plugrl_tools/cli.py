@@ -580,8 +580,9 @@ def convert_verl(script: str, output: str | None, env: tuple[str, ...], force: b
     FILE. The report goes to stderr: every override not converted, grouped by why
     (unknown to plugrl, a key of a part not installed here such as plugrl-megatron
     or plugrl-vllm, dropped because plugrl does it differently, a value that cannot
-    be resolved without running the script, a value plugrl does not accept), then
-    notes, then whether the recipe validates here. Parts the recipe chooses that are
+    be resolved without running the script, a value plugrl does not accept), the
+    paths and run names written with a placeholder (<RAY_DATA_HOME>/...) to fill in,
+    then notes, then whether the recipe validates here. Parts the recipe chooses that are
     not installed here are named, and the rest is validated without them.
 
     \b

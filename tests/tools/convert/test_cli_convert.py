@@ -131,14 +131,22 @@ def test_convert_to_stdout_with_env(tmp_path):
 
 
 def test_unresolved_variables_point_to_env(tmp_path):
-    script = write_script(tmp_path, "actor_rollout_ref.model.path=$MODEL")
+    script = write_script(
+        tmp_path, "data.train_batch_size=$BATCH", "data.train_files=$DATA/train.parquet"
+    )
     result = plugrl("convert", "verl", script, cwd=tmp_path)
     assert result.returncode == 0
-    assert result.stderr.splitlines()[1:4] == [
+    assert result.stderr.splitlines()[1:6] == [
         "value unresolvable (1):",
-        "  line 2: actor_rollout_ref.model.path=$MODEL: $MODEL is not set in the script",
+        "  line 2: data.train_batch_size=$BATCH: $BATCH is not set in the script",
+        "in the recipe with a placeholder to fill in (1):",
+        "  line 3: data.train_files=<DATA>/train.parquet: a path to fill in ($DATA is not set in "
+        "the script)",
         "  (give variables the script does not set with --env NAME=VALUE)",
     ]
+    assert "train_files: [<DATA>/train.parquet]" in result.stdout
+    assert "files not found here" not in result.stderr
+    assert "# Fill in before running: data.train_files" in result.stdout
 
 
 def test_a_recipe_that_does_not_validate_is_written_and_the_key_named(tmp_path):

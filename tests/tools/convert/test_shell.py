@@ -411,3 +411,14 @@ def test_env_stands_for_what_a_command_would_set():
     result = read_script(script, {"device_name": "cuda"})
     assert result.variables["X"] == "1"
     assert any(note.startswith("line 1: $device_name is set by something") for note in result.notes)
+
+
+def test_an_unresolved_value_shows_as_far_as_it_expands():
+    found = variables(
+        'ROOT=$(cd "$(dirname "$0")" && pwd)\nDATA=$RAY_DATA_HOME/data\nFILE="${DATA}/a.parquet"\n'
+        "TAG=run_$(date +%s)\nF2=$ROOT/b.py"
+    )
+    assert found["FILE"].shown == "$RAY_DATA_HOME/data/a.parquet"
+    assert found["TAG"].shown == "run_$(date +%s)"
+    # a variable that is only a command that is not run shows as its name
+    assert found["F2"].shown == "$ROOT/b.py"

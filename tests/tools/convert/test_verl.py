@@ -592,7 +592,7 @@ def test_engine_keys_with_the_hf_engine(plugrl_plugin_manager):
             "unresolved",
             "'${data.x}' is a Hydra interpolation, which reads verl's own config; write the value",
         ),
-        ("actor_rollout_ref.model.path=$MODEL", "unresolved", "$MODEL is not set in the script"),
+        ("data.train_batch_size=$BATCH", "unresolved", "$BATCH is not set in the script"),
         (
             "data.truncation=sideways",
             "invalid",
@@ -1323,7 +1323,7 @@ def test_model_engine_chooses_the_backend(plugrl_plugin_manager):
 @pytest.mark.parametrize(
     ("choice", "own_key"),
     [
-        ("model_engine=veomni", "actor_rollout_ref.actor.veomni.expert_parallel_size=8"),
+        ("model_engine=veomni", "actor_rollout_ref.actor.veomni.router_replay.mode=R3"),
         (
             "actor_rollout_ref.actor.strategy=fsdp_turbo",
             (
@@ -1335,9 +1335,122 @@ def test_model_engine_chooses_the_backend(plugrl_plugin_manager):
 def test_fsdp2_like_engines_train_with_fsdp2_and_say_so(plugrl_plugin_manager, choice, own_key):
     conversion = convert(choice, own_key)
     assert conversion.recipe.get("actor", {}).get("backend", "fsdp2") == "fsdp2"
-    plugin = unmapped(conversion, "plugin")
-    assert set(plugin) == {choice, own_key}
-    assert "the recipe trains with actor.backend fsdp2" in plugin[choice]
+    # the choice of engine is reported, not lost; a setting of its own that changes what is
+    # trained (router replay) is
+    assert "the recipe trains with actor.backend fsdp2" in unmapped(conversion, "dropped")[choice]
+    assert set(unmapped(conversion, "plugin")) == {own_key}
+
+
+def test_settings_of_fsdp2_like_engines_that_train_the_same(plugrl_plugin_manager):
+    veomni = convert(
+        "model_engine=veomni",
+        "actor_rollout_ref.actor.veomni.expert_parallel_size=8",
+        "actor_rollout_ref.actor.veomni.attn_implementation=flash_attention_2",
+        "actor_rollout_ref.actor.veomni.moe_implementation=fused_triton",
+        "actor_rollout_ref.actor.veomni.enable_full_shard=True",
+    )
+    assert set(unmapped(veomni)) == set(unmapped(veomni, "dropped"))
+    assert "shards every expert's weights over all ranks" in "".join(unmapped(veomni).values())
+    partial = convert(
+        "model_engine=veomni", "actor_rollout_ref.actor.veomni.enable_full_shard=False"
+    )
+    assert set(unmapped(partial, "plugin")) == {
+        "actor_rollout_ref.actor.veomni.enable_full_shard=False"
+    }
+    titan = convert(
+        "model_engine=torchtitan",
+        "actor_rollout_ref.actor.torchtitan.param_offload=True",
+        "actor_rollout_ref.actor.torchtitan.tensor_parallel_size=2",
+        "actor_rollout_ref.actor.optim.min_lr_factor=1.0",
+    )
+    assert titan.recipe["actor"]["param_offload"] is True
+    assert set(unmapped(titan, "plugin")) == {
+        "actor_rollout_ref.actor.torchtitan.tensor_parallel_size=2"
+    }
+    assert "min_lr_factor=1.0" in "".join(unmapped(titan, "dropped"))
+    assert set(unmapped(convert("actor_rollout_ref.actor.optim.min_lr_factor=0.1"), "unknown")) == {
+        "actor_rollout_ref.actor.optim.min_lr_factor=0.1"
+    }
+
+
+def test_infrastructure_settings_are_dropped_with_their_reason(plugrl_plugin_manager):
+    conversion = convert(
+        "global_profiler.tool=torch",
+        "global_profiler.steps=[1,2]",
+        "actor_rollout_ref.actor.profiler.enable=True",
+        "actor_rollout_ref.rollout.profiler.tool_config.torch.contents=[cpu,cuda]",
+        "actor_rollout_ref.rollout.data_parallel_size=4",
+        "actor_rollout_ref.rollout.expert_parallel_size=32",
+        "actor_rollout_ref.rollout.cudagraph_capture_sizes=[8,16]",
+        "actor_rollout_ref.actor.fsdp_config.forward_prefetch=True",
+        "actor_rollout_ref.model.enable_activation_offload=True",
+        "actor_rollout_ref.nccl_timeout=7200",
+        "actor_rollout_ref.actor.checkpoint.save_contents=[model]",
+        "+actor_rollout_ref.actor.optim.override_optimizer_config.use_precision_aware_optimizer=True",
+        "+actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype=fp32",
+        "data.dataloader_num_workers=8",
+        "actor_rollout_ref.actor.megatron.use_megatron_fsdp=True",
+        "actor_rollout_ref.model.use_liger=True",
+        "reward_model.use_reward_loop=True",
+        "reward_model.num_workers=8",
+    )
+    dropped = unmapped(conversion, "dropped")
+    assert set(unmapped(conversion)) == set(dropped)
+    assert "records and changes nothing that is trained" in dropped["global_profiler.tool=torch"]
+    assert "the same samples" in dropped["actor_rollout_ref.rollout.expert_parallel_size=32"]
+    assert "stops the run with a timeout error" in dropped["actor_rollout_ref.nccl_timeout=7200"]
+    # another buffer dtype than verl's default would change the numbers: not dropped
+    lower = convert(
+        "+actor_rollout_ref.actor.optim.override_optimizer_config.use_precision_aware_optimizer=True",
+        "actor_rollout_ref.actor.optim.exp_avg_dtype=bf16",
+    )
+    assert (
+        "exp_avg_dtype=bf16"
+        in unmapped(lower, "unknown")[
+            "+actor_rollout_ref.actor.optim.override_optimizer_config.use_precision_aware_optimizer=True"
+        ]
+    )
+    other = convert("+actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype=bf16")
+    assert set(unmapped(other, "unknown")) == {
+        "+actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype=bf16"
+    }
+
+
+def test_megatron_bridge_is_dropped_without_lora_and_min_lr_is_a_ratio(plugrl_plugin_manager):
+    conversion = convert(
+        "actor_rollout_ref.actor.megatron.vanilla_mbridge=False",
+        "actor_rollout_ref.actor.optim.lr=2e-6",
+        "actor_rollout_ref.actor.optim.min_lr=1e-6",
+    )
+    assert (
+        "the same weights"
+        in unmapped(conversion, "dropped")["actor_rollout_ref.actor.megatron.vanilla_mbridge=False"]
+    )
+    assert conversion.recipe["actor"]["optim"]["min_lr_ratio"] == pytest.approx(0.5)
+    lora = convert(
+        "actor_rollout_ref.actor.megatron.vanilla_mbridge=False",
+        "actor_rollout_ref.model.lora_rank=8",
+    )
+    assert "actor_rollout_ref.actor.megatron.vanilla_mbridge=False" not in unmapped(lora, "dropped")
+
+
+def test_paths_and_run_names_the_script_cannot_give_are_placeholders(plugrl_plugin_manager):
+    conversion = convert(
+        "data.train_files=$RAY_DATA_HOME/data/train.parquet",
+        "trainer.experiment_name=run_$(date +%s)",
+        "data.train_batch_size=$BATCH",
+    )
+    assert conversion.recipe["data"]["train_files"] == ["<RAY_DATA_HOME>/data/train.parquet"]
+    assert conversion.recipe["trainer"]["experiment_name"] == "run_$(date +%s)"
+    assert [p.override for p in conversion.placeholders] == [
+        "data.train_files=<RAY_DATA_HOME>/data/train.parquet",
+        "trainer.experiment_name=run_$(date +%s)",
+    ]
+    assert "a path to fill in" in conversion.placeholders[0].reason
+    assert "only labels the run" in conversion.placeholders[1].reason
+    # a setting that is not a path or a label stays unresolved: not clean
+    assert set(unmapped(conversion, "unresolved")) == {"data.train_batch_size=$BATCH"}
+    assert any("Fill in before running: data.train_files" in c for c in conversion.comments)
 
 
 def test_the_reward_block_of_verl_0_8(plugrl_plugin_manager):
@@ -1408,3 +1521,18 @@ def test_the_uv_launcher_and_vision_keys_in_the_report(plugrl_plugin_manager):
         "data.image_patch_size=16 (line 8)"
     ) in lines
     assert 'line 2: if [ "${DEVICE:-gpu}" = gpu ] is true' in conversion.notes
+
+
+def test_offload_policy_is_the_fsdp2_offload(plugrl_plugin_manager):
+    both = convert(
+        "actor_rollout_ref.actor.fsdp_config.offload_policy=True",
+        "actor_rollout_ref.actor.fsdp_config.param_offload=True",
+    )
+    assert both.recipe["actor"]["param_offload"] is True
+    assert both.unmapped == []
+    # alone it disagrees with plugrl's default, which the report says it keeps
+    alone = convert("actor_rollout_ref.actor.fsdp_config.offload_policy=True")
+    assert (
+        "FSDP2's CPU-offload policy"
+        in (unmapped(alone, "dropped")["actor_rollout_ref.actor.fsdp_config.offload_policy=True"])
+    )

@@ -10,8 +10,12 @@ not installed, and without looking for the scripts' data files. A recipe that fa
 a layout plugrl does not run yet is counted under "needs <feature>", and validated again with
 that setting at what plugrl runs today, so that the table shows what each feature would add.
 
-A clean conversion leaves nothing unmapped but settings dropped on purpose (each with its line
-in the report). ``pytest -s tests/tools/convert/test_verl_corpus.py`` prints the tables.
+A clean conversion leaves nothing unmapped but settings dropped on purpose, each with its line
+in the report (infrastructure with no effect on what is trained: a profiler, an engine's layout
+or kernels); a path the script builds from a variable it does not set, or a run name with
+``$(date)``, is in the recipe as a placeholder with its own line, and does not keep it from being
+clean (docs/migrating-from-verl.md gives the rule). ``pytest -s
+tests/tools/convert/test_verl_corpus.py`` prints the tables.
 """
 
 from __future__ import annotations
@@ -41,17 +45,18 @@ INHERITED = {"HOME": "/home/user", "USER": "user", "PWD": "/home/user/verl"}
 
 # measured on this corpus; raise them as the converter and plugrl learn more
 WRITTEN = 362
-CLEAN = 154
+CLEAN = 225
 VALIDATE = 349
 VALIDATE_WITH_FEATURES = 349
 
-# measured on verl's current scripts (100); the targets are 90% validating and 50% clean: the
-# clean share is below its target (docs/migrating-from-verl.md says what keeps the rest from it)
+# measured on verl's current scripts (100); the targets are 90% validating and 50% clean
+# (docs/migrating-from-verl.md says what keeps the rest from clean)
 CURRENT_SCRIPTS = 100
 CURRENT_WRITTEN = 98
-CURRENT_CLEAN = 28
+CURRENT_CLEAN = 58
 CURRENT_VALIDATE = 97
 CURRENT_VALIDATE_TARGET = 0.90
+CURRENT_CLEAN_TARGET = 0.50
 CURRENT_ENV = {"DEVICE": "gpu"}
 """The current scripts choose their settings in ``case "${DEVICE}"`` blocks, most with a
 default that probes the machine (``$(python3 -c 'import torch_npu' ...)``): converted with
@@ -172,8 +177,8 @@ def test_verl_scripts_convert_and_validate(plugrl_make_plugin_manager, accelerat
 
 def test_current_verl_scripts(plugrl_make_plugin_manager, accelerator_stubs):
     """verl's current scripts (V1 trainer, case blocks, model_engine, uv, the reward block):
-    the share that validates meets its target; recipes written and clean conversions do not
-    fall below what was measured."""
+    the shares that validate and that convert clean meet their targets; recipes written and
+    clean conversions do not fall below what was measured."""
     counts = _measure(CURRENT, plugrl_make_plugin_manager(), CURRENT_ENV)
     scripts = counts["scripts"]
     assert scripts == CURRENT_SCRIPTS, "fixtures/verl-current/SOURCES lists 100 scripts"
@@ -182,6 +187,7 @@ def test_current_verl_scripts(plugrl_make_plugin_manager, accelerator_stubs):
         f"clean {counts['clean'] / scripts:.0%} of {scripts}"
     )
     assert counts["validate"] / scripts >= CURRENT_VALIDATE_TARGET
+    assert counts["clean"] / scripts >= CURRENT_CLEAN_TARGET
     assert counts["written"] >= CURRENT_WRITTEN
     assert counts["clean"] >= CURRENT_CLEAN
     assert counts["validate"] >= CURRENT_VALIDATE

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import re
 import textwrap
 from typing import Any
 
@@ -16,8 +17,11 @@ from plugrl.plugin.manager import PluginManager
 from plugrl.plugin.registry import KNOWN_EXTERNAL, PART_KINDS
 from plugrl.recipe.build import build_recipe
 from plugrl.recipe.composition import normalize_shorthand
-from plugrl_tools.convert.verl import CATEGORIES, Conversion
+from plugrl_tools.convert.verl import CATEGORIES, PLACEHOLDER_TITLE, Conversion
 from plugrl_tools.paths import missing_files
+
+_PLACEHOLDER = re.compile(r"<[A-Za-z_][A-Za-z0-9_]*>")
+"""A variable the script does not set, in a path the recipe holds as a placeholder."""
 
 
 class _Dumper(yaml.SafeDumper):
@@ -152,7 +156,10 @@ def report(conversion: Conversion, validation: Validation, recipe_name: str) -> 
         elif items:
             lines.append(f"{title} ({len(items)}):")
             lines += [f"  line {u.line}: {u.override}: {u.reason}" for u in items]
-    if any("is not set in the script" in u.reason for u in unmapped):
+    if conversion.placeholders:
+        lines.append(f"{PLACEHOLDER_TITLE} ({len(conversion.placeholders)}):")
+        lines += [f"  line {u.line}: {u.override}: {u.reason}" for u in conversion.placeholders]
+    if any("is not set in the script" in u.reason for u in [*unmapped, *conversion.placeholders]):
         lines.append("  (give variables the script does not set with --env NAME=VALUE)")
     if conversion.notes:
         lines.append("notes:")
@@ -160,8 +167,12 @@ def report(conversion: Conversion, validation: Validation, recipe_name: str) -> 
     if validation.warnings:
         lines.append("warnings of plugrl's recipe checks:")
         lines += [f"  {warning}" for warning in validation.warnings]
-    if validation.missing_files:
-        named = "; ".join(f"{key}: {path}" for key, path in validation.missing_files)
+    # a placeholder's file is missing by design: its own line above says to fill it in
+    missing_files = [
+        (key, path) for key, path in validation.missing_files if not _PLACEHOLDER.search(path)
+    ]
+    if missing_files:
+        named = "; ".join(f"{key}: {path}" for key, path in missing_files)
         lines.append(
             f"files not found here: {named} (plugrl run --print-config checks them where it runs)"
         )

@@ -43,6 +43,9 @@ class Unresolved:
     """A value the converter cannot know without running the script."""
 
     reason: str
+    shown: str = attrs.field(default="", eq=False)
+    """The value as far as it expands, each expansion that does not written as in the script
+    (``$RAY_DATA_HOME/data/train.parquet``); empty: the expansion's own source."""
 
 
 Value = Union[str, Unresolved]  # noqa: UP007 (a runtime alias on Python 3.10)
@@ -589,6 +592,27 @@ def _assignment(word: _RawWord) -> tuple[str, bool, tuple[object, ...]] | None:
     return match.group(1), bool(match.group(2)), value
 
 
+def _shown(value: Unresolved, part: object) -> str:
+    """How an expansion that does not resolve is shown in its word: as far as it expands
+    (``$RAY_DATA_HOME/data``), or as written where that is only a command that is not run
+    (``$REPO_ROOT`` for ``REPO_ROOT=$(cd ... && pwd)``: the name says more than the command)."""
+    source: str = part.source  # type: ignore[attr-defined]
+    shown = value.shown
+    if not shown or (shown.startswith("$(") and shown.endswith(")") and _one_command(shown)):
+        return source
+    return shown
+
+
+def _one_command(text: str) -> bool:
+    """Whether ``text`` (``$(...)``) is one command substitution, not two side by side."""
+    depth = 0
+    for i, char in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth == 0 and i < len(text) - 1 and i > 0:
+            return False
+    return True
+
+
 class _Evaluator:
     def __init__(self, env: Mapping[str, str], inherited: Mapping[str, str]) -> None:
         self.variables: dict[str, Value] = {**inherited, **env}
@@ -925,7 +949,7 @@ class _Evaluator:
         # $NAME of an array is its first element
         first = words[0] if words else None
         self.variables[name] = (
-            Unresolved("; ".join(first.unresolved))
+            Unresolved("; ".join(first.unresolved), first.text)
             if first and first.unresolved
             else first.text
             if first
@@ -999,7 +1023,7 @@ class _Evaluator:
             elif isinstance(part, (_Param, _Arith)):
                 value = self._param(part) if isinstance(part, _Param) else self._arith(part)
                 if isinstance(value, Unresolved):
-                    chunks.append((part.source, False, (value.reason,)))
+                    chunks.append((_shown(value, part), False, (value.reason,)))
                 else:
                     chunks.append((value, not part.quoted, ()))
         return chunks
@@ -1009,7 +1033,7 @@ class _Evaluator:
         chunks = self._chunks(parts)
         reasons = list(dict.fromkeys(reason for chunk in chunks for reason in chunk[2]))
         if reasons:
-            return Unresolved("; ".join(reasons))
+            return Unresolved("; ".join(reasons), "".join(chunk[0] for chunk in chunks))
         return "".join(chunk[0] for chunk in chunks)
 
     def _expand(self, raw: _RawWord) -> list[Word]:

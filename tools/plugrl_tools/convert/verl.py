@@ -73,6 +73,18 @@ CATEGORIES = {
 }
 """Why an override was not mapped, in the order the report lists them."""
 
+PLACEHOLDER_TITLE = "in the recipe with a placeholder to fill in"
+
+RUN_LABELS = ("trainer.experiment_name", "trainer.project_name")
+"""Names that only label a run: built from ``$(date)`` or a variable the script does not set,
+they keep the unexpanded part as written (a run names its folder and its logger's run with
+them; what it trains does not change)."""
+
+_PATH_KEY = re.compile(r"(^|[._])(path|files|dir)$")
+"""verl keys whose value is a path (``model.path``, ``data.train_files``,
+``trainer.default_local_dir``): one the script builds from a variable it does not set (a
+cluster's ``$RAY_DATA_HOME``) keeps that variable as written, for the user to fill in."""
+
 # --------------------------------------------------------------------------------- rules
 # Beyond the verl names the options declare: where verl's layout differs from plugrl's.
 
@@ -130,6 +142,16 @@ ALIASES = {
     ),
     "actor_rollout_ref.actor.veomni.fsdp_size": "actor_rollout_ref.actor.fsdp_config.fsdp_size",
     "actor_rollout_ref.ref.veomni.param_offload": "actor_rollout_ref.ref.fsdp_config.param_offload",
+    # TorchTitan's offload switches, which mean what FSDP's do
+    "actor_rollout_ref.actor.torchtitan.param_offload": (
+        "actor_rollout_ref.actor.fsdp_config.param_offload"
+    ),
+    "actor_rollout_ref.actor.torchtitan.optimizer_offload": (
+        "actor_rollout_ref.actor.fsdp_config.optimizer_offload"
+    ),
+    "actor_rollout_ref.ref.torchtitan.param_offload": (
+        "actor_rollout_ref.ref.fsdp_config.param_offload"
+    ),
     # the critic's engine config of verl 0.8 (critic.fsdp.*, as the actor's fsdp_config)
     "critic.fsdp.": "critic.model.fsdp_config.",
     # the nested LoRA block of verl 0.8 (model.lora.*), the flat keys' newer names
@@ -161,6 +183,8 @@ ALIASES = {
     "algorithm.rollout_is_batch_normalize": (
         "algorithm.rollout_correction.rollout_is_batch_normalize"
     ),
+    # verl 0.7's count of reward-loop workers, reward.num_workers since
+    "reward_model.num_workers": "reward.num_workers",
     # older verl's reward model batch size (per step, split over its workers)
     "reward_model.micro_batch_size": "reward_model.micro_batch_size_per_gpu",
 }
@@ -177,6 +201,16 @@ SHARED = {
     "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype": (
         "actor_rollout_ref.actor.fsdp_config.model_dtype",
         "plugrl's fsdp2 backend computes in model.dtype",
+    ),
+    # verl's fsdp2 strategy with offload_policy wraps the model with FSDP2's CPU-offload
+    # policy, which is what plugrl's fsdp2 param_offload does
+    "actor_rollout_ref.actor.fsdp_config.offload_policy": (
+        "actor_rollout_ref.actor.fsdp_config.param_offload",
+        "plugrl's fsdp2 param_offload is FSDP2's CPU-offload policy, verl's offload_policy",
+    ),
+    "actor_rollout_ref.ref.fsdp_config.offload_policy": (
+        "actor_rollout_ref.ref.fsdp_config.param_offload",
+        "plugrl's fsdp2 param_offload is FSDP2's CPU-offload policy, verl's offload_policy",
     ),
     "data.trust_remote_code": (
         "actor_rollout_ref.model.trust_remote_code",
@@ -338,6 +372,110 @@ DROPPED = {
 }
 """verl keys plugrl covers in its own way, with what it does instead."""
 
+_ENGINE_LAYOUT = (
+    "how verl lays out each inference engine over its devices (data and expert parallelism "
+    "inside one engine); plugrl's engines split the model by tensor parallelism alone "
+    "(rollout.tensor_model_parallel_size): the same samples, from more, smaller engines. A "
+    "model that fits only across the larger layout will not load: plugrl says so at start-up"
+)
+_ENGINE_SPEED = (
+    "a speed or memory setting of verl's inference engine; plugrl's engine runs with its own, "
+    "and samples the same way"
+)
+
+DROPPED.update(
+    {
+        # the engines' layout and speed settings: what they sample does not change
+        "actor_rollout_ref.rollout.data_parallel_size": _ENGINE_LAYOUT,
+        "actor_rollout_ref.rollout.expert_parallel_size": _ENGINE_LAYOUT,
+        "actor_rollout_ref.rollout.moe_tensor_parallel_size": _ENGINE_LAYOUT,
+        "actor_rollout_ref.rollout.cudagraph_capture_sizes": _ENGINE_SPEED,
+        "actor_rollout_ref.rollout.multi_stage_wake_up": (
+            "verl wakes its engine's weights and cache in two stages to lower peak memory; "
+            "plugrl's engines wake as one"
+        ),
+        "actor_rollout_ref.rollout.disable_log_stats": (
+            "whether verl's engine logs its own throughput; plugrl reports generation metrics "
+            "itself"
+        ),
+        "actor_rollout_ref.rollout.agent.num_workers": (
+            "how many processes verl runs its agent loops in; plugrl's agent loops run as "
+            "tasks of the rollout worker: the same trajectories"
+        ),
+        "data.dataloader_num_workers": (
+            "processes verl's data loader reads with; plugrl reads the data in its driver: "
+            "the same batches"
+        ),
+        # training speed and memory: the same gradients
+        "actor_rollout_ref.actor.fsdp_config.forward_prefetch": (
+            "whether FSDP gathers the next layer's weights early (speed); plugrl's fsdp2 "
+            "backend gathers as FSDP2 does by default: the same gradients"
+        ),
+        "actor_rollout_ref.ref.fsdp_config.forward_prefetch": (
+            "whether FSDP gathers the next layer's weights early (speed): no effect on the "
+            "reference log-probs"
+        ),
+        "actor_rollout_ref.model.enable_activation_offload": (
+            "verl moves activations to the CPU between forward and backward to save device "
+            "memory; plugrl keeps them (model.enable_gradient_checkpointing recomputes them "
+            "instead): the same gradients"
+        ),
+        "actor_rollout_ref.actor.megatron.use_megatron_fsdp": (
+            "Megatron-FSDP shards the weights, gradients and optimizer state over the "
+            "data-parallel ranks (memory); plugrl-megatron shards the optimizer state "
+            "(Megatron's distributed optimizer): the same update"
+        ),
+        "actor_rollout_ref.ref.megatron.use_megatron_fsdp": (
+            "Megatron-FSDP shards the reference model's weights (memory): the same log-probs"
+        ),
+        "reward_model.use_reward_loop": (
+            "verl 0.7's choice between its reward loop and its older in-trainer scoring, which "
+            "call the same reward function; plugrl scores with its reward manager"
+        ),
+        "actor_rollout_ref.model.use_liger": (
+            "Liger's fused kernels (norm, activation, rotary embedding, loss) in place of the "
+            "model's own: the same functions; plugrl runs the model's own"
+        ),
+        # what verl writes into a checkpoint, and how strictly it reads one back
+        "actor_rollout_ref.actor.checkpoint.save_contents": (
+            "what verl writes into a checkpoint; plugrl's checkpoints always hold all a "
+            "resume needs (weights, optimizer, random state, data position)"
+        ),
+        "actor_rollout_ref.actor.checkpoint.load_contents": (
+            "what verl reads back from a checkpoint; plugrl resumes from all of it"
+        ),
+        "actor_rollout_ref.actor.checkpoint.strict": (
+            "whether verl's checkpoint loader refuses missing keys; plugrl resumes only from "
+            "its own checkpoints, which have them all"
+        ),
+    }
+)
+
+_PRECISION_AWARE = (
+    "actor_rollout_ref.actor.optim.override_optimizer_config.use_precision_aware_optimizer"
+)
+_STATE_DTYPES = (".main_grads_dtype", ".exp_avg_dtype", ".exp_avg_sq_dtype")
+"""verl's (and Megatron's) dtypes of the gradients and Adam's moments under the precision-aware
+optimizer, under ``actor.optim`` or its ``override_optimizer_config``."""
+
+_PROFILER = (
+    "verl's profiler (traces of chosen steps, for speed work): it records and changes nothing "
+    "that is trained; profile a plugrl run with the accelerator's own tools (nsys, "
+    "torch.profiler, msprof)"
+)
+
+DROPPED_PREFIXES = {
+    "global_profiler.": _PROFILER,
+    "actor_rollout_ref.actor.profiler.": _PROFILER,
+    "actor_rollout_ref.ref.profiler.": _PROFILER,
+    "actor_rollout_ref.rollout.profiler.": _PROFILER,
+    "critic.profiler.": _PROFILER,
+    "reward_model.profiler.": _PROFILER,
+    "reward.reward_model.profiler.": _PROFILER,
+}
+"""verl prefixes whose every key is dropped, with why: infrastructure with no effect on what
+is trained."""
+
 _NO_REJECTION = (
     "plugrl has no rejection sampling against the rollout policy; its correction "
     "(algorithm.rollout_is) weighs tokens, it does not drop them"
@@ -363,14 +501,19 @@ NEUTRAL = {
         "plugrl does not normalise the importance weights over the batch",
     ),
     "trainer.critic_warmup": (0, "plugrl has no critic warm-up"),
+    "actor_rollout_ref.actor.optim.min_lr_factor": (
+        (1.0, 1),
+        "verl's TorchTitan schedule decays the learning rate to min_lr_factor x lr; at 1 it "
+        "stays at lr after warm-up, as plugrl's constant schedule (the recipe's) does",
+    ),
+    "actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype": (
+        ("fp32", "float32"),
+        "verl's default, a setting of FSDP1's mixed precision; plugrl's fsdp2 backend (as "
+        "verl's fsdp2 strategy) leaves the buffers in the dtype the model loads them in",
+    ),
     "actor_rollout_ref.actor.optim.optimizer": (
         ("AdamW", "adamw"),
         "plugrl's optimizer is AdamW",
-    ),
-    "actor_rollout_ref.actor.fsdp_config.offload_policy": (
-        False,
-        "plugrl's fsdp2 backend has no FSDP2 CPU-offload policy (actor.param_offload moves "
-        "the state between steps instead)",
     ),
     "actor_rollout_ref.rollout.ignore_eos": (
         False,
@@ -522,6 +665,50 @@ FSDP_LIKE_ENGINES = {"veomni": "VeOmni", "torchtitan": "TorchTitan", "fsdp_turbo
 as plugrl's default backend does: the recipe keeps fsdp2, and says so. ``fsdp_turbo`` is a
 ``strategy`` of verl's FSDP engine (its settings under ``fsdp_config.turbo_config``), the others
 are ``model_engine`` values."""
+
+_KERNEL = (
+    "which kernel computes {what} in verl's {engine} engine: the same function, another "
+    "implementation; plugrl's fsdp2 backend runs the model's own"
+)
+_EXPERTS = (
+    "how verl's {engine} engine spreads the experts over its ranks; plugrl's fsdp2 backend "
+    "shards every expert's weights over all ranks instead: the same training, laid out "
+    "otherwise"
+)
+
+FOREIGN_ENGINE_SETTINGS: dict[str, tuple[tuple[Any, ...] | None, str]] = {
+    "attn_implementation": (None, _KERNEL.replace("{what}", "attention")),
+    "attn_type": (None, _KERNEL.replace("{what}", "attention")),
+    "moe_implementation": (None, _KERNEL.replace("{what}", "the mixture of experts")),
+    "cross_entropy_loss_implementation": (None, _KERNEL.replace("{what}", "the token loss")),
+    "dsa_indexer_implementation": (None, _KERNEL.replace("{what}", "sparse attention's index")),
+    "dsa_attention_implementation": (None, _KERNEL.replace("{what}", "sparse attention")),
+    "mhc_implementation": (None, _KERNEL.replace("{what}", "the hyper-connections")),
+    "expert_parallel_size": (None, _EXPERTS),
+    "enable_full_shard": (
+        (True,),
+        "{engine} shards every parameter over the ranks, as plugrl's fsdp2 backend does",
+    ),
+    "data_parallel_shard_size": (
+        None,
+        "how many ranks {engine} shards the weights over; plugrl's fsdp2 backend shards them "
+        "over all its ranks (actor.fsdp_config.fsdp_size sets fewer): the same training",
+    ),
+    "tensor_parallel_size": ((1,), "{engine} without tensor parallelism, as plugrl's fsdp2"),
+    "activation_checkpoint": (
+        None,
+        "which activations {engine} recomputes in the backward pass to save memory: the same "
+        "gradients (model.enable_gradient_checkpointing is plugrl's switch)",
+    ),
+    "use_torch_compile": (None, "whether {engine} compiles the model (speed); plugrl does not"),
+    "spmd_backend": (
+        None,
+        "how {engine} expresses its sharding to PyTorch: the same training",
+    ),
+}
+"""The settings of a training engine plugrl trains with fsdp2 instead (see FSDP_LIKE_ENGINES),
+after ``actor.<engine>.``, that do not change what is trained: (the values at which that is so,
+``None``: any; why). The engine's others (router replay) stay unknown."""
 
 STRATEGY_KEYS = (
     "actor_rollout_ref.actor.strategy",
@@ -678,6 +865,11 @@ class Conversion:
     comments: list[str] = attrs.field(factory=list)
     """Lines the written recipe carries as comments under its header: what a reader of the
     recipe alone needs to know about how it differs from the script."""
+    placeholders: list[Unmapped] = attrs.field(factory=list)
+    """Overrides in the recipe with a value the converter cannot know (a path under a variable
+    the script does not set, a run name with ``$(date)``), written as the script spells it:
+    paths to fill in before the run, names that only label it. Their settings are not lost, so
+    they do not keep a conversion from being clean; the report lists each one."""
 
 
 @attrs.frozen
@@ -770,6 +962,7 @@ class _Converter:
         self.chosen: dict[str, Any] = {}
         self.defaults: dict[tuple[str, ...], Any] = {}
         self.unmapped: list[Unmapped] = []
+        self.placeholders: list[Unmapped] = []
         self.notes: list[str] = []
         self.comments: list[str] = []
         self.reward_model = False
@@ -805,6 +998,7 @@ class _Converter:
         parsed = self._v1_trainer(parsed, values)
         self._choose_parts(parsed, values)
         parsed = self._global_micro_batches(parsed)
+        parsed = self._min_lr(parsed)
         if self.chosen["schedulers"] == "fully_async":
             parsed = self._fully_async_keys(parsed)
         parsed = self._distillation_keys(parsed)
@@ -825,6 +1019,15 @@ class _Converter:
         }
         recipe = _assemble(written, self._section_classes())
         total = len(overrides)
+        lost = {unmapped.override for unmapped in self.unmapped}
+        placeholders = [p for p in self.placeholders if p.override not in lost]
+        paths = [p.override.partition("=")[0].lstrip("+") for p in placeholders]
+        paths = [key for key in paths if key not in RUN_LABELS]
+        if paths:
+            self.comments.append(
+                f"Fill in before running: {', '.join(paths)} (paths the script builds from "
+                "variables it does not set, kept as it spells them)."
+            )
         return Conversion(
             source,
             module,
@@ -834,6 +1037,7 @@ class _Converter:
             self.unmapped,
             self.notes,
             self.comments,
+            placeholders,
         )
 
     def _arguments(self, words: tuple[Word, ...]) -> list[Word]:
@@ -896,6 +1100,32 @@ class _Converter:
                 "export what plugrl's run needs before plugrl run"
             )
         self.notes.extend(script.notes)
+
+    def _min_lr(self, parsed: list[tuple[Word, Override]]) -> list[tuple[Word, Override]]:
+        """Megatron's learning-rate floor (``optim.min_lr``, in units of the learning rate) as
+        plugrl's ``min_lr_ratio`` (a fraction of it), where the script gives both ``lr`` and
+        ``min_lr`` and not the ratio itself."""
+        optim = "actor_rollout_ref.actor.optim."
+        given = {override.key: override.value for _, override in parsed}
+        lr = given.get(optim + "lr")
+        out: list[tuple[Word, Override]] = []
+        for word, override in parsed:
+            value = override.value
+            if (
+                override.key == optim + "min_lr"
+                and optim + "min_lr_ratio" not in given
+                and isinstance(value, (int, float))
+                and isinstance(lr, (int, float))
+                and lr > 0
+            ):
+                ratio = value / lr
+                self.notes.append(
+                    f"line {word.line}: {override.key}={value} is a learning rate; as a fraction "
+                    f"of lr={lr} it is min_lr_ratio={ratio:g}"
+                )
+                override = attrs.evolve(override, key=optim + "min_lr_ratio", value=ratio)
+            out.append((word, override))
+        return out
 
     def _global_micro_batches(
         self, parsed: list[tuple[Word, Override]]
@@ -1421,8 +1651,11 @@ class _Converter:
         parsed: dict[str, tuple[Word, Override]] = {}
         for word in words:
             if word.unresolved:
-                self._skip(word, "unresolved", "; ".join(word.unresolved))
-                continue
+                placeholder = self._placeholder(word)
+                if placeholder is None:
+                    self._skip(word, "unresolved", "; ".join(word.unresolved))
+                    continue
+                word = placeholder
             try:
                 override = parse_override(word.text)
             except OverrideError as exc:
@@ -1440,6 +1673,26 @@ class _Converter:
                 )
             parsed[override.key] = (word, override)
         return list(parsed.values())
+
+    def _placeholder(self, word: Word) -> Word | None:
+        """An override the script cannot give a value to, as it goes into the recipe: a path
+        to fill in, or a run's label, with each variable that is not set as ``<NAME>`` (not
+        ``${NAME}``, which reads as an interpolation); noted as such. ``None``: another key,
+        which stays unresolved."""
+        key, _, value = word.text.partition("=")
+        key = key.lstrip("+")
+        why = "; ".join(word.unresolved)
+        if key in RUN_LABELS:
+            reason = f"only labels the run; kept as written ({why})"
+        elif _PATH_KEY.search(key):
+            reason = f"a path to fill in ({why})"
+        else:
+            return None
+        value = re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)[^}]*\}", r"<\1>", value)
+        value = re.sub(r"\$([A-Za-z_][A-Za-z0-9_]*)", r"<\1>", value)
+        shown = attrs.evolve(word, text=f"{word.text.partition('=')[0]}={value}")
+        self.placeholders.append(Unmapped(shown.text, word.line, "placeholder", reason))
+        return shown
 
     # ----------------------------------------------------------- choosing parts
 
@@ -1509,11 +1762,13 @@ class _Converter:
         self.chosen["training_backends"] = "fsdp2"
         self.foreign_engine = engine
         name = FSDP_LIKE_ENGINES[engine]
+        # the choice of engine is reported, not lost: what the engine trains, fsdp2 trains;
+        # each of its own settings is decided on its own (FOREIGN_ENGINE_SETTINGS)
         return _Skip(
-            "plugin",
+            "dropped",
             f"plugrl has no {name} backend; the recipe trains with actor.backend fsdp2, which "
-            f"shards the model with PyTorch's FSDP2 as {name} does (its own settings are left "
-            "out)",
+            f"shards the model with PyTorch's FSDP2 as {name} does (its own settings are "
+            "reported one by one)",
         )
 
     def _choose_reward_model(
@@ -1580,12 +1835,17 @@ class _Converter:
                 or ".fsdp_config.turbo_config." in override.key
             )
         ):
-            self._skip(
-                word,
-                "plugin",
-                f"a key of verl's {FSDP_LIKE_ENGINES[self.foreign_engine]} engine, which plugrl "
-                "does not have (see its model_engine or strategy)",
-            )
+            name = FSDP_LIKE_ENGINES[foreign]
+            setting = FOREIGN_ENGINE_SETTINGS.get(override.key.split(f".{foreign}.", 1)[-1])
+            if setting is not None and (setting[0] is None or override.value in setting[0]):
+                self._skip(word, "dropped", setting[1].replace("{engine}", name))
+            else:
+                self._skip(
+                    word,
+                    "plugin",
+                    f"a key of verl's {name} engine, which plugrl does not have (see its "
+                    "model_engine or strategy)",
+                )
             return
         if _alias(override.key) == REWARD_MODEL_ENABLE:
             if not self.reward_model:  # enabled: reward.manager says so already
@@ -1703,6 +1963,9 @@ class _Converter:
             key = engine_argument
         if key in DROPPED:
             return _Skip("dropped", DROPPED[key])
+        by_prefix = _match(DROPPED_PREFIXES, key)
+        if by_prefix:
+            return _Skip("dropped", by_prefix[0])
         if key in NEUTRAL:
             neutral, what = NEUTRAL[key]
             if value in (neutral if isinstance(neutral, tuple) else (neutral,)):
@@ -1767,6 +2030,40 @@ class _Converter:
     def _contextual(self, key: str, value: Any) -> _Skip | None:
         """Keys whose effect depends on the script's other settings."""
         given = self.given
+        if (
+            key.endswith(".megatron.vanilla_mbridge")
+            and value is False
+            and not _positive(given.get("actor_rollout_ref.model.lora_rank"))
+        ):
+            # which library builds the Megatron model from the Hugging Face weights: the same
+            # weights either way. With LoRA it is Megatron-Bridge's adapters, so it stays invalid
+            return _Skip(
+                "dropped",
+                "verl's choice of the library that builds the Megatron model from the Hugging "
+                "Face weights (NVIDIA's Megatron-Bridge); plugrl-megatron builds it with its own "
+                "conversion, the same weights, for the model types it converts (it stops at "
+                "start-up, naming the model type, for another)",
+            )
+        if key == _PRECISION_AWARE:
+            # it only lets Megatron keep gradients and Adam's moments below fp32; at fp32 (verl's
+            # default, and Megatron's) the update is the same
+            lower = [
+                f"{name}={given[name]}"
+                for name in given
+                if name.endswith(_STATE_DTYPES) and given[name] not in ("fp32", "float32")
+            ]
+            if not lower:
+                return _Skip(
+                    "dropped",
+                    "Megatron's precision-aware optimizer with fp32 gradients and Adam moments "
+                    "(verl's default dtypes; the script sets no others): TransformerEngine's "
+                    "fused Adam, the same update; plugrl-megatron runs Megatron's own",
+                )
+            return _Skip(
+                "unknown",
+                f"Megatron's precision-aware optimizer keeping optimizer state below fp32 "
+                f"({', '.join(lower)}); plugrl-megatron keeps it in fp32",
+            )
         if key == "actor_rollout_ref.model.use_remove_padding" and (
             self.chosen.get("training_backends") == "megatron"
         ):
@@ -1792,10 +2089,13 @@ class _Converter:
                     f"plugrl's process groups wait {plugrl_seconds} s for a collective, at least "
                     f"the {value} s asked",
                 )
+            # how long a rank waits before it gives up: a run that needs longer stops with a
+            # timeout error, it does not train anything else
             return _Skip(
-                "unknown",
+                "dropped",
                 f"plugrl's process groups wait {plugrl_seconds} s for a collective (not "
-                f"settable), less than the {value} s asked",
+                f"settable), less than the {value} s asked: a collective slower than that stops "
+                "the run with a timeout error",
             )
         if key in ENTROPY_MEMORY and not _positive(
             given.get("actor_rollout_ref.actor.entropy_coeff")
