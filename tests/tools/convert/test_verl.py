@@ -577,9 +577,11 @@ def test_engine_keys_with_the_hf_engine(plugrl_plugin_manager):
             "environment plugrl is installed in",
         ),
         (
-            "data.image_key=images",
+            "data.video_key=videos",
             "unsupported",
-            "vision-language data is not supported yet",
+            "plugrl's vision-language support is images in verl's data layout (data.image_key) "
+            "on the hf engine and fsdp2 (docs/vision.md); this vision setting is not supported "
+            "yet",
         ),
         (
             "hydra.run.dir=outputs",
@@ -1516,9 +1518,12 @@ def test_the_uv_launcher_and_vision_keys_in_the_report(plugrl_plugin_manager):
     ].startswith("the interpreter Ray starts verl's workers with")
     validation = validate(conversion.recipe, get_plugin_manager(), check_files=False)
     lines = report(conversion, validation, "run.yaml")
+    # data.image_key=images is plugrl's default: mapped, and nothing to write
+    assert "data.image_key=images" not in {item.override for item in conversion.unmapped}
     assert (
-        "  vision-language data is not supported yet: data.image_key=images (line 7); "
-        "data.image_patch_size=16 (line 8)"
+        "  plugrl's vision-language support is images in verl's data layout (data.image_key) "
+        "on the hf engine and fsdp2 (docs/vision.md); this vision setting is not supported "
+        "yet: data.image_patch_size=16 (line 8)"
     ) in lines
     assert 'line 2: if [ "${DEVICE:-gpu}" = gpu ] is true' in conversion.notes
 

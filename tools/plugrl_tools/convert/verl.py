@@ -560,14 +560,13 @@ NEUTRAL = {
 plugrl does). At that value the override is dropped as having no effect; at another it is
 unknown to plugrl."""
 
-VISION = "vision-language data is not supported yet"
-DISTILLATION = (
-    "on-policy distillation (a teacher scoring the student's tokens) is not supported yet"
+VISION = (
+    "plugrl's vision-language support is images in verl's data layout (data.image_key) on the "
+    "hf engine and fsdp2 (docs/vision.md); this vision setting is not supported yet"
 )
 
 UNSUPPORTED = [
     # (verl prefix or key, the one line the report gives the group)
-    ("data.image_key", VISION),
     ("data.video_key", VISION),
     ("data.image_patch_size", VISION),
     ("data.limit_images", VISION),
@@ -576,10 +575,8 @@ UNSUPPORTED = [
     ("actor_rollout_ref.rollout.mm_", VISION),
     ("actor_rollout_ref.rollout.engine_kwargs.vllm.mm_", VISION),
     ("actor_rollout_ref.rollout.engine_kwargs.vllm.limit_mm_per_prompt", VISION),
-    ("actor_rollout_ref.actor.freeze_vision_tower", VISION),
     ("actor_rollout_ref.model.lora.freeze_vision_", VISION),
     ("actor_rollout_ref.model.freeze_vision_", VISION),
-    ("distillation.", DISTILLATION),
 ]
 """verl settings of features plugrl knows it lacks: reported as one group each."""
 
