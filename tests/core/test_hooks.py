@@ -20,6 +20,7 @@ def test_the_hook_list():
     lifecycle = [
         "detect_device",
         "estimate_memory",
+        "multimodal_model",
         "on_run_end",
         "on_run_start",
         "on_step_end",
