@@ -68,6 +68,9 @@ def _processes_under(folder: str) -> list[int]:
 
 
 def test_the_sbatch_script_starts_a_two_node_ray_cluster_and_trains_on_it(tiny_task, tmp_path):
+    """The job's two nodes hold a trainer rank each and one engine of two devices whose span
+    crosses them (rollout.tensor_model_parallel_size=2): after the update, the engine's
+    log-probs of what it sampled equal the trainer's, so the weights reached it."""
     project = tmp_path / "project"
     shims = tmp_path / "bin"
     shims.mkdir()
@@ -77,7 +80,7 @@ def test_the_sbatch_script_starts_a_two_node_ray_cluster_and_trains_on_it(tiny_t
     recipe = tiny_recipe(
         tiny_task,
         Path("run"),
-        trainer={"val_before_train": False, "total_training_steps": 1, "save_freq": 1},
+        trainer={"val_before_train": False, "total_training_steps": 2, "save_freq": 2},
         launch={
             "workdir": str(project),
             "ray_port": _free_port(),
@@ -98,7 +101,7 @@ def test_the_sbatch_script_starts_a_two_node_ray_cluster_and_trains_on_it(tiny_t
     script = project / "job.sbatch"
     launch = prepare_launch(
         str(recipe_file),
-        ["trainer.nnodes=2", "trainer.n_gpus_per_node=1"],
+        ["trainer.nnodes=2", "trainer.n_gpus_per_node=1", "rollout.tensor_model_parallel_size=2"],
         "slurm",
         get_plugin_manager(),
     )
@@ -147,17 +150,26 @@ def test_the_sbatch_script_starts_a_two_node_ray_cluster_and_trains_on_it(tiny_t
     assert job.returncode == 0, output[-12000:]
     assert not left, "the job's Ray processes outlived it"
     placed = dict(re.findall(r"(\w+ (?:ranks|engines)) on 2 Ray nodes: (.*)", output))
-    assert set(placed) == {"actor ranks", "rollout engines"}, output[-4000:]
-    for what, where in placed.items():
-        # "0 on node <id> (<ip>); 1 on node <id> (<ip>)": one on each node
-        nodes = re.findall(r"(\d+) on node (\w+)", where)
-        assert sorted(index for index, _ in nodes) == ["0", "1"], what
-        assert len({node for _, node in nodes}) == 2, what
+    assert set(placed) == {"actor ranks"}, output[-4000:]  # one engine, placed on one node
+    # "0 on node <id> (<ip>); 1 on node <id> (<ip>)": one on each node
+    nodes = re.findall(r"(\d+) on node (\w+)", placed["actor ranks"])
+    assert sorted(index for index, _ in nodes) == ["0", "1"]
+    assert len({node for _, node in nodes}) == 2
+    span = re.search(
+        r"rollout engine 0 spans 2 Ray nodes: bundles (\d) on node (\w+); "
+        r"bundles (\d) on node (\w+)",
+        output,
+    )
+    assert span is not None, output[-4000:]
+    assert sorted([span[1], span[3]]) == ["0", "1"] and span[2] != span[4]
     assert "the run's files and run folder are seen by the other 1 Ray node(s)" in output
     run_dir = project / "run"
-    assert sorted(by_step(read_records(run_dir))) == [1]
+    records = by_step(read_records(run_dir))
+    assert sorted(records) == [1, 2]
+    for step, record in records.items():
+        assert record["training/rollout_probs_diff_max"] < 1e-6, (step, record)
     # the ranks on both nodes wrote their shares of one checkpoint into the shared folder
-    assert (run_dir / "global_step_1").is_dir()
+    assert (run_dir / "global_step_2").is_dir()
     assert not [path for path in run_dir.iterdir() if path.name.startswith(".")], "check file"
     # the run read the recipe the script wrote, in the working folder the recipe names
     written = yaml.safe_load((project / launch.job.recipe_file).read_text())
