@@ -1,6 +1,6 @@
-"""`plugrl convert verl` on verl's on-policy distillation scripts (fixtures/verl-opd, listed
-with their source in fixtures/verl-opd/SOURCES): the ``distillation`` section in plugrl's
-layout, one teacher or several, and a recipe that validates."""
+"""`plugrl convert verl` on verl's on-policy distillation scripts (in the current corpus,
+fixtures/verl-current, listed with their source in its SOURCES): the ``distillation`` section
+in plugrl's layout, one teacher or several, and a recipe that validates."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ from plugrl.plugin.manager import get_plugin_manager
 from plugrl_tools.convert.output import validate
 from plugrl_tools.convert.verl import convert_script
 
-OPD = Path(__file__).parent / "fixtures" / "verl-opd"
+OPD = Path(__file__).parent / "fixtures" / "verl-current"
 EXAMPLES = OPD / "examples" / "on_policy_distillation_trainer"
+SCRIPTS = [*EXAMPLES.glob("*.sh"), OPD / "tests" / "special_e2e" / "run_v1_separate_async_opd.sh"]
+"""verl's distillation scripts: its distillation examples and its V1 trainer's OPD test."""
 INHERITED = {"HOME": "/home/user", "USER": "user", "PWD": "/home/user/verl"}
 
 
@@ -73,9 +75,7 @@ def test_several_teachers_route_by_data_source_on_devices_of_their_own(plugrl_pl
     assert validation.error is None, validation.error
 
 
-@pytest.mark.parametrize(
-    "script", sorted(path.relative_to(OPD).as_posix() for path in OPD.rglob("*.sh"))
-)
+@pytest.mark.parametrize("script", sorted(path.relative_to(OPD).as_posix() for path in SCRIPTS))
 def test_every_distillation_script_converts_its_teachers(script, plugrl_plugin_manager):
     conversion = convert(OPD / script)
     distillation = conversion.recipe["distillation"]
