@@ -85,7 +85,10 @@ def pool():
         p.close()
 
 
-def call(scorer, text, timeout=1.0):
+def call(scorer, text, timeout=60.0):
+    """A call of ``scorer`` on ``text``; the default timeout only catches a hang, as a loaded
+    machine takes seconds for the 0.2 s of CPU a "compute" call spends. Tests of timeouts give
+    their own."""
     sample = {"data_source": "d", "solution_str": text, "ground_truth": "a", "extra_info": None}
     return Call(scorer, sample, timeout)
 
