@@ -583,8 +583,11 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def test_waiting_for_nodes_needs_a_ray_cluster_to_join(tmp_path):
+def test_waiting_for_nodes_needs_a_ray_cluster_to_join(tmp_path, monkeypatch):
     (tmp_path / "recipe.yaml").write_text("cluster: local\n")
+    # --chdir changes this process's folder: monkeypatch gives the test's back afterwards (Ray
+    # sessions started later in this process put their driver's folder on the workers' path)
+    monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(
         cli, ["run", "--chdir", str(tmp_path), "recipe.yaml", "--wait-for-nodes=2"]
     )
