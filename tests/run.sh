@@ -26,8 +26,10 @@ python3 -m venv .venv || exit 1
 
 phase "2/3 the main suite, two test processes (about 10 minutes on 2 cores)"
 # two processes: most tests wait on subprocesses, Ray actors or reward workers rather than
-# compute, so a second one roughly halves the suite's time on 2 cores (pytest-xdist)
-.venv/bin/python -m pytest -q -n 2 "$@"
+# compute, so a second one roughly halves the suite's time on 2 cores (pytest-xdist); a module
+# runs whole in one process (loadscope), so its module fixtures (a Ray cluster, a reference
+# run, a model) are made once, not once in each process that gets some of its tests
+.venv/bin/python -m pytest -q -n 2 --dist loadscope "$@"
 main=$?
 
 phase "3/3 the vLLM suite in .venv-vllm (first run on a machine: about 3 minutes to build vLLM's CPU build into a cache)"
