@@ -363,7 +363,7 @@ def update_from_batch(parts: RunParts, batch: Batch, timer: StepTimer) -> dict[s
     when the run has those roles, KL in the reward, advantages, then the critic's and the
     actor's updates, each timed under its verl phase name. Returns their metrics."""
     metrics: dict[str, Any] = {}
-    if getattr(parts, "teachers", None) is not None:  # stand-in parts of tests may lack it
+    if parts.teachers is not None:
         with timer("teacher"):
             metrics.update(score_with_teachers(parts, batch))
     if parts.ref is not None:

@@ -261,6 +261,7 @@ def test_the_update_checks_what_the_estimator_returns(plugins, batch, plugrl_rec
         estimator=build_estimator(recipe, get_plugin_manager()),
         actor=Actor(),
         objective=None,
+        teachers=None,
     )
     with pytest.raises(PluginError, match=r"^advantage estimator 'perresponseadvantages' \("):
         update_from_batch(parts, batch, StepTimer())
