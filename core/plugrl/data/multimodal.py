@@ -102,6 +102,25 @@ class MultimodalModel(ABC):
             "(MultimodalModel.vision_tower_names)"
         )
 
+    language_model_names: ClassVar[tuple[str, ...]] = ("model.language_model", "language_model")
+    """Where the model's language model (the decoder the merged text and image embeddings go
+    into) may be, as submodule paths (the first that exists)."""
+
+    def language_model(self, model: Any) -> Any:
+        """The model's language model: the module the model calls with ``inputs_embeds``
+        (text and image embeddings merged) and ``position_ids``, which sequence parallelism
+        slices per rank."""
+        for name in self.language_model_names:
+            try:
+                return model.get_submodule(name)
+            except AttributeError:
+                continue
+        raise ValueError(
+            f"{type(model).__name__} has none of the submodules "
+            f"{', '.join(self.language_model_names)}; its model family must name its language "
+            "model (MultimodalModel.language_model_names)"
+        )
+
     @abstractmethod
     def position_ids(
         self,

@@ -57,7 +57,6 @@ from plugrl_fsdp2.model import (
     empty_model,
     enable_checkpointing,
     fill_from_rank0,
-    is_vision_model,
     load_model,
     model_path,
     shard_model,
@@ -118,6 +117,9 @@ class FSDP2Backend(TrainingBackend):
         self._sp_group: Any = None
         self._dp_group: Any = None
         self._dummy_image: Any = None
+        self._language_model: torch.nn.Module | None = None
+        """A vision-language model's language model, under sequence parallelism: the module
+        whose inputs are sliced per rank (:func:`ulysses.sliced_language_model`)."""
 
     @property
     def dp_rank(self) -> int:
@@ -134,12 +136,6 @@ class FSDP2Backend(TrainingBackend):
     # ------------------------------------------------------------------------------ set-up
 
     def setup(self, total_training_steps: int) -> None:
-        if self._sp > 1 and is_vision_model(self.recipe, self.role):
-            raise RecipeError(
-                "sequence parallelism does not split a vision-language model's image inputs "
-                "yet; set it to 1",
-                key="actor.ulysses_sequence_parallel_size",
-            )
         ensure_process_group(self.device, self.dist)
         self.device.set_device(self.dist.local_rank)
         self.device.manual_seed(self.recipe.trainer.seed)
@@ -178,6 +174,7 @@ class FSDP2Backend(TrainingBackend):
             self._sp_group, self._dp_group = ulysses.groups(
                 self.device.torch_device_type, self.dist.world_size, self._sp
             )
+            self._language_model = self._split_language_model(model)
         # FSDP shards over every rank, the sequence-parallel ones included (as verl does): the
         # weights, gradients and optimizer state take 1/world of each rank's memory, not
         # 1/dp, for the same gathers per layer; the ranks of a group compute gradients of
@@ -226,6 +223,18 @@ class FSDP2Backend(TrainingBackend):
             {key: value.to(device) for key, value in image_inputs.items()},
             positions.transpose(0, 1).to(device),
         )
+
+    def _split_language_model(self, model: torch.nn.Module) -> torch.nn.Module | None:
+        """The language model of a vision-language model (None for a text model), whose
+        inputs sequence parallelism slices after the vision tower has run on whole images."""
+        if getattr(model.config, "vision_config", None) is None:
+            return None
+        assert self.context.plugins is not None  # _dummy_image_inputs checked it
+        family = multimodal_family(str(self.recipe.model.path), model.config, self.context.plugins)
+        assert family is not None
+        # a LoRA actor's modules are inside peft's wrapper
+        unwrapped = model.get_base_model() if hasattr(model, "get_base_model") else model
+        return family.language_model(unwrapped)
 
     def _freeze_vision_tower(self, model: torch.nn.Module) -> None:
         """``actor.freeze_vision_tower``: the vision tower's weights take no gradient (before
@@ -386,6 +395,26 @@ class FSDP2Backend(TrainingBackend):
             **image_inputs,
         }, added
 
+    def _append_dummy_image(
+        self, ids: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+        """Laid-out ``ids`` ``[b, W]`` and positions ``[k, b, W]`` with the dummy image's
+        tokens after the last column of the first row (the other rows padded there), and its
+        image inputs. Causal attention keeps every earlier output free of it, and outputs past
+        column ``W`` are never kept."""
+        assert self._dummy_image is not None
+        dummy_ids, image_inputs, dummy_positions = self._dummy_image
+        rows = ids.shape[0]
+        added_ids = F.pad(dummy_ids, (0, 0, 0, rows - 1))
+        added_positions = F.pad(dummy_positions, (0, 0, 0, rows - 1))
+        if positions.dim() == 2:
+            positions = positions[None].expand(added_positions.shape[0], -1, -1)
+        return (
+            torch.cat([ids, added_ids], dim=-1),
+            torch.cat([positions, added_positions], dim=-1),
+            dict(image_inputs),
+        )
+
     def _add_dummy_segment(self, inputs: dict[str, Any]) -> dict[str, Any]:
         """Packed inputs with the dummy image's tokens as one more packed row: attention keeps
         it to itself and no kept output comes from it."""
@@ -519,30 +548,62 @@ class FSDP2Backend(TrainingBackend):
                 return full[:, -layout.keep :].gather(1, index)
 
         width = ids.shape[-1]
-        padding = -width % self._sp
-        next_ids = F.pad(ids[:, 1:], (0, 1 + padding))
+        cu_seq_lens = packed.cu_seq_lens if packed is not None else None
+        max_length = packed.max_length if packed is not None else 0
+        image_inputs: dict[str, Any] = {}
+        if self._language_model is not None:
+            image_inputs = self._image_inputs(micro_batch)
+            if positions.dim() == 3 and packed is None:  # the model takes them as [k, b, W]
+                positions = positions.transpose(0, 1)
+            if self._needs_dummy_image(image_inputs):
+                ids, positions, image_inputs = self._append_dummy_image(ids, positions)
+                if cu_seq_lens is not None:
+                    # its own packed row, so that attention keeps it to itself
+                    end = cu_seq_lens[-1:] + self._dummy_image[0].shape[-1]
+                    cu_seq_lens = torch.cat([cu_seq_lens, end.to(cu_seq_lens.dtype)])
+                    max_length = max(max_length, int(self._dummy_image[0].shape[-1]))
+        filled = ids.shape[-1]
+        padding = -filled % self._sp
+        # each column's next id; columns past the laid-out width predict nothing kept
+        next_ids = F.pad(ids[:, 1:width], (0, filled + padding - width + 1))
         ids = F.pad(ids, (0, padding))
         positions = F.pad(positions, (0, padding))
         extra: dict[str, Any] = {}
-        if packed is not None:
+        if cu_seq_lens is not None:
             # the padding is one more packed row, so that attention keeps it to itself
-            extra = packed.attention_kwargs()
             if padding:
-                total = torch.tensor([width + padding], dtype=torch.int32, device=ids.device)
-                extra["cu_seq_lens_q"] = extra["cu_seq_lens_k"] = torch.cat(
-                    [packed.cu_seq_lens, total]
-                )
-                extra["max_length_q"] = extra["max_length_k"] = max(packed.max_length, padding)
-        part = (width + padding) // self._sp
+                total = torch.tensor([filled + padding], dtype=torch.int32, device=ids.device)
+                cu_seq_lens = torch.cat([cu_seq_lens, total])
+                max_length = max(max_length, padding)
+            extra = {
+                "cu_seq_lens_q": cu_seq_lens,
+                "cu_seq_lens_k": cu_seq_lens,
+                "max_length_q": max_length,
+                "max_length_k": max_length,
+            }
+        part = (filled + padding) // self._sp
         start = dist.get_rank(self._sp_group) * part
         mine = slice(start, start + part)
-        outputs = model(
-            input_ids=ids[:, mine],
-            position_ids=positions[..., mine],
-            attention_mask=None,
-            use_cache=False,
-            **extra,
-        ).logits.float()
+        if self._language_model is None:
+            outputs = model(
+                input_ids=ids[:, mine],
+                position_ids=positions[..., mine],
+                attention_mask=None,
+                use_cache=False,
+                **extra,
+            ).logits.float()
+        else:
+            # the vision tower needs each image whole: the model embeds the whole sequences
+            # and their images on every rank, and its language model takes this rank's slice
+            with ulysses.sliced_language_model(self._language_model, mine):
+                outputs = model(
+                    input_ids=ids,
+                    position_ids=positions,
+                    attention_mask=None,
+                    use_cache=False,
+                    **extra,
+                    **image_inputs,
+                ).logits.float()
         results = per_token(outputs, next_ids[:, mine])
         gathered = [ulysses.gather_sequence(r, self._sp_group)[:, :width] for r in results]
         return [select(full) for full in gathered], used

@@ -12,6 +12,12 @@ Hence the heads and the key-value heads must divide by ``sp`` (:func:`check_mode
 
 The per-token results (log-probs, entropies, values) are computed on each rank's slice and
 gathered along the sequence (:func:`gather_sequence`).
+
+A vision-language model's image tokens take their embeddings from the vision tower, which
+needs each image whole: every rank of a group runs the model on the whole sequences and all
+their images, and the model's language model gets this rank's slice of the merged embeddings
+and of the (M-RoPE) positions (:func:`sliced_language_model`), so that the vision tower runs
+once per rank on the full image inputs and everything after it on ``1/sp`` of the tokens.
 """
 
 from __future__ import annotations
@@ -182,6 +188,38 @@ def ulysses_attention(
         module, *whole, attention_mask, scaling=scaling, dropout=dropout, **kwargs
     )
     return _AllToAll.apply(out, group, 1, 2), None
+
+
+@contextmanager
+def sliced_language_model(language_model: torch.nn.Module, mine: slice) -> Iterator[None]:
+    """Inside the block, ``language_model`` runs on the ``mine`` columns of the embeddings
+    (``inputs_embeds`` ``[b, s, h]``) and the positions (``position_ids`` ``[..., b, s]``) it
+    is called with. The slice is part of the autograd graph: the gradient of each rank's
+    columns flows back to the embeddings and the vision tower, which then take the sum over
+    the group's ranks as the gradients of any other weight do."""
+
+    def take_slice(
+        module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        embeds = kwargs.get("inputs_embeds")
+        if args or embeds is None:
+            raise RuntimeError(
+                f"{type(module).__name__} was called without inputs_embeds as a keyword; "
+                "sequence parallelism slices the merged text and image embeddings there, so "
+                "the model family must name the module that takes them "
+                "(MultimodalModel.language_model_names)"
+            )
+        kwargs["inputs_embeds"] = embeds[:, mine]
+        positions = kwargs.get("position_ids")
+        if positions is not None:
+            kwargs["position_ids"] = positions[..., mine]
+        return args, kwargs
+
+    handle = language_model.register_forward_pre_hook(take_slice, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def register() -> None:

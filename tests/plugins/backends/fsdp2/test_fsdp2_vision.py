@@ -202,13 +202,75 @@ def test_updates_have_the_same_losses_and_gradients_in_every_layout(batch, backe
             assert metrics[metric] == pytest.approx(expected_metrics[metric], abs=1e-5), name
 
 
-def test_sequence_parallelism_refuses_a_vision_model_in_one_line(tiny_vl_model):
-    recipe = make_recipe(tiny_vl_model, ulysses_sequence_parallel_size=2)
-    context = PartContext(
-        recipe=recipe, role="actor", device=CpuDevice(), dist=DistInfo(rank=0, world_size=2)
+SEQUENCE_PARALLEL_ROWS = [2, 2, 0, 1, 3, 4]
+"""The rows the sequence-parallel ranks train on, two per micro-batch: the first micro-batch has
+no image (the ranks run the vision tower on the dummy image), the others one or two per row."""
+
+SEQUENCE_PARALLEL_LAYOUTS = {"padded": False, "packed": True}
+
+
+def sequence_parallel_results(model_dir, dist_info: DistInfo, sp: int, packed: bool) -> dict:
+    """Log-probs and entropies of :data:`SEQUENCE_PARALLEL_ROWS`, then one update's gradients
+    (full) and metrics, from an actor whose sequences split over ``sp`` ranks."""
+    from pathlib import Path
+
+    recipe = make_recipe(
+        Path(model_dir),
+        ppo_mini_batch_size=6,
+        ppo_micro_batch_size_per_gpu=2,
+        use_remove_padding=packed,
+        ulysses_sequence_parallel_size=sp,
     )
-    with pytest.raises(RecipeError, match=r"actor\.ulysses_sequence_parallel_size: sequence"):
-        FSDP2Backend(recipe.actor, context).setup(10)
+    context = PartContext(
+        recipe=recipe,
+        role="actor",
+        device=CpuDevice(),
+        dist=dist_info,
+        plugins=get_plugin_manager(),
+    )
+    backend = FSDP2Backend(recipe.actor, context)
+    backend.setup(10)
+    rows = vision_batch(model_dir).select(SEQUENCE_PARALLEL_ROWS)
+    scored = backend.compute_log_prob(rows, calculate_entropy=True)
+    gradients, metrics = _update_gradients(backend, rows)
+    return {"scored": scored, "gradients": gradients, "metrics": metrics}
+
+
+@pytest.mark.slow
+def test_two_sequence_parallel_ranks_compute_what_one_rank_does(tiny_vl_model, two_ranks):
+    """Ulysses with images: each rank runs the vision tower on all the micro-batch's images
+    and its language model on its half of the tokens; log-probs, entropies and gradients (the
+    vision tower's included) equal one padded rank's, padded and packed, with a micro-batch
+    without images among them."""
+    from plugrl_fsdp2.batching import left_align
+
+    rows = vision_batch(tiny_vl_model).select(SEQUENCE_PARALLEL_ROWS)
+    assert rows[MULTIMODAL_COLUMN][0] is None and rows[MULTIMODAL_COLUMN][1] is None
+    widths = [
+        left_align(rows["attention_mask"][i : i + 2], RESPONSE_WIDTH).columns.shape[1]
+        for i in (0, 2, 4)
+    ]
+    assert any(width % 2 for width in widths)  # some micro-batch pads before it splits
+    expected = sequence_parallel_results(tiny_vl_model, DistInfo(), 1, packed=False)
+    vision = [name for name in expected["gradients"] if ".visual." in name]
+    assert vision and all(expected["gradients"][name].abs().sum() > 0 for name in vision)
+    for rank in (0, 1):
+        got = torch.load(two_ranks / f"sequence-parallel-rank{rank}.pt", weights_only=True)
+        for layout, result in got.items():
+            where = f"rank {rank}, {layout}"
+            for name in ("log_probs", "entropys"):
+                torch.testing.assert_close(
+                    result["scored"][name], expected["scored"][name], **TOLERANCE, msg=where
+                )
+            assert result["gradients"].keys() == expected["gradients"].keys(), where
+            for name, gradient in expected["gradients"].items():
+                torch.testing.assert_close(
+                    result["gradients"][name], gradient, **TOLERANCE, msg=f"{where}: {name}"
+                )
+            for metric in ("actor/loss", "actor/entropy_bonus", "actor/grad_norm"):
+                assert result["metrics"][metric] == pytest.approx(
+                    expected["metrics"][metric], abs=1e-5
+                ), where
 
 
 def test_the_batch_positions_are_m_rope_not_token_counts(batch):
@@ -256,10 +318,11 @@ def test_freeze_vision_tower_refuses_a_text_model(tiny_task):
         FSDP2Backend(recipe.actor, context).setup(10)
 
 
-def no_image_rank_worker(rank: int, model_dir: str, port: int, out: str) -> None:
-    """One of two ranks: rank 0's row has an image, rank 1's has none; both compute log-probs
-    and take an update step, padded then packed, which only finishes when rank 1 runs the
-    vision tower too."""
+def two_rank_worker(rank: int, model_dir: str, port: int, out: str) -> None:
+    """One of two ranks, for both two-rank tests (one spawn): first as two data-parallel ranks,
+    where rank 0's row has an image and rank 1's has none, both compute log-probs and take an
+    update step, padded then packed, which only finishes when rank 1 runs the vision tower
+    too; then as one sequence-parallel group (:func:`sequence_parallel_results`)."""
     import datetime
     from pathlib import Path
 
@@ -267,12 +330,9 @@ def no_image_rank_worker(rank: int, model_dir: str, port: int, out: str) -> None
     from tests.support import spawned_rank
 
     torch.set_num_threads(1)
+    dist_info = DistInfo(rank=rank, world_size=2)
     init_process_group(
-        CpuDevice(),
-        DistInfo(rank=rank, world_size=2),
-        "127.0.0.1",
-        port,
-        timeout=datetime.timedelta(seconds=120),
+        CpuDevice(), dist_info, "127.0.0.1", port, timeout=datetime.timedelta(seconds=120)
     )
     with spawned_rank():
         mine = vision_batch(model_dir).select([0] if rank == 0 else [2])
@@ -283,7 +343,7 @@ def no_image_rank_worker(rank: int, model_dir: str, port: int, out: str) -> None
                 recipe=recipe,
                 role="actor",
                 device=CpuDevice(),
-                dist=DistInfo(rank=rank, world_size=2),
+                dist=dist_info,
                 plugins=get_plugin_manager(),
             )
             backend = FSDP2Backend(recipe.actor, context)
@@ -294,26 +354,38 @@ def no_image_rank_worker(rank: int, model_dir: str, port: int, out: str) -> None
                 {"log_probs": log_probs, "grad_norm": metrics["actor/grad_norm"]},
                 Path(out) / f"rank{rank}-packed{int(packed)}.pt",
             )
+        sequence_parallel = {
+            layout: sequence_parallel_results(model_dir, dist_info, 2, packed)
+            for layout, packed in SEQUENCE_PARALLEL_LAYOUTS.items()
+        }
+        torch.save(sequence_parallel, Path(out) / f"sequence-parallel-rank{rank}.pt")
 
 
-@pytest.mark.slow
-def test_a_rank_without_images_runs_the_vision_tower_with_the_others(
-    tiny_vl_model, batch, tmp_path
-):
+@pytest.fixture(scope="module")
+def two_ranks(tiny_vl_model, tmp_path_factory):
+    """The folder of what each of two spawned ranks computed (:func:`two_rank_worker`)."""
     import torch.multiprocessing as mp
 
     from plugrl.cluster.distributed import free_port
 
+    out = tmp_path_factory.mktemp("two-ranks")
     mp.spawn(
-        no_image_rank_worker,
-        args=(str(tiny_vl_model), free_port(), str(tmp_path)),
+        two_rank_worker,
+        args=(str(tiny_vl_model), free_port(), str(out)),
         nprocs=2,
         join=True,
     )
+    return out
+
+
+@pytest.mark.slow
+def test_a_rank_without_images_runs_the_vision_tower_with_the_others(
+    tiny_vl_model, batch, two_ranks
+):
     expected, _ = reference_log_probs(tiny_vl_model, batch)
     for packed in (0, 1):
         for rank, row in ((0, 0), (1, 2)):
-            result = torch.load(tmp_path / f"rank{rank}-packed{packed}.pt", weights_only=True)
+            result = torch.load(two_ranks / f"rank{rank}-packed{packed}.pt", weights_only=True)
             where = f"rank {rank}, packed {packed}"
             torch.testing.assert_close(
                 result["log_probs"][0], expected[row], **TOLERANCE, msg=where
