@@ -43,10 +43,15 @@ def build_trajectory_batch(
     the loss mask, ``rollout_log_probs`` 0 off it, and ``turn_rewards`` [B, R] holding each
     turn's reward at the turn's last token. Columns: ``finish_reason``, ``weight_version``,
     ``min_weight_version`` (the oldest version of a sampled token), and
-    :data:`AGENT_COLUMNS`."""
+    :data:`AGENT_COLUMNS`; when a trajectory has images (or the prompts had), the
+    ``multi_modal_inputs`` of each row are its trajectory's ``image_inputs`` joined in order
+    (prompt images, then those of tool results and observations). ``position_ids`` count
+    tokens; a vision-language model's own replace them
+    (:func:`plugrl.data.multimodal.add_model_positions`)."""
     import torch
 
-    from plugrl.data.batch import left_pad
+    from plugrl.data.batch import MULTIMODAL_COLUMN, left_pad
+    from plugrl.data.multimodal import model_inputs
     from plugrl.data.rollout_batch import fit_response_width
 
     if len(samples) != len(prompts):
@@ -101,6 +106,10 @@ def build_trajectory_batch(
     batch["sample_last"] = last
     batch["agent_metrics"] = [dict(t.metrics) for t in flat]
     batch["messages"] = [list(t.messages) for t in flat]
+    # getattr: a trajectory saved by an older version (a resumed buffer) has no image inputs
+    image_inputs = [getattr(t, "image_inputs", None) or [] for t in flat]
+    if MULTIMODAL_COLUMN in batch or any(image_inputs):
+        batch[MULTIMODAL_COLUMN] = [model_inputs(inputs) or None for inputs in image_inputs]
     batch.meta.update(
         prompt_width=int(prompt_ids.shape[-1]),
         response_width=response_width,
@@ -219,16 +228,8 @@ def agent_metrics(batch: Batch) -> dict[str, float]:
 def agent_rows(prompts: Batch) -> list[dict[str, Any]]:
     """Each row of a prompt batch as the mapping an agent loop reads: its columns, with
     ``prompt`` (the chat messages) and ``reward_model`` (``{"ground_truth": ...}``) as in
-    verl's parquet rows. Rows with images are refused in one line: agent loops do not carry
-    a vision-language model's image inputs yet."""
-    from plugrl.data.batch import MULTIMODAL_COLUMN
-    from plugrl.errors import DataError
-
-    if MULTIMODAL_COLUMN in prompts and any(x is not None for x in prompts[MULTIMODAL_COLUMN]):
-        raise DataError(
-            "agent loops do not take rows with images yet; train this data with the "
-            "single_turn loop (rollout.agent.loop and the rows' agent_name)"
-        )
+    verl's parquet rows. A row with images keeps its ``multi_modal_inputs`` (its prompt's
+    image inputs), which a loop puts first in ``Trajectory.image_inputs``."""
     rows = []
     for index in range(len(prompts)):
         row = {name: prompts.columns[name][index] for name in prompts.columns}

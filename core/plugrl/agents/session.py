@@ -29,7 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from plugrl.errors import PluginError, PlugrlError, RecipeError
+from plugrl.data.batch import MULTIMODAL_COLUMN
+from plugrl.data.multimodal import IMAGE_PLACEHOLDER
+from plugrl.errors import DataError, PluginError, PlugrlError, RecipeError
 from plugrl.parts.agent import (
     AgentConfig,
     AgentLoop,
@@ -54,7 +56,9 @@ from plugrl.recipe.build import tool_args
 from plugrl.state.seeds import one_sample_request_seed
 
 if TYPE_CHECKING:
+    from plugrl.agents.images import TurnImages
     from plugrl.cluster.engines import EngineGroup
+    from plugrl.data.multimodal import MultimodalData
     from plugrl.parts.rollout import Completion, SamplingParams
     from plugrl.plugin.manager import PluginManager
     from plugrl.recipe import Recipe
@@ -118,8 +122,10 @@ class ToolCaller:
         in_flight: asyncio.Semaphore | None = None,
         record_metric: Callable[[str, str, float], None] | None = None,
         record_raise: Callable[[str, BaseException], None] | None = None,
+        images: TurnImages | None = None,
     ) -> None:
         self.tools = tools
+        self.images = images
         self.record_raise = record_raise
         self.config = config
         self.tokenizer = tokenizer
@@ -184,9 +190,13 @@ class ToolCaller:
                     self.record_raise(call.name, exc)
             else:
                 if isinstance(answer, ToolResult):
-                    result = attrs.evolve(answer, metrics=dict(answer.metrics))
+                    result = attrs.evolve(
+                        answer, metrics=dict(answer.metrics), images=list(answer.images)
+                    )
                 else:
                     result = ToolResult(text=str(answer))
+                if result.images:
+                    result = self._decoded_images(call.name, result)
                 if result.reward is not None:
                     self.last_reward = (self.last_reward or 0.0) + result.reward
                 if self.record_metric is not None:
@@ -197,12 +207,46 @@ class ToolCaller:
         result.text, cut = truncate_text(
             self.tokenizer, result.text, self.config.max_tool_response_length
         )
+        if cut and result.images and self.images is not None:
+            marked = self.images.count_placeholders(result.text)
+            if marked != len(result.images):
+                # the cut took some images' places: all of them go before the text
+                result.text = result.text.replace(IMAGE_PLACEHOLDER, "")
         self.counters.truncated += int(cut)
         return result
+
+    def _decoded_images(self, name: str, result: ToolResult) -> ToolResult:
+        """``result`` with its images decoded; a tool whose images the run cannot show (a
+        text model, an image that cannot be decoded, places that do not match the images) gets
+        a failed result the model reads, and the run logs the tool's bug."""
+        what = f"tool {name!r} result"
+        try:
+            if self.images is None:
+                raise DataError(
+                    f"{what} has {len(result.images)} images, but the run's model is not a "
+                    "vision-language model; return images only to a vision-language model"
+                )
+            images = self.images.decode(result.images, what=what)
+            self.images.place(result.text, len(images), what=what)
+        except DataError as exc:
+            if self.record_raise is not None:
+                self.record_raise(name, exc)
+            return _failed(f"Error: {exc}")
+        return attrs.evolve(result, images=images)
 
 
 def _failed(text: str) -> ToolResult:
     return ToolResult(text=text, error=True)
+
+
+def _joined(image_inputs: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The image inputs of a sequence's images as one request takes them (each key's tensors
+    joined in order), ``None`` without images."""
+    if not image_inputs:
+        return None
+    from plugrl.data.multimodal import model_inputs
+
+    return model_inputs(list(image_inputs))
 
 
 class AgentSession(Session):
@@ -231,6 +275,7 @@ class AgentSession(Session):
         self.turn = 0
         """Turns generated so far."""
         self.last_tool_reward: float | None = None
+        self.images = runtime.images
         self.tool_caller = ToolCaller(
             runtime.tools,
             runtime.config,
@@ -239,6 +284,7 @@ class AgentSession(Session):
             in_flight=runtime.tools_in_flight,
             record_metric=runtime.record_tool_metric,
             record_raise=runtime.record_tool_raise,
+            images=runtime.images,
         )
 
     def turn_seed(self, turn: int) -> int | None:
@@ -248,7 +294,12 @@ class AgentSession(Session):
         indices = (self.prompt_index, self.sample_index) + ((turn,) if turn else ())
         return one_sample_request_seed(derive_seed(self.params.seed, *indices))
 
-    async def generate(self, token_ids: Sequence[int], max_tokens: int) -> Completion:
+    async def generate(
+        self,
+        token_ids: Sequence[int],
+        max_tokens: int,
+        image_inputs: Sequence[Mapping[str, Any]] = (),
+    ) -> Completion:
         max_tokens = max(0, int(max_tokens))
         turn_cap = self.config.max_turn_tokens
         capped = turn_cap is not None and turn_cap < max_tokens
@@ -263,6 +314,7 @@ class AgentSession(Session):
             f"-t{self.turn}",
             prompt_ids=token_ids,
             params=params,
+            multi_modal_inputs=_joined(image_inputs),
         )
         self.turn += 1
         engines = self.runtime.engines
@@ -320,10 +372,14 @@ class AgentRuntime:
         plugins: PluginManager,
         tokenizer: Any,
         engines: EngineGroup,
+        multimodal: MultimodalData | None = None,
     ) -> None:
+        from plugrl.agents.images import TurnImages
         from plugrl.loop_thread import EventLoopThread
 
         self.recipe = recipe
+        self.images = TurnImages(multimodal, tokenizer) if multimodal is not None else None
+        """A vision-language model's images in the loops (``Session.images``), else None."""
         self.plugins = plugins
         self.tokenizer = tokenizer
         self.engines = engines
@@ -584,6 +640,13 @@ class AgentRuntime:
                     f"agent loop {loop_name!r}, sample {sample_id}: "
                     f"{trajectory.error or 'no reason given (see the warnings above)'}"
                 )
+        if row.get(MULTIMODAL_COLUMN) is not None and not trajectories[0].image_inputs:
+            raise PluginError(
+                f"agent loop {loop_name!r} returned a trajectory without the image inputs of "
+                f"sample {sample_id}'s prompt images; a loop for rows with images puts them in "
+                "Trajectory.image_inputs and passes them to session.generate (see the tool and "
+                "env loops)"
+            )
         last = trajectories[-1]
         last.metrics = {**session.counters.metrics(), **last.metrics}
         return trajectories

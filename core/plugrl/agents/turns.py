@@ -61,11 +61,35 @@ def tokens_between_turns(
     Only the last of ``last_token_ids`` is read (pass the turn's ``completion.token_ids``).
     The caller gives the result ``loss_mask`` 0 (:meth:`Trajectory.add_appended
     <plugrl.parts.agent.Trajectory.add_appended>`) and cuts it to what is left of
-    ``data.max_response_length``.
+    ``data.max_response_length``. Messages with images: render with
+    :func:`text_between_turns` and encode with the session's images
+    (:meth:`plugrl.agents.images.TurnImages.encode`).
 
     Raises ``ValueError`` when the template does not render an assistant message's content
     verbatim (then the close of a turn cannot be told apart from its content).
     """
+    between = text_between_turns(
+        tokenizer,
+        new_messages,
+        last_token_ids=last_token_ids,
+        tools=tools,
+        generation_prompt=generation_prompt,
+        template_options=template_options,
+    )
+    return list(tokenizer.encode(between, add_special_tokens=False))
+
+
+def text_between_turns(
+    tokenizer: Any,
+    new_messages: Sequence[Message],
+    *,
+    last_token_ids: Sequence[int] = (),
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    generation_prompt: bool = True,
+    template_options: Mapping[str, Any] | None = None,
+) -> str:
+    """The text :func:`tokens_between_turns` encodes: what the chat template writes after a
+    model turn, before the next one."""
     text = tokenizer.apply_chat_template(
         [*_OPENING, {"role": "assistant", "content": TURN_MARKER}, *new_messages],
         tools=list(tools) if tools else None,
@@ -85,4 +109,4 @@ def tokens_between_turns(
         sampled_close = tokenizer.decode([last_token_ids[-1]], skip_special_tokens=False)
         if between.startswith(sampled_close):
             between = between[len(sampled_close) :]
-    return list(tokenizer.encode(between, add_special_tokens=False))
+    return between

@@ -9,7 +9,8 @@ from plugrl.api._lazy import lazy_module
 
 if TYPE_CHECKING:
     from plugrl.agents import limits
-    from plugrl.agents.turns import tokens_between_turns
+    from plugrl.agents.images import TurnImages
+    from plugrl.agents.turns import text_between_turns, tokens_between_turns
     from plugrl.parts.agent import (
         AGENT_NAME_COLUMN,
         FINISH_REASONS,
@@ -52,7 +53,9 @@ __all__ = [
     "ToolContext",
     "ToolResult",
     "Trajectory",
+    "TurnImages",
     "limits",
+    "text_between_turns",
     "tokens_between_turns",
 ]
 
@@ -78,7 +81,9 @@ __getattr__, __dir__ = lazy_module(
         "ToolContext": ("plugrl.parts.agent", "ToolContext"),
         "ToolResult": ("plugrl.parts.agent", "ToolResult"),
         "Trajectory": ("plugrl.parts.agent", "Trajectory"),
+        "TurnImages": ("plugrl.agents.images", "TurnImages"),
         "limits": ("plugrl.agents", "limits"),
+        "text_between_turns": ("plugrl.agents.turns", "text_between_turns"),
         "tokens_between_turns": ("plugrl.agents.turns", "tokens_between_turns"),
     },
 )

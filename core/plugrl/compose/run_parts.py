@@ -108,7 +108,9 @@ class RunParts:
         if self.agents is None:
             from plugrl.agents.session import AgentRuntime
 
-            self.agents = AgentRuntime(self.recipe, self.plugins, self.tokenizer, self.engines)
+            self.agents = AgentRuntime(
+                self.recipe, self.plugins, self.tokenizer, self.engines, self.multimodal
+            )
         return self.agents
 
     # ------------------------------------------------------------------------- weights

@@ -85,6 +85,19 @@ class MultimodalModel(ABC):
             "ranks needs one"
         )
 
+    def expand_image_tokens(
+        self, token_ids: Sequence[int], inputs: Mapping[str, torch.Tensor]
+    ) -> list[int]:
+        """``token_ids`` of text holding one :meth:`image_text` per image, with each image's
+        placeholder expanded to its tokens as the processor expands it, for images whose
+        ``inputs`` are already computed (a dataset row's ``multi_modal_inputs``): a prompt
+        rendered again, by an agent loop with its tools, keeps its images without decoding
+        them again."""
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot expand the image tokens of a prompt rendered again; "
+            "agent loops that render a prompt with images need it"
+        )
+
     vision_tower_names: ClassVar[tuple[str, ...]] = ("model.visual", "visual")
     """Where the model's vision tower may be, as submodule paths (the first that exists)."""
 
@@ -139,11 +152,15 @@ def _reason(exc: BaseException) -> str:
     return text or type(exc).__name__
 
 
-def decode_image(value: Any, *, where: str, folder: Path | None = None) -> Any:
+def decode_image(
+    value: Any, *, where: str, folder: Path | None = None, fix: str | None = None
+) -> Any:
     """One image of a row as an RGB ``PIL.Image``: ``value`` is encoded bytes, a path (read
     as given, else relative to ``folder``, the parquet file's), ``{"bytes": ...}`` or
     ``{"path": ...}``, or a ``PIL.Image``. ``where`` names the row, the column and the image
-    in the one-line :class:`DataError` a value that is not an image gets."""
+    in the one-line :class:`DataError` a value that is not an image gets; ``fix`` replaces
+    the fix it gives for a value that is not an image (a tool's images are returned, not
+    stored)."""
     from PIL import Image
 
     if isinstance(value, Image.Image):
@@ -173,16 +190,16 @@ def decode_image(value: Any, *, where: str, folder: Path | None = None) -> Any:
         source, shown = path, str(path)
     else:
         raise DataError(
-            f"{where} is a {type(value).__name__}; store encoded image bytes, a path to an "
-            'image file, or {"bytes": ...}'
+            f"{where} is a {type(value).__name__}; "
+            + (fix or 'store encoded image bytes, a path to an image file, or {"bytes": ...}')
         )
     try:
         with Image.open(source) as image:
             return image.convert("RGB")
     except Exception as exc:
         raise DataError(
-            f"{where} ({shown}) cannot be decoded as an image ({_reason(exc)}); store PNG or "
-            "JPEG bytes, or a path to such a file"
+            f"{where} ({shown}) cannot be decoded as an image ({_reason(exc)}); "
+            + (fix or "store PNG or JPEG bytes, or a path to such a file")
         ) from None
 
 

@@ -193,12 +193,18 @@ class ToolResult:
     ``error=True`` for a failure it explains in ``text`` instead of raising; the session sets
     it for a call it could not read, an unknown tool, refused arguments, an exception, a
     timeout or a call past ``rollout.agent.max_parallel_calls``. Failed calls are counted in
-    ``tool_errors`` and ``agent/tool/<name>/errors``."""
+    ``tool_errors`` and ``agent/tool/<name>/errors``.
+
+    ``images`` are images the model sees with the answer (a vision-language model's run: a
+    "zoom into the image" tool returns its crop here): each a ``PIL.Image``, encoded image
+    bytes (PNG, JPEG, ...), ``{"bytes": ...}`` or a path to an image file. ``text`` marks each
+    one's place with ``<image>``; without any ``<image>`` the images come before the text."""
 
     text: str
     reward: float | None = None
     metrics: dict[str, float] = attrs.field(factory=dict)
     error: bool = False
+    images: list[Any] = attrs.field(factory=list)
 
 
 @attrs.frozen(kw_only=True)
@@ -257,12 +263,18 @@ class ToolArgumentError(ValueError):
 class StepResult:
     """An environment's answer to one model message: the observation the model sees next (a
     text, sent as a user message, or messages), the reward of this step, and whether the
-    episode is over."""
+    episode is over.
+
+    ``images`` are images the observation shows (a vision-language model's run), as
+    :attr:`ToolResult.images` takes them: the observation's text (the first message's content
+    when it is messages) marks each one's place with ``<image>``; without any ``<image>`` the
+    images come before the observation's first text."""
 
     observation: str | list[Message]
     reward: float = 0.0
     done: bool = False
     metrics: dict[str, float] = attrs.field(factory=dict)
+    images: list[Any] = attrs.field(factory=list)
 
 
 class Environment(ABC):
@@ -328,6 +340,11 @@ class Trajectory:
     error: str = ""
     """With finish reason ``error``: why, in one line (an environment's exception, a
     timeout). A step whose trajectories all ended in error stops the run with the first."""
+    image_inputs: list[dict[str, Any]] = attrs.field(factory=list)
+    """A vision-language model's image inputs (the processor's ``pixel_values``,
+    ``image_grid_thw``, ...) of every image in ``prompt_ids`` then ``response_ids``, in the
+    order their tokens come: one mapping per stretch of tokens that brought images (the
+    prompt's, then each tool result or observation with images). Empty for a text sample."""
 
     def add_turn(self, completion: Completion) -> None:
         """Append a model turn as the engine sampled it: its tokens with ``loss_mask`` 1,
@@ -343,11 +360,17 @@ class Trajectory:
         if tokens:
             self.turn_ends.append(len(self.response_ids) - 1)
 
-    def add_appended(self, token_ids: Sequence[int]) -> None:
+    def add_appended(
+        self, token_ids: Sequence[int], image_inputs: Mapping[str, Any] | None = None
+    ) -> None:
         """Append tokens the model did not sample (tool results, observations, the chat
         template's turn markers: see :func:`plugrl.agents.turns.tokens_between_turns`) with
         ``loss_mask`` 0, log-prob 0.0 and the version of the token before them. Cut them to
-        what is left of ``data.max_response_length`` first."""
+        what is left of ``data.max_response_length`` first (never through an image's tokens).
+        ``image_inputs`` are the image inputs of the images among them
+        (:meth:`plugrl.agents.images.TurnImages.encode`)."""
+        if image_inputs is not None:
+            self.image_inputs.append(dict(image_inputs))
         version = self.token_versions[-1] if self.token_versions else self.weight_version
         self.response_ids.extend(token_ids)
         self.loss_mask.extend([0] * len(token_ids))
@@ -389,11 +412,20 @@ class Session(ABC):
     """The sum of the rewards the tools of the last :meth:`call_tools` gave
     (``ToolResult.reward``), ``None`` when none gave one: the reward of the turn that called
     them."""
+    images: Any = None
+    """For a vision-language model's run, the :class:`plugrl.agents.images.TurnImages` that
+    turns images into their tokens and image inputs; ``None`` for a text model."""
 
     @abstractmethod
-    async def generate(self, token_ids: Sequence[int], max_tokens: int) -> Completion:
+    async def generate(
+        self,
+        token_ids: Sequence[int],
+        max_tokens: int,
+        image_inputs: Sequence[Mapping[str, Any]] = (),
+    ) -> Completion:
         """One model turn continuing ``token_ids`` (the whole conversation so far), at most
-        ``max_tokens`` new tokens, with the run's sampling."""
+        ``max_tokens`` new tokens, with the run's sampling. ``image_inputs`` are the image
+        inputs of every image in ``token_ids``, in order (``Trajectory.image_inputs``)."""
 
     @abstractmethod
     def tool_schemas(self) -> list[dict[str, Any]]:

@@ -144,6 +144,7 @@ def generate_with_agents(
     samples = parts.agent_runtime().run(agent_rows(prompts), loop_names, params)
     check_not_all_errors(t for row in samples for sample in row for t in sample)
     batch = build_trajectory_batch(prompts, samples, pad_token_id=parts.pad_token_id)
+    batch = parts.with_model_positions(batch)
     batch.meta["temperature"] = params.temperature or 1.0
     return batch
 

@@ -132,7 +132,12 @@ class ScriptedSession(Session):
         self.reported_metrics: list[tuple[str, str, float]] = []
         self._caller: ToolCaller | None = None
 
-    async def generate(self, token_ids: Sequence[int], max_tokens: int) -> Completion:
+    async def generate(
+        self,
+        token_ids: Sequence[int],
+        max_tokens: int,
+        image_inputs: Sequence[Mapping[str, Any]] = (),
+    ) -> Completion:
         turn = len(self.calls)
         self.calls.append((list(token_ids), max_tokens))
         if callable(self.replies):

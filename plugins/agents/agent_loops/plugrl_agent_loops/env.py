@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from plugrl.api import PluginError, PlugrlError
+from plugrl.api import DataError, PluginError, PlugrlError, RecipeError
 from plugrl.api.agents import (
     AgentLoop,
     Environment,
@@ -25,8 +25,11 @@ from plugrl.api.agents import (
     Session,
     StepResult,
     Trajectory,
+    text_between_turns,
     tokens_between_turns,
 )
+from plugrl.api.data import MULTIMODAL_COLUMN
+from plugrl_agent_loops.tool import image_arguments
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +47,12 @@ class EnvLoop(AgentLoop):
     their sum. A ``reset``, ``step`` or ``close`` that raises or takes longer than
     ``rollout.agent.tool_timeout_s`` ends the trajectory with finish reason ``error`` and is
     counted in the trajectory's metrics; it never fails the run.
+
+    With a vision-language model the prompt keeps the row's images, and an observation's
+    images (``StepResult.images``) are appended with it, each expanded to its tokens, their
+    image inputs kept in ``Trajectory.image_inputs``; an image that cannot be decoded (or
+    images for a text model) ends the trajectory with ``error`` and its one-line reason, and
+    images that could never fit ``data.max_response_length`` stop the run in one line.
 
     Metrics per trajectory (averaged into ``agent/...``): ``env/step_latency_s`` (mean seconds
     of one step), ``env/reward`` (the episode's reward), ``env/errors`` and ``env/timeouts``
@@ -78,6 +87,7 @@ class _Episode:
         self.truncated = 0
         self.failure: str | None = None  # "errors" or "timeouts"
         self.env_name = "the environment"
+        self._schemas: list[dict[str, Any]] = []
 
     async def guarded(self, what: str, call: Any) -> Any:
         """Await an environment call under the timeout; a failure is recorded and raised as
@@ -126,9 +136,13 @@ class _Episode:
             trajectory.prompt_ids = list(row.get("raw_prompt_ids", ()))
             return
         schemas = env.tools()
+        self._schemas = schemas
+        images = self.session.images
         if opening is None and "raw_prompt_ids" in row and not schemas:
             trajectory.prompt_ids = list(row["raw_prompt_ids"])
             messages = list(row.get("prompt") or [])
+            if row.get(MULTIMODAL_COLUMN) is not None:
+                trajectory.image_inputs.append(dict(row[MULTIMODAL_COLUMN]))
         else:
             if opening is None and not row.get("prompt"):
                 raise ValueError(
@@ -137,18 +151,23 @@ class _Episode:
                     f"the row has no prompt messages; return the opening messages from reset"
                 )
             messages = list(opening if opening is not None else row["prompt"])
-            trajectory.prompt_ids = self.tokenizer.encode(
-                self.tokenizer.apply_chat_template(
-                    messages, tools=schemas or None, add_generation_prompt=True, tokenize=False
-                ),
-                add_special_tokens=False,
+            shown = images.prompt_messages(messages, row) if images is not None else messages
+            rendered = self.tokenizer.apply_chat_template(
+                shown, tools=schemas or None, add_generation_prompt=True, tokenize=False
             )
+            if images is not None:
+                trajectory.prompt_ids, inputs = images.prompt(rendered, row)
+                if inputs is not None:
+                    trajectory.image_inputs.append(inputs)
+            else:
+                trajectory.prompt_ids = self.tokenizer.encode(rendered, add_special_tokens=False)
         trajectory.messages = messages
         limit = self.session.max_response_length
         while True:
             completion = await self.session.generate(
                 [*trajectory.prompt_ids, *trajectory.response_ids],
                 limit - len(trajectory.response_ids),
+                **image_arguments(trajectory),
             )
             self._add_turn(completion)
             text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
@@ -179,18 +198,66 @@ class _Episode:
                 trajectory.finish_reason = "max_turns"
                 return
             observation = self._observation_messages(result.observation)
-            delta = tokens_between_turns(
-                self.tokenizer,
-                observation,
-                last_token_ids=completion.token_ids,
-                tools=schemas or None,
-            )
+            inputs = None
+            if result.images:
+                try:
+                    delta, inputs = self._with_images(observation, result, completion.token_ids)
+                except DataError as exc:
+                    self._failed_observation(str(exc))
+                    return
+            else:
+                delta = tokens_between_turns(
+                    self.tokenizer,
+                    observation,
+                    last_token_ids=completion.token_ids,
+                    tools=schemas or None,
+                )
             # the next turn needs room for at least one sampled token
             if len(trajectory.response_ids) + len(delta) >= limit:
                 trajectory.finish_reason = "length"
                 return
             messages.extend(observation)
-            trajectory.add_appended(delta)
+            trajectory.add_appended(delta, inputs)
+
+    def _with_images(
+        self, observation: list[Message], result: StepResult, last_token_ids: Any
+    ) -> tuple[list[int], dict[str, Any] | None]:
+        """The tokens between turns with the observation's images in them, and their image
+        inputs; images the run cannot show are a one-line :class:`DataError`."""
+        images = self.session.images
+        what = f"environment {self.env_name} observation"
+        if images is None:
+            raise DataError(
+                f"{what} has {len(result.images)} images, but the run's model is not a "
+                "vision-language model; return images only to a vision-language model"
+            )
+        placed = images.place_in_messages(observation, len(result.images), what=what)
+        text = text_between_turns(
+            self.tokenizer, placed, last_token_ids=last_token_ids, tools=self._schemas or None
+        )
+        delta, inputs = images.encode(text, result.images, what=what)
+        image_tokens = images.image_tokens(delta)
+        budget = self.session.max_response_length
+        if image_tokens >= budget:
+            raise RecipeError(
+                f"sample {self.session.sample_id}: the {len(result.images)} images of {what} "
+                f"are {image_tokens} tokens, more than data.max_response_length={budget} "
+                "holds; raise it or return smaller images",
+                key="data.max_response_length",
+            )
+        return delta, inputs
+
+    def _failed_observation(self, reason: str) -> None:
+        """An observation the model cannot be shown ends the trajectory with ``error``."""
+        log.warning(
+            "sample %s: %s; the trajectory ends with finish_reason error",
+            self.session.sample_id,
+            reason,
+        )
+        if self.failure is None:
+            self.failure = "errors"
+            self.trajectory.finish_reason = "error"
+            self.trajectory.error = reason.splitlines()[0]
 
     def _add_turn(self, completion: Any) -> None:
         trajectory = self.trajectory

@@ -17,7 +17,9 @@ from plugrl.api.agents import (
     Message,
     Session,
     ToolCall,
+    ToolResult,
     Trajectory,
+    text_between_turns,
     tokens_between_turns,
 )
 
@@ -32,6 +34,12 @@ def render(tokenizer: Any, messages: Sequence[Message], tools: list[dict] | None
 def encode(tokenizer: Any, text: str) -> list[int]:
     """The ids of rendered text (the template wrote its special tokens itself)."""
     return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def image_arguments(trajectory: Trajectory) -> dict[str, Any]:
+    """The keyword arguments of ``Session.generate`` that carry the trajectory's image inputs;
+    none for a text sample, so that a session written before images still serves it."""
+    return {"image_inputs": list(trajectory.image_inputs)} if trajectory.image_inputs else {}
 
 
 def call_message(call: ToolCall) -> dict[str, Any]:
@@ -52,7 +60,13 @@ class ToolLoop(AgentLoop):
     or the response budget (``data.max_response_length``, appended tokens included) is spent
     (``length``). The prompt is the row's chat messages (``prompt``) rendered with the run's
     tool schemas (the decoded ``raw_prompt_ids`` as one user message when the row has none).
-    A reward a tool gives is its turn's reward."""
+    A reward a tool gives is its turn's reward.
+
+    With a vision-language model the prompt keeps the row's images, and a tool result's images
+    (``ToolResult.images``) are appended with it, each expanded to its tokens, their image
+    inputs kept in ``Trajectory.image_inputs``; a result whose image tokens do not fit what is
+    left of the budget ends the trajectory (``length``) before it, never cut through an
+    image."""
 
     async def run(self, row: Mapping[str, Any], session: Session) -> Trajectory:
         tokenizer = session.tokenizer
@@ -61,7 +75,13 @@ class ToolLoop(AgentLoop):
         if not messages:
             text = tokenizer.decode(list(row["raw_prompt_ids"]), skip_special_tokens=True)
             messages = [{"role": "user", "content": text}]
-        prompt_ids = encode(tokenizer, render(tokenizer, messages, tools, gen=True))
+        images = session.images
+        prompt_inputs = None
+        if images is not None:
+            rendered = render(tokenizer, images.prompt_messages(messages, row), tools, gen=True)
+            prompt_ids, prompt_inputs = images.prompt(rendered, row)
+        else:
+            prompt_ids = encode(tokenizer, render(tokenizer, messages, tools, gen=True))
         limit = self.context.recipe.data.max_prompt_length
         if len(prompt_ids) > limit:
             # the engines are sized for prompts of this length at most
@@ -72,12 +92,16 @@ class ToolLoop(AgentLoop):
                 key="data.max_prompt_length",
             )
         out = Trajectory(prompt_ids=prompt_ids)
+        if prompt_inputs is not None:
+            out.image_inputs.append(prompt_inputs)
         budget = session.max_response_length
         rewards: list[float | None] = []
         finish = "max_turns"
         for turn in range(session.config.max_turns):
             completion = await session.generate(
-                [*prompt_ids, *out.response_ids], budget - len(out.response_ids)
+                [*prompt_ids, *out.response_ids],
+                budget - len(out.response_ids),
+                **image_arguments(out),
             )
             tokens = list(completion.token_ids)
             out.add_turn(completion)
@@ -112,9 +136,16 @@ class ToolLoop(AgentLoop):
                 }
                 for call, result in zip(parsed.tool_calls, results, strict=True)
             ]
-            appended = tokens_between_turns(tokenizer, answers, last_token_ids=tokens, tools=tools)
             messages += answers
             room = budget - len(out.response_ids)
+            if any(result.images for result in results):
+                appended, inputs = self._with_images(session, answers, results, tokens, tools)
+                if len(appended) >= room:
+                    finish = "length"  # no room for the images and the model's answer
+                    break
+                out.add_appended(appended, inputs)
+                continue
+            appended = tokens_between_turns(tokenizer, answers, last_token_ids=tokens, tools=tools)
             out.add_appended(appended[:room])
             if len(appended) >= room:
                 finish = "length"  # no room left for the model to answer the results
@@ -124,3 +155,36 @@ class ToolLoop(AgentLoop):
         if any(r is not None for r in rewards):
             out.turn_rewards = [r or 0.0 for r in rewards]
         return out
+
+    def _with_images(
+        self,
+        session: Session,
+        answers: list[Message],
+        results: list[ToolResult],
+        last_tokens: list[int],
+        tools: list[dict] | None,
+    ) -> tuple[list[int], dict[str, Any] | None]:
+        """The tokens between turns with the results' images in them (each result's images at
+        its ``<image>`` places, else before its text), and their image inputs. Images that
+        could never fit the response budget stop the run in one line."""
+        images = session.images
+        assert images is not None  # the session's tool caller refused images otherwise
+        placed = [
+            {**answer, "content": images.place(r.text, len(r.images), what="tool result")}
+            for answer, r in zip(answers, results, strict=True)
+        ]
+        text = text_between_turns(
+            session.tokenizer, placed, last_token_ids=last_tokens, tools=tools
+        )
+        every_image = [image for r in results for image in r.images]
+        appended, inputs = images.encode(text, every_image, what="tool results")
+        image_tokens = images.image_tokens(appended)
+        budget = session.max_response_length
+        if image_tokens >= budget:
+            raise RecipeError(
+                f"sample {session.sample_id}: the {len(every_image)} images of a turn's tool "
+                f"results are {image_tokens} tokens, more than data.max_response_length="
+                f"{budget} holds; raise it or return smaller images",
+                key="data.max_response_length",
+            )
+        return appended, inputs

@@ -112,6 +112,29 @@ class Qwen2VLFamily(MultimodalModel):
             if token_id is not None
         )
 
+    def expand_image_tokens(
+        self, token_ids: Sequence[int], inputs: Mapping[str, torch.Tensor]
+    ) -> list[int]:
+        """Each ``<|image_pad|>`` repeated once per merged patch of its image (its grid's
+        size over ``spatial_merge_size**2``), as the processor expands it."""
+        config = self.hf_config
+        merge = config.vision_config.spatial_merge_size**2
+        counts = [int(grid.prod()) // merge for grid in inputs["image_grid_thw"]]
+        placeholders = sum(1 for token in token_ids if token == config.image_token_id)
+        if placeholders != len(counts):
+            raise DataError(
+                f"the prompt holds {placeholders} image placeholders for {len(counts)} images; "
+                f"put one {IMAGE_TEXT} in it for each image"
+            )
+        expanded: list[int] = []
+        remaining = iter(counts)
+        for token in token_ids:
+            if token == config.image_token_id:
+                expanded.extend([token] * next(remaining))
+            else:
+                expanded.append(token)
+        return expanded
+
     @cached_property
     def _rope_model(self) -> Any:
         """The model's base module with no weights (on the meta device): only its

@@ -344,9 +344,10 @@ class FullyAsyncScheduler(Scheduler):
     def sample_batch(self, parts: RunParts, sample: Sample) -> Batch:
         """The batch rows of one sample (a prompt and its responses or trajectories)."""
         if sample.trajectories:
-            return build_trajectory_batch(
+            batch = build_trajectory_batch(
                 sample.prompt, [sample.trajectories], pad_token_id=parts.pad_token_id
             )
+            return parts.with_model_positions(batch)
         batch = build_rollout_batch(
             sample.prompt,
             sample.completions,
