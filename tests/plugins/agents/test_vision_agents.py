@@ -20,9 +20,10 @@ from plugrl.config import option
 from plugrl.data.batch import MULTIMODAL_COLUMN, Batch
 from plugrl.data.dataset import load_tokenizer
 from plugrl.data.multimodal import add_model_positions, load_multimodal, model_inputs
-from plugrl.errors import RecipeError
+from plugrl.errors import PluginError, RecipeError
 from plugrl.parts.agent import (
     AgentConfig,
+    AgentLoop,
     Environment,
     EnvironmentConfig,
     ParsedTurn,
@@ -31,6 +32,7 @@ from plugrl.parts.agent import (
     ToolCall,
     ToolConfig,
     ToolResult,
+    Trajectory,
 )
 from plugrl.parts.rollout import SamplingParams
 from plugrl.plugin.manager import get_plugin_manager
@@ -90,6 +92,13 @@ class ShowEnvironment(Environment):
         )
 
 
+class TextOnlyLoop(AgentLoop):
+    """A loop that does not carry the row's images."""
+
+    async def run(self, row, session):
+        return Trajectory(prompt_ids=list(row["raw_prompt_ids"]))
+
+
 def always_zoom(text: str) -> ParsedTurn:
     """Every turn calls zoom: the tiny model writes noise, not calls."""
     return ParsedTurn(
@@ -105,6 +114,10 @@ class VisionAgentPlugin:
     @plugrl.hookimpl
     def register_tool_parsers(self, register):
         register("always_zoom", f"{__name__}:always_zoom")
+
+    @plugrl.hookimpl
+    def register_agent_loops(self, register):
+        register("text_only", f"{__name__}:TextOnlyLoop")
 
     @plugrl.hookimpl
     def register_environments(self, register):
@@ -361,3 +374,13 @@ def test_a_tool_image_the_run_cannot_show_is_a_failed_call_the_model_reads(visio
     assert raised == ["broken", "zoom"]
     good = call(caller(TurnImages(multimodal, tokenizer)), "zoom")
     assert not good.error and good.images[0].size == (56, 56)
+
+
+def test_a_loop_that_drops_the_rows_images_stops_the_run_in_one_line(run_agents):
+    with pytest.raises(
+        PluginError,
+        match=r"^agent loop 'text_only' returned a trajectory without the image inputs of "
+        r"sample u/0's prompt images; a loop for rows with images puts them in "
+        r"Trajectory.image_inputs",
+    ):
+        run_agents("text_only")
