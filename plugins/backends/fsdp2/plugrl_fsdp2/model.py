@@ -89,13 +89,6 @@ def _model_config(recipe: Recipe, role: Role) -> tuple[Any, Any, str]:
     return config, AutoModelForCausalLM, path
 
 
-def is_vision_model(recipe: Recipe, role: Role) -> bool:
-    """Whether the role's model is a vision-language model (its config has a
-    ``vision_config``)."""
-    config, _, _ = _model_config(recipe, "actor" if role == "critic" else role)
-    return getattr(config, "vision_config", None) is not None
-
-
 def load_model(recipe: Recipe, role: Role, dtype: torch.dtype) -> torch.nn.Module:
     """A Hugging Face model for ``role``: a causal LM for actor and ref; for the critic, the
     same network with a one-output token-classification head (the value head) instead of the
