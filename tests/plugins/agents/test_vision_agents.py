@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+from types import SimpleNamespace
 
 import attrs
 import pytest
@@ -195,6 +196,7 @@ def run_agents(vision, tiny_vl_model, plugrl_recipe, plugrl_plugin_manager, plug
         built.append(runtime)
         params = SamplingParams(n=1, seed=5, temperature=1.0, max_tokens=96)
         [[[trajectory]]] = runtime.run(agent_rows(prompts), [loop], params)
+        engines.runtime, engines.params = runtime, params
         return trajectory, engines
 
     yield run
@@ -271,6 +273,21 @@ def test_a_tool_result_with_an_image_joins_the_trajectory_and_trains_as_the_engi
     crop_columns = attended.nonzero().squeeze(-1)[len(prompt_ids) + turn_one :][: len(appended)]
     crop_positions = got[:, crop_columns][:, torch.tensor(appended) == config.image_token_id]
     assert crop_positions[1].unique().numel() == 2 and crop_positions[2].unique().numel() == 2
+
+    # a run's step builds the same batch: the same samples (seeded), the model's positions
+    from plugrl.compose.run_parts import RunParts
+    from plugrl.run.steps import generate_with_agents
+
+    parts = SimpleNamespace(
+        agent_runtime=lambda: engines.runtime,
+        pad_token_id=tokenizer.pad_token_id,
+        multimodal=multimodal,
+    )
+    parts.with_model_positions = lambda rows: RunParts.with_model_positions(parts, rows)
+    stepped = generate_with_agents(parts, prompts, engines.params, ["tool"])
+    for name in ("input_ids", "response_mask", "position_ids", "rollout_log_probs"):
+        assert torch.equal(stepped[name], batch[name]), name
+    assert torch.equal(stepped[MULTIMODAL_COLUMN][0]["pixel_values"], joined["pixel_values"])
 
     # the trainer's log-probs on the batch are the engine's, turn 2 (after the crop) included
     backend = make_backend(
