@@ -56,6 +56,9 @@ class PromptRecord:
     multi_modal_inputs: Mapping[str, Any] | None = None
     """The model's image inputs for the row's images (computed once, when the dataset is
     built), ``None`` for a row without images."""
+    images: tuple[bytes, ...] = ()
+    """The row's images as encoded bytes, in placeholder order (empty without images): what
+    an engine that runs the model's processor itself (vLLM, SGLang) decodes."""
 
 
 def truncate(ids: Sequence[int], limit: int, mode: str) -> list[int]:
@@ -228,13 +231,14 @@ class _FileRows:
         messages: list[list[dict[str, str]]],
         config: DataConfig,
         use_template: bool,
-    ) -> tuple[list[Any], list[Mapping[str, Any] | None]]:
+    ) -> tuple[list[Any], list[Mapping[str, Any] | None], list[tuple[bytes, ...]]]:
         """Every row's prompt, checked against its images: an :class:`EncodedRow` (ids with
         the images expanded, and the image inputs) for a row with images, token ids for a row
-        without, and each row's image inputs (``None`` without)."""
+        without, each row's image inputs (``None`` without) and its encoded images."""
         images = self.images if self.images is not None else [None] * len(messages)
         encoded: list[Any] = []
         inputs: list[Mapping[str, Any] | None] = []
+        encoded_images: list[tuple[bytes, ...]] = []
         for chat, row_images, origin in zip(messages, images, self.origins, strict=True):
             row = multimodal.encode(
                 chat,
@@ -248,7 +252,8 @@ class _FileRows:
             )
             encoded.append(row if row.inputs is not None else row.prompt_ids)
             inputs.append(row.inputs)
-        return encoded, inputs
+            encoded_images.append(row.images)
+        return encoded, inputs, encoded_images
 
 
 def _refuse_images(rows: _FileRows, config: DataConfig) -> None:
@@ -324,8 +329,9 @@ class PromptDataset:
                 _refuse_images(rows, config)
                 encoded = rows.encode(tokenizer, messages, use_template)
                 inputs: list[Mapping[str, Any] | None] = [None] * len(encoded)
+                images: list[tuple[bytes, ...]] = [()] * len(encoded)
             else:
-                encoded, inputs = rows.encode_with_images(
+                encoded, inputs, images = rows.encode_with_images(
                     tokenizer, multimodal, messages, config, use_template
                 )
             truths = [_ground_truth(r, o) for r, o in zip(rows.rewards, rows.origins, strict=True)]
@@ -356,6 +362,7 @@ class PromptDataset:
                         messages=tuple(messages[row]),
                         agent_name=rows.agent_names[row] or None,
                         multi_modal_inputs=inputs[row],
+                        images=images[row],
                     )
                 )
         self._check_filtered(records, filtered)
@@ -431,8 +438,9 @@ def collate(
     (unpadded lists of ints), ``raw_prompt`` (the chat messages, verl's name) and
     ``agent_name`` (the row's agent loop, ``None`` for ``rollout.agent.loop``).
     ``with_images`` (a dataset read with its images) adds ``multi_modal_inputs``: each row's
-    model image inputs, ``None`` for a row without images."""
-    from plugrl.data.batch import MULTIMODAL_COLUMN, Batch, left_pad
+    model image inputs, ``None`` for a row without images, and ``prompt_images``: each row's
+    images as encoded bytes."""
+    from plugrl.data.batch import IMAGES_COLUMN, MULTIMODAL_COLUMN, Batch, left_pad
 
     prompts, mask = left_pad([r.prompt_ids for r in records], pad_token_id)
     batch = Batch(
@@ -451,6 +459,7 @@ def collate(
     )
     if with_images:
         batch[MULTIMODAL_COLUMN] = [r.multi_modal_inputs for r in records]
+        batch[IMAGES_COLUMN] = [r.images for r in records]
     return batch
 
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from plugrl.data.dataset import PromptDataset, PromptLoader, load_tokenizer
+from plugrl.data.batch import IMAGES_COLUMN
 from plugrl.data.multimodal import MULTIMODAL_COLUMN, load_multimodal, model_inputs
 from plugrl.errors import DataError
 from plugrl.plugin.manager import get_plugin_manager
@@ -79,6 +80,10 @@ def test_rows_are_processed_once_and_their_inputs_travel_with_the_batch(tmp_path
         return_tensors="pt",
     )["pixel_values"]
     torch.testing.assert_close(second.multi_modal_inputs["pixel_values"][32:], same)
+    # the encoded images engines decode themselves: the row's bytes, the file's for a path
+    assert first.images == (png_bytes(RED),)
+    assert second.images == (png_bytes(GREEN, (112, 56)), png_bytes(BLUE))
+    assert text_only.images == ()
 
     loader = PromptLoader.for_training(data, config, tokenizer.pad_token_id)
     batch = loader.next_batch()
@@ -88,6 +93,9 @@ def test_rows_are_processed_once_and_their_inputs_travel_with_the_batch(tmp_path
         int(i): inputs for i, inputs in zip(moved["index"], moved[MULTIMODAL_COLUMN], strict=True)
     }
     assert by_index[2] is None
+    images_by_index = dict(zip(moved["index"], moved[IMAGES_COLUMN], strict=True))
+    assert images_by_index[1] == second.images
+    assert images_by_index[2] == ()
     torch.testing.assert_close(
         by_index[1]["pixel_values"], second.multi_modal_inputs["pixel_values"]
     )
