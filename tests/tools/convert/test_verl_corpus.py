@@ -45,7 +45,7 @@ INHERITED = {"HOME": "/home/user", "USER": "user", "PWD": "/home/user/verl"}
 
 # measured on this corpus; raise them as the converter and plugrl learn more
 WRITTEN = 362
-CLEAN = 242
+CLEAN = 245
 VALIDATE = 349
 VALIDATE_WITH_FEATURES = 349
 
@@ -53,7 +53,7 @@ VALIDATE_WITH_FEATURES = 349
 # (docs/migrating-from-verl.md says what keeps the rest from clean)
 CURRENT_SCRIPTS = 100
 CURRENT_WRITTEN = 98
-CURRENT_CLEAN = 74
+CURRENT_CLEAN = 77
 CURRENT_VALIDATE = 96
 CURRENT_VALIDATE_TARGET = 0.90
 CURRENT_CLEAN_TARGET = 0.50
@@ -191,3 +191,41 @@ def test_current_verl_scripts(plugrl_make_plugin_manager, accelerator_stubs):
     assert counts["written"] >= CURRENT_WRITTEN
     assert counts["clean"] >= CURRENT_CLEAN
     assert counts["validate"] >= CURRENT_VALIDATE
+
+
+VISION_KEY = re.compile(r"image|video|vision|visual|multi_modal|(^|\.)mm_|limit_mm")
+"""A verl override about images or videos (data keys, engine arguments, the vision tower)."""
+
+
+def test_current_vision_scripts_convert_validate_and_map_their_vision_keys(
+    plugrl_make_plugin_manager, accelerator_stubs
+):
+    """Each of verl's current scripts that trains on images (sets data.image_key) converts to
+    a recipe that validates, with every vision setting mapped or dropped with its reason: only
+    videos and per-prompt image limits are left over, which plugrl does not read yet."""
+    plugins = plugrl_make_plugin_manager()
+    scripts = [
+        path
+        for path in sorted(CURRENT.rglob("*.sh"))
+        if "data.image_key" in path.read_text(encoding="utf-8")
+    ]
+    assert len(scripts) >= 15
+    for path in scripts:
+        conversion = convert_script(
+            path.read_text(encoding="utf-8"),
+            path.name,
+            CURRENT_ENV,
+            plugins=plugins,
+            inherited=INHERITED,
+        )
+        name = str(path.relative_to(CURRENT))
+        result = validate(conversion.recipe, plugins, check_files=False)
+        assert (name, result.error, result.missing) == (name, None, ())
+        left = [
+            u.override
+            for u in conversion.unmapped
+            if u.category != "dropped"
+            and VISION_KEY.search(u.override.partition("=")[0])
+            and not re.search(r"video|limit_images|limit_mm", u.override)
+        ]
+        assert (name, left) == (name, [])
