@@ -34,6 +34,9 @@ logger = logging.getLogger("plugrl.data")
 
 TRUNCATION_MODES = ("error", "left", "right", "middle")
 
+VIDEO_COLUMN = "videos"
+"""verl's column of a row's videos (its ``data.video_key`` default), which plugrl refuses."""
+
 
 @attrs.frozen
 class PromptRecord:
@@ -166,6 +169,8 @@ class _FileRows:
     agent_names: list[Any]
     images: list[Any] | None
     """The ``data.image_key`` column, ``None`` when the file has none."""
+    videos: list[Any] | None = None
+    """verl's ``videos`` column (:data:`VIDEO_COLUMN`), ``None`` when the file has none."""
 
     @classmethod
     def read(cls, path: Path, config: DataConfig, files_key: str) -> _FileRows:
@@ -197,7 +202,26 @@ class _FileRows:
             abilities=column("ability"),
             agent_names=column("agent_name"),
             images=column(config.image_key) if config.image_key in columns else None,
+            videos=column(VIDEO_COLUMN) if VIDEO_COLUMN in columns else None,
         )
+
+    def refuse_videos(self, messages: list[list[dict[str, str]]], config: DataConfig) -> None:
+        """One line naming the first row with videos (a value in :data:`VIDEO_COLUMN`, or a
+        ``<video>`` placeholder in its messages): plugrl does not read videos yet."""
+        from plugrl.data.multimodal import VIDEO_PLACEHOLDER
+
+        for row, chat in enumerate(messages):
+            value = self.videos[row] if self.videos is not None else None
+            if value is not None and len(value):
+                where = f"column {VIDEO_COLUMN!r} holds videos"
+            elif any(VIDEO_PLACEHOLDER in message["content"] for message in chat):
+                where = f"column {config.prompt_key!r} has a {VIDEO_PLACEHOLDER} placeholder"
+            else:
+                continue
+            raise DataError(
+                f"{self.path} row {row}: {where}, and plugrl does not read videos yet "
+                "(docs/vision.md); train on images, or drop the row's videos"
+            )
 
     @property
     def origins(self) -> list[str]:
@@ -325,6 +349,8 @@ class PromptDataset:
         for path in self.files:
             rows = _FileRows.read(path, config, files_key)
             messages = rows.messages(config)
+            if multimodal is not None or rows.videos is not None:
+                rows.refuse_videos(messages, config)
             if multimodal is None:
                 _refuse_images(rows, config)
                 encoded = rows.encode(tokenizer, messages, use_template)

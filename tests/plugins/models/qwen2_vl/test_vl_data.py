@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from plugrl.data.dataset import PromptDataset, PromptLoader, load_tokenizer
 from plugrl.data.batch import IMAGES_COLUMN
+from plugrl.data.dataset import PromptDataset, PromptLoader, load_tokenizer
 from plugrl.data.multimodal import MULTIMODAL_COLUMN, load_multimodal, model_inputs
 from plugrl.errors import DataError
 from plugrl.plugin.manager import get_plugin_manager
@@ -114,6 +114,10 @@ def test_a_text_model_refuses_rows_with_images(tmp_path, tiny_task):
     config = DataConfig(train_files=[str(path)], train_batch_size=1)
     with pytest.raises(DataError, match=r"row 0: column 'images' holds images, but model.path"):
         PromptDataset.train(config, tokenizer)
+    # nor does it read videos
+    pq.write_table(pa.Table.from_pylist([{**row("?", []), "videos": [b"frames"]}]), path)
+    with pytest.raises(DataError, match=r"row 0: column 'videos' holds videos, and plugrl"):
+        PromptDataset.train(config, tokenizer)
 
 
 @pytest.mark.parametrize(
@@ -140,6 +144,14 @@ def test_a_text_model_refuses_rows_with_images(tmp_path, tiny_task):
         (
             row("<image>?", [{"bytes": None, "path": None}]),
             r"row 0: image 0 of column 'images' has neither bytes nor a path",
+        ),
+        (
+            {**row("<video> moves?", []), "videos": [b"frames"]},
+            r"row 0: column 'videos' holds videos, and plugrl does not read videos yet",
+        ),
+        (
+            row("<video> moves?", []),
+            r"row 0: column 'prompt' has a <video> placeholder, and plugrl does not read videos",
         ),
     ],
 )
