@@ -7,18 +7,26 @@ from typing import TYPE_CHECKING
 from plugrl.api._lazy import lazy_module
 
 if TYPE_CHECKING:
-    from plugrl.data.batch import MULTIMODAL_COLUMN, Batch, left_pad, response_attention_mask
+    from plugrl.data.batch import (
+        IMAGES_COLUMN,
+        MULTIMODAL_COLUMN,
+        Batch,
+        left_pad,
+        response_attention_mask,
+    )
     from plugrl.data.dataset import PromptLoader, collate, load_tokenizer, truncate
     from plugrl.data.hf_loading import quiet_hf_loading
     from plugrl.data.multimodal import (
         IMAGE_PLACEHOLDER,
         MultimodalModel,
+        decode_image,
         model_inputs,
         multimodal_family,
     )
     from plugrl.data.rollout_batch import build_rollout_batch
 
 __all__ = [
+    "IMAGES_COLUMN",
     "IMAGE_PLACEHOLDER",
     "MULTIMODAL_COLUMN",
     "Batch",
@@ -26,6 +34,7 @@ __all__ = [
     "PromptLoader",
     "build_rollout_batch",
     "collate",
+    "decode_image",
     "left_pad",
     "load_tokenizer",
     "model_inputs",
@@ -39,9 +48,11 @@ __getattr__, __dir__ = lazy_module(
     __name__,
     {
         "Batch": ("plugrl.data.batch", "Batch"),
+        "IMAGES_COLUMN": ("plugrl.data.batch", "IMAGES_COLUMN"),
         "IMAGE_PLACEHOLDER": ("plugrl.data.multimodal", "IMAGE_PLACEHOLDER"),
         "MULTIMODAL_COLUMN": ("plugrl.data.batch", "MULTIMODAL_COLUMN"),
         "MultimodalModel": ("plugrl.data.multimodal", "MultimodalModel"),
+        "decode_image": ("plugrl.data.multimodal", "decode_image"),
         "model_inputs": ("plugrl.data.multimodal", "model_inputs"),
         "multimodal_family": ("plugrl.data.multimodal", "multimodal_family"),
         "PromptLoader": ("plugrl.data.dataset", "PromptLoader"),

@@ -36,6 +36,10 @@ batch is a response column, right-padded."""
 MULTIMODAL_COLUMN = "multi_modal_inputs"
 """Non-tensor column of a vision-language model's image inputs, one mapping of tensors per row
 (``None`` for a row without images): see :mod:`plugrl.data.multimodal`."""
+IMAGES_COLUMN = "prompt_images"
+"""Non-tensor column beside :data:`MULTIMODAL_COLUMN`: each row's images as encoded bytes
+(PNG, JPEG, ...), a tuple in placeholder order (empty for a row without images), for engines
+that run the model's processor themselves (vLLM, SGLang)."""
 TOKEN_COLUMNS = frozenset({"prompts", "responses", "input_ids"})
 """Columns padded with the pad token; the others are padded with 0, except positions."""
 

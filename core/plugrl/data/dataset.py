@@ -34,6 +34,9 @@ logger = logging.getLogger("plugrl.data")
 
 TRUNCATION_MODES = ("error", "left", "right", "middle")
 
+VIDEO_COLUMN = "videos"
+"""verl's column of a row's videos (its ``data.video_key`` default), which plugrl refuses."""
+
 
 @attrs.frozen
 class PromptRecord:
@@ -56,6 +59,9 @@ class PromptRecord:
     multi_modal_inputs: Mapping[str, Any] | None = None
     """The model's image inputs for the row's images (computed once, when the dataset is
     built), ``None`` for a row without images."""
+    images: tuple[bytes, ...] = ()
+    """The row's images as encoded bytes, in placeholder order (empty without images): what
+    an engine that runs the model's processor itself (vLLM, SGLang) decodes."""
 
 
 def truncate(ids: Sequence[int], limit: int, mode: str) -> list[int]:
@@ -163,6 +169,8 @@ class _FileRows:
     agent_names: list[Any]
     images: list[Any] | None
     """The ``data.image_key`` column, ``None`` when the file has none."""
+    videos: list[Any] | None = None
+    """verl's ``videos`` column (:data:`VIDEO_COLUMN`), ``None`` when the file has none."""
 
     @classmethod
     def read(cls, path: Path, config: DataConfig, files_key: str) -> _FileRows:
@@ -194,7 +202,26 @@ class _FileRows:
             abilities=column("ability"),
             agent_names=column("agent_name"),
             images=column(config.image_key) if config.image_key in columns else None,
+            videos=column(VIDEO_COLUMN) if VIDEO_COLUMN in columns else None,
         )
+
+    def refuse_videos(self, messages: list[list[dict[str, str]]], config: DataConfig) -> None:
+        """One line naming the first row with videos (a value in :data:`VIDEO_COLUMN`, or a
+        ``<video>`` placeholder in its messages): plugrl does not read videos yet."""
+        from plugrl.data.multimodal import VIDEO_PLACEHOLDER
+
+        for row, chat in enumerate(messages):
+            value = self.videos[row] if self.videos is not None else None
+            if value is not None and len(value):
+                where = f"column {VIDEO_COLUMN!r} holds videos"
+            elif any(VIDEO_PLACEHOLDER in message["content"] for message in chat):
+                where = f"column {config.prompt_key!r} has a {VIDEO_PLACEHOLDER} placeholder"
+            else:
+                continue
+            raise DataError(
+                f"{self.path} row {row}: {where}, and plugrl does not read videos yet "
+                "(docs/vision.md); train on images, or drop the row's videos"
+            )
 
     @property
     def origins(self) -> list[str]:
@@ -228,13 +255,14 @@ class _FileRows:
         messages: list[list[dict[str, str]]],
         config: DataConfig,
         use_template: bool,
-    ) -> tuple[list[Any], list[Mapping[str, Any] | None]]:
+    ) -> tuple[list[Any], list[Mapping[str, Any] | None], list[tuple[bytes, ...]]]:
         """Every row's prompt, checked against its images: an :class:`EncodedRow` (ids with
         the images expanded, and the image inputs) for a row with images, token ids for a row
-        without, and each row's image inputs (``None`` without)."""
+        without, each row's image inputs (``None`` without) and its encoded images."""
         images = self.images if self.images is not None else [None] * len(messages)
         encoded: list[Any] = []
         inputs: list[Mapping[str, Any] | None] = []
+        encoded_images: list[tuple[bytes, ...]] = []
         for chat, row_images, origin in zip(messages, images, self.origins, strict=True):
             row = multimodal.encode(
                 chat,
@@ -248,7 +276,8 @@ class _FileRows:
             )
             encoded.append(row if row.inputs is not None else row.prompt_ids)
             inputs.append(row.inputs)
-        return encoded, inputs
+            encoded_images.append(row.images)
+        return encoded, inputs, encoded_images
 
 
 def _refuse_images(rows: _FileRows, config: DataConfig) -> None:
@@ -320,12 +349,15 @@ class PromptDataset:
         for path in self.files:
             rows = _FileRows.read(path, config, files_key)
             messages = rows.messages(config)
+            if multimodal is not None or rows.videos is not None:
+                rows.refuse_videos(messages, config)
             if multimodal is None:
                 _refuse_images(rows, config)
                 encoded = rows.encode(tokenizer, messages, use_template)
                 inputs: list[Mapping[str, Any] | None] = [None] * len(encoded)
+                images: list[tuple[bytes, ...]] = [()] * len(encoded)
             else:
-                encoded, inputs = rows.encode_with_images(
+                encoded, inputs, images = rows.encode_with_images(
                     tokenizer, multimodal, messages, config, use_template
                 )
             truths = [_ground_truth(r, o) for r, o in zip(rows.rewards, rows.origins, strict=True)]
@@ -356,6 +388,7 @@ class PromptDataset:
                         messages=tuple(messages[row]),
                         agent_name=rows.agent_names[row] or None,
                         multi_modal_inputs=inputs[row],
+                        images=images[row],
                     )
                 )
         self._check_filtered(records, filtered)
@@ -431,8 +464,9 @@ def collate(
     (unpadded lists of ints), ``raw_prompt`` (the chat messages, verl's name) and
     ``agent_name`` (the row's agent loop, ``None`` for ``rollout.agent.loop``).
     ``with_images`` (a dataset read with its images) adds ``multi_modal_inputs``: each row's
-    model image inputs, ``None`` for a row without images."""
-    from plugrl.data.batch import MULTIMODAL_COLUMN, Batch, left_pad
+    model image inputs, ``None`` for a row without images, and ``prompt_images``: each row's
+    images as encoded bytes."""
+    from plugrl.data.batch import IMAGES_COLUMN, MULTIMODAL_COLUMN, Batch, left_pad
 
     prompts, mask = left_pad([r.prompt_ids for r in records], pad_token_id)
     batch = Batch(
@@ -451,6 +485,7 @@ def collate(
     )
     if with_images:
         batch[MULTIMODAL_COLUMN] = [r.multi_modal_inputs for r in records]
+        batch[IMAGES_COLUMN] = [r.images for r in records]
     return batch
 
 

@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 
 IMAGE_PLACEHOLDER = "<image>"
 """What marks an image's place in a row's message text (verl's layout)."""
+VIDEO_PLACEHOLDER = "<video>"
+"""What marks a video's place in verl's layout; plugrl does not read videos yet."""
 
 
 class MultimodalModel(ABC):
@@ -203,6 +205,25 @@ def decode_image(
         ) from None
 
 
+def encoded_image(value: Any, decoded: Any, *, folder: Path | None = None) -> bytes:
+    """The encoded bytes of one image of a row that :func:`decode_image` decoded to
+    ``decoded``: the row's own bytes, the file's bytes for a path (read once, when the
+    dataset is built, so no engine needs the file), or ``decoded`` as PNG for an image given
+    decoded. Compact, and they pickle as they are, through Ray too."""
+    if isinstance(value, Mapping):
+        value = value["bytes"] if value.get("bytes") is not None else value["path"]
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, str):
+        path = Path(value.removeprefix("file://"))
+        if not path.is_absolute() and not path.exists() and folder is not None:
+            path = folder / path
+        return path.read_bytes()
+    buffer = io.BytesIO()
+    decoded.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
 def _image_list(value: Any, origin: str, image_key: str) -> list[Any]:
     if value is None:
         return []
@@ -226,6 +247,9 @@ class EncodedRow:
     row's images (each tensor's first dimension indexes patches or images), ``None`` without
     images."""
     num_images: int
+    images: tuple[bytes, ...] = ()
+    """The row's images as encoded bytes (PNG, JPEG, ...), in placeholder order: what an
+    engine that runs the model's processor itself decodes (:func:`encoded_image`)."""
 
 
 @attrs.define
@@ -281,7 +305,11 @@ class MultimodalData:
         if not decoded:
             return EncodedRow(ids, None, 0)
         inputs = {key: processed[key] for key in self.family.input_keys if key in processed}
-        return EncodedRow(ids, inputs, len(decoded))
+        encoded = tuple(
+            encoded_image(value, image, folder=folder)
+            for value, image in zip(values, decoded, strict=True)
+        )
+        return EncodedRow(ids, inputs, len(decoded), encoded)
 
     def fit_length(
         self,

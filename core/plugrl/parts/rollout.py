@@ -110,6 +110,10 @@ class GenerationRequest:
     """A vision-language model's image inputs for the images of ``prompt_ids`` (the row's
     ``multi_modal_inputs``), ``None`` for a text prompt. An engine that cannot take images
     refuses a request that has them."""
+    images: tuple[bytes, ...] = attrs.field(default=(), converter=tuple, eq=False, repr=False)
+    """The same images as encoded bytes (PNG, JPEG, ...), in the order of their tokens in
+    ``prompt_ids`` (the row's ``prompt_images``): for engines that run the model's processor
+    themselves (vLLM, SGLang); :func:`plugrl.api.data.decode_image` decodes one."""
 
 
 @attrs.define(kw_only=True)
@@ -170,6 +174,7 @@ def continuation_request(
         prompt_ids=(*request.prompt_ids, *partial.token_ids),
         params=params,
         multi_modal_inputs=request.multi_modal_inputs,
+        images=request.images,
     )
 
 
@@ -190,12 +195,16 @@ def batch_requests(
     params: SamplingParams,
     id_prefix: str = "batch",
     images: Sequence[Mapping[str, Any] | None] | None = None,
+    encoded_images: Sequence[Sequence[bytes]] | None = None,
 ) -> list[GenerationRequest]:
     """One request per prompt, each with its own seed derived from ``params.seed``, so a
     batch samples the same however its requests are spread over engines; ``images`` gives
-    each prompt's ``multi_modal_inputs`` (a vision-language model's rows)."""
+    each prompt's ``multi_modal_inputs`` and ``encoded_images`` the same images encoded
+    (a vision-language model's rows)."""
     if images is not None and len(images) != len(prompts):
         raise ValueError(f"{len(images)} image inputs for {len(prompts)} prompts")
+    if encoded_images is not None and len(encoded_images) != len(prompts):
+        raise ValueError(f"{len(encoded_images)} image lists for {len(prompts)} prompts")
     return [
         GenerationRequest(
             request_id=f"{id_prefix}-{index}",
@@ -206,6 +215,7 @@ def batch_requests(
                 else attrs.evolve(params, seed=derive_seed(params.seed, index))
             ),
             multi_modal_inputs=None if images is None else images[index],
+            images=() if encoded_images is None else encoded_images[index],
         )
         for index, prompt in enumerate(prompts)
     ]

@@ -75,7 +75,7 @@ def generate(parts: RunParts, prompts: Batch, params: SamplingParams) -> Batch:
     When the run scores early (:func:`scores_early`), each prompt's responses go to the
     reward manager's ``prefetch`` as soon as they finish; the caller then scores the batch
     (:func:`score`, :func:`reward_output`), which takes those results."""
-    from plugrl.data.batch import MULTIMODAL_COLUMN
+    from plugrl.data.batch import IMAGES_COLUMN, MULTIMODAL_COLUMN
     from plugrl.data.rollout_batch import build_rollout_batch
 
     loop_names = agent_loop_names(parts, prompts)
@@ -83,7 +83,11 @@ def generate(parts: RunParts, prompts: Batch, params: SamplingParams) -> Batch:
         return generate_with_agents(parts, prompts, params, loop_names)
     prompt_ids = list(prompts["raw_prompt_ids"])
     # a vision-language model's rows: each prompt's image inputs go with its request
-    images = {"images": list(prompts[MULTIMODAL_COLUMN])} if MULTIMODAL_COLUMN in prompts else {}
+    images: dict[str, Any] = {}
+    if MULTIMODAL_COLUMN in prompts:
+        images["images"] = list(prompts[MULTIMODAL_COLUMN])
+    if IMAGES_COLUMN in prompts:
+        images["encoded_images"] = list(prompts[IMAGES_COLUMN])
     if scores_early(parts):
 
         def on_finished(index: int, completions: list[Completion]) -> None:

@@ -5,6 +5,8 @@ recipe validates as it would where those plugins are installed."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 
 import plugrl
@@ -41,6 +43,11 @@ class VLLMRolloutConfig(RolloutConfig):
     )
     max_num_batched_tokens: int = option(
         8192, "Tokens per step.", verl="actor_rollout_ref.rollout.max_num_batched_tokens"
+    )
+    engine_kwargs: dict[str, Any] = option(
+        factory=dict,
+        help="More engine arguments.",
+        verl="actor_rollout_ref.rollout.engine_kwargs.vllm",
     )
 
 

@@ -580,8 +580,8 @@ def test_engine_keys_with_the_hf_engine(plugrl_plugin_manager):
             "data.video_key=videos",
             "unsupported",
             "plugrl's vision-language support is images in verl's data layout (data.image_key) "
-            "on the hf engine and fsdp2 (docs/vision.md); this vision setting is not supported "
-            "yet",
+            "with fsdp2 and the hf, vllm and sglang engines (docs/vision.md); this vision "
+            "setting is not supported yet",
         ),
         (
             "hydra.run.dir=outputs",
@@ -1496,7 +1496,7 @@ def test_nested_lora_keys(plugrl_plugin_manager):
     assert set(unmapped(conversion)) == set(unmapped(conversion, "dropped"))
 
 
-def test_the_uv_launcher_and_vision_keys_in_the_report(plugrl_plugin_manager):
+def test_the_uv_launcher_and_vision_keys_in_the_report(stand_ins):
     before = (
         'LAUNCH=(python3)\nif [ "${DEVICE:-gpu}" = gpu ]; then\n'
         "    LAUNCH=(uv run --frozen --extra vllm python3)\nfi\n"
@@ -1509,6 +1509,13 @@ def test_the_uv_launcher_and_vision_keys_in_the_report(plugrl_plugin_manager):
                 '    ray_kwargs.ray_init.runtime_env.py_executable="uv run --frozen --extra vllm"',
                 "    data.image_key=images",
                 "    data.image_patch_size=16",
+                "    data.video_key=videos",
+                "    data.return_multi_modal_inputs=False",
+                "    actor_rollout_ref.actor.freeze_vision_tower=True",
+                "    actor_rollout_ref.rollout.name=vllm",
+                "    +actor_rollout_ref.rollout.engine_kwargs.vllm"
+                ".disable_mm_preprocessor_cache=True",
+                "    +actor_rollout_ref.rollout.engine_kwargs.vllm.limit_mm_per_prompt.image=2",
             ]
         )
     )
@@ -1520,10 +1527,26 @@ def test_the_uv_launcher_and_vision_keys_in_the_report(plugrl_plugin_manager):
     lines = report(conversion, validation, "run.yaml")
     # data.image_key=images is plugrl's default: mapped, and nothing to write
     assert "data.image_key=images" not in {item.override for item in conversion.unmapped}
+    assert conversion.recipe["actor"]["freeze_vision_tower"] is True
+    # vLLM takes images: its multimodal arguments are the engine's, the old cache switch in
+    # vLLM 0.32's spelling
+    assert conversion.recipe["rollout"]["engine_kwargs"] == {
+        "mm_processor_cache_gb": 0,
+        "limit_mm_per_prompt": {"image": 2},
+    }
+    assert any("mm_processor_cache_gb=0" in note for note in conversion.notes)
+    dropped = unmapped(conversion, "dropped")
+    assert dropped["data.image_patch_size=16"].startswith(
+        "verl resizes each image to a multiple of this patch size before its processor; "
+        "plugrl's processor resizes by the model's own patch size"
+    )
+    assert dropped["data.return_multi_modal_inputs=False"].startswith(
+        "plugrl computes each row's image inputs once"
+    )
     assert (
         "  plugrl's vision-language support is images in verl's data layout (data.image_key) "
-        "on the hf engine and fsdp2 (docs/vision.md); this vision setting is not supported "
-        "yet: data.image_patch_size=16 (line 8)"
+        "with fsdp2 and the hf, vllm and sglang engines (docs/vision.md); this vision setting "
+        "is not supported yet: data.video_key=videos (line 9)"
     ) in lines
     assert 'line 2: if [ "${DEVICE:-gpu}" = gpu ] is true' in conversion.notes
 

@@ -259,6 +259,15 @@ _REWARD_MODEL_LENGTH = (
 )
 
 DROPPED = {
+    "data.image_patch_size": (
+        "verl resizes each image to a multiple of this patch size before its processor; "
+        "plugrl's processor resizes by the model's own patch size (the model folder's "
+        "preprocessor_config.json), the same images when the script gives the model's patch size"
+    ),
+    "data.return_multi_modal_inputs": (
+        "plugrl computes each row's image inputs once when the dataset is built and carries "
+        "them with the batch, whatever verl's switch says"
+    ),
     "actor_rollout_ref.model.use_fused_kernels": (
         "plugrl has no switch: log-probs come from the model's own logits"
     ),
@@ -561,20 +570,18 @@ plugrl does). At that value the override is dropped as having no effect; at anot
 unknown to plugrl."""
 
 VISION = (
-    "plugrl's vision-language support is images in verl's data layout (data.image_key) on the "
-    "hf engine and fsdp2 (docs/vision.md); this vision setting is not supported yet"
+    "plugrl's vision-language support is images in verl's data layout (data.image_key) with "
+    "fsdp2 and the hf, vllm and sglang engines (docs/vision.md); this vision setting is not "
+    "supported yet"
 )
 
 UNSUPPORTED = [
     # (verl prefix or key, the one line the report gives the group)
     ("data.video_key", VISION),
-    ("data.image_patch_size", VISION),
     ("data.limit_images", VISION),
     ("data.mm_", VISION),
     ("actor_rollout_ref.rollout.limit_images", VISION),
     ("actor_rollout_ref.rollout.mm_", VISION),
-    ("actor_rollout_ref.rollout.engine_kwargs.vllm.mm_", VISION),
-    ("actor_rollout_ref.rollout.engine_kwargs.vllm.limit_mm_per_prompt", VISION),
     ("actor_rollout_ref.model.lora.freeze_vision_", VISION),
     ("actor_rollout_ref.model.freeze_vision_", VISION),
 ]
@@ -787,6 +794,10 @@ ENGINE_ARGUMENTS = {
 }
 """verl rollout keys that are one engine's own argument: with that engine they go into its
 ``engine_kwargs`` (vLLM's ``enable_prefix_caching``)."""
+
+DISABLE_MM_CACHE = "engine_kwargs.vllm.disable_mm_preprocessor_cache"
+"""vLLM's old switch for its multimodal processor cache (a suffix of the engine_kwargs keys of
+the rollout and of distillation teachers); vLLM 0.32 spells it ``mm_processor_cache_gb=0``."""
 
 ENGINE_SELECTORS = ("model_engine", "actor_rollout_ref.actor.model_engine")
 """verl 0.8's keys that choose the training engine (``model_engine=megatron``)."""
@@ -1852,6 +1863,20 @@ class _Converter:
                     "the reward model is off, as in plugrl unless reward.manager is reward_model",
                 )
             return
+        if override.key.endswith(DISABLE_MM_CACHE):
+            if override.value is not True:
+                self._skip(word, "dropped", "vLLM's multimodal processor cache stays on")
+                return
+            override = attrs.evolve(
+                override,
+                key=override.key.removesuffix(DISABLE_MM_CACHE)
+                + "engine_kwargs.vllm.mm_processor_cache_gb",
+                value=0,
+            )
+            self.notes.append(
+                f"line {word.line}: {word.text} is vLLM 0.32's mm_processor_cache_gb=0 "
+                "(no multimodal processor cache)"
+            )
         resolved = self._resolve(override.key, override.value)
         if isinstance(resolved, _Skip):
             self._skip(word, resolved.category, resolved.reason)

@@ -9,6 +9,11 @@ Pausing with ``mode="keep"`` aborts the requests in flight inside SGLang and sen
 again as prompt + tokens so far after :meth:`SGLangRolloutEngine.resume`, so every token is
 stamped with the weight version that produced it (SGLang's ``retract`` mode would keep the
 requests too, but a finished request would not say which of its tokens came before the update).
+
+A request with images (a vision-language model's) gives SGLang its image inputs as the
+processor computed them for the trainer, as SGLang's ``processor_output`` image data beside
+the prompt's token ids (each image already expanded to its tokens): SGLang then neither decodes
+the ids nor runs the processor again, and its vision tower sees the trainer's pixel values.
 """
 
 from __future__ import annotations
@@ -190,6 +195,7 @@ class SGLangRolloutEngine(RolloutEngine):
             Capability.PAUSE_KEEP,
             Capability.WEIGHT_UPDATE,
             Capability.SLEEP,
+            Capability.IMAGES,
         }
     )
 
@@ -228,18 +234,36 @@ class SGLangRolloutEngine(RolloutEngine):
 
     async def generate_request(self, request: GenerationRequest) -> list[Completion]:
         request.params.check()
+        image_data = self._image_data(request)
         self._requests[request.request_id] = set()
         try:
             return list(
                 await asyncio.gather(
-                    *(self._sample(request, index) for index in range(request.params.n))
+                    *(self._sample(request, index, image_data) for index in range(request.params.n))
                 )
             )
         finally:
             del self._requests[request.request_id]
             self._aborted.discard(request.request_id)
 
-    async def _sample(self, request: GenerationRequest, index: int) -> Completion:
+    def _image_data(self, request: GenerationRequest) -> list[dict[str, Any]] | None:
+        """SGLang's ``image_data`` for ``request``: its image inputs as one
+        ``processor_output`` item (the processor's outputs for all the prompt's images, whose
+        tokens ``prompt_ids`` already holds); None for a text prompt."""
+        if request.multi_modal_inputs is None:
+            return None
+        model_config = getattr(self.tokenizer_manager, "model_config", None)
+        if not getattr(model_config, "is_multimodal", False):
+            raise ValueError(
+                f"request {request.request_id!r} has images but the sglang engine's model "
+                f"({self.context.recipe.model.path}) is a text model; train a vision-language "
+                "model on data with images"
+            )
+        return [{"format": "processor_output", **request.multi_modal_inputs}]
+
+    async def _sample(
+        self, request: GenerationRequest, index: int, image_data: list[dict[str, Any]] | None
+    ) -> Completion:
         params = request.params
         tokens: list[int] = []
         log_probs: list[float] = []
@@ -264,12 +288,14 @@ class SGLangRolloutEngine(RolloutEngine):
             rid = f"{request.request_id}/{index}#{self._segments}"
             pauses_before = self._keep_pauses
             self._requests[request.request_id].add(rid)
+            images = {} if image_data is None else {"image_data": image_data}
             try:
                 output = await self.engine.async_generate(
                     input_ids=[*request.prompt_ids, *tokens],
                     sampling_params=sampling_arguments(params, budget, seed, self.eos_token_ids),
                     return_logprob=True,
                     rid=rid,
+                    **images,
                 )
             finally:
                 self._requests[request.request_id].discard(rid)

@@ -12,6 +12,12 @@ engine-core process) applies.
 Each sample of a request is one vLLM request (id ``<request_id>/<sample index>``) with its own
 seed, returning tokens as deltas, so an aborted sample keeps what it had.
 
+A request with images (a vision-language model's) goes to vLLM as its prompt with each image's
+run of image tokens shortened to one token, and the images decoded from the request's encoded
+bytes as ``multi_modal_data``: vLLM runs the model's processor on the images and expands each
+image token itself (given the expanded prompt, it would expand every image's first token
+again).
+
 New weights arrive in buckets and enter the model through the worker extension
 (:mod:`plugrl_vllm.worker`) by the route ``rollout.weight_route`` names; weights that vLLM
 fuses into one layer (q/k/v, gate/up) are held back until the whole layer has arrived. After
@@ -123,6 +129,7 @@ class VLLMRolloutEngine(RolloutEngine):
             Capability.WEIGHT_UPDATE,
             Capability.SLEEP,
             Capability.SCORE,
+            Capability.IMAGES,
         }
     )
     # across nodes vLLM's Ray executor runs the tensor-parallel workers, and its
@@ -166,6 +173,8 @@ class VLLMRolloutEngine(RolloutEngine):
                 key="rollout.engine_kwargs",
             )
         self.llm: Any = LLMEngine.from_engine_args(EngineArgs(**args))
+        self._image_token_id = image_token_id(self.llm.model_config.hf_config)
+        """The token that stands for an image in the model's prompts; None for a text model."""
         self._seeds = torch.Generator().manual_seed(recipe.trainer.seed)
         self._samples: dict[str, _Sample] = {}
         """vLLM request id -> the sample in flight."""
@@ -224,7 +233,6 @@ class VLLMRolloutEngine(RolloutEngine):
 
     async def generate_request(self, request: GenerationRequest) -> list[Completion]:
         from vllm import SamplingParams as VLLMSamplingParams
-        from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
         params = request.params
@@ -241,12 +249,12 @@ class VLLMRolloutEngine(RolloutEngine):
                 f"{self._no_weights}; load new weights (begin_weight_update, load_weights, "
                 "finish_weight_update) before generating"
             )
+        prompt = self._prompt(request)
         seed = params.seed if params.seed is not None else self._draw_seed()
         if params.max_tokens == 0:
             return [self._empty(request, index, "length") for index in range(params.n)]
         loop = asyncio.get_running_loop()
         state = _Request(params.n, loop.create_future())
-        prompt = TokensPrompt(prompt_token_ids=list(request.prompt_ids))
         samples = [_Sample(request, index, state) for index in range(params.n)]
         for sample in samples:
             if sample.vllm_id in self._samples:
@@ -269,6 +277,40 @@ class VLLMRolloutEngine(RolloutEngine):
             # the caller gave up: the request leaves the engine
             self._end_samples(samples, deliver=False)
             raise
+
+    def _prompt(self, request: GenerationRequest) -> Any:
+        """vLLM's prompt of ``request``: its token ids, and with images, the ids with each
+        image's tokens shortened to one and the decoded images as ``multi_modal_data``."""
+        from vllm.inputs import TokensPrompt
+
+        if request.multi_modal_inputs is None and not request.images:
+            return TokensPrompt(prompt_token_ids=list(request.prompt_ids))
+        if self._image_token_id is None:
+            raise ValueError(
+                f"request {request.request_id!r} has images but the vllm engine's model "
+                f"({self.context.recipe.model.path}) is a text model; train a vision-language "
+                "model on data with images"
+            )
+        if not request.images:
+            raise ValueError(
+                f"request {request.request_id!r} has image inputs but not its images' encoded "
+                "bytes (GenerationRequest.images), which vLLM needs to process the images "
+                "itself; build the request from the batch's prompt_images column"
+            )
+        from plugrl.api.data import decode_image
+
+        prompt_ids = one_token_per_image(request.prompt_ids, self._image_token_id)
+        runs = prompt_ids.count(self._image_token_id)
+        if runs != len(request.images):
+            raise ValueError(
+                f"request {request.request_id!r} has {runs} images in its prompt ids but "
+                f"{len(request.images)} encoded images; give the images of the prompt, in order"
+            )
+        images = [
+            decode_image(image, where=f"image {index} of request {request.request_id!r}")
+            for index, image in enumerate(request.images)
+        ]
+        return TokensPrompt(prompt_token_ids=prompt_ids, multi_modal_data={"image": images})
 
     async def abort(self, request_ids: Sequence[str]) -> None:
         for request_id in request_ids:
@@ -549,6 +591,30 @@ class VLLMRolloutEngine(RolloutEngine):
             request_id=request.request_id,
             sample_index=index,
         )
+
+
+def image_token_id(hf_config: Any) -> int | None:
+    """The id of the token a vision-language model's processor repeats for each image
+    (``image_token_id``, in older configs ``image_token_index``); None for a text model."""
+    if getattr(hf_config, "vision_config", None) is None:
+        return None
+    for name in ("image_token_id", "image_token_index"):
+        value = getattr(hf_config, name, None)
+        if value is not None:
+            return int(value)
+    return None
+
+
+def one_token_per_image(prompt_ids: Sequence[int], image_token: int) -> list[int]:
+    """``prompt_ids`` with each run of ``image_token`` (one image, expanded by the processor
+    to its patches) shortened to one: the prompt as the chat template wrote it, before the
+    processor, which is what vLLM expands with the images it is given."""
+    shortened: list[int] = []
+    for token in prompt_ids:
+        if token == image_token and shortened and shortened[-1] == image_token:
+            continue
+        shortened.append(token)
+    return shortened
 
 
 def _vllm_version() -> str:

@@ -4,11 +4,16 @@ the grouping of Hugging Face weights into the layers vLLM fuses them into.
 vLLM loads q/k/v into one ``qkv_proj`` layer and gate/up into one ``gate_up_proj``; a layer is
 reloaded from the weights of one call, so the engine sends a fused layer's weights together
 (:class:`FusedGroups`) whatever buckets they arrived in.
+
+Some of vLLM's models name their modules otherwise than the checkpoint (a vision-language
+model's language model and vision tower: Hugging Face's ``model.visual.*`` is vLLM's
+``visual.*``); vLLM's loader renames the weights by the model's ``hf_to_vllm_mapper``, and the
+plan reads layers through the same renaming (:class:`Names`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -41,28 +46,85 @@ class WeightPlan:
     two layers (tied input and output embeddings) that the trainer sends once."""
 
 
+@attrs.frozen
+class Names:
+    """The renaming between checkpoint (Hugging Face) names and the vLLM model's: ``to_model``
+    is what vLLM's loader applies (None: the loader drops the weight), ``to_checkpoint`` its
+    inverse where one exists. The identity for models that name modules as the checkpoint."""
+
+    to_model: Callable[[str], str | None] = lambda name: name
+    to_checkpoint: Callable[[str], str | None] = lambda name: name
+
+    @classmethod
+    def of_model(cls, model: Any) -> Names:
+        """The renaming of a vLLM model by its ``hf_to_vllm_mapper`` (vLLM's
+        ``WeightsMapper``: its ``map_name``, inverted through its prefix table). Only the
+        renames (``get_rename_mapper()``): a fused layer's shards keep their names
+        (``q_proj``), which :func:`layer_of` and :func:`hf_view` resolve."""
+        mapper = getattr(model, "hf_to_vllm_mapper", None)
+        if mapper is None:
+            return cls()
+        if hasattr(mapper, "get_rename_mapper"):
+            mapper = mapper.get_rename_mapper()
+        prefixes = dict(getattr(mapper, "orig_to_new_prefix", {}) or {})
+
+        def to_checkpoint(name: str) -> str | None:
+            candidates = [
+                original + name[len(new) :]
+                for original, new in prefixes.items()
+                if new is not None and name.startswith(new)
+            ]
+            for candidate in [*candidates, name]:
+                if mapper.map_name(candidate) == name:
+                    return candidate
+            return None
+
+        return cls(to_model=mapper.map_name, to_checkpoint=to_checkpoint)
+
+
 def weight_plan(
     names: Iterable[str],
     packed: Mapping[str, Sequence[str]],
     parameters: Iterable[str],
     shared: Mapping[str, str],
+    renaming: Names | None = None,
 ) -> WeightPlan:
-    """The plan of the announced weights. ``parameters`` are the model's parameter names,
-    a shared parameter under each of its names; ``shared`` maps the second name of a shared
-    parameter to the first (``lm_head.weight`` -> ``model.embed_tokens.weight``).
+    """The plan of the announced weights (checkpoint names). ``parameters`` are the model's
+    parameter names, a shared parameter under each of its names; ``shared`` maps the second
+    name of a shared parameter to the first (``lm_head.weight`` ->
+    ``model.embed_tokens.weight``); ``renaming`` turns checkpoint names into the model's
+    (:class:`Names`). The plan's layers are the model's, its names and aliases checkpoint
+    names (what the loader takes).
 
     Raises naming announced weights the model has no layer for, and layers no announced
     weight covers: vLLM's CPU build keeps a layer that gets no weights on its old ones."""
+    renaming = renaming or Names()
     announced = list(names)
+    in_model = {name: renaming.to_model(name) for name in announced}
+    announced_in_model = {model: name for name, model in in_model.items() if model is not None}
     aliases: dict[str, list[str]] = {}
+    alias_in_model: dict[str, str] = {}
     for alias, source in shared.items():
-        if alias not in announced and source in announced:
-            aliases.setdefault(source, []).append(alias)
+        if alias in announced_in_model or source not in announced_in_model:
+            continue
+        checkpoint_alias = renaming.to_checkpoint(alias)
+        if checkpoint_alias is None:
+            raise PluginError(
+                f"the vllm rollout model shares {source} with {alias}, a name no checkpoint "
+                "weight is loaded under; push the weight under both names"
+            )
+        aliases.setdefault(announced_in_model[source], []).append(checkpoint_alias)
+        alias_in_model[checkpoint_alias] = alias
     layers = {name.rpartition(".")[0] for name in parameters}
     plan = {}
     unknown = []
     for name in [*announced, *(alias for more in aliases.values() for alias in more)]:
-        layer = layer_of(name, packed)
+        model_name = alias_in_model.get(name) or in_model.get(name)
+        if model_name is None:
+            # vLLM's loader drops it (a weight the model does not use): sent on its own
+            plan[name] = name
+            continue
+        layer = layer_of(model_name, packed)
         if layer not in layers:
             unknown.append(name)
         plan[name] = layer
@@ -148,7 +210,8 @@ class WeightReceiver:
             source = first_name.setdefault(id(parameter), name)
             if source != name:
                 shared[name] = source
-        return attrs.asdict(weight_plan(names, packed, parameters, shared))
+        plan = weight_plan(names, packed, parameters, shared, Names.of_model(model))
+        return attrs.asdict(plan)
 
     def plugrl_weight_fingerprints(
         self, names: list[str], shapes: dict[str, list[int]], dtype: str
@@ -164,9 +227,15 @@ class WeightReceiver:
         packed = getattr(model, "packed_modules_mapping", {}) or {}
         held = dict(model.named_parameters(remove_duplicate=False))
         held.update(dict(model.named_buffers()))
+        renaming = Names.of_model(model)
+        in_model = {name: renaming.to_model(name) for name in shapes}
+        model_shapes = {in_model[name]: shape for name, shape in shapes.items() if in_model[name]}
         fingerprints = {}
         for name in names:
-            view = hf_view(name, shapes[name], held, packed, shapes)
+            model_name = in_model.get(name)
+            if model_name is None:
+                continue
+            view = hf_view(model_name, shapes[name], held, packed, model_shapes)
             if view is not None:
                 fingerprints[name] = attrs.asdict(weight_fingerprint(view, getattr(torch, dtype)))
         return fingerprints

@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from plugrl.data.batch import IMAGES_COLUMN
 from plugrl.data.dataset import PromptDataset, PromptLoader, load_tokenizer
 from plugrl.data.multimodal import MULTIMODAL_COLUMN, load_multimodal, model_inputs
 from plugrl.errors import DataError
@@ -79,6 +80,10 @@ def test_rows_are_processed_once_and_their_inputs_travel_with_the_batch(tmp_path
         return_tensors="pt",
     )["pixel_values"]
     torch.testing.assert_close(second.multi_modal_inputs["pixel_values"][32:], same)
+    # the encoded images engines decode themselves: the row's bytes, the file's for a path
+    assert first.images == (png_bytes(RED),)
+    assert second.images == (png_bytes(GREEN, (112, 56)), png_bytes(BLUE))
+    assert text_only.images == ()
 
     loader = PromptLoader.for_training(data, config, tokenizer.pad_token_id)
     batch = loader.next_batch()
@@ -88,6 +93,9 @@ def test_rows_are_processed_once_and_their_inputs_travel_with_the_batch(tmp_path
         int(i): inputs for i, inputs in zip(moved["index"], moved[MULTIMODAL_COLUMN], strict=True)
     }
     assert by_index[2] is None
+    images_by_index = dict(zip(moved["index"], moved[IMAGES_COLUMN], strict=True))
+    assert images_by_index[1] == second.images
+    assert images_by_index[2] == ()
     torch.testing.assert_close(
         by_index[1]["pixel_values"], second.multi_modal_inputs["pixel_values"]
     )
@@ -105,6 +113,10 @@ def test_a_text_model_refuses_rows_with_images(tmp_path, tiny_task):
     assert load_multimodal(model, tokenizer, get_plugin_manager()) is None
     config = DataConfig(train_files=[str(path)], train_batch_size=1)
     with pytest.raises(DataError, match=r"row 0: column 'images' holds images, but model.path"):
+        PromptDataset.train(config, tokenizer)
+    # nor does it read videos
+    pq.write_table(pa.Table.from_pylist([{**row("?", []), "videos": [b"frames"]}]), path)
+    with pytest.raises(DataError, match=r"row 0: column 'videos' holds videos, and plugrl"):
         PromptDataset.train(config, tokenizer)
 
 
@@ -132,6 +144,14 @@ def test_a_text_model_refuses_rows_with_images(tmp_path, tiny_task):
         (
             row("<image>?", [{"bytes": None, "path": None}]),
             r"row 0: image 0 of column 'images' has neither bytes nor a path",
+        ),
+        (
+            {**row("<video> moves?", []), "videos": [b"frames"]},
+            r"row 0: column 'videos' holds videos, and plugrl does not read videos yet",
+        ),
+        (
+            row("<video> moves?", []),
+            r"row 0: column 'prompt' has a <video> placeholder, and plugrl does not read videos",
         ),
     ],
 )

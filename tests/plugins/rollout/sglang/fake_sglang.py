@@ -6,7 +6,8 @@ It exposes exactly that surface, with SGLang's names and the parameters the plug
 ``shutdown()``; its ``tokenizer_manager`` coroutines ``pause_generation``,
 ``continue_generation``, ``update_weights_from_tensor(obj, request)``,
 ``release_memory_occupation(obj, request)``, ``resume_memory_occupation(obj, request)``,
-``flush_cache()`` and the plain ``abort_request(rid, abort_all)``; the request dataclasses of
+``flush_cache()`` and the plain ``abort_request(rid, abort_all)``, and its ``model_config``'s
+``is_multimodal`` (false unless a test sets it); the request dataclasses of
 ``sglang.srt.managers.io_struct``; ``sglang.srt.utils.MultiprocessingSerializer``. Anything
 else raises ``AttributeError``, so the plugin cannot depend on more without a test noticing.
 
@@ -97,6 +98,7 @@ class TokenizerManager:
     rid_to_state: dict[str, _State] = field(default_factory=dict)
     is_pause: bool = False
     resumed: asyncio.Event | None = None
+    model_config: Any = field(default_factory=lambda: types.SimpleNamespace(is_multimodal=False))
 
     def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
         self.engine.calls.append(("abort_request", {"rid": rid, "abort_all": abort_all}))
@@ -216,6 +218,7 @@ class Engine:
                 "async_generate",
                 {
                     "input_ids": list(input_ids or []),
+                    "image_data": image_data,
                     "sampling_params": dict(sampling_params or {}),
                     "return_logprob": return_logprob,
                     "stream": stream,

@@ -13,7 +13,15 @@ import torch
 
 import plugrl_sglang
 from plugrl.errors import PluginError
-from plugrl.parts.rollout import Capability, GenerationRequest, SamplingParams, WeightMeta
+from plugrl.parts.rollout import (
+    Capability,
+    Completion,
+    GenerationRequest,
+    SamplingParams,
+    WeightMeta,
+    batch_requests,
+    continuation_request,
+)
 from plugrl.testing import part_context
 from plugrl_sglang.engine import SGLangRolloutEngine, engine_arguments, load_sglang_api
 from tests import install_hints as hints
@@ -131,6 +139,7 @@ def test_the_engine_starts_with_server_args_from_the_recipe(make_engine):
         Capability.PAUSE_KEEP,
         Capability.WEIGHT_UPDATE,
         Capability.SLEEP,
+        Capability.IMAGES,
     }
 
 
@@ -418,3 +427,39 @@ def test_sglang_is_given_the_torch_device_type_not_the_registered_name(
     on_cpu_arguments = engine_arguments(recipe.rollout, part_context(recipe, device=on_cpu))
     assert "device" not in on_cpu_arguments
     assert on_cpu_arguments["dtype"] == "float32"
+
+
+def test_a_request_with_images_gives_sglang_the_processor_output_beside_its_token_ids(
+    make_engine,
+):
+    engine, fake_engine = make_engine()
+    inputs = {"pixel_values": torch.ones(8, 6), "image_grid_thw": torch.tensor([[1, 2, 4]])}
+    (with_images,) = batch_requests(
+        [[3, 20, 9, 9, 21, 5]],
+        SamplingParams(max_tokens=2, n=2, seed=1),
+        "images",
+        images=[inputs],
+        encoded_images=[(b"png bytes",)],
+    )
+    assert with_images.multi_modal_inputs is inputs and with_images.images == (b"png bytes",)
+    with pytest.raises(ValueError, match=r"request 'images-0' has images but the sglang engine's"):
+        asyncio.run(engine.generate_request(with_images))
+    assert calls(fake_engine, "async_generate") == []
+
+    fake_engine.tokenizer_manager.model_config.is_multimodal = True
+    asyncio.run(engine.generate_request(with_images))
+    # the continuation of an aborted sample keeps the prompt's images
+    partial = Completion(token_ids=[7], log_probs=[-0.1], finish_reason="aborted")
+    asyncio.run(engine.generate_request(continuation_request(with_images, partial)))
+    sent = calls(fake_engine, "async_generate")
+    assert [args["input_ids"] for _, args in sent] == [[3, 20, 9, 9, 21, 5]] * 2 + [
+        [3, 20, 9, 9, 21, 5, 7]
+    ]
+    for _, args in sent:
+        (item,) = args["image_data"]
+        assert item["format"] == "processor_output"
+        assert item["pixel_values"] is inputs["pixel_values"]
+        assert item["image_grid_thw"] is inputs["image_grid_thw"]
+    # a text prompt sends no image data
+    asyncio.run(engine.generate_request(request("text")))
+    assert calls(fake_engine, "async_generate")[-1][1]["image_data"] is None

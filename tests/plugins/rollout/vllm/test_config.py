@@ -18,8 +18,9 @@ from plugrl_vllm.config import (
     engine_args,
     resolve_weight_route,
 )
+from plugrl_vllm.engine import image_token_id, one_token_per_image
 from plugrl_vllm.sampling import sampling_kwargs
-from plugrl_vllm.worker import FusedGroups, layer_of, weight_plan
+from plugrl_vllm.worker import FusedGroups, Names, layer_of, weight_plan
 
 PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
 
@@ -239,6 +240,110 @@ def test_the_weight_plan_names_unknown_and_missing_weights():
     # untied: the output embedding is a weight of its own, and the trainer must send it
     with pytest.raises(PluginError, match=r"none for lm_head; push every"):
         weight_plan(HF_NAMES, PACKED, VLLM_PARAMETERS, {})
+
+
+class PrefixMapper:
+    """Stands in for vLLM's ``WeightsMapper`` (``map_name``, ``orig_to_new_prefix``): the
+    first prefix that matches is replaced, a prefix mapped to None drops the weight."""
+
+    def __init__(self, orig_to_new_prefix: dict[str, str | None]) -> None:
+        self.orig_to_new_prefix = orig_to_new_prefix
+
+    def map_name(self, name: str) -> str | None:
+        for original, new in self.orig_to_new_prefix.items():
+            if name.startswith(original):
+                return None if new is None else new + name[len(original) :]
+        return name
+
+
+# the prefixes vLLM's Qwen2.5-VL model renames checkpoint weights by (its hf_to_vllm_mapper)
+VL_MAPPER = PrefixMapper(
+    {
+        "model.language_model.": "language_model.model.",
+        "model.visual.": "visual.",
+        "lm_head.": "language_model.lm_head.",
+        "model.": "language_model.model.",
+    }
+)
+VL_PACKED = {**PACKED, "qkv": ["qkv"]}
+VL_HF_NAMES = [
+    "model.visual.patch_embed.proj.weight",
+    "model.visual.blocks.0.attn.qkv.weight",
+    "model.visual.blocks.0.mlp.gate_proj.weight",
+    "model.visual.blocks.0.mlp.up_proj.weight",
+    "model.visual.merger.mlp.0.weight",
+    "model.language_model.embed_tokens.weight",
+    "model.language_model.layers.0.self_attn.q_proj.weight",
+    "model.language_model.layers.0.self_attn.k_proj.weight",
+    "model.language_model.layers.0.self_attn.v_proj.weight",
+    "model.language_model.norm.weight",
+]
+VL_PARAMETERS = [
+    "visual.patch_embed.proj.weight",
+    "visual.blocks.0.attn.qkv.weight",
+    "visual.blocks.0.mlp.gate_up_proj.weight",
+    "visual.merger.mlp.0.weight",
+    "language_model.model.embed_tokens.weight",
+    "language_model.model.layers.0.self_attn.qkv_proj.weight",
+    "language_model.model.norm.weight",
+    "language_model.lm_head.weight",
+]
+VL_TIED = {"language_model.lm_head.weight": "language_model.model.embed_tokens.weight"}
+
+
+def test_a_vision_language_models_weights_reach_vllms_renamed_layers_vision_tower_too():
+    renaming = Names.of_model(type("Model", (), {"hf_to_vllm_mapper": VL_MAPPER})())
+    plan = weight_plan(VL_HF_NAMES, VL_PACKED, VL_PARAMETERS, VL_TIED, renaming)
+    assert plan.layers["model.visual.blocks.0.mlp.up_proj.weight"] == (
+        "visual.blocks.0.mlp.gate_up_proj"
+    )
+    assert plan.layers["model.visual.blocks.0.attn.qkv.weight"] == "visual.blocks.0.attn.qkv"
+    assert plan.layers["model.language_model.layers.0.self_attn.k_proj.weight"] == (
+        "language_model.model.layers.0.self_attn.qkv_proj"
+    )
+    # the tied output embedding goes to the loader under a checkpoint name it renames back
+    assert plan.aliases == {"model.language_model.embed_tokens.weight": ["lm_head.weight"]}
+    assert plan.layers["lm_head.weight"] == "language_model.lm_head"
+    groups = FusedGroups.from_plan(plan)
+    gate, up = torch.zeros(2), torch.ones(2)
+    assert groups.add([("model.visual.blocks.0.mlp.gate_proj.weight", gate)]) == []
+    ready = groups.add([("model.visual.blocks.0.mlp.up_proj.weight", up)])
+    assert [name for name, _ in ready] == [
+        "model.visual.blocks.0.mlp.gate_proj.weight",
+        "model.visual.blocks.0.mlp.up_proj.weight",
+    ]
+    # the vision tower is checked as the language model is: every layer gets its weights
+    without_merger = [name for name in VL_HF_NAMES if "merger" not in name]
+    with pytest.raises(PluginError, match=r"none for visual.merger.mlp.0; push every"):
+        weight_plan(without_merger, VL_PACKED, VL_PARAMETERS, VL_TIED, renaming)
+    with pytest.raises(PluginError, match=r"announced model.visual.extra.weight, which"):
+        weight_plan(
+            [*VL_HF_NAMES, "model.visual.extra.weight"],
+            VL_PACKED,
+            VL_PARAMETERS,
+            VL_TIED,
+            renaming,
+        )
+    # without the renaming no checkpoint name is one of the model's
+    with pytest.raises(PluginError, match=r"which the vllm rollout model does not have"):
+        weight_plan(VL_HF_NAMES, VL_PACKED, VL_PARAMETERS, VL_TIED)
+
+
+def test_each_images_tokens_go_to_vllm_as_one_token():
+    image, start, end = 9, 7, 8
+    expanded = [1, start, image, image, image, image, end, 2, start, image, end, 3]
+    assert one_token_per_image(expanded, image) == [1, start, image, end, 2, start, image, end, 3]
+    assert one_token_per_image([1, 2, 3], image) == [1, 2, 3]
+
+    class Vision:
+        vision_config = object()
+        image_token_id = 9
+
+    class Text:
+        image_token_id = 9
+
+    assert image_token_id(Vision()) == 9
+    assert image_token_id(Text()) is None
 
 
 def test_a_fused_layer_is_sent_once_all_its_weights_arrived():
