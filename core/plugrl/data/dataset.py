@@ -36,6 +36,8 @@ TRUNCATION_MODES = ("error", "left", "right", "middle")
 
 VIDEO_COLUMN = "videos"
 """verl's column of a row's videos (its ``data.video_key`` default), which plugrl refuses."""
+VIDEO_PLACEHOLDER = "<video>"
+"""What marks a video's place in verl's layout; plugrl does not read videos yet."""
 
 
 @attrs.frozen
@@ -208,8 +210,6 @@ class _FileRows:
     def refuse_videos(self, messages: list[list[dict[str, str]]], config: DataConfig) -> None:
         """One line naming the first row with videos (a value in :data:`VIDEO_COLUMN`, or a
         ``<video>`` placeholder in its messages): plugrl does not read videos yet."""
-        from plugrl.data.multimodal import VIDEO_PLACEHOLDER
-
         for row, chat in enumerate(messages):
             value = self.videos[row] if self.videos is not None else None
             if value is not None and len(value):

@@ -39,8 +39,6 @@ if TYPE_CHECKING:
 
 IMAGE_PLACEHOLDER = "<image>"
 """What marks an image's place in a row's message text (verl's layout)."""
-VIDEO_PLACEHOLDER = "<video>"
-"""What marks a video's place in verl's layout; plugrl does not read videos yet."""
 
 
 class MultimodalModel(ABC):
