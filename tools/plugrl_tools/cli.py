@@ -232,21 +232,25 @@ def launch(
     default=None,
     metavar="DIR",
     help="Where the tiny model and data are built (once, then reused); default "
-    "runs/quickstart-assets (runs/quickstart-tool-assets for --task tool).",
+    "runs/quickstart-assets (runs/quickstart-tool-assets for --task tool, "
+    "runs/quickstart-vision-assets for --task vision).",
 )
 @click.option(
     "--task",
-    type=click.Choice(["arithmetic", "tool"]),
+    type=click.Choice(["arithmetic", "tool", "vision"]),
     default="arithmetic",
     show_default=True,
     help="arithmetic: two-digit addition (recipe quickstart); tool: three-digit "
-    "multiplication with a calculator tool the model calls (recipe quickstart-tool).",
+    "multiplication with a calculator tool the model calls (recipe quickstart-tool); vision: "
+    "counting the shapes in a picture with a tiny vision-language model (recipe "
+    "quickstart-vision).",
 )
 @click.option(
     "--async",
     "fully_async",
     is_flag=True,
-    help="Run the task's fully_async recipe (quickstart-async, quickstart-tool-async).",
+    help="Run the task's fully_async recipe (quickstart-async, quickstart-tool-async, "
+    "quickstart-vision-async).",
 )
 def quickstart(
     overrides: tuple[str, ...], assets: str | None, task: str, fully_async: bool
@@ -260,8 +264,10 @@ def quickstart(
     from plugrl_tools.quickstart import (
         DEFAULT_DIR,
         DEFAULT_TOOL_DIR,
+        DEFAULT_VISION_DIR,
         QuickstartSettings,
         ToolQuickstartSettings,
+        VisionQuickstartSettings,
         describe,
         prepare_quickstart,
         quickstart_overrides,
@@ -270,6 +276,11 @@ def quickstart(
     if task == "tool":
         paths = prepare_quickstart(assets or DEFAULT_TOOL_DIR, settings=ToolQuickstartSettings())
         name = "quickstart-tool"
+    elif task == "vision":
+        paths = prepare_quickstart(
+            assets or DEFAULT_VISION_DIR, settings=VisionQuickstartSettings()
+        )
+        name = "quickstart-vision"
     else:
         paths = prepare_quickstart(assets or DEFAULT_DIR, settings=QuickstartSettings())
         name = "quickstart"
