@@ -382,6 +382,12 @@ def _quickstart_shape(recipe: Any) -> Any:
     path = Path(recipe.model.path or "")
     if path.exists() or path.name != "model" or "quickstart" not in path.parent.name:
         return None
+    if "vision" in path.parent.name:
+        from plugrl_tools.quickstart.vision_build import vision_language_model_sizes
+
+        # the planner sizes the language model; the vision tower is a few thousand parameters
+        config = {**vision_language_model_sizes(), "model_type": "qwen2"}
+        return shape_from_config(config, "quickstart", "the vision quickstart's language model")
     # the quickstart tokenizers have 512 tokens; the model's vocabulary is the tokenizer's
     config = {**QUICKSTART_MODEL_SIZES, "model_type": "qwen2", "vocab_size": 512}
     return shape_from_config(config, "quickstart", "the quickstart model")

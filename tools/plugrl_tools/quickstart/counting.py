@@ -107,7 +107,9 @@ def draw(scene: Scene) -> Any:
         elif shape.kind == "square":
             pen.rectangle((left, top, right, bottom), fill=shape.color)
         else:
-            pen.polygon([((left + right) / 2, top), (right, bottom), (left, bottom)], fill=shape.color)
+            pen.polygon(
+                [((left + right) / 2, top), (right, bottom), (left, bottom)], fill=shape.color
+            )
     return image
 
 

@@ -54,6 +54,25 @@ def tokenizer_texts() -> list[str]:
     return [question, *answers] * 4
 
 
+def vision_language_model_sizes(
+    settings: VisionQuickstartSettings = VisionQuickstartSettings(),
+) -> dict[str, Any]:
+    """The language model's sizes in a Qwen2 config's keys, the vocabulary the tokenizer's
+    (built here in milliseconds): what ``plugrl plan`` sizes before the model is built."""
+    from plugrl_qwen2_vl.tiny import make_tiny_vl_tokenizer
+
+    return {
+        "hidden_size": settings.hidden_size,
+        "intermediate_size": settings.intermediate_size,
+        "num_hidden_layers": settings.num_hidden_layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 512,
+        "tie_word_embeddings": True,
+        "vocab_size": len(make_tiny_vl_tokenizer(tokenizer_texts())),
+    }
+
+
 def count_accuracy(scenes: list[counting.Scene], responses: list[str]) -> dict[str, float]:
     """Greedy accuracy over all pictures, over those of many shapes and those of few."""
     from plugrl.rewards.answers import parse_answer
@@ -155,8 +174,7 @@ def build_vision_into(
     )
     eval_started = time.perf_counter()
     logger.info(
-        "evaluation: greedy accuracy of the warm-started model on %d held-out pictures "
-        "(seconds)",
+        "evaluation: greedy accuracy of the warm-started model on %d held-out pictures (seconds)",
         len(splits.val),
     )
     batches = math.ceil(len(val_prompts) / GENERATION_BATCH_SIZE)

@@ -45,7 +45,9 @@ def encode_prompts(processor: Any, image_text: str, scenes: Sequence[Scene]) -> 
     )
     encoded = []
     for scene in scenes:
-        out = processor(text=[text], images=[draw(scene)], return_tensors="pt", add_special_tokens=False)
+        out = processor(
+            text=[text], images=[draw(scene)], return_tensors="pt", add_special_tokens=False
+        )
         encoded.append(
             EncodedPrompt(out["input_ids"][0].tolist(), out["pixel_values"], out["image_grid_thw"])
         )
