@@ -256,6 +256,7 @@ def quickstart(
     overrides: tuple[str, ...], assets: str | None, task: str, fully_async: bool
 ) -> None:
     """GRPO on CPU in minutes: build a tiny Qwen2-architecture model and an arithmetic task
+    (or, with --task vision, a tiny Qwen2.5-VL-architecture model and pictures to count)
     here (nothing is downloaded), then run the quickstart recipe and print held-out accuracy
     before and after. KEY=VALUE overrides apply to the recipe."""
     from plugrl.plugin.manager import get_plugin_manager

@@ -23,8 +23,9 @@ VISION_QUICKSTART_VERSION = "vision-1"
 PICTURE_TOKENS = ("<|image_pad|>", "<|video_pad|>")
 """The tokens that stand for a picture's (or a video's) inputs: the model must never write
 them (:func:`~plugrl_tools.quickstart.vision_warmstart.make_unwritable`)."""
-UNWRITABLE_EXAMPLES = 256
-"""Warm-start examples whose response places bound the picture tokens' probability."""
+UNWRITABLE_EXAMPLES = 128
+"""Warm-start pictures whose prompts, followed by every answer, bound the picture tokens'
+probability."""
 DEFAULT_VISION_DIR = Path("runs") / "quickstart-vision-assets"
 
 
@@ -185,11 +186,10 @@ def build_vision_into(
         "that holds one; seconds)",
         " or ".join(PICTURE_TOKENS),
     )
-    shown = min(len(examples), UNWRITABLE_EXAMPLES)
     unwritable_log_prob = make_unwritable(
         model,
-        warm_prompts[:shown],
-        [response for _, response in examples[:shown]],
+        warm_prompts[:UNWRITABLE_EXAMPLES],
+        [counting.answer_text(n) for n in range(1, counting.MAX_SHAPES + 1)],
         tokenizer,
         unwritable,
     )

@@ -173,68 +173,76 @@ def generate_responses(
     return responses
 
 
-UNWRITABLE_LOG_PROB = -30.0
-"""What the log-probability of a picture token is pushed below, where the warm start's
-responses are written: e^-30 is about 1e-13, never sampled in a run's millions of tokens."""
+UNWRITABLE_LOG_PROB = -20.0
+"""What the log-probability of a picture token is pushed below where the model writes an
+answer: e^-20 is about 2e-9, far out of a run's top-k (``rollout.top_k``) at every place."""
 
 
 def make_unwritable(
     model: Any,
     prompts: Sequence[EncodedPrompt],
-    responses: Sequence[str],
+    answers: Sequence[str],
     tokenizer: Any,
     token_ids: Sequence[int],
     *,
-    max_steps: int = 1000,
+    max_steps: int = 2000,
     batch_size: int = 128,
 ) -> float:
     """Teach the model never to write ``token_ids`` (the picture's placeholder tokens, which
     stand for image inputs and which a run cannot train on) and return the largest
-    log-probability any of them keeps where the warm start's responses are written.
+    log-probability any of them keeps where the model writes ``prompts``' answers, each
+    prompt followed by every one of ``answers``.
 
     A real checkpoint never samples them; a tiny model warm-started for a minute gives each
     of its few hundred tokens a probability of 1e-4 to 1e-3 where it is unsure of the count,
     so a run of thousands of samples would meet one. Their rows of the (tied) embedding
     matrix are only read as output weights (the image tokens' input embeddings are replaced by
     the picture's features, and no input holds a video), so those rows alone are trained,
-    against the model's final hidden states at each response place (and the last prompt
-    token's), until each token's log-probability is below :data:`UNWRITABLE_LOG_PROB` there:
-    what the model writes otherwise does not change."""
+    against the model's final hidden states where each answer is written (from the last
+    prompt token on), until each token's log-probability is below :data:`UNWRITABLE_LOG_PROB`
+    there: what the model writes otherwise does not change.
+
+    The rows start from zero and stop moving once the bound holds, so they stay as short as
+    the bound allows: a long row would swing a logit far with a small change of the hidden
+    states, which reinforcement learning makes. The bound holds for the warm-started model;
+    the run's ``rollout.top_k`` keeps them unsampled as training moves the hidden states."""
     import torch
 
     weight = model.get_output_embeddings().weight
     rows = torch.tensor(list(token_ids))
     others = torch.ones(weight.shape[0], dtype=torch.bool)
     others[rows] = False
+    pairs = [(prompt, answer) for prompt in prompts for answer in answers]
     hidden = []
     with torch.no_grad():
-        for begin in range(0, len(prompts), batch_size):
-            chunk = prompts[begin : begin + batch_size]
+        for begin in range(0, len(pairs), batch_size):
+            chunk = pairs[begin : begin + batch_size]
             sequences = [
-                p.ids + tokenizer(r + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
-                for p, r in zip(chunk, responses[begin : begin + batch_size], strict=True)
+                prompt.ids
+                + tokenizer(answer + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
+                for prompt, answer in chunk
             ]
             width = max(len(s) for s in sequences)
             input_ids = torch.full((len(chunk), width), tokenizer.pad_token_id, dtype=torch.long)
             attention_mask = torch.zeros((len(chunk), width), dtype=torch.long)
             writes = torch.zeros((len(chunk), width), dtype=torch.bool)
-            for row, (prompt, ids) in enumerate(zip(chunk, sequences, strict=True)):
+            for row, ((prompt, _), ids) in enumerate(zip(chunk, sequences, strict=True)):
                 input_ids[row, : len(ids)] = torch.tensor(ids)
                 attention_mask[row, : len(ids)] = 1
                 # the state at place i chooses token i + 1: the last prompt token's state
-                # chooses the first response token
+                # chooses the answer's first token
                 writes[row, len(prompt.ids) - 1 : len(ids) - 1] = True
             out = model(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
                 output_hidden_states=True,
-                **_image_inputs(chunk),
+                **_image_inputs([prompt for prompt, _ in chunk]),
             )
             hidden.append(out.hidden_states[-1][writes])
         states = torch.cat(hidden)
         normaliser = torch.logsumexp(states @ weight[others].T, dim=-1, keepdim=True)
-    learned = weight.detach()[rows].clone().requires_grad_(True)
-    optimizer = torch.optim.Adam([learned], lr=0.1)
+    learned = torch.zeros(len(rows), weight.shape[1], requires_grad=True)
+    optimizer = torch.optim.Adam([learned], lr=0.05)
 
     def log_probs() -> Any:
         logits = states @ learned.T
