@@ -20,12 +20,7 @@ from plugrl_tools.quickstart import counting
 logger = logging.getLogger("plugrl_tools.quickstart")
 
 VISION_QUICKSTART_VERSION = "vision-1"
-PICTURE_TOKENS = ("<|image_pad|>", "<|video_pad|>")
-"""The tokens that stand for a picture's (or a video's) inputs: the model must never write
-them (:func:`~plugrl_tools.quickstart.vision_warmstart.make_unwritable`)."""
-UNWRITABLE_EXAMPLES = 128
-"""Warm-start pictures whose prompts, followed by every answer, bound the picture tokens'
-probability."""
+
 DEFAULT_VISION_DIR = Path("runs") / "quickstart-vision-assets"
 
 
@@ -109,7 +104,6 @@ def build_vision_into(
         GENERATION_BATCH_SIZE,
         encode_prompts,
         generate_responses,
-        make_unwritable,
         supervised_fine_tune,
     )
 
@@ -179,20 +173,6 @@ def build_vision_into(
         lr=settings.warm_start_lr,
         seed=seed,
     )
-    # the hidden states at a few hundred pictures' response places are enough to bound them
-    unwritable = [tokenizer.convert_tokens_to_ids(t) for t in PICTURE_TOKENS]
-    logger.info(
-        "picture tokens: teaching the model never to write %s (a run cannot train on a response "
-        "that holds one; seconds)",
-        " or ".join(PICTURE_TOKENS),
-    )
-    unwritable_log_prob = make_unwritable(
-        model,
-        warm_prompts[:UNWRITABLE_EXAMPLES],
-        [counting.answer_text(n) for n in range(1, counting.MAX_SHAPES + 1)],
-        tokenizer,
-        unwritable,
-    )
     eval_started = time.perf_counter()
     logger.info(
         "evaluation: greedy accuracy of the warm-started model on %d held-out pictures (seconds)",
@@ -232,7 +212,6 @@ def build_vision_into(
             "first_loss": stats.first_loss,
             "last_loss": stats.last_loss,
             "train_seconds": round(stats.seconds, 2),
-            "picture_tokens_max_log_prob": round(unwritable_log_prob, 2),
             "val_accuracy_greedy": greedy["all"],
             "val_accuracy_greedy_many": greedy.get("many", math.nan),
             "val_accuracy_greedy_few": greedy.get("few", math.nan),
