@@ -232,26 +232,31 @@ def launch(
     default=None,
     metavar="DIR",
     help="Where the tiny model and data are built (once, then reused); default "
-    "runs/quickstart-assets (runs/quickstart-tool-assets for --task tool).",
+    "runs/quickstart-assets (runs/quickstart-tool-assets for --task tool, "
+    "runs/quickstart-vision-assets for --task vision).",
 )
 @click.option(
     "--task",
-    type=click.Choice(["arithmetic", "tool"]),
+    type=click.Choice(["arithmetic", "tool", "vision"]),
     default="arithmetic",
     show_default=True,
     help="arithmetic: two-digit addition (recipe quickstart); tool: three-digit "
-    "multiplication with a calculator tool the model calls (recipe quickstart-tool).",
+    "multiplication with a calculator tool the model calls (recipe quickstart-tool); vision: "
+    "counting the shapes in a picture with a tiny vision-language model (recipe "
+    "quickstart-vision).",
 )
 @click.option(
     "--async",
     "fully_async",
     is_flag=True,
-    help="Run the task's fully_async recipe (quickstart-async, quickstart-tool-async).",
+    help="Run the task's fully_async recipe (quickstart-async, quickstart-tool-async, "
+    "quickstart-vision-async).",
 )
 def quickstart(
     overrides: tuple[str, ...], assets: str | None, task: str, fully_async: bool
 ) -> None:
     """GRPO on CPU in minutes: build a tiny Qwen2-architecture model and an arithmetic task
+    (or, with --task vision, a tiny Qwen2.5-VL-architecture model and pictures to count)
     here (nothing is downloaded), then run the quickstart recipe and print held-out accuracy
     before and after. KEY=VALUE overrides apply to the recipe."""
     from plugrl.plugin.manager import get_plugin_manager
@@ -260,8 +265,10 @@ def quickstart(
     from plugrl_tools.quickstart import (
         DEFAULT_DIR,
         DEFAULT_TOOL_DIR,
+        DEFAULT_VISION_DIR,
         QuickstartSettings,
         ToolQuickstartSettings,
+        VisionQuickstartSettings,
         describe,
         prepare_quickstart,
         quickstart_overrides,
@@ -270,6 +277,11 @@ def quickstart(
     if task == "tool":
         paths = prepare_quickstart(assets or DEFAULT_TOOL_DIR, settings=ToolQuickstartSettings())
         name = "quickstart-tool"
+    elif task == "vision":
+        paths = prepare_quickstart(
+            assets or DEFAULT_VISION_DIR, settings=VisionQuickstartSettings()
+        )
+        name = "quickstart-vision"
     else:
         paths = prepare_quickstart(assets or DEFAULT_DIR, settings=QuickstartSettings())
         name = "quickstart"
@@ -371,6 +383,12 @@ def _quickstart_shape(recipe: Any) -> Any:
     path = Path(recipe.model.path or "")
     if path.exists() or path.name != "model" or "quickstart" not in path.parent.name:
         return None
+    if "vision" in path.parent.name:
+        from plugrl_tools.quickstart.vision_build import vision_language_model_sizes
+
+        # the planner sizes the language model; the vision tower is a few thousand parameters
+        config = {**vision_language_model_sizes(), "model_type": "qwen2"}
+        return shape_from_config(config, "quickstart", "the vision quickstart's language model")
     # the quickstart tokenizers have 512 tokens; the model's vocabulary is the tokenizer's
     config = {**QUICKSTART_MODEL_SIZES, "model_type": "qwen2", "vocab_size": 512}
     return shape_from_config(config, "quickstart", "the quickstart model")

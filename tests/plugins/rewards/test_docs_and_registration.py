@@ -144,7 +144,7 @@ def test_registering_the_plugins_imports_neither_torch_nor_scorers():
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
-    assert run.stdout.strip() == "12"
+    assert run.stdout.strip() == "13"
 
 
 def test_every_registered_target_imports(plugins):

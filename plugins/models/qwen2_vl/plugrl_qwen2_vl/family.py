@@ -166,6 +166,15 @@ class Qwen2VLFamily(MultimodalModel):
                     "a response sampled the image token, which the model cannot be trained on; "
                     "train from a checkpoint that does not sample it"
                 )
+            # no row holds a video (videos are not read), so a video token was sampled; left
+            # in, get_rope_index would look for a video grid there is none of
+            videos = int((ids[attention_mask[row].bool()] == config.video_token_id).sum())
+            if videos:
+                raise ValueError(
+                    f"row {row} holds {videos} video tokens but no video: a response sampled "
+                    "the video token, which the model cannot be trained on; train from a "
+                    "checkpoint that does not sample it"
+                )
         grids = [row["image_grid_thw"] for row in inputs if row is not None]
         image_grid_thw = torch.cat(grids).to(input_ids.device) if grids else None
         options: dict[str, Any] = {

@@ -1,5 +1,5 @@
 """Scoring functions by data source, verl's rule scorers: GSM8K, DAPO maths, boxed maths,
-multiple choice, and the quickstart's arithmetic.
+multiple choice, and the quickstarts' arithmetic and counting.
 
 Registered by path, so nothing here imports a scorer's libraries until a run scores its data.
 """
@@ -41,6 +41,10 @@ REWARD_FUNCTIONS: dict[str, tuple[str, str]] = {
     "plugrl/arithmetic": (
         f"{_PKG}.arithmetic:compute_score",
         "Quickstart arithmetic: last 'Answer: <integer>' line",
+    ),
+    "plugrl/counting": (
+        f"{_PKG}.counting:compute_score",
+        "Quickstart vision counting: last 'Answer: <integer>' line; names the row's picture",
     ),
 }
 

@@ -94,6 +94,16 @@ class Row:
         return self.prompt + tuple(self.tokens)
 
 
+def _placeholder_tokens(vision: Any, device: torch.device) -> torch.Tensor | None:
+    """The ids of the image and video tokens of a vision-language model's config."""
+    if vision is None:
+        return None
+    config = vision.hf_config
+    ids = [getattr(config, name, None) for name in ("image_token_id", "video_token_id")]
+    ids = [int(token) for token in ids if token is not None]
+    return torch.tensor(ids, dtype=torch.long, device=device) if ids else None
+
+
 class DecodeBatch:
     """The rows being sampled with one model, their KV cache and per-row state."""
 
@@ -113,6 +123,10 @@ class DecodeBatch:
         self.max_rows = max_rows
         self.vision = vision
         """A vision-language model's family (its positions), or ``None``."""
+        self.never_sampled = _placeholder_tokens(vision, device)
+        """The image and video tokens of a vision-language model, never sampled: a response
+        holding one could not be trained on (they stand for a picture's inputs); a trained
+        checkpoint gives them next to no probability, a tiny test model some."""
         self.fallback_reason = slot_kv_unsupported(model)
         if vision is not None:
             self.fallback_reason = "it is a vision-language model (prompts with images)"
@@ -187,7 +201,9 @@ class DecodeBatch:
         if self.stale:
             self.admit([])
         logits = self.kv.forward_step(self.model, self.input_ids, self.positions)
-        tokens, log_probs = self.sampling.pick(logits, [row.draw() for row in self.rows])
+        tokens, log_probs = self.sampling.pick(
+            logits, [row.draw() for row in self.rows], self.never_sampled
+        )
         finished = []
         for index, (row, token, log_prob) in enumerate(
             zip(self.rows, tokens.tolist(), log_probs.tolist(), strict=True)

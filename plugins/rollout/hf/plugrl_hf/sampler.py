@@ -78,10 +78,16 @@ class BatchSampling:
         )
 
     def pick(
-        self, logits: torch.Tensor, uniforms: Sequence[float]
+        self,
+        logits: torch.Tensor,
+        uniforms: Sequence[float],
+        never: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The next token of every row and its log-prob. ``uniforms`` holds one draw per row
-        (ignored for greedy rows)."""
+        (ignored for greedy rows). ``never`` (token ids) are never picked, sampled or greedy,
+        and the log-prob stays that of the distribution above, with them in it: the model's
+        probability of the token, as a trainer computes it (a vision-language model's image
+        tokens, which stand for pictures and which a model cannot be trained to write)."""
         scaled = logits.float() / self.temperature
         vocab = scaled.shape[-1]
         if self.max_top_k > 0:
@@ -101,17 +107,18 @@ class BatchSampling:
             drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
             scaled = scaled.masked_fill(drop, float("-inf"))
         log_dist = torch.log_softmax(scaled, dim=-1)
+        pickable = log_dist if never is None else log_dist.index_fill(-1, never, float("-inf"))
         if self.any_sampled:
-            cdf = torch.cumsum(log_dist.exp(), dim=-1)
+            cdf = torch.cumsum(pickable.exp(), dim=-1)
             total = cdf[:, -1:]
             u = torch.tensor(uniforms, dtype=torch.float32, device=cdf.device)[:, None]
             # strictly below the total mass, so the pick is a token of probability > 0
             target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
             tokens = torch.searchsorted(cdf, target, right=True).squeeze(-1)
             if self.any_greedy:
-                tokens = torch.where(self.greedy, log_dist.argmax(dim=-1), tokens)
+                tokens = torch.where(self.greedy, pickable.argmax(dim=-1), tokens)
         else:
-            tokens = log_dist.argmax(dim=-1)
+            tokens = pickable.argmax(dim=-1)
         return tokens, log_dist.gather(-1, tokens[:, None]).squeeze(-1)
 
 

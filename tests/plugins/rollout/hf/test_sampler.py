@@ -85,6 +85,24 @@ def test_rows_with_different_parameters_pick_as_they_would_alone():
     assert torch.allclose(log_probs[5], torch.log_softmax(logits[5], -1).max())
 
 
+def test_tokens_never_picked_keep_their_place_in_the_log_probs():
+    """A vision-language model's image tokens are never picked, even where the model favours
+    them, the last token of the vocabulary included; the log-prob of what is picked is the
+    model's own, as a trainer computes it."""
+    logits = torch.tensor([[0.0, 1.0, 8.0, 0.5, 9.0]]).expand(4, -1)
+    never = torch.tensor([2, 4])
+    params = [SamplingParams(temperature=0.0)] + [SamplingParams(temperature=1.0)] * 3
+    sampling = BatchSampling(params, torch.device("cpu"))
+    for u in (0.0, 0.5, 1.0 - 1e-9):
+        tokens, log_probs = sampling.pick(logits, [u] * 4, never)
+        assert tokens[0] == 1, "greedy takes the likeliest token that may be picked"
+        assert all(int(token) in (0, 1, 3) for token in tokens)
+        torch.testing.assert_close(log_probs, torch.log_softmax(logits, -1)[0, tokens])
+    # inverse CDF over the tokens left: a small uniform takes token 0, a large one token 3
+    tokens, _ = sampling.pick(logits, [0.0, 0.0, 0.2, 0.99], never)
+    assert tokens[1:].tolist() == [0, 1, 3]
+
+
 def test_a_uniform_stream_depends_only_on_its_seed():
     a, b = UniformStream(5), UniformStream(5)
     first = [a.next() for _ in range(150)]  # past a block boundary
