@@ -209,8 +209,6 @@ class HFRolloutEngine(RolloutEngine):
         """This rank's shard of a model split over the span (``None``: the whole model)."""
         self._channel: Channel | None = None
         self._workers: list[Any] = []
-        self.rank_nodes: tuple[str, ...] | None = None
-        """The Ray node of each tensor-parallel rank, rank 0 (this process) first."""
         if not context.model_from_trainer:
             model = load_model(
                 self.recipe, self.torch_device, config.attn_implementation, self.dtype
