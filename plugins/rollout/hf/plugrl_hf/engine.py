@@ -16,6 +16,10 @@ Requests join and leave the running batch at any step (:mod:`~plugrl_hf.batch`,
 requests arrive on; it yields to the loop between steps, so ``abort``, ``pause``, ``resume``
 and the weight-update calls run between two tokens, and it ends when there is nothing to do.
 
+An engine whose span crosses Ray nodes (``context.engine_span``, with
+``rollout.tensor_model_parallel_size`` > 1) splits its model over the span's bundles: this
+process is rank 0 and drives workers of its own on the others (:mod:`~plugrl_hf.tensor_parallel`).
+
 Sampling is seeded per sample (:mod:`~plugrl_hf.sampler`): a request with
 ``params.seed`` samples the same tokens whatever runs beside it; a request without one takes a
 seed from the engine's generator, seeded from ``trainer.seed``, so a run repeats exactly.
