@@ -214,12 +214,18 @@ class HFRolloutEngine(RolloutEngine):
         self._channel: Channel | None = None
         self._workers: list[Any] = []
         if not context.model_from_trainer:
+            span = context.engine_span if config.tensor_model_parallel_size > 1 else None
+            # a model to split is loaded on the CPU: only this rank's share goes to the device
             model = load_model(
-                self.recipe, self.torch_device, config.attn_implementation, self.dtype
+                self.recipe,
+                self.torch_device if span is None else torch.device("cpu"),
+                config.attn_implementation,
+                self.dtype,
             )
-            self._use_model(model, owns=True)
-            span = context.engine_span
-            if config.tensor_model_parallel_size > 1 and span is not None:
+            if span is None:
+                self._use_model(model, owns=True)
+            else:
+                self.model = model
                 self._start_span_workers(span)
 
     # ---------------------------------------------------------------------- tensor parallel
@@ -326,7 +332,7 @@ class HFRolloutEngine(RolloutEngine):
         self._channel = channel
         self.rank_nodes = nodes if all(nodes) else None
         # the batch follows on every rank from now on
-        self._use_model(self.model, owns=True)
+        self._use_model(self.model.to(self.torch_device), owns=True)
         logger.info(
             "hf rollout engine: tensor-parallel over %d ranks%s",
             world,
@@ -870,7 +876,11 @@ class HFRolloutEngine(RolloutEngine):
     def _fail_all(self, error: Exception) -> None:
         logger.error("the hf rollout engine failed while generating: %s", error)
         if self._batch is not None:
-            self._batch.clear()
+            try:
+                self._batch.clear()
+            except Exception as lost:
+                # the other ranks of a split model are gone: the requests fail all the same
+                logger.error("the hf rollout engine could not reach its other ranks: %s", lost)
         for states in list(self._in_flight.values()):
             for state in list(states):
                 state.rows.clear()

@@ -395,10 +395,12 @@ class TensorParallelWorker:
         try:
             failure = None
             try:
+                # loaded on the CPU: only this rank's share goes to the device
                 model = load_model(
-                    self.recipe, self.device, self.config.attn_implementation, self.dtype
+                    self.recipe, torch.device("cpu"), self.config.attn_implementation, self.dtype
                 )
                 self.shard = ShardedModel(model, self.rank, self.world, group)
+                self.shard.model.to(self.device)
             except Exception as error:
                 failure = f"rank {self.rank}: {error}"
             # rank 0 learns whether every rank is ready (and stops if one is not)
