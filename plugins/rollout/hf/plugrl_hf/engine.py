@@ -213,22 +213,74 @@ class HFRolloutEngine(RolloutEngine):
         """This rank's shard of a model split over the span (``None``: the whole model)."""
         self._channel: Channel | None = None
         self._workers: list[Any] = []
+        self._processes: list[Any] = []
         if not context.model_from_trainer:
-            span = context.engine_span if config.tensor_model_parallel_size > 1 else None
+            split = config.tensor_model_parallel_size > 1
             # a model to split is loaded on the CPU: only this rank's share goes to the device
             model = load_model(
                 self.recipe,
-                self.torch_device if span is None else torch.device("cpu"),
+                torch.device("cpu") if split else self.torch_device,
                 config.attn_implementation,
                 self.dtype,
             )
-            if span is None:
+            if not split:
                 self._use_model(model, owns=True)
+            elif context.engine_span is not None:
+                self.model = model
+                self._start_span_workers(context.engine_span)
             else:
                 self.model = model
-                self._start_span_workers(span)
+                self._start_local_workers()
 
     # ---------------------------------------------------------------------- tensor parallel
+
+    def _start_local_workers(self) -> None:
+        """Start the other ranks of an engine of one node's devices as processes of this
+        one (it sees the devices of the whole span: rank ``r`` takes its ``r``-th), and split
+        the model with them."""
+        from plugrl_hf.tensor_parallel import free_port, run_local_rank
+
+        world = self.config.tensor_model_parallel_size
+        self._check_splits(world)
+        port = free_port()
+        backend = self.context.device.dist_backend if self.context.device else "gloo"
+        device_type = self.torch_device.type
+        spawn = torch.multiprocessing.get_context("spawn")
+        for rank in range(1, world):
+            process = spawn.Process(
+                target=run_local_rank,
+                args=(
+                    self.recipe,
+                    rank,
+                    world,
+                    "cpu" if device_type == "cpu" else f"{device_type}:{rank}",
+                    backend,
+                    self.config,
+                    self.dtype,
+                    self.pad_token_id,
+                    "127.0.0.1",
+                    port,
+                ),
+                daemon=True,
+                name=f"plugrl-hf-rank{rank}",
+            )
+            process.start()
+            self._processes.append(process)
+        try:
+            self.join_tensor_parallel("127.0.0.1", port, world, backend)
+        except BaseException:
+            self._stop_workers()
+            raise
+
+    def _check_splits(self, world: int) -> None:
+        reason = tensor_parallel_unsupported(self.model, world)
+        if reason is not None:
+            raise RecipeError(
+                f"the hf rollout engine cannot split {type(self.model).__name__} over "
+                f"{world} ranks: {reason}; set a rollout.tensor_model_parallel_size that "
+                "divides them, or use the vllm engine",
+                key="rollout.tensor_model_parallel_size",
+            )
 
     def _start_span_workers(self, span: EngineSpan) -> None:
         """Start a worker on each bundle of the span but the first (this actor's), each
@@ -245,14 +297,7 @@ class HFRolloutEngine(RolloutEngine):
                 f"the hf rollout engine's span has {world} bundles, but "
                 f"rollout.tensor_model_parallel_size is {self.config.tensor_model_parallel_size}"
             )
-        reason = tensor_parallel_unsupported(self.model, world)
-        if reason is not None:
-            raise RecipeError(
-                f"the hf rollout engine cannot split {type(self.model).__name__} over "
-                f"{world} ranks: {reason}; set a rollout.tensor_model_parallel_size that "
-                "divides them, or use the vllm engine",
-                key="rollout.tensor_model_parallel_size",
-            )
+        self._check_splits(world)
         places = [
             (node, bundle, local)
             for node in span.nodes
@@ -342,7 +387,7 @@ class HFRolloutEngine(RolloutEngine):
         )
 
     def _stop_workers(self) -> None:
-        """Close the group (its ranks return) and end the worker actors."""
+        """Close the group (its ranks return) and end the worker actors and processes."""
         if self._channel is not None:
             with contextlib.suppress(Exception):
                 self._channel.send(("close",))
@@ -357,6 +402,13 @@ class HFRolloutEngine(RolloutEngine):
                 with contextlib.suppress(Exception):
                     ray.kill(worker)
             self._workers = []
+        for process in self._processes:
+            # they return when the group closes; one that does not is ended
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
+                process.join(timeout=10)
+        self._processes = []
 
     def _whole_shape(self, name: str, target: torch.Tensor) -> tuple[int, ...]:
         """The unsplit shape of the weight ``name`` (``target``: this rank's)."""

@@ -361,9 +361,35 @@ class ShardedModel:
             target.copy_(shard_of(whole, self.split.get(name), self.rank, self.world))
 
 
+def run_local_rank(
+    recipe: Any,
+    rank: int,
+    world: int,
+    device: str,
+    backend: str,
+    config: Any,
+    dtype: torch.dtype,
+    pad_token_id: int,
+    address: str,
+    port: int,
+) -> None:
+    """Rank ``rank`` as a process of the engine's own (an engine of one node's devices)."""
+    import os
+    import sys
+
+    TensorParallelWorker(recipe, rank, world, device, backend, config, dtype, pad_token_id).run(
+        address, port
+    )
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # gloo's threads may abort the process at interpreter exit, which says nothing here
+    os._exit(0)
+
+
 class TensorParallelWorker:
     """Rank ``rank`` (> 0) of an hf engine's tensor-parallel group: its shard of the model,
-    on its bundle's device, following rank 0's batch (a Ray actor of the engine's span)."""
+    on its device, following rank 0's batch (a Ray actor on a bundle of the engine's span,
+    or a process of the engine's own, :func:`run_local_rank`)."""
 
     def __init__(
         self,
