@@ -215,7 +215,15 @@ class HFRolloutEngine(RolloutEngine):
         self._workers: list[Any] = []
         self._processes: list[Any] = []
         if not context.model_from_trainer:
-            split = config.tensor_model_parallel_size > 1
+            # an engine on Ray has its actor's process to itself; in the driver's
+            # (cluster: local) the trainer's group is the process's torch.distributed group
+            split = config.tensor_model_parallel_size > 1 and self.recipe.cluster.mode == "ray"
+            if config.tensor_model_parallel_size > 1 and not split:
+                logger.info(
+                    "hf rollout engine: the whole model runs in this process, which it shares "
+                    "with the trainer (cluster.mode=local); rollout.tensor_model_parallel_size "
+                    "splits it on Ray (cluster.mode=ray)"
+                )
             # a model to split is loaded on the CPU: only this rank's share goes to the device
             model = load_model(
                 self.recipe,

@@ -80,7 +80,9 @@ def _split_session(model_dir: str, out: str) -> None:
 
     torch.set_num_threads(1)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    split = make_engine(model_dir, tokenizer, max_num_seqs=8, tensor_model_parallel_size=2)
+    split = make_engine(
+        model_dir, tokenizer, max_num_seqs=8, tensor_model_parallel_size=2, cluster="ray"
+    )
     processes = list(split._processes)
     facts = {
         "alive": [p.is_alive() for p in processes],
@@ -147,3 +149,15 @@ def test_a_model_whose_heads_do_not_divide_is_refused(model):
 
     with pytest.raises(PluginError, match=r"rollout\.tensor_model_parallel_size=3"):
         shard_model(model, 0, 3, None)
+
+
+def test_in_the_process_it_shares_with_the_trainer_the_engine_keeps_the_whole_model(
+    tiny_model_dir, tokenizer, model, caplog
+):
+    with caplog.at_level("INFO", logger="plugrl.rollout.hf"):
+        engine = make_engine(tiny_model_dir, tokenizer, tensor_model_parallel_size=2)
+    assert engine._processes == [] and engine._shards is None
+    whole = model.model.layers[0].self_attn.q_proj.weight.shape
+    assert engine.model.model.layers[0].self_attn.q_proj.weight.shape == whole
+    assert "shares with the trainer (cluster.mode=local)" in caplog.text
+    engine.close()
