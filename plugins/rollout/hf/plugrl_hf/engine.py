@@ -16,9 +16,10 @@ Requests join and leave the running batch at any step (:mod:`~plugrl_hf.batch`,
 requests arrive on; it yields to the loop between steps, so ``abort``, ``pause``, ``resume``
 and the weight-update calls run between two tokens, and it ends when there is nothing to do.
 
-An engine whose span crosses Ray nodes (``context.engine_span``, with
-``rollout.tensor_model_parallel_size`` > 1) splits its model over the span's bundles: this
-process is rank 0 and drives workers of its own on the others (:mod:`~plugrl_hf.tensor_parallel`).
+An engine on Ray with ``rollout.tensor_model_parallel_size`` > 1 splits its model over its
+devices: this process is rank 0 and drives ranks of its own, on the other bundles of its span
+when it crosses nodes (``context.engine_span``), else processes on the other devices it sees
+(:mod:`~plugrl_hf.tensor_parallel`).
 
 Sampling is seeded per sample (:mod:`~plugrl_hf.sampler`): a request with
 ``params.seed`` samples the same tokens whatever runs beside it; a request without one takes a
@@ -171,8 +172,7 @@ class HFRolloutEngine(RolloutEngine):
         }
     )
     # an engine whose span crosses nodes splits the model over its span's bundles (see
-    # plugrl_hf.tensor_parallel); one of a single node's devices runs the whole model in its
-    # one process
+    # plugrl_hf.tensor_parallel)
     spans_nodes: ClassVar[bool] = True
 
     def __init__(self, config: HFRolloutConfig, context: PartContext) -> None:

@@ -9,12 +9,13 @@ logits and, for its own heads, its own KV cache. Embeddings, norms and the head 
 every rank.
 
 The engine's actor is rank 0 and drives; the other ranks are :class:`TensorParallelWorker`
-actors it starts on the other bundles of its span. They follow rank 0's running batch
-(:class:`LockstepBatch`) operation by operation: rank 0 broadcasts each operation (rows that
-join or leave, a decode step, a prompt to score, a weight bucket), every rank runs the same
-forward passes, and rank 0 samples and broadcasts the tokens, so the ranks' caches never
-differ. Messages go over a gloo group (CPU tensors), whatever the device's own backend does
-the forward's sums.
+actors it starts on the other bundles of its span when the span crosses Ray nodes, or
+processes of its own on the other devices it sees (:func:`run_local_rank`). They follow rank
+0's running batch (:class:`LockstepBatch`) operation by operation: rank 0 broadcasts each
+operation (rows that join or leave, a decode step, a prompt to score, a weight bucket), every
+rank runs the same forward passes, and rank 0 samples and broadcasts the tokens, so the ranks'
+caches never differ. Messages go over a gloo group (CPU tensors), whatever the device's own
+backend does the forward's sums.
 """
 
 from __future__ import annotations
