@@ -69,8 +69,9 @@ def _processes_under(folder: str) -> list[int]:
 
 def test_the_sbatch_script_starts_a_two_node_ray_cluster_and_trains_on_it(tiny_task, tmp_path):
     """The job's two nodes hold a trainer rank each and one engine of two devices whose span
-    crosses them (rollout.tensor_model_parallel_size=2): after the update, the engine's
-    log-probs of what it sampled equal the trainer's, so the weights reached it."""
+    crosses them (rollout.tensor_model_parallel_size=2), its model split over a rank on each
+    node: after the update, the engine's log-probs of what it sampled equal the trainer's, so
+    both shards of the weights reached it."""
     project = tmp_path / "project"
     shims = tmp_path / "bin"
     shims.mkdir()
@@ -162,6 +163,16 @@ def test_the_sbatch_script_starts_a_two_node_ray_cluster_and_trains_on_it(tiny_t
     )
     assert span is not None, output[-4000:]
     assert sorted([span[1], span[3]]) == ["0", "1"] and span[2] != span[4]
+    # the engine split its model over its span: its actor (rank 0) on bundle 0's node, its
+    # worker (rank 1) on bundle 1's, each a shard, every token computed by both
+    bundle_node = {span[1]: span[2], span[3]: span[4]}
+    ranks = re.search(
+        r"rollout engine 0 splits its model over 2 Ray nodes: "
+        r"rank 0 on node (\w+); rank 1 on node (\w+)",
+        output,
+    )
+    assert ranks is not None, output[-4000:]
+    assert (ranks[1], ranks[2]) == (bundle_node["0"], bundle_node["1"])
     assert "the run's files and run folder are seen by the other 1 Ray node(s)" in output
     run_dir = project / "run"
     records = by_step(read_records(run_dir))

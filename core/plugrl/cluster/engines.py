@@ -116,8 +116,9 @@ class EngineWorker:
         self.engine: RolloutEngine | None = None
 
     async def start(self, plugins: PluginManager | None = None) -> dict[str, Any]:
-        """Build the engine; returns ``{"pid", "capabilities", "node"}`` (``node``: its
-        machine's address and Ray node id, ``None`` outside Ray)."""
+        """Build the engine; returns ``{"pid", "capabilities", "node", "rank_nodes"}``
+        (``node``: its machine's address and Ray node id, ``None`` outside Ray;
+        ``rank_nodes``: :attr:`RolloutEngine.rank_nodes`)."""
         from plugrl.data.dataset import load_tokenizer
         from plugrl.plugin.build import build_part
 
@@ -143,6 +144,7 @@ class EngineWorker:
             "pid": os.getpid(),
             "capabilities": sorted(c.value for c in type(self.engine).capabilities),
             "node": (node_ip(), node) if node else None,
+            "rank_nodes": getattr(self.engine, "rank_nodes", None),
         }
 
     def _engine(self) -> RolloutEngine:
@@ -678,6 +680,15 @@ class RayEngineGroup(EngineGroup):
                         f"bundles {','.join(map(str, node.bundles))} on node {node.node_id[:12]}"
                         for node in where.nodes
                     ),
+                )
+            ranks = infos[index].get("rank_nodes")
+            if ranks and len(set(ranks)) > 1:
+                logger.info(
+                    "%s engine %d splits its model over %d Ray nodes: %s",
+                    role,
+                    index,
+                    len(set(ranks)),
+                    "; ".join(f"rank {r} on node {node[:12]}" for r, node in enumerate(ranks)),
                 )
 
     def _engine_span(

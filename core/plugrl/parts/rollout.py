@@ -653,6 +653,10 @@ class RolloutEngine(ABC):
         self.context = context
         self.weight_version = 0
         """The version of the weights new tokens are sampled with."""
+        self.rank_nodes: tuple[str, ...] | None = None
+        """The Ray node of each tensor-parallel rank of an engine that starts its ranks
+        itself (``context.engine_span``), rank 0 first; the run logs them. ``None``: not
+        known, or one process."""
 
     # ------------------------------------------------------------------------------ requests
 

@@ -204,6 +204,10 @@ class DecodeBatch:
         tokens, log_probs = self.sampling.pick(
             logits, [row.draw() for row in self.rows], self.never_sampled
         )
+        return self._leave(self._advance(tokens, log_probs))
+
+    def _advance(self, tokens: torch.Tensor, log_probs: torch.Tensor) -> list[int]:
+        """Append each row's sampled token; returns the indices of the rows that finished."""
         finished = []
         for index, (row, token, log_prob) in enumerate(
             zip(self.rows, tokens.tolist(), log_probs.tolist(), strict=True)
@@ -219,6 +223,10 @@ class DecodeBatch:
             finished.append(index)
         self.input_ids = tokens
         self.positions += 1
+        return finished
+
+    def _leave(self, finished: list[int]) -> list[Row]:
+        """Take the finished rows (indices) out; returns them."""
         if not finished:
             return []
         done = [self.rows[i] for i in finished]
@@ -251,6 +259,15 @@ class DecodeBatch:
         self.stale = bool(self.rows)
         if not self.rows:
             self._clear_row_state()
+
+    def weights_changed(self) -> None:
+        """The model's weights changed in place: copies made of them are stale."""
+        self.kv.weights_changed()
+
+    def clear(self) -> None:
+        """Drop every row and the cache (a failed step)."""
+        self.rows.clear()
+        self.invalidate(free=True)
 
     def adopt(self, rows: list[Row]) -> None:
         """Take over rows of another batch (a new model); their caches are recomputed."""

@@ -16,6 +16,11 @@ Requests join and leave the running batch at any step (:mod:`~plugrl_hf.batch`,
 requests arrive on; it yields to the loop between steps, so ``abort``, ``pause``, ``resume``
 and the weight-update calls run between two tokens, and it ends when there is nothing to do.
 
+An engine on Ray with ``rollout.tensor_model_parallel_size`` > 1 splits its model over its
+devices: this process is rank 0 and drives ranks of its own, on the other bundles of its span
+when it crosses nodes (``context.engine_span``), else processes on the other devices it sees
+(:mod:`~plugrl_hf.tensor_parallel`).
+
 Sampling is seeded per sample (:mod:`~plugrl_hf.sampler`): a request with
 ``params.seed`` samples the same tokens whatever runs beside it; a request without one takes a
 seed from the engine's generator, seeded from ``trainer.seed``, so a run repeats exactly.
@@ -24,6 +29,7 @@ seed from the engine's generator, seeded from ``trainer.seed``, so a run repeats
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import logging
 from collections import deque
@@ -33,6 +39,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 import torch
+import torch.distributed as dist
 
 from plugrl.api import PluginError, RecipeError
 from plugrl.api.data import multimodal_family, quiet_hf_loading
@@ -50,9 +57,17 @@ from plugrl.api.rollout import (
 from plugrl_hf.batch import DecodeBatch, Row
 from plugrl_hf.config import HFRolloutConfig
 from plugrl_hf.sampler import StopStringMatcher, default_stop_token_ids
+from plugrl_hf.tensor_parallel import (
+    Channel,
+    LockstepBatch,
+    ShardedModel,
+    join_group,
+    ray_node_id,
+    tensor_parallel_unsupported,
+)
 
 if TYPE_CHECKING:
-    from plugrl.api import PartContext, Recipe
+    from plugrl.api import EngineSpan, PartContext, Recipe
 
 logger = logging.getLogger("plugrl.rollout.hf")
 
@@ -156,9 +171,8 @@ class HFRolloutEngine(RolloutEngine):
             Capability.SCORE,
         }
     )
-    # it has no tensor parallelism: an engine of several devices, on one node or across
-    # nodes, runs the whole model in its one process on the first and receives every weight
-    # there; the span's other devices stay unused
+    # an engine whose span crosses nodes splits the model over its span's bundles (see
+    # plugrl_hf.tensor_parallel)
     spans_nodes: ClassVar[bool] = True
 
     def __init__(self, config: HFRolloutConfig, context: PartContext) -> None:
@@ -195,11 +209,220 @@ class HFRolloutEngine(RolloutEngine):
         self._task: asyncio.Task | None = None
         self._task_loop: asyncio.AbstractEventLoop | None = None
         self._restore_training = False
+        self._shards: ShardedModel | None = None
+        """This rank's shard of a model split over the span (``None``: the whole model)."""
+        self._channel: Channel | None = None
+        self._workers: list[Any] = []
+        self._processes: list[Any] = []
         if not context.model_from_trainer:
+            # an engine on Ray has its actor's process to itself; in the driver's
+            # (cluster: local) the trainer's group is the process's torch.distributed group
+            split = config.tensor_model_parallel_size > 1 and self.recipe.cluster.mode == "ray"
+            if config.tensor_model_parallel_size > 1 and not split:
+                logger.info(
+                    "hf rollout engine: the whole model runs in this process, which it shares "
+                    "with the trainer (cluster.mode=local); rollout.tensor_model_parallel_size "
+                    "splits it on Ray (cluster.mode=ray)"
+                )
+            # a model to split is loaded on the CPU: only this rank's share goes to the device
             model = load_model(
-                self.recipe, self.torch_device, config.attn_implementation, self.dtype
+                self.recipe,
+                torch.device("cpu") if split else self.torch_device,
+                config.attn_implementation,
+                self.dtype,
             )
-            self._use_model(model, owns=True)
+            if not split:
+                self._use_model(model, owns=True)
+            elif context.engine_span is not None:
+                self.model = model
+                self._start_span_workers(context.engine_span)
+            else:
+                self.model = model
+                self._start_local_workers()
+
+    # ---------------------------------------------------------------------- tensor parallel
+
+    def _start_local_workers(self) -> None:
+        """Start the other ranks of an engine of one node's devices as processes of this
+        one (it sees the devices of the whole span: rank ``r`` takes its ``r``-th), and split
+        the model with them."""
+        from plugrl_hf.tensor_parallel import free_port, run_local_rank
+
+        world = self.config.tensor_model_parallel_size
+        self._check_splits(world)
+        port = free_port()
+        backend = self.context.device.dist_backend if self.context.device else "gloo"
+        device_type = self.torch_device.type
+        spawn = torch.multiprocessing.get_context("spawn")
+        for rank in range(1, world):
+            process = spawn.Process(
+                target=run_local_rank,
+                args=(
+                    self.recipe,
+                    rank,
+                    world,
+                    "cpu" if device_type == "cpu" else f"{device_type}:{rank}",
+                    backend,
+                    self.config,
+                    self.dtype,
+                    self.pad_token_id,
+                    "127.0.0.1",
+                    port,
+                ),
+                daemon=True,
+                name=f"plugrl-hf-rank{rank}",
+            )
+            process.start()
+            self._processes.append(process)
+        try:
+            self.join_tensor_parallel("127.0.0.1", port, world, backend)
+        except BaseException:
+            self._stop_workers()
+            raise
+
+    def _check_splits(self, world: int) -> None:
+        reason = tensor_parallel_unsupported(self.model, world)
+        if reason is not None:
+            raise RecipeError(
+                f"the hf rollout engine cannot split {type(self.model).__name__} over "
+                f"{world} ranks: {reason}; set a rollout.tensor_model_parallel_size that "
+                "divides them, or use the vllm engine",
+                key="rollout.tensor_model_parallel_size",
+            )
+
+    def _start_span_workers(self, span: EngineSpan) -> None:
+        """Start a worker on each bundle of the span but the first (this actor's), each
+        pinned to its bundle, and split the model with them."""
+        from plugrl.api.cluster import import_ray
+        from plugrl_hf.tensor_parallel import TensorParallelWorker, free_port
+
+        ray = import_ray("the hf engine's tensor-parallel workers")
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        world = len(span.bundles)
+        if world != self.config.tensor_model_parallel_size:
+            raise PluginError(
+                f"the hf rollout engine's span has {world} bundles, but "
+                f"rollout.tensor_model_parallel_size is {self.config.tensor_model_parallel_size}"
+            )
+        self._check_splits(world)
+        places = [
+            (node, bundle, local)
+            for node in span.nodes
+            for local, bundle in enumerate(node.bundles)
+        ]
+        address = ray.util.get_node_ip_address()
+        port = free_port()
+        remote = ray.remote(TensorParallelWorker)
+        device_type = self.torch_device.type
+        for rank, (node, bundle, local) in enumerate(places[1:], start=1):
+            options = {
+                **node.actor_options,
+                "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                    placement_group=span.placement_group,
+                    placement_group_bundle_index=bundle,
+                ),
+            }
+            device = "cpu" if device_type == "cpu" else f"{device_type}:{local}"
+            worker = remote.options(**options).remote(
+                self.recipe,
+                rank,
+                world,
+                device,
+                self.context.device.dist_backend if self.context.device else "gloo",
+                self.config,
+                self.dtype,
+                self.pad_token_id,
+            )
+            self._workers.append((worker, worker.run.remote(address, port)))
+        try:
+            self.join_tensor_parallel(
+                address,
+                port,
+                world,
+                self.context.device.dist_backend if self.context.device else "gloo",
+                expected_nodes=[node.node_id for node, _, _ in places],
+            )
+        except BaseException:
+            self._stop_workers()
+            raise
+
+    def join_tensor_parallel(
+        self,
+        address: str,
+        port: int,
+        world: int,
+        backend: str = "gloo",
+        expected_nodes: Sequence[str] | None = None,
+    ) -> None:
+        """Become rank 0 of a group of ``world`` ranks at ``address:port`` whose other
+        ranks run :meth:`plugrl_hf.tensor_parallel.TensorParallelWorker.run`, and split
+        the model with them; from now on every forward pass runs on all ranks.
+        ``expected_nodes``: the Ray node each rank must be on."""
+        group, channel = join_group(address, port, 0, world, backend)
+        failure = None
+        try:
+            shards = ShardedModel(self.model, 0, world, group)
+        except Exception as error:
+            failure = f"rank 0: {error}"
+        ready: list[Any] = [None] * world
+        dist.all_gather_object(ready, (failure, ray_node_id()), group=channel.group)
+        failures = [f for f, _ in ready if f is not None]
+        nodes = tuple(node for _, node in ready)
+        if not failures and expected_nodes is not None and list(nodes) != list(expected_nodes):
+            failures = [
+                f"its ranks run on nodes {', '.join(map(str, nodes))}, not on their bundles' "
+                f"{', '.join(expected_nodes)}"
+            ]
+        if failures:
+            # the other ranks leave the group after the handshake too
+            dist.destroy_process_group()
+            raise PluginError(
+                "the hf rollout engine could not split its model over its span: "
+                + "; ".join(failures)
+            )
+        self._shards = shards
+        self._channel = channel
+        self.rank_nodes = nodes if all(nodes) else None
+        # the batch follows on every rank from now on
+        self._use_model(self.model.to(self.torch_device), owns=True)
+        logger.info(
+            "hf rollout engine: tensor-parallel over %d ranks%s",
+            world,
+            ": " + ", ".join(f"rank {r} on node {n[:12]}" for r, n in enumerate(nodes))
+            if self.rank_nodes
+            else "",
+        )
+
+    def _stop_workers(self) -> None:
+        """Close the group (its ranks return) and end the worker actors and processes."""
+        if self._channel is not None:
+            with contextlib.suppress(Exception):
+                self._channel.send(("close",))
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
+            self._channel = None
+        if self._workers:
+            from plugrl.api.cluster import import_ray
+
+            ray = import_ray("the hf engine's tensor-parallel workers")
+            for worker, _ in self._workers:
+                with contextlib.suppress(Exception):
+                    ray.kill(worker)
+            self._workers = []
+        for process in self._processes:
+            # they return when the group closes; one that does not is ended
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
+                process.join(timeout=10)
+        self._processes = []
+
+    def _whole_shape(self, name: str, target: torch.Tensor) -> tuple[int, ...]:
+        """The unsplit shape of the weight ``name`` (``target``: this rank's)."""
+        if self._shards is None:
+            return tuple(target.shape)
+        return self._shards.whole_shapes[name]
 
     # ------------------------------------------------------------------------------- requests
 
@@ -259,6 +482,8 @@ class HFRolloutEngine(RolloutEngine):
         )
         targets = tokens[0, len(prompt_ids) :]
         training = self.model.training
+        if self._channel is not None:
+            self._channel.send(("score", tokens[0].tolist()))
         # one prefill between two decode steps: the decode loop yields to this loop between them
         with torch.no_grad():
             if training:
@@ -320,10 +545,11 @@ class HFRolloutEngine(RolloutEngine):
                     f"{path} does not have; push weights under Hugging Face names of the same "
                     "architecture"
                 )
-            if tuple(target.shape) != tuple(meta.shape):
+            whole = self._whole_shape(meta.name, target)
+            if whole != tuple(meta.shape):
                 raise PluginError(
                     f"begin_weight_update announced {meta.name!r} of shape {tuple(meta.shape)}, "
-                    f"the rollout model's is {tuple(target.shape)}; push full (unsharded) weights"
+                    f"the rollout model's is {whole}; push full (unsharded) weights"
                 )
             announced[meta.name] = meta
         storages = {name: _storage(targets[name]) for name in announced}
@@ -348,23 +574,41 @@ class HFRolloutEngine(RolloutEngine):
             )
         targets = self.model.state_dict()
         with torch.no_grad():
+            if self._channel is None:
+                for name, tensor in bucket:
+                    target = self._checked_target(update, targets, name, tensor)
+                    # the model holds a mix of versions until every weight has arrived
+                    self._no_weights = "the last weight update did not finish"
+                    target.copy_(tensor.detach())
+                    update.received.add(update.storages[name])
+                return
+            # a split model: the whole bucket is checked before any rank takes a slice of it
             for name, tensor in bucket:
-                meta = update.announced.get(name)
-                if meta is None:
-                    raise PluginError(
-                        f"load_weights got {name!r}, which begin_weight_update did not announce; "
-                        "announce every weight of the version"
-                    )
-                target = targets[name]
-                if tuple(tensor.shape) != tuple(target.shape):
-                    raise PluginError(
-                        f"load_weights got {name!r} of shape {tuple(tensor.shape)}, the rollout "
-                        f"model's is {tuple(target.shape)}; push full (unsharded) weights"
-                    )
-                # the model holds a mix of versions until every weight has arrived
-                self._no_weights = "the last weight update did not finish"
-                target.copy_(tensor.detach())
+                self._checked_target(update, targets, name, tensor)
+            self._no_weights = "the last weight update did not finish"
+            self._channel.send(("load", [(name, tuple(t.shape), t.dtype) for name, t in bucket]))
+            for name, tensor in bucket:
+                self._channel.send_tensor(tensor)
+                self._shards.load(name, tensor.detach())
                 update.received.add(update.storages[name])
+
+    def _checked_target(
+        self, update: _WeightUpdate, targets: dict[str, torch.Tensor], name: str, tensor: Any
+    ) -> torch.Tensor:
+        """The model's tensor ``name`` of a bucket, once ``tensor`` is known to fit it."""
+        if update.announced.get(name) is None:
+            raise PluginError(
+                f"load_weights got {name!r}, which begin_weight_update did not announce; "
+                "announce every weight of the version"
+            )
+        target = targets[name]
+        whole = self._whole_shape(name, target)
+        if tuple(tensor.shape) != whole:
+            raise PluginError(
+                f"load_weights got {name!r} of shape {tuple(tensor.shape)}, the rollout "
+                f"model's is {whole}; push full (unsharded) weights"
+            )
+        return target
 
     async def finish_weight_update(self) -> None:
         update = self._update
@@ -384,7 +628,7 @@ class HFRolloutEngine(RolloutEngine):
             )
         self._no_weights = None
         assert self._batch is not None
-        self._batch.kv.weights_changed()
+        self._batch.weights_changed()
         self._new_version(update.version)
         self._kick()
 
@@ -393,9 +637,15 @@ class HFRolloutEngine(RolloutEngine):
         own, or its copy of the trainer's, or the trainer's module itself), in its dtype."""
         self._check_ready()
         held = self.model.state_dict()
-        return {
-            name: weight_fingerprint(_full_tensor(held[name])) for name in names if name in held
-        }
+        names = [name for name in names if name in held]
+        if self._shards is not None and self._channel is not None:
+            # the split weights are gathered whole from every rank's slice
+            self._channel.send(("gather", names))
+            return {
+                name: weight_fingerprint(self._shards.whole(name, self._channel.group))
+                for name in names
+            }
+        return {name: weight_fingerprint(_full_tensor(held[name])) for name in names}
 
     def bind_model(self, model: Any, version: int) -> None:
         """Generate with the trainer's live ``model`` from now on, as ``version``: with the
@@ -403,6 +653,11 @@ class HFRolloutEngine(RolloutEngine):
         docstring). Rows in flight continue: their caches are recomputed with it before their
         next token. Call it between steps (the engine idle or paused), not from another thread
         while it generates."""
+        if self._shards is not None:
+            raise RuntimeError(
+                "this hf rollout engine splits its own model over its span; it takes new "
+                "weights through begin_weight_update, load_weights and finish_weight_update"
+            )
         reason = self._copy_reason(model)
         if reason is not None:
             self._bind_copy(model, reason)
@@ -411,7 +666,7 @@ class HFRolloutEngine(RolloutEngine):
             self._use_model(model, owns=False)
         elif self._batch is not None:
             # the trainer changed the weights since (copies of them are stale)
-            self._batch.kv.weights_changed()
+            self._batch.weights_changed()
         self._no_weights = None
         if version != self.weight_version:
             self._new_version(version)
@@ -443,7 +698,7 @@ class HFRolloutEngine(RolloutEngine):
         if source is self._source and self.model is not None:
             copy_weights(source, self.model)
             assert self._batch is not None
-            self._batch.kv.weights_changed()
+            self._batch.weights_changed()
             return
         parameter = next(iter(source.parameters()))
         plain = plain_model_like(
@@ -482,6 +737,8 @@ class HFRolloutEngine(RolloutEngine):
         if self._batch is not None:
             self._batch.invalidate(free=True)
         if self.owns_model and "weights" not in self._asleep:
+            if self._channel is not None:
+                self._channel.send(("sleep", level))
             if level == 1:
                 self.model.to("cpu")
             else:
@@ -502,6 +759,8 @@ class HFRolloutEngine(RolloutEngine):
         if unknown:
             raise ValueError(f"wake_up tags are 'weights' and 'kv_cache', got {sorted(unknown)}")
         if "weights" in tags and "weights" in self._asleep and self.owns_model:
+            if self._channel is not None:
+                self._channel.send(("wake_up",))
             if self._sleep_level == 2:
                 with torch.no_grad():
                     for name, parameter in self.model.named_parameters():
@@ -518,6 +777,8 @@ class HFRolloutEngine(RolloutEngine):
         for states in list(self._in_flight.values()):
             for state in list(states):
                 self._abort_request(state)
+        self._stop_workers()
+        self._shards = None
         self.model = None
         self._source = None
         self.owns_model = False
@@ -675,8 +936,11 @@ class HFRolloutEngine(RolloutEngine):
     def _fail_all(self, error: Exception) -> None:
         logger.error("the hf rollout engine failed while generating: %s", error)
         if self._batch is not None:
-            self._batch.rows.clear()
-            self._batch.invalidate(free=True)
+            try:
+                self._batch.clear()
+            except Exception as lost:
+                # the other ranks of a split model are gone: the requests fail all the same
+                logger.error("the hf rollout engine could not reach its other ranks: %s", lost)
         for states in list(self._in_flight.values()):
             for state in list(states):
                 state.rows.clear()
@@ -697,15 +961,28 @@ class HFRolloutEngine(RolloutEngine):
             self._sleeps = self.torch_device.type != "cpu"
         self._param_shapes = {name: (p.shape, p.dtype) for name, p in model.named_parameters()}
         self._default_stop_ids = frozenset(default_stop_token_ids(model, self.tokenizer))
-        self._batch = DecodeBatch(
-            model,
-            device=self.torch_device,
-            pad_token_id=self.pad_token_id,
-            max_rows=self.config.max_num_seqs,
-            prefill_tokens=self.config.max_prefill_tokens,
-            lean_decode=self.config.lean_decode,
-            vision=self._vision_family(model),
-        )
+        if self._channel is not None:
+            # the lean path computes on whole weights: a split model runs its own forward,
+            # whose o_proj and down_proj sum over the ranks
+            self._batch = LockstepBatch(
+                model,
+                self._channel,
+                device=self.torch_device,
+                pad_token_id=self.pad_token_id,
+                max_rows=self.config.max_num_seqs,
+                prefill_tokens=self.config.max_prefill_tokens,
+                lean_decode=False,
+            )
+        else:
+            self._batch = DecodeBatch(
+                model,
+                device=self.torch_device,
+                pad_token_id=self.pad_token_id,
+                max_rows=self.config.max_num_seqs,
+                prefill_tokens=self.config.max_prefill_tokens,
+                lean_decode=self.config.lean_decode,
+                vision=self._vision_family(model),
+            )
         if self._batch.fallback_reason:
             logger.info(
                 "hf rollout engine: %s, so requests join only when the running batch is empty "

@@ -16,7 +16,7 @@ from plugrl.parts.rollout import (
     WeightMeta,
     run_blocking,
 )
-from plugrl.recipe import ModelConfig, Recipe, TrainerConfig
+from plugrl.recipe import ClusterConfig, ModelConfig, Recipe, TrainerConfig
 from plugrl_cpu.device import CpuDevice
 from plugrl_hf.config import HFRolloutConfig
 from plugrl_hf.engine import HFRolloutEngine
@@ -25,12 +25,22 @@ from plugrl_hf.sampler import default_stop_token_ids
 QUESTIONS = ["What is 12 + 34?", "What is 5 + 6? Show the columns.", "Hi", "What is 99 + 1?"]
 
 
-def make_engine(model_dir, tokenizer, *, colocate=False, path="<dir>", dtype="float32", **rollout):
+def make_engine(
+    model_dir,
+    tokenizer,
+    *,
+    colocate=False,
+    path="<dir>",
+    dtype="float32",
+    cluster="local",
+    **rollout,
+):
     config = HFRolloutConfig(colocate=colocate, **rollout)
     recipe = Recipe(
         model=ModelConfig(path=str(model_dir) if path == "<dir>" else path, dtype=dtype),
         rollout=config,
         trainer=TrainerConfig(seed=0),
+        cluster=ClusterConfig(mode=cluster),
     )
     context = PartContext(
         recipe=recipe, device=CpuDevice(), tokenizer=tokenizer, model_from_trainer=colocate
