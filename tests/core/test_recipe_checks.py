@@ -364,7 +364,6 @@ def test_lora_without_peft_is_refused_when_the_recipe_is_read(monkeypatch):
     )
 
 
-
 def test_adapter_sync_is_refused_where_it_cannot_happen():
     assert error_of("model.lora_rank=8", "rollout.lora_sync=adapters") == (
         "rollout.lora_sync: is adapters, but the hf rollout engine takes no LoRA adapters apart "
