@@ -27,8 +27,9 @@ weight, adapters merged in) against ``adapters`` (the adapters' factors alone), 
 engine in this process (the ``local`` transport, buckets of the last of ``--buckets``), no
 Ray. ``--lora-engine`` is the receiving engine above (the transfer alone) or ``vllm`` (vLLM's
 CPU build loading what arrives: full weights through ``reload_weights``, or the adapter
-registered from memory; run it in ``.venv-vllm``). Models then also include ``qwen2-0.5b-8l``:
-Qwen2.5-0.5B's shapes with 8 of its 24 layers, bfloat16.
+registered from memory; run it in ``.venv-vllm``; it then also times a batch of generation
+after the pushes, which applying an adapter makes slower). Models then also include
+``qwen2-0.5b-8l``: Qwen2.5-0.5B's shapes with 8 of its 24 layers, bfloat16.
 
     python bench/bench_weight_transport.py --lora 32 [--lora-engine vllm]
         [--models quickstart,qwen2-0.5b-8l] [--buckets 512] [--repeats 3]
@@ -346,6 +347,7 @@ def run_lora_model(
                 if version > 0:  # the first is the warm-up
                     times.append(time.perf_counter() - start)
             tensors = len(trainer.weight_metadata())
+            generation = generation_seconds(engines) if args.lora_engine == "vllm" else None
         finally:
             engines.close()
             trainer.close()
@@ -358,25 +360,50 @@ def run_lora_model(
                 "mib": metrics["perf/weight_sync_megabytes"],
                 "seconds": min(times),
                 "median_seconds": sorted(times)[len(times) // 2],
+                "generation_seconds": generation,
             }
         )
     return rows
+
+
+GENERATION_PROMPTS = 64
+GENERATION_TOKENS = 32
+
+
+def generation_seconds(engines: Any) -> float:
+    """The best of two timed batches of :data:`GENERATION_PROMPTS` prompts x
+    :data:`GENERATION_TOKENS` new tokens (temperature 1, no stop), after one warm-up batch:
+    what the engine's way of applying the adapter costs each rollout."""
+    from plugrl.parts.rollout import SamplingParams
+
+    prompts = [[(7 * row + column) % 200 + 3 for column in range(16)] for row in range(64)]
+    params = SamplingParams(temperature=1.0, max_tokens=GENERATION_TOKENS, seed=0)
+    times = []
+    for attempt in range(3):
+        start = time.perf_counter()
+        engines.generate(prompts[:GENERATION_PROMPTS], params)
+        if attempt > 0:
+            times.append(time.perf_counter() - start)
+    return min(times)
 
 
 def print_lora_table(rows: list[dict], rank: int, engine: str) -> None:
     merged = {row["model"]: row for row in rows if row["sync"] == "merged"}
     print(
         "\n| model | LoRA rank | engine | sync | tensors | MiB per push | s/push (best) "
-        "| s/push (median) | bytes vs merged | time vs merged |"
+        "| s/push (median) | bytes vs merged | time vs merged "
+        f"| generation s ({GENERATION_PROMPTS} x {GENERATION_TOKENS} tokens) |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for row in rows:
         base = merged[row["model"]]
+        generation = row["generation_seconds"]
         print(
             f"| {row['model']} ({row['dtype']}) | {rank} | {engine} | {row['sync']} | "
             f"{row['tensors']} | {row['mib']:.2f} | {row['seconds']:.3f} | "
             f"{row['median_seconds']:.3f} | {row['mib'] / base['mib']:.3f}x | "
-            f"{row['seconds'] / base['seconds']:.3f}x |"
+            f"{row['seconds'] / base['seconds']:.3f}x | "
+            + (f"{generation:.2f} |" if generation is not None else "- |")
         )
 
 

@@ -376,4 +376,4 @@ def test_adapter_sync_is_refused_where_it_cannot_happen():
     # the hf engine takes merged weights: auto sends them
     from plugrl.parts.rollout import lora_sync_mode
 
-    assert lora_sync_mode(build("model.lora_rank=8")) == "merged"
+    assert lora_sync_mode(build("model.lora_rank=8"), "cuda") == "merged"

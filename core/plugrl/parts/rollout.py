@@ -551,7 +551,8 @@ class RolloutConfig:
         "adapters (the LoRA factors alone; the engine keeps the base weights it loaded from "
         "model.path and applies the latest adapter to every request), merged (every weight "
         "with its adapter merged in), or auto: adapters when the engine and the training "
-        "backend support them, merged otherwise.",
+        "backend support them on accelerators, merged otherwise (on cpu vLLM's LoRA kernels "
+        "slow generation more than merged weights cost to sync).",
         choices=LORA_SYNC_MODES,
     )
     update_weights_bucket_megabytes: int = option(
@@ -780,16 +781,20 @@ def is_adapter_weight(name: str) -> bool:
     return name.endswith(ADAPTER_FACTORS)
 
 
-def lora_sync_mode(recipe: Any) -> Literal["adapters", "merged"]:
-    """What weights a sync sends for ``recipe``: ``adapters`` (the LoRA factors alone) or
-    ``merged`` (every weight; with LoRA, adapters merged in). ``rollout.lora_sync=auto`` is
-    adapters when the actor trains LoRA adapters, its backend sends them
-    (``ActorConfig.sends_lora_adapters``) and the engine takes them
-    (:attr:`RolloutConfig.supports_lora_adapters`)."""
+def lora_sync_mode(recipe: Any, device_type: str) -> Literal["adapters", "merged"]:
+    """What weights a sync sends for ``recipe`` on devices of ``device_type`` (torch's:
+    ``cuda``, ``cpu``): ``adapters`` (the LoRA factors alone) or ``merged`` (every weight;
+    with LoRA, adapters merged in). ``rollout.lora_sync=auto`` is adapters when the actor
+    trains LoRA adapters, its backend sends them (``ActorConfig.sends_lora_adapters``), the
+    engine takes them (:attr:`RolloutConfig.supports_lora_adapters`) and the devices are not
+    CPUs: vLLM's CPU build applies adapters with plain torch operations, and generation with
+    one took several times longer than merged weights take to sync."""
     chosen = recipe.rollout.lora_sync
     if recipe.model.lora_rank <= 0 or chosen == "merged":
         return "merged"
+    if chosen == "adapters":
+        return "adapters"
     supported = type(recipe.rollout).supports_lora_adapters and getattr(
         type(recipe.actor), "sends_lora_adapters", False
     )
-    return "adapters" if supported or chosen == "adapters" else "merged"
+    return "adapters" if supported and device_type != "cpu" else "merged"

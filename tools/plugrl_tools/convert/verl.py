@@ -330,8 +330,8 @@ DROPPED = {
     ),
     "actor_rollout_ref.model.lora.merge": (
         "plugrl's rollout.lora_sync chooses how LoRA adapters reach the engines: auto (the "
-        "default) sends the adapters alone to vllm, as verl's merge=False, and merged weights "
-        "to other engines; rollout.lora_sync=merged is verl's merge=True"
+        "default) sends the adapters alone to vllm on GPUs, as verl's merge=False, and merged "
+        "weights to other engines and on CPUs; rollout.lora_sync=merged is verl's merge=True"
     ),
     "actor_rollout_ref.model.lora.fully_sharded_loras": (
         "a setting of vLLM's serving of adapters across tensor-parallel devices; plugrl's "

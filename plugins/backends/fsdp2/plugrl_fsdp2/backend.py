@@ -112,7 +112,9 @@ class FSDP2Backend(TrainingBackend):
         self.param_dtype, self.compute_dtype = weight_dtypes(self.recipe, self.role)
         self.lora = self.role == "actor" and self.recipe.model.lora_rank > 0
         """The actor trains LoRA adapters (:mod:`plugrl_fsdp2.lora`), not its weights."""
-        self.sync_adapters = self.lora and lora_sync_mode(self.recipe) == "adapters"
+        self.sync_adapters = (
+            self.lora and lora_sync_mode(self.recipe, self.device.torch_device_type) == "adapters"
+        )
         """Engines get the adapters alone (``rollout.lora_sync``), not merged weights."""
         self._sp = self.config.ulysses_sequence_parallel_size
         # refuses a rank count the groups do not divide, before the worker group dispatches

@@ -178,7 +178,7 @@ def engine_args(
     }
     if model.override_config:
         args["hf_overrides"] = dict(model.override_config)
-    if lora_sync_mode(recipe) == "adapters":
+    if lora_sync_mode(recipe, device_name) == "adapters":
         # one adapter, the actor's latest, applied to every request
         args.update(enable_lora=True, max_loras=1, max_lora_rank=lora_rank_slot(recipe))
     if config.tensor_model_parallel_size > 1 and config.colocate and recipe.cluster.mode == "ray":

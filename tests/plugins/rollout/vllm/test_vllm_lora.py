@@ -7,6 +7,7 @@ Runs where vLLM is installed (``plugins/rollout/vllm/test-env.sh``); skipped els
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ pytest.importorskip("peft")
 
 from plugrl.parts.context import DistInfo, PartContext
 from plugrl.parts.rollout import (
+    GenerationRequest,
     SamplingParams,
     fingerprint_difference,
     is_adapter_weight,
@@ -30,8 +32,9 @@ from plugrl_fsdp2.backend import FSDP2Backend
 from plugrl_fsdp2.config import FSDP2ActorConfig
 from plugrl_vllm.config import VLLMRolloutConfig
 from plugrl_vllm.engine import VLLMRolloutEngine
+from plugrl_vllm.logs import LORA_TOKENIZER_NOTICE
 
-from .test_vllm_engine import LOG_PROB_TOLERANCE, PROMPTS, Loop, stop_ids
+from .test_vllm_engine import LOG_PROB_TOLERANCE, PROMPTS, Loop, _until_tokens, hf_greedy
 
 RANK = 8
 
@@ -51,7 +54,7 @@ def recipe(tiny_model_dir: Path) -> Recipe:
         ),
         data=DataConfig(max_prompt_length=32, max_response_length=64),
         actor=FSDP2ActorConfig(ppo_mini_batch_size=8),
-        rollout=VLLMRolloutConfig(engine="vllm", lora_sync="auto"),
+        rollout=VLLMRolloutConfig(engine="vllm", lora_sync="adapters"),
         cluster=ClusterConfig(mode="local", num_cpus=2),
         trainer=TrainerConfig(seed=5),
     )
@@ -120,7 +123,7 @@ def engine_log_probs(completions: list[Any], like: torch.Tensor) -> torch.Tensor
     return got
 
 
-def test_log_probs_after_an_adapter_sync_match_the_trainers(loop, engine, actor):
+def test_log_probs_after_an_adapter_sync_match_the_trainers(loop, engine, actor, caplog):
     assert engine.takes_adapters and actor.sync_adapters
     draw_adapters(actor, seed=1)
     metas = actor.weight_metadata()
@@ -132,6 +135,8 @@ def test_log_probs_after_an_adapter_sync_match_the_trainers(loop, engine, actor)
     params = SamplingParams(n=2, temperature=0.7, max_tokens=12, seed=3)
     completions = loop.run(engine.generate_batch(PROMPTS, params))
     assert all(c.token_versions == [1] * len(c.token_ids) for c in completions)
+    # vLLM's notice at the first request naming an adapter says nothing to a plugrl user
+    assert not [r for r in caplog.records if r.getMessage().startswith(LORA_TOKENIZER_NOTICE)]
     batch = make_batch(
         prompt_ids=PROMPTS, response_ids=[c.token_ids for c in completions], n=2, pad_token_id=0
     )
@@ -161,27 +166,50 @@ def merged_model(backend: FSDP2Backend, folder: Path) -> Any:
     return model
 
 
-def test_a_second_adapter_sync_changes_generation_to_the_new_adapters(
+def greedy_matches_hugging_face(loop, engine, model, version: int) -> list[list[int]]:
+    """The engine's greedy tokens for every prompt, checked against ``model``'s."""
+    greedy = SamplingParams(temperature=0.0, max_tokens=10)
+    completions = loop.run(engine.generate_batch(PROMPTS, greedy))
+    for prompt, completion in zip(PROMPTS, completions, strict=True):
+        assert completion.token_ids == hf_greedy(model, prompt, 10)
+        assert completion.token_versions == [version] * len(completion.token_ids)
+    return [completion.token_ids for completion in completions]
+
+
+def test_a_new_adapter_changes_generation_requests_kept_across_the_sync_included(
     loop, engine, actor, tiny_model_dir
 ):
-    greedy = SamplingParams(temperature=0.0, max_tokens=10)
-    tokens = {}
-    for version, seed in ((2, 2), (3, 3)):
-        draw_adapters(actor, seed=seed)
-        push(loop, engine, actor, version=version)
-        completions = loop.run(engine.generate_batch(PROMPTS, greedy))
-        model = merged_model(actor, tiny_model_dir)
-        eos = stop_ids(model)
-        for prompt, completion in zip(PROMPTS, completions, strict=True):
-            ids = model.generate(
-                torch.tensor([prompt]),
-                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                max_new_tokens=10,
-                do_sample=False,
-                eos_token_id=eos,
-                pad_token_id=eos[0],
-            )
-            assert completion.token_ids == ids[0, len(prompt) :].tolist()
-            assert completion.token_versions == [version] * len(completion.token_ids)
-        tokens[version] = [c.token_ids for c in completions]
-    assert tokens[2] != tokens[3]
+    draw_adapters(actor, seed=2)
+    push(loop, engine, actor, version=2)
+    before_sync = greedy_matches_hugging_face(
+        loop, engine, merged_model(actor, tiny_model_dir), version=2
+    )
+
+    # a request paused (kept) across the next sync continues with the new adapter
+    request = GenerationRequest(
+        request_id="kept",
+        prompt_ids=PROMPTS[2],
+        params=SamplingParams(n=1, temperature=0.0, max_tokens=14),
+    )
+    kept_at: list[int] = []
+
+    async def start() -> Any:
+        task = asyncio.ensure_future(engine.generate_request(request))
+        await _until_tokens(engine, "kept", 4)
+        await engine.pause("keep")
+        kept_at.append(len(engine._by_request["kept"][0].token_ids))
+        return task
+
+    task = loop.run(start())
+    draw_adapters(actor, seed=3)
+    push(loop, engine, actor, version=3)
+    loop.run(engine.resume())
+    (kept,) = loop.run(task)
+    model = merged_model(actor, tiny_model_dir)
+    before = kept_at[0]
+    assert len(kept.token_ids) > before, "the request ended before the sync"
+    assert kept.token_versions == [2] * before + [3] * (len(kept.token_ids) - before)
+    continued = hf_greedy(model, [*PROMPTS[2], *kept.token_ids[:before]], 14 - before)
+    assert kept.token_ids[before:] == continued[: len(kept.token_ids) - before]
+
+    assert greedy_matches_hugging_face(loop, engine, model, version=3) != before_sync
