@@ -180,14 +180,14 @@ def check_adapter_sync(args: argparse.Namespace, paths: Any) -> list[tuple[bool,
     import torch
     from transformers import AutoTokenizer
 
-    from plugrl.cluster.worker import build_device
+    from plugrl.cluster.distributed import ensure_process_group
+    from plugrl.cluster.worker import build_backend, build_device
     from plugrl.parts.context import DistInfo, PartContext
     from plugrl.parts.rollout import SamplingParams
     from plugrl.plugin.manager import get_plugin_manager
     from plugrl.recipe import load_recipe
     from plugrl.run.runner import resolve_device_name
     from plugrl.testing import make_batch
-    from plugrl_fsdp2.backend import FSDP2Backend
     from plugrl_vllm.engine import VLLMRolloutEngine
 
     plugins = get_plugin_manager()
@@ -211,9 +211,9 @@ def check_adapter_sync(args: argparse.Namespace, paths: Any) -> list[tuple[bool,
     device.set_device(0)
     tokenizer = AutoTokenizer.from_pretrained(paths.model_path)
     prompts = [list(tokenizer(f"{a} + {a + 7} =")["input_ids"]) for a in range(PROMPTS)]
-    actor = FSDP2Backend(
-        recipe.actor, PartContext(recipe=recipe, role="actor", device=device, dist=DistInfo())
-    )
+    # the fsdp2 backend (actor.backend), one rank, as a worker builds it
+    ensure_process_group(device, DistInfo())
+    actor: Any = build_backend(recipe, "actor", device, DistInfo(), plugins)
     actor.setup(1)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
