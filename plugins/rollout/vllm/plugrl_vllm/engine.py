@@ -197,6 +197,8 @@ class VLLMRolloutEngine(RolloutEngine):
         """Started with vLLM's LoRA support: weight updates may be adapters alone."""
         self._lora_request: Any = None
         """The ``LoRARequest`` every request names once an adapter arrived, else ``None``."""
+        self._base_dropped = False
+        """``sleep(level=2)`` dropped the base weights, which only a full update restores."""
         self._sleeps = self.device_name != "cpu" and config.free_cache_engine
         """Whether sleep frees anything (vLLM's CPU build has no sleep mode)."""
         self._task: asyncio.Task | None = None
@@ -352,6 +354,12 @@ class VLLMRolloutEngine(RolloutEngine):
                 f"begin_weight_update announced adapter factors and other weights "
                 f"({', '.join(other[:2])}); push an adapter alone or every weight merged"
             )
+        if self._base_dropped:
+            raise PluginError(
+                "begin_weight_update announced LoRA adapter factors, but the vllm rollout "
+                "engine dropped its base weights in sleep(level=2) and an adapter cannot "
+                "restore them; push every weight (rollout.lora_sync=merged) or sleep at level 1"
+            )
         if not self.takes_adapters:
             raise PluginError(
                 "begin_weight_update announced LoRA adapter factors, but the vllm rollout "
@@ -410,6 +418,8 @@ class VLLMRolloutEngine(RolloutEngine):
             )
         if update.groups is None:
             self._register_adapter(update.adapter)
+        else:
+            self._base_dropped = False
         # cached prefixes hold keys and values of the old weights, and so do the requests in
         # flight: preempted, they compute theirs again with the new weights
         self.llm.reset_prefix_cache(reset_running_requests=True)
@@ -459,6 +469,7 @@ class VLLMRolloutEngine(RolloutEngine):
         self._asleep = True
         if level == 2:
             self._no_weights = "the vllm rollout engine dropped its weights in sleep(level=2)"
+            self._base_dropped = True
 
     async def wake_up(self, tags: Sequence[str] | None = None) -> None:
         if not self._sleeps:
