@@ -362,3 +362,18 @@ def test_lora_without_peft_is_refused_when_the_recipe_is_read(monkeypatch):
         "model.lora_rank: is 32, which needs the package peft, not installed here; "
         "pip install peft (or set model.lora_rank=0)"
     )
+
+
+def test_adapter_sync_is_refused_where_it_cannot_happen():
+    assert error_of("model.lora_rank=8", "rollout.lora_sync=adapters") == (
+        "rollout.lora_sync: is adapters, but the hf rollout engine takes no LoRA adapters apart "
+        "from its weights; set rollout.lora_sync=merged (or auto), or rollout.engine=vllm"
+    )
+    assert error_of("rollout.lora_sync=adapters") == (
+        "rollout.lora_sync: is adapters, but the actor trains no LoRA adapters "
+        "(model.lora_rank is 0); set model.lora_rank > 0, or rollout.lora_sync=auto"
+    )
+    # the hf engine takes merged weights: auto sends them
+    from plugrl.parts.rollout import lora_sync_mode
+
+    assert lora_sync_mode(build("model.lora_rank=8"), "cuda") == "merged"

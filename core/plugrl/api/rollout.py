@@ -9,6 +9,8 @@ from plugrl.api._lazy import lazy_module
 
 if TYPE_CHECKING:
     from plugrl.parts.rollout import (
+        ADAPTER_FACTORS,
+        LORA_SYNC_MODES,
         ROLLOUT_DTYPES,
         Capability,
         Completion,
@@ -25,7 +27,9 @@ if TYPE_CHECKING:
         continuation_request,
         derive_seed,
         in_prompt_order,
+        is_adapter_weight,
         join_completions,
+        lora_sync_mode,
         run_blocking,
         weight_fingerprint,
     )
@@ -33,6 +37,8 @@ if TYPE_CHECKING:
     from plugrl.state.seeds import Stream, round_seed, sampling_seed
 
 __all__ = [
+    "ADAPTER_FACTORS",
+    "LORA_SYNC_MODES",
     "ROLLOUT_DTYPES",
     "Capability",
     "Completion",
@@ -51,7 +57,9 @@ __all__ = [
     "continuation_request",
     "derive_seed",
     "in_prompt_order",
+    "is_adapter_weight",
     "join_completions",
+    "lora_sync_mode",
     "round_seed",
     "run_blocking",
     "sampling_seed",
@@ -62,6 +70,8 @@ __all__ = [
 __getattr__, __dir__ = lazy_module(
     __name__,
     {
+        "ADAPTER_FACTORS": ("plugrl.parts.rollout", "ADAPTER_FACTORS"),
+        "LORA_SYNC_MODES": ("plugrl.parts.rollout", "LORA_SYNC_MODES"),
         "ROLLOUT_DTYPES": ("plugrl.parts.rollout", "ROLLOUT_DTYPES"),
         "Capability": ("plugrl.parts.rollout", "Capability"),
         "Completion": ("plugrl.parts.rollout", "Completion"),
@@ -80,7 +90,9 @@ __getattr__, __dir__ = lazy_module(
         "continuation_request": ("plugrl.parts.rollout", "continuation_request"),
         "derive_seed": ("plugrl.parts.rollout", "derive_seed"),
         "in_prompt_order": ("plugrl.parts.rollout", "in_prompt_order"),
+        "is_adapter_weight": ("plugrl.parts.rollout", "is_adapter_weight"),
         "join_completions": ("plugrl.parts.rollout", "join_completions"),
+        "lora_sync_mode": ("plugrl.parts.rollout", "lora_sync_mode"),
         "round_seed": ("plugrl.state.seeds", "round_seed"),
         "run_blocking": ("plugrl.parts.rollout", "run_blocking"),
         "sampling_seed": ("plugrl.state.seeds", "sampling_seed"),

@@ -145,6 +145,12 @@ class ActorConfig(PolicyLossConfig):
     them with another backend is refused when it is read. Such a backend implements
     :meth:`TrainingBackend.compute_ref_log_prob`."""
 
+    sends_lora_adapters: ClassVar[bool] = False
+    """Whether the backend, training LoRA adapters, can send the engines the adapters alone
+    (``rollout.lora_sync=adapters``): :meth:`TrainingBackend.named_weights` then yields the
+    factors of each adapter (:data:`plugrl.parts.rollout.ADAPTER_FACTORS`) and no other
+    weight."""
+
     def packages_needed(self, recipe: Recipe) -> list[PackageNeed]:
         """Optional packages that this backend needs for ``recipe``'s settings (LoRA's, say);
         the recipe is refused when it is read if one is missing. None by default."""

@@ -454,9 +454,19 @@ class ValKwargs:
     )
 
 
+LORA_SYNC_MODES = ("auto", "adapters", "merged")
+"""Values of ``rollout.lora_sync``."""
+
+
 @attrs.define(kw_only=True)
 class RolloutConfig:
     """The ``rollout`` section. The chosen engine's config class extends this one."""
+
+    supports_lora_adapters: ClassVar[bool] = False
+    """Whether the engine takes LoRA adapters apart from its base weights
+    (``rollout.lora_sync=adapters``): an update whose weights are all adapter factors
+    (:func:`is_adapter_weight`) replaces the adapter it applies to every request, the base
+    weights it loaded from ``model.path`` staying as they are."""
 
     engine: str = option(
         "hf", "Rollout engine.", verl="actor_rollout_ref.rollout.name", registry="rollout_engines"
@@ -544,6 +554,16 @@ class RolloutConfig:
         "the trainer, else the device's collective when it has one, else Ray's object "
         "store), or a registered transport.",
         registry="weight_transports",
+    )
+    lora_sync: str = option(
+        "auto",
+        "What a LoRA actor (model.lora_rank > 0) sends the engines after each step: "
+        "adapters (the LoRA factors alone; the engine keeps the base weights it loaded from "
+        "model.path and applies the latest adapter to every request), merged (every weight "
+        "with its adapter merged in), or auto: adapters when the engine and the training "
+        "backend support them on accelerators, merged otherwise (on cpu vLLM's LoRA kernels "
+        "slow generation more than merged weights cost to sync).",
+        choices=LORA_SYNC_MODES,
     )
     update_weights_bucket_megabytes: int = option(
         512,
@@ -758,3 +778,37 @@ class RolloutEngine(ABC):
 
     def close(self) -> None:
         """Stop the engine and release its resources."""
+
+
+# --------------------------------------------------------------------------------------------
+# LoRA adapters as weights
+# --------------------------------------------------------------------------------------------
+
+ADAPTER_FACTORS = (".lora_A.weight", ".lora_B.weight")
+"""How the name of an adapter factor ends. An adapter update names each factor as a PEFT
+adapter file does (``base_model.model.<module>.lora_A.weight``), with the adapter's scaling
+already in ``lora_B``: the engine adds ``lora_B @ lora_A`` to the module's output."""
+
+
+def is_adapter_weight(name: str) -> bool:
+    """Whether ``name`` is a factor of a LoRA adapter (:data:`ADAPTER_FACTORS`)."""
+    return name.endswith(ADAPTER_FACTORS)
+
+
+def lora_sync_mode(recipe: Any, device_type: str) -> Literal["adapters", "merged"]:
+    """What weights a sync sends for ``recipe`` on devices of ``device_type`` (torch's:
+    ``cuda``, ``cpu``): ``adapters`` (the LoRA factors alone) or ``merged`` (every weight;
+    with LoRA, adapters merged in). ``rollout.lora_sync=auto`` is adapters when the actor
+    trains LoRA adapters, its backend sends them (``ActorConfig.sends_lora_adapters``), the
+    engine takes them (:attr:`RolloutConfig.supports_lora_adapters`) and the devices are not
+    CPUs: vLLM's CPU build applies adapters with plain torch operations, and generation with
+    one took several times longer than merged weights take to sync."""
+    chosen = recipe.rollout.lora_sync
+    if recipe.model.lora_rank <= 0 or chosen == "merged":
+        return "merged"
+    if chosen == "adapters":
+        return "adapters"
+    supported = type(recipe.rollout).supports_lora_adapters and getattr(
+        type(recipe.actor), "sends_lora_adapters", False
+    )
+    return "adapters" if supported and device_type != "cpu" else "merged"

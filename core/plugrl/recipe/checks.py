@@ -338,6 +338,26 @@ def _check_lora(recipe: Recipe) -> None:
             "actor.backend=fsdp2",
             key="model.lora_rank",
         )
+    if recipe.rollout.lora_sync == "adapters":
+        if recipe.model.lora_rank <= 0:
+            raise RecipeError(
+                "is adapters, but the actor trains no LoRA adapters (model.lora_rank is 0); "
+                "set model.lora_rank > 0, or rollout.lora_sync=auto",
+                key="rollout.lora_sync",
+            )
+        if not type(recipe.rollout).supports_lora_adapters:
+            raise RecipeError(
+                f"is adapters, but the {recipe.rollout.engine} rollout engine takes no LoRA "
+                "adapters apart from its weights; set rollout.lora_sync=merged (or auto), or "
+                "rollout.engine=vllm",
+                key="rollout.lora_sync",
+            )
+        if not getattr(type(recipe.actor), "sends_lora_adapters", False):
+            raise RecipeError(
+                f"is adapters, but the {recipe.actor.backend} backend sends no LoRA adapters "
+                "apart from its weights; set rollout.lora_sync=merged (or auto)",
+                key="rollout.lora_sync",
+            )
     if recipe.model.lora_rank > 0 and recipe.model.lora_alpha == 0:
         raise RecipeError(
             f"is 0, so the adapters of rank {recipe.model.lora_rank} would change nothing; set "

@@ -80,6 +80,7 @@ NOT_EXPERIMENT_KEYS: dict[str, str] = {
     "rollout.gpu_memory_utilization": "the engines' memory",
     "rollout.free_cache_engine": "whether colocated engines free memory while training",
     "rollout.weight_transport": "how weights reach the engines, not what they are",
+    "rollout.lora_sync": "LoRA adapters sent alone or merged: the same model in the engines",
     "rollout.update_weights_bucket_megabytes": "how weights reach the engines",
     "rollout.update_weights_timeout_s": "how long a weight push may take",
     "rollout.max_engine_restarts": "how often a dead engine is replaced",

@@ -338,12 +338,13 @@ DROPPED = {
         "its worker groups itself"
     ),
     "actor_rollout_ref.model.lora.merge": (
-        "plugrl merges the LoRA adapters into the weights it sends to the engines, whatever "
-        "the value: verl's merge=False serves them as adapters in the engine instead, the same "
-        "policy sent another way"
+        "plugrl's rollout.lora_sync chooses how LoRA adapters reach the engines: auto (the "
+        "default) sends the adapters alone to vllm on GPUs, as verl's merge=False, and merged "
+        "weights to other engines and on CPUs; rollout.lora_sync=merged is verl's merge=True"
     ),
     "actor_rollout_ref.model.lora.fully_sharded_loras": (
-        "a setting of vLLM's serving of adapters; plugrl's engines get merged weights"
+        "a setting of vLLM's serving of adapters across tensor-parallel devices; plugrl's "
+        "vllm engine holds each adapter whole (rollout.lora_sync)"
     ),
     "actor_rollout_ref.rollout.checkpoint_engine.backend": (
         "how verl moves weights to its engines; plugrl's weight transport follows from the "

@@ -42,7 +42,7 @@ from plugrl.api.backend import (
     update_mini_batch_rows,
 )
 from plugrl.api.data import MULTIMODAL_COLUMN, Batch, model_inputs, multimodal_family
-from plugrl.api.rollout import WeightMeta
+from plugrl.api.rollout import WeightMeta, lora_sync_mode
 from plugrl_fsdp2 import checkpoint, lora, packing, ulysses
 from plugrl_fsdp2.batching import (
     left_align,
@@ -111,6 +111,10 @@ class FSDP2Backend(TrainingBackend):
         self.param_dtype, self.compute_dtype = weight_dtypes(self.recipe, self.role)
         self.lora = self.role == "actor" and self.recipe.model.lora_rank > 0
         """The actor trains LoRA adapters (:mod:`plugrl_fsdp2.lora`), not its weights."""
+        self.sync_adapters = (
+            self.lora and lora_sync_mode(self.recipe, self.device.torch_device_type) == "adapters"
+        )
+        """Engines get the adapters alone (``rollout.lora_sync``), not merged weights."""
         self._sp = self.config.ulysses_sequence_parallel_size
         # refuses a rank count the groups do not divide, before the worker group dispatches
         self._dp_size = self.config.data_parallel_size(self.dist.world_size)
@@ -925,8 +929,17 @@ class FSDP2Backend(TrainingBackend):
         """Each full weight in the model's dtype, gathered one at a time (collective; only
         rank 0 yields, every rank must run the iterator to its end). A tied weight comes once,
         under its first name. With LoRA each adapted weight comes merged with its adapter,
-        under the Hugging Face name it had before peft wrapped the model."""
+        under the Hugging Face name it had before peft wrapped the model; with
+        ``rollout.lora_sync`` adapters, the adapters' factors alone
+        (:meth:`_adapter_weights`)."""
         self._require("actor", "ref", "critic", method="named_weights")
+        if self.sync_adapters:
+            return self._adapter_weights()
+        return self._merged_weights()
+
+    def _merged_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every weight, adapters merged in: what :meth:`named_weights` yields without
+        adapter sync, and what an export writes."""
         adapters = lora.adapters(self._reshard()) if self.lora else {}
         for name, tensor in self._unique_state():
             hf_name = lora.hf_name(name) if self.lora else name
@@ -940,6 +953,19 @@ class FSDP2Backend(TrainingBackend):
             if self.dist.rank == 0:
                 yield hf_name, full.detach().to("cpu", self.compute_dtype)
 
+    def _adapter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Each adapter's two factors in the compute dtype, named as a PEFT adapter file names
+        them (:func:`lora.factor_names`), the adapter's scaling folded into ``lora_B`` so that
+        an engine adds ``lora_B @ lora_A`` whatever rank and alpha made it. Collective, like
+        :meth:`named_weights`; rank 0 yields."""
+        for name, adapter in lora.adapters(self._reshard()).items():
+            name_a, name_b = lora.factor_names(name)
+            lora_a, lora_b = self._full(adapter.lora_a), self._full(adapter.lora_b)
+            if self.dist.rank == 0:
+                scaled_b = lora_b.detach().float() * adapter.scaling
+                yield name_a, lora_a.detach().to("cpu", self.compute_dtype)
+                yield name_b, scaled_b.to("cpu", self.compute_dtype)
+
     def _full(self, tensor: torch.Tensor) -> torch.Tensor:
         """The whole tensor of a shard (collective for a DTensor)."""
         if isinstance(tensor, DTensor):
@@ -951,6 +977,13 @@ class FSDP2Backend(TrainingBackend):
         """What :meth:`named_weights` yields, from the shards' global shapes (no gathering)."""
         self._require("actor", "ref", "critic", method="weight_metadata")
         dtype = str(self.compute_dtype).removeprefix("torch.")
+        if self.sync_adapters:
+            described = []
+            for name, adapter in lora.adapters(self._reshard()).items():
+                name_a, name_b = lora.factor_names(name)
+                described.append(WeightMeta(name_a, tuple(adapter.lora_a.shape), dtype))
+                described.append(WeightMeta(name_b, tuple(adapter.lora_b.shape), dtype))
+            return described
         described = []
         for name, tensor in self._unique_state():
             hf_name = lora.hf_name(name) if self.lora else name
@@ -986,7 +1019,7 @@ class FSDP2Backend(TrainingBackend):
         LoRA the weights are merged with the adapters, and ``path/lora_adapter`` holds the
         adapters alone as a PEFT folder for the model they started from."""
         model = self._require("actor", "ref", "critic", method="export_hf")
-        weights = list(self.named_weights())
+        weights = list(self._merged_weights())
         adapter_weights = [
             (name, self._full(tensor).detach().cpu())
             for name, tensor in self._unique_state()

@@ -31,6 +31,7 @@ class FSDP2ActorConfig(ActorConfig):
     """
 
     supports_lora: ClassVar[bool] = True
+    sends_lora_adapters: ClassVar[bool] = True
 
     fsdp_size: int = option(
         -1,

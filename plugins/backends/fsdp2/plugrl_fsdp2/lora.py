@@ -188,6 +188,15 @@ def merge(
     return (weight.float() + delta.to(weight.device)).to(weight.dtype)
 
 
+def factor_names(peft_weight_name: str) -> tuple[str, str]:
+    """The names an adapter-only weight sync gives the two factors of the adapter on the
+    wrapped weight ``peft_weight_name`` (``...q_proj.base_layer.weight``): a PEFT adapter
+    file's ``...q_proj.lora_A.weight`` and ``...q_proj.lora_B.weight``, which vLLM's LoRA
+    loader reads."""
+    module = peft_weight_name.removesuffix(".base_layer.weight")
+    return f"{module}.lora_A.weight", f"{module}.lora_B.weight"
+
+
 def adapter_state_name(peft_name: str) -> str:
     """The name a PEFT adapter file gives a weight (peft's names without the adapter's)."""
     return peft_name.replace(f".{ADAPTER}.", ".")

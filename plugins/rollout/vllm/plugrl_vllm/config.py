@@ -3,12 +3,14 @@ they become vLLM's engine arguments. Nothing here imports vLLM."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
 from plugrl.api import RecipeError, option, positive
-from plugrl.api.rollout import RolloutConfig
+from plugrl.api.rollout import RolloutConfig, lora_sync_mode
 
 if TYPE_CHECKING:
     from plugrl.api import EngineSpan, Recipe
@@ -29,6 +31,10 @@ BROKEN_WEIGHT_ROUTES = {
         "load_weights leaves the kernels on the old weights"
     ),
 }
+
+# The values vLLM 0.32 accepts for max_lora_rank (its LoRAConfig refuses others): an adapter
+# of rank r gets the smallest one >= r
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 # Engine arguments plugrl sets from the recipe: engine_kwargs may not set them again (the
 # recipe key is the one place to set each).
@@ -54,6 +60,9 @@ OWNED_ENGINE_ARGS = {
 class VLLMRolloutConfig(RolloutConfig):
     """``rollout`` with ``engine: vllm``: sampling with vLLM's ``AsyncLLM`` in the engine's
     process."""
+
+    # vLLM applies LoRA adapters per request on top of the base weights it loaded
+    supports_lora_adapters: ClassVar[bool] = True
 
     enable_chunked_prefill: bool = option(
         True,
@@ -169,6 +178,9 @@ def engine_args(
     }
     if model.override_config:
         args["hf_overrides"] = dict(model.override_config)
+    if lora_sync_mode(recipe, device_name) == "adapters":
+        # one adapter, the actor's latest, applied to every request
+        args.update(enable_lora=True, max_loras=1, max_lora_rank=lora_rank_slot(recipe))
     if config.tensor_model_parallel_size > 1 and config.colocate and recipe.cluster.mode == "ray":
         # the engine's actor sees the devices of its trainer ranks (plugrl.cluster.engines);
         # inside a Ray placement group vLLM would otherwise ask Ray for devices of its own,
@@ -192,3 +204,25 @@ def cross_node_environment(engine_span: EngineSpan) -> dict[str, str]:
         "VLLM_RAY_BUNDLE_INDICES": ",".join(str(b) for b in engine_span.bundles),
         "VLLM_RAY_PER_WORKER_GPUS": repr(engine_span.device_share),
     }
+
+
+def lora_rank_slot(recipe: Recipe) -> int:
+    """The ``max_lora_rank`` for the actor's adapters: the smallest rank vLLM accepts that
+    holds ``model.lora_rank``, or the rank of ``model.lora_adapter_path``'s adapter (and of
+    its per-module ranks) when that is larger."""
+    rank = recipe.model.lora_rank
+    folder = recipe.model.lora_adapter_path
+    if folder:
+        config_file = Path(folder) / "adapter_config.json"
+        if config_file.is_file():
+            saved = json.loads(config_file.read_text())
+            ranks = [saved.get("r", 0), *(saved.get("rank_pattern") or {}).values()]
+            rank = max(rank, *(int(value) for value in ranks))
+    for slot in VLLM_LORA_RANKS:
+        if slot >= rank:
+            return slot
+    raise RecipeError(
+        f"is {rank}, above the largest LoRA rank vLLM serves ({VLLM_LORA_RANKS[-1]}); lower "
+        "it, or set rollout.lora_sync=merged to send merged weights",
+        key="model.lora_rank",
+    )

@@ -23,6 +23,12 @@ New weights arrive in buckets and enter the model through the worker extension
 fuses into one layer (q/k/v, gate/up) are held back until the whole layer has arrived. After
 an update the prefix cache is reset and requests in flight are preempted, so their keys and
 values are computed again with the new weights before their next token.
+
+With ``rollout.lora_sync=adapters`` the engine starts with vLLM's LoRA support and keeps the
+base weights it loaded from ``model.path``; an update whose weights are all adapter factors
+(``...lora_A.weight``, ``...lora_B.weight``) replaces the adapter registered under
+:data:`ADAPTER_ID` in the worker (:class:`plugrl_vllm.worker.AdapterReceiver`), and every
+request from then on names that adapter.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ from plugrl.api.rollout import (
     WeightFingerprint,
     WeightMeta,
     derive_seed,
+    is_adapter_weight,
 )
 from plugrl_vllm.config import (
     VLLMRolloutConfig,
@@ -71,6 +78,14 @@ logger = logging.getLogger("plugrl.rollout.vllm")
 CPU_ENVIRONMENT = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
 
 WORKER_EXTENSION = "plugrl_vllm.worker.WeightReceiver"
+
+ADAPTER_ID = 1
+"""vLLM's id of the actor's adapter: one id for every version, each replacing the last, so
+requests in flight across an update continue with the new version under the id they carry."""
+ADAPTER_NAME = "plugrl-actor"
+ADAPTER_SOURCE = "plugrl://in-memory"
+"""The ``lora_path`` a request's ``LoRARequest`` must carry; vLLM never reads it, the adapter
+being registered from memory before any request names it."""
 
 _FINISH_REASONS: dict[str | None, FinishReason] = {"stop": "stop", "length": "length"}
 
@@ -113,8 +128,11 @@ class _Request:
 class _WeightUpdate:
     version: int
     announced: dict[str, WeightMeta]
-    groups: FusedGroups
+    groups: FusedGroups | None
+    """How full weights are grouped into vLLM's fused layers; ``None`` for an adapter."""
     received: set[str] = attrs.field(factory=set)
+    adapter: dict[str, torch.Tensor] = attrs.field(factory=dict)
+    """The adapter factors that arrived (copies), registered together at the end."""
 
 
 class VLLMRolloutEngine(RolloutEngine):
@@ -184,6 +202,12 @@ class VLLMRolloutEngine(RolloutEngine):
         self._update: _WeightUpdate | None = None
         self._no_weights: str | None = None
         """Why the model's weights cannot be used until a weight update (None: they can)."""
+        self.takes_adapters = bool(args.get("enable_lora"))
+        """Started with vLLM's LoRA support: weight updates may be adapters alone."""
+        self._lora_request: Any = None
+        """The ``LoRARequest`` every request names once an adapter arrived, else ``None``."""
+        self._base_dropped = False
+        """``sleep(level=2)`` dropped the base weights, which only a full update restores."""
         self._sleeps = self.device_name != "cpu" and config.free_cache_engine
         """Whether sleep frees anything (vLLM's CPU build has no sleep mode)."""
         self._task: asyncio.Task | None = None
@@ -221,7 +245,12 @@ class VLLMRolloutEngine(RolloutEngine):
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._scores[vllm_id] = (len(prompt_ids), future)
-        self.llm.add_request(vllm_id, TokensPrompt(prompt_token_ids=tokens), sampling)
+        self.llm.add_request(
+            vllm_id,
+            TokensPrompt(prompt_token_ids=tokens),
+            sampling,
+            lora_request=self._lora_request,
+        )
         self._kick(loop)
         try:
             return await future
@@ -267,7 +296,7 @@ class VLLMRolloutEngine(RolloutEngine):
                 **sampling_kwargs(params, derive_seed(seed, sample.index)),
                 output_kind=RequestOutputKind.DELTA,
             )
-            self.llm.add_request(sample.vllm_id, prompt, sampling)
+            self.llm.add_request(sample.vllm_id, prompt, sampling, lora_request=self._lora_request)
             self._samples[sample.vllm_id] = sample
         self._by_request.setdefault(request.request_id, []).extend(samples)
         self._kick(loop)
@@ -344,16 +373,51 @@ class VLLMRolloutEngine(RolloutEngine):
                 "the vllm rollout engine is asleep; call wake_up(tags=['weights']) before "
                 "begin_weight_update"
             )
-        (plan, *_) = self.llm.collective_rpc(
-            "plugrl_weight_plan", args=([meta.name for meta in weights],)
-        )
+        names = [meta.name for meta in weights]
+        announced = {meta.name: meta for meta in weights}
+        adapter_factors = [name for name in names if is_adapter_weight(name)]
+        if adapter_factors:
+            self._check_adapter(names, adapter_factors)
+            groups = None
+        else:
+            (plan, *_) = self.llm.collective_rpc("plugrl_weight_plan", args=(names,))
+            groups = FusedGroups.from_plan(WeightPlan(**plan))
         self._weight_shapes = {meta.name: tuple(meta.shape) for meta in weights}
         # generation waits until finish_weight_update: no token comes from a mix of versions
-        self._update = _WeightUpdate(
-            version,
-            {meta.name: meta for meta in weights},
-            FusedGroups.from_plan(WeightPlan(**plan)),
-        )
+        self._update = _WeightUpdate(version, announced, groups)
+
+    def _check_adapter(self, names: list[str], factors: list[str]) -> None:
+        """Refuse an adapter update this engine cannot take, before any tensor arrives."""
+        from plugrl_vllm.worker import unknown_adapter_modules
+
+        if len(factors) != len(names):
+            other = [name for name in names if not is_adapter_weight(name)]
+            raise PluginError(
+                f"begin_weight_update announced adapter factors and other weights "
+                f"({', '.join(other[:2])}); push an adapter alone or every weight merged"
+            )
+        if self._base_dropped:
+            raise PluginError(
+                "begin_weight_update announced LoRA adapter factors, but the vllm rollout "
+                "engine dropped its base weights in sleep(level=2) and an adapter cannot "
+                "restore them; push every weight (rollout.lora_sync=merged) or sleep at level 1"
+            )
+        if not self.takes_adapters:
+            raise PluginError(
+                "begin_weight_update announced LoRA adapter factors, but the vllm rollout "
+                "engine started without LoRA; set rollout.lora_sync=adapters (or auto) with "
+                "model.lora_rank > 0, or push merged weights"
+            )
+        (supported, *_) = self.llm.collective_rpc("plugrl_adapter_modules")
+        unknown = unknown_adapter_modules(factors, supported)
+        if unknown:
+            raise PluginError(
+                f"begin_weight_update announced {', '.join(unknown[:2])}"
+                + (f" and {len(unknown) - 2} more" if len(unknown) > 2 else "")
+                + ", adapters on modules vLLM puts no LoRA on (it takes "
+                + ", ".join(supported)
+                + "); set model.target_modules to those, or rollout.lora_sync=merged"
+            )
 
     async def load_weights(self, bucket: Sequence[tuple[str, torch.Tensor]]) -> None:
         update = self._update
@@ -368,8 +432,12 @@ class VLLMRolloutEngine(RolloutEngine):
                     f"load_weights got {name!r}, which begin_weight_update did not announce; "
                     "announce every weight of the version"
                 )
-        ready = update.groups.add(bucket)
         update.received.update(name for name, _ in bucket)
+        if update.groups is None:
+            # the bucket's memory is reused once this returns; an adapter is small
+            update.adapter.update((name, tensor.detach().clone()) for name, tensor in bucket)
+            return
+        ready = update.groups.add(bucket)
         if ready:
             # the model holds a mix of versions until every weight has arrived
             self._no_weights = "the last weight update did not finish"
@@ -390,12 +458,24 @@ class VLLMRolloutEngine(RolloutEngine):
                 + "; push the version again from begin_weight_update, every announced weight "
                 "through load_weights"
             )
+        if update.groups is None:
+            self._register_adapter(update.adapter)
+        else:
+            self._base_dropped = False
         # cached prefixes hold keys and values of the old weights, and so do the requests in
         # flight: preempted, they compute theirs again with the new weights
         self.llm.reset_prefix_cache(reset_running_requests=True)
         self._no_weights = None
         self.weight_version = update.version
         self._kick()
+
+    def _register_adapter(self, factors: dict[str, torch.Tensor]) -> None:
+        from vllm.lora.request import LoRARequest
+
+        self._no_weights = "the last adapter update did not finish"
+        self.llm.collective_rpc("plugrl_load_adapter", args=(ADAPTER_ID, factors))
+        if self._lora_request is None:
+            self._lora_request = LoRARequest(ADAPTER_NAME, ADAPTER_ID, ADAPTER_SOURCE)
 
     async def weight_fingerprints(self, names: Sequence[str]) -> dict[str, WeightFingerprint]:
         """Read back from vLLM's worker, through the worker extension: each Hugging Face
@@ -408,6 +488,11 @@ class VLLMRolloutEngine(RolloutEngine):
                 "rollout.tensor_model_parallel_size 1"
             )
         wanted = [name for name in names if name in self._weight_shapes]
+        if self._lora_request is not None and all(is_adapter_weight(n) for n in wanted):
+            (held, *_) = self.llm.collective_rpc(
+                "plugrl_adapter_fingerprints", args=(ADAPTER_ID, wanted, self.dtype_name)
+            )
+            return {name: WeightFingerprint(**values) for name, values in held.items()}
         shapes = {name: list(shape) for name, shape in self._weight_shapes.items()}
         (answer, *_) = self.llm.collective_rpc(
             "plugrl_weight_fingerprints", args=(wanted, shapes, self.dtype_name)
@@ -426,6 +511,7 @@ class VLLMRolloutEngine(RolloutEngine):
         self._asleep = True
         if level == 2:
             self._no_weights = "the vllm rollout engine dropped its weights in sleep(level=2)"
+            self._base_dropped = True
 
     async def wake_up(self, tags: Sequence[str] | None = None) -> None:
         if not self._sleeps:

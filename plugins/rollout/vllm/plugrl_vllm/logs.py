@@ -24,6 +24,11 @@ LEVEL_VARIABLE = "VLLM_LOGGING_LEVEL"
 RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
 RELOAD_MISSED = "%s: Failed to load weights"
 
+# vLLM's warning at the first request that names a LoRA adapter, about adapters that bring
+# tokenizers of their own (plugrl's adapters never do)
+LORA_TOKENIZER_LOGGER = "vllm.v1.engine.input_processor"
+LORA_TOKENIZER_NOTICE = "vLLM has deprecated support for supporting different tokenizers"
+
 
 def engine_log_level(configured: str | None) -> str:
     """The level of vLLM's logging for a run: ``rollout.engine_log_level`` when set, else
@@ -45,7 +50,9 @@ def apply_engine_log_level(level: str) -> None:
     * ``torch.distributed.reduce_op`` FutureWarnings raised where vLLM's Triton dispatcher
       looks through torch's modules;
     * torch's "Triton not available" warning, which the same scan triggers on machines
-      without Triton (every CPU).
+      without Triton (every CPU);
+    * the warning at the first request with a LoRA adapter (``rollout.lora_sync=adapters``)
+      that adapters with tokenizers of their own are deprecated: plugrl's adapters have none.
     """
     numeric = getattr(logging, level.upper())
     os.environ[LEVEL_VARIABLE] = level.upper()
@@ -61,6 +68,16 @@ def apply_engine_log_level(level: str) -> None:
         module=r"vllm\.",
     )
     logging.getLogger("torch._library.triton").setLevel(logging.ERROR)
+    notices = logging.getLogger(LORA_TOKENIZER_LOGGER)
+    if not any(isinstance(f, LoraTokenizerNotice) for f in notices.filters):
+        notices.addFilter(LoraTokenizerNotice())
+
+
+class LoraTokenizerNotice(logging.Filter):
+    """Drops vLLM's notice that LoRA adapters with tokenizers of their own are deprecated."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(LORA_TOKENIZER_NOTICE)
 
 
 class RotaryReloadNotice(logging.Filter):

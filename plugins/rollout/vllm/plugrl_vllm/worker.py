@@ -1,5 +1,5 @@
-"""What runs inside vLLM's worker: the ``worker_extension_cls`` that loads pushed weights, and
-the grouping of Hugging Face weights into the layers vLLM fuses them into.
+"""What runs inside vLLM's worker: the ``worker_extension_cls`` that loads pushed weights and
+LoRA adapters, and the grouping of Hugging Face weights into the layers vLLM fuses them into.
 
 vLLM loads q/k/v into one ``qkv_proj`` layer and gate/up into one ``gate_up_proj``; a layer is
 reloaded from the weights of one call, so the engine sends a fused layer's weights together
@@ -9,6 +9,12 @@ Some of vLLM's models name their modules otherwise than the checkpoint (a vision
 model's language model and vision tower: Hugging Face's ``model.visual.*`` is vLLM's
 ``visual.*``); vLLM's loader renames the weights by the model's ``hf_to_vllm_mapper``, and the
 plan reads layers through the same renaming (:class:`Names`).
+
+An adapter update (``rollout.lora_sync=adapters``) builds vLLM's ``LoRAModel`` from the pushed
+factors in memory and registers it in the worker's LoRA manager under the engine's one adapter
+id, replacing the previous version; requests that name that id then run with it. No adapter
+folder is written: the id is registered before any request names it, so vLLM never looks for
+one.
 """
 
 from __future__ import annotations
@@ -192,7 +198,118 @@ class FusedGroups:
         return {layer: [name for name, _ in have] for layer, have in self.waiting.items()}
 
 
-class WeightReceiver:
+def adapter_module(name: str) -> str:
+    """The module an adapter factor belongs to, without PEFT's prefix:
+    ``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`` ->
+    ``model.layers.0.self_attn.q_proj``."""
+    module = name.rsplit(".", 2)[0]
+    return module.removeprefix("base_model.model.")
+
+
+def unknown_adapter_modules(names: Iterable[str], supported: Iterable[str]) -> list[str]:
+    """The adapter factors among ``names`` whose module (its last name part, ``q_proj``) is
+    none of ``supported``: the modules vLLM's model has LoRA layers for, a fused layer's
+    shards included."""
+    known = set(supported)
+    return [name for name in names if adapter_module(name).rpartition(".")[2] not in known]
+
+
+class AdapterReceiver:
+    """The LoRA half of :class:`WeightReceiver`: vLLM's worker LoRA manager, fed from memory."""
+
+    def _plugrl_lora_managers(self) -> tuple[Any, Any]:
+        """The worker's LoRA manager and the model manager under it; an error when the engine
+        started without LoRA."""
+        manager = getattr(self.model_runner, "lora_manager", None)  # type: ignore[attr-defined]
+        if manager is None:
+            raise PluginError(
+                "the vllm rollout engine started without LoRA and cannot take adapters; "
+                "start it with rollout.lora_sync=adapters (or auto) and model.lora_rank > 0"
+            )
+        return manager, manager._adapter_manager
+
+    def plugrl_adapter_modules(self) -> list[str]:
+        """The module names (last parts) vLLM's model can put adapters on."""
+        _, models = self._plugrl_lora_managers()
+        packed = models.packed_modules_mapping
+        supported: list[str] = []
+        for module in models.supported_lora_modules:
+            supported.extend(packed.get(module, [module]))
+        return sorted(set(supported))
+
+    def plugrl_load_adapter(self, adapter_id: int, tensors: dict[str, Any]) -> None:
+        """Register ``tensors`` (adapter factors, the scaling folded into ``lora_B``) as the
+        adapter ``adapter_id``, replacing the one registered under it."""
+        from vllm.lora.lora_model import LoRAModel
+        from vllm.lora.peft_helper import PEFTHelper
+
+        manager, models = self._plugrl_lora_managers()
+        rank = max(int(t.shape[0]) for n, t in tensors.items() if n.endswith(".lora_A.weight"))
+        leaves = sorted({adapter_module(name).rpartition(".")[2] for name in tensors})
+        # alpha equal to the rank: a scaling of 1, the trainer's already in lora_B
+        helper = PEFTHelper.from_dict({"r": rank, "lora_alpha": rank, "target_modules": leaves})
+        helper.validate_legal(manager.lora_config)
+        mapper = getattr(models.model, "hf_to_vllm_mapper", None)
+        adapter = LoRAModel.from_lora_tensors(
+            adapter_id,
+            tensors,
+            helper,
+            device="cpu",
+            dtype=manager.lora_config.lora_dtype,
+            model_vocab_size=manager.vocab_size,
+            weights_mapper=mapper.get_rename_mapper() if mapper is not None else None,
+        )
+        # a request naming the id between the two calls would find none: the engine calls
+        # this between steps only
+        models.remove_adapter(adapter_id)
+        models.add_adapter(adapter)
+
+    def plugrl_adapter_fingerprints(
+        self, adapter_id: int, names: list[str], dtype: str
+    ) -> dict[str, Any]:
+        """The fingerprints (as mappings) of the adapter factors ``names`` as the registered
+        adapter ``adapter_id`` holds them (a fused layer's adapter holds one factor per
+        shard), in ``dtype``; names it lacks are left out."""
+        import torch
+
+        from plugrl.api.rollout import weight_fingerprint
+
+        _, models = self._plugrl_lora_managers()
+        adapter = models.get_adapter(adapter_id)
+        if adapter is None:
+            return {}
+        packed = getattr(models.model, "packed_modules_mapping", {}) or {}
+        fingerprints = {}
+        for name in names:
+            factor = _held_factor(adapter.loras, name, packed)
+            if factor is not None:
+                fingerprints[name] = attrs.asdict(weight_fingerprint(factor, getattr(torch, dtype)))
+        return fingerprints
+
+
+def _held_factor(loras: Mapping[str, Any], name: str, packed: Mapping[str, Sequence[str]]) -> Any:
+    """The factor ``name`` in vLLM's adapter layers ``loras`` (by module), looking in the
+    fused layer's list for a shard of one; ``None`` when absent."""
+    module = adapter_module(name)
+    is_a = name.endswith(".lora_A.weight")
+    weights = loras.get(module)
+    index = None
+    if weights is None:
+        parent, _, leaf = module.rpartition(".")
+        for fused, shards in packed.items():
+            if leaf in shards:
+                weights = loras.get(f"{parent}.{fused}" if parent else fused)
+                index = list(shards).index(leaf)
+                break
+    if weights is None:
+        return None
+    factor = weights.lora_a if is_a else weights.lora_b
+    if index is not None:
+        factor = factor[index] if isinstance(factor, list) else None
+    return factor
+
+
+class WeightReceiver(AdapterReceiver):
     """Mixed into vLLM's worker (``worker_extension_cls``); the engine calls these methods
     through ``collective_rpc``. ``self.model_runner`` is the worker's model runner."""
 

@@ -503,3 +503,53 @@ def test_a_weight_is_read_back_from_its_rows_of_vllms_fused_or_padded_layer():
     assert torch.equal(view("model.layers.0.self_attn.v_proj.weight"), v)
     assert torch.equal(view("model.embed_tokens.weight"), embed)
     assert hf_view("lm_head.weight", [10, 4], held, packed, shapes) is None
+
+
+def lora_recipe(rank: int = 8, **rollout):
+    from plugrl.recipe import ModelConfig, Recipe
+    from plugrl_fsdp2.config import FSDP2ActorConfig
+
+    return Recipe(
+        model=ModelConfig(path="/models/tiny", lora_rank=rank),
+        actor=FSDP2ActorConfig(),
+        rollout=VLLMRolloutConfig(engine="vllm", **rollout),
+    )
+
+
+def test_lora_actors_send_vllm_their_adapters_unless_told_to_merge():
+    from plugrl.parts.rollout import lora_sync_mode
+
+    assert lora_sync_mode(lora_recipe(), "cuda") == "adapters"
+    assert lora_sync_mode(lora_recipe(lora_sync="merged"), "cuda") == "merged"
+    assert lora_sync_mode(lora_recipe(rank=0), "cuda") == "merged"
+    # vLLM's CPU LoRA kernels cost generation more than merged syncs cost: asked for only
+    assert lora_sync_mode(lora_recipe(), "cpu") == "merged"
+    assert lora_sync_mode(lora_recipe(lora_sync="adapters"), "cpu") == "adapters"
+    recipe = lora_recipe(rank=20, lora_sync="adapters")
+    args = engine_args(recipe.rollout, recipe, "cpu", "float32")
+    # vLLM accepts a few ranks only: the smallest that holds the adapter's
+    assert (args["enable_lora"], args["max_loras"], args["max_lora_rank"]) == (True, 1, 32)
+    merged = lora_recipe(lora_sync="merged")
+    assert "enable_lora" not in engine_args(merged.rollout, merged, "cpu", "float32")
+
+
+def test_an_adapter_folder_of_a_higher_rank_raises_the_engines_rank(tmp_path):
+    import json
+
+    from plugrl_vllm.config import lora_rank_slot
+
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 48, "rank_pattern": {}}))
+    recipe = lora_recipe(rank=8)
+    recipe.model.lora_adapter_path = str(tmp_path)
+    assert lora_rank_slot(recipe) == 64
+    with pytest.raises(RecipeError, match="above the largest LoRA rank vLLM serves"):
+        lora_rank_slot(lora_recipe(rank=600))
+
+
+def test_adapter_factors_on_modules_vllm_has_no_lora_for_are_named():
+    from plugrl_vllm.worker import adapter_module, unknown_adapter_modules
+
+    prefix = "base_model.model.model.layers.0."
+    names = [f"{prefix}self_attn.q_proj.lora_A.weight", f"{prefix}mlp.router.lora_B.weight"]
+    assert adapter_module(names[0]) == "model.layers.0.self_attn.q_proj"
+    assert unknown_adapter_modules(names, ["q_proj", "k_proj"]) == [names[1]]
