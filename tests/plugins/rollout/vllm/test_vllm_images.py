@@ -54,7 +54,10 @@ class StandInLLMEngine:
         self._pending: list[str] = []
         self.engine_core = SimpleNamespace(shutdown=lambda: None)
 
-    def add_request(self, request_id: str, prompt: Any, params: Any) -> None:
+    def add_request(
+        self, request_id: str, prompt: Any, params: Any, lora_request: Any = None
+    ) -> None:
+        assert lora_request is None
         self.added.append((request_id, prompt, params))
         self._pending.append(request_id)
 
