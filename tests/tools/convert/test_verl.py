@@ -1493,7 +1493,30 @@ def test_nested_lora_keys(plugrl_plugin_manager):
     model = conversion.recipe["model"]
     assert (model["lora_rank"], model["lora_alpha"]) == (16, 32.0)
     assert model["target_modules"] == ["q_proj", "v_proj"]
+    assert conversion.recipe["rollout"]["lora_sync"] == "merged"
     assert set(unmapped(conversion)) == set(unmapped(conversion, "dropped"))
+
+
+def test_lora_merge_is_lora_sync(plugrl_plugin_manager):
+    """verl's lora.merge=False loads the adapters alone into the engine: plugrl's adapters,
+    which only vllm takes; on hf the recipe keeps auto (merged weights) and says why."""
+    rank = "actor_rollout_ref.model.lora_rank=8"
+    vllm = convert(
+        rank, "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.model.lora.merge=False"
+    )
+    assert vllm.recipe["rollout"]["lora_sync"] == "adapters"
+    assert "actor_rollout_ref.model.lora.merge=False" not in unmapped(vllm)
+    hf = convert(rank, "actor_rollout_ref.model.lora.merge=False")
+    assert "lora_sync" not in hf.recipe.get("rollout", {})
+    assert unmapped(hf, "dropped")["actor_rollout_ref.model.lora.merge=False"] == (
+        "the hf engine takes no LoRA adapters apart from its weights, so rollout.lora_sync "
+        "stays auto: merged weights (rollout.engine=vllm takes the adapters alone)"
+    )
+    no_lora = convert("actor_rollout_ref.model.lora.merge=True")
+    assert "lora_sync" not in no_lora.recipe.get("rollout", {})
+    assert unmapped(no_lora, "dropped") == {
+        "actor_rollout_ref.model.lora.merge=True": "no LoRA adapters to merge (lora_rank is 0)"
+    }
 
 
 def test_the_uv_launcher_and_vision_keys_in_the_report(stand_ins):

@@ -337,11 +337,6 @@ DROPPED = {
         "verl's data plane between its workers (TransferQueue); plugrl passes batches between "
         "its worker groups itself"
     ),
-    "actor_rollout_ref.model.lora.merge": (
-        "plugrl's rollout.lora_sync chooses how LoRA adapters reach the engines: auto (the "
-        "default) sends the adapters alone to vllm on GPUs, as verl's merge=False, and merged "
-        "weights to other engines and on CPUs; rollout.lora_sync=merged is verl's merge=True"
-    ),
     "actor_rollout_ref.model.lora.fully_sharded_loras": (
         "a setting of vLLM's serving of adapters across tensor-parallel devices; plugrl's "
         "vllm engine holds each adapter whole (rollout.lora_sync)"
@@ -740,6 +735,10 @@ LORA_KEYS = {
     "actor_rollout_ref.model.lora_adapter_path",
 }
 """verl's LoRA settings of the actor (flat names; the nested model.lora.* are aliases)."""
+
+LORA_MERGE = "actor_rollout_ref.model.lora.merge"
+"""verl's choice of merged weights (true) or the adapters alone (false) for its engines:
+plugrl's rollout.lora_sync."""
 
 V1_MODES = ("sync", "colocate_async", "separate_async")
 """verl's ``trainer.v1.trainer_mode`` values."""
@@ -1864,6 +1863,9 @@ class _Converter:
                     "the reward model is off, as in plugrl unless reward.manager is reward_model",
                 )
             return
+        if _alias(override.key) == LORA_MERGE:
+            self._lora_merge(word, override.value, values)
+            return
         if override.key.endswith(DISABLE_MM_CACHE):
             if override.value is not True:
                 self._skip(word, "dropped", "vLLM's multimodal processor cache stays on")
@@ -1892,6 +1894,48 @@ class _Converter:
         values[path] = (typed, override.key)
         if not resolved.subpath:
             self.defaults[path] = resolved.name.default
+
+    def _lora_merge(
+        self, word: Word, value: Any, values: dict[tuple[str, ...], tuple[Any, str]]
+    ) -> None:
+        """verl's ``lora.merge`` as ``rollout.lora_sync``: true syncs the weights with the
+        adapters merged in, false loads the adapters alone into the engine."""
+        if not _positive(self.given.get("actor_rollout_ref.model.lora_rank")):
+            self._skip(word, "dropped", "no LoRA adapters to merge (lora_rank is 0)")
+            return
+        if _is_true(value):
+            sync = "merged"
+        elif value is False or (isinstance(value, str) and value.lower() == "false"):
+            sync = "adapters"
+            classes = self._section_classes()
+            rollout, actor = classes.get("rollout"), classes.get("actor")
+            engine = self.chosen.get("rollout_engines")
+            # an engine not installed here is judged by the recipe check where it is
+            installed = engine in self.plugins.registry("rollout_engines")
+            if installed and not getattr(rollout, "supports_lora_adapters", False):
+                self._skip(
+                    word,
+                    "dropped",
+                    f"the {engine} engine takes no LoRA adapters apart from its weights, so "
+                    "rollout.lora_sync stays auto: merged weights (rollout.engine=vllm takes "
+                    "the adapters alone)",
+                )
+                return
+            if not getattr(actor, "sends_lora_adapters", False):
+                backend = self.chosen.get("training_backends")
+                self._skip(
+                    word,
+                    "dropped",
+                    f"the {backend} backend sends no LoRA adapters apart from its weights, so "
+                    "rollout.lora_sync stays auto: merged weights",
+                )
+                return
+        else:
+            self._skip(word, "invalid", f"rollout.lora_sync: {value!r} is not True or False")
+            return
+        values[("rollout", "lora_sync")] = (sync, LORA_MERGE)
+        self.defaults[("rollout", "lora_sync")] = "auto"
+        self.notes.append(f"line {word.line}: {word.text} is rollout.lora_sync: {sync}")
 
     def _map_shared(
         self,
