@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING
 
+from plugrl.parts.rollout import lora_sync_mode
 from plugrl.plan.context import PlanContext, micro_batches, trainer_ranks
 from plugrl.plan.shape import ModelShape, read_shape
 from plugrl.plan.terms import (
@@ -73,10 +74,28 @@ def _critic_enabled(recipe: Recipe) -> bool:
 def weight_sync_terms(recipe: Recipe, shape: ModelShape, context: PlanContext) -> list[MemoryTerm]:
     """The buffers of a weight push, on the trainer's devices: one bucket of
     ``rollout.update_weights_bucket_megabytes`` (a weight larger than that travels alone, so
-    the largest weight, the vocabulary table, when it is larger), in the rollout dtype."""
+    the largest weight, the vocabulary table, when it is larger), in the rollout dtype. When
+    the push is the LoRA adapters alone (``rollout.lora_sync`` resolving to adapters) the
+    bucket holds at most every adapter's factors, in ``model.dtype``."""
+    bucket = recipe.rollout.update_weights_bucket_megabytes * MIB
+    # the plan is for accelerators: device.name auto counts as one, as detection would find
+    if lora_sync_mode(recipe, recipe.device.name) == "adapters":
+        factors = shape.lora_parameters(recipe.model.lora_rank, recipe.model.target_modules)
+        adapters = factors * dtype_bytes(recipe.model.dtype)
+        return [
+            MemoryTerm(
+                "weight-sync bucket",
+                min(bucket, adapters),
+                ("generate",),
+                "weight_sync",
+                note=f"LoRA adapters alone (rollout.lora_sync): {factors:,} factors x "
+                f"{dtype_bytes(recipe.model.dtype)} B ({recipe.model.dtype}), at most "
+                f"update_weights_bucket_megabytes={bucket // MIB} MiB",
+                instant="weight push",
+            )
+        ]
     rollout_dtype = recipe.rollout.dtype if recipe.rollout.dtype != "auto" else "bfloat16"
     largest = shape.vocab_size * shape.hidden_size * dtype_bytes(rollout_dtype)
-    bucket = recipe.rollout.update_weights_bucket_megabytes * MIB
     return [
         MemoryTerm(
             "weight-sync bucket",

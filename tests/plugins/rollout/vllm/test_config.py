@@ -510,7 +510,7 @@ def lora_recipe(rank: int = 8, **rollout):
     from plugrl_fsdp2.config import FSDP2ActorConfig
 
     return Recipe(
-        model=ModelConfig(path="/models/tiny", lora_rank=rank),
+        model=ModelConfig(path="/models/tiny", lora_rank=rank, dtype="bfloat16"),
         actor=FSDP2ActorConfig(),
         rollout=VLLMRolloutConfig(engine="vllm", **rollout),
     )
@@ -531,6 +531,26 @@ def test_lora_actors_send_vllm_their_adapters_unless_told_to_merge():
     assert (args["enable_lora"], args["max_loras"], args["max_lora_rank"]) == (True, 1, 32)
     merged = lora_recipe(lora_sync="merged")
     assert "enable_lora" not in engine_args(merged.rollout, merged, "cpu", "float32")
+
+
+def test_the_plans_weight_sync_bucket_holds_the_adapters_alone():
+    from plugrl.plan.estimate import weight_sync_terms
+    from plugrl.plan.shape import read_shape
+
+    shape = read_shape("qwen2.5-0.5b")  # h=896, a=896, k=128, i=4864, L=24, V=151936
+
+    def bucket(recipe):
+        (term,) = weight_sync_terms(recipe, shape, None)
+        return term.bytes
+
+    # rank 8 on the seven projections: 8 x (2 (896 + 896) + 2 (896 + 128) + 3 (896 + 4864))
+    # factors a layer, 24 layers, bfloat16
+    factors = 24 * 8 * (2 * 1792 + 2 * 1024 + 3 * 5760)
+    assert factors == 4_399_104
+    assert bucket(lora_recipe()) == factors * 2
+    assert bucket(lora_recipe(update_weights_bucket_megabytes=1)) == 2**20
+    # merged weights: the 512 MiB bucket, above the 151936 x 896 vocabulary table
+    assert bucket(lora_recipe(lora_sync="merged")) == 512 * 2**20
 
 
 def test_an_adapter_folder_of_a_higher_rank_raises_the_engines_rank(tmp_path):
