@@ -100,6 +100,29 @@ def test_engine_terms(plan):
     assert "engine weights" in terms_of(plan, "update", "rollout")
 
 
+def test_hf_engine_split_over_two_devices(bench_recipe):
+    plugins = get_plugin_manager()
+    overrides = [
+        "cluster=ray",
+        "rollout.colocate=false",
+        "rollout.n_gpus_per_node=2",
+        "rollout.tensor_model_parallel_size=2",
+    ]
+    plan = plan_recipe(load_recipe(bench_recipe, overrides, plugins), None, plugins)
+    generate = plan.phase("rollout", "generate")
+    everything = generate.persistent + tuple(t for ts in generate.instants.values() for t in ts)
+    rollout = {t.name: t.bytes for t in everything}
+    # half of each layer's projections and q/k/v biases, its two norms, the tied embedding
+    # table and the final norm whole
+    projections = 2 * H * A + 2 * H * K + 3 * H * INTER + (A + 2 * K)
+    held = L * (projections // 2 + 2 * H) + V * H + H
+    assert held == 315_105_664
+    assert rollout["engine weights"] == held * 2
+    assert "fused decode weights" not in rollout  # the split forward runs without them
+    rows, columns = 32 * 8, 2048  # one engine of two devices takes every row
+    assert rollout["KV cache"] == 2 * L * (K // 2) * 2 * rows * columns  # one kv head each
+
+
 def test_engine_sleeps_on_ray_colocated(bench_recipe):
     plugins = get_plugin_manager()
     recipe = load_recipe(bench_recipe, ["cluster=ray"], plugins)

@@ -39,6 +39,17 @@ def buffer_columns(sequence_length: int) -> int:
     return max(KV_MIN_COLUMNS, 1 << (2 * sequence_length).bit_length())
 
 
+def shard_parameters(shape: ModelShape, tensor_parallel: int) -> int:
+    """Parameters one device of an engine split over ``tensor_parallel`` devices holds
+    (:mod:`plugrl_hf.tensor_parallel`): its share of each layer's attention heads and MLP
+    width (the projections and q/k/v biases), and the embeddings, the head and the norms
+    whole."""
+    bias = (shape.attention_width + 2 * shape.kv_width) if shape.qkv_bias else 0
+    split = shape.layer_linear_parameters() + bias
+    per_layer = sharded(split, tensor_parallel) + 2 * shape.hidden_size
+    return shape.num_layers * per_layer + shape.embedding_parameters() + shape.hidden_size
+
+
 def estimate_memory(
     recipe: Recipe, role: str, shape: ModelShape, context: PlanContext
 ) -> list[MemoryTerm] | None:
@@ -53,21 +64,28 @@ def estimate_memory(
     rows = engine_rows(recipe, context)
     terms = []
     # a colocated engine in the trainer's process copies the trainer's weights (FSDP's module
-    # is not servable as it is); on engine workers it loads its own; both in rollout.dtype
+    # is not servable as it is); on engine workers it loads its own; both in rollout.dtype.
+    # A split engine (tensor parallel, on Ray) always loads its own shard.
     own_weights = (
-        not context.colocated or config.copy_trainer_weights or dtype != recipe.model.dtype
+        tp > 1
+        or not context.colocated
+        or config.copy_trainer_weights
+        or dtype != recipe.model.dtype
     )
     if own_weights:
+        held = shard_parameters(shape, tp)
+        split = f", the heads and MLP split over tensor_model_parallel_size={tp}" if tp > 1 else ""
         terms.append(
             MemoryTerm(
                 "engine weights",
-                sharded(shape.parameters() * e, tp),
+                held * e,
                 phases,
                 "rollout",
-                note=f"{shape.parameters():,} x {e} B ({dtype})",
+                note=f"{held:,} x {e} B ({dtype}){split}",
             )
         )
-        if config.lean_decode:
+        # a split engine decodes with its own forward, without lean_decode's fused copies
+        if config.lean_decode and tp == 1:
             fused = (
                 shape.num_layers
                 * shape.hidden_size
@@ -76,7 +94,7 @@ def estimate_memory(
             terms.append(
                 MemoryTerm(
                     "fused decode weights",
-                    sharded(fused * e, tp),
+                    fused * e,
                     phases,
                     "rollout",
                     note="lean_decode: q/k/v and gate/up projections held a second time, fused",
