@@ -27,6 +27,8 @@ Builders of a tiny model (:mod:`plugrl.testing.tiny`), for parts that need a rea
 * :func:`save_tiny_model`: a Hugging Face folder with a tokenizer and a Qwen2-architecture
   model of about 4M parameters, written from a seed without touching the network.
 * :func:`make_tiny_tokenizer`, :func:`make_tiny_model`: the two, in memory.
+* :func:`spread_weights`: the seeded re-draw of a model's weights that ``weight_std`` asks
+  for, for a plugin's own tiny model of another architecture.
 * :func:`save_tiny_reward_model`, :func:`make_tiny_reward_model`: the same tokenizer with a
   sequence-classification model (one score per text), for reward-model managers.
 * :func:`build_once` (:mod:`plugrl.testing.shared`): any of these builders run once for a
@@ -58,6 +60,7 @@ from plugrl.testing.tiny import (
     make_tiny_tokenizer,
     save_tiny_model,
     save_tiny_reward_model,
+    spread_weights,
 )
 
 if TYPE_CHECKING:
@@ -84,6 +87,7 @@ __all__ = [
     "run_scheduler",
     "save_tiny_model",
     "save_tiny_reward_model",
+    "spread_weights",
     "tool_call_text",
 ]
 

@@ -225,15 +225,26 @@ def _build_tiny_model(
         torch.manual_seed(seed)
         model = auto_class.from_config(model_config, dtype=getattr(torch, dtype))
     if weight_std is not None:
-        generator = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for parameter in model.parameters():
-                noise = torch.empty_like(parameter).normal_(0.0, weight_std, generator=generator)
-                if parameter.dim() >= 2:
-                    parameter.copy_(noise)
-                else:
-                    parameter.add_(noise)
+        spread_weights(model, weight_std, seed)
     return model
+
+
+def spread_weights(model: Any, weight_std: float, seed: int) -> None:
+    """Re-draw every weight matrix of ``model`` (embeddings and projections) from a normal
+    distribution of spread ``weight_std`` and add noise of that spread to every vector (norm
+    scales, biases), from a generator seeded by ``seed``: the same arguments give the same
+    weights, and the process's random state is not touched. Transformers' own
+    initialisation gives nearly flat logits, under which every response looks alike."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            noise = torch.empty_like(parameter).normal_(0.0, weight_std, generator=generator)
+            if parameter.dim() >= 2:
+                parameter.copy_(noise)
+            else:
+                parameter.add_(noise)
 
 
 def save_tiny_model(

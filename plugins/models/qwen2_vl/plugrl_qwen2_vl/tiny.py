@@ -58,6 +58,8 @@ def make_tiny_vl_model(
     import torch
     from transformers import GenerationConfig, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
+    from plugrl.testing import spread_weights
+
     token_ids = {token: tokenizer.convert_tokens_to_ids(token) for token in VISION_TOKENS}
     head_dim = hidden_size // num_attention_heads
     # M-RoPE splits each head's rotary frequencies over time, height and width in Qwen2-VL's
@@ -107,14 +109,7 @@ def make_tiny_vl_model(
         torch.manual_seed(seed)
         model = Qwen2_5_VLForConditionalGeneration._from_config(config, dtype=getattr(torch, dtype))
     if weight_std is not None:
-        generator = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for parameter in model.parameters():
-                noise = torch.empty_like(parameter).normal_(0.0, weight_std, generator=generator)
-                if parameter.dim() >= 2:
-                    parameter.copy_(noise)
-                else:
-                    parameter.add_(noise)
+        spread_weights(model, weight_std, seed)
     model.generation_config = GenerationConfig(
         eos_token_id=[eos, tokenizer.pad_token_id],
         pad_token_id=tokenizer.pad_token_id,
