@@ -8,9 +8,6 @@ warm-started model sees at the run's start exactly the tokens it was trained on.
 
 from __future__ import annotations
 
-import math
-import random
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,7 +15,7 @@ import attrs
 
 from plugrl_tools.quickstart.counting import QUESTION, Scene, draw
 from plugrl_tools.quickstart.progress import Progress
-from plugrl_tools.quickstart.warmstart import RUNNING_LOSS_STEPS, FineTuneStats
+from plugrl_tools.quickstart.warmstart import FineTuneStats, fine_tune
 
 GENERATION_BATCH_SIZE = 128
 """Pictures per ``model.generate`` call when measuring accuracy."""
@@ -78,62 +75,31 @@ def supervised_fine_tune(
     with the eos token, so the model learns to stop); the vision tower trains too."""
     import torch
 
-    start = time.perf_counter()
     pad_id = tokenizer.pad_token_id
     sequences = []
     for prompt, response in zip(prompts, responses, strict=True):
         answer = tokenizer(response + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
         sequences.append((prompt, prompt.ids + answer, len(prompt.ids)))
-    total_steps = epochs * math.ceil(len(sequences) / batch_size)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    warmup = max(1, total_steps // 10)
 
-    def lr_factor(step: int) -> float:
-        # linear warm-up, then cosine down to a tenth (as the text warm start)
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = (step - warmup) / max(1, total_steps - warmup)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+    def loss_of(chunk: list[tuple[EncodedPrompt, list[int], int]]) -> Any:
+        width = max(len(ids) for _, ids, _ in chunk)
+        input_ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+        labels = torch.full((len(chunk), width), -100, dtype=torch.long)
+        attention_mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for row, (_, ids, prompt_length) in enumerate(chunk):
+            input_ids[row, : len(ids)] = torch.tensor(ids)
+            labels[row, prompt_length : len(ids)] = torch.tensor(ids[prompt_length:])
+            attention_mask[row, : len(ids)] = 1
+        return model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            labels=labels,
+            **_image_inputs([prompt for prompt, _, _ in chunk]),
+        ).loss
 
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
-    rng = random.Random(seed)
-    model.train()
-    losses: list[float] = []
-    progress = Progress("warm start", total_steps, "steps")
-    for _epoch in range(epochs):
-        order = list(range(len(sequences)))
-        rng.shuffle(order)
-        for begin in range(0, len(order), batch_size):
-            chunk = [sequences[i] for i in order[begin : begin + batch_size]]
-            width = max(len(ids) for _, ids, _ in chunk)
-            input_ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
-            labels = torch.full((len(chunk), width), -100, dtype=torch.long)
-            attention_mask = torch.zeros((len(chunk), width), dtype=torch.long)
-            for row, (_, ids, prompt_length) in enumerate(chunk):
-                input_ids[row, : len(ids)] = torch.tensor(ids)
-                labels[row, prompt_length : len(ids)] = torch.tensor(ids[prompt_length:])
-                attention_mask[row, : len(ids)] = 1
-            loss = model(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                labels=labels,
-                **_image_inputs([prompt for prompt, _, _ in chunk]),
-            ).loss
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            schedule.step()
-            losses.append(float(loss.detach()))
-            recent = losses[-RUNNING_LOSS_STEPS:]
-            progress.update(loss=sum(recent) / len(recent))
-    progress.close()
-    model.eval()
-    return FineTuneStats(
-        steps=len(losses),
-        first_loss=losses[0] if losses else math.nan,
-        last_loss=losses[-1] if losses else math.nan,
-        seconds=time.perf_counter() - start,
+    # the text warm start's optimizer, schedule and order
+    return fine_tune(
+        model, sequences, loss_of, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed
     )
 
 

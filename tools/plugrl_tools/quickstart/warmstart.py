@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -72,18 +72,53 @@ def train_on_sequences(
 ) -> FineTuneStats:
     """Train on token sequences with the loss on the tokens marked ``True`` only (a
     conversation's model turns: not its prompt, nor the tool results between turns)."""
+    import torch
+
+    pad_id = tokenizer.pad_token_id
+
+    def loss_of(chunk: list[tuple[list[int], list[bool]]]) -> Any:
+        width = max(len(ids) for ids, _ in chunk)
+        input_ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+        labels = torch.full((len(chunk), width), -100, dtype=torch.long)
+        attention_mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for row, (ids, trained) in enumerate(chunk):
+            input_ids[row, : len(ids)] = torch.tensor(ids)
+            labels[row, : len(ids)] = torch.where(
+                torch.tensor(trained), torch.tensor(ids), torch.tensor(-100)
+            )
+            attention_mask[row, : len(ids)] = 1
+        return model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+
+    return fine_tune(
+        model, sequences, loss_of, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed
+    )
+
+
+def fine_tune(
+    model: Any,
+    examples: Sequence[Any],
+    loss_of: Callable[[list[Any]], Any],
+    *,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+) -> FineTuneStats:
+    """AdamW over ``examples`` for ``epochs`` epochs, shuffled by ``seed``, in batches of
+    ``batch_size`` whose loss is ``loss_of(batch)``: a linear warm-up over the first tenth
+    of the steps, then a cosine down to a tenth of ``lr``; gradients clipped at norm 1.
+    Progress, with the loss averaged over the last :data:`RUNNING_LOSS_STEPS` steps, goes to
+    stderr. The model is left in eval mode."""
     import time
 
     import torch
 
     start = time.perf_counter()
-    pad_id = tokenizer.pad_token_id
-    total_steps = epochs * math.ceil(len(sequences) / batch_size)
+    total_steps = epochs * math.ceil(len(examples) / batch_size)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     warmup = max(1, total_steps // 10)
 
     def lr_factor(step: int) -> float:
-        # linear warm-up, then cosine down to a tenth
         if step < warmup:
             return (step + 1) / warmup
         progress = (step - warmup) / max(1, total_steps - warmup)
@@ -95,21 +130,10 @@ def train_on_sequences(
     losses: list[float] = []
     progress = Progress("warm start", total_steps, "steps")
     for _epoch in range(epochs):
-        order = list(range(len(sequences)))
+        order = list(range(len(examples)))
         rng.shuffle(order)
         for begin in range(0, len(order), batch_size):
-            chunk = [sequences[i] for i in order[begin : begin + batch_size]]
-            width = max(len(ids) for ids, _ in chunk)
-            input_ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
-            labels = torch.full((len(chunk), width), -100, dtype=torch.long)
-            attention_mask = torch.zeros((len(chunk), width), dtype=torch.long)
-            for row, (ids, trained) in enumerate(chunk):
-                input_ids[row, : len(ids)] = torch.tensor(ids)
-                labels[row, : len(ids)] = torch.where(
-                    torch.tensor(trained), torch.tensor(ids), torch.tensor(-100)
-                )
-                attention_mask[row, : len(ids)] = 1
-            loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+            loss = loss_of([examples[i] for i in order[begin : begin + batch_size]])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
