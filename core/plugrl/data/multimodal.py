@@ -104,15 +104,8 @@ class MultimodalModel(ABC):
     def vision_tower(self, model: Any) -> Any:
         """The model's vision tower (the image encoder and what projects its output into the
         language model), for training the language model alone."""
-        for name in self.vision_tower_names:
-            try:
-                return model.get_submodule(name)
-            except AttributeError:
-                continue
-        raise ValueError(
-            f"{type(model).__name__} has none of the submodules "
-            f"{', '.join(self.vision_tower_names)}; its model family must name its vision tower "
-            "(MultimodalModel.vision_tower_names)"
+        return _first_submodule(
+            model, self.vision_tower_names, "vision tower", "vision_tower_names"
         )
 
     language_model_names: ClassVar[tuple[str, ...]] = ("model.language_model", "language_model")
@@ -123,15 +116,8 @@ class MultimodalModel(ABC):
         """The model's language model: the module the model calls with ``inputs_embeds``
         (text and image embeddings merged) and ``position_ids``, which sequence parallelism
         slices per rank."""
-        for name in self.language_model_names:
-            try:
-                return model.get_submodule(name)
-            except AttributeError:
-                continue
-        raise ValueError(
-            f"{type(model).__name__} has none of the submodules "
-            f"{', '.join(self.language_model_names)}; its model family must name its language "
-            "model (MultimodalModel.language_model_names)"
+        return _first_submodule(
+            model, self.language_model_names, "language model", "language_model_names"
         )
 
     @abstractmethod
@@ -423,3 +409,17 @@ def add_model_positions(batch: Batch, family: MultimodalModel | None) -> Batch:
         batch["input_ids"], batch["attention_mask"], list(batch[MULTIMODAL_COLUMN])
     )
     return batch
+
+
+def _first_submodule(model: Any, names: Sequence[str], what: str, attribute: str) -> Any:
+    """The first of the submodule paths ``names`` that ``model`` has; a ValueError naming the
+    model family's ``attribute`` (of :class:`MultimodalModel`) when it has none."""
+    for name in names:
+        try:
+            return model.get_submodule(name)
+        except AttributeError:
+            continue
+    raise ValueError(
+        f"{type(model).__name__} has none of the submodules {', '.join(names)}; its model "
+        f"family must name its {what} (MultimodalModel.{attribute})"
+    )

@@ -70,3 +70,22 @@ def test_an_answer_that_is_not_a_multimodal_model_is_refused_in_one_line(familie
         "the multimodal_model hook returned <class 'dict'> for 'broken_vl'; it must return a "
         "subclass of plugrl.api.data.MultimodalModel"
     )
+
+
+def test_the_towers_are_found_at_the_first_path_the_model_has(families):
+    from torch import nn
+
+    family = multimodal_family("/models/toy", config("toy_vl"), families)
+    inner = nn.Module()
+    inner.language_model = nn.Linear(2, 2)
+    model = nn.Module()
+    model.model = inner
+    model.visual = nn.Linear(2, 2)
+    assert family.vision_tower(model) is model.visual  # the second path: model.visual is absent
+    assert family.language_model(model) is inner.language_model
+    with pytest.raises(ValueError) as info:
+        family.vision_tower(nn.Linear(2, 2))
+    assert str(info.value) == (
+        "Linear has none of the submodules model.visual, visual; its model family must name "
+        "its vision tower (MultimodalModel.vision_tower_names)"
+    )
