@@ -59,10 +59,10 @@ def adamw(params: Iterable[torch.nn.Parameter], config: OptimConfig) -> torch.op
     The step runs torch's fused kernel when every parameter is a floating-point tensor on a
     device of :data:`FUSED_ADAMW_DEVICE_TYPES`, and its foreach kernels otherwise. torch's own
     default on a CPU, or on FSDP2's DTensor parameters anywhere but CUDA, is a Python loop
-    over the tensors that dispatches a dozen operations per tensor (8x the fused step's time
-    on the quickstart model). The choice is this process's, not its checkpoint's: loading
-    optimizer state keeps it (a checkpoint saved with another implementation resumes the
-    same, the moments and step counts being laid out alike)."""
+    over the tensors that dispatches a dozen operations per tensor (2-4x the fused step's
+    time on the quickstart model's DTensors). The choice is this process's, not its
+    checkpoint's: loading optimizer state keeps it (a checkpoint saved with another
+    implementation resumes the same, the moments and step counts being laid out alike)."""
     params = list(params)
     implementation = adamw_implementation(params)
     optimizer = torch.optim.AdamW(
