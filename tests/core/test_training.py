@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import pickle
 from types import SimpleNamespace
@@ -67,6 +68,67 @@ def test_adamw_takes_the_config():
     optimizer = training.adamw([torch.nn.Parameter(torch.zeros(2))], config)
     group = optimizer.param_groups[0]
     assert (group["lr"], group["betas"], group["weight_decay"]) == (3e-4, (0.8, 0.9), 0.05)
+
+
+def _per_tensor_adamw(params: list[torch.nn.Parameter], config: OptimConfig) -> torch.optim.AdamW:
+    """torch's Python loop over the tensors: what a CPU got before the fused kernel."""
+    return torch.optim.AdamW(
+        params,
+        lr=config.lr,
+        betas=tuple(config.betas),
+        weight_decay=config.weight_decay,
+        foreach=False,
+    )
+
+
+def _parameters(seed: int) -> list[torch.nn.Parameter]:
+    generator = torch.Generator().manual_seed(seed)
+    shapes = [(33, 17), (17,), (5, 3, 2), ()]
+    return [torch.nn.Parameter(torch.randn(shape, generator=generator)) for shape in shapes]
+
+
+def _steps(optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter], count: int) -> None:
+    generator = torch.Generator().manual_seed(11)
+    for _ in range(count):
+        for param in params:
+            param.grad = torch.randn(param.shape, generator=generator)
+        optimizer.step()
+
+
+def test_adamw_runs_the_fused_kernel_and_updates_as_the_per_tensor_loop_does():
+    config = OptimConfig(lr=1e-2, weight_decay=0.1)
+    fused_params, loop_params = _parameters(0), _parameters(0)
+    fused = training.adamw(fused_params, config)
+    assert fused.param_groups[0]["fused"] is True
+    _steps(fused, fused_params, 3)
+    _steps(_per_tensor_adamw(loop_params, config), loop_params, 3)
+    for after, expected, before in zip(fused_params, loop_params, _parameters(0), strict=True):
+        torch.testing.assert_close(after, expected, rtol=0, atol=1e-6)
+        assert not torch.equal(after, before)
+
+
+def test_adamw_falls_back_to_foreach_where_no_fused_kernel_is_used():
+    on_meta = [torch.nn.Parameter(torch.zeros(2, device="meta"))]
+    assert training.adamw_implementation(on_meta) == {"foreach": True}
+    assert training.adamw_implementation([]) == {"foreach": True}
+    group = training.adamw(on_meta, OptimConfig()).param_groups[0]
+    assert (group["fused"], group["foreach"]) == (None, True)
+
+
+def test_adamw_keeps_its_kernel_when_it_loads_state_saved_by_the_per_tensor_loop():
+    config = OptimConfig(lr=1e-2)
+    loop_params = _parameters(0)
+    loop = _per_tensor_adamw(loop_params, config)
+    _steps(loop, loop_params, 2)
+    resumed_params = [torch.nn.Parameter(param.detach().clone()) for param in loop_params]
+    resumed = training.adamw(resumed_params, config)
+    # a copy: a state dict holds the optimizer's own moment tensors
+    resumed.load_state_dict(copy.deepcopy(loop.state_dict()))
+    assert (resumed.param_groups[0]["fused"], resumed.param_groups[0]["foreach"]) == (True, False)
+    _steps(resumed, resumed_params, 1)
+    _steps(loop, loop_params, 1)
+    for after, expected in zip(resumed_params, loop_params, strict=True):
+        torch.testing.assert_close(after, expected, rtol=0, atol=1e-6)
 
 
 # ------------------------------------------------------------------------ mini-batches

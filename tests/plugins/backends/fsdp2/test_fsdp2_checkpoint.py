@@ -62,6 +62,34 @@ def test_load_then_step_equals_the_uninterrupted_step(tiny_model, saved):
     assert max_weight_difference(full_weights(resumed), expected_weights) == 0.0
 
 
+def _per_tensor_loop(backend) -> None:
+    """Make ``backend``'s AdamW run torch's Python loop over its DTensor parameters, the
+    path it took before it ran the fused kernel."""
+    for group in backend.optimizer.param_groups:
+        group["fused"], group["foreach"] = False, False
+
+
+def test_the_fused_adamw_steps_as_the_per_tensor_loop_and_resumes_from_its_checkpoint(
+    tiny_model, saved, tmp_path
+):
+    _, fused_weights, fused_metrics = saved
+    loop = make_backend(_recipe(tiny_model))
+    _per_tensor_loop(loop)
+    loop.update_policy(make_batch(8, seed=1), TokenMeanReinforce())
+    loop.save_checkpoint(tmp_path / "actor")
+    loop_metrics = loop.update_policy(make_batch(8, seed=2), TokenMeanReinforce())
+    loop_weights = full_weights(loop)
+    assert max_weight_difference(loop_weights, fused_weights) < 1e-6
+    assert loop_metrics == pytest.approx(fused_metrics, rel=1e-5, abs=1e-6)
+
+    resumed = make_backend(_recipe(tiny_model))
+    resumed.load_checkpoint(tmp_path / "actor")
+    group = resumed.optimizer.param_groups[0]
+    assert (group["fused"], group["foreach"]) == (True, False)
+    resumed.update_policy(make_batch(8, seed=2), TokenMeanReinforce())
+    assert max_weight_difference(full_weights(resumed), loop_weights) < 1e-6
+
+
 def test_the_reference_model_saves_and_loads_weights_only(tiny_model, tmp_path):
     ref = make_backend(make_recipe(tiny_model), role="ref")
     ref.save_checkpoint(tmp_path / "ref")
