@@ -103,9 +103,9 @@ def _left_on_ray(ray: Any) -> list[str]:
 def shared_ray_for_module() -> Iterator[Any]:
     """The process's shared Ray (started here on first use), for one test module, which must
     leave it as it found it: at the module's end no actor of it is alive and no CPU is held
-    (killed actors take a moment to be released, hence the wait). A module that leaves
-    something behind fails, and the shared Ray is stopped so that the next module starts on a
-    clean one."""
+    (killed actors take a moment to be released, hence the wait, whose deadline only catches
+    what stays). A module that leaves something behind fails, and the shared Ray is stopped
+    so that the next module starts on a clean one."""
     global _shared_ray_up
     if not _shared_ray_up:
         _init_ray(num_cpus=SHARED_RAY_CPUS)
@@ -118,7 +118,7 @@ def shared_ray_for_module() -> Iterator[Any]:
         stop_shared_ray()  # what the failure left running must not reach the next module
         raise
     try:
-        wait_until(lambda: not _left_on_ray(ray), "the module's Ray actors to go", timeout=60)
+        wait_until(lambda: not _left_on_ray(ray), "the module's Ray actors to go", every=0.1)
     except AssertionError:
         left = _left_on_ray(ray)
         stop_shared_ray()
