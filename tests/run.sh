@@ -29,8 +29,11 @@ python3 -m venv .venv || exit 1
     -e ./plugins/devices/npu \
     | grep --line-buffered -E '^(Collecting|Successfully|ERROR)'
 [[ ${PIPESTATUS[0]} -eq 0 ]] || { echo "installing the test environment failed" >&2; exit 1; }
-# as pip does, files that are not Python 3 (templates, test data of some packages) are skipped
-.venv/bin/python -m compileall -q -j 0 .venv/lib/python3*/site-packages > /dev/null
+# as pip does, files that are not Python 3 (templates, test data of some packages) are skipped;
+# the clone's own modules too (a second): where PYTHONDONTWRITEBYTECODE is set, every process
+# the tests start (runs, Ray workers, ranks) would otherwise compile what it imports again
+.venv/bin/python -m compileall -q -j 0 .venv/lib/python3*/site-packages core plugins tools tests \
+    > /dev/null
 
 phase "2/3 the main suite, two test processes (about 10 minutes on 2 cores)"
 # two processes: most tests wait on subprocesses, Ray actors or reward workers rather than
