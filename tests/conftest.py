@@ -81,3 +81,12 @@ def write_recipe(tmp_path):
         return path
 
     return write
+
+
+@pytest.fixture(autouse=True, scope="session")
+def shared_ray_stops_with_the_session():
+    """Stop the test process's shared Ray (tests.support) when the session ends."""
+    yield
+    from tests.support import stop_shared_ray
+
+    stop_shared_ray()

@@ -81,17 +81,23 @@ def check_ok(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess
 
 
 def wait_for_step(
-    process: subprocess.Popen, metrics_file: Path, step: int, timeout_s: float = 900.0
+    process: subprocess.Popen,
+    metrics_file: Path,
+    step: int,
+    timeout_s: float = 900.0,
+    unlike: str | None = None,
 ) -> None:
-    """Until ``step`` is logged in ``metrics_file``; fails if the run ends first. The deadline
-    only catches a run that hangs: a machine under load takes minutes where an idle one
-    takes seconds."""
+    """Until ``step`` is logged in ``metrics_file`` (which, for a rerun, must differ from
+    ``unlike``, what the run before it left); fails if the run ends first. The deadline only
+    catches a run that hangs: a machine under load takes minutes where an idle one takes
+    seconds."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise AssertionError(f"the run ended (exit {process.returncode}) before step {step}")
         if metrics_file.exists():
-            for line in metrics_file.read_text(encoding="utf-8").splitlines():
+            text = metrics_file.read_text(encoding="utf-8")
+            for line in text.splitlines() if text != unlike else ():
                 if line.startswith(f'{{"step": {step},'):
                     return
         time.sleep(0.02)

@@ -163,23 +163,39 @@ def test_the_exported_folder_generates_what_the_trained_actor_does(reference_run
         assert output[0, len(prompt) :].tolist() == completion.token_ids
 
 
-# ---------------------------------------------------------------------------- kill -9, resume
+# ----------------------------------------------------------------- SIGTERM, kill -9, resume
 
 
-def test_a_run_killed_mid_way_resumes_and_logs_what_the_uninterrupted_run_did(
+def test_a_run_killed_then_stopped_by_sigterm_ends_as_the_uninterrupted_run_did(
     reference_run, tiny_task, tmp_path
 ):
+    """One run interrupted twice, each time once step 2 is logged, while its checkpoint is
+    written: kill -9 ends it, its rerun resumes and is stopped by SIGTERM as Ctrl-C stops it,
+    without half-written checkpoints, and the last rerun resumes again and logs and exports
+    bit for bit what the uninterrupted reference run did."""
     recipe = reference_recipe(tiny_task, tmp_path)
     run_dir = tmp_path / "run"
-    with background_run(recipe, tmp_path / "first.log", *REFERENCE_OVERRIDES) as process:
+    metrics_file = run_dir / "metrics.jsonl"
+    with background_run(recipe, tmp_path / "killed.log", *REFERENCE_OVERRIDES) as process:
         # step 2 is logged after checkpoint 1 is written (a step is logged, then saved)
-        wait_for_step(process, run_dir / "metrics.jsonl", step=2)
+        wait_for_step(process, metrics_file, step=2)
         os.kill(process.pid, signal.SIGKILL)
         assert process.wait(30) == -signal.SIGKILL
         # its reward workers die with it
         assert group_gone(process.pid), "processes of the killed run are still alive"
-    killed_at = by_step(read_records(run_dir))
-    assert max(killed_at) < REFERENCE_STEPS, "the run finished before it was killed"
+    killed_at = metrics_file.read_text()
+    assert max(by_step(read_records(run_dir))) < REFERENCE_STEPS, "the run finished first"
+
+    with background_run(recipe, tmp_path / "stopped.log", *REFERENCE_OVERRIDES) as process:
+        # the rerun drops the records of the steps it redoes, then logs step 2 again
+        wait_for_step(process, metrics_file, step=2, unlike=killed_at)
+        process.send_signal(signal.SIGTERM)
+        # stopped as Ctrl-C stops it: an interrupted run, not a kill
+        assert process.wait(300) == 1
+        assert group_gone(process.pid), "processes of the stopped run are still alive"
+    assert "Aborted!" in (tmp_path / "stopped.log").read_text()
+    assert not [p for p in run_dir.iterdir() if p.name.startswith(".")], "half-written folders"
+    assert max(by_step(read_records(run_dir))) < REFERENCE_STEPS, "the run finished first"
 
     rerun = check_ok(run_cli(recipe, *REFERENCE_OVERRIDES))
     resumed = re.search(r"resumed from \S+global_step_(\d+) \(step (\d+)\)", rerun.stderr)
@@ -189,7 +205,7 @@ def test_a_run_killed_mid_way_resumes_and_logs_what_the_uninterrupted_run_did(
     records = by_step(read_records(run_dir))
     expected = by_step(read_records(reference_run.run_dir))
     assert sorted(records) == sorted(expected)
-    # the resumed segment's wall clock goes on from the checkpoint's
+    # the resumed segments' wall clock goes on from the checkpoint's
     # (the record of step 0 is validation alone)
     wall_clock = [records[step]["perf/wall_clock_s"] for step in sorted(records) if step > 0]
     assert wall_clock == sorted(wall_clock)
@@ -234,22 +250,6 @@ def test_a_run_killed_between_logging_a_step_and_saving_it_logs_the_step_once(
     assert sorted(records) == sorted(expected)
     for step, record in expected.items():
         assert_same_metrics(records[step], record, rel=0, abs_=0, where=f"step {step}")
-
-
-def test_sigterm_stops_a_run_cleanly_and_it_resumes(reference_run, tiny_task, tmp_path):
-    recipe = reference_recipe(tiny_task, tmp_path)
-    run_dir = tmp_path / "run"
-    with background_run(recipe, tmp_path / "first.log", *REFERENCE_OVERRIDES) as process:
-        wait_for_step(process, run_dir / "metrics.jsonl", step=2)
-        process.send_signal(signal.SIGTERM)
-        # stopped as Ctrl-C stops it: an interrupted run, not a kill
-        assert process.wait(300) == 1
-        assert group_gone(process.pid), "processes of the stopped run are still alive"
-    assert "Aborted!" in (tmp_path / "first.log").read_text()
-    assert not [p for p in run_dir.iterdir() if p.name.startswith(".")], "half-written folders"
-    check_ok(run_cli(recipe, *REFERENCE_OVERRIDES))
-    records = by_step(read_records(run_dir))
-    assert sorted(records) == sorted(by_step(read_records(reference_run.run_dir)))
 
 
 # ---------------------------------------------------------------------------- Ray ranks

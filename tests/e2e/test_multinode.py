@@ -12,6 +12,8 @@ import tempfile
 
 import pytest
 
+from tests.support import stop_shared_ray
+
 pytestmark = pytest.mark.slow
 
 
@@ -23,6 +25,7 @@ def two_nodes():
     short because socket paths are limited to about 100 characters."""
     from ray.cluster_utils import Cluster
 
+    stop_shared_ray()  # this process joins this cluster instead
     temp = tempfile.mkdtemp(prefix="plugrl-ray-", dir="/tmp")
     saved = {key: os.environ.get(key) for key in ("RAY_TMPDIR", "RAY_USAGE_STATS_ENABLED")}
     os.environ.update(RAY_TMPDIR=temp, RAY_USAGE_STATS_ENABLED="0")

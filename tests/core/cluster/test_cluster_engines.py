@@ -28,7 +28,7 @@ from plugrl.parts.rollout import (
 from plugrl.plugin.manager import PluginManager
 from plugrl.recipe import ClusterConfig, Recipe
 from tests.core.cluster import cluster_fake_backend, cluster_fake_engine
-from tests.support import local_ray, wait_until
+from tests.support import SHARED_RAY_CPUS, shared_ray_for_module, wait_until
 
 MAX = 97
 
@@ -245,7 +245,7 @@ def test_a_scheduler_needing_what_an_engine_lacks_stops_at_start_up():
 
 @pytest.fixture(scope="module")
 def ray_session():
-    with local_ray(num_cpus=4) as ray:
+    with shared_ray_for_module() as ray:
         yield ray
 
 
@@ -254,7 +254,7 @@ def ray_recipe(**rollout) -> Recipe:
     return Recipe(
         actor=ActorConfig(backend="fake_dp", ppo_mini_batch_size=4),
         rollout=RolloutConfig(**rollout),
-        cluster=ClusterConfig(mode="ray", num_cpus=4),
+        cluster=ClusterConfig(mode="ray", num_cpus=SHARED_RAY_CPUS),
     )
 
 

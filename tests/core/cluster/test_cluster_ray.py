@@ -14,14 +14,14 @@ from plugrl.plugin.manager import PluginManager
 from plugrl.recipe import ClusterConfig, Recipe, TrainerConfig
 from tests.core.cluster import cluster_fake_backend
 from tests.core.cluster.cluster_fake_backend import SumRowIds
-from tests.support import local_ray
+from tests.support import SHARED_RAY_CPUS, shared_ray_for_module
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def ray_session():
-    with local_ray(num_cpus=2) as ray:
+    with shared_ray_for_module() as ray:
         yield ray
 
 
@@ -36,7 +36,7 @@ def plugins():
 def recipe(backend: str = "fake_dp") -> Recipe:
     return Recipe(
         actor=ActorConfig(backend=backend, ppo_mini_batch_size=4),
-        cluster=ClusterConfig(mode="ray", num_cpus=2),
+        cluster=ClusterConfig(mode="ray", num_cpus=SHARED_RAY_CPUS),
     )
 
 
@@ -165,9 +165,9 @@ def test_a_backend_with_no_output_rank_is_refused_at_start(ray_session, plugins)
 
 def test_a_group_larger_than_the_cluster_is_refused_at_once(ray_session, plugins):
     with pytest.raises(RecipeError) as info:
-        RayWorkerGroup(recipe(), "actor", world_size=3, device_name="cpu", plugins=plugins)
+        RayWorkerGroup(recipe(), "actor", world_size=5, device_name="cpu", plugins=plugins)
     assert str(info.value) == (
-        "trainer.n_gpus_per_node: 3 actor ranks need 3 CPU but the Ray cluster has 2; use fewer "
+        "trainer.n_gpus_per_node: 5 actor ranks need 5 CPU but the Ray cluster has 4; use fewer "
         "ranks or a bigger cluster (cluster.num_cpus for a local Ray)"
     )
 
@@ -175,7 +175,7 @@ def test_a_group_larger_than_the_cluster_is_refused_at_once(ray_session, plugins
 def test_roles_sharing_a_placement_share_its_bundles(ray_session, plugins):
     two_ranks = Recipe(
         actor=ActorConfig(backend="fake_dp", ppo_mini_batch_size=4),
-        cluster=ClusterConfig(mode="ray", num_cpus=2),
+        cluster=ClusterConfig(mode="ray", num_cpus=SHARED_RAY_CPUS),
         trainer=TrainerConfig(n_gpus_per_node=2),
     )
     # half a CPU per bundle fits beside the module's group; actor and ref ranks of their own
@@ -209,9 +209,9 @@ def test_roles_sharing_a_placement_share_its_bundles(ray_session, plugins):
 
 def test_a_shared_placement_larger_than_the_cluster_is_refused_at_once(ray_session):
     with pytest.raises(RecipeError) as info:
-        RayPlacement(ClusterConfig(mode="ray"), world_size=3, resource=None, roles=["actor", "ref"])
+        RayPlacement(ClusterConfig(mode="ray"), world_size=5, resource=None, roles=["actor", "ref"])
     assert str(info.value) == (
-        "trainer.n_gpus_per_node: 3 actor/ref ranks need 3 CPU but the Ray cluster has 2; use "
+        "trainer.n_gpus_per_node: 5 actor/ref ranks need 5 CPU but the Ray cluster has 4; use "
         "fewer ranks or a bigger cluster (cluster.num_cpus for a local Ray)"
     )
 

@@ -13,19 +13,16 @@ from plugrl.cluster.groups import make_placement
 from plugrl.plugin.manager import PluginManager
 from plugrl.recipe import build_recipe
 from tests.core.cluster import cluster_fake_gpu
+from tests.support import local_ray
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def gpu_ray():
-    import ray
-
-    ray.init(num_cpus=4, num_gpus=4, include_dashboard=False, log_to_driver=False)
-    try:
+    # a cluster of its own: the shared one has no GPUs
+    with local_ray(num_cpus=4, num_gpus=4) as ray:
         yield ray
-    finally:
-        ray.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from plugrl.plugin.manager import PluginManager
 from plugrl.recipe import ClusterConfig, ModelConfig, Recipe, read_section
 from plugrl.testing import save_tiny_model
 from tests.core.cluster import cluster_fake_engine
-from tests.support import local_ray
+from tests.support import SHARED_RAY_CPUS, shared_ray_for_module
 
 
 @pytest.fixture(scope="module")
@@ -97,11 +97,11 @@ def test_on_ray_frozen_engines_take_a_placement_of_their_own(plugins):
     recipe = Recipe(
         actor=ActorConfig(backend="fsdp2"),
         rollout=RolloutConfig(engine="counting"),
-        cluster=ClusterConfig(mode="ray", num_cpus=2),
+        cluster=ClusterConfig(mode="ray", num_cpus=SHARED_RAY_CPUS),
     )
     # the judge's section asks to share the trainer's devices; a frozen model never does
     rollout = RolloutConfig(engine="counting", colocate=True, n_gpus_per_node=2)
-    with local_ray(num_cpus=2):
+    with shared_ray_for_module():
         group = make_frozen_engine_group(
             recipe, model=ModelConfig(), rollout=rollout, device_name="cpu", plugins=plugins
         )

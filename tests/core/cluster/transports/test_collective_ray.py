@@ -22,7 +22,7 @@ from plugrl.recipe import ClusterConfig, Recipe
 from tests.core.cluster import cluster_fake_engine
 from tests.core.cluster.transports import transport_fake_backend
 from tests.core.cluster.transports.transport_fake_backend import make_weights
-from tests.support import local_ray
+from tests.support import SHARED_RAY_CPUS, shared_ray_for_module
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +39,7 @@ SPEC = [
 
 @pytest.fixture(scope="module")
 def ray_session():
-    with local_ray(num_cpus=4) as ray:
+    with shared_ray_for_module() as ray:
         yield ray
 
 
@@ -50,7 +50,7 @@ def recipe():
         rollout=RolloutConfig(
             engine="counting", colocate=False, n_gpus_per_node=2, update_weights_bucket_megabytes=1
         ),
-        cluster=ClusterConfig(mode="ray", num_cpus=4),
+        cluster=ClusterConfig(mode="ray", num_cpus=SHARED_RAY_CPUS),
     )
 
 

@@ -13,14 +13,14 @@ from plugrl.parts.rollout import RolloutConfig, WeightMeta
 from plugrl.plugin.manager import PluginManager
 from plugrl.recipe import ClusterConfig, Recipe
 from tests.plugins.backends.fsdp2.fsdp2_testing import make_recipe
-from tests.support import local_ray
+from tests.support import SHARED_RAY_CPUS, shared_ray_for_module
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def ray_session():
-    with local_ray(num_cpus=4) as ray:
+    with shared_ray_for_module() as ray:
         yield ray
 
 
@@ -41,7 +41,7 @@ def parts(ray_session, tiny_model):
     # the engines need no model folder: the counting engine samples from the weights' sum
     engine_recipe = Recipe(
         rollout=RolloutConfig(engine="counting", colocate=False, n_gpus_per_node=2),
-        cluster=ClusterConfig(mode="ray", num_cpus=4),
+        cluster=ClusterConfig(mode="ray", num_cpus=SHARED_RAY_CPUS),
     )
     engines = make_engine_group(engine_recipe, device_name="cpu", plugins=plugins)
     trainer.setup(10)

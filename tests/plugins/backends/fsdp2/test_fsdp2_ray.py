@@ -17,6 +17,7 @@ from tests.plugins.backends.fsdp2.fsdp2_testing import (
     make_recipe,
     max_weight_difference,
 )
+from tests.support import shared_ray_for_module
 
 pytestmark = pytest.mark.slow
 
@@ -29,10 +30,11 @@ def ray_session():
 
     # the test objective lives in a test module the workers cannot import: send it by value
     ray.cloudpickle.register_pickle_by_value(fsdp2_testing)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-    ray.cloudpickle.unregister_pickle_by_value(fsdp2_testing)
+    try:
+        with shared_ray_for_module():
+            yield ray
+    finally:
+        ray.cloudpickle.unregister_pickle_by_value(fsdp2_testing)
 
 
 @pytest.fixture(scope="module")

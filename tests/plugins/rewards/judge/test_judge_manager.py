@@ -389,9 +389,9 @@ def test_the_manager_needs_its_own_section(tokenizer):
 def test_on_ray_the_judge_runs_in_an_engine_worker_of_its_own(judge, tokenizer):
     import os
 
-    from tests.support import local_ray
+    from tests.support import shared_ray_for_module
 
-    with local_ray(num_cpus=2):
+    with shared_ray_for_module():
         manager = judge({"rollout": {"prefix": "Ray. "}}, cluster={"mode": "ray"})
         assert not manager.engines.in_process
         assert os.getpid() not in manager.engines.engine_pids()

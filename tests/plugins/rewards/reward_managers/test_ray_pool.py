@@ -6,7 +6,7 @@ import pytest
 
 from plugrl.compose.run_parts import build_reward_manager
 from tests.plugins.rewards.rewards_testlib import make_batch
-from tests.support import local_ray
+from tests.support import shared_ray_for_module
 
 ray = pytest.importorskip("ray")
 
@@ -26,7 +26,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 @pytest.fixture(scope="module")
 def ray_cluster():
     # one local Ray for the module: each test's pool starts and closes its own actors
-    with local_ray(num_cpus=2):
+    with shared_ray_for_module():
         yield
 
 

@@ -7,6 +7,7 @@ import time
 import pytest
 
 from tests.plugins.rewards.reward_model.rm_testlib import PROMPTS, RESPONSES, by_hand, rm_batch
+from tests.support import shared_ray_for_module
 
 ray = pytest.importorskip("ray")
 
@@ -14,11 +15,8 @@ ray = pytest.importorskip("ray")
 @pytest.fixture(scope="module")
 def ray_cluster():
     # one local Ray for the module: starting it is most of each test's time
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("RAY_USAGE_STATS_ENABLED", "0")
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    with shared_ray_for_module():
         yield
-        ray.shutdown()
 
 
 @pytest.mark.slow

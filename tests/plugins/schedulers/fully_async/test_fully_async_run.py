@@ -205,9 +205,9 @@ def test_sigterm_stops_a_run_on_ray_as_ctrl_c_does(tiny_task, tmp_path):
 
 @pytest.fixture
 def ray_session():
-    from tests.support import local_ray
+    from tests.support import shared_ray_for_module
 
-    with local_ray(num_cpus=2) as ray:
+    with shared_ray_for_module() as ray:
         yield ray
 
 
