@@ -1,5 +1,6 @@
 import errno
 import json
+import logging
 import os
 import shutil
 import traceback
@@ -76,6 +77,18 @@ def test_a_save_killed_midway_leaves_the_previous_checkpoint(tmp_path):
     assert manager.steps() == [1]
     save(manager, 2)  # the next save clears the leftover
     assert not list(tmp_path.glob(".global_step_*"))
+
+
+def test_a_resumed_run_removes_what_a_killed_save_half_wrote(tmp_path, caplog):
+    manager = CheckpointManager(tmp_path)
+    save(manager, 1)
+    # what kill -9 during the save of step 2 leaves: no in-process cleanup ran
+    (tmp_path / ".global_step_2.tmp" / "actor").mkdir(parents=True)
+    (tmp_path / ".global_step_2.tmp" / "actor" / "model.pt").write_bytes(b"half")
+    with caplog.at_level(logging.INFO, logger="plugrl.checkpoint"):
+        assert CheckpointManager(tmp_path).resolve("auto") == tmp_path / "global_step_1"
+    assert not list(tmp_path.glob(".global_step_*"))
+    assert ".global_step_2.tmp" in caplog.text and "killed" in caplog.text
 
 
 def test_saving_the_same_step_again_replaces_it(tmp_path):

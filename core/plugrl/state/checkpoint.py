@@ -355,13 +355,23 @@ class CheckpointManager:
 
     def prune(self) -> None:
         """Delete the oldest checkpoints beyond ``max_to_keep`` and leftovers of killed saves."""
-        for leftover in self.root.glob(".global_step_*.tmp"):
-            if leftover.is_dir():
-                shutil.rmtree(leftover, ignore_errors=True)
+        self.remove_killed_saves()
         if not self.max_to_keep:
             return
         for step in self.steps()[: -self.max_to_keep]:
             shutil.rmtree(self.root / step_dir_name(step), ignore_errors=True)
+
+    def remove_killed_saves(self) -> list[str]:
+        """Delete the half-written folders of saves that a kill interrupted (a save that fails
+        or is interrupted in-process removes its own); returns their names."""
+        removed = []
+        if not self.root.is_dir():
+            return removed
+        for leftover in sorted(self.root.glob(".global_step_*.tmp")):
+            if leftover.is_dir():
+                shutil.rmtree(leftover, ignore_errors=True)
+                removed.append(leftover.name)
+        return removed
 
     # ---------------------------------------------------------------------------- resuming
 
@@ -402,6 +412,13 @@ class CheckpointManager:
     def resolve(self, resume_mode: str) -> Path | None:
         """The checkpoint to resume from for ``trainer.resume_mode`` (``auto``, ``disable`` or a
         path), verified; ``None`` to start fresh."""
+        removed = self.remove_killed_saves()
+        if removed:
+            logger.info(
+                "removed %s under %s: half-written by a save that was killed",
+                ", ".join(removed),
+                self.root,
+            )
         if resume_mode == "disable":
             return None
         if resume_mode == "auto":

@@ -138,6 +138,9 @@ def _ray_placement() -> dict:
     if not ray.is_initialized():
         return {}
     context = ray.get_runtime_context()
+    if context.get_actor_id() is None:
+        # a driver that has started Ray (another test module's) is not one of Ray's workers
+        return {}
     return {
         "resources": dict(context.get_assigned_resources()),
         "placement_group": context.get_placement_group_id(),
