@@ -90,3 +90,16 @@ def shared_ray_stops_with_the_session():
     from tests.support import stop_shared_ray
 
     stop_shared_ray()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Modules with end-to-end runs (a ``slow`` test) first, each kept whole and in its order.
+
+    The suite's two test processes take one module at a time (xdist ``loadscope``, with
+    ``--no-loadscope-reorder``): long modules started first leave the many short ones to even
+    out the end, where a long run started last keeps one process busy while the other waits.
+    """
+    slow_files = {
+        item.nodeid.split("::", 1)[0] for item in items if item.get_closest_marker("slow")
+    }
+    items.sort(key=lambda item: item.nodeid.split("::", 1)[0] not in slow_files)

@@ -18,8 +18,8 @@ python3 -m venv .venv || exit 1
 # setuptools first, so that the five editable distributions below build with it rather than
 # each in an isolated build environment of its own, which pip would fill with setuptools
 .venv/bin/pip install --progress-bar off -q -c constraints/cpu.txt "setuptools>=77" || exit 1
-# pip byte-compiles what it installs one file after the other, about a minute of one core:
-# compileall below does the same on both cores
+# not byte-compiled here: pip would compile every installed file on one core (a minute), while
+# the suite imports a fraction of them and writes their bytecode as it goes
 .venv/bin/pip install --progress-bar off --no-build-isolation --no-compile \
     -c constraints/cpu.txt \
     -e ".[test]" \
@@ -29,18 +29,17 @@ python3 -m venv .venv || exit 1
     -e ./plugins/devices/npu \
     | grep --line-buffered -E '^(Collecting|Successfully|ERROR)'
 [[ ${PIPESTATUS[0]} -eq 0 ]] || { echo "installing the test environment failed" >&2; exit 1; }
-# as pip does, files that are not Python 3 (templates, test data of some packages) are skipped;
-# the clone's own modules too (a second): where PYTHONDONTWRITEBYTECODE is set, every process
-# the tests start (runs, Ray workers, ranks) would otherwise compile what it imports again
-.venv/bin/python -m compileall -q -j 0 .venv/lib/python3*/site-packages core plugins tools tests \
-    > /dev/null
+# where it is set, every process the tests start (runs, Ray workers, ranks) would compile what
+# it imports again; unset, the first import of a module writes its bytecode once
+unset PYTHONDONTWRITEBYTECODE
 
 phase "2/3 the main suite, two test processes (about 10 minutes on 2 cores)"
 # two processes: most tests wait on subprocesses, Ray actors or reward workers rather than
 # compute, so a second one roughly halves the suite's time on 2 cores (pytest-xdist); a module
 # runs whole in one process (loadscope), so its module fixtures (a Ray cluster, a reference
-# run, a model) are made once, not once in each process that gets some of its tests
-.venv/bin/python -m pytest -q -n 2 --dist loadscope "$@"
+# run, a model) are made once, not once in each process that gets some of its tests; modules
+# with end-to-end runs go first (tests/conftest.py), so the short ones even out the end
+.venv/bin/python -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder "$@"
 main=$?
 
 phase "3/3 the vLLM suite in .venv-vllm (first run on a machine: about 3 minutes to build vLLM's CPU build into a cache)"
