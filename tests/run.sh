@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 phase() { printf '\n== %s (%s)\n' "$1" "$(date +%H:%M:%S)"; }
 started=$SECONDS
 
-phase "1/3 installing the test environment into .venv (about 2 minutes from the package cache, up to 12 without it)"
+phase "1/3 installing the test environment into .venv (about a minute from the package cache, up to 12 without it)"
 python3 -m venv .venv || exit 1
 # setuptools first, so that the five editable distributions below build with it rather than
 # each in an isolated build environment of its own, which pip would fill with setuptools
@@ -33,7 +33,7 @@ python3 -m venv .venv || exit 1
 # it imports again; unset, the first import of a module writes its bytecode once
 unset PYTHONDONTWRITEBYTECODE
 
-phase "2/3 the main suite, two test processes (about 10 minutes on 2 cores)"
+phase "2/3 the main suite, two test processes (about 9 minutes on 2 cores)"
 # two processes: most tests wait on subprocesses, Ray actors or reward workers rather than
 # compute, so a second one roughly halves the suite's time on 2 cores (pytest-xdist); a module
 # runs whole in one process (loadscope), so its module fixtures (a Ray cluster, a reference
