@@ -67,8 +67,18 @@ def make_recipe(
     )
 
 
-def make_backend(recipe: Recipe, role: str = "actor", total_steps: int = 10) -> FSDP2Backend:
-    context = PartContext(recipe=recipe, role=role, device=CpuDevice(), dist=DistInfo())
+def make_backend(
+    recipe: Recipe,
+    role: str = "actor",
+    total_steps: int = 10,
+    dist: DistInfo | None = None,
+    plugins: Any = None,
+) -> FSDP2Backend:
+    """The fsdp2 backend of ``recipe``'s actor on the CPU, set up; ``dist`` for a rank of
+    several, ``plugins`` where the model needs a plugin (a vision-language model's family)."""
+    context = PartContext(
+        recipe=recipe, role=role, device=CpuDevice(), dist=dist or DistInfo(), plugins=plugins
+    )
     backend = FSDP2Backend(recipe.actor, context)
     backend.setup(total_steps)
     return backend

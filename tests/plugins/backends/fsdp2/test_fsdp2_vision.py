@@ -221,15 +221,7 @@ def sequence_parallel_results(model_dir, dist_info: DistInfo, sp: int, packed: b
         use_remove_padding=packed,
         ulysses_sequence_parallel_size=sp,
     )
-    context = PartContext(
-        recipe=recipe,
-        role="actor",
-        device=CpuDevice(),
-        dist=dist_info,
-        plugins=get_plugin_manager(),
-    )
-    backend = FSDP2Backend(recipe.actor, context)
-    backend.setup(10)
+    backend = make_backend(recipe, dist=dist_info, plugins=get_plugin_manager())
     rows = vision_batch(model_dir).select(SEQUENCE_PARALLEL_ROWS)
     scored = backend.compute_log_prob(rows, calculate_entropy=True)
     gradients, metrics = _update_gradients(backend, rows)
@@ -290,11 +282,7 @@ def test_freeze_vision_tower_trains_the_language_model_alone(tiny_vl_model, batc
     recipe = make_recipe(
         tiny_vl_model, ppo_mini_batch_size=6, use_remove_padding=True, freeze_vision_tower=True
     )
-    context = PartContext(
-        recipe=recipe, role="actor", device=CpuDevice(), plugins=get_plugin_manager()
-    )
-    backend = FSDP2Backend(recipe.actor, context)
-    backend.setup(10)
+    backend = make_backend(recipe, plugins=get_plugin_manager())
     before = {name: tensor.clone() for name, tensor in backend.named_weights()}
     gradients, _ = _update_gradients(backend, batch)
     after = dict(backend.named_weights())
@@ -339,15 +327,7 @@ def two_rank_worker(rank: int, model_dir: str, port: int, out: str) -> None:
         assert (mine[MULTIMODAL_COLUMN][0] is None) == (rank == 1)
         for packed in (False, True):
             recipe = make_recipe(Path(model_dir), ppo_mini_batch_size=2, use_remove_padding=packed)
-            context = PartContext(
-                recipe=recipe,
-                role="actor",
-                device=CpuDevice(),
-                dist=dist_info,
-                plugins=get_plugin_manager(),
-            )
-            backend = FSDP2Backend(recipe.actor, context)
-            backend.setup(10)
+            backend = make_backend(recipe, dist=dist_info, plugins=get_plugin_manager())
             log_probs = backend.compute_log_prob(mine)["log_probs"]
             metrics = backend.update_policy(mine.copy(), EntropyBonus())
             torch.save(
@@ -406,11 +386,7 @@ def test_lora_adapters_train_a_vision_language_model(tiny_vl_model, batch, freez
         gradient_checkpointing=True,
         model={"lora_rank": 4, "lora_alpha": 8, "target_modules": "all-linear"},
     )
-    context = PartContext(
-        recipe=recipe, role="actor", device=CpuDevice(), plugins=get_plugin_manager()
-    )
-    backend = FSDP2Backend(recipe.actor, context)
-    backend.setup(10)
+    backend = make_backend(recipe, plugins=get_plugin_manager())
     expected, _ = reference_log_probs(tiny_vl_model, batch)
     torch.testing.assert_close(backend.compute_log_prob(batch)["log_probs"], expected, **TOLERANCE)
     gradients, metrics = _update_gradients(backend, batch)
