@@ -20,10 +20,12 @@ cache and Python blur it).
 Models, float32 on the CPU: ``tiny`` (:func:`plugrl.testing.save_tiny_model`'s defaults, 4M
 parameters) and ``qwen2-45m`` (a Qwen2 of hidden 512, 8 layers, 32,000-token vocabulary: 45M
 parameters), built from their configs with random weights. Configurations: plain, gradient
-checkpointing, LoRA (rank 16 on every linear layer), both, and ``actor.param_offload`` (which
+checkpointing, LoRA (rank 16 on every linear layer), both, ``actor.param_offload`` (which
 the fsdp2 backend ignores on the CPU, where the host memory is the device's: a check that the
-estimate says the same). Batches are full length (every prompt and response as long as the
-recipe allows), the shape an estimate plans for.
+estimate says the same), packed rows (``actor.use_remove_padding``), and the update in
+bfloat16 compute over float32 weights, padded and packed (the dtype of real runs, where the
+head's output and its float32 copy differ in size). Batches are full length (every prompt and
+response as long as the recipe allows), the shape an estimate plans for.
 
 The estimate of each phase is :func:`plugrl.plan.plan_recipe`'s for the role that runs it (the
 actor, or the engine), from the same recipe: the terms held through the phase plus those of
@@ -83,6 +85,10 @@ class Case:
     checkpointing: bool = False
     lora_rank: int = 0
     offload: bool = False
+    packed: bool = False
+    """``actor.use_remove_padding``: the rows run packed."""
+    dtype: str = "float32"
+    """``model.dtype`` of the actor (bfloat16: float32 weights, bfloat16 compute)."""
 
     @property
     def label(self) -> str:
@@ -90,6 +96,8 @@ class Case:
             "ckpt" if self.checkpointing else "",
             f"lora{self.lora_rank}" if self.lora_rank else "",
             "offload" if self.offload else "",
+            "packed" if self.packed else "",
+            "bf16" if self.dtype == "bfloat16" else "",
         ]
         return "+".join(p for p in parts if p) or "plain"
 
@@ -106,6 +114,9 @@ def cases(models: list[str], phases: list[str]) -> list[Case]:
                 Case(model, "update", lora_rank=16),
                 Case(model, "update", checkpointing=True, lora_rank=16),
                 Case(model, "update", offload=True),
+                Case(model, "update", packed=True),
+                Case(model, "update", dtype="bfloat16"),
+                Case(model, "update", packed=True, dtype="bfloat16"),
             ]
         if "generate" in phases:
             out.append(Case(model, "generate"))
@@ -130,7 +141,7 @@ def recipe_of(case: Case, model_path: Path) -> Any:
         device=DeviceConfig(name="cpu"),
         model=ModelConfig(
             path=str(model_path),
-            dtype="float32",
+            dtype=case.dtype,
             enable_gradient_checkpointing=case.checkpointing,
             **lora,
         ),
@@ -145,6 +156,7 @@ def recipe_of(case: Case, model_path: Path) -> Any:
             ppo_micro_batch_size_per_gpu=shape["micro"],
             log_prob_micro_batch_size_per_gpu=shape["micro"],
             param_offload=case.offload,
+            use_remove_padding=case.packed,
         ),
         rollout=HFRolloutConfig(dtype="float32", max_num_seqs=shape["rows"]),
         trainer=TrainerConfig(seed=0),
@@ -390,7 +402,8 @@ def main() -> None:
     if args.measured:
         # measurements are the same on every run: re-estimating them checks a new estimate
         for row in json.loads(Path(args.measured).read_text()):
-            case = Case(**{field.name: row[field.name] for field in attrs.fields(Case)})
+            fields = attrs.fields(Case)
+            case = Case(**{field.name: row.get(field.name, field.default) for field in fields})
             saved[case] = row
     with tempfile.TemporaryDirectory() as scratch:
         paths = build_models(Path(scratch), names)

@@ -159,10 +159,14 @@ def plan_recipe(
     notes = []
     if recipe.cluster.mode != "ray":
         notes.append("cluster.mode=local: one process, one device for every role")
+    phases = phase_estimates(by_devices, device_memory)
+    for phase in phases:
+        if phase.fits is False:
+            notes += [t.caveat for t in phase.terms if t.caveat and t.caveat not in notes]
     return Plan(
         model=shape.name,
         parameters=shape.parameters(),
-        phases=phase_estimates(by_devices, device_memory),
+        phases=phases,
         unestimated=tuple(unestimated),
         device_memory=device_memory,
         notes=tuple(notes),

@@ -77,7 +77,10 @@ class MemoryTerm:
     ``bytes`` is per device. ``phases`` are those it occupies the device in. ``instant`` is
     None for memory held through each of those phases; a name (``backward``, ``optimizer
     step``, ``weight push``) for memory held only at that moment of the phase: terms of the
-    same instant add up, and a phase counts its largest instant.
+    same instant add up, and a phase counts its largest instant. ``caveat``, when set, says
+    why this buffer may be larger than the same step needs elsewhere (another framework's
+    fused kernel, say); the plan says it beside its verdict when the term is part of a peak
+    that does not fit, so a plan never silently disagrees with a run that fits there.
     """
 
     name: str
@@ -86,6 +89,7 @@ class MemoryTerm:
     role: str
     note: str = ""
     instant: str | None = None
+    caveat: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -96,6 +100,7 @@ class MemoryTerm:
             "role": self.role,
             "instant": self.instant,
             "note": self.note,
+            "caveat": self.caveat,
         }
 
 

@@ -87,6 +87,62 @@ def test_vocabulary_terms(plan):
     }
 
 
+def test_packed_update_keeps_no_head_output(bench_recipe):
+    """Packed rows pick the response positions by indexing, whose backward keeps only the
+    indices: the head's bfloat16 output is freed once its float32 copy exists (measured on
+    the CPU, bench/bench_memory_plan.py), so the update holds 20 bytes a logit, not 22."""
+    plugins = get_plugin_manager()
+    recipe = load_recipe(bench_recipe, ["actor.use_remove_padding=true"], plugins)
+    plan = plan_recipe(recipe, None, plugins)
+    response_tokens = 8192 * 256 // 512
+    update = terms_of(plan, "update", "actor")
+    assert "lm_head output" not in update
+    assert update["logits (float32)"] == response_tokens * V * 4
+    assert update["log-softmax backward"] == response_tokens * V * 4 * 3
+    assert update["logit gradients"] == response_tokens * V * 4
+    # the log-prob pass still has the moment the head's output is made
+    log_prob = plan.phase("trainer", "log_prob").instants
+    assert {t.name: t.bytes for t in log_prob["actor lm_head"]}["lm_head output"] == (
+        response_tokens * V * 2
+    )
+
+
+def test_ulysses_scores_every_position_of_its_slice(bench_recipe):
+    """Under Ulysses each rank takes the log-softmax of every position of its slice, prompt
+    included: the vocabulary buffers are over the micro-batch's tokens on the rank (8192,
+    ppo_max_token_len_per_gpu), not its response share."""
+    plugins = get_plugin_manager()
+    overrides = ["cluster=ray", "trainer.n_gpus_per_node=2"]
+    overrides.append("actor.ulysses_sequence_parallel_size=2")
+    plan = plan_recipe(load_recipe(bench_recipe, overrides, plugins), None, plugins)
+    update = terms_of(plan, "update", "actor")
+    assert "lm_head output" not in update  # the slice's float32 copy owns the logits
+    assert update["logits (float32)"] == 8192 * V * 4
+    assert update["log-softmax backward"] == 8192 * V * 4 * 3
+    log_prob = plan.phase("trainer", "log_prob").instants
+    assert {t.name: t.bytes for t in log_prob["actor log-softmax"]}["logits (float32)"] == (
+        8192 * V * 4
+    )
+
+
+def test_unfused_log_softmax_is_named_when_the_update_does_not_fit(bench_recipe):
+    """A plan over the device's memory says what its log-probs cost per logit here against
+    a fused cross-entropy's 2 bytes, so it never silently disagrees with a verl run."""
+    plugins = get_plugin_manager()
+    recipe = load_recipe(bench_recipe, [], plugins)
+    response_tokens = 8192 * 256 // 512
+    over = plan_recipe(recipe, 10 * GIB, plugins)
+    vocabulary = response_tokens * V * (2 + 4 + 12 + 4)  # 22 bytes a logit, padded rows
+    caveat = (
+        "the actor's log-probs take 22 bytes a scored logit at the update's peak here "
+        f"({vocabulary / GIB:.2f} GiB: a float32 log-softmax and its backward, unfused)"
+    )
+    assert any(note.startswith(caveat) for note in over.notes)
+    assert "note: " + caveat in render_table(over)
+    assert json.loads(render_json(over))["notes"] == list(over.notes)
+    assert not any("log-probs" in note for note in plan_recipe(recipe, 80 * GIB, plugins).notes)
+
+
 def test_engine_terms(plan):
     rollout = terms_of(plan, "generate", "rollout")
     assert rollout["engine weights"] == P * 2  # bfloat16 copy of the trainer's weights

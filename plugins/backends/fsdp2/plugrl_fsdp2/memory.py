@@ -8,9 +8,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import attrs
+
 from plugrl.api.plan import (
     ADAM_STATES,
+    GIB,
     MemoryTerm,
+    MicroBatch,
     ModelShape,
     PlanContext,
     dtype_bytes,
@@ -125,25 +129,60 @@ def _gathered(
     return MemoryTerm("gathered weights", units * compute, phases, role, note=note, instant=instant)
 
 
+def _scored_positions(recipe: Recipe, batch: MicroBatch) -> tuple[int, bool]:
+    """(positions whose logits the log-softmax reads on one rank, whether the lm_head output
+    is kept for the backward) of ``batch``, by the layout the backend runs.
+
+    Padded rows pick the response positions out of the head's output with a gather, whose
+    backward keeps that output. Packed rows (``use_remove_padding``) pick them by indexing,
+    whose backward keeps only the indices, and the float32 copy then owns the logits: the
+    head's output is freed (measured on the CPU in bfloat16: bench/bench_memory_plan.py).
+    Under Ulysses each rank scores every position of its slice of the sequences, prompt
+    included, from the slice's float32 logits, whose head output is freed the same way."""
+    if recipe.actor.sequence_parallel_size() > 1:
+        return batch.tokens, False
+    return batch.response_tokens, not recipe.actor.use_remove_padding
+
+
+def _positions_note(recipe: Recipe, positions: int) -> str:
+    if recipe.actor.sequence_parallel_size() > 1:
+        return f"{positions:,} positions (Ulysses scores its whole slice)"
+    return f"{positions:,} response tokens"
+
+
+UNFUSED_CAVEAT = (
+    "the {role}'s log-probs take {per_logit} bytes a scored logit at the update's peak here "
+    "({total:.2f} GiB: a float32 log-softmax and its backward, unfused); verl computes them "
+    "with flash-attn's fused cross-entropy, which keeps the bfloat16 logits of every token "
+    "and writes their gradient over them (2 bytes a logit), so a micro-batch sized for verl "
+    "needs fewer tokens here"
+)
+"""Why an fsdp2 update over the device's memory may be one verl runs: said with the plan's
+verdict when the phase does not fit (``MemoryTerm.caveat``)."""
+
+
 def _vocab_terms(
-    role: str, shape: ModelShape, recipe: Recipe, response_tokens: int, phase: str, instant: str
+    role: str, shape: ModelShape, recipe: Recipe, batch: MicroBatch, phase: str, instant: str
 ) -> list[MemoryTerm]:
-    """The vocabulary-sized buffers over a micro-batch's response tokens.
+    """The vocabulary-sized buffers over a micro-batch's scored positions
+    (:func:`_scored_positions`).
 
     Counted buffer by buffer on the CPU (bench/bench_memory_plan.py), and they follow the
     autograd formulas, not the device. The update peaks as its backward starts, every
-    activation still held: the lm_head output (the gather that picks the response positions
-    keeps it for its backward), the float32 copy the log-softmax reads, the scattered
-    gradient of the picked tokens, and logsumexp's backward ``grad * exp(logits - lse)``,
-    whose difference, exponential and product are alive together: six float32 vocabulary
-    buffers in a float32 update, 22 bytes a logit at bfloat16. The casts of the gradient
-    back to model.dtype come after those three are freed. The log-prob pass keeps nothing for
-    a backward: the lm_head output lives while the root's weights are gathered, and is gone by
-    the log-softmax, a moment of its own."""
+    activation still held: the lm_head output (padded rows only: the gather that picks the
+    response positions keeps it for its backward), the float32 copy the log-softmax reads, the
+    scattered gradient of the picked tokens, and logsumexp's backward
+    ``grad * exp(logits - lse)``, whose difference, exponential and product are alive
+    together: six float32 vocabulary buffers in a float32 update (five packed), 22 bytes a
+    logit at bfloat16 (20 packed). The casts of the gradient back to model.dtype come after
+    those three are freed. The log-prob pass keeps nothing for a backward: the lm_head output
+    lives while the root's weights are gathered, and is gone by the log-softmax, a moment of
+    its own."""
     compute = dtype_bytes(recipe.model.dtype)
-    fp32 = logits_bytes(shape, response_tokens, 4)
-    lm_head_output = logits_bytes(shape, response_tokens, compute)
-    head_note = f"{response_tokens:,} response tokens x V={shape.vocab_size:,} in model.dtype"
+    positions, head_kept = _scored_positions(recipe, batch)
+    fp32 = logits_bytes(shape, positions, 4)
+    lm_head_output = logits_bytes(shape, positions, compute)
+    head_note = f"{_positions_note(recipe, positions)} x V={shape.vocab_size:,} in model.dtype"
     if phase == "log_prob":
         lm_head = f"{role} lm_head"
         root = (shape.embedding_parameters() + shape.hidden_size) * compute
@@ -164,7 +203,7 @@ def _vocab_terms(
                 fp32,
                 (phase,),
                 role,
-                note="the response positions' copy the log-softmax reads",
+                note="the scored positions' copy the log-softmax reads",
                 instant=instant,
             ),
             MemoryTerm(
@@ -177,21 +216,26 @@ def _vocab_terms(
             ),
             *_temperature_terms(role, recipe, fp32, phase, instant),
         ]
-    terms = [
-        MemoryTerm(
-            "lm_head output",
-            lm_head_output,
-            (phase,),
-            role,
-            note=head_note + ", kept for the backward of the gather",
-            instant=instant,
-        ),
+    terms = []
+    if head_kept:
+        terms.append(
+            MemoryTerm(
+                "lm_head output",
+                lm_head_output,
+                (phase,),
+                role,
+                note=head_note + ", kept for the backward of the gather",
+                instant=instant,
+            )
+        )
+    terms += [
         MemoryTerm(
             "logits (float32)",
             fp32,
             (phase,),
             role,
-            note="upcast for the log-softmax and kept for its backward",
+            note=f"{_positions_note(recipe, positions)}, upcast for the log-softmax and kept "
+            "for its backward",
             instant=instant,
         ),
         MemoryTerm(
@@ -223,7 +267,15 @@ def _vocab_terms(
                 instant=instant,
             )
         )
-    return terms + _temperature_terms(role, recipe, fp32, phase, instant)
+    terms += _temperature_terms(role, recipe, fp32, phase, instant)
+    total = sum(term.bytes for term in terms)
+    caveat = UNFUSED_CAVEAT.format(
+        role=role, per_logit=total // max(positions * shape.vocab_size, 1), total=total / GIB
+    )
+    return [
+        attrs.evolve(term, caveat=caveat) if term.name == "log-softmax backward" else term
+        for term in terms
+    ]
 
 
 def _temperature_terms(
@@ -283,7 +335,7 @@ def _trained_model_terms(
             )
         )
     else:
-        terms += _vocab_terms(role, shape, recipe, update.response_tokens, "update", backward)
+        terms += _vocab_terms(role, shape, recipe, update, "update", backward)
     forward = f"{role} forward"
     terms.append(
         MemoryTerm(
@@ -299,7 +351,7 @@ def _trained_model_terms(
     if role != "critic":
         # after the layers: their working set and gathered weights are gone by then
         head = f"{role} log-softmax"
-        terms += _vocab_terms(role, shape, recipe, log_prob.response_tokens, "log_prob", head)
+        terms += _vocab_terms(role, shape, recipe, log_prob, "log_prob", head)
     param_bytes, _ = _dtypes(recipe)
     if not offloads(recipe):
         terms.append(
@@ -339,9 +391,7 @@ def _reference_terms(shape: ModelShape, recipe: Recipe, context: PlanContext) ->
             instant=forward,
         ),
         _gathered("ref", shape, recipe, shards, ("log_prob",), forward),
-        *_vocab_terms(
-            "ref", shape, recipe, log_prob.response_tokens, "log_prob", "ref log-softmax"
-        ),
+        *_vocab_terms("ref", shape, recipe, log_prob, "log_prob", "ref log-softmax"),
     ]
 
 

@@ -44,7 +44,10 @@ def test_offload_leaves_only_the_gathered_units():
 def test_ulysses_splits_the_tokens_of_a_rank():
     plain = terms(plan_7b(), "actor")
     split = terms(plan_7b("actor.ulysses_sequence_parallel_size=2"), "actor")
-    assert split["logits (float32)"] == 2 * 1536 // 2 * 152_064 * 4
+    # each rank scores every position of its half of the rows, prompt included, from the
+    # slice's float32 logits (the head's output is not kept)
+    assert split["logits (float32)"] == TOKENS // 2 * 152_064 * 4
+    assert "lm_head output" not in split
     assert plain["logits (float32)"] == 2 * 1536 * 152_064 * 4
     assert split["activations"] * 2 == plain["activations"]
 
