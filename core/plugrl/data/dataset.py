@@ -327,8 +327,6 @@ class PromptDataset:
         self.has_images = multimodal is not None
         """Whether the rows are read with their images (the model is a vision-language
         model): the batches then have a ``multi_modal_inputs`` column."""
-        from plugrl.data.multimodal import EncodedRow
-
         use_template = _uses_chat_template(tokenizer, config, files_key)
         records: list[PromptRecord] = []
         filtered = 0
@@ -338,15 +336,18 @@ class PromptDataset:
             if multimodal is None:
                 _refuse_images(rows, config)
                 texts = rows.encode(tokenizer, messages, use_template)
-                encoded = [EncodedRow(ids, None, 0) for ids in texts]
+                encoded: list[Any] = [None] * len(texts)
             else:
                 encoded = rows.encode_with_images(
                     tokenizer, multimodal, messages, config, use_template
                 )
+                texts = [encoded_row.prompt_ids for encoded_row in encoded]
             truths = [_ground_truth(r, o) for r, o in zip(rows.rewards, rows.origins, strict=True)]
             for row, encoded_row in enumerate(encoded):
-                if encoded_row.inputs is None or multimodal is None:
-                    fitted = _fit_length(encoded_row.prompt_ids, rows.origins[row], config)
+                # a row of a text model, or without images or videos, is its token ids alone
+                if encoded_row is None or encoded_row.inputs is None:
+                    encoded_row = None
+                    fitted = _fit_length(texts[row], rows.origins[row], config)
                 else:
                     fitted = multimodal.fit_length(
                         encoded_row,
@@ -371,9 +372,9 @@ class PromptDataset:
                         origin=rows.origins[row],
                         messages=tuple(messages[row]),
                         agent_name=rows.agent_names[row] or None,
-                        multi_modal_inputs=encoded_row.inputs,
-                        images=encoded_row.images,
-                        videos=encoded_row.videos,
+                        multi_modal_inputs=None if encoded_row is None else encoded_row.inputs,
+                        images=() if encoded_row is None else encoded_row.images,
+                        videos=() if encoded_row is None else encoded_row.videos,
                     )
                 )
         self._check_filtered(records, filtered)

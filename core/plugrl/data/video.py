@@ -165,7 +165,7 @@ def decode_video(value: Any, *, where: str, folder: Path | None = None) -> Decod
     """One video of a row (see the module's docstring for its forms) as its sampled frames;
     ``where`` names the row, the column and the video in the one-line :class:`DataError` a
     bad value gets."""
-    from plugrl.data.multimodal import decode_image
+    from plugrl.data.decoding import decode_image
 
     value = _as_list(value)
     settings: Mapping[str, Any] = {}

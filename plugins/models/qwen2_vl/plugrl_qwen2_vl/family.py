@@ -143,21 +143,28 @@ class Qwen2VLFamily(MultimodalModel):
         self, token_ids: Sequence[int], inputs: Mapping[str, torch.Tensor]
     ) -> list[int]:
         """Each ``<|image_pad|>`` repeated once per merged patch of its image (its grid's
-        size over ``spatial_merge_size**2``), as the processor expands it."""
+        size over ``spatial_merge_size**2``), as the processor expands it; each
+        ``<|video_pad|>`` likewise by its video's grid."""
         config = self.hf_config
         merge = config.vision_config.spatial_merge_size**2
-        counts = [int(grid.prod()) // merge for grid in inputs["image_grid_thw"]]
-        placeholders = sum(1 for token in token_ids if token == config.image_token_id)
-        if placeholders != len(counts):
-            raise DataError(
-                f"the prompt holds {placeholders} image placeholders for {len(counts)} images; "
-                f"put one {IMAGE_TEXT} in it for each image"
-            )
+        counts: dict[int, Any] = {}
+        for token_id, grid_key, text, what in (
+            (config.image_token_id, "image_grid_thw", IMAGE_TEXT, "image"),
+            (config.video_token_id, "video_grid_thw", VIDEO_TEXT, "video"),
+        ):
+            grids = inputs.get(grid_key)
+            sizes = [] if grids is None else [int(grid.prod()) // merge for grid in grids]
+            placeholders = sum(1 for token in token_ids if token == token_id)
+            if placeholders != len(sizes):
+                raise DataError(
+                    f"the prompt holds {placeholders} {what} placeholders for {len(sizes)} "
+                    f"{what}s; put one {text} in it for each {what}"
+                )
+            counts[token_id] = iter(sizes)
         expanded: list[int] = []
-        remaining = iter(counts)
         for token in token_ids:
-            if token == config.image_token_id:
-                expanded.extend([token] * next(remaining))
+            if token in counts:
+                expanded.extend([token] * next(counts[token]))
             else:
                 expanded.append(token)
         return expanded
