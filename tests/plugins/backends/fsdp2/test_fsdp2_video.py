@@ -32,10 +32,10 @@ def prompt(content, videos, images=()):
     }
 
 
-@pytest.fixture(scope="module")
-def batch(tiny_vl_model, tmp_path_factory):
-    """Rows with a video, an image and a video, two videos, and none; random responses."""
-    path = tmp_path_factory.mktemp("videos") / "train.parquet"
+def video_batch(model_dir, folder) -> Batch:
+    """Rows with a video, an image and a video, two videos, and none (read from a parquet
+    file written in ``folder``); random responses."""
+    path = folder / "train.parquet"
     rows = [
         prompt("<video>What moves?", [(frame_list(4), 4.0)]),
         prompt("<image> then <video>", [(frame_list(3, (84, 56)), 2.0)], [png_bytes((9, 9, 9))]),
@@ -43,7 +43,7 @@ def batch(tiny_vl_model, tmp_path_factory):
         prompt("No video: say hello.", []),
     ]
     pq.write_table(pa.Table.from_pylist(rows), path)
-    model = ModelConfig(path=str(tiny_vl_model))
+    model = ModelConfig(path=str(model_dir))
     tokenizer = load_tokenizer(model)
     multimodal = load_multimodal(model, tokenizer, get_plugin_manager())
     config = DataConfig(train_files=[str(path)], train_batch_size=4, max_prompt_length=128)
@@ -68,6 +68,11 @@ def batch(tiny_vl_model, tmp_path_factory):
         out["input_ids"], out["attention_mask"], inputs
     )
     return out
+
+
+@pytest.fixture(scope="module")
+def batch(tiny_vl_model, tmp_path_factory):
+    return video_batch(tiny_vl_model, tmp_path_factory.mktemp("videos"))
 
 
 def reference_log_probs(model_dir, batch: Batch) -> torch.Tensor:
