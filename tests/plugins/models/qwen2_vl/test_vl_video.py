@@ -268,3 +268,17 @@ def test_the_video_column_is_named_by_data_video_key(tmp_path, vision, tiny_task
     config = DataConfig(train_files=[str(path)], train_batch_size=1, video_key="clips")
     with pytest.raises(DataError, match=r"row 0: column 'clips' holds videos, but model.path"):
         PromptDataset.train(config, load_tokenizer(model))
+
+
+def test_a_video_file_without_pyav_and_an_empty_video_are_one_line(tmp_path, vision, monkeypatch):
+    (tmp_path / "clip.mp4").write_bytes(mp4_bytes(4))
+    monkeypatch.setitem(__import__("sys").modules, "av", None)  # as if PyAV were not installed
+    with pytest.raises(
+        DataError,
+        match=r"row 0: video 0 of column 'videos' is a video file \(.*clip.mp4\), and decoding "
+        r"one needs PyAV; install it \(pip install 'plugrl\[video\]'\) or store the video as a "
+        r"list of frames",
+    ):
+        dataset(tmp_path, [row("<video>?", ["clip.mp4"])], vision)
+    with pytest.raises(DataError, match=r"row 0: video 0 of column 'videos' is an empty list"):
+        dataset(tmp_path, [row("<video>?", [{"video": [], "fps": 2.0}])], vision)

@@ -141,7 +141,9 @@ def test_a_text_engine_refuses_a_request_with_images(tiny_model_dir, tokenizer, 
         params=SamplingParams(n=1, max_tokens=2),
         multi_modal_inputs=prompts[3][0],
     )
-    with pytest.raises(ValueError, match="request 'img' has images, but the engine's model"):
+    with pytest.raises(
+        ValueError, match="request 'img' has images or videos, but the engine's model"
+    ):
         asyncio.run(engine.generate_request(request))
 
 
