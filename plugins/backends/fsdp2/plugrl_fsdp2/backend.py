@@ -590,7 +590,9 @@ class FSDP2Backend(TrainingBackend):
             if positions.dim() == 3 and packed is None:  # the model takes them as [k, b, W]
                 positions = positions.transpose(0, 1)
             if self._needs_dummy_image(image_inputs):
-                ids, positions, image_inputs = self._append_dummy_image(ids, positions)
+                # the dummy stands for a kind the micro-batch lacks: it joins the other kind's
+                ids, positions, dummy_inputs = self._append_dummy_image(ids, positions)
+                image_inputs = {**image_inputs, **dummy_inputs}
                 if cu_seq_lens is not None:
                     # its own packed row, so that attention keeps it to itself
                     end = cu_seq_lens[-1:] + self._dummy_image[0].shape[-1]
