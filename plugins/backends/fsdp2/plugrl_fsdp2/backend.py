@@ -378,16 +378,21 @@ class FSDP2Backend(TrainingBackend):
         gathers each vision block's weights from every rank when the block runs, so a rank
         whose micro-batch has no image would leave the others waiting (verl's dummy pass).
         The model runs its vision tower once for the images and once more for the videos, so
-        a family that takes videos gets a dummy video in a micro-batch without one too: every
-        rank then runs the tower twice."""
+        a rank whose micro-batch has no video runs a dummy video when another rank's has one;
+        the ranks agree on that with one small all-reduce, so that runs without videos never
+        pay for a second pass."""
         family = self._dummy_family
         if family is None:
             return False
-        missing = tuple(
-            kind
-            for kind, keys in (("image", family.input_keys), ("video", family.video_input_keys))
-            if keys and not any(key in inputs for key in keys)
-        )
+        missing: tuple[str, ...] = ()
+        if not any(key in inputs for key in family.input_keys):
+            missing += ("image",)
+        if family.video_input_keys:
+            mine = any(key in inputs for key in family.video_input_keys)
+            anywhere = torch.tensor([int(mine)], device=self.torch_device)
+            dist.all_reduce(anywhere, op=dist.ReduceOp.MAX)
+            if anywhere.item() and not mine:
+                missing += ("video",)
         if not missing:
             return False
         self._dummy_image = self._dummy_inputs(missing)
