@@ -1,6 +1,7 @@
-"""GRPO steps on a vision-language batch through the real run loop: rows with images read in
-verl's layout, the hf engine sampling from the images, the model's M-RoPE positions on the
-batch, and the fsdp2 actor (packed) updating the whole model, vision tower included."""
+"""GRPO steps on a vision-language batch through the real run loop: rows with images (and one
+with a video) read in verl's layout, the hf engine sampling from them, the model's M-RoPE
+positions on the batch, and the fsdp2 actor (packed) updating the whole model, vision tower
+included."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from plugrl.recipe import build_recipe
 from plugrl.run.runner import run_recipe
 from plugrl_hf.engine import HFRolloutEngine
 from tests.plugins.models.qwen2_vl.images import png_bytes
+from tests.plugins.models.qwen2_vl.videos import frame_list
 
 pytestmark = pytest.mark.slow
 
@@ -37,14 +39,21 @@ def rows() -> list[dict]:
     for index, colour in enumerate(colours):
         images = [{"bytes": png_bytes(colour, (56 + 28 * (index % 2), 56)), "path": None}]
         content = "<image>How many squares?"
+        videos = []
         if index == 3:
             images.append({"bytes": png_bytes(colour[::-1]), "path": None})
             content = "<image> or <image>: which is brighter?"
+        if index == 1:
+            # a video after the image: 4 frames, 8 tokens
+            frames = [{"bytes": frame, "path": None} for frame in frame_list(4)]
+            videos.append({"video": frames, "fps": 2.0})
+            content = "<image> then <video>: how many squares?"
         out.append(
             {
                 "data_source": "shapes",
                 "prompt": [{"role": "user", "content": content}],
                 "images": images,
+                "videos": videos,
                 "reward_model": {"ground_truth": "1"},
             }
         )
@@ -105,7 +114,7 @@ def test_grpo_steps_train_a_vision_language_model(tiny_vl_model, tmp_path):
     assert set(steps) >= {1, 2}
     for step in (1, 2):
         metrics = steps[step]
-        # the engine sampled from the images with the weights the trainer has
+        # the engine sampled from the images and the video with the weights the trainer has
         assert metrics["training/rollout_probs_diff_mean"] < 1e-5, metrics
         assert metrics["actor/grad_norm"] > 0
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from plugrl.data.batch import MULTIMODAL_COLUMN
-from plugrl.data.multimodal import IMAGE_PLACEHOLDER, decode_image
+from plugrl.data.multimodal import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER, decode_image
 from plugrl.errors import DataError
 
 if TYPE_CHECKING:
@@ -83,14 +83,21 @@ class TurnImages:
         )
 
     def prompt_messages(self, messages: Sequence[Message], row: Mapping[str, Any]) -> list[Message]:
-        """A row's prompt ``messages`` with each ``<image>`` as the image text, when the row
-        has images (the dataset checked there is one per image); unchanged otherwise."""
+        """A row's prompt ``messages`` with each ``<image>`` as the image text and each
+        ``<video>`` as the video text, when the row has images or videos (the dataset checked
+        there is one per image and per video); unchanged otherwise."""
         out = [dict(m) for m in messages]
-        if row.get(MULTIMODAL_COLUMN) is None:
+        inputs = row.get(MULTIMODAL_COLUMN)
+        if inputs is None:
             return out
+        family = self.multimodal.family
+        has_videos = any(key in inputs for key in family.video_input_keys)
         for message in out:
             if isinstance(message.get("content"), str):
-                message["content"] = message["content"].replace(IMAGE_PLACEHOLDER, self.image_text)
+                content = message["content"].replace(IMAGE_PLACEHOLDER, self.image_text)
+                if has_videos:
+                    content = content.replace(VIDEO_PLACEHOLDER, family.video_text())
+                message["content"] = content
         return out
 
     def decode(self, images: Sequence[Any], *, what: str) -> list[Any]:
@@ -119,7 +126,7 @@ class TurnImages:
 
     def prompt(self, text: str, row: Mapping[str, Any]) -> tuple[list[int], dict[str, Any] | None]:
         """The token ids of a prompt rendered again from ``row``'s messages (each image
-        placed with :meth:`place_in_messages`), its images expanded from the row's image inputs
+        placed with :meth:`place_in_messages`), its images and videos expanded from the row's inputs
         (computed when the dataset was read), and those inputs (``None`` without images)."""
         ids = list(self.tokenizer.encode(text, add_special_tokens=False))
         inputs = row.get(MULTIMODAL_COLUMN)

@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     from plugrl.data.batch import (
         IMAGES_COLUMN,
         MULTIMODAL_COLUMN,
+        VIDEOS_COLUMN,
         Batch,
         left_pad,
         response_attention_mask,
@@ -18,23 +19,28 @@ if TYPE_CHECKING:
     from plugrl.data.hf_loading import quiet_hf_loading
     from plugrl.data.multimodal import (
         IMAGE_PLACEHOLDER,
+        VIDEO_PLACEHOLDER,
         MultimodalModel,
         decode_image,
         model_inputs,
         multimodal_family,
     )
     from plugrl.data.rollout_batch import build_rollout_batch
+    from plugrl.data.video import frames_of
 
 __all__ = [
     "IMAGES_COLUMN",
     "IMAGE_PLACEHOLDER",
     "MULTIMODAL_COLUMN",
+    "VIDEOS_COLUMN",
+    "VIDEO_PLACEHOLDER",
     "Batch",
     "MultimodalModel",
     "PromptLoader",
     "build_rollout_batch",
     "collate",
     "decode_image",
+    "frames_of",
     "left_pad",
     "load_tokenizer",
     "model_inputs",
@@ -51,6 +57,9 @@ __getattr__, __dir__ = lazy_module(
         "IMAGES_COLUMN": ("plugrl.data.batch", "IMAGES_COLUMN"),
         "IMAGE_PLACEHOLDER": ("plugrl.data.multimodal", "IMAGE_PLACEHOLDER"),
         "MULTIMODAL_COLUMN": ("plugrl.data.batch", "MULTIMODAL_COLUMN"),
+        "VIDEOS_COLUMN": ("plugrl.data.batch", "VIDEOS_COLUMN"),
+        "VIDEO_PLACEHOLDER": ("plugrl.data.multimodal", "VIDEO_PLACEHOLDER"),
+        "frames_of": ("plugrl.data.video", "frames_of"),
         "MultimodalModel": ("plugrl.data.multimodal", "MultimodalModel"),
         "decode_image": ("plugrl.data.multimodal", "decode_image"),
         "model_inputs": ("plugrl.data.multimodal", "model_inputs"),

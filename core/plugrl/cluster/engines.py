@@ -281,19 +281,21 @@ class EngineGroup(ABC):
         on_finished: Callable[[int, list[Completion]], None] | None = None,
         images: Sequence[Mapping[str, Any] | None] | None = None,
         encoded_images: Sequence[Sequence[bytes]] | None = None,
+        encoded_videos: Sequence[Sequence[Mapping[str, Any]]] | None = None,
     ) -> list[Completion]:
         """``params.n`` responses per prompt, grouped by prompt in prompt order (blocking):
         one request per prompt, spread over the engines, each seeded from ``params.seed`` by
         its position so the batch samples the same on any number of engines. ``images``:
         each prompt's image inputs (a vision-language model's ``multi_modal_inputs``);
-        ``encoded_images``: the same images encoded (its ``prompt_images``).
+        ``encoded_images``: the same images encoded (its ``prompt_images``);
+        ``encoded_videos``: its videos' sampled frames (its ``prompt_videos``).
 
         ``on_finished(prompt_index, completions)`` is called in the calling thread with each
         prompt's completions (in any order) as soon as its request ends, while the others
         still generate."""
         params.check()
         prefix = f"batch{next(self._batch_ids)}"
-        requests = batch_requests(prompts, params, prefix, images, encoded_images)
+        requests = batch_requests(prompts, params, prefix, images, encoded_images, encoded_videos)
         futures: list[concurrent.futures.Future] = [concurrent.futures.Future() for _ in requests]
         self._blocking(self._start_together(requests, futures))
         if on_finished is not None:

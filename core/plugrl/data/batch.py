@@ -40,6 +40,10 @@ IMAGES_COLUMN = "prompt_images"
 """Non-tensor column beside :data:`MULTIMODAL_COLUMN`: each row's images as encoded bytes
 (PNG, JPEG, ...), a tuple in placeholder order (empty for a row without images), for engines
 that run the model's processor themselves (vLLM, SGLang)."""
+VIDEOS_COLUMN = "prompt_videos"
+"""Non-tensor column beside :data:`IMAGES_COLUMN`: each row's videos, a tuple in placeholder
+order of ``{"frames": (PNG bytes, ...), "fps": float}`` (the sampled frames and their rate),
+for the same engines."""
 TOKEN_COLUMNS = frozenset({"prompts", "responses", "input_ids"})
 """Columns padded with the pad token; the others are padded with 0, except positions."""
 

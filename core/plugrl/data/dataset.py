@@ -34,11 +34,6 @@ logger = logging.getLogger("plugrl.data")
 
 TRUNCATION_MODES = ("error", "left", "right", "middle")
 
-VIDEO_COLUMN = "videos"
-"""verl's column of a row's videos (its ``data.video_key`` default), which plugrl refuses."""
-VIDEO_PLACEHOLDER = "<video>"
-"""What marks a video's place in verl's layout; plugrl does not read videos yet."""
-
 
 @attrs.frozen
 class PromptRecord:
@@ -64,6 +59,9 @@ class PromptRecord:
     images: tuple[bytes, ...] = ()
     """The row's images as encoded bytes, in placeholder order (empty without images): what
     an engine that runs the model's processor itself (vLLM, SGLang) decodes."""
+    videos: tuple[dict[str, Any], ...] = ()
+    """The row's videos as sampled frames (PNG bytes) and their rate, in placeholder order
+    (empty without videos), for the same engines."""
 
 
 def truncate(ids: Sequence[int], limit: int, mode: str) -> list[int]:
@@ -172,7 +170,7 @@ class _FileRows:
     images: list[Any] | None
     """The ``data.image_key`` column, ``None`` when the file has none."""
     videos: list[Any] | None = None
-    """verl's ``videos`` column (:data:`VIDEO_COLUMN`), ``None`` when the file has none."""
+    """The ``data.video_key`` column, ``None`` when the file has none."""
 
     @classmethod
     def read(cls, path: Path, config: DataConfig, files_key: str) -> _FileRows:
@@ -204,24 +202,8 @@ class _FileRows:
             abilities=column("ability"),
             agent_names=column("agent_name"),
             images=column(config.image_key) if config.image_key in columns else None,
-            videos=column(VIDEO_COLUMN) if VIDEO_COLUMN in columns else None,
+            videos=column(config.video_key) if config.video_key in columns else None,
         )
-
-    def refuse_videos(self, messages: list[list[dict[str, str]]], config: DataConfig) -> None:
-        """One line naming the first row with videos (a value in :data:`VIDEO_COLUMN`, or a
-        ``<video>`` placeholder in its messages): plugrl does not read videos yet."""
-        for row, chat in enumerate(messages):
-            value = self.videos[row] if self.videos is not None else None
-            if value is not None and len(value):
-                where = f"column {VIDEO_COLUMN!r} holds videos"
-            elif any(VIDEO_PLACEHOLDER in message["content"] for message in chat):
-                where = f"column {config.prompt_key!r} has a {VIDEO_PLACEHOLDER} placeholder"
-            else:
-                continue
-            raise DataError(
-                f"{self.path} row {row}: {where}, and plugrl does not read videos yet "
-                "(docs/vision.md); train on images, or drop the row's videos"
-            )
 
     @property
     def origins(self) -> list[str]:
@@ -255,16 +237,14 @@ class _FileRows:
         messages: list[list[dict[str, str]]],
         config: DataConfig,
         use_template: bool,
-    ) -> tuple[list[Any], list[Mapping[str, Any] | None], list[tuple[bytes, ...]]]:
-        """Every row's prompt, checked against its images: an :class:`EncodedRow` (ids with
-        the images expanded, and the image inputs) for a row with images, token ids for a row
-        without, each row's image inputs (``None`` without) and its encoded images."""
+    ) -> list[Any]:
+        """Every row's prompt, checked against its images and videos: an
+        :class:`~plugrl.data.multimodal.EncodedRow` (ids with the images and videos expanded,
+        their inputs, and the encoded images and videos) per row."""
         images = self.images if self.images is not None else [None] * len(messages)
-        encoded: list[Any] = []
-        inputs: list[Mapping[str, Any] | None] = []
-        encoded_images: list[tuple[bytes, ...]] = []
-        for chat, row_images, origin in zip(messages, images, self.origins, strict=True):
-            row = multimodal.encode(
+        videos = self.videos if self.videos is not None else [None] * len(messages)
+        return [
+            multimodal.encode(
                 chat,
                 row_images,
                 origin=origin,
@@ -273,25 +253,29 @@ class _FileRows:
                 folder=self.path.parent,
                 use_template=use_template,
                 render=lambda filled: _render(tokenizer, filled, use_template),
+                videos=row_videos,
+                video_key=config.video_key,
             )
-            encoded.append(row if row.inputs is not None else row.prompt_ids)
-            inputs.append(row.inputs)
-            encoded_images.append(row.images)
-        return encoded, inputs, encoded_images
+            for chat, row_images, row_videos, origin in zip(
+                messages, images, videos, self.origins, strict=True
+            )
+        ]
 
 
 def _refuse_images(rows: _FileRows, config: DataConfig) -> None:
-    """A file with images in ``data.image_key`` read for a model that is not a
-    vision-language model: one line naming the file and the column."""
-    if rows.images is None:
-        return
-    for row, images in enumerate(rows.images):
-        if images is not None and len(images):
-            raise DataError(
-                f"{rows.path} row {row}: column {config.image_key!r} holds images, but "
-                "model.path is not a vision-language model (its config has no vision_config); "
-                "train a vision-language model on this data, or drop the column"
-            )
+    """A file with images in ``data.image_key`` or videos in ``data.video_key`` read for a
+    model that is not a vision-language model: one line naming the row and the column."""
+    for column, key, what in (
+        (rows.images, config.image_key, "images"),
+        (rows.videos, config.video_key, "videos"),
+    ):
+        for row, values in enumerate(column or ()):
+            if values is not None and len(values):
+                raise DataError(
+                    f"{rows.path} row {row}: column {key!r} holds {what}, but model.path is not "
+                    "a vision-language model (its config has no vision_config); train a "
+                    "vision-language model on this data, or drop the column"
+                )
 
 
 def _fit_length(ids: list[int], origin: str, config: DataConfig) -> list[int] | None:
@@ -349,29 +333,30 @@ class PromptDataset:
         for path in self.files:
             rows = _FileRows.read(path, config, files_key)
             messages = rows.messages(config)
-            if multimodal is not None or rows.videos is not None:
-                rows.refuse_videos(messages, config)
             if multimodal is None:
                 _refuse_images(rows, config)
-                encoded = rows.encode(tokenizer, messages, use_template)
-                inputs: list[Mapping[str, Any] | None] = [None] * len(encoded)
-                images: list[tuple[bytes, ...]] = [()] * len(encoded)
+                texts = rows.encode(tokenizer, messages, use_template)
+                encoded: list[Any] = [None] * len(texts)
             else:
-                encoded, inputs, images = rows.encode_with_images(
+                encoded = rows.encode_with_images(
                     tokenizer, multimodal, messages, config, use_template
                 )
+                texts = [encoded_row.prompt_ids for encoded_row in encoded]
             truths = [_ground_truth(r, o) for r, o in zip(rows.rewards, rows.origins, strict=True)]
-            for row, ids in enumerate(encoded):
-                if inputs[row] is None:
-                    fitted = _fit_length(ids, rows.origins[row], config)
+            for row, encoded_row in enumerate(encoded):
+                # a row of a text model, or without images or videos, is its token ids alone
+                if encoded_row is None or encoded_row.inputs is None:
+                    encoded_row = None
+                    fitted = _fit_length(texts[row], rows.origins[row], config)
                 else:
                     fitted = multimodal.fit_length(
-                        ids,
+                        encoded_row,
                         origin=rows.origins[row],
                         image_key=config.image_key,
                         limit=config.max_prompt_length,
                         truncation=config.truncation,
                         filter_overlong=config.filter_overlong_prompts,
+                        video_key=config.video_key,
                     )
                 if fitted is None:
                     filtered += 1
@@ -387,8 +372,9 @@ class PromptDataset:
                         origin=rows.origins[row],
                         messages=tuple(messages[row]),
                         agent_name=rows.agent_names[row] or None,
-                        multi_modal_inputs=inputs[row],
-                        images=images[row],
+                        multi_modal_inputs=None if encoded_row is None else encoded_row.inputs,
+                        images=() if encoded_row is None else encoded_row.images,
+                        videos=() if encoded_row is None else encoded_row.videos,
                     )
                 )
         self._check_filtered(records, filtered)
@@ -464,9 +450,10 @@ def collate(
     (unpadded lists of ints), ``raw_prompt`` (the chat messages, verl's name) and
     ``agent_name`` (the row's agent loop, ``None`` for ``rollout.agent.loop``).
     ``with_images`` (a dataset read with its images) adds ``multi_modal_inputs``: each row's
-    model image inputs, ``None`` for a row without images, and ``prompt_images``: each row's
-    images as encoded bytes."""
-    from plugrl.data.batch import IMAGES_COLUMN, MULTIMODAL_COLUMN, Batch, left_pad
+    model image and video inputs, ``None`` for a row without either, ``prompt_images``: each
+    row's images as encoded bytes, and ``prompt_videos``: each row's videos as sampled frames
+    (:meth:`plugrl.data.video.DecodedVideo.encoded`)."""
+    from plugrl.data.batch import IMAGES_COLUMN, MULTIMODAL_COLUMN, VIDEOS_COLUMN, Batch, left_pad
 
     prompts, mask = left_pad([r.prompt_ids for r in records], pad_token_id)
     batch = Batch(
@@ -486,6 +473,7 @@ def collate(
     if with_images:
         batch[MULTIMODAL_COLUMN] = [r.multi_modal_inputs for r in records]
         batch[IMAGES_COLUMN] = [r.images for r in records]
+        batch[VIDEOS_COLUMN] = [r.videos for r in records]
     return batch
 
 

@@ -18,7 +18,6 @@ type (:class:`MultimodalModel`).
 
 from __future__ import annotations
 
-import io
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import attrs
 
 from plugrl.data.batch import MULTIMODAL_COLUMN
+from plugrl.data.decoding import decode_image, encoded_image
 from plugrl.errors import DataError
 
 if TYPE_CHECKING:
@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 
 IMAGE_PLACEHOLDER = "<image>"
 """What marks an image's place in a row's message text (verl's layout)."""
+VIDEO_PLACEHOLDER = "<video>"
+"""What marks a video's place in a row's message text (verl's layout)."""
 
 
 class MultimodalModel(ABC):
@@ -55,6 +57,9 @@ class MultimodalModel(ABC):
     """
 
     input_keys: ClassVar[tuple[str, ...]] = ("pixel_values", "image_grid_thw")
+    video_input_keys: ClassVar[tuple[str, ...]] = ()
+    """The keys of the processor's output that are the model's video inputs (empty for a
+    family that takes no videos); kept and joined as :attr:`input_keys` are."""
 
     def __init__(self, model_path: str, hf_config: Any) -> None:
         self.model_path = model_path
@@ -72,6 +77,15 @@ class MultimodalModel(ABC):
         """The text that replaces one ``<image>`` placeholder before the chat template is
         applied (the processor then expands it to the image's tokens)."""
 
+    def video_text(self) -> str:
+        """The text that replaces one ``<video>`` placeholder before the chat template is
+        applied (the processor then expands it to the video's tokens); a family that takes no
+        videos keeps the default, which refuses them."""
+        raise DataError(
+            f"the model family {type(self).__name__} takes no videos; train it on images, or "
+            "drop the rows' videos"
+        )
+
     @abstractmethod
     def vision_token_ids(self, tokenizer: Any) -> frozenset[int]:
         """Ids of the tokens that stand for images in a processed prompt."""
@@ -83,6 +97,15 @@ class MultimodalModel(ABC):
         raise NotImplementedError(
             f"{type(self).__name__} gives no dummy image; a vision-language model on several "
             "ranks needs one"
+        )
+
+    def dummy_video(self) -> tuple[list[int], dict[str, Any]]:
+        """As :meth:`dummy_image`, the smallest video (for a family with
+        :attr:`video_input_keys`): the model runs its vision tower once for a micro-batch's
+        videos, so a rank without one runs it on this."""
+        raise NotImplementedError(
+            f"{type(self).__name__} gives no dummy video; a vision-language model that takes "
+            "videos on several ranks needs one"
         )
 
     def expand_image_tokens(
@@ -133,79 +156,11 @@ class MultimodalModel(ABC):
         itself."""
 
 
-def _reason(exc: BaseException) -> str:
-    text = str(exc).splitlines()[0] if str(exc) else ""
-    return text or type(exc).__name__
+def _as_tensor(value: Any) -> Any:
+    """A processor output as a tensor (Qwen2.5-VL's ``second_per_grid_ts`` may stay a list)."""
+    import torch
 
-
-def decode_image(
-    value: Any, *, where: str, folder: Path | None = None, fix: str | None = None
-) -> Any:
-    """One image of a row as an RGB ``PIL.Image``: ``value`` is encoded bytes, a path (read
-    as given, else relative to ``folder``, the parquet file's), ``{"bytes": ...}`` or
-    ``{"path": ...}``, or a ``PIL.Image``. ``where`` names the row, the column and the image
-    in the one-line :class:`DataError` a value that is not an image gets; ``fix`` replaces
-    the fix it gives for a value that is not an image (a tool's images are returned, not
-    stored)."""
-    from PIL import Image
-
-    if isinstance(value, Image.Image):
-        return value.convert("RGB")
-    if isinstance(value, Mapping):
-        if value.get("bytes") is not None:
-            value = value["bytes"]
-        elif value.get("path"):
-            value = value["path"]
-        else:
-            raise DataError(
-                f"{where} has neither bytes nor a path; store the image's encoded bytes as "
-                '{"bytes": ...} or its file as {"path": ...}'
-            )
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        source: Any = io.BytesIO(bytes(value))
-        shown = f"{len(value)} bytes"
-    elif isinstance(value, str):
-        path = Path(value.removeprefix("file://"))
-        if not path.is_absolute() and not path.exists() and folder is not None:
-            path = folder / path
-        if not path.is_file():
-            raise DataError(
-                f"{where} is the path {value}, which is not a file; fix the path (a relative "
-                "one is read from the working folder or the parquet file's folder)"
-            )
-        source, shown = path, str(path)
-    else:
-        raise DataError(
-            f"{where} is a {type(value).__name__}; "
-            + (fix or 'store encoded image bytes, a path to an image file, or {"bytes": ...}')
-        )
-    try:
-        with Image.open(source) as image:
-            return image.convert("RGB")
-    except Exception as exc:
-        raise DataError(
-            f"{where} ({shown}) cannot be decoded as an image ({_reason(exc)}); "
-            + (fix or "store PNG or JPEG bytes, or a path to such a file")
-        ) from None
-
-
-def encoded_image(value: Any, decoded: Any, *, folder: Path | None = None) -> bytes:
-    """The encoded bytes of one image of a row that :func:`decode_image` decoded to
-    ``decoded``: the row's own bytes, the file's bytes for a path (read once, when the
-    dataset is built, so no engine needs the file), or ``decoded`` as PNG for an image given
-    decoded. Compact, and they pickle as they are, through Ray too."""
-    if isinstance(value, Mapping):
-        value = value["bytes"] if value.get("bytes") is not None else value["path"]
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value)
-    if isinstance(value, str):
-        path = Path(value.removeprefix("file://"))
-        if not path.is_absolute() and not path.exists() and folder is not None:
-            path = folder / path
-        return path.read_bytes()
-    buffer = io.BytesIO()
-    decoded.save(buffer, format="PNG")
-    return buffer.getvalue()
+    return value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
 
 
 def _image_list(value: Any, origin: str, image_key: str) -> list[Any]:
@@ -216,24 +171,32 @@ def _image_list(value: Any, origin: str, image_key: str) -> list[Any]:
     if isinstance(value, (list, tuple)):
         return list(value)
     raise DataError(
-        f"{origin}: column {image_key!r} holds a {type(value).__name__}; it must hold a list of "
-        "images per row (an empty list or null for a row without images)"
+        f"{origin}: column {image_key!r} holds a {type(value).__name__}; it must hold a list "
+        "per row (an empty list or null for a row without any)"
     )
 
 
 @attrs.frozen
 class EncodedRow:
-    """A row's prompt token ids with its images expanded, and its model image inputs."""
+    """A row's prompt token ids with its images and videos expanded, and its model inputs."""
 
     prompt_ids: list[int]
     inputs: dict[str, Any] | None
-    """The processor's :attr:`MultimodalModel.input_keys` for the
-    row's images (each tensor's first dimension indexes patches or images), ``None`` without
-    images."""
+    """The processor's :attr:`MultimodalModel.input_keys` for the row's images and its
+    :attr:`MultimodalModel.video_input_keys` for its videos (each tensor's first dimension
+    indexes patches, images or videos), ``None`` without either."""
     num_images: int
     images: tuple[bytes, ...] = ()
     """The row's images as encoded bytes (PNG, JPEG, ...), in placeholder order: what an
     engine that runs the model's processor itself decodes (:func:`encoded_image`)."""
+    num_videos: int = 0
+    videos: tuple[dict[str, Any], ...] = ()
+    """The row's videos as sampled frames (PNG bytes) and their rate, in placeholder order
+    (:meth:`plugrl.data.video.DecodedVideo.encoded`), for the same engines."""
+
+
+def _count(messages: Sequence[Mapping[str, str]], placeholder: str) -> int:
+    return sum(message["content"].count(placeholder) for message in messages)
 
 
 @attrs.define
@@ -256,44 +219,90 @@ class MultimodalData:
         folder: Path | None,
         use_template: bool,
         render: Any,
+        videos: Any = None,
+        video_key: str = "videos",
     ) -> EncodedRow:
-        """The row's prompt ids and image inputs: its ``<image>`` placeholders checked against
-        its images (one line naming the row and the columns when they differ), each image
-        decoded, the messages rendered by ``render(messages)`` with each placeholder as the
-        family's image text, and the text and images run through the processor once."""
+        """The row's prompt ids and image and video inputs: its ``<image>`` and ``<video>``
+        placeholders checked against its images and videos (one line naming the row and the
+        columns when they differ), each decoded, the messages rendered by ``render(messages)``
+        with each placeholder as the family's image or video text, and the text, images and
+        videos run through the processor once."""
+        from plugrl.data.video import decode_video
+
         values = _image_list(images, origin, image_key)
-        placeholders = sum(message["content"].count(IMAGE_PLACEHOLDER) for message in messages)
-        if placeholders != len(values):
-            raise DataError(
-                f"{origin}: {placeholders} {IMAGE_PLACEHOLDER} placeholders in column "
-                f"{prompt_key!r} but {len(values)} images in column {image_key!r}; put one "
-                f"{IMAGE_PLACEHOLDER} in the messages for each image of the row"
-            )
+        video_values = _image_list(videos, origin, video_key)
+        for placeholder, found, column, what in (
+            (IMAGE_PLACEHOLDER, len(values), image_key, "images"),
+            (VIDEO_PLACEHOLDER, len(video_values), video_key, "videos"),
+        ):
+            placeholders = _count(messages, placeholder)
+            if placeholders != found:
+                raise DataError(
+                    f"{origin}: {placeholders} {placeholder} placeholders in column "
+                    f"{prompt_key!r} but {found} {what} in column {column!r}; put one "
+                    f"{placeholder} in the messages for each of the row's {what}"
+                )
         decoded = [
             decode_image(value, where=f"{origin}: image {i} of column {image_key!r}", folder=folder)
             for i, value in enumerate(values)
         ]
-        image_text = self.family.image_text()
-        filled = [
-            {**message, "content": message["content"].replace(IMAGE_PLACEHOLDER, image_text)}
-            for message in messages
+        decoded_videos = [
+            decode_video(value, where=f"{origin}: video {i} of column {video_key!r}", folder=folder)
+            for i, value in enumerate(video_values)
         ]
+        replacements = [(IMAGE_PLACEHOLDER, self.family.image_text())]
+        if decoded_videos:
+            replacements.append((VIDEO_PLACEHOLDER, self.family.video_text()))
+        filled = []
+        for message in messages:
+            content = message["content"]
+            for placeholder, text in replacements:
+                content = content.replace(placeholder, text)
+            filled.append({**message, "content": content})
         text = render(filled)
+        video_options: dict[str, Any] = {}
+        if decoded_videos:
+            from transformers.video_utils import VideoMetadata
+
+            video_options = {
+                "videos": [video.frames for video in decoded_videos],
+                # the frames are sampled already: the processor keeps them all, at their rate
+                "video_metadata": [
+                    VideoMetadata(
+                        total_num_frames=len(video.frames),
+                        fps=video.fps,
+                        frames_indices=list(range(len(video.frames))),
+                    )
+                    for video in decoded_videos
+                ],
+                "do_sample_frames": False,
+            }
         processed = self.processor(
             text=[text],
             images=decoded or None,
             return_tensors="pt",
             add_special_tokens=not use_template,
+            **video_options,
         )
         ids = processed["input_ids"][0].tolist()
-        if not decoded:
+        if not decoded and not decoded_videos:
             return EncodedRow(ids, None, 0)
-        inputs = {key: processed[key] for key in self.family.input_keys if key in processed}
+        keys = (self.family.input_keys if decoded else ()) + (
+            self.family.video_input_keys if decoded_videos else ()
+        )
+        inputs = {key: _as_tensor(processed[key]) for key in keys if key in processed}
         encoded = tuple(
             encoded_image(value, image, folder=folder)
             for value, image in zip(values, decoded, strict=True)
         )
-        return EncodedRow(ids, inputs, len(decoded), encoded)
+        return EncodedRow(
+            ids,
+            inputs,
+            len(decoded),
+            encoded,
+            num_videos=len(decoded_videos),
+            videos=tuple(video.encoded() for video in decoded_videos),
+        )
 
     def fit_length(
         self,
@@ -304,10 +313,11 @@ class MultimodalData:
         limit: int,
         truncation: str,
         filter_overlong: bool,
+        video_key: str = "videos",
     ) -> list[int] | None:
-        """A prompt with images within ``limit`` tokens: as it is; ``None`` when
+        """A prompt with images or videos within ``limit`` tokens: as it is; ``None`` when
         ``filter_overlong`` drops it; cut as ``truncation`` says where the cut keeps every
-        image token; otherwise one line naming the row, the column and the fixes."""
+        image and video token; otherwise one line naming the row, the columns and the fixes."""
         from plugrl.data.dataset import truncate
 
         ids = row.prompt_ids
@@ -325,11 +335,19 @@ class MultimodalData:
             if truncation != "error"
             else f"over data.max_prompt_length={limit}"
         )
+        expanded = [
+            f"the {count} {what} of column {column!r}"
+            for count, what, column in (
+                (row.num_images, "images", image_key),
+                (row.num_videos, "videos", video_key),
+            )
+            if count
+        ]
+        smaller = "use smaller or fewer-frame videos" if row.num_videos else "use smaller images"
         raise DataError(
-            f"{origin}: prompt is {len(ids)} tokens with the {row.num_images} images of column "
-            f"{image_key!r} expanded ({image_tokens} image tokens), {why}; raise "
-            "data.max_prompt_length, use smaller images, or set "
-            "data.filter_overlong_prompts=true"
+            f"{origin}: prompt is {len(ids)} tokens with {' and '.join(expanded)} expanded "
+            f"({image_tokens} vision tokens), {why}; raise data.max_prompt_length, {smaller}, "
+            "or set data.filter_overlong_prompts=true"
         )
 
 
@@ -384,16 +402,19 @@ def _family_class(model_type: str, plugins: PluginManager) -> type[MultimodalMod
 def model_inputs(
     rows: Sequence[Mapping[str, torch.Tensor] | None], device: torch.device | str | None = None
 ) -> dict[str, torch.Tensor]:
-    """The image inputs of a micro-batch's rows, in row order, as one model call takes them:
-    each key's tensors joined along their first dimension (all images' patches one after the
-    other, one grid row per image); rows without images (``None``) add nothing, and a
-    micro-batch without images gives ``{}``."""
+    """The image and video inputs of a micro-batch's rows, in row order, as one model call
+    takes them: each key's tensors joined along their first dimension over the rows that have
+    it (all images' patches one after the other, one grid row per image; the same for
+    videos); rows without any (``None``) add nothing, and a micro-batch without any gives
+    ``{}``."""
     import torch
 
     present = [row for row in rows if row is not None]
     if not present:
         return {}
-    joined = {key: torch.cat([row[key] for row in present]) for key in present[0]}
+    # a row may hold images, videos or both: each key joins the rows that have it
+    keys = list(dict.fromkeys(key for row in present for key in row))
+    joined = {key: torch.cat([row[key] for row in present if key in row]) for key in keys}
     if device is not None:
         joined = {key: tensor.to(device) for key, tensor in joined.items()}
     return joined

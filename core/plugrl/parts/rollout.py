@@ -114,6 +114,13 @@ class GenerationRequest:
     """The same images as encoded bytes (PNG, JPEG, ...), in the order of their tokens in
     ``prompt_ids`` (the row's ``prompt_images``): for engines that run the model's processor
     themselves (vLLM, SGLang); :func:`plugrl.api.data.decode_image` decodes one."""
+    videos: tuple[Mapping[str, Any], ...] = attrs.field(
+        default=(), converter=tuple, eq=False, repr=False
+    )
+    """The prompt's videos, in the order of their tokens in ``prompt_ids`` (the row's
+    ``prompt_videos``): each ``{"frames": (PNG bytes, ...), "fps": float}``, its sampled
+    frames and their rate, for the same engines; :func:`plugrl.api.data.frames_of` decodes
+    one to a ``[T, H, W, 3]`` array."""
 
 
 @attrs.define(kw_only=True)
@@ -175,6 +182,7 @@ def continuation_request(
         params=params,
         multi_modal_inputs=request.multi_modal_inputs,
         images=request.images,
+        videos=request.videos,
     )
 
 
@@ -196,11 +204,14 @@ def batch_requests(
     id_prefix: str = "batch",
     images: Sequence[Mapping[str, Any] | None] | None = None,
     encoded_images: Sequence[Sequence[bytes]] | None = None,
+    encoded_videos: Sequence[Sequence[Mapping[str, Any]]] | None = None,
 ) -> list[GenerationRequest]:
     """One request per prompt, each with its own seed derived from ``params.seed``, so a
     batch samples the same however its requests are spread over engines; ``images`` gives
-    each prompt's ``multi_modal_inputs`` and ``encoded_images`` the same images encoded
-    (a vision-language model's rows)."""
+    each prompt's ``multi_modal_inputs``, ``encoded_images`` the same images encoded and
+    ``encoded_videos`` its videos' sampled frames (a vision-language model's rows)."""
+    if encoded_videos is not None and len(encoded_videos) != len(prompts):
+        raise ValueError(f"{len(encoded_videos)} video lists for {len(prompts)} prompts")
     if images is not None and len(images) != len(prompts):
         raise ValueError(f"{len(images)} image inputs for {len(prompts)} prompts")
     if encoded_images is not None and len(encoded_images) != len(prompts):
@@ -216,6 +227,7 @@ def batch_requests(
             ),
             multi_modal_inputs=None if images is None else images[index],
             images=() if encoded_images is None else encoded_images[index],
+            videos=() if encoded_videos is None else encoded_videos[index],
         )
         for index, prompt in enumerate(prompts)
     ]

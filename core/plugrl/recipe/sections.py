@@ -131,6 +131,12 @@ class DataConfig:
         "in its messages; read when the model is a vision-language model.",
         verl="data.image_key",
     )
+    video_key: str = option(
+        "videos",
+        "Column with each row's videos (frame lists, video files, or {video: ..., fps: ...}), "
+        "one per <video> in its messages; read when the model is a vision-language model.",
+        verl="data.video_key",
+    )
     max_prompt_length: int = option(
         512,
         "Prompt tokens allowed (after the chat template).",

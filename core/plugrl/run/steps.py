@@ -75,7 +75,7 @@ def generate(parts: RunParts, prompts: Batch, params: SamplingParams) -> Batch:
     When the run scores early (:func:`scores_early`), each prompt's responses go to the
     reward manager's ``prefetch`` as soon as they finish; the caller then scores the batch
     (:func:`score`, :func:`reward_output`), which takes those results."""
-    from plugrl.data.batch import IMAGES_COLUMN, MULTIMODAL_COLUMN
+    from plugrl.data.batch import IMAGES_COLUMN, MULTIMODAL_COLUMN, VIDEOS_COLUMN
     from plugrl.data.rollout_batch import build_rollout_batch
 
     loop_names = agent_loop_names(parts, prompts)
@@ -88,6 +88,8 @@ def generate(parts: RunParts, prompts: Batch, params: SamplingParams) -> Batch:
         images["images"] = list(prompts[MULTIMODAL_COLUMN])
     if IMAGES_COLUMN in prompts:
         images["encoded_images"] = list(prompts[IMAGES_COLUMN])
+    if VIDEOS_COLUMN in prompts:
+        images["encoded_videos"] = list(prompts[VIDEOS_COLUMN])
     if scores_early(parts):
 
         def on_finished(index: int, completions: list[Completion]) -> None:

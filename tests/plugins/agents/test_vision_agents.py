@@ -401,3 +401,81 @@ def test_a_loop_that_drops_the_rows_images_stops_the_run_in_one_line(run_agents)
         r"Trajectory.image_inputs",
     ):
         run_agents("text_only")
+
+
+def test_a_prompt_with_a_video_keeps_it_through_a_tool_loop(
+    vision, tiny_vl_model, plugrl_recipe, plugrl_plugin_manager, plugrl_register_plugin
+):
+    """The tool loop renders the prompt again with its tools: the video's tokens are expanded
+    from the row's video inputs, the crop's image joins them, and the trainer's log-probs on
+    the batch (positions over the video and the image) are the engine's."""
+    from tests.plugins.models.qwen2_vl.videos import frame_list
+
+    tokenizer, multimodal, engine, _ = vision
+    config = multimodal.family.hf_config
+    plugrl_register_plugin(VisionAgentPlugin(), "vision-agent-test")
+    messages = [{"role": "user", "content": "<video>Zoom in, then say what moves."}]
+    encoded = multimodal.encode(
+        messages,
+        [],
+        origin="row 0",
+        prompt_key="prompt",
+        image_key="images",
+        folder=None,
+        use_template=True,
+        render=lambda m: tokenizer.apply_chat_template(
+            m, add_generation_prompt=True, tokenize=False
+        ),
+        videos=[{"video": frame_list(4), "fps": 4.0}],
+    )
+    prompts = Batch(
+        {"index": torch.tensor([0])},
+        {
+            "uid": ["u"],
+            "prompt": [messages],
+            "raw_prompt_ids": [encoded.prompt_ids],
+            MULTIMODAL_COLUMN: [encoded.inputs],
+        },
+    )
+    recipe = plugrl_recipe(
+        {
+            "model.path": str(tiny_vl_model),
+            "data.max_response_length": 96,
+            "rollout.agent.tools": ["zoom"],
+            "rollout.agent.tool_parser": "always_zoom",
+            "rollout.agent.max_turns": 2,
+            "rollout.agent.max_turn_tokens": 6,
+        }
+    )
+    engines = OneEngine(engine)
+    runtime = AgentRuntime(recipe, plugrl_plugin_manager, tokenizer, engines, multimodal)
+    try:
+        params = SamplingParams(n=1, seed=5, temperature=1.0, max_tokens=96)
+        [[[trajectory]]] = runtime.run(agent_rows(prompts), ["tool"], params)
+    finally:
+        runtime.close()
+    assert trajectory.prompt_ids == list(encoded.prompt_ids)
+    assert trajectory.prompt_ids.count(config.video_token_id) == 8
+    assert [sorted(inputs) for inputs in trajectory.image_inputs] == [
+        ["pixel_values_videos", "second_per_grid_ts", "video_grid_thw"],
+        ["image_grid_thw", "pixel_values"],
+    ]
+    second = engines.requests[1]
+    assert set(second.multi_modal_inputs) == {
+        "pixel_values_videos",
+        "second_per_grid_ts",
+        "video_grid_thw",
+        "pixel_values",
+        "image_grid_thw",
+    }
+    batch = build_trajectory_batch(prompts, [[[trajectory]]], pad_token_id=tokenizer.pad_token_id)
+    batch = add_model_positions(batch, multimodal.family)
+    backend = make_backend(
+        make_recipe(tiny_vl_model, ppo_mini_batch_size=1, use_remove_padding=True)
+    )
+    trainer = backend.compute_log_prob(batch)["log_probs"]
+    trained = batch["response_mask"].bool()
+    assert trained.sum() > 0
+    torch.testing.assert_close(
+        trainer[trained], batch["rollout_log_probs"][trained], atol=1e-5, rtol=0
+    )

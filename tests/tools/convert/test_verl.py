@@ -577,13 +577,6 @@ def test_engine_keys_with_the_hf_engine(plugrl_plugin_manager):
             "environment plugrl is installed in",
         ),
         (
-            "data.video_key=videos",
-            "unsupported",
-            "plugrl's vision-language support is images in verl's data layout (data.image_key) "
-            "with fsdp2 and the hf, vllm and sglang engines (docs/vision.md); this vision "
-            "setting is not supported yet",
-        ),
-        (
             "hydra.run.dir=outputs",
             "dropped",
             "a setting of Hydra itself, which plugrl does not use",
@@ -1566,11 +1559,15 @@ def test_the_uv_launcher_and_vision_keys_in_the_report(stand_ins):
     assert dropped["data.return_multi_modal_inputs=False"].startswith(
         "plugrl computes each row's image inputs once"
     )
-    assert (
-        "  plugrl's vision-language support is images in verl's data layout (data.image_key) "
-        "with fsdp2 and the hf, vllm and sglang engines (docs/vision.md); this vision setting "
-        "is not supported yet: data.video_key=videos (line 9)"
-    ) in lines
+    # so is data.video_key=videos; another column is written
+    assert "data.video_key=videos" not in {item.override for item in conversion.unmapped}
+    assert not any("data.video_key" in line for line in lines)
+    clips = convert_script(
+        "python3 -m verl.trainer.main_ppo data.video_key=clips\n",
+        "run.sh",
+        plugins=get_plugin_manager(),
+    )
+    assert clips.recipe["data"]["video_key"] == "clips"
     assert 'line 2: if [ "${DEVICE:-gpu}" = gpu ] is true' in conversion.notes
 
 

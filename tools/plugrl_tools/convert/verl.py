@@ -566,14 +566,13 @@ plugrl does). At that value the override is dropped as having no effect; at anot
 unknown to plugrl."""
 
 VISION = (
-    "plugrl's vision-language support is images in verl's data layout (data.image_key) with "
-    "fsdp2 and the hf, vllm and sglang engines (docs/vision.md); this vision setting is not "
-    "supported yet"
+    "plugrl's vision-language support is images and videos in verl's data layout "
+    "(data.image_key, data.video_key) with fsdp2 and the hf, vllm and sglang engines "
+    "(docs/vision.md); this vision setting is not supported yet"
 )
 
 UNSUPPORTED = [
     # (verl prefix or key, the one line the report gives the group)
-    ("data.video_key", VISION),
     ("data.limit_images", VISION),
     ("data.mm_", VISION),
     ("actor_rollout_ref.rollout.limit_images", VISION),

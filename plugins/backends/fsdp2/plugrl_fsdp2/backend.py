@@ -121,6 +121,9 @@ class FSDP2Backend(TrainingBackend):
         self._sp_group: Any = None
         self._dp_group: Any = None
         self._dummy_image: Any = None
+        """The dummy inputs of this forward (:meth:`_needs_dummy_image` chooses them)."""
+        self._dummy_family: Any = None
+        self._dummies: dict[tuple[str, ...], Any] = {}
         self._language_model: torch.nn.Module | None = None
         """A vision-language model's language model, under sequence parallelism: the module
         whose inputs are sliced per rank (:func:`ulysses.sliced_language_model`)."""
@@ -160,7 +163,7 @@ class FSDP2Backend(TrainingBackend):
             model.requires_grad_(False)
         elif self.recipe.model.enable_gradient_checkpointing:
             enable_checkpointing(model)
-        self._dummy_image = self._dummy_image_inputs(model)
+        self._dummy_family = self._dummy_image_family(model)
         forward_args = inspect.signature(model.forward).parameters
         self._packed = self._can_pack(model.config)
         self._keep_logits_arg = self.role != "critic" and "logits_to_keep" in forward_args
@@ -205,10 +208,10 @@ class FSDP2Backend(TrainingBackend):
                 trainable, self._optim_config, total_training_steps
             )
 
-    def _dummy_image_inputs(self, model: torch.nn.Module) -> Any:
-        """``(ids [1, n], image inputs, positions [k, 1, n])`` of the model family's dummy
-        image, on this rank's device, for a vision-language model on several ranks (see
-        :meth:`_needs_dummy_image`); ``None`` otherwise."""
+    def _dummy_image_family(self, model: torch.nn.Module) -> Any:
+        """The model family of a vision-language model on several ranks, whose dummy image
+        and video fill a micro-batch without one (see :meth:`_needs_dummy_image`); ``None``
+        otherwise."""
         if self.dist.world_size == 1 or getattr(model.config, "vision_config", None) is None:
             return None
         if self.context.plugins is None:
@@ -218,22 +221,37 @@ class FSDP2Backend(TrainingBackend):
             )
         family = multimodal_family(str(self.recipe.model.path), model.config, self.context.plugins)
         assert family is not None
-        token_ids, image_inputs = family.dummy_image()
-        ids = torch.tensor([token_ids], dtype=torch.long)
-        positions = family.position_ids(ids, torch.ones_like(ids), [image_inputs])
-        device = self.torch_device
-        return (
-            ids.to(device),
-            {key: value.to(device) for key, value in image_inputs.items()},
-            positions.transpose(0, 1).to(device),
-        )
+        return family
+
+    def _dummy_inputs(self, missing: tuple[str, ...]) -> Any:
+        """``(ids [1, n], inputs, positions [k, 1, n])`` of the family's dummy image and/or
+        video (``missing`` names which), on this rank's device, built once each."""
+        if missing not in self._dummies:
+            family = self._dummy_family
+            token_ids: list[int] = []
+            dummy_inputs: dict[str, Any] = {}
+            for kind in missing:
+                ids_of_kind, inputs_of_kind = (
+                    family.dummy_image() if kind == "image" else family.dummy_video()
+                )
+                token_ids += ids_of_kind
+                dummy_inputs.update(inputs_of_kind)
+            ids = torch.tensor([token_ids], dtype=torch.long)
+            positions = family.position_ids(ids, torch.ones_like(ids), [dummy_inputs])
+            device = self.torch_device
+            self._dummies[missing] = (
+                ids.to(device),
+                {key: value.to(device) for key, value in dummy_inputs.items()},
+                positions.transpose(0, 1).to(device),
+            )
+        return self._dummies[missing]
 
     def _split_language_model(self, model: torch.nn.Module) -> torch.nn.Module | None:
         """The language model of a vision-language model (None for a text model), whose
         inputs sequence parallelism slices after the vision tower has run on whole images."""
         if getattr(model.config, "vision_config", None) is None:
             return None
-        assert self.context.plugins is not None  # _dummy_image_inputs checked it
+        assert self.context.plugins is not None  # _dummy_image_family checked it
         family = multimodal_family(str(self.recipe.model.path), model.config, self.context.plugins)
         assert family is not None
         # a LoRA actor's modules are inside peft's wrapper
@@ -355,13 +373,30 @@ class FSDP2Backend(TrainingBackend):
     # ------------------------------------------------------------------------ dummy image
 
     def _needs_dummy_image(self, inputs: dict[str, Any]) -> bool:
-        """Whether this forward must run the vision tower on a dummy image: a
-        vision-language model sharded over several ranks gathers each vision block's weights
-        from every rank when the block runs, so a rank whose micro-batch has no image would
-        leave the others waiting (verl's dummy pass)."""
-        return self._dummy_image is not None and not any(
-            key in inputs for key in self._dummy_image[1]
-        )
+        """Whether this forward must run the vision tower on a dummy image or video (then
+        :attr:`_dummy_image` holds them): a vision-language model sharded over several ranks
+        gathers each vision block's weights from every rank when the block runs, so a rank
+        whose micro-batch has no image would leave the others waiting (verl's dummy pass).
+        The model runs its vision tower once for the images and once more for the videos, so
+        a rank whose micro-batch has no video runs a dummy video when another rank's has one;
+        the ranks agree on that with one small all-reduce, so that runs without videos never
+        pay for a second pass."""
+        family = self._dummy_family
+        if family is None:
+            return False
+        missing: tuple[str, ...] = ()
+        if not any(key in inputs for key in family.input_keys):
+            missing += ("image",)
+        if family.video_input_keys:
+            mine = any(key in inputs for key in family.video_input_keys)
+            anywhere = torch.tensor([int(mine)], device=self.torch_device)
+            dist.all_reduce(anywhere, op=dist.ReduceOp.MAX)
+            if anywhere.item() and not mine:
+                missing += ("video",)
+        if not missing:
+            return False
+        self._dummy_image = self._dummy_inputs(missing)
+        return True
 
     def _dummy_positions(self, positions: torch.Tensor) -> torch.Tensor:
         """``positions`` as ``[k, rows, width]`` (a text micro-batch's ``[rows, width]`` has the
@@ -560,7 +595,9 @@ class FSDP2Backend(TrainingBackend):
             if positions.dim() == 3 and packed is None:  # the model takes them as [k, b, W]
                 positions = positions.transpose(0, 1)
             if self._needs_dummy_image(image_inputs):
-                ids, positions, image_inputs = self._append_dummy_image(ids, positions)
+                # the dummy stands for a kind the micro-batch lacks: it joins the other kind's
+                ids, positions, dummy_inputs = self._append_dummy_image(ids, positions)
+                image_inputs = {**image_inputs, **dummy_inputs}
                 if cu_seq_lens is not None:
                     # its own packed row, so that attention keeps it to itself
                     end = cu_seq_lens[-1:] + self._dummy_image[0].shape[-1]

@@ -437,8 +437,8 @@ class HFRolloutEngine(RolloutEngine):
         self._check_ready()
         if request.multi_modal_inputs is not None and self._batch.vision is None:
             raise ValueError(
-                f"request {request.request_id!r} has images, but the engine's model is not a "
-                "vision-language model; use a vision-language model (model.path)"
+                f"request {request.request_id!r} has images or videos, but the engine's model is "
+                "not a vision-language model; use a vision-language model (model.path)"
             )
         loop = asyncio.get_running_loop()
         seed = params.seed if params.seed is not None else self._draw_seed()

@@ -246,10 +246,11 @@ class SGLangRolloutEngine(RolloutEngine):
             del self._requests[request.request_id]
             self._aborted.discard(request.request_id)
 
-    def _image_data(self, request: GenerationRequest) -> list[dict[str, Any]] | None:
-        """SGLang's ``image_data`` for ``request``: its image inputs as one
+    def _image_data(self, request: GenerationRequest) -> dict[str, Any] | None:
+        """SGLang's ``image_data`` and ``video_data`` for ``request``: its image inputs as one
         ``processor_output`` item (the processor's outputs for all the prompt's images, whose
-        tokens ``prompt_ids`` already holds); None for a text prompt."""
+        tokens ``prompt_ids`` already holds), its video inputs as another; None for a text
+        prompt."""
         if request.multi_modal_inputs is None:
             return None
         model_config = getattr(self.tokenizer_manager, "model_config", None)
@@ -259,10 +260,21 @@ class SGLangRolloutEngine(RolloutEngine):
                 f"({self.context.recipe.model.path}) is a text model; train a vision-language "
                 "model on data with images"
             )
-        return [{"format": "processor_output", **request.multi_modal_inputs}]
+        images: dict[str, Any] = {}
+        videos: dict[str, Any] = {}
+        for key, value in request.multi_modal_inputs.items():
+            # the processor's names: pixel_values_videos, video_grid_thw, and Qwen2.5-VL's
+            # second_per_grid_ts, which spaces the videos' positions
+            (videos if "video" in key or key == "second_per_grid_ts" else images)[key] = value
+        data: dict[str, Any] = {}
+        if images:
+            data["image_data"] = [{"format": "processor_output", **images}]
+        if videos:
+            data["video_data"] = [{"format": "processor_output", **videos}]
+        return data
 
     async def _sample(
-        self, request: GenerationRequest, index: int, image_data: list[dict[str, Any]] | None
+        self, request: GenerationRequest, index: int, image_data: dict[str, Any] | None
     ) -> Completion:
         params = request.params
         tokens: list[int] = []
@@ -288,7 +300,7 @@ class SGLangRolloutEngine(RolloutEngine):
             rid = f"{request.request_id}/{index}#{self._segments}"
             pauses_before = self._keep_pauses
             self._requests[request.request_id].add(rid)
-            images = {} if image_data is None else {"image_data": image_data}
+            images = image_data or {}
             try:
                 output = await self.engine.async_generate(
                     input_ids=[*request.prompt_ids, *tokens],

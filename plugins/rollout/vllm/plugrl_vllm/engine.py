@@ -193,6 +193,9 @@ class VLLMRolloutEngine(RolloutEngine):
         self.llm: Any = LLMEngine.from_engine_args(EngineArgs(**args))
         self._image_token_id = image_token_id(self.llm.model_config.hf_config)
         """The token that stands for an image in the model's prompts; None for a text model."""
+        self._video_token_id = video_token_id(self.llm.model_config.hf_config)
+        """The token that stands for a video in the model's prompts; None for a model without
+        videos."""
         self._seeds = torch.Generator().manual_seed(recipe.trainer.seed)
         self._samples: dict[str, _Sample] = {}
         """vLLM request id -> the sample in flight."""
@@ -308,38 +311,54 @@ class VLLMRolloutEngine(RolloutEngine):
             raise
 
     def _prompt(self, request: GenerationRequest) -> Any:
-        """vLLM's prompt of ``request``: its token ids, and with images, the ids with each
-        image's tokens shortened to one and the decoded images as ``multi_modal_data``."""
+        """vLLM's prompt of ``request``: its token ids, and with images or videos, the ids
+        with each image's and each video's tokens shortened to one, and the decoded images
+        and videos (each its frames ``[T, H, W, 3]`` with their rate, as vLLM's video
+        metadata) as ``multi_modal_data``."""
         from vllm.inputs import TokensPrompt
 
-        if request.multi_modal_inputs is None and not request.images:
+        if request.multi_modal_inputs is None and not request.images and not request.videos:
             return TokensPrompt(prompt_token_ids=list(request.prompt_ids))
         if self._image_token_id is None:
             raise ValueError(
-                f"request {request.request_id!r} has images but the vllm engine's model "
-                f"({self.context.recipe.model.path}) is a text model; train a vision-language "
-                "model on data with images"
+                f"request {request.request_id!r} has images or videos but the vllm engine's "
+                f"model ({self.context.recipe.model.path}) is a text model; train a "
+                "vision-language model on data with images or videos"
             )
-        if not request.images:
+        if not request.images and not request.videos:
             raise ValueError(
                 f"request {request.request_id!r} has image inputs but not its images' encoded "
                 "bytes (GenerationRequest.images), which vLLM needs to process the images "
                 "itself; build the request from the batch's prompt_images column"
             )
-        from plugrl.api.data import decode_image
+        from plugrl.api.data import decode_image, frames_of
 
         prompt_ids = one_token_per_image(request.prompt_ids, self._image_token_id)
-        runs = prompt_ids.count(self._image_token_id)
-        if runs != len(request.images):
-            raise ValueError(
-                f"request {request.request_id!r} has {runs} images in its prompt ids but "
-                f"{len(request.images)} encoded images; give the images of the prompt, in order"
-            )
-        images = [
-            decode_image(image, where=f"image {index} of request {request.request_id!r}")
-            for index, image in enumerate(request.images)
-        ]
-        return TokensPrompt(prompt_token_ids=prompt_ids, multi_modal_data={"image": images})
+        data: dict[str, Any] = {}
+        for kind, token, given in (
+            ("images", self._image_token_id, request.images),
+            ("videos", self._video_token_id, request.videos),
+        ):
+            if token is None:
+                runs = 0
+            else:
+                prompt_ids = one_token_per_image(prompt_ids, token)
+                runs = prompt_ids.count(token)
+            if runs != len(given):
+                raise ValueError(
+                    f"request {request.request_id!r} has {runs} {kind} in its prompt ids but "
+                    f"{len(given)} encoded {kind}; give the {kind} of the prompt, in order"
+                )
+        if request.images:
+            data["image"] = [
+                decode_image(image, where=f"image {index} of request {request.request_id!r}")
+                for index, image in enumerate(request.images)
+            ]
+        if request.videos:
+            data["video"] = [
+                video_with_metadata(frames_of(video), video["fps"]) for video in request.videos
+            ]
+        return TokensPrompt(prompt_token_ids=prompt_ids, multi_modal_data=data)
 
     async def abort(self, request_ids: Sequence[str]) -> None:
         for request_id in request_ids:
@@ -689,6 +708,30 @@ def image_token_id(hf_config: Any) -> int | None:
         if value is not None:
             return int(value)
     return None
+
+
+def video_token_id(hf_config: Any) -> int | None:
+    """The id of the token a vision-language model's processor repeats for each video;
+    None for a text model or one without videos."""
+    if getattr(hf_config, "vision_config", None) is None:
+        return None
+    value = getattr(hf_config, "video_token_id", None)
+    return None if value is None else int(value)
+
+
+def video_with_metadata(frames: Any, fps: float) -> tuple[Any, dict[str, Any]]:
+    """A video for vLLM's ``multi_modal_data``: its sampled frames ``[T, H, W, 3]`` and the
+    metadata vLLM passes to the model's processor, which tells it the frames are sampled
+    already (all kept) at ``fps`` a second, the rate Qwen2.5-VL spaces their positions by."""
+    count = len(frames)
+    return frames, {
+        "fps": fps,
+        "total_num_frames": count,
+        "frames_indices": list(range(count)),
+        "duration": count / fps,
+        "video_backend": "plugrl",
+        "do_sample_frames": False,
+    }
 
 
 def one_token_per_image(prompt_ids: Sequence[int], image_token: int) -> list[int]:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
-from plugrl.api.data import IMAGES_COLUMN, MULTIMODAL_COLUMN
+from plugrl.api.data import IMAGES_COLUMN, MULTIMODAL_COLUMN, VIDEOS_COLUMN
 from plugrl.api.rollout import (
     Capability,
     Completion,
@@ -381,6 +381,7 @@ class Rollouter:
             params=self.sampling_params(number),
             multi_modal_inputs=images,
             images=prompt[IMAGES_COLUMN][0] if IMAGES_COLUMN in prompt else (),
+            videos=prompt[VIDEOS_COLUMN][0] if VIDEOS_COLUMN in prompt else (),
         )
         completions = await self.engines.agenerate(request)
         if self.partial == "abort" or sample_id in self._doomed:

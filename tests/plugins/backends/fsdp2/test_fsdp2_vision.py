@@ -334,6 +334,20 @@ def two_rank_worker(rank: int, model_dir: str, port: int, out: str) -> None:
                 {"log_probs": log_probs, "grad_norm": metrics["actor/grad_norm"]},
                 Path(out) / f"rank{rank}-packed{int(packed)}.pt",
             )
+        # videos: rank 0's row has one, rank 1's none; both run the tower for the images (a
+        # dummy image each) and again for the videos (rank 1 on the dummy video)
+        from tests.plugins.backends.fsdp2.test_fsdp2_video import video_batch
+
+        folder = Path(out) / f"videos-rank{rank}"
+        folder.mkdir()
+        videos = video_batch(model_dir, folder).select([0] if rank == 0 else [3])
+        for packed in (False, True):
+            recipe = make_recipe(Path(model_dir), ppo_mini_batch_size=2, use_remove_padding=packed)
+            backend = make_backend(recipe, dist=dist_info, plugins=get_plugin_manager())
+            log_probs = backend.compute_log_prob(videos)["log_probs"]
+            torch.save(
+                {"log_probs": log_probs}, Path(out) / f"videos-rank{rank}-packed{int(packed)}.pt"
+            )
         sequence_parallel = {
             layout: sequence_parallel_results(model_dir, dist_info, 2, packed)
             for layout, packed in SEQUENCE_PARALLEL_LAYOUTS.items()
@@ -371,6 +385,26 @@ def test_a_rank_without_images_runs_the_vision_tower_with_the_others(
                 result["log_probs"][0], expected[row], **TOLERANCE, msg=where
             )
             assert result["grad_norm"] > 0, where
+
+
+@pytest.mark.slow
+def test_a_rank_without_videos_runs_the_vision_tower_on_a_dummy_video(
+    tiny_vl_model, two_ranks, tmp_path
+):
+    from tests.plugins.backends.fsdp2.test_fsdp2_video import (
+        reference_log_probs as video_reference,
+    )
+    from tests.plugins.backends.fsdp2.test_fsdp2_video import video_batch
+
+    expected = video_reference(tiny_vl_model, video_batch(tiny_vl_model, tmp_path))
+    for packed in (0, 1):
+        for rank, row in ((0, 0), (1, 3)):
+            result = torch.load(
+                two_ranks / f"videos-rank{rank}-packed{packed}.pt", weights_only=True
+            )
+            torch.testing.assert_close(
+                result["log_probs"][0], expected[row], **TOLERANCE, msg=f"rank {rank}, {packed}"
+            )
 
 
 @pytest.mark.parametrize("freeze", [False, True], ids=["whole model", "language model"])

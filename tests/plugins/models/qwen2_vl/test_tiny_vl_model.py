@@ -127,5 +127,5 @@ def test_a_response_that_sampled_the_image_token_is_named(loaded):
     # a sampled video token is named too, where get_rope_index would fail looking for a video
     video_token = torch.tensor([[model.config.video_token_id]])
     ids = torch.cat([inputs["input_ids"], video_token], dim=1)
-    with pytest.raises(ValueError, match="row 0 holds 1 video tokens but no video: a response"):
+    with pytest.raises(ValueError, match="row 0 holds 1 video tokens but its videos expand to 0"):
         family.position_ids(ids, mask, [{key: inputs[key] for key in family.input_keys}])

@@ -141,5 +141,65 @@ def test_a_text_engine_refuses_a_request_with_images(tiny_model_dir, tokenizer, 
         params=SamplingParams(n=1, max_tokens=2),
         multi_modal_inputs=prompts[3][0],
     )
-    with pytest.raises(ValueError, match="request 'img' has images, but the engine's model"):
+    with pytest.raises(
+        ValueError, match="request 'img' has images or videos, but the engine's model"
+    ):
         asyncio.run(engine.generate_request(request))
+
+
+def test_greedy_tokens_from_videos_equal_model_generate(tiny_vl_model, prompts, engine):
+    """A prompt with an image and a video, and one with two videos: the prompt pass takes the
+    video inputs and the positions their seconds per temporal patch space out."""
+    import numpy as np
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText
+    from transformers.video_utils import VideoMetadata
+
+    from tests.plugins.models.qwen2_vl.videos import frame_list
+
+    tokenizer, multimodal, _, _ = prompts
+    family = multimodal.family
+    ids, inputs = [], []
+    for count, videos, fps in ((1, 1, 4.0), (0, 2, 1.0)):
+        image = Image.open(io.BytesIO(png_bytes((255, 0, 0), (56, 56)))).convert("RGB")
+        frames = [
+            np.stack([np.asarray(Image.open(io.BytesIO(f)).convert("RGB")) for f in frame_list(4)])
+        ] * videos
+        content = family.image_text() * count + family.video_text() * videos + "What moves?"
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
+        )
+        out = multimodal.processor(
+            text=[text],
+            images=[image] * count or None,
+            videos=frames,
+            video_metadata=[VideoMetadata(total_num_frames=4, fps=fps, frames_indices=[0, 1, 2, 3])]
+            * videos,
+            do_sample_frames=False,
+            return_tensors="pt",
+        )
+        ids.append(out["input_ids"][0].tolist())
+        keys = (family.input_keys if count else ()) + family.video_input_keys
+        inputs.append({k: torch.as_tensor(out[k]) for k in keys})
+    outputs = run(engine, ids, inputs, SamplingParams(n=1, temperature=0.0, max_tokens=8))
+    model = AutoModelForImageTextToText.from_pretrained(tiny_vl_model).eval()
+    config = family.hf_config
+    for prompt, row_inputs, (completion,) in zip(ids, inputs, outputs, strict=True):
+        prompt_ids = torch.tensor([prompt])
+        types = (prompt_ids == config.image_token_id).long()
+        types += 2 * (prompt_ids == config.video_token_id).long()
+        with torch.no_grad():
+            expected = model.generate(
+                input_ids=prompt_ids,
+                attention_mask=torch.ones_like(prompt_ids),
+                mm_token_type_ids=types,
+                max_new_tokens=8,
+                do_sample=False,
+                use_cache=True,
+                **row_inputs,
+            )[0, len(prompt) :].tolist()
+        stops = set(model.generation_config.eos_token_id)
+        if any(token in stops for token in expected):
+            expected = expected[: next(i for i, t in enumerate(expected) if t in stops) + 1]
+        assert completion.token_ids == expected
+        assert len(completion.token_ids) > 1

@@ -203,6 +203,7 @@ class Engine:
         sampling_params: dict | None = None,
         input_ids: list[int] | None = None,
         image_data: Any = None,
+        video_data: Any = None,
         return_logprob: bool = False,
         logprob_start_len: int | None = None,
         top_logprobs_num: int | None = None,
@@ -219,6 +220,7 @@ class Engine:
                 {
                     "input_ids": list(input_ids or []),
                     "image_data": image_data,
+                    "video_data": video_data,
                     "sampling_params": dict(sampling_params or {}),
                     "return_logprob": return_logprob,
                     "stream": stream,

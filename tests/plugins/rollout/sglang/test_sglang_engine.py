@@ -463,3 +463,27 @@ def test_a_request_with_images_gives_sglang_the_processor_output_beside_its_toke
     # a text prompt sends no image data
     asyncio.run(engine.generate_request(request("text")))
     assert calls(fake_engine, "async_generate")[-1][1]["image_data"] is None
+
+
+def test_a_request_with_videos_gives_sglang_their_processor_output_as_video_data(make_engine):
+    engine, fake_engine = make_engine()
+    fake_engine.tokenizer_manager.model_config.is_multimodal = True
+    inputs = {
+        "pixel_values": torch.ones(4, 6),
+        "image_grid_thw": torch.tensor([[1, 2, 2]]),
+        "pixel_values_videos": torch.ones(8, 6),
+        "video_grid_thw": torch.tensor([[2, 2, 2]]),
+        "second_per_grid_ts": torch.tensor([0.5]),
+    }
+    (with_videos,) = batch_requests(
+        [[3, 20, 9, 21, 20, 8, 8, 21, 5]], SamplingParams(max_tokens=2), "videos", images=[inputs]
+    )
+    asyncio.run(engine.generate_request(with_videos))
+    ((_, args),) = calls(fake_engine, "async_generate")
+    (image,) = args["image_data"]
+    (video,) = args["video_data"]
+    assert set(image) == {"format", "pixel_values", "image_grid_thw"}
+    assert video["format"] == "processor_output"
+    assert video["pixel_values_videos"] is inputs["pixel_values_videos"]
+    assert video["video_grid_thw"] is inputs["video_grid_thw"]
+    assert video["second_per_grid_ts"] is inputs["second_per_grid_ts"]

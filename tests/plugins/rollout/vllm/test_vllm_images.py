@@ -172,7 +172,7 @@ def test_requests_with_images_vllm_cannot_take_are_one_line(engine_with):
         asyncio.run(engine.generate_request(broken))
 
     text_engine, _ = engine_with(SimpleNamespace(image_token_id=IMAGE))
-    with pytest.raises(ValueError, match=r"request 'r' has images but the vllm engine's model"):
+    with pytest.raises(ValueError, match=r"request 'r' has images or videos but the vllm engine's"):
         asyncio.run(text_engine.generate_request(with_images))
 
 
@@ -201,3 +201,45 @@ def test_vllms_own_weights_mapper_renames_checkpoint_names_both_ways():
     assert names.to_checkpoint("visual.merger.mlp.0.weight") == "model.visual.merger.mlp.0.weight"
     # a model without a mapper names its modules as the checkpoint
     assert Names.of_model(SimpleNamespace()).to_model("lm_head.weight") == "lm_head.weight"
+
+
+VIDEO = 91
+
+
+def test_a_request_with_videos_gives_vllm_one_token_per_video_and_the_frames(engine_with):
+    """Each video's run of tokens shortened to one, its frames ``[T, H, W, 3]`` with the
+    metadata that tells vLLM's processor they are sampled already, at their rate."""
+    from vllm.multimodal.parse import MultiModalDataParser
+
+    config = SimpleNamespace(vision_config=SimpleNamespace(), image_token_id=IMAGE)
+    config.video_token_id = VIDEO
+    engine, vllm = engine_with(config)
+    clip = {"frames": (png((255, 0, 0)), png((0, 0, 255)), png((0, 255, 0))), "fps": 1.5}
+    prompt = [1, START, *[IMAGE] * 4, END, START, *[VIDEO] * 8, END, 2]
+    (request,) = batch_requests(
+        [prompt],
+        SamplingParams(n=1, max_tokens=4),
+        "videos",
+        images=[{"pixel_values": None}],
+        encoded_images=[(png((9, 9, 9)),)],
+        encoded_videos=[(clip,)],
+    )
+    asyncio.run(engine.generate_request(request))
+    ((_, given, _),) = vllm.added
+    assert given["prompt_token_ids"] == [1, START, IMAGE, END, START, VIDEO, END, 2]
+    ((frames, metadata),) = given["multi_modal_data"]["video"]
+    assert frames.shape == (3, 28, 28, 3)
+    assert frames[1, 0, 0].tolist() == [0, 0, 255]
+    assert metadata["fps"] == 1.5 and metadata["frames_indices"] == [0, 1, 2]
+    parsed = MultiModalDataParser(video_needs_metadata=True).parse_mm_data(
+        given["multi_modal_data"]
+    )
+    assert parsed.get_all_counts() == {"image": 1, "video": 1}
+    # a continuation after an abort keeps them
+    partial = Completion(token_ids=[3], log_probs=[-0.5], finish_reason="aborted")
+    asyncio.run(engine.generate_request(continuation_request(request, partial)))
+    assert len(vllm.added[-1][1]["multi_modal_data"]["video"]) == 1
+    # two videos given for one in the prompt
+    twice = attrs.evolve(request, videos=(clip, clip))
+    with pytest.raises(ValueError, match=r"has 1 videos in its prompt ids but 2 encoded videos"):
+        asyncio.run(engine.generate_request(twice))

@@ -1,0 +1,86 @@
+"""Images of dataset rows, tool results and requests: decoded to RGB ``PIL.Image``, or read
+as the encoded bytes an engine that runs the model's processor itself decodes."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from plugrl.errors import DataError
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return text or type(exc).__name__
+
+
+def decode_image(
+    value: Any, *, where: str, folder: Path | None = None, fix: str | None = None
+) -> Any:
+    """One image of a row as an RGB ``PIL.Image``: ``value`` is encoded bytes, a path (read
+    as given, else relative to ``folder``, the parquet file's), ``{"bytes": ...}`` or
+    ``{"path": ...}``, or a ``PIL.Image``. ``where`` names the row, the column and the image
+    in the one-line :class:`DataError` a value that is not an image gets; ``fix`` replaces
+    the fix it gives for a value that is not an image (a tool's images are returned, not
+    stored)."""
+    from PIL import Image
+
+    if isinstance(value, Image.Image):
+        return value.convert("RGB")
+    if isinstance(value, Mapping):
+        if value.get("bytes") is not None:
+            value = value["bytes"]
+        elif value.get("path"):
+            value = value["path"]
+        else:
+            raise DataError(
+                f"{where} has neither bytes nor a path; store the image's encoded bytes as "
+                '{"bytes": ...} or its file as {"path": ...}'
+            )
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        source: Any = io.BytesIO(bytes(value))
+        shown = f"{len(value)} bytes"
+    elif isinstance(value, str):
+        path = Path(value.removeprefix("file://"))
+        if not path.is_absolute() and not path.exists() and folder is not None:
+            path = folder / path
+        if not path.is_file():
+            raise DataError(
+                f"{where} is the path {value}, which is not a file; fix the path (a relative "
+                "one is read from the working folder or the parquet file's folder)"
+            )
+        source, shown = path, str(path)
+    else:
+        raise DataError(
+            f"{where} is a {type(value).__name__}; "
+            + (fix or 'store encoded image bytes, a path to an image file, or {"bytes": ...}')
+        )
+    try:
+        with Image.open(source) as image:
+            return image.convert("RGB")
+    except Exception as exc:
+        raise DataError(
+            f"{where} ({shown}) cannot be decoded as an image ({_reason(exc)}); "
+            + (fix or "store PNG or JPEG bytes, or a path to such a file")
+        ) from None
+
+
+def encoded_image(value: Any, decoded: Any, *, folder: Path | None = None) -> bytes:
+    """The encoded bytes of one image of a row that :func:`decode_image` decoded to
+    ``decoded``: the row's own bytes, the file's bytes for a path (read once, when the
+    dataset is built, so no engine needs the file), or ``decoded`` as PNG for an image given
+    decoded. Compact, and they pickle as they are, through Ray too."""
+    if isinstance(value, Mapping):
+        value = value["bytes"] if value.get("bytes") is not None else value["path"]
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, str):
+        path = Path(value.removeprefix("file://"))
+        if not path.is_absolute() and not path.exists() and folder is not None:
+            path = folder / path
+        return path.read_bytes()
+    buffer = io.BytesIO()
+    decoded.save(buffer, format="PNG")
+    return buffer.getvalue()
