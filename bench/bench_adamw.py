@@ -9,7 +9,7 @@ per-tensor loop. Prints, for each, the median seconds of the optimizer step alon
 whole update, their ratios, and the paired per-update ratios. That the two update the weights
 alike (to 1e-6) and that a checkpoint of either resumes is tested in
 ``tests/plugins/backends/fsdp2/test_fsdp2_checkpoint.py``. Any Hugging Face causal LM folder
-works; without one, a 4M-parameter Qwen2 (the quickstart model's shape) is made with random
+works; without one, a 4M-parameter Qwen2 (the tool quickstart's shape) is made with random
 weights.
 
     python bench/bench_adamw.py [--model FOLDER] [--steps 6] [--threads 2]

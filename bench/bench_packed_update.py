@@ -4,7 +4,7 @@ Two actors of the same model, one packed and one padded, take turns updating on 
 GRPO-shaped batch (left-padded prompts, right-padded responses of random lengths), with
 token-budget micro-batches or the whole batch in one pass. Prints the median seconds of each
 and their ratio. Any Hugging Face causal LM folder works; without one, a 4M-parameter Qwen2
-(the quickstart model's shape) is made with random weights.
+(the tool quickstart's shape) is made with random weights.
 
     python bench/bench_packed_update.py [--model FOLDER] [--steps 4] [--batching budget]
 """
@@ -77,7 +77,7 @@ def actor(model: Path, rows: int, **options: Any) -> FSDP2Backend:
 
 
 def quickstart_shaped_model(folder: Path) -> Path:
-    """A 4M-parameter Qwen2 of the quickstart model's shape, with random weights."""
+    """A 4M-parameter Qwen2 of the tool quickstart's shape, with random weights."""
     from plugrl.testing import save_tiny_model
 
     return save_tiny_model(

@@ -10,7 +10,7 @@ the same, the work is not. Prints the median seconds of each, their ratio, the s
 tokens left out (the ratio the update would reach if its time were proportional to tokens).
 That the gradients are the same is tested in
 ``tests/plugins/backends/fsdp2/test_fsdp2_skip_rows.py``. Any Hugging Face causal LM
-folder works; without one, a 4M-parameter Qwen2 (the quickstart model's shape) is made with
+folder works; without one, a 4M-parameter Qwen2 (the tool quickstart's shape) is made with
 random weights.
 
     python bench/bench_skip_rows.py [--model FOLDER] [--steps 4] [--uniform 0.35]

@@ -378,7 +378,7 @@ def _quickstart_shape(recipe: Any) -> Any:
     """The quickstart model's shape when a quickstart recipe's model folder is not built yet
     (``plugrl quickstart`` builds it), so the shipped recipes plan anywhere."""
     from plugrl.plan import shape_from_config
-    from plugrl_tools.quickstart.model import QUICKSTART_MODEL_SIZES
+    from plugrl_tools.quickstart.model import QUICKSTART_MODEL_SIZES, TOOL_MODEL_SIZES
 
     path = Path(recipe.model.path or "")
     if path.exists() or path.name != "model" or "quickstart" not in path.parent.name:
@@ -389,8 +389,9 @@ def _quickstart_shape(recipe: Any) -> Any:
         # the planner sizes the language model; the vision tower is a few thousand parameters
         config = {**vision_language_model_sizes(), "model_type": "qwen2"}
         return shape_from_config(config, "quickstart", "the vision quickstart's language model")
+    sizes = TOOL_MODEL_SIZES if "tool" in path.parent.name else QUICKSTART_MODEL_SIZES
     # the quickstart tokenizers have 512 tokens; the model's vocabulary is the tokenizer's
-    config = {**QUICKSTART_MODEL_SIZES, "model_type": "qwen2", "vocab_size": 512}
+    config = {**sizes, "model_type": "qwen2", "vocab_size": 512}
     return shape_from_config(config, "quickstart", "the quickstart model")
 
 

@@ -33,32 +33,32 @@ logger = logging.getLogger("plugrl_tools.quickstart")
 
 # Bump when anything below changes what gets built; a cached folder of another version is
 # rebuilt.
-QUICKSTART_VERSION = "1"
+QUICKSTART_VERSION = "2"
 MANIFEST = "quickstart.json"
 # Where the quickstart keeps its model and data unless told otherwise (beside the run folders).
 DEFAULT_DIR = Path("runs") / "quickstart-assets"
 
-# Seconds per worked example and epoch of the warm start, and of the rest of a build, on an
-# idle 2-core x86 CPU, for the phase lines' rough estimates: the model trains about 5,000
-# tokens/s there and an example is about 50 tokens, whatever the batch it comes in; the rest
-# (imports, tokenizer, evaluation, writing) took 15-20 s of a build under a load average of 9.
-# Under load the progress lines' own estimates are the ones to read.
-WARM_START_EXAMPLE_S = 0.0125
+# Seconds per example and epoch of a warm start, and of the rest of a build, on an idle 2-core
+# x86 CPU, for the phase lines' rough estimates; the rest (imports, tokenizer, evaluation,
+# writing) took 15-20 s of a build under a load average of 9. Under load the progress lines'
+# own estimates are the ones to read.
 OTHER_BUILD_S = 15.0
-# a tool conversation is about 90 tokens, a worked addition about 50
-TOOL_EXAMPLE_TOKENS_RATIO = 1.8
+# a worked addition is about 50 tokens, through the 2-layer addition model
+WARM_START_EXAMPLE_S = 0.008
+# a tool conversation is about 90 tokens, through the 4-layer tool model, which trained about
+# 4,000 tokens/s
+TOOL_EXAMPLE_S = 0.0225
 # a picture's example (34 tokens, 9 of them the picture's, through a 180k-parameter model and
-# its vision tower) trains in about a seventh of a worked addition's time: 800 pictures x 8
-# epochs took 29 s
-VISION_EXAMPLE_RATIO = 0.15
+# its vision tower): 800 pictures x 8 epochs took 29 s under load
+VISION_EXAMPLE_S = 0.0019
 
 
 def warm_start_seconds(settings: AnySettings) -> float:
     per_example = WARM_START_EXAMPLE_S
     if isinstance(settings, ToolQuickstartSettings):
-        per_example *= TOOL_EXAMPLE_TOKENS_RATIO
+        per_example = TOOL_EXAMPLE_S
     elif isinstance(settings, VisionQuickstartSettings):
-        per_example *= VISION_EXAMPLE_RATIO
+        per_example = VISION_EXAMPLE_S
     return settings.warm_start_epochs * settings.num_warm_start * per_example
 
 
@@ -190,7 +190,7 @@ def build_into(
 
     started = time.perf_counter()
     splits, examples, tokenizer = _task(seed, settings)
-    logger.info("model: a Qwen2-architecture model of about 4M parameters, from seed %d", seed)
+    logger.info("model: a Qwen2-architecture model of about 2M parameters, from seed %d", seed)
     model = build_tiny_model(tokenizer, seed)
     num_parameters = sum(p.numel() for p in model.parameters())
     steps = settings.warm_start_epochs * math.ceil(len(examples) / settings.warm_start_batch_size)

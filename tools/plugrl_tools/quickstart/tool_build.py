@@ -77,7 +77,7 @@ def build_tool_into(
     import torch
 
     from plugrl_tools.quickstart.build import rough_duration, warm_start_seconds
-    from plugrl_tools.quickstart.model import build_tiny_model
+    from plugrl_tools.quickstart.model import TOOL_MODEL_SIZES, build_tiny_model
     from plugrl_tools.quickstart.progress import Progress
     from plugrl_tools.quickstart.tool_warmstart import (
         GENERATION_BATCH_SIZE,
@@ -91,7 +91,7 @@ def build_tool_into(
     toolbox = Toolbox()
     splits, conversations, tokenizer = tool_task(seed, settings, toolbox)
     logger.info("model: a Qwen2-architecture model of about 4M parameters, from seed %d", seed)
-    model = build_tiny_model(tokenizer, seed)
+    model = build_tiny_model(tokenizer, seed, TOOL_MODEL_SIZES)
     steps = settings.warm_start_epochs * math.ceil(
         len(conversations) / settings.warm_start_batch_size
     )
