@@ -51,15 +51,23 @@ class _TokenLogProbs(torch.autograd.Function):
         for start in range(0, count, chunk):
             part = slice(start, start + chunk)
             scaled = _chunk(logits, rows, part, temperature)
-            norm = torch.logsumexp(scaled, dim=-1)
+            picked = scaled.gather(-1, targets[part, None]).squeeze(-1)
+            # logsumexp in the chunk's own buffer: s = z - max, then exp(s) over it
+            top = scaled.amax(dim=-1, keepdim=True)
+            shifted = scaled.sub_(top)
+            if entropy is None:
+                total = shifted.exp_().sum(dim=-1)
+            else:
+                # entropy = log S - sum(e^s s) / S with S = sum(e^s): two small terms when one
+                # token takes nearly all the probability, so no digits cancel
+                weights = torch.exp(shifted)
+                total = weights.sum(dim=-1)
+                entropy[part] = total.log() - weights.mul_(shifted).sum(dim=-1) / total
+                del weights
+            norm = total.log_() + top.squeeze(-1)
             log_norm[part] = norm
-            log_prob[part] = scaled.gather(-1, targets[part, None]).squeeze(-1) - norm
-            if entropy is not None:
-                # -sum(p log p) with log p = z - lse, which keeps the digits that
-                # lse - sum(p z) cancels when one token takes nearly all the probability
-                log_p = scaled.sub_(norm[:, None])
-                entropy[part] = -torch.exp(log_p).mul_(log_p).sum(dim=-1)
-            del scaled
+            log_prob[part] = picked - norm
+            del scaled, shifted
         saved_entropy = entropy if (entropy is not None and entropy_grad) else None
         ctx.save_for_backward(logits, targets, rows, log_norm, saved_entropy)
         ctx.temperature = temperature
@@ -97,10 +105,10 @@ class _TokenLogProbs(torch.autograd.Function):
         for start in range(0, targets.shape[0], chunk):
             part = slice(start, start + chunk)
             scaled = _chunk(logits, rows, part, temperature)
-            # the gradient is built in the probabilities' buffer, the entropy's term in the
-            # log-probabilities'
             log_p = scaled.sub_(log_norm[part, None])
-            grad = torch.exp(log_p)
+            # the gradient is built in the chunk's own buffer, or with the entropy's term in
+            # a second one, beside the log-probabilities that term reads
+            grad = torch.exp(log_p) if grad_entropy is not None else log_p.exp_()
             if grad_entropy is not None:
                 # d entropy / dz = -p (log p + entropy)
                 log_p.add_(entropy[part, None]).mul_(grad)
