@@ -7,7 +7,7 @@ The plain autograd formula (``log_softmax`` of the logits cast to float32) keeps
 copy for its backward and then builds ``grad * exp(logits - lse)`` from three more float32
 buffers of the same size: about 20 bytes a logit at the update's peak for bfloat16 logits.
 Here the peak is the logits (2 bytes a logit in bfloat16), their gradient (none more when
-written over them) and a few float32 buffers of one chunk.
+written over them) and one float32 buffer of one chunk, two with the entropy.
 
 With ``z = logits / T`` (``T`` the sampling temperature), ``p = softmax(z)`` and ``y`` the
 target id, each token's results and their gradients with respect to the logits are::
