@@ -3,8 +3,9 @@
 Runs the phases a step is made of through plugrl's own parts, each configuration in a fresh
 subprocess so that one peak cannot leak into the next:
 
-* ``log-prob``: the fsdp2 actor's ``compute_log_prob`` over a batch (no gradient), after an
-  update, so that the optimizer state a run holds between steps is there;
+* ``log-prob``: the fsdp2 actor's ``compute_log_prob`` over a batch (no gradient), with the
+  entropy as a run's old_log_prob pass asks for it, after an update, so that the optimizer
+  state a run holds between steps is there;
 * ``update``: the fsdp2 actor's ``update_policy`` (forwards, backwards and the optimizer step
   of one mini-batch), measured on its second call, when the optimizer state exists already,
   as in every step of a run but the first;
@@ -157,6 +158,9 @@ def recipe_of(case: Case, model_path: Path) -> Any:
             log_prob_micro_batch_size_per_gpu=shape["micro"],
             param_offload=case.offload,
             use_remove_padding=case.packed,
+            # the measured update is given old log-probs: it never derives them (nor computes
+            # the entropy the skipped pass would have reported), and the plan must know
+            reuse_on_policy_log_prob=False,
         ),
         rollout=HFRolloutConfig(dtype="float32", max_num_seqs=shape["rows"]),
         trainer=TrainerConfig(seed=0),
@@ -263,7 +267,7 @@ def _backend_run(
     if case.phase == "log-prob":
         # the optimizer state exists from a run's second step on: make it before measuring
         backend.update_policy(batch.copy(), objective)
-        return (lambda: backend.compute_log_prob(batch.copy())), held
+        return (lambda: backend.compute_log_prob(batch.copy(), calculate_entropy=True)), held
     return (lambda: backend.update_policy(batch.copy(), objective)), held
 
 

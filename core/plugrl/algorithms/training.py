@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from plugrl.algorithms.token_log_probs import token_log_probs
 from plugrl.errors import RecipeError
 from plugrl.parts.algorithm import LossScale
 from plugrl.state.seeds import mini_batch_order_seed
@@ -413,48 +414,66 @@ def response_log_probs(
     *,
     with_entropy: bool,
     entropy_grad: bool = True,
+    overwrite_logits: bool = False,
+    rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-token log-probs ``[b, R]`` of ``micro_batch``'s ``responses`` (and entropies when
-    ``with_entropy``) from float ``logits [b, R', V]``, those of the positions that predict
-    the first ``R'`` response tokens (the columns some row of the micro-batch uses), divided
-    by the sampling ``temperature``.
+    """Per-token float32 log-probs ``[b, R]`` of ``micro_batch``'s ``responses`` (and entropies
+    when ``with_entropy``) from ``logits [b, R', V]`` of any float dtype, those of the positions
+    that predict the first ``R'`` response tokens (the columns some row of the micro-batch
+    uses), divided by the sampling ``temperature``. With ``rows [b, R']``, ``logits`` are
+    ``[M, V]`` (a model's output, flattened) and ``rows`` the row of each of those positions.
 
     Its ``attention_mask [b, P+R]`` zeroes padding, so results do not depend on which rows
     shared a micro-batch; columns past ``R'`` are 0. ``entropy_grad=False`` computes the
-    entropy outside the autograd graph (:func:`entropy_for_metrics`), for a metric only.
+    entropy outside the autograd graph, for a metric only.
+
+    The vocabulary-sized work runs a chunk of tokens at a time and the graph keeps only
+    ``logits`` and a logsumexp per token (:func:`plugrl.algorithms.token_log_probs.
+    token_log_probs`); ``overwrite_logits`` lets the backward write the logits' gradient over
+    them, for a caller that owns them as that function says.
     """
-    used = logits.shape[1]
-    if temperature != 1.0:
-        logits = logits / temperature
+    used = logits.shape[1] if rows is None else rows.shape[1]
     responses = micro_batch["responses"].to(logits.device)
     attention_mask = micro_batch["attention_mask"]
-    targets = responses[:, :used].unsqueeze(-1)
-    log_norm = torch.logsumexp(logits, dim=-1)
-    log_prob = logits.gather(-1, targets).squeeze(-1) - log_norm
-    attended = attention_mask[:, -responses.shape[-1] :][:, :used]
-    attended = attended.to(log_prob.device, log_prob.dtype)
+    targets = responses[:, :used]
+    flat_logits = logits.reshape(-1, logits.shape[-1])
+    if rows is None:
+        rows = torch.arange(flat_logits.shape[0], device=logits.device).reshape(targets.shape)
+    attended = attention_mask[:, -responses.shape[-1] :][:, :used].to(logits.device)
+    # only attended tokens are scored: the others are 0 and pass no gradient, and each
+    # attended token has its own row of logits, as writing a gradient over them needs
+    where = attended.reshape(-1).nonzero().squeeze(-1)
+    scored, scored_entropy = token_log_probs(
+        flat_logits,
+        targets.reshape(-1)[where],
+        temperature,
+        rows=rows.reshape(-1)[where].to(logits.device),
+        with_entropy=with_entropy,
+        entropy_grad=entropy_grad,
+        overwrite_logits=overwrite_logits,
+    )
     pad = responses.shape[-1] - used
-    entropy = None
-    if with_entropy:
-        if entropy_grad:
-            entropy = log_norm - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
-        else:
-            entropy = entropy_for_metrics(logits.detach(), log_norm.detach())
-        entropy = F.pad(entropy * attended, (0, pad))
-    return F.pad(log_prob * attended, (0, pad)), entropy
+
+    def laid_out(values: torch.Tensor) -> torch.Tensor:
+        full = values.new_zeros(targets.numel()).index_put((where,), values)
+        return F.pad(full.reshape(targets.shape), (0, pad))
+
+    entropy = None if scored_entropy is None else laid_out(scored_entropy)
+    return laid_out(scored), entropy
 
 
 @torch.no_grad()
 def sum_pi_squared(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """``sum_v p_v^2`` per token ``[...]`` of the distribution
+    """``sum_v p_v^2`` per token ``[...]`` (float32 at least) of the distribution
     ``softmax(logits [..., V] / temperature)``, without gradient, a slice of tokens at a time
     (``exp(lse(2 l) - 2 lse(l))``, so no probability is below the float range where a plain
     square would lose it): the temperature is applied per slice too, so a slice's scaled and
     doubled logits are the only full-vocabulary copies, never one of the whole batch."""
     flat = logits.reshape(-1, logits.shape[-1])
-    out = torch.empty(flat.shape[0], dtype=flat.dtype, device=flat.device)
+    dtype = torch.promote_types(flat.dtype, torch.float32)
+    out = torch.empty(flat.shape[0], dtype=dtype, device=flat.device)
     for start in range(0, flat.shape[0], ENTROPY_SLICE_TOKENS):
-        piece = flat[start : start + ENTROPY_SLICE_TOKENS]
+        piece = flat[start : start + ENTROPY_SLICE_TOKENS].to(dtype)
         if temperature != 1.0:
             piece = piece / temperature
         log_norm = torch.logsumexp(piece, dim=-1)
@@ -465,15 +484,21 @@ def sum_pi_squared(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tens
 
 
 def response_sum_pi_squared(
-    logits: torch.Tensor, micro_batch: Batch, temperature: float
+    logits: torch.Tensor,
+    micro_batch: Batch,
+    temperature: float,
+    rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """:func:`sum_pi_squared` ``[b, R]`` at the positions :func:`response_log_probs` reads
-    (``logits [b, R', V]``, divided by the sampling ``temperature``), 0 on padding and past
-    ``R'``: what the optimal token baseline reads as ``sum_pi_squared``."""
-    used = logits.shape[1]
+    (``logits [b, R', V]``, or ``[M, V]`` and their ``rows [b, R']`` as there, divided by the
+    sampling ``temperature``), 0 on padding and past ``R'``: what the optimal token baseline
+    reads as ``sum_pi_squared``."""
+    values = sum_pi_squared(logits, temperature)
+    if rows is not None:
+        values = values[rows.to(values.device)]
+    used = values.shape[1]
     responses = micro_batch["responses"]
     attended = micro_batch["attention_mask"][:, -responses.shape[-1] :][:, :used]
-    values = sum_pi_squared(logits, temperature)
     values = values * attended.to(values.device, values.dtype)
     return F.pad(values, (0, responses.shape[-1] - used))
 

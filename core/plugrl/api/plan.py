@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from plugrl.api._lazy import lazy_module
 
 if TYPE_CHECKING:
+    from plugrl.algorithms.log_prob_chunks import chunk_tokens as log_prob_chunk_tokens
     from plugrl.plan.context import MicroBatch, PlanContext
     from plugrl.plan.formulas import (
         ADAM_STATES,
@@ -40,6 +41,7 @@ __all__ = [
     "engine_rows",
     "forward_working_set",
     "kv_cache_bytes",
+    "log_prob_chunk_tokens",
     "logits_bytes",
     "reserved_engine_terms",
     "rollout_dtype",
@@ -67,6 +69,7 @@ __getattr__, __dir__ = lazy_module(
         "engine_rows": ("plugrl.plan.formulas", "engine_rows"),
         "forward_working_set": ("plugrl.plan.formulas", "forward_working_set"),
         "kv_cache_bytes": ("plugrl.plan.formulas", "kv_cache_bytes"),
+        "log_prob_chunk_tokens": ("plugrl.algorithms.log_prob_chunks", "chunk_tokens"),
         "logits_bytes": ("plugrl.plan.formulas", "logits_bytes"),
         "reserved_engine_terms": ("plugrl.plan.formulas", "reserved_engine_terms"),
         "rollout_dtype": ("plugrl.plan.formulas", "rollout_dtype"),

@@ -68,79 +68,89 @@ def test_activations_with_checkpointing(bench_recipe):
     assert terms_of(plan, "update", "actor")["activations"] == expected
 
 
+CHUNK = 32 * 2**20 // V  # tokens per chunk of the log-probs at this vocabulary
+
+
 def test_vocabulary_terms(plan):
+    """As the backward starts the update holds the head's bfloat16 output, which the
+    log-probs read where it lies and write their gradient over, and one chunk's working set:
+    a float32 buffer and a bfloat16 one (no entropy), a second float32 one where the
+    log-prob pass computes the entropy."""
     response_tokens = 8192 * 256 // 512  # half of a full-length row is response
+    assert response_tokens > CHUNK
     update = terms_of(plan, "update", "actor")
-    # as the backward starts: the head output the gather keeps, the float32 logits kept,
-    # logsumexp's backward (difference, exponential, product) and the gather's gradient
     assert update["lm_head output"] == response_tokens * V * 2
-    assert update["logits (float32)"] == response_tokens * V * 4
-    assert update["log-softmax backward"] == response_tokens * V * 4 * 3
-    assert update["logit gradients"] == response_tokens * V * 4
+    assert update["log-prob chunk"] == CHUNK * V * (4 + 2)
+    for gone in ("logits (float32)", "log-softmax backward", "logit gradients"):
+        assert gone not in update
     log_prob = plan.phase("trainer", "log_prob").instants
     assert {t.name: t.bytes for t in log_prob["actor lm_head"]}["lm_head output"] == (
         response_tokens * V * 2
     )
-    softmax = {t.name: t.bytes for t in log_prob["actor log-softmax"]}
-    assert softmax == {"logits (float32)": response_tokens * V * 4} | {
-        "log-softmax workspace": response_tokens * V * 4
-    }
+    scoring = {t.name: t.bytes for t in log_prob["actor log-probs"]}
+    assert scoring == {"lm_head output": response_tokens * V * 2, "log-prob chunk": CHUNK * V * 10}
 
 
-def test_packed_update_keeps_no_head_output(bench_recipe):
-    """Packed rows pick the response positions by indexing, whose backward keeps only the
-    indices: the head's bfloat16 output is freed once its float32 copy exists (measured on
-    the CPU, bench/bench_memory_plan.py), so the update holds 20 bytes a logit, not 22."""
+def test_packed_update_holds_what_the_padded_one_does(bench_recipe, plan):
+    """Packed or padded, the model keeps only the outputs that predict a response token and
+    the log-probs read them in place: the same vocabulary terms."""
     plugins = get_plugin_manager()
     recipe = load_recipe(bench_recipe, ["actor.use_remove_padding=true"], plugins)
-    plan = plan_recipe(recipe, None, plugins)
-    response_tokens = 8192 * 256 // 512
-    update = terms_of(plan, "update", "actor")
-    assert "lm_head output" not in update
-    assert update["logits (float32)"] == response_tokens * V * 4
-    assert update["log-softmax backward"] == response_tokens * V * 4 * 3
-    assert update["logit gradients"] == response_tokens * V * 4
-    # the log-prob pass still has the moment the head's output is made
-    log_prob = plan.phase("trainer", "log_prob").instants
-    assert {t.name: t.bytes for t in log_prob["actor lm_head"]}["lm_head output"] == (
-        response_tokens * V * 2
+    packed = terms_of(plan_recipe(recipe, None, plugins), "update", "actor")
+    padded = terms_of(plan, "update", "actor")
+    for name in ("lm_head output", "log-prob chunk"):
+        assert packed[name] == padded[name]
+
+
+def test_a_micro_batch_smaller_than_a_chunk_is_one_chunk(bench_recipe):
+    plugins = get_plugin_manager()
+    lengths = ["data.max_prompt_length=64", "data.max_response_length=64"]
+    overrides = [*lengths, "actor.ppo_max_token_len_per_gpu=128"]
+    update = terms_of(
+        plan_recipe(load_recipe(bench_recipe, overrides, plugins), None, plugins), "update", "actor"
     )
+    assert update["log-prob chunk"] == 64 * V * 6  # 128 tokens, half of them response
 
 
 def test_ulysses_scores_every_position_of_its_slice(bench_recipe):
-    """Under Ulysses each rank takes the log-softmax of every position of its slice, prompt
-    included: the vocabulary buffers are over the micro-batch's tokens on the rank (8192,
+    """Under Ulysses each rank scores every position of its slice, prompt included: the
+    head's output is over the micro-batch's tokens on the rank (8192,
     ppo_max_token_len_per_gpu), not its response share."""
     plugins = get_plugin_manager()
     overrides = ["cluster=ray", "trainer.n_gpus_per_node=2"]
     overrides.append("actor.ulysses_sequence_parallel_size=2")
     plan = plan_recipe(load_recipe(bench_recipe, overrides, plugins), None, plugins)
     update = terms_of(plan, "update", "actor")
-    assert "lm_head output" not in update  # the slice's float32 copy owns the logits
-    assert update["logits (float32)"] == 8192 * V * 4
-    assert update["log-softmax backward"] == 8192 * V * 4 * 3
+    assert update["lm_head output"] == 8192 * V * 2
+    assert update["log-prob chunk"] == CHUNK * V * 6
     log_prob = plan.phase("trainer", "log_prob").instants
-    assert {t.name: t.bytes for t in log_prob["actor log-softmax"]}["logits (float32)"] == (
-        8192 * V * 4
+    assert {t.name: t.bytes for t in log_prob["actor log-probs"]}["lm_head output"] == (
+        8192 * V * 2
     )
 
 
-def test_unfused_log_softmax_is_named_when_the_update_does_not_fit(bench_recipe):
-    """A plan over the device's memory says what its log-probs cost per logit here against
-    a fused cross-entropy's 2 bytes, so it never silently disagrees with a verl run."""
+def test_the_entropy_takes_a_second_chunk_buffer(bench_recipe):
+    """An entropy bonus, or an update that may take the old log-probs from its own forward
+    (and report the entropy the skipped pass would have), computes the entropy in the update:
+    one more float32 buffer of a chunk."""
     plugins = get_plugin_manager()
-    recipe = load_recipe(bench_recipe, [], plugins)
-    response_tokens = 8192 * 256 // 512
-    over = plan_recipe(recipe, 10 * GIB, plugins)
-    vocabulary = response_tokens * V * (2 + 4 + 12 + 4)  # 22 bytes a logit, padded rows
-    caveat = (
-        "the actor's log-probs take 22 bytes a scored logit at the update's peak here "
-        f"({vocabulary / GIB:.2f} GiB: a float32 log-softmax and its backward, unfused)"
-    )
-    assert any(note.startswith(caveat) for note in over.notes)
-    assert "note: " + caveat in render_table(over)
-    assert json.loads(render_json(over))["notes"] == list(over.notes)
-    assert not any("log-probs" in note for note in plan_recipe(recipe, 80 * GIB, plugins).notes)
+    for override in ("actor.entropy_coeff=0.01", "actor.ppo_mini_batch_size=32"):
+        recipe = load_recipe(bench_recipe, [override], plugins)
+        update = terms_of(plan_recipe(recipe, None, plugins), "update", "actor")
+        assert update["log-prob chunk"] == CHUNK * V * (4 + 4 + 2), override
+    one_step = ["actor.ppo_mini_batch_size=32", "actor.reuse_on_policy_log_prob=false"]
+    recipe = load_recipe(bench_recipe, one_step, plugins)
+    update = terms_of(plan_recipe(recipe, None, plugins), "update", "actor")
+    assert update["log-prob chunk"] == CHUNK * V * (4 + 2)
+
+
+def test_no_log_probs_caveat_is_left(bench_recipe):
+    """The log-probs hold 2 bytes a bfloat16 logit, as verl's fused cross-entropy does: a
+    plan over the device's memory has no note that blames them."""
+    plugins = get_plugin_manager()
+    over = plan_recipe(load_recipe(bench_recipe, [], plugins), 10 * GIB, plugins)
+    assert not over.fits
+    assert not any("log-probs" in note for note in over.notes)
 
 
 def test_engine_terms(plan):
@@ -251,8 +261,8 @@ def test_solver_finds_the_largest_fitting_value(bench_recipe):
 
 def test_suggestions_each_fit(bench_recipe):
     plugins = get_plugin_manager()
-    # the update needs about 39 GiB, 29 GiB with gradient checkpointing
-    planner = RecipePlanner(str(bench_recipe), [], plugins, device_memory=30 * GIB)
+    # the update needs about 27 GiB, 17 GiB with gradient checkpointing
+    planner = RecipePlanner(str(bench_recipe), [], plugins, device_memory=20 * GIB)
     plan = planner.plan_with_suggestions()
     assert plan.fits is False
     overrides = [s.override for s in plan.suggestions]

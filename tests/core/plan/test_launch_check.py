@@ -85,6 +85,6 @@ def test_run_stops_before_loading_the_model(bench_recipe, tmp_path):
         ],
         plugins,
     )
-    with pytest.raises(RecipeError, match=r"memory check: the update phase needs 38\.6 GiB"):
+    with pytest.raises(RecipeError, match=r"memory check: the update phase needs 27\.2 GiB"):
         run_recipe(recipe, plugins)
     assert not (tmp_path / "run").exists()

@@ -1584,3 +1584,27 @@ def test_offload_policy_is_the_fsdp2_offload(plugrl_plugin_manager):
         "FSDP2's CPU-offload policy"
         in (unmapped(alone, "dropped")["actor_rollout_ref.actor.fsdp_config.offload_policy=True"])
     )
+
+
+def test_entropy_memory_savings_are_dropped_with_an_entropy_bonus_too(plugrl_plugin_manager):
+    """plugrl's log-probs compute the entropy a chunk at a time and recompute each chunk's
+    softmax in the backward, so verl's switches for that change nothing, bonus or not."""
+    conversion = convert(
+        "actor_rollout_ref.actor.entropy_coeff=0.001",
+        "actor_rollout_ref.actor.entropy_checkpointing=True",
+        "actor_rollout_ref.actor.entropy_from_logits_with_chunking=True",
+        "actor_rollout_ref.model.use_fused_kernels=True",
+    )
+    assert conversion.recipe["actor"]["entropy_coeff"] == 0.001
+    dropped = unmapped(conversion, "dropped")
+    assert (
+        "recomputes each chunk's" in dropped["actor_rollout_ref.actor.entropy_checkpointing=True"]
+    )
+    assert (
+        "a chunk of tokens at a time"
+        in dropped["actor_rollout_ref.actor.entropy_from_logits_with_chunking=True"]
+    )
+    assert (
+        "writes the gradient over the logits"
+        in dropped["actor_rollout_ref.model.use_fused_kernels=True"]
+    )

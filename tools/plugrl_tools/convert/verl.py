@@ -269,7 +269,9 @@ DROPPED = {
         "them with the batch, whatever verl's switch says"
     ),
     "actor_rollout_ref.model.use_fused_kernels": (
-        "plugrl has no switch: log-probs come from the model's own logits"
+        "plugrl has no switch: log-probs always read the model's own logits a chunk of tokens "
+        "at a time, in float32, and their backward writes the gradient over the logits (2 "
+        "bytes a bfloat16 logit)"
     ),
     "actor_rollout_ref.actor.use_torch_compile": "plugrl does not compile the model",
     "actor_rollout_ref.rollout.mode": (
@@ -280,7 +282,8 @@ DROPPED = {
         "plugrl's engines return the log-prob of every sampled token with each completion"
     ),
     "actor_rollout_ref.model.fused_kernel_options.impl_backend": (
-        "plugrl has no fused-kernel switch: log-probs come from the model's own logits"
+        "plugrl has no fused-kernel switch: log-probs always read the model's own logits a "
+        "chunk of tokens at a time"
     ),
     "actor_rollout_ref.rollout.skip_tokenizer_init": (
         "whether verl's engine loads a tokenizer of its own; plugrl's engines take the prompt's "
@@ -768,12 +771,12 @@ V1_ROLLOUT_DEVICES = {
 """The standalone engines' devices of verl's separate_async, as its fully-async recipe's keys."""
 
 _ENTROPY_CHUNKS = (
-    "with no entropy bonus the entropy is only a metric, which plugrl computes a slice of "
-    "tokens at a time (either value)"
+    "plugrl always computes the entropy a chunk of tokens at a time, with the log-probs "
+    "(either value)"
 )
 _ENTROPY_RECOMPUTE = (
-    "with no entropy bonus the entropy carries no gradient, so there is nothing to recompute "
-    "in the backward pass (either value)"
+    "plugrl's log-probs keep no softmax for the backward: it recomputes each chunk's, the "
+    "entropy's gradient included (either value)"
 )
 ENTROPY_MEMORY = {
     "actor_rollout_ref.actor.entropy_from_logits_with_chunking": _ENTROPY_CHUNKS,
@@ -2163,9 +2166,7 @@ class _Converter:
                 f"settable), less than the {value} s asked: a collective slower than that stops "
                 "the run with a timeout error",
             )
-        if key in ENTROPY_MEMORY and not _positive(
-            given.get("actor_rollout_ref.actor.entropy_coeff")
-        ):
+        if key in ENTROPY_MEMORY:
             return _Skip("dropped", ENTROPY_MEMORY[key])
         lengths = {
             "actor_rollout_ref.rollout.prompt_length": "data.max_prompt_length",

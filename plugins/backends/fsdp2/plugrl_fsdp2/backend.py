@@ -484,12 +484,23 @@ class FSDP2Backend(TrainingBackend):
 
     def _forward(self, micro_batch: Batch) -> tuple[torch.Tensor, int]:
         """Model outputs at the positions that predict each response token: ``[b, R', ...]``
-        float32, with ``R'`` the response columns some row of the micro-batch uses."""
+        in the model's compute dtype, with ``R'`` the response columns some row of the
+        micro-batch uses."""
+        if self._sp_group is not None:
+            (outputs,), used = self._split_forward(
+                micro_batch, lambda outputs, _: [outputs.float()]
+            )
+            return outputs, used
+        outputs, rows, used = self._head_outputs(micro_batch)
+        return outputs[rows], used
+
+    def _head_outputs(self, micro_batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """The model's outputs ``[M, ...]`` at the positions it kept, flattened, and the row
+        of them ``[b, R']`` that predicts each response token (``R'`` the response columns
+        some row of the micro-batch uses): no copy of the rows read, so that the log-probs'
+        backward can write its gradient over the model's own output."""
         model = self.model
         assert model is not None
-        if self._sp_group is not None:
-            (outputs,), used = self._split_forward(micro_batch, lambda outputs, _: [outputs])
-            return outputs, used
         if self._packs(micro_batch):
             return self._packed_forward(micro_batch)
         layout = left_align(micro_batch["attention_mask"], micro_batch["responses"].shape[-1])
@@ -518,10 +529,12 @@ class FSDP2Backend(TrainingBackend):
         outputs = model(**inputs).logits[:, -keep:]
         if dummy:
             outputs = outputs[:-1, : layout.keep]
-        index = layout.response_index[..., None].expand(-1, -1, outputs.shape[-1])
-        return outputs.gather(1, index).float(), layout.response_len
+        width = outputs.shape[1]
+        starts = width * torch.arange(outputs.shape[0], device=outputs.device)
+        rows = layout.response_index + starts[:, None]
+        return outputs.reshape(-1, outputs.shape[-1]), rows, layout.response_len
 
-    def _packed_forward(self, micro_batch: Batch) -> tuple[torch.Tensor, int]:
+    def _packed_forward(self, micro_batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int]:
         model = self.model
         assert model is not None
         layout = packing.pack(micro_batch["attention_mask"], micro_batch["responses"].shape[-1])
@@ -539,13 +552,13 @@ class FSDP2Backend(TrainingBackend):
             outputs = model(**inputs, logits_to_keep=layout.keep).logits[0]
         else:
             outputs = model(**inputs).logits[0, layout.keep]
-        return outputs[layout.response_index].float(), layout.response_len
+        return outputs, layout.response_index, layout.response_len
 
     def _split_forward(
         self, micro_batch: Batch, per_token: PerToken
     ) -> tuple[list[torch.Tensor], int]:
         """Sequence-parallel forward: ``per_token(outputs, next_ids)`` of this rank's slice of
-        each sequence (float32 outputs ``[b, s/sp, ...]`` and the ids they predict
+        each sequence (the model's outputs ``[b, s/sp, ...]`` and the ids they predict
         ``[b, s/sp]``), each result gathered over the group and taken at the positions that
         predict each response token: ``[b, R', ...]``, with ``R'`` the response columns some
         row of the micro-batch uses.
@@ -632,7 +645,7 @@ class FSDP2Backend(TrainingBackend):
                 attention_mask=None,
                 use_cache=False,
                 **extra,
-            ).logits.float()
+            ).logits
         else:
             # the vision tower needs each image whole: the model embeds the whole sequences
             # and their images on every rank, and its language model takes this rank's slice
@@ -644,7 +657,7 @@ class FSDP2Backend(TrainingBackend):
                     use_cache=False,
                     **extra,
                     **image_inputs,
-                ).logits.float()
+                ).logits
         results = per_token(outputs, next_ids[:, mine])
         gathered = [ulysses.gather_sequence(r, self._sp_group)[:, :width] for r in results]
         return [select(full) for full in gathered], used
@@ -687,13 +700,19 @@ class FSDP2Backend(TrainingBackend):
                 entropy_grad=entropy_grad,
                 with_sum_pi_squared=with_sum_pi_squared,
             )
-        logits, _ = self._forward(micro_batch)
+        logits, rows, _ = self._head_outputs(micro_batch)
         log_prob, entropy = response_log_probs(
-            logits, micro_batch, temperature, with_entropy=with_entropy, entropy_grad=entropy_grad
+            logits,
+            micro_batch,
+            temperature,
+            with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
+            overwrite_logits=_overwritable(logits),
+            rows=rows,
         )
         squares = None
         if with_sum_pi_squared:
-            squares = response_sum_pi_squared(logits, micro_batch, temperature)
+            squares = response_sum_pi_squared(logits, micro_batch, temperature, rows)
         return log_prob, entropy, squares
 
     def _split_log_probs(
@@ -705,9 +724,11 @@ class FSDP2Backend(TrainingBackend):
         entropy_grad: bool,
         with_sum_pi_squared: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """:meth:`_token_columns` under sequence parallelism: the log-softmax, the biggest
-        tensor of a step, runs on each rank's slice of the logits; only per-token results are
-        gathered."""
+        """:meth:`_token_columns` under sequence parallelism: the log-probs, whose
+        vocabulary-sized work is the biggest of a step, run on each rank's slice of the
+        logits; only per-token results are gathered. The slice is the lm_head's product,
+        which no backward reads, so the log-probs write their gradient over it unless the
+        model's last operation keeps its result (a soft-capping tanh, say)."""
 
         def per_token(logits: torch.Tensor, next_ids: torch.Tensor) -> list[torch.Tensor]:
             # every position of the slice is scored: its next id is its target
@@ -718,6 +739,7 @@ class FSDP2Backend(TrainingBackend):
                 temperature,
                 with_entropy=with_entropy,
                 entropy_grad=entropy_grad,
+                overwrite_logits=_overwritable(logits),
             )
             results = [log_prob] if entropy is None else [log_prob, entropy]
             if with_sum_pi_squared:
@@ -735,7 +757,7 @@ class FSDP2Backend(TrainingBackend):
 
     def _values(self, micro_batch: Batch) -> torch.Tensor:
         outputs, used = self._forward(micro_batch)
-        values = outputs[..., 0]
+        values = outputs[..., 0].float()
         pad = micro_batch["responses"].shape[-1] - used
         return F.pad(values, (0, pad)) * micro_batch["response_mask"].to(values.dtype)
 
@@ -1142,3 +1164,12 @@ def _attention_implementation(model: torch.nn.Module, name: str) -> Iterator[Non
         yield
     finally:
         config._attn_implementation = before
+
+
+def _overwritable(logits: torch.Tensor) -> bool:
+    """Whether the log-probs' backward may write its gradient over ``logits``, a model's
+    output (or a view of it) that the backend holds alone: not when the operation that made
+    the output keeps it for its own backward (autograd names a node's saved output
+    ``_saved_result``; a soft-capping tanh, say)."""
+    made = logits if logits._base is None else logits._base
+    return not hasattr(made.grad_fn, "_saved_result")

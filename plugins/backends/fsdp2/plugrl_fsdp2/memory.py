@@ -8,17 +8,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import attrs
-
 from plugrl.api.plan import (
     ADAM_STATES,
-    GIB,
     MemoryTerm,
     MicroBatch,
     ModelShape,
     PlanContext,
     dtype_bytes,
     forward_working_set,
+    log_prob_chunk_tokens,
     logits_bytes,
     sharded,
     training_activations,
@@ -129,19 +127,13 @@ def _gathered(
     return MemoryTerm("gathered weights", units * compute, phases, role, note=note, instant=instant)
 
 
-def _scored_positions(recipe: Recipe, batch: MicroBatch) -> tuple[int, bool]:
-    """(positions whose logits the log-softmax reads on one rank, whether the lm_head output
-    is kept for the backward) of ``batch``, by the layout the backend runs.
-
-    Padded rows pick the response positions out of the head's output with a gather, whose
-    backward keeps that output. Packed rows (``use_remove_padding``) pick them by indexing,
-    whose backward keeps only the indices, and the float32 copy then owns the logits: the
-    head's output is freed (measured on the CPU in bfloat16: bench/bench_memory_plan.py).
-    Under Ulysses each rank scores every position of its slice of the sequences, prompt
-    included, from the slice's float32 logits, whose head output is freed the same way."""
+def _scored_positions(recipe: Recipe, batch: MicroBatch) -> int:
+    """Positions whose logits the log-probs read on one rank in ``batch``, by the layout the
+    backend runs: the response tokens (the model keeps only the outputs that predict them),
+    or under Ulysses every position of the rank's slice of the sequences, prompt included."""
     if recipe.actor.sequence_parallel_size() > 1:
-        return batch.tokens, False
-    return batch.response_tokens, not recipe.actor.use_remove_padding
+        return batch.tokens
+    return batch.response_tokens
 
 
 def _positions_note(recipe: Recipe, positions: int) -> str:
@@ -150,15 +142,45 @@ def _positions_note(recipe: Recipe, positions: int) -> str:
     return f"{positions:,} response tokens"
 
 
-UNFUSED_CAVEAT = (
-    "the {role}'s log-probs take {per_logit} bytes a scored logit at the update's peak here "
-    "({total:.2f} GiB: a float32 log-softmax and its backward, unfused); verl computes them "
-    "with flash-attn's fused cross-entropy, which keeps the bfloat16 logits of every token "
-    "and writes their gradient over them (2 bytes a logit), so a micro-batch sized for verl "
-    "needs fewer tokens here"
-)
-"""Why an fsdp2 update over the device's memory may be one verl runs: said with the plan's
-verdict when the phase does not fit (``MemoryTerm.caveat``)."""
+def _computes_entropy(recipe: Recipe, role: str, phase: str) -> bool:
+    """Whether ``role``'s log-probs of ``phase`` compute the entropy too: the actor's log-prob
+    pass does (the ``actor/entropy`` metric), its update with an entropy bonus, or when it
+    may take the old log-probs from its own forward (``actor.reuse_on_policy_log_prob`` with
+    one optimizer step a batch), which reports the metric instead."""
+    if role != "actor":
+        return False
+    if phase == "log_prob":
+        return True
+    actor = recipe.actor
+    derives = (
+        actor.reuse_on_policy_log_prob
+        and actor.ppo_epochs == 1
+        and actor.ppo_mini_batch_size == recipe.data.train_batch_size
+    )
+    return bool(actor.entropy_coeff) or derives
+
+
+def _chunk_term(
+    role: str, shape: ModelShape, recipe: Recipe, positions: int, phase: str, instant: str
+) -> MemoryTerm:
+    """The log-probs' working set: a chunk of tokens' logits in float32 (the log-sum-exp and
+    the gradient are made in that buffer), a second float32 buffer when they compute the
+    entropy, and in bfloat16 the rows read before their cast (the gradient's cast back, in
+    the backward)."""
+    compute = dtype_bytes(recipe.model.dtype)
+    tokens = min(positions, log_prob_chunk_tokens(shape.vocab_size))
+    buffers = 2 if _computes_entropy(recipe, role, phase) else 1
+    per_logit = 4 * buffers + (compute if compute < 4 else 0)
+    what = "with the entropy" if buffers == 2 else "no entropy"
+    return MemoryTerm(
+        "log-prob chunk",
+        logits_bytes(shape, tokens, per_logit),
+        (phase,),
+        role,
+        note=f"{tokens:,} tokens at a time x V={shape.vocab_size:,}, {what}: {per_logit} "
+        "bytes a logit",
+        instant=instant,
+    )
 
 
 def _vocab_terms(
@@ -167,22 +189,20 @@ def _vocab_terms(
     """The vocabulary-sized buffers over a micro-batch's scored positions
     (:func:`_scored_positions`).
 
-    Counted buffer by buffer on the CPU (bench/bench_memory_plan.py), and they follow the
-    autograd formulas, not the device. The update peaks as its backward starts, every
-    activation still held: the lm_head output (padded rows only: the gather that picks the
-    response positions keeps it for its backward), the float32 copy the log-softmax reads, the
-    scattered gradient of the picked tokens, and logsumexp's backward
-    ``grad * exp(logits - lse)``, whose difference, exponential and product are alive
-    together: six float32 vocabulary buffers in a float32 update (five packed), 22 bytes a
-    logit at bfloat16 (20 packed). The casts of the gradient back to model.dtype come after
-    those three are freed. The log-prob pass keeps nothing for a backward: the lm_head output
-    lives while the root's weights are gathered, and is gone by the log-softmax, a moment of
-    its own."""
+    The log-probs (``plugrl.algorithms.token_log_probs``) read the lm_head's output where it
+    lies, a chunk of tokens at a time in float32, and keep only that output and a logsumexp per
+    token for the backward, which writes the gradient over the output chunk by chunk. So the
+    update peaks as its backward starts, every activation still held, with the lm_head output
+    in model.dtype (2 bytes a logit in bfloat16, 4 in float32) and one chunk's working set
+    (:func:`_chunk_term`): counted on the CPU (bench/bench_memory_plan.py). A temperature
+    divides each chunk in place, and an entropy with its gradient reuses the chunk's buffers.
+    The log-prob pass keeps nothing for a backward: the lm_head output lives while the root's
+    weights are gathered, and then beside the chunk."""
     compute = dtype_bytes(recipe.model.dtype)
-    positions, head_kept = _scored_positions(recipe, batch)
-    fp32 = logits_bytes(shape, positions, 4)
+    positions = _scored_positions(recipe, batch)
     lm_head_output = logits_bytes(shape, positions, compute)
     head_note = f"{_positions_note(recipe, positions)} x V={shape.vocab_size:,} in model.dtype"
+    chunk = _chunk_term(role, shape, recipe, positions, phase, instant)
     if phase == "log_prob":
         lm_head = f"{role} lm_head"
         root = (shape.embedding_parameters() + shape.hidden_size) * compute
@@ -199,99 +219,26 @@ def _vocab_terms(
                 "lm_head output", lm_head_output, (phase,), role, note=head_note, instant=lm_head
             ),
             MemoryTerm(
-                "logits (float32)",
-                fp32,
-                (phase,),
-                role,
-                note="the scored positions' copy the log-softmax reads",
-                instant=instant,
-            ),
-            MemoryTerm(
-                "log-softmax workspace",
-                fp32,
-                (phase,),
-                role,
-                note="logsumexp's exp(logits - max)",
-                instant=instant,
-            ),
-            *_temperature_terms(role, recipe, fp32, phase, instant),
-        ]
-    terms = []
-    if head_kept:
-        terms.append(
-            MemoryTerm(
                 "lm_head output",
                 lm_head_output,
                 (phase,),
                 role,
-                note=head_note + ", kept for the backward of the gather",
+                note=head_note + ", read by the log-probs",
                 instant=instant,
-            )
-        )
-    terms += [
-        MemoryTerm(
-            "logits (float32)",
-            fp32,
-            (phase,),
-            role,
-            note=f"{_positions_note(recipe, positions)}, upcast for the log-softmax and kept "
-            "for its backward",
-            instant=instant,
-        ),
-        MemoryTerm(
-            "log-softmax backward",
-            3 * fp32,
-            (phase,),
-            role,
-            note="grad * exp(logits - logsumexp): the difference, its exponential and the "
-            "product, float32",
-            instant=instant,
-        ),
-        MemoryTerm(
-            "logit gradients",
-            fp32,
-            (phase,),
-            role,
-            note="the target gather's gradient, float32",
-            instant=instant,
-        ),
-    ]
-    if recipe.actor.entropy_coeff:
-        terms.append(
-            MemoryTerm(
-                "entropy (softmax kept for backward)",
-                2 * fp32,
-                (phase,),
-                role,
-                note="entropy_coeff > 0: softmax and its gradient, float32",
-                instant=instant,
-            )
-        )
-    terms += _temperature_terms(role, recipe, fp32, phase, instant)
-    total = sum(term.bytes for term in terms)
-    caveat = UNFUSED_CAVEAT.format(
-        role=role, per_logit=total // max(positions * shape.vocab_size, 1), total=total / GIB
-    )
-    return [
-        attrs.evolve(term, caveat=caveat) if term.name == "log-softmax backward" else term
-        for term in terms
-    ]
-
-
-def _temperature_terms(
-    role: str, recipe: Recipe, fp32: int, phase: str, instant: str
-) -> list[MemoryTerm]:
-    if recipe.rollout.temperature == 1.0:
-        return []
+            ),
+            chunk,
+        ]
     return [
         MemoryTerm(
-            "logits / temperature",
-            fp32,
+            "lm_head output",
+            lm_head_output,
             (phase,),
             role,
-            note=f"rollout.temperature={recipe.rollout.temperature}: one more copy",
+            note=head_note + ", kept for the log-probs' backward, which writes the gradient "
+            "over it",
             instant=instant,
-        )
+        ),
+        chunk,
     ]
 
 
@@ -350,7 +297,7 @@ def _trained_model_terms(
     terms.append(_gathered(role, shape, recipe, shards, ("log_prob",), forward))
     if role != "critic":
         # after the layers: their working set and gathered weights are gone by then
-        head = f"{role} log-softmax"
+        head = f"{role} log-probs"
         terms += _vocab_terms(role, shape, recipe, log_prob, "log_prob", head)
     param_bytes, _ = _dtypes(recipe)
     if not offloads(recipe):
@@ -391,7 +338,7 @@ def _reference_terms(shape: ModelShape, recipe: Recipe, context: PlanContext) ->
             instant=forward,
         ),
         _gathered("ref", shape, recipe, shards, ("log_prob",), forward),
-        *_vocab_terms("ref", shape, recipe, log_prob, "log_prob", "ref log-softmax"),
+        *_vocab_terms("ref", shape, recipe, log_prob, "log_prob", "ref log-probs"),
     ]
 
 

@@ -45,17 +45,19 @@ def test_ulysses_splits_the_tokens_of_a_rank():
     plain = terms(plan_7b(), "actor")
     split = terms(plan_7b("actor.ulysses_sequence_parallel_size=2"), "actor")
     # each rank scores every position of its half of the rows, prompt included, from the
-    # slice's float32 logits (the head's output is not kept)
-    assert split["logits (float32)"] == TOKENS // 2 * 152_064 * 4
-    assert "lm_head output" not in split
-    assert plain["logits (float32)"] == 2 * 1536 * 152_064 * 4
+    # slice's bfloat16 head output, read where it lies
+    assert split["lm_head output"] == TOKENS // 2 * 152_064 * 2
+    assert plain["lm_head output"] == 2 * 1536 * 152_064 * 2
+    chunk = 32 * 2**20 // 152_064  # 220 tokens
+    # no entropy in the update: a float32 buffer of the chunk and a bfloat16 one
+    assert split["log-prob chunk"] == plain["log-prob chunk"] == chunk * 152_064 * (4 + 2)
     assert split["activations"] * 2 == plain["activations"]
 
 
 def test_reference_model_with_kl_loss():
     ref = terms(plan_7b("actor.use_kl_loss=true"), "ref", "log_prob")
     assert ref["parameters"] == -(-P7B * 2 // 8)  # frozen, model.dtype
-    assert ref["logits (float32)"] == 2 * 1536 * 152_064 * 4
+    assert ref["lm_head output"] == 2 * 1536 * 152_064 * 2
     assert "ref" not in {t.role for t in plan_7b().phases[0].terms}
 
 
@@ -63,4 +65,4 @@ def test_critic_with_gae():
     critic = terms(plan_7b("algorithm.adv_estimator=gae"), "critic")
     assert critic["parameters"] == -(-P7B * 4 // 8)
     assert critic["value head output"] == TOKENS * 12
-    assert "logits (float32)" not in critic
+    assert "lm_head output" not in critic and "log-prob chunk" not in critic
