@@ -74,7 +74,7 @@ def test_a_shipped_recipe_is_a_default_by_name(tmp_path):
     manager.load_entry_points()
     recipe = load_recipe(path, (), manager)
     assert recipe.trainer.total_training_steps == 5
-    assert recipe.trainer.test_freq == 10  # from the shipped quickstart recipe
+    assert recipe.trainer.test_freq == 5  # from the shipped quickstart recipe
     assert recipe.rollout.n == 8
 
 
