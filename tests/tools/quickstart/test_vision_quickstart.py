@@ -202,7 +202,7 @@ def test_prepare_quickstart_builds_the_vision_task(tmp_path):
     )
     paths = prepare_quickstart(tmp_path / "qs", seed=1, settings=settings)
     manifest = paths.manifest
-    assert manifest["version"] == "vision-1" and manifest["data_source"] == "plugrl/counting"
+    assert manifest["version"] == "vision-2" and manifest["data_source"] == "plugrl/counting"
     assert manifest["warm_start"]["steps"] == 2
     assert 150_000 < manifest["model"]["parameters"] < 200_000
     assert {p.name for p in paths.model_path.iterdir()} >= {
@@ -215,3 +215,70 @@ def test_prepare_quickstart_builds_the_vision_task(tmp_path):
     assert "data.max_response_length=8" in quickstart_overrides(paths)
     assert "pictures of 4 shapes or more" in describe(paths)
     assert prepare_quickstart(tmp_path / "qs", seed=1, settings=settings) == paths, "reused"
+
+
+def language_model_positions(model) -> list:
+    """Records the M-RoPE positions (``[3, B, L]``) of each forward of the language model, as
+    its rotary embedding receives them."""
+    rotary = next(
+        module
+        for name, module in model.named_modules()
+        if name.endswith("rotary_emb") and "visual" not in name
+    )
+    seen = []
+    rotary.register_forward_pre_hook(lambda _module, args: seen.append(args[1].clone()))
+    return seen
+
+
+def test_the_warm_start_trains_and_evaluates_at_the_runs_positions(tiny_vl_model):
+    """The warm start's supervised pass and its greedy evaluation place the image tokens where
+    a run does (the model family's M-RoPE positions, which the hf engine and the trainer use):
+    a warm start at other positions measures, and hands the run, a model the run then reads
+    differently."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    from plugrl.data.dataset import load_tokenizer
+    from plugrl.data.multimodal import load_multimodal
+    from plugrl.plugin.manager import get_plugin_manager
+    from plugrl.recipe import ModelConfig
+    from plugrl_qwen2_vl.family import IMAGE_TEXT
+    from plugrl_tools.quickstart.vision_warmstart import (
+        encode_prompts,
+        generate_responses,
+        supervised_fine_tune,
+    )
+
+    model_config = ModelConfig(path=str(tiny_vl_model))
+    tokenizer = load_tokenizer(model_config)
+    multimodal = load_multimodal(model_config, tokenizer, get_plugin_manager())
+    family = multimodal.family
+    scenes = counting.make_splits(0, **KWARGS).val[:3]
+    prompts = encode_prompts(multimodal.processor, IMAGE_TEXT, scenes)
+    inputs = [{"image_grid_thw": p.image_grid_thw} for p in prompts]
+    model = AutoModelForImageTextToText.from_pretrained(tiny_vl_model).eval()
+    seen = language_model_positions(model)
+
+    # answers of different lengths: the shorter rows are padded on the right
+    answers = ["Answer: 3", "Answer: 12345", "Answer: 4"]
+    supervised_fine_tune(
+        model, tokenizer, prompts, answers, epochs=1, batch_size=3, lr=1e-4, seed=0
+    )
+    (trained,) = seen
+    for row, prompt in enumerate(prompts):
+        answer = tokenizer(answers[row] + tokenizer.eos_token, add_special_tokens=False)
+        ids = torch.tensor([prompt.ids + answer["input_ids"]])
+        expected = family.position_ids(ids, torch.ones_like(ids), [inputs[row]])[0]
+        # rows are shuffled by the seed: find this row's positions by their length
+        got = [p[:, : ids.shape[1]] for p in trained.unbind(1)]
+        assert any(torch.equal(p, expected) for p in got), (row, expected, got)
+    assert trained[0, 0, :20].tolist() != list(range(20)), "the image tokens are on a grid"
+
+    seen.clear()
+    generate_responses(model, tokenizer, prompts, max_new_tokens=2)
+    prefill, first_step = seen[0], seen[1]
+    ids = torch.tensor([p.ids for p in prompts])
+    expected = family.position_ids(ids, torch.ones_like(ids), inputs).permute(1, 0, 2)
+    assert torch.equal(prefill, expected)
+    # the first generated token continues after the prompt's largest position
+    assert torch.equal(first_step[:, :, 0], expected.amax(dim=2) + 1)
