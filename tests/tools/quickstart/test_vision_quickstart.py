@@ -190,20 +190,40 @@ def test_the_progress_plot_shows_the_validation_pictures(tmp_path):
 
 
 def test_prepare_quickstart_builds_the_vision_task(tmp_path):
+    """A shortened build (400 warm-start pictures in 104 steps, 64 held out), and the warm
+    start's greedy evaluation equal, answer for answer, to a run's first validation: the rows
+    read back from ``val.parquet`` by the run's dataset, answered greedily by the hf engine and
+    scored by the counting scorer. Trained and measured at other positions than a run's, the
+    warm start answered 5 of these 64 pictures otherwise than the engine (0.484 against 0.469);
+    a warm start of 200 pictures is too unsure to tell the two apart."""
+    import asyncio
+
+    from transformers import AutoModelForImageTextToText
+
+    from plugrl.data.dataset import PromptDataset, load_tokenizer
+    from plugrl.data.multimodal import load_multimodal
+    from plugrl.parts.rollout import GenerationRequest, SamplingParams
+    from plugrl.plugin.manager import get_plugin_manager
+    from plugrl.recipe import DataConfig, ModelConfig, Recipe, TrainerConfig
+    from plugrl.testing import part_context
+    from plugrl_cpu.device import CpuDevice
+    from plugrl_hf.config import HFRolloutConfig
+    from plugrl_hf.engine import HFRolloutEngine
+    from plugrl_qwen2_vl.family import IMAGE_TEXT
+    from plugrl_scorers.counting import compute_score
     from plugrl_tools.quickstart import (
         VisionQuickstartSettings,
         describe,
         prepare_quickstart,
         quickstart_overrides,
     )
+    from plugrl_tools.quickstart.vision_warmstart import encode_prompts, generate_responses
 
-    settings = VisionQuickstartSettings(
-        num_warm_start=16, num_train=8, num_val=8, warm_start_epochs=1, warm_start_batch_size=8
-    )
+    settings = VisionQuickstartSettings(num_warm_start=400, num_train=8, num_val=64)
     paths = prepare_quickstart(tmp_path / "qs", seed=1, settings=settings)
     manifest = paths.manifest
     assert manifest["version"] == "vision-2" and manifest["data_source"] == "plugrl/counting"
-    assert manifest["warm_start"]["steps"] == 2
+    assert manifest["warm_start"]["steps"] == 104
     assert 150_000 < manifest["model"]["parameters"] < 200_000
     assert {p.name for p in paths.model_path.iterdir()} >= {
         "config.json",
@@ -211,10 +231,52 @@ def test_prepare_quickstart_builds_the_vision_task(tmp_path):
         "tokenizer.json",
     }
     assert pq.read_table(paths.train_file).num_rows == 8
-    assert len(list((paths.val_file.parent / "images" / "val").glob("*.png"))) == 8
+    assert len(list((paths.val_file.parent / "images" / "val").glob("*.png"))) == 64
     assert "data.max_response_length=8" in quickstart_overrides(paths)
     assert "pictures of 4 shapes or more" in describe(paths)
     assert prepare_quickstart(tmp_path / "qs", seed=1, settings=settings) == paths, "reused"
+
+    model = ModelConfig(path=str(paths.model_path))
+    tokenizer = load_tokenizer(model)
+    multimodal = load_multimodal(model, tokenizer, get_plugin_manager())
+    data = DataConfig(val_files=[str(paths.val_file)], max_prompt_length=40)
+    rows = PromptDataset.validation(data, tokenizer, multimodal).records
+    rollout = HFRolloutConfig(dtype="float32")
+    recipe = Recipe(model=model, rollout=rollout, trainer=TrainerConfig(seed=0))
+    engine = HFRolloutEngine(rollout, part_context(recipe, device=CpuDevice(), tokenizer=tokenizer))
+    greedy = SamplingParams(n=1, temperature=0.0, max_tokens=settings.max_response_length)
+
+    async def answers():
+        return await asyncio.gather(
+            *(
+                engine.generate_request(
+                    GenerationRequest(
+                        request_id=str(index),
+                        prompt_ids=row.prompt_ids,
+                        params=greedy,
+                        multi_modal_inputs=row.multi_modal_inputs,
+                    )
+                )
+                for index, row in enumerate(rows)
+            )
+        )
+
+    responses = [
+        tokenizer.decode(c.token_ids, skip_special_tokens=True) for (c,) in asyncio.run(answers())
+    ]
+    truths = [row.ground_truth for row in rows]
+    scores = [
+        compute_score("plugrl/counting", r, t)["score"]
+        for r, t in zip(responses, truths, strict=True)
+    ]
+    assert sum(scores) / len(scores) == paths.warm_start_accuracy
+
+    scenes = counting.make_splits(
+        1, num_warm_start=400, num_train=8, num_val=64, many_fraction=settings.many_fraction
+    ).val
+    warm = AutoModelForImageTextToText.from_pretrained(paths.model_path).eval()
+    prompts = encode_prompts(multimodal.processor, IMAGE_TEXT, scenes)
+    assert generate_responses(warm, tokenizer, prompts, max_new_tokens=8) == responses
 
 
 def language_model_positions(model) -> list:
