@@ -19,7 +19,7 @@ from plugrl_tools.quickstart import counting
 
 logger = logging.getLogger("plugrl_tools.quickstart")
 
-VISION_QUICKSTART_VERSION = "vision-1"
+VISION_QUICKSTART_VERSION = "vision-2"
 
 DEFAULT_VISION_DIR = Path("runs") / "quickstart-vision-assets"
 

@@ -204,5 +204,23 @@ def shard_model(
         )
     for layer in layers:
         fully_shard(layer, **options)
+    # before the root's FSDP hook, which warns of every view among the outputs it is handed
+    model.register_forward_hook(drop_vision_outputs, prepend=True)
     fully_shard(model, **options)
     return model
+
+
+VISION_OUTPUTS = ("image_outputs", "video_outputs")
+"""What a vision-language model's forward returns beside its logits: the vision tower's
+outputs, whose per-picture embeddings are views of one tensor (a split)."""
+
+
+def drop_vision_outputs(_module: torch.nn.Module, _inputs: Any, output: Any) -> Any:
+    """The model's output without the vision tower's outputs, which the backend never reads:
+    FSDP2 would hook the per-picture embeddings' views and warn, at every training forward,
+    that an in-place op on them would skip its gathers (the logits alone are read, out of
+    place). The embeddings already reached the logits through the language model."""
+    for name in VISION_OUTPUTS:
+        if isinstance(output, dict) and output.get(name) is not None:
+            output[name] = None
+    return output
