@@ -14,6 +14,7 @@ from plugrl.api.plan import (
     PlanContext,
     activation_bytes_per_token_layer,
     dtype_bytes,
+    log_prob_chunk_tokens,
     logits_bytes,
     sharded,
 )
@@ -120,7 +121,8 @@ def estimate_memory(
         per_token = layers * per_layer
         how = "no recompute"
     in_flight = pp  # 1F1B: the first stage holds up to PP micro-batches' activations
-    terms.append(
+    # both of the logits' backward instants (_logit_terms) come before any layer's backward
+    terms += [
         MemoryTerm(
             "activations",
             tokens * per_token * in_flight,
@@ -128,72 +130,166 @@ def estimate_memory(
             "actor",
             note=f"{tokens:,} tokens x {layers} layers, {how}, {in_flight} micro-batch(es) "
             "in flight",
-            instant="actor backward",
+            instant=instant,
         )
-    )
-    terms += _logit_terms("actor", shape, tokens, response, e, "update", "actor backward")
+        for instant in ("actor backward", "actor output gradient")
+    ]
+    terms += _logit_terms("actor", shape, recipe, tokens, response, e, "update", "actor backward")
     terms += _forward_terms("actor", shape, recipe, context, tp, pp, cp, e)
     return terms
 
 
+def _computes_entropy(recipe: Recipe, role: str, phase: str) -> bool:
+    """Whether ``role``'s log-probs of ``phase`` compute the entropy too: the actor's log-prob
+    pass does (the ``actor/entropy`` metric), its update with an entropy bonus, or when it may
+    take the old log-probs from its own forward (``actor.reuse_on_policy_log_prob`` with one
+    optimizer step a batch), which reports the metric instead."""
+    if role != "actor":
+        return False
+    if phase == "log_prob":
+        return True
+    actor = recipe.actor
+    derives = (
+        actor.reuse_on_policy_log_prob
+        and actor.ppo_epochs == 1
+        and actor.ppo_mini_batch_size == recipe.data.train_batch_size
+    )
+    return bool(actor.entropy_coeff) or derives
+
+
+def _chunk_term(
+    role: str, shape: ModelShape, recipe: Recipe, response: int, phase: str, instant: str
+) -> MemoryTerm:
+    """The log-probs' working set: one chunk of the float32 response logits copied out (the
+    log-sum-exp and then the gradient are made in that buffer), a second float32 buffer when
+    they compute the entropy. The logits they read are float32 already, so no rows in
+    model.dtype are read before a cast (as fsdp2's are)."""
+    tokens = min(response, log_prob_chunk_tokens(shape.vocab_size))
+    buffers = 2 if _computes_entropy(recipe, role, phase) else 1
+    what = "with the entropy" if buffers == 2 else "no entropy"
+    return MemoryTerm(
+        "log-prob chunk",
+        logits_bytes(shape, tokens, 4 * buffers),
+        (phase,),
+        role,
+        note=f"{tokens:,} tokens at a time x V={shape.vocab_size:,}, {what}: "
+        f"{4 * buffers} bytes a logit",
+        instant=instant,
+    )
+
+
 def _logit_terms(
-    role: str, shape: ModelShape, tokens: int, response: int, e: int, phase: str, instant: str
+    role: str,
+    shape: ModelShape,
+    recipe: Recipe,
+    tokens: int,
+    response: int,
+    e: int,
+    phase: str,
+    instant: str,
 ) -> list[MemoryTerm]:
-    """The output layer's logits for every position in model.dtype (gathered over TP), and
-    the float32 response logits with their log-softmax buffers (as fsdp2's, docs/plan.md)."""
+    """The vocabulary-sized buffers of a micro-batch, as the backend's ``_log_probs`` makes
+    them: the output layer gives every position's logits in model.dtype, gathered over TP
+    (``parallel_output=False``); a ``gather`` copies out the response positions' rows and
+    keeps that whole output for its own backward; the rows are cast to float32 and handed to
+    ``plugrl.algorithms.token_log_probs`` without ``overwrite_logits``, which keeps them for
+    its backward and reads them a chunk at a time (:func:`_chunk_term`).
+
+    The update peaks at one of two instants, both with every activation still held:
+    ``instant`` itself, the log-probs' backward, which writes the response logits' gradient
+    into a fresh float32 tensor beside the float32 logits it reads; or the gather's backward
+    (``<role> output gradient``), which scatters the response gradient, cast to model.dtype,
+    into a fresh gradient over every position beside the output the gather kept. The cast's
+    backward between them holds less (the float32 logits are freed by then). The log-prob
+    pass keeps nothing for a backward: the output lives through the cast (``<role> output
+    cast``: the gathered rows in model.dtype beside their float32 copy) and then beside the
+    log-probs' chunk (``instant``)."""
+    every = logits_bytes(shape, tokens, e)
+    every_note = f"every one of {tokens:,} positions, full vocabulary, model.dtype"
+    float_logits = logits_bytes(shape, response, 4)
+    chunk = _chunk_term(role, shape, recipe, response, phase, instant)
     if phase == "update":
+        later = f"{role} output gradient"
         return [
             MemoryTerm(
+                "logits (model.dtype)",
+                every,
+                (phase,),
+                role,
+                note=every_note + ", kept by the response rows' gather for its backward",
+                instant=instant,
+            ),
+            MemoryTerm(
                 "logits (float32)",
-                logits_bytes(shape, response, 4),
+                float_logits,
                 (phase,),
                 role,
-                note=f"{response:,} response positions, kept for the log-softmax's backward",
+                note=f"{response:,} response positions, kept for the log-probs' backward",
                 instant=instant,
             ),
             MemoryTerm(
-                "log-softmax backward",
-                logits_bytes(shape, response, 8),
+                "logit gradient (float32)",
+                float_logits,
                 (phase,),
                 role,
-                note="exp(logits - logsumexp) and its product with the gradient, float32",
+                note="a fresh tensor: the log-probs do not write over the logits",
                 instant=instant,
             ),
+            chunk,
             MemoryTerm(
-                "logit gradients",
-                logits_bytes(shape, response, 4 + e) + logits_bytes(shape, tokens, e),
+                "logits (model.dtype)",
+                every,
                 (phase,),
                 role,
-                note=f"float32 and model.dtype, and the output layer's gradient over all "
-                f"{tokens:,} positions",
-                instant=instant,
+                note=every_note + ", kept by the gather until its backward ends",
+                instant=later,
+            ),
+            MemoryTerm(
+                "output gradient",
+                every,
+                (phase,),
+                role,
+                note=f"the gather's gradient over all {tokens:,} positions, model.dtype",
+                instant=later,
+            ),
+            MemoryTerm(
+                "response logit gradient",
+                logits_bytes(shape, response, e),
+                (phase,),
+                role,
+                note=f"{response:,} response positions, cast to model.dtype",
+                instant=later,
             ),
         ]
+    cast = f"{role} output cast"
     return [
+        MemoryTerm("logits (model.dtype)", every, (phase,), role, note=every_note, instant=cast),
         MemoryTerm(
-            "logits (model.dtype)",
-            logits_bytes(shape, tokens, e),
+            "response logits (model.dtype)",
+            logits_bytes(shape, response, e),
             (phase,),
             role,
-            note=f"every one of {tokens:,} positions, full vocabulary",
-            instant=instant,
+            note=f"{response:,} response positions gathered out, until their float32 cast",
+            instant=cast,
         ),
         MemoryTerm(
             "logits (float32)",
-            logits_bytes(shape, response, 4),
+            float_logits,
             (phase,),
             role,
-            note=f"{response:,} response positions",
-            instant=instant,
+            note=f"{response:,} response positions, the cast",
+            instant=cast,
         ),
+        MemoryTerm("logits (model.dtype)", every, (phase,), role, note=every_note, instant=instant),
         MemoryTerm(
-            "log-softmax workspace",
-            logits_bytes(shape, response, 4),
+            "logits (float32)",
+            float_logits,
             (phase,),
             role,
-            note="logsumexp's exp(logits - max)",
+            note=f"{response:,} response positions, read by the log-probs",
             instant=instant,
         ),
+        chunk,
     ]
 
 
@@ -220,5 +316,6 @@ def _forward_terms(
             note=f"{tokens:,} tokens, no gradient",
             instant=instant,
         ),
-        *_logit_terms(role, shape, tokens, response, e, "log_prob", instant),
+        # the layers' working set is gone by the time the output layer runs
+        *_logit_terms(role, shape, recipe, tokens, response, e, "log_prob", f"{role} log-probs"),
     ]
