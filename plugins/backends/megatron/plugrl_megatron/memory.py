@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import attrs
+
 from plugrl.api.plan import (
     MemoryTerm,
     ModelShape,
@@ -121,7 +123,8 @@ def estimate_memory(
         per_token = layers * per_layer
         how = "no recompute"
     in_flight = pp  # 1F1B: the first stage holds up to PP micro-batches' activations
-    # both of the logits' backward instants (_logit_terms) come before any layer's backward
+    logits = _logit_terms("actor", shape, recipe, tokens, response, e, "update", "actor backward")
+    # the logits' backward instants all come before any layer's backward
     terms += [
         MemoryTerm(
             "activations",
@@ -132,9 +135,9 @@ def estimate_memory(
             "in flight",
             instant=instant,
         )
-        for instant in ("actor backward", "actor output gradient")
+        for instant in dict.fromkeys(term.instant for term in logits)
     ]
-    terms += _logit_terms("actor", shape, recipe, tokens, response, e, "update", "actor backward")
+    terms += logits
     terms += _forward_terms("actor", shape, recipe, context, tp, pp, cp, e)
     return terms
 
@@ -192,58 +195,65 @@ def _logit_terms(
     them: the output layer gives every position's logits in model.dtype, gathered over TP
     (``parallel_output=False``); a ``gather`` copies out the response positions' rows and
     keeps that whole output for its own backward; the rows are cast to float32 and handed to
-    ``plugrl.algorithms.token_log_probs`` without ``overwrite_logits``, which keeps them for
-    its backward and reads them a chunk at a time (:func:`_chunk_term`).
+    ``plugrl.algorithms.token_log_probs`` with ``overwrite_logits``, which keeps them for its
+    backward, reads them a chunk at a time (:func:`_chunk_term`) and writes the gradient over
+    them.
 
-    The update peaks at one of two instants, both with every activation still held:
-    ``instant`` itself, the log-probs' backward, which writes the response logits' gradient
-    into a fresh float32 tensor beside the float32 logits it reads; or the gather's backward
-    (``<role> output gradient``), which scatters the response gradient, cast to model.dtype,
-    into a fresh gradient over every position beside the output the gather kept. The cast's
-    backward between them holds less (the float32 logits are freed by then). The log-prob
-    pass keeps nothing for a backward: the output lives through the cast (``<role> output
-    cast``: the gathered rows in model.dtype beside their float32 copy) and then beside the
-    log-probs' chunk (``instant``)."""
+    The update's backward goes through these in turn, every activation still held, and
+    peaks at one of them: the log-probs' backward (``instant``: the output the gather keeps,
+    the float32 rows and the chunk); the cast's backward in bfloat16 or float16 (``<role>
+    cast backward``: the float32 gradient and its cast to model.dtype); the gather's backward
+    (``<role> output gradient``: the response rows' gradient scattered into a fresh gradient
+    over every position, beside the output). The log-prob pass keeps nothing for a backward:
+    the output lives through the cast (``<role> output cast``: the gathered rows in
+    model.dtype beside their float32 copy) and then beside the log-probs' chunk
+    (``instant``)."""
     every = logits_bytes(shape, tokens, e)
     every_note = f"every one of {tokens:,} positions, full vocabulary, model.dtype"
     float_logits = logits_bytes(shape, response, 4)
     chunk = _chunk_term(role, shape, recipe, response, phase, instant)
     if phase == "update":
-        later = f"{role} output gradient"
-        return [
-            MemoryTerm(
-                "logits (model.dtype)",
-                every,
-                (phase,),
-                role,
-                note=every_note + ", kept by the response rows' gather for its backward",
-                instant=instant,
-            ),
+        response_gradient = MemoryTerm(
+            "response logit gradient",
+            logits_bytes(shape, response, e),
+            (phase,),
+            role,
+            note=f"{response:,} response positions, cast to model.dtype",
+        )
+        kept = f"{every_note}, kept by the response rows' gather until its backward ends"
+        terms = [
+            MemoryTerm("logits (model.dtype)", every, (phase,), role, note=kept, instant=instant),
             MemoryTerm(
                 "logits (float32)",
                 float_logits,
                 (phase,),
                 role,
-                note=f"{response:,} response positions, kept for the log-probs' backward",
-                instant=instant,
-            ),
-            MemoryTerm(
-                "logit gradient (float32)",
-                float_logits,
-                (phase,),
-                role,
-                note="a fresh tensor: the log-probs do not write over the logits",
+                note=f"{response:,} response positions, kept for the log-probs' backward, "
+                "which writes the gradient over them",
                 instant=instant,
             ),
             chunk,
-            MemoryTerm(
-                "logits (model.dtype)",
-                every,
-                (phase,),
-                role,
-                note=every_note + ", kept by the gather until its backward ends",
-                instant=later,
-            ),
+        ]
+        if e < 4:
+            cast_back = f"{role} cast backward"
+            terms += [
+                MemoryTerm(
+                    "logits (model.dtype)", every, (phase,), role, note=kept, instant=cast_back
+                ),
+                MemoryTerm(
+                    "logit gradient (float32)",
+                    float_logits,
+                    (phase,),
+                    role,
+                    note="in the float32 logits' storage",
+                    instant=cast_back,
+                ),
+                attrs.evolve(response_gradient, instant=cast_back),
+            ]
+        later = f"{role} output gradient"
+        return [
+            *terms,
+            MemoryTerm("logits (model.dtype)", every, (phase,), role, note=kept, instant=later),
             MemoryTerm(
                 "output gradient",
                 every,
@@ -252,14 +262,7 @@ def _logit_terms(
                 note=f"the gather's gradient over all {tokens:,} positions, model.dtype",
                 instant=later,
             ),
-            MemoryTerm(
-                "response logit gradient",
-                logits_bytes(shape, response, e),
-                (phase,),
-                role,
-                note=f"{response:,} response positions, cast to model.dtype",
-                instant=later,
-            ),
+            attrs.evolve(response_gradient, instant=later),
         ]
     cast = f"{role} output cast"
     return [

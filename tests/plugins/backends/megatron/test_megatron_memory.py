@@ -63,21 +63,35 @@ def test_update_logit_terms_by_hand():
     tokens, response = 2 * 2048, 2 * 1536
     plan = plan_7b(*MEGATRON)
     backward = _instant(plan, "update", "actor backward")
-    # the whole output in bfloat16, kept by the gather; the float32 response rows the
-    # log-probs keep, and their gradient in a fresh float32 tensor; one float32 chunk
-    assert backward["logits (model.dtype)"] == tokens * V7B * 2
-    assert backward["logits (float32)"] == response * V7B * 4
-    assert backward["logit gradient (float32)"] == response * V7B * 4
-    assert backward["log-prob chunk"] == CHUNK_7B * V7B * 4
-    gather = _instant(plan, "update", "actor output gradient")
-    assert gather["logits (model.dtype)"] == tokens * V7B * 2
-    assert gather["output gradient"] == tokens * V7B * 2
-    assert gather["response logit gradient"] == response * V7B * 2
-    assert gather["activations"] == backward["activations"] > 0
-    assert plan.phase("trainer", "update").worst_instant == "actor backward"
+    activations = backward.pop("activations")
+    # the log-probs' backward: the whole output in bfloat16, kept by the gather, the float32
+    # response rows the log-probs keep and write the gradient over, and one float32 chunk
+    assert backward == {
+        "logits (model.dtype)": tokens * V7B * 2,
+        "logits (float32)": response * V7B * 4,
+        "log-prob chunk": CHUNK_7B * V7B * 4,
+    }
+    # the cast's backward: the float32 gradient and its bfloat16 cast
+    assert _instant(plan, "update", "actor cast backward") == {
+        "activations": activations,
+        "logits (model.dtype)": tokens * V7B * 2,
+        "logit gradient (float32)": response * V7B * 4,
+        "response logit gradient": response * V7B * 2,
+    }
+    # the gather's backward: a fresh gradient over every position beside the output
+    assert _instant(plan, "update", "actor output gradient") == {
+        "activations": activations,
+        "logits (model.dtype)": tokens * V7B * 2,
+        "output gradient": tokens * V7B * 2,
+        "response logit gradient": response * V7B * 2,
+    }
+    assert plan.phase("trainer", "update").worst_instant == "actor cast backward"
     # an entropy bonus needs a second float32 buffer in the chunk
     bonus = _instant(plan_7b(*MEGATRON, "actor.entropy_coeff=0.01"), "update", "actor backward")
     assert bonus["log-prob chunk"] == CHUNK_7B * V7B * 8
+    # float32 logits need no cast, so there is no cast backward
+    single = plan_7b(*MEGATRON, "model.dtype=float32").phase("trainer", "update")
+    assert "actor cast backward" not in single.instants
 
 
 def test_log_prob_logit_terms_by_hand():
