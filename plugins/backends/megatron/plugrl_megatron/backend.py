@@ -366,8 +366,16 @@ class MegatronBackend(TrainingBackend):
         vocab = logits.shape[-1]
         predict = layout.predict.to(logits.device)
         logits = logits.gather(1, predict[..., None].expand(-1, -1, vocab)).float()
+        # these rows are this method's own, made by a gather (and a cast) whose backward does
+        # not read them, and each micro-batch runs one backward: the log-probs may write
+        # their gradient over them
         log_prob, entropy = response_log_probs(
-            logits, micro_batch, temperature, with_entropy=with_entropy, entropy_grad=entropy_grad
+            logits,
+            micro_batch,
+            temperature,
+            with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
+            overwrite_logits=True,
         )
         squares = None
         if with_sum_pi_squared:

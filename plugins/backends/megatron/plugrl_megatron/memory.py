@@ -8,12 +8,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import attrs
+
 from plugrl.api.plan import (
     MemoryTerm,
     ModelShape,
     PlanContext,
     activation_bytes_per_token_layer,
     dtype_bytes,
+    log_prob_chunk_tokens,
     logits_bytes,
     sharded,
 )
@@ -120,7 +123,9 @@ def estimate_memory(
         per_token = layers * per_layer
         how = "no recompute"
     in_flight = pp  # 1F1B: the first stage holds up to PP micro-batches' activations
-    terms.append(
+    logits = _logit_terms("actor", shape, recipe, tokens, response, e, "update", "actor backward")
+    # the logits' backward instants all come before any layer's backward
+    terms += [
         MemoryTerm(
             "activations",
             tokens * per_token * in_flight,
@@ -128,72 +133,166 @@ def estimate_memory(
             "actor",
             note=f"{tokens:,} tokens x {layers} layers, {how}, {in_flight} micro-batch(es) "
             "in flight",
-            instant="actor backward",
+            instant=instant,
         )
-    )
-    terms += _logit_terms("actor", shape, tokens, response, e, "update", "actor backward")
+        for instant in dict.fromkeys(term.instant for term in logits)
+    ]
+    terms += logits
     terms += _forward_terms("actor", shape, recipe, context, tp, pp, cp, e)
     return terms
 
 
+def _computes_entropy(recipe: Recipe, role: str, phase: str) -> bool:
+    """Whether ``role``'s log-probs of ``phase`` compute the entropy too: the actor's log-prob
+    pass does (the ``actor/entropy`` metric), its update with an entropy bonus, or when it may
+    take the old log-probs from its own forward (``actor.reuse_on_policy_log_prob`` with one
+    optimizer step a batch), which reports the metric instead."""
+    if role != "actor":
+        return False
+    if phase == "log_prob":
+        return True
+    actor = recipe.actor
+    derives = (
+        actor.reuse_on_policy_log_prob
+        and actor.ppo_epochs == 1
+        and actor.ppo_mini_batch_size == recipe.data.train_batch_size
+    )
+    return bool(actor.entropy_coeff) or derives
+
+
+def _chunk_term(
+    role: str, shape: ModelShape, recipe: Recipe, response: int, phase: str, instant: str
+) -> MemoryTerm:
+    """The log-probs' working set: one chunk of the float32 response logits copied out (the
+    log-sum-exp and then the gradient are made in that buffer), a second float32 buffer when
+    they compute the entropy. The logits they read are float32 already, so no rows in
+    model.dtype are read before a cast (as fsdp2's are)."""
+    tokens = min(response, log_prob_chunk_tokens(shape.vocab_size))
+    buffers = 2 if _computes_entropy(recipe, role, phase) else 1
+    what = "with the entropy" if buffers == 2 else "no entropy"
+    return MemoryTerm(
+        "log-prob chunk",
+        logits_bytes(shape, tokens, 4 * buffers),
+        (phase,),
+        role,
+        note=f"{tokens:,} tokens at a time x V={shape.vocab_size:,}, {what}: "
+        f"{4 * buffers} bytes a logit",
+        instant=instant,
+    )
+
+
 def _logit_terms(
-    role: str, shape: ModelShape, tokens: int, response: int, e: int, phase: str, instant: str
+    role: str,
+    shape: ModelShape,
+    recipe: Recipe,
+    tokens: int,
+    response: int,
+    e: int,
+    phase: str,
+    instant: str,
 ) -> list[MemoryTerm]:
-    """The output layer's logits for every position in model.dtype (gathered over TP), and
-    the float32 response logits with their log-softmax buffers (as fsdp2's, docs/plan.md)."""
+    """The vocabulary-sized buffers of a micro-batch, as the backend's ``_log_probs`` makes
+    them: the output layer gives every position's logits in model.dtype, gathered over TP
+    (``parallel_output=False``); a ``gather`` copies out the response positions' rows and
+    keeps that whole output for its own backward; the rows are cast to float32 and handed to
+    ``plugrl.algorithms.token_log_probs`` with ``overwrite_logits``, which keeps them for its
+    backward, reads them a chunk at a time (:func:`_chunk_term`) and writes the gradient over
+    them.
+
+    The update's backward goes through these in turn, every activation still held, and
+    peaks at one of them: the log-probs' backward (``instant``: the output the gather keeps,
+    the float32 rows and the chunk); the cast's backward in bfloat16 or float16 (``<role>
+    cast backward``: the float32 gradient and its cast to model.dtype); the gather's backward
+    (``<role> output gradient``: the response rows' gradient scattered into a fresh gradient
+    over every position, beside the output). The log-prob pass keeps nothing for a backward:
+    the output lives through the cast (``<role> output cast``: the gathered rows in
+    model.dtype beside their float32 copy) and then beside the log-probs' chunk
+    (``instant``)."""
+    every = logits_bytes(shape, tokens, e)
+    every_note = f"every one of {tokens:,} positions, full vocabulary, model.dtype"
+    float_logits = logits_bytes(shape, response, 4)
+    chunk = _chunk_term(role, shape, recipe, response, phase, instant)
     if phase == "update":
-        return [
-            MemoryTerm(
-                "logits (float32)",
-                logits_bytes(shape, response, 4),
-                (phase,),
-                role,
-                note=f"{response:,} response positions, kept for the log-softmax's backward",
-                instant=instant,
-            ),
-            MemoryTerm(
-                "log-softmax backward",
-                logits_bytes(shape, response, 8),
-                (phase,),
-                role,
-                note="exp(logits - logsumexp) and its product with the gradient, float32",
-                instant=instant,
-            ),
-            MemoryTerm(
-                "logit gradients",
-                logits_bytes(shape, response, 4 + e) + logits_bytes(shape, tokens, e),
-                (phase,),
-                role,
-                note=f"float32 and model.dtype, and the output layer's gradient over all "
-                f"{tokens:,} positions",
-                instant=instant,
-            ),
-        ]
-    return [
-        MemoryTerm(
-            "logits (model.dtype)",
-            logits_bytes(shape, tokens, e),
+        response_gradient = MemoryTerm(
+            "response logit gradient",
+            logits_bytes(shape, response, e),
             (phase,),
             role,
-            note=f"every one of {tokens:,} positions, full vocabulary",
-            instant=instant,
+            note=f"{response:,} response positions, cast to model.dtype",
+        )
+        kept = f"{every_note}, kept by the response rows' gather until its backward ends"
+        terms = [
+            MemoryTerm("logits (model.dtype)", every, (phase,), role, note=kept, instant=instant),
+            MemoryTerm(
+                "logits (float32)",
+                float_logits,
+                (phase,),
+                role,
+                note=f"{response:,} response positions, kept for the log-probs' backward, "
+                "which writes the gradient over them",
+                instant=instant,
+            ),
+            chunk,
+        ]
+        if e < 4:
+            cast_back = f"{role} cast backward"
+            terms += [
+                MemoryTerm(
+                    "logits (model.dtype)", every, (phase,), role, note=kept, instant=cast_back
+                ),
+                MemoryTerm(
+                    "logit gradient (float32)",
+                    float_logits,
+                    (phase,),
+                    role,
+                    note="in the float32 logits' storage",
+                    instant=cast_back,
+                ),
+                attrs.evolve(response_gradient, instant=cast_back),
+            ]
+        later = f"{role} output gradient"
+        return [
+            *terms,
+            MemoryTerm("logits (model.dtype)", every, (phase,), role, note=kept, instant=later),
+            MemoryTerm(
+                "output gradient",
+                every,
+                (phase,),
+                role,
+                note=f"the gather's gradient over all {tokens:,} positions, model.dtype",
+                instant=later,
+            ),
+            attrs.evolve(response_gradient, instant=later),
+        ]
+    cast = f"{role} output cast"
+    return [
+        MemoryTerm("logits (model.dtype)", every, (phase,), role, note=every_note, instant=cast),
+        MemoryTerm(
+            "response logits (model.dtype)",
+            logits_bytes(shape, response, e),
+            (phase,),
+            role,
+            note=f"{response:,} response positions gathered out, until their float32 cast",
+            instant=cast,
         ),
         MemoryTerm(
             "logits (float32)",
-            logits_bytes(shape, response, 4),
+            float_logits,
             (phase,),
             role,
-            note=f"{response:,} response positions",
-            instant=instant,
+            note=f"{response:,} response positions, the cast",
+            instant=cast,
         ),
+        MemoryTerm("logits (model.dtype)", every, (phase,), role, note=every_note, instant=instant),
         MemoryTerm(
-            "log-softmax workspace",
-            logits_bytes(shape, response, 4),
+            "logits (float32)",
+            float_logits,
             (phase,),
             role,
-            note="logsumexp's exp(logits - max)",
+            note=f"{response:,} response positions, read by the log-probs",
             instant=instant,
         ),
+        chunk,
     ]
 
 
@@ -220,5 +319,6 @@ def _forward_terms(
             note=f"{tokens:,} tokens, no gradient",
             instant=instant,
         ),
-        *_logit_terms(role, shape, tokens, response, e, "log_prob", instant),
+        # the layers' working set is gone by the time the output layer runs
+        *_logit_terms(role, shape, recipe, tokens, response, e, "log_prob", f"{role} log-probs"),
     ]

@@ -10,6 +10,7 @@ import torch
 
 pytest.importorskip("megatron.core")
 
+from plugrl.algorithms import token_log_probs
 from plugrl.errors import CheckpointError, RecipeError
 from tests.crafted import SYSTEM, plant_in_torch_file, runs_when_unpickled
 from tests.plugins.backends.fsdp2.fsdp2_testing import (
@@ -98,11 +99,24 @@ def test_weights_come_back_in_hugging_face_names_exactly_as_loaded(actor, tiny_m
     assert [name for bucket in buckets for name, _ in bucket] == [m.name for m in metadata]
 
 
-def test_one_update_equals_the_fsdp2_backend_s(tiny_model):
+def test_one_update_equals_the_fsdp2_backend_s(tiny_model, monkeypatch):
     batch = make_batch(8)
     megatron = make_megatron_backend(megatron_recipe(tiny_model, ppo_micro_batch_size_per_gpu=3))
     fsdp2 = make_backend(make_recipe(tiny_model, ppo_micro_batch_size_per_gpu=3))
-    got = megatron.update_policy(batch, TokenMeanReinforce())
+    # megatron's log-probs write their gradient over the logits (its memory plan counts no
+    # other gradient tensor), and the update still equals fsdp2's
+    overwritten = []
+    backward = token_log_probs._TokenLogProbs.backward
+
+    def watched(ctx, *grads):
+        result = backward(ctx, *grads)
+        overwritten.append(ctx.overwritten)
+        return result
+
+    with monkeypatch.context() as patch:
+        patch.setattr(token_log_probs._TokenLogProbs, "backward", staticmethod(watched))
+        got = megatron.update_policy(batch, TokenMeanReinforce())
+    assert overwritten == [True] * 3  # one backward a micro-batch of 3 rows
     expected = fsdp2.update_policy(batch, TokenMeanReinforce())
     assert got.keys() == expected.keys()
     for name in expected:

@@ -48,3 +48,65 @@ def test_full_recompute_keeps_layer_inputs():
     full = terms(plan_7b(*MEGATRON, "actor.recompute_granularity=full"), "actor")
     none = terms(plan_7b(*MEGATRON), "actor")
     assert full["activations"] < none["activations"] / 4
+
+
+V7B = 152_064
+CHUNK_7B = 32 * 2**20 // V7B  # the log-probs' chunk at Qwen2.5-7B's vocabulary: 220 tokens
+
+
+def _instant(plan, phase: str, instant: str) -> dict:
+    return {t.name: t.bytes for t in plan.phase("trainer", phase).instants[instant]}
+
+
+def test_update_logit_terms_by_hand():
+    # 2 rows of 512 + 1536 tokens: T = 4096 positions, R = 3072 response positions
+    tokens, response = 2 * 2048, 2 * 1536
+    plan = plan_7b(*MEGATRON)
+    backward = _instant(plan, "update", "actor backward")
+    activations = backward.pop("activations")
+    # the log-probs' backward: the whole output in bfloat16, kept by the gather, the float32
+    # response rows the log-probs keep and write the gradient over, and one float32 chunk
+    assert backward == {
+        "logits (model.dtype)": tokens * V7B * 2,
+        "logits (float32)": response * V7B * 4,
+        "log-prob chunk": CHUNK_7B * V7B * 4,
+    }
+    # the cast's backward: the float32 gradient and its bfloat16 cast
+    assert _instant(plan, "update", "actor cast backward") == {
+        "activations": activations,
+        "logits (model.dtype)": tokens * V7B * 2,
+        "logit gradient (float32)": response * V7B * 4,
+        "response logit gradient": response * V7B * 2,
+    }
+    # the gather's backward: a fresh gradient over every position beside the output
+    assert _instant(plan, "update", "actor output gradient") == {
+        "activations": activations,
+        "logits (model.dtype)": tokens * V7B * 2,
+        "output gradient": tokens * V7B * 2,
+        "response logit gradient": response * V7B * 2,
+    }
+    assert plan.phase("trainer", "update").worst_instant == "actor cast backward"
+    # an entropy bonus needs a second float32 buffer in the chunk
+    bonus = _instant(plan_7b(*MEGATRON, "actor.entropy_coeff=0.01"), "update", "actor backward")
+    assert bonus["log-prob chunk"] == CHUNK_7B * V7B * 8
+    # float32 logits need no cast, so there is no cast backward
+    single = plan_7b(*MEGATRON, "model.dtype=float32").phase("trainer", "update")
+    assert "actor cast backward" not in single.instants
+
+
+def test_log_prob_logit_terms_by_hand():
+    tokens, response = 2 * 2048, 2 * 1536
+    plan = plan_7b(*MEGATRON)
+    cast = _instant(plan, "log_prob", "actor output cast")
+    assert cast == {
+        "logits (model.dtype)": tokens * V7B * 2,
+        "response logits (model.dtype)": response * V7B * 2,
+        "logits (float32)": response * V7B * 4,
+    }
+    # the actor's log-prob pass computes the entropy metric: two float32 chunk buffers
+    assert _instant(plan, "log_prob", "actor log-probs") == {
+        "logits (model.dtype)": tokens * V7B * 2,
+        "logits (float32)": response * V7B * 4,
+        "log-prob chunk": CHUNK_7B * V7B * 8,
+    }
+    assert plan.phase("trainer", "log_prob").worst_instant == "actor output cast"
