@@ -11,9 +11,31 @@ from typing import Any
 from plugrl.errors import DataError
 
 
-def _reason(exc: BaseException) -> str:
+def reason_of(exc: BaseException) -> str:
+    """The first line of ``exc``'s message, or its type's name: the reason a one-line error
+    gives."""
     text = str(exc).splitlines()[0] if str(exc) else ""
     return text or type(exc).__name__
+
+
+def file_source(value: Any, *, where: str, folder: Path | None) -> tuple[Any, str] | None:
+    """What a decoder opens for a row's encoded bytes or file path, and how its error names
+    it: ``(BytesIO, "N bytes")`` or ``(path, path)``, a relative path read as given, else
+    relative to ``folder`` (the parquet file's); ``None`` for a value that is neither. A path
+    that is not a file is a one-line :class:`DataError` naming ``where``."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return io.BytesIO(bytes(value)), f"{len(value)} bytes"
+    if not isinstance(value, str):
+        return None
+    path = Path(value.removeprefix("file://"))
+    if not path.is_absolute() and not path.exists() and folder is not None:
+        path = folder / path
+    if not path.is_file():
+        raise DataError(
+            f"{where} is the path {value}, which is not a file; fix the path (a relative "
+            "one is read from the working folder or the parquet file's folder)"
+        )
+    return str(path), str(path)
 
 
 def decode_image(
@@ -39,19 +61,9 @@ def decode_image(
                 f"{where} has neither bytes nor a path; store the image's encoded bytes as "
                 '{"bytes": ...} or its file as {"path": ...}'
             )
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        source: Any = io.BytesIO(bytes(value))
-        shown = f"{len(value)} bytes"
-    elif isinstance(value, str):
-        path = Path(value.removeprefix("file://"))
-        if not path.is_absolute() and not path.exists() and folder is not None:
-            path = folder / path
-        if not path.is_file():
-            raise DataError(
-                f"{where} is the path {value}, which is not a file; fix the path (a relative "
-                "one is read from the working folder or the parquet file's folder)"
-            )
-        source, shown = path, str(path)
+    found = file_source(value, where=where, folder=folder)
+    if found is not None:
+        source, shown = found
     else:
         raise DataError(
             f"{where} is a {type(value).__name__}; "
@@ -62,7 +74,7 @@ def decode_image(
             return image.convert("RGB")
     except Exception as exc:
         raise DataError(
-            f"{where} ({shown}) cannot be decoded as an image ({_reason(exc)}); "
+            f"{where} ({shown}) cannot be decoded as an image ({reason_of(exc)}); "
             + (fix or "store PNG or JPEG bytes, or a path to such a file")
         ) from None
 

@@ -27,6 +27,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from plugrl.data.decoding import decode_image, file_source, reason_of
 from plugrl.errors import DataError
 
 DEFAULT_FPS = 2.0
@@ -165,7 +166,6 @@ def decode_video(value: Any, *, where: str, folder: Path | None = None) -> Decod
     """One video of a row (see the module's docstring for its forms) as its sampled frames;
     ``where`` names the row, the column and the video in the one-line :class:`DataError` a
     bad value gets."""
-    from plugrl.data.decoding import decode_image
 
     value = _as_list(value)
     settings: Mapping[str, Any] = {}
@@ -206,21 +206,10 @@ def decode_video(value: Any, *, where: str, folder: Path | None = None) -> Decod
 def _decode_file(
     value: Any, sampling: Sampling, *, where: str, folder: Path | None
 ) -> DecodedVideo:
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        source: Any = io.BytesIO(bytes(value))
-        shown = f"{len(value)} bytes"
-    elif isinstance(value, str):
-        path = Path(value.removeprefix("file://"))
-        if not path.is_absolute() and not path.exists() and folder is not None:
-            path = folder / path
-        if not path.is_file():
-            raise DataError(
-                f"{where} is the path {value}, which is not a file; fix the path (a relative "
-                "one is read from the working folder or the parquet file's folder)"
-            )
-        source, shown = str(path), str(path)
-    else:
+    found = file_source(value, where=where, folder=folder)
+    if found is None:
         raise DataError(f"{where} is a {type(value).__name__}; {VIDEO_FIX}")
+    source, shown = found
     try:
         import av
     except ImportError:
@@ -234,10 +223,9 @@ def _decode_file(
             rate = float(stream.average_rate or 0)
             frames = [frame.to_ndarray(format="rgb24") for frame in container.decode(stream)]
     except Exception as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise DataError(
-            f"{where} ({shown}) cannot be decoded as a video ({reason}); store an MP4, WebM, "
-            "... file PyAV reads, or the video as a list of frames"
+            f"{where} ({shown}) cannot be decoded as a video ({reason_of(exc)}); store an MP4, "
+            "WebM, ... file PyAV reads, or the video as a list of frames"
         ) from None
     if not frames:
         raise DataError(f"{where} ({shown}) has no frames; store a video with frames")
