@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from plugrl.plan.formulas import (
         ADAM_STATES,
         activation_bytes_per_token_layer,
+        computes_entropy,
         engine_phases,
         engine_rows,
         forward_working_set,
@@ -36,6 +37,7 @@ __all__ = [
     "ModelShape",
     "PlanContext",
     "activation_bytes_per_token_layer",
+    "computes_entropy",
     "dtype_bytes",
     "engine_phases",
     "engine_rows",
@@ -64,6 +66,7 @@ __getattr__, __dir__ = lazy_module(
             "plugrl.plan.formulas",
             "activation_bytes_per_token_layer",
         ),
+        "computes_entropy": ("plugrl.plan.formulas", "computes_entropy"),
         "dtype_bytes": ("plugrl.plan.terms", "dtype_bytes"),
         "engine_phases": ("plugrl.plan.formulas", "engine_phases"),
         "engine_rows": ("plugrl.plan.formulas", "engine_rows"),

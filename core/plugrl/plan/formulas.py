@@ -78,6 +78,24 @@ def logits_bytes(shape: ModelShape, response_tokens: int, element_bytes: int) ->
     return response_tokens * shape.vocab_size * element_bytes
 
 
+def computes_entropy(recipe: Recipe, role: str, phase: str) -> bool:
+    """Whether ``role``'s log-probs of ``phase`` compute the entropy too: the actor's log-prob
+    pass does (the ``actor/entropy`` metric), its update with an entropy bonus, or when it
+    may take the old log-probs from its own forward (``actor.reuse_on_policy_log_prob`` with
+    one optimizer step a batch), which reports the metric instead."""
+    if role != "actor":
+        return False
+    if phase == "log_prob":
+        return True
+    actor = recipe.actor
+    derives = (
+        actor.reuse_on_policy_log_prob
+        and actor.ppo_epochs == 1
+        and actor.ppo_mini_batch_size == recipe.data.train_batch_size
+    )
+    return bool(actor.entropy_coeff) or derives
+
+
 def kv_cache_bytes(shape: ModelShape, tokens: int, e: int, tensor_parallel: int = 1) -> int:
     """The KV cache of ``tokens`` tokens: ``2 L k e`` per token (a key and a value per
     layer), the kv heads split over ``tensor_parallel`` devices (at least one head each)."""

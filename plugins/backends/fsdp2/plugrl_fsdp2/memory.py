@@ -14,6 +14,7 @@ from plugrl.api.plan import (
     MicroBatch,
     ModelShape,
     PlanContext,
+    computes_entropy,
     dtype_bytes,
     forward_working_set,
     log_prob_chunk_tokens,
@@ -142,24 +143,6 @@ def _positions_note(recipe: Recipe, positions: int) -> str:
     return f"{positions:,} response tokens"
 
 
-def _computes_entropy(recipe: Recipe, role: str, phase: str) -> bool:
-    """Whether ``role``'s log-probs of ``phase`` compute the entropy too: the actor's log-prob
-    pass does (the ``actor/entropy`` metric), its update with an entropy bonus, or when it
-    may take the old log-probs from its own forward (``actor.reuse_on_policy_log_prob`` with
-    one optimizer step a batch), which reports the metric instead."""
-    if role != "actor":
-        return False
-    if phase == "log_prob":
-        return True
-    actor = recipe.actor
-    derives = (
-        actor.reuse_on_policy_log_prob
-        and actor.ppo_epochs == 1
-        and actor.ppo_mini_batch_size == recipe.data.train_batch_size
-    )
-    return bool(actor.entropy_coeff) or derives
-
-
 def _chunk_term(
     role: str, shape: ModelShape, recipe: Recipe, positions: int, phase: str, instant: str
 ) -> MemoryTerm:
@@ -169,7 +152,7 @@ def _chunk_term(
     the backward)."""
     compute = dtype_bytes(recipe.model.dtype)
     tokens = min(positions, log_prob_chunk_tokens(shape.vocab_size))
-    buffers = 2 if _computes_entropy(recipe, role, phase) else 1
+    buffers = 2 if computes_entropy(recipe, role, phase) else 1
     per_logit = 4 * buffers + (compute if compute < 4 else 0)
     what = "with the entropy" if buffers == 2 else "no entropy"
     return MemoryTerm(

@@ -15,6 +15,7 @@ from plugrl.api.plan import (
     ModelShape,
     PlanContext,
     activation_bytes_per_token_layer,
+    computes_entropy,
     dtype_bytes,
     log_prob_chunk_tokens,
     logits_bytes,
@@ -142,24 +143,6 @@ def estimate_memory(
     return terms
 
 
-def _computes_entropy(recipe: Recipe, role: str, phase: str) -> bool:
-    """Whether ``role``'s log-probs of ``phase`` compute the entropy too: the actor's log-prob
-    pass does (the ``actor/entropy`` metric), its update with an entropy bonus, or when it may
-    take the old log-probs from its own forward (``actor.reuse_on_policy_log_prob`` with one
-    optimizer step a batch), which reports the metric instead."""
-    if role != "actor":
-        return False
-    if phase == "log_prob":
-        return True
-    actor = recipe.actor
-    derives = (
-        actor.reuse_on_policy_log_prob
-        and actor.ppo_epochs == 1
-        and actor.ppo_mini_batch_size == recipe.data.train_batch_size
-    )
-    return bool(actor.entropy_coeff) or derives
-
-
 def _chunk_term(
     role: str, shape: ModelShape, recipe: Recipe, response: int, phase: str, instant: str
 ) -> MemoryTerm:
@@ -168,7 +151,7 @@ def _chunk_term(
     they compute the entropy. The logits they read are float32 already, so no rows in
     model.dtype are read before a cast (as fsdp2's are)."""
     tokens = min(response, log_prob_chunk_tokens(shape.vocab_size))
-    buffers = 2 if _computes_entropy(recipe, role, phase) else 1
+    buffers = 2 if computes_entropy(recipe, role, phase) else 1
     what = "with the entropy" if buffers == 2 else "no entropy"
     return MemoryTerm(
         "log-prob chunk",
