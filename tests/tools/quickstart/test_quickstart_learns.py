@@ -25,19 +25,6 @@ ACCURACY = "val-core/plugrl/arithmetic/acc/mean@1"
 
 @pytest.mark.slow
 def test_a_shortened_quickstart_learns(tmp_path, capsys):
-    import torch
-
-    # one thread: in a test run the other test process has the other core, and two OpenMP
-    # teams (the trainer's thread and the engine's) on one core wake each other for nothing
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        _learns(tmp_path, capsys)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _learns(tmp_path, capsys) -> None:
     from plugrl.plugin.manager import get_plugin_manager
     from plugrl.recipe import load_recipe
     from plugrl.run.runner import run_recipe
