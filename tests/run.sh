@@ -1,50 +1,80 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it, from a fresh clone:
-#   1. .venv: plugrl with its test extras, and every plugin distribution of this repository
+#   1. the vLLM suite in .venv-vllm (vLLM's CPU build pins its own transformers), made by
+#      plugins/rollout/vllm/test-env.sh over a build of vLLM cached outside the clone, runs in
+#      the background from the start: it needs nothing of .venv, and installing .venv keeps
+#      about one core busy of two;
+#   2. .venv: plugrl with its test extras, and every plugin distribution of this repository
 #      (megatron-core comes with plugrl-megatron, which is tested for real on the CPU);
-#   2. the main suite in .venv;
-#   3. the vLLM suite in .venv-vllm (vLLM's CPU build pins its own transformers), made by
-#      plugins/rollout/vllm/test-env.sh over a build of vLLM cached outside the clone.
+#   3. the main suite in .venv, then the vLLM suite's report.
 # Both suites run even when the first fails; the exit status is 1 when either failed.
 # Arguments are passed to the main suite's pytest (tests/run.sh -m "not slow" for the fast tier).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-phase() { printf '\n== %s (%s)\n' "$1" "$(date +%H:%M:%S)"; }
-started=$SECONDS
-
-phase "1/3 installing the test environment into .venv (about a minute from the package cache, up to 12 without it)"
-python3 -m venv .venv || exit 1
-# setuptools first, so that the five editable distributions below build with it rather than
-# each in an isolated build environment of its own, which pip would fill with setuptools
-.venv/bin/pip install --progress-bar off -q -c constraints/cpu.txt "setuptools>=77" || exit 1
-# not byte-compiled here: pip would compile every installed file on one core (a minute), while
-# the suite imports a fraction of them and writes their bytecode as it goes
-.venv/bin/pip install --progress-bar off --no-build-isolation --no-compile \
-    -c constraints/cpu.txt \
-    -e ".[test]" \
-    -e "./plugins/backends/megatron[megatron]" \
-    -e ./plugins/rollout/vllm \
-    -e ./plugins/rollout/sglang \
-    -e ./plugins/devices/npu \
-    | grep --line-buffered -E '^(Collecting|Successfully|ERROR)'
-[[ ${PIPESTATUS[0]} -eq 0 ]] || { echo "installing the test environment failed" >&2; exit 1; }
 # where it is set, every process the tests start (runs, Ray workers, ranks) would compile what
 # it imports again; unset, the first import of a module writes its bytecode once
 unset PYTHONDONTWRITEBYTECODE
 
-phase "2/3 the main suite, two test processes (about 9 minutes on 2 cores)"
-# two processes: most tests wait on subprocesses, Ray actors or reward workers rather than
-# compute, so a second one roughly halves the suite's time on 2 cores (pytest-xdist); a module
-# runs whole in one process (loadscope), so its module fixtures (a Ray cluster, a reference
-# run, a model) are made once, not once in each process that gets some of its tests; modules
-# with end-to-end runs go first (tests/conftest.py), so the short ones even out the end
-.venv/bin/python -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder "$@"
-main=$?
+phase() { printf '\n== %s (%s)\n' "$1" "$(date +%H:%M:%S)"; }
+started=$SECONDS
 
-phase "3/3 the vLLM suite in .venv-vllm (first run on a machine: about 3 minutes to build vLLM's CPU build into a cache)"
-plugins/rollout/vllm/test-env.sh
-vllm=$?
+phase "1/3 the vLLM suite in the background (its environment first: seconds once cached, about 3 minutes to build it on a machine's first run)"
+vllm_log="$(mktemp)"
+trap 'rm -f "$vllm_log"' EXIT
+vllm_pid=""
+# made before .venv's install, not beside it: both editable installs build
+# plugins/rollout/vllm in place
+if plugins/rollout/vllm/test-env.sh --prepare; then
+    plugins/rollout/vllm/test-env.sh >"$vllm_log" 2>&1 &
+    vllm_pid=$!
+    vllm=0
+else
+    vllm=$?
+    echo "making .venv-vllm failed: the vLLM suite does not run" >&2
+fi
+
+install_venv() {
+    python3 -m venv .venv || return 1
+    # setuptools first, so that the five editable distributions below build with it rather
+    # than each in an isolated build environment of its own, which pip would fill with
+    # setuptools
+    .venv/bin/pip install --progress-bar off -q -c constraints/cpu.txt "setuptools>=77" || return 1
+    # not byte-compiled here: pip would compile every installed file on one core (a minute),
+    # while the suite imports a fraction of them and writes their bytecode as it goes
+    .venv/bin/pip install --progress-bar off --no-build-isolation --no-compile \
+        -c constraints/cpu.txt \
+        -e ".[test]" \
+        -e "./plugins/backends/megatron[megatron]" \
+        -e ./plugins/rollout/vllm \
+        -e ./plugins/rollout/sglang \
+        -e ./plugins/devices/npu \
+        | grep --line-buffered -E '^(Collecting|Successfully|ERROR)'
+    return "${PIPESTATUS[0]}"
+}
+
+phase "2/3 installing the test environment into .venv (about a minute from the package cache, up to 12 without it)"
+if install_venv; then
+    phase "3/3 the main suite, two test processes (about 10 minutes on 2 cores)"
+    # two processes (pytest-xdist), one a core: with one, a core idles while a test waits on
+    # the subprocesses, Ray actors and reward workers it starts; a module runs whole in one
+    # process (loadscope), so its module fixtures
+    # (a Ray cluster, a reference run, a model) are made once, not once in each process that
+    # gets some of its tests; modules with end-to-end runs go first (tests/conftest.py), so
+    # the short ones even out the end
+    .venv/bin/python -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder "$@"
+    main=$?
+else
+    main=1
+    echo "installing the test environment failed: the main suite does not run" >&2
+fi
+
+if [[ -n "$vllm_pid" ]]; then
+    wait "$vllm_pid"
+    vllm=$?
+    phase "the vLLM suite's report"
+    cat "$vllm_log"
+fi
 
 phase "done in $(( (SECONDS - started) / 60 )) min $(( (SECONDS - started) % 60 )) s"
 echo "main suite: $([[ $main -eq 0 ]] && echo passed || echo "FAILED (exit $main)")"

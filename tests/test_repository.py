@@ -31,20 +31,25 @@ def test_readme_installs_cpu_torch_through_the_constraints_file():
 
 
 def test_the_test_command_runs_both_suites_and_fails_if_either_fails(tmp_path):
-    """tests/run.sh with stand-ins for pip, pytest and the vLLM suite: a failing main suite
-    does not skip the vLLM one, and either one failing fails the whole."""
+    """tests/run.sh with stand-ins for pip, pytest and the vLLM suite: the vLLM suite (started
+    before the install, reported after the main suite) runs whether the install or the main
+    suite fails or not, and any of them failing fails the whole."""
     script = (ROOT / "tests" / "run.sh").read_text()
-    for main, vllm, expected in [(0, 0, 0), (1, 0, 1), (0, 1, 1), (1, 1, 1)]:
-        work = tmp_path / f"{main}{vllm}"
+    cases = [(0, 0, 0, 0), (0, 1, 0, 1), (0, 0, 1, 1), (0, 1, 1, 1), (1, 0, 0, 1), (1, 0, 1, 1)]
+    for install, main, vllm, expected in cases:
+        work = tmp_path / f"{install}{main}{vllm}"
         (work / "tests").mkdir(parents=True)
         (work / "tests" / "run.sh").write_text(script)
         bin_dir = work / ".venv" / "bin"
         bin_dir.mkdir(parents=True)
-        (bin_dir / "pip").write_text("#!/bin/sh\necho 'Successfully installed x'\n")
+        (bin_dir / "pip").write_text(f"#!/bin/sh\necho 'Successfully installed x'\nexit {install}\n")
         (bin_dir / "python").write_text(f"#!/bin/sh\necho main-suite\nexit {main}\n")
         vllm_env = work / "plugins" / "rollout" / "vllm" / "test-env.sh"
         vllm_env.parent.mkdir(parents=True)
-        vllm_env.write_text(f"#!/bin/sh\necho vllm-suite\nexit {vllm}\n")
+        vllm_env.write_text(
+            '#!/bin/sh\n[ "$1" = --prepare ] && { echo vllm-prepared; exit 0; }\n'
+            f"echo vllm-suite\nexit {vllm}\n"
+        )
         fake_python3 = work / "bin" / "python3"
         fake_python3.parent.mkdir()
         fake_python3.write_text("#!/bin/sh\nexit 0\n")  # 'python3 -m venv .venv'
@@ -60,12 +65,20 @@ def test_the_test_command_runs_both_suites_and_fails_if_either_fails(tmp_path):
         run = subprocess.run(
             ["bash", str(work / "tests" / "run.sh")], capture_output=True, text=True, env=env
         )
-        assert run.returncode == expected, run.stdout + run.stderr
-        assert "main-suite" in run.stdout and "vllm-suite" in run.stdout
-        assert run.stdout.rstrip().splitlines()[-2:] == [
-            f"main suite: {'passed' if main == 0 else 'FAILED (exit 1)'}",
+        where = f"install {install}, main {main}, vllm {vllm}:\n{run.stdout}{run.stderr}"
+        assert run.returncode == expected, where
+        lines = run.stdout.splitlines()
+        assert lines.index("vllm-prepared") < lines.index("Successfully installed x"), where
+        # the vLLM suite's output, kept aside while it ran, comes after the main suite's
+        assert lines.index("vllm-suite") > max(
+            i for i, line in enumerate(lines) if line.startswith("== the vLLM suite's report")
+        ), where
+        assert ("main-suite" in lines) == (install == 0), where
+        main_status = "passed" if install == main == 0 else "FAILED (exit 1)"
+        assert lines[-2:] == [
+            f"main suite: {main_status}",
             f"vLLM suite: {'passed' if vllm == 0 else 'FAILED (exit 1)'}",
-        ]
+        ], where
 
 
 @pytest.mark.skipif(

@@ -2,6 +2,7 @@
 # Runs the vLLM plugin's tests against vLLM's CPU build, in .venv-vllm at the repository root.
 #
 #   plugins/rollout/vllm/test-env.sh [pytest arguments]
+#   plugins/rollout/vllm/test-env.sh --prepare    (make the environment, run no test)
 #
 # vLLM pins its own transformers, so it gets a virtualenv of its own, in two layers:
 #
@@ -24,6 +25,12 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd -P)"
 cd "$ROOT"
 
 say() { echo "test-env.sh: $*" >&2; }
+
+prepare_only=false
+if [[ "${1:-}" == "--prepare" ]]; then
+    prepare_only=true
+    shift
+fi
 
 build_base() {
     say "building the cached vLLM environment $BASE (about 3 minutes)"
@@ -105,6 +112,8 @@ for old in "$CACHE"/vllm-env-*.lock; do
         if flock -n -x 8; then rm -rf "${old%.lock}" "$old"; fi
     )
 done
+
+$prepare_only && exit 0
 
 # one intra-op thread per process, as the main suite runs
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
