@@ -42,7 +42,8 @@ def test_the_test_command_runs_both_suites_and_fails_if_either_fails(tmp_path):
         (work / "tests" / "run.sh").write_text(script)
         bin_dir = work / ".venv" / "bin"
         bin_dir.mkdir(parents=True)
-        (bin_dir / "pip").write_text(f"#!/bin/sh\necho 'Successfully installed x'\nexit {install}\n")
+        pip = f"#!/bin/sh\necho 'Successfully installed x'\nexit {install}\n"
+        (bin_dir / "pip").write_text(pip)
         (bin_dir / "python").write_text(f"#!/bin/sh\necho main-suite\nexit {main}\n")
         vllm_env = work / "plugins" / "rollout" / "vllm" / "test-env.sh"
         vllm_env.parent.mkdir(parents=True)
