@@ -21,8 +21,10 @@ started=$SECONDS
 
 phase "1/3 the vLLM suite in the background (its environment first: seconds once cached, about 3 minutes to build it on a machine's first run)"
 vllm_log="$(mktemp)"
-trap 'rm -f "$vllm_log"' EXIT
 vllm_pid=""
+# an interrupted run (Ctrl-C, CI's SIGTERM) stops the background suite too
+trap '[[ -n "$vllm_pid" ]] && kill "$vllm_pid" 2>/dev/null; rm -f "$vllm_log"' EXIT
+trap 'exit 130' INT TERM
 # made before .venv's install, not beside it: both editable installs build
 # plugins/rollout/vllm in place
 if plugins/rollout/vllm/test-env.sh --prepare; then
@@ -72,6 +74,7 @@ fi
 if [[ -n "$vllm_pid" ]]; then
     wait "$vllm_pid"
     vllm=$?
+    vllm_pid=""
     phase "the vLLM suite's report"
     cat "$vllm_log"
 fi
