@@ -38,6 +38,20 @@ def file_source(value: Any, *, where: str, folder: Path | None) -> tuple[Any, st
     return str(path), str(path)
 
 
+def stored_file(value: Any, *, where: str, fix: str) -> Any:
+    """The encoded bytes or the path inside a ``{"bytes": ...}`` / ``{"path": ...}`` value
+    (the form of Hugging Face datasets' image and video columns), bytes first; any other value
+    as given. A mapping with neither is a one-line :class:`DataError` naming ``where``, ending
+    with ``fix``."""
+    if not isinstance(value, Mapping):
+        return value
+    if value.get("bytes") is not None:
+        return value["bytes"]
+    if value.get("path"):
+        return value["path"]
+    raise DataError(f"{where} has neither bytes nor a path; {fix}")
+
+
 def decode_image(
     value: Any, *, where: str, folder: Path | None = None, fix: str | None = None
 ) -> Any:
@@ -51,16 +65,11 @@ def decode_image(
 
     if isinstance(value, Image.Image):
         return value.convert("RGB")
-    if isinstance(value, Mapping):
-        if value.get("bytes") is not None:
-            value = value["bytes"]
-        elif value.get("path"):
-            value = value["path"]
-        else:
-            raise DataError(
-                f"{where} has neither bytes nor a path; store the image's encoded bytes as "
-                '{"bytes": ...} or its file as {"path": ...}'
-            )
+    value = stored_file(
+        value,
+        where=where,
+        fix='store the image\'s encoded bytes as {"bytes": ...} or its file as {"path": ...}',
+    )
     found = file_source(value, where=where, folder=folder)
     if found is not None:
         source, shown = found

@@ -27,7 +27,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from plugrl.data.decoding import decode_image, file_source, reason_of
+from plugrl.data.decoding import decode_image, file_source, reason_of, stored_file
 from plugrl.errors import DataError
 
 DEFAULT_FPS = 2.0
@@ -193,13 +193,7 @@ def decode_video(value: Any, *, where: str, folder: Path | None = None) -> Decod
             )
         frames = np.stack([np.asarray(image) for image in images])
         return DecodedVideo(frames, sampling.fps if sampling.fps is not None else DEFAULT_FPS)
-    if isinstance(value, Mapping):
-        if value.get("bytes") is not None:
-            value = value["bytes"]
-        elif value.get("path"):
-            value = value["path"]
-        else:
-            raise DataError(f"{where} has neither bytes nor a path; {VIDEO_FIX}")
+    value = stored_file(value, where=where, fix=VIDEO_FIX)
     return _decode_file(value, sampling, where=where, folder=folder)
 
 

@@ -234,6 +234,11 @@ def test_positions_are_the_models_own_with_videos(tmp_path, vision):
             r"sets max_pixels, which plugrl does not read; a video takes fps, nframes",
         ),
         (row("<video>?", ["missing.mp4"]), r"is the path missing.mp4, which is not a file"),
+        (
+            row("<video>?", [{"bytes": None, "path": ""}]),
+            r"row 0: video 0 of column 'videos' has neither bytes nor a path; store a list of "
+            r"frames",
+        ),
     ],
 )
 def test_a_bad_video_is_one_line_naming_the_row_and_the_column(tmp_path, vision, bad, message):
