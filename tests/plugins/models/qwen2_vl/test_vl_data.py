@@ -18,6 +18,7 @@ from plugrl.errors import DataError
 from plugrl.plugin.manager import get_plugin_manager
 from plugrl.recipe import DataConfig, ModelConfig
 from tests.plugins.models.qwen2_vl.images import png_bytes
+from tests.plugins.models.qwen2_vl.rows import dataset
 
 RED, GREEN, BLUE = (255, 0, 0), (0, 255, 0), (0, 0, 255)
 
@@ -29,21 +30,6 @@ def row(content: str, images, answer: str = "1") -> dict:
         "images": images,
         "reward_model": {"ground_truth": answer},
     }
-
-
-@pytest.fixture(scope="module")
-def vision(tiny_vl_model):
-    model = ModelConfig(path=str(tiny_vl_model))
-    tokenizer = load_tokenizer(model)
-    return tokenizer, load_multimodal(model, tokenizer, get_plugin_manager())
-
-
-def dataset(tmp_path, rows, vision, **data):
-    path = tmp_path / "train.parquet"
-    pq.write_table(pa.Table.from_pylist(rows), path)
-    config = DataConfig(train_files=[str(path)], train_batch_size=len(rows), **data)
-    tokenizer, multimodal = vision
-    return PromptDataset.train(config, tokenizer, multimodal), config
 
 
 def good_rows(tmp_path):

@@ -9,19 +9,17 @@ from __future__ import annotations
 import io
 import pickle
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import torch
 
 from plugrl.data.batch import VIDEOS_COLUMN
 from plugrl.data.dataset import PromptDataset, PromptLoader, load_tokenizer
-from plugrl.data.multimodal import MULTIMODAL_COLUMN, load_multimodal, model_inputs
+from plugrl.data.multimodal import MULTIMODAL_COLUMN, model_inputs
 from plugrl.data.video import frames_of
 from plugrl.errors import DataError
-from plugrl.plugin.manager import get_plugin_manager
 from plugrl.recipe import DataConfig, ModelConfig
 from tests.plugins.models.qwen2_vl.images import png_bytes
+from tests.plugins.models.qwen2_vl.rows import dataset
 from tests.plugins.models.qwen2_vl.videos import frame_list, mp4_bytes
 
 
@@ -33,21 +31,6 @@ def row(content: str, videos, images=(), answer: str = "1") -> dict:
         "videos": videos,
         "reward_model": {"ground_truth": answer},
     }
-
-
-@pytest.fixture(scope="module")
-def vision(tiny_vl_model):
-    model = ModelConfig(path=str(tiny_vl_model))
-    tokenizer = load_tokenizer(model)
-    return tokenizer, load_multimodal(model, tokenizer, get_plugin_manager())
-
-
-def dataset(tmp_path, rows, vision, **data):
-    path = tmp_path / "train.parquet"
-    pq.write_table(pa.Table.from_pylist(rows), path)
-    config = DataConfig(train_files=[str(path)], train_batch_size=len(rows), **data)
-    tokenizer, multimodal = vision
-    return PromptDataset.train(config, tokenizer, multimodal), config
 
 
 def structs(frames: list[bytes]) -> list[dict]:
