@@ -44,6 +44,14 @@ from tests.plugins.rollout.hf.test_hf_vision import make_engine
 
 PROMPT = [{"role": "user", "content": "<image>Zoom in, then count the squares."}]
 CROP_TEXT = "The crop: <image> (top left)."
+ZOOM_AGENT = {
+    "data.max_response_length": 96,
+    "rollout.agent.tools": ["zoom"],
+    "rollout.agent.tool_parser": "always_zoom",
+    "rollout.agent.max_turns": 2,
+    "rollout.agent.max_turn_tokens": 6,
+}
+"""The agent keys of the runs here: the zoom tool, called at every turn, two turns."""
 
 
 @attrs.define(kw_only=True)
@@ -180,17 +188,7 @@ def run_agents(vision, tiny_vl_model, plugrl_recipe, plugrl_plugin_manager, plug
     built = []
 
     def run(loop, **overrides):
-        recipe = plugrl_recipe(
-            {
-                "model.path": str(tiny_vl_model),
-                "data.max_response_length": 96,
-                "rollout.agent.tools": ["zoom"],
-                "rollout.agent.tool_parser": "always_zoom",
-                "rollout.agent.max_turns": 2,
-                "rollout.agent.max_turn_tokens": 6,
-                **overrides,
-            }
-        )
+        recipe = plugrl_recipe({"model.path": str(tiny_vl_model), **ZOOM_AGENT, **overrides})
         engines = OneEngine(engine)
         runtime = AgentRuntime(recipe, plugrl_plugin_manager, tokenizer, engines, multimodal)
         built.append(runtime)
@@ -437,16 +435,7 @@ def test_a_prompt_with_a_video_keeps_it_through_a_tool_loop(
             MULTIMODAL_COLUMN: [encoded.inputs],
         },
     )
-    recipe = plugrl_recipe(
-        {
-            "model.path": str(tiny_vl_model),
-            "data.max_response_length": 96,
-            "rollout.agent.tools": ["zoom"],
-            "rollout.agent.tool_parser": "always_zoom",
-            "rollout.agent.max_turns": 2,
-            "rollout.agent.max_turn_tokens": 6,
-        }
-    )
+    recipe = plugrl_recipe({"model.path": str(tiny_vl_model), **ZOOM_AGENT})
     engines = OneEngine(engine)
     runtime = AgentRuntime(recipe, plugrl_plugin_manager, tokenizer, engines, multimodal)
     try:
