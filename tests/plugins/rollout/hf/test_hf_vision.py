@@ -81,30 +81,39 @@ def run(engine, ids, inputs, params):
     return asyncio.run(all_requests())
 
 
+def greedy_reference(model, config, prompt: list[int], row_inputs) -> list[int]:
+    """``model.generate``'s 8 greedy tokens after ``prompt``, cut after the first stop token:
+    what the engine must sample. Token types mark the image (1) and video (2) placeholders of
+    ``config``; ``row_inputs`` are the row's vision inputs (None: a text prompt)."""
+    prompt_ids = torch.tensor([prompt])
+    types = (prompt_ids == config.image_token_id).long()
+    types += 2 * (prompt_ids == config.video_token_id).long()
+    with torch.no_grad():
+        expected = model.generate(
+            input_ids=prompt_ids,
+            attention_mask=torch.ones_like(prompt_ids),
+            mm_token_type_ids=types,
+            max_new_tokens=8,
+            do_sample=False,
+            use_cache=True,
+            **(row_inputs or {}),
+        )[0, len(prompt) :].tolist()
+    stops = set(model.generation_config.eos_token_id)
+    if any(token in stops for token in expected):
+        expected = expected[: next(i for i, t in enumerate(expected) if t in stops) + 1]
+    return expected
+
+
 def test_greedy_tokens_from_images_equal_model_generate(tiny_vl_model, prompts, engine):
     from transformers import AutoModelForImageTextToText
 
     _, multimodal, ids, inputs = prompts
     outputs = run(engine, ids, inputs, SamplingParams(n=1, temperature=0.0, max_tokens=8))
     model = AutoModelForImageTextToText.from_pretrained(tiny_vl_model).eval()
-    image_id = multimodal.family.hf_config.image_token_id
     for prompt, row_inputs, (completion,) in zip(ids, inputs, outputs, strict=True):
-        prompt_ids = torch.tensor([prompt])
-        extra = {} if row_inputs is None else dict(row_inputs)
-        with torch.no_grad():
-            expected = model.generate(
-                input_ids=prompt_ids,
-                attention_mask=torch.ones_like(prompt_ids),
-                mm_token_type_ids=(prompt_ids == image_id).long(),
-                max_new_tokens=8,
-                do_sample=False,
-                use_cache=True,
-                **extra,
-            )[0, len(prompt) :].tolist()
-        stops = set(model.generation_config.eos_token_id)
-        if any(token in stops for token in expected):
-            expected = expected[: next(i for i, t in enumerate(expected) if t in stops) + 1]
-        assert completion.token_ids == expected
+        assert completion.token_ids == greedy_reference(
+            model, multimodal.family.hf_config, prompt, row_inputs
+        )
 
 
 def test_sampled_log_probs_equal_the_trainers_on_the_batch(tiny_vl_model, prompts, engine):
@@ -183,23 +192,7 @@ def test_greedy_tokens_from_videos_equal_model_generate(tiny_vl_model, prompts, 
         inputs.append({k: torch.as_tensor(out[k]) for k in keys})
     outputs = run(engine, ids, inputs, SamplingParams(n=1, temperature=0.0, max_tokens=8))
     model = AutoModelForImageTextToText.from_pretrained(tiny_vl_model).eval()
-    config = family.hf_config
     for prompt, row_inputs, (completion,) in zip(ids, inputs, outputs, strict=True):
-        prompt_ids = torch.tensor([prompt])
-        types = (prompt_ids == config.image_token_id).long()
-        types += 2 * (prompt_ids == config.video_token_id).long()
-        with torch.no_grad():
-            expected = model.generate(
-                input_ids=prompt_ids,
-                attention_mask=torch.ones_like(prompt_ids),
-                mm_token_type_ids=types,
-                max_new_tokens=8,
-                do_sample=False,
-                use_cache=True,
-                **row_inputs,
-            )[0, len(prompt) :].tolist()
-        stops = set(model.generation_config.eos_token_id)
-        if any(token in stops for token in expected):
-            expected = expected[: next(i for i, t in enumerate(expected) if t in stops) + 1]
+        expected = greedy_reference(model, family.hf_config, prompt, row_inputs)
         assert completion.token_ids == expected
         assert len(completion.token_ids) > 1
