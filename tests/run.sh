@@ -7,7 +7,8 @@
 #   2. .venv: plugrl with its test extras, and every plugin distribution of this repository
 #      (megatron-core comes with plugrl-megatron, which is tested for real on the CPU);
 #   3. the main suite in .venv, then the vLLM suite's report.
-# Both suites run even when the first fails; the exit status is 1 when either failed.
+# Both suites run whatever the other does (the main one not when .venv fails to install); the
+# exit status is 1 when either failed or did not run.
 # Arguments are passed to the main suite's pytest (tests/run.sh -m "not slow" for the fast tier).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +31,6 @@ trap 'exit 130' INT TERM
 if plugins/rollout/vllm/test-env.sh --prepare; then
     plugins/rollout/vllm/test-env.sh >"$vllm_log" 2>&1 &
     vllm_pid=$!
-    vllm=0
 else
     vllm=$?
     echo "making .venv-vllm failed: the vLLM suite does not run" >&2
@@ -60,10 +60,9 @@ if install_venv; then
     phase "3/3 the main suite, two test processes (about 10 minutes on 2 cores)"
     # two processes (pytest-xdist), one a core: with one, a core idles while a test waits on
     # the subprocesses, Ray actors and reward workers it starts; a module runs whole in one
-    # process (loadscope), so its module fixtures
-    # (a Ray cluster, a reference run, a model) are made once, not once in each process that
-    # gets some of its tests; modules with end-to-end runs go first (tests/conftest.py), so
-    # the short ones even out the end
+    # process (loadscope), so its module fixtures (a Ray cluster, a reference run, a model)
+    # are made once, not once in each process that gets some of its tests; modules with
+    # end-to-end runs go first (tests/conftest.py), so the short ones even out the end
     .venv/bin/python -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder "$@"
     main=$?
 else
